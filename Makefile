@@ -1,0 +1,39 @@
+# The two commands of the README: `make lab` (JupyterLab on the tutorials) and `make test`.
+# Both set up everything on a fresh machine: .venv with the package and its dev extras, the
+# `pwkernel` Jupyter kernel, and the browser the UI tests drive (Debian's chromium).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup lab test lint browser clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@if $(PY) -c "import pwkernel.notebook.kernelspec" 2>/dev/null; then \
+		$(PY) -m pwkernel.notebook.kernelspec install; fi
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Debian's chromium for the browser tests (never a browser download of a test tool's own).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+test: setup browser
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check pwkernel tests
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info test-artifacts

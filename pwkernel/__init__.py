@@ -1,0 +1,46 @@
+"""pwkernel: Pathways-style single-controller distributed ML on JAX, in a Jupyter kernel.
+
+>>> import numpy as np, pwkernel as pw
+>>> ctl = pw.Controller(islands=(4, 4))
+>>> s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+>>> a = pw.function(lambda x: x * 2, slice=s0)
+>>> b = pw.function(lambda x: x + 1, slice=s1)
+>>> c = pw.function(lambda x: x / 2, slice=s1)
+>>> @pw.program
+... def f(v):
+...     x = a(v)
+...     return b(x), a(c(x))
+>>> y, z = f(np.array([1.0, 2.0]))
+>>> y.result().tolist(), z.result().tolist()
+([3.0, 5.0], [2.0, 4.0])
+>>> ctl.close()
+"""
+
+from .runtime.controller import Controller, controller
+from .runtime.dispatch import ClientSpec, DispatchMode, ProgramRun
+from .runtime.errors import (
+    CancelledError,
+    ControllerClosedError,
+    DeviceSetupError,
+    MemoryBudgetError,
+    PathwaysError,
+    ProgramError,
+    SliceError,
+    SpecError,
+)
+from .runtime.objects import Future, FutureState
+from .runtime.program import CompiledFunction, Program, function, program
+from .runtime.resources import Island, VirtualSlice
+from .runtime.scheduler import GangScheduler, Policy
+from .runtime.trace import Event, Trace
+from .runtime.transfer import Link
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CancelledError", "ClientSpec", "CompiledFunction", "Controller", "ControllerClosedError",
+    "DeviceSetupError", "DispatchMode", "Event", "Future", "FutureState", "GangScheduler",
+    "Island", "Link", "MemoryBudgetError", "PathwaysError", "Policy", "Program", "ProgramError",
+    "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice", "controller", "function",
+    "program",
+]

@@ -1,0 +1,1 @@
+"""Where islands live: ``local`` (JAX devices of this process); ``ray`` comes later."""

@@ -1,0 +1,1 @@
+"""The single controller; knows nothing of notebooks or widgets."""

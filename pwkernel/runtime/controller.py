@@ -1,0 +1,251 @@
+"""The single controller: one object that owns every island, slice, program and buffer.
+
+It wires the layers together: resources (islands, slices) -> programs (graphs) -> dispatch
+(island executors running the gang schedulers) -> objects (futures, store) -> trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..backends import local
+from .dispatch import ClientSpec, Dispatcher, DispatchMode, IslandExecutor, ProgramRun
+from .errors import ControllerClosedError, ProgramError
+from .graph import Graph
+from .objects import BufferRecord, Future, ObjectStore
+from .resources import Island, ResourceManager, VirtualSlice
+from .scheduler import Policy
+from .trace import Trace
+from .transfer import Link, TransferEngine
+
+_client: contextvars.ContextVar[ClientSpec | None] = contextvars.ContextVar("pw_client",
+                                                                             default=None)
+
+
+class Controller:
+    """The single controller of a set of device islands.
+
+    >>> ctl = pw.Controller(islands=(4, 4))   # the host CPU as 2 islands x 4 devices
+    >>> s0 = ctl.slice(2, island=0)
+    >>> ctl.close()
+
+    ``policy``: ``"fifo"``, ``"priority"`` or ``"share"``; ``dispatch``: ``"parallel"`` or
+    ``"sequential"``; ``memory_budget``: bytes per device a computation may fill before it
+    waits for memory to be freed; ``dcn``: a ``pw.Link`` emulating the network between islands.
+    """
+
+    def __init__(self, islands: Sequence[int] | None = (4, 4), policy: Policy | str = "fifo",
+                 dispatch: DispatchMode | str = "parallel", memory_budget: int | None = None,
+                 dcn: Link | None = None):
+        policy = Policy.parse(policy)
+        mode = DispatchMode.parse(dispatch)
+        if memory_budget is not None and not memory_budget > 0:
+            raise ValueError(f"memory_budget must be a positive number of bytes per device or "
+                             f"None, got {memory_budget!r}.")
+        if dcn is not None and not isinstance(dcn, Link):
+            raise TypeError(f"dcn must be a pw.Link(bandwidth=..., latency=...) or None, got "
+                            f"{type(dcn).__name__}.")
+        self.closed = False
+        self.memory_budget = memory_budget
+        self.dcn = dcn
+        self._islands = tuple(local.discover(islands))
+        self.resources = ResourceManager(self._islands, self._check_open)
+        self.resources.controller = self
+        self.trace = Trace()
+        self.store = ObjectStore(self._on_free)
+        self._dispatcher = Dispatcher(self.store, self.trace, TransferEngine(dcn), mode)
+        for isl in self._islands:
+            self._dispatcher.islands[isl.id] = IslandExecutor(isl, self._dispatcher, policy,
+                                                              memory_budget)
+        self._policy = policy
+        _register(self)
+
+    # --- topology --------------------------------------------------------------------------
+    @property
+    def islands(self) -> tuple[Island, ...]:
+        return self._islands
+
+    @property
+    def devices(self) -> tuple[Any, ...]:
+        return tuple(d for isl in self._islands for d in isl.devices)
+
+    @property
+    def slices(self) -> tuple[VirtualSlice, ...]:
+        return self.resources.slices
+
+    def slice(self, shape: int | Sequence[int], island: int | None = None,
+              axis_names: Sequence[str] | None = None) -> VirtualSlice:
+        """A virtual slice of ``shape`` (int or mesh shape) on ``island`` (or the least
+        loaded one). Slices may share devices; the gang scheduler time-multiplexes them."""
+        return self.resources.allocate(shape, island, axis_names)
+
+    def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
+        """Move ``vs`` to other devices; its functions are lowered again on next use."""
+        return self.resources.remap(vs, island)
+
+    # --- policy, dispatch, clients ---------------------------------------------------------
+    @property
+    def policy(self) -> str:
+        return self._policy.value
+
+    @policy.setter
+    def policy(self, value: Policy | str) -> None:
+        from .scheduler import SetPolicy
+
+        self._check_open()
+        self._policy = Policy.parse(value)
+        for ex in self._dispatcher.islands.values():
+            ex.post(SetPolicy(self._policy))
+
+    @property
+    def dispatch(self) -> str:
+        return self._dispatcher.mode.value
+
+    @dispatch.setter
+    def dispatch(self, value: DispatchMode | str) -> None:
+        self._check_open()
+        self._dispatcher.mode = DispatchMode.parse(value)
+
+    @contextlib.contextmanager
+    def client(self, name: str, weight: float = 1.0, priority: int = 0) -> Iterator[ClientSpec]:
+        """Programs submitted inside belong to client ``name`` (in this thread/context).
+
+        ``weight`` sets its proportional share under ``policy="share"``; ``priority`` its
+        rank under ``policy="priority"`` (higher runs first).
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a client name must be a non-empty string, got {name!r}.")
+        if not weight > 0:
+            raise ValueError(f"client weight must be > 0, got {weight!r}.")
+        spec = ClientSpec(name, float(weight), int(priority))
+        token = _client.set(spec)
+        try:
+            yield spec
+        finally:
+            _client.reset(token)
+
+    @property
+    def current_client(self) -> ClientSpec:
+        return _client.get() or ClientSpec()
+
+    # --- programs --------------------------------------------------------------------------
+    def submit(self, graph: Graph, leaves: list) -> list[Future]:
+        """Submit a traced graph with its flattened arguments; returns the output futures."""
+        self._check_open()
+        for leaf in leaves:
+            if isinstance(leaf, Future) and leaf._store is not None and leaf._store is not \
+                    self.store:
+                if leaf._store.closed:
+                    raise ControllerClosedError(
+                        "a future from a closed controller was passed to a program; its buffer "
+                        "is gone. Pass fut.result() (a jax.Array) or rerun the program that "
+                        "made it.")
+                raise ProgramError("a future from another controller was passed to a program; "
+                                   "pass fut.result() to move the value across.")
+        return self._dispatcher.submit(graph, leaves, self.current_client)
+
+    def runs(self) -> list[ProgramRun]:
+        """Programs submitted and not yet finished."""
+        return self._dispatcher.active_runs()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted program has finished; False on timeout."""
+        for run in self.runs():
+            if not run.wait(timeout):
+                return False
+        return True
+
+    def cancel_all(self) -> int:
+        return sum(run.cancel() for run in self.runs())
+
+    # --- memory and status -----------------------------------------------------------------
+    def memory(self) -> dict[Any, int]:
+        """Bytes held by live buffers on each device (every device listed, 0 when empty)."""
+        held = self.store.memory()
+        return {d: held.get(d.id, 0) for d in self.devices}
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot: islands, slices, queued/running computations, programs, memory."""
+        return {
+            "islands": [{"id": i.id, "platform": i.platform, "devices": list(i.device_ids),
+                         **self._dispatcher.islands[i.id].status()} for i in self._islands],
+            "slices": [repr(s) for s in self.slices],
+            "programs": [repr(r) for r in self.runs()],
+            "memory": {d.id: n for d, n in self.memory().items()},
+            "policy": self.policy, "dispatch": self.dispatch, "closed": self.closed,
+        }
+
+    def _on_free(self, record: BufferRecord) -> None:
+        if record.reserved and record.island is not None and not self.closed:
+            ex = self._dispatcher.islands[record.island]
+            ex.release_memory(list(record.nbytes), max(record.nbytes.values(), default=0))
+
+    # --- life cycle ------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ControllerClosedError("this controller was closed; create a new one with "
+                                        "pw.Controller(...) or use pw.controller().")
+
+    def close(self) -> None:
+        """Cancel what has not run, wait for what is running, free every buffer and thread."""
+        if self.closed:
+            return
+        self.closed = True
+        self._dispatcher.shutdown()
+        self.store.close()
+        self.resources.release_all()
+        _unregister(self)
+
+    def __enter__(self) -> Controller:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "Controller(closed)"
+        isl = ", ".join(f"{i.id}: {len(i.devices)} {i.platform}" for i in self._islands)
+        return f"Controller(islands={{{isl}}}, policy={self.policy!r}, dispatch={self.dispatch!r})"
+
+
+# --- the process-wide controller -----------------------------------------------------------
+_lock = threading.Lock()
+_default: Controller | None = None
+_open: list[Controller] = []
+
+
+def _register(ctl: Controller) -> None:
+    with _lock:
+        _open.append(ctl)
+
+
+def _unregister(ctl: Controller) -> None:
+    global _default
+    with _lock:
+        if ctl in _open:
+            _open.remove(ctl)
+        if _default is ctl:
+            _default = None
+
+
+def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:
+    """The process-wide controller, created on first use.
+
+    Its islands come from ``islands``, else ``PWKERNEL_ISLANDS`` ("4,4"), else what JAX sees
+    (accelerators by host; on CPU-only machines the host as islands (4, 4)).
+    """
+    global _default
+    with _lock:
+        if _default is None or _default.closed:
+            ctl = None
+        else:
+            return _default
+    ctl = Controller(islands if islands is not None else local.islands_from_env(), **kwargs)
+    with _lock:
+        _default = ctl
+    return ctl

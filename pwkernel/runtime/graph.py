@@ -1,0 +1,151 @@
+"""The dataflow IR: one node per sharded computation, and the transfers between them.
+
+A ``Graph`` is built by the tracer in topological order. Each node consumes and produces
+values (``ValueSpec``: shape, dtype, sharding, island). Wherever a computation needs an input
+laid out differently from where it was produced (another slice, another island, or the host),
+the graph gets a ``TransferNode``; one transfer is shared by every consumer that needs the same
+layout. Nodes refer to values by integer ids, so the graph never grows edges per shard.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .trace import LinkKind
+
+
+@dataclass(frozen=True, slots=True)
+class ValueSpec:
+    """A logical (possibly sharded) buffer in a program: known before anything runs."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    sharding: Any = None          # None: the value lives on the host
+    island: int | None = None     # None: host, or devices outside every island
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeNode:
+    id: int
+    name: str
+    fn: Any                       # the CompiledFunction
+    signature: Any                # key into fn's executable cache
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    island: int
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferNode:
+    id: int
+    name: str
+    input: int
+    output: int
+    src: int | None               # island id, None for the host
+    dst: int
+    src_devices: tuple[int, ...]
+    devices: tuple[int, ...]
+    link: LinkKind | str
+    nbytes: int
+
+
+Node = ComputeNode | TransferNode
+
+
+@dataclass
+class Graph:
+    """A traced program. ``inputs``: value ids of the flattened arguments; ``consts``: values
+    captured while tracing; ``outputs``: the result pytree's leaves (value ids)."""
+
+    name: str
+    nodes: list[Node] = field(default_factory=list)
+    values: dict[int, ValueSpec] = field(default_factory=dict)
+    inputs: list[int] = field(default_factory=list)
+    consts: dict[int, Any] = field(default_factory=dict)
+    outputs: list[int] = field(default_factory=list)
+    out_tree: Any = None
+    controller: Any = None        # set by the first compiled-function call
+    epoch: int = -1               # the resource manager's mapping epoch when traced
+    _transfers: dict[tuple[int, Any], int] = field(default_factory=dict)
+
+    def bind(self, controller, epoch: int, island_of) -> None:
+        """Attach the graph to its controller; find the island of each device input."""
+        self.controller, self.epoch = controller, epoch
+        for vid in self.inputs:
+            spec = self.values[vid]
+            if spec.sharding is not None:
+                isl = island_of([d.id for d in spec.sharding.device_set])
+                self.values[vid] = ValueSpec(vid, spec.shape, spec.dtype, spec.sharding,
+                                             None if isl is None else isl.id)
+
+    def stale(self) -> bool:
+        """True when the graph must be traced again (controller closed, or slices moved)."""
+        ctl = self.controller
+        return ctl is None or ctl.closed or ctl.resources.epoch != self.epoch
+
+    def new_value(self, shape, dtype, sharding=None, island=None) -> ValueSpec:
+        spec = ValueSpec(len(self.values), tuple(shape), np.dtype(dtype), sharding, island)
+        self.values[spec.id] = spec
+        return spec
+
+    def placed(self, value: int, sharding, island: int, devices: tuple[int, ...]) -> int:
+        """The id of ``value`` laid out as ``sharding``: itself, or a (shared) transfer's output."""
+        spec = self.values[value]
+        if spec.sharding is not None and _same_layout(spec.sharding, sharding, spec.shape):
+            return value
+        key = (value, sharding)
+        if key in self._transfers:
+            return self._transfers[key]
+        out = self.new_value(spec.shape, spec.dtype, sharding, island)
+        if spec.sharding is None or spec.island is None:
+            link, src, src_devices = "host", None, ()
+        else:
+            link = LinkKind.ICI.value if spec.island == island else LinkKind.DCN.value
+            src, src_devices = spec.island, tuple(sorted(d.id for d in spec.sharding.device_set))
+        name = f"{link}:{'host' if src is None else src}->{island}"
+        self.nodes.append(TransferNode(len(self.nodes), name, value, out.id, src, island,
+                                       src_devices, devices, link, spec.nbytes))
+        self._transfers[key] = out.id
+        return out.id
+
+    def add_compute(self, name: str, fn, signature, inputs, outputs, island, devices) -> None:
+        self.nodes.append(ComputeNode(len(self.nodes), name, fn, signature, tuple(inputs),
+                                      tuple(outputs), island, tuple(devices)))
+
+    def consumers(self) -> dict[int, int]:
+        """How many nodes read each value (the graph's internal reference counts)."""
+        counts: dict[int, int] = {}
+        for node in self.nodes:
+            for v in (node.inputs if isinstance(node, ComputeNode) else (node.input,)):
+                counts[v] = counts.get(v, 0) + 1
+        return counts
+
+    def summary(self) -> str:
+        lines = [f"program {self.name}: {len(self.nodes)} nodes"]
+        for n in self.nodes:
+            if isinstance(n, ComputeNode):
+                lines.append(f"  [{n.id}] {n.name} on island {n.island} devices {list(n.devices)}"
+                             f" ({list(n.inputs)} -> {list(n.outputs)})")
+            else:
+                lines.append(f"  [{n.id}] transfer {n.link} {n.src}->{n.dst} "
+                             f"{n.nbytes} B ({n.input} -> {n.output})")
+        return "\n".join(lines)
+
+
+def _same_layout(a, b, shape) -> bool:
+    if a == b:
+        return True
+    try:
+        return a.is_equivalent_to(b, len(shape))
+    except Exception:  # shardings of different kinds: not equivalent
+        return False

@@ -1,0 +1,289 @@
+"""Futures and the object store.
+
+Every value a program produces is a ``Future`` for a sharded buffer: one record per logical
+buffer, not per shard. Its shape, dtype and sharding are known when the program is submitted,
+before anything runs. The ``ObjectStore`` tracks the bytes each live buffer holds on each device,
+labelled with the program and client that own it. A buffer is freed when the last reference to
+its future goes (user code and not-yet-run consumers both hold references), and also when its
+program fails or is cancelled, since then nothing holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from .errors import CancelledError, ControllerClosedError
+
+
+class FutureState(str, Enum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
+    """Bytes a buffer of ``shape``/``dtype`` laid out by ``sharding`` holds on each device."""
+    per = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * np.dtype(dtype).itemsize
+    return {d.id: per for d in sharding.device_set}
+
+
+@dataclass(slots=True)
+class _Buffer:
+    """What the store keeps for a live value: the array, and whether the user took it."""
+
+    key: int
+    value: Any = None
+    exported: bool = False
+
+
+class Future:
+    """A value a program will produce.
+
+    ``shape``, ``dtype`` and ``sharding`` are known at once; ``result()`` waits for the value.
+    Futures can be passed into later programs before they resolve.
+
+    >>> y, z = f(np.array([1.0, 2.0]))       # doctest: +SKIP
+    >>> y.shape, y.dtype                       # doctest: +SKIP
+    ((2,), dtype('float32'))
+    >>> y.result()                             # doctest: +SKIP
+    Array([3., 5.], dtype=float32)
+    """
+
+    __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "_store", "_buffer",
+                 "_state", "_error", "_event", "_callbacks", "_hooks", "_lock",
+                 "t_created", "t_done", "__weakref__")
+
+    def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
+                 run=None, store: ObjectStore | None = None):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.sharding = sharding
+        self.name = name
+        self.island = island
+        self.run = run
+        self._store = store
+        self._buffer: _Buffer | None = None
+        self._state = FutureState.PENDING
+        self._error: BaseException | None = None
+        self._event = threading.Event()
+        self._callbacks: list[Callable[[Future], None]] = []
+        self._hooks: list[Callable[[Future], None]] = []
+        self._lock = threading.Lock()
+        self.t_created = time.perf_counter()
+        self.t_done = 0.0
+
+    # --- the concurrent.futures-like surface -----------------------------------------------
+    @property
+    def state(self) -> FutureState:
+        return self._state
+
+    def done(self) -> bool:
+        return self._state is not FutureState.PENDING
+
+    def running(self) -> bool:
+        return self._state is FutureState.PENDING
+
+    def cancelled(self) -> bool:
+        return self._state is FutureState.CANCELLED
+
+    def result(self, timeout: float | None = None):
+        """The value as a ``jax.Array``; raises the computation's error if it failed."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(
+                f"future {self.name or ''} of shape {self.shape} not ready after {timeout} s; "
+                "it is still queued or running (see ctl.status())."
+            )
+        if self._error is not None:
+            raise self._error
+        if self._store is not None and self._store.closed:
+            raise ControllerClosedError(
+                "this future belongs to a closed controller and its buffer was freed; "
+                "keep the value (fut.result()) before ctl.close(), or rerun the program."
+            )
+        buf = self._buffer
+        buf.exported = True
+        return buf.value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"future {self.name or ''} not ready after {timeout} s")
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future], None]) -> None:
+        """Call ``fn(self)`` when the future resolves (at once if it already has)."""
+        with self._lock:
+            if not self.done():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def cancel(self) -> bool:
+        """Cancel the program this future belongs to (its work not yet started)."""
+        if self.done():
+            return False
+        if self.run is not None:
+            self.run.cancel()
+        return self.cancelled()
+
+    def __await__(self):
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def wake(fut: Future) -> None:
+            def settle() -> None:
+                if waiter.cancelled():
+                    return
+                if fut._error is not None:
+                    waiter.set_exception(fut._error)
+                else:
+                    waiter.set_result(fut._buffer.value)
+            loop.call_soon_threadsafe(settle)
+
+        self.add_done_callback(wake)
+        return waiter.__await__()
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.asarray(self.result())
+        return out.astype(dtype) if dtype is not None else out
+
+    def __repr__(self) -> str:
+        return (f"Future(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+                f"state={self._state.value})")
+
+    # --- runtime side ----------------------------------------------------------------------
+    def _hook(self, fn: Callable[[Future], None]) -> None:
+        """Like add_done_callback, but for the runtime: hooks are dropped once fired."""
+        with self._lock:
+            if not self.done():
+                self._hooks.append(fn)
+                return
+        fn(self)
+
+    def _peek(self):
+        """The value without marking it exported (for feeding consumers)."""
+        return self._buffer.value
+
+    def _set_result(self, value, t_done: float = 0.0, reserved: bool = False) -> None:
+        if self._store is not None:
+            self._buffer = self._store.add(self, value, reserved)
+        else:
+            self._buffer = _Buffer(-1, value, exported=True)
+        self._resolve(FutureState.DONE, None, t_done)
+
+    def _set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
+        state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
+        self._resolve(state, error, t_done)
+
+    def _resolve(self, state: FutureState, error, t_done: float) -> bool:
+        with self._lock:
+            if self._state is not FutureState.PENDING:
+                return False
+            self._state, self._error, self.t_done = state, error, t_done
+            hooks, self._hooks = self._hooks, []
+            callbacks, self._callbacks = self._callbacks, []
+        self._event.set()
+        for fn in hooks:
+            fn(self)
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:  # a user's callback must not break the runtime
+                import logging
+                logging.getLogger("pwkernel").exception("future done-callback raised")
+        return True
+
+
+def resolved(value, sharding=None) -> Future:
+    """A future that is already done (program inputs given as arrays)."""
+    fut = Future(np.shape(value), getattr(value, "dtype", np.asarray(value).dtype), sharding)
+    fut._set_result(value)
+    return fut
+
+
+@dataclass(frozen=True, slots=True)
+class BufferRecord:
+    """The store's entry for one live buffer: bytes per device and its ownership labels."""
+
+    nbytes: dict[int, int]
+    program: str
+    program_id: int
+    client: str
+    island: int | None = None
+    reserved: bool = False  # admitted by the island's scheduler against its memory budget
+
+
+class ObjectStore:
+    """Tracks the device memory held by live futures, per device, with ownership labels.
+
+    ``on_free(record)`` is called (from whichever thread dropped the last reference) when a
+    buffer is freed, so the schedulers can admit work that was waiting for memory.
+    """
+
+    def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None):
+        self._records: dict[int, BufferRecord] = {}
+        self._lock = threading.RLock()
+        self._keys = itertools.count()
+        self._on_free = on_free
+        self._finalizers: dict[int, weakref.finalize] = {}
+        self.closed = False
+
+    def add(self, fut: Future, value, reserved: bool = False) -> _Buffer:
+        key = next(self._keys)
+        buf = _Buffer(key, value)
+        run = fut.run
+        nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
+        record = BufferRecord(nbytes, getattr(run, "name", ""), getattr(run, "id", -1),
+                              getattr(run, "client", "default"), fut.island, reserved)
+        with self._lock:
+            self._records[key] = record
+            self._finalizers[key] = weakref.finalize(fut, self._free, key, buf)
+        return buf
+
+    def _free(self, key: int, buf: _Buffer) -> None:
+        with self._lock:
+            record = self._records.pop(key, None)
+            self._finalizers.pop(key, None)
+        if record is None:
+            return
+        if not buf.exported and hasattr(buf.value, "delete"):
+            try:
+                buf.value.delete()
+            except Exception:  # already deleted or donated: nothing left to free
+                pass
+        buf.value = None
+        self._on_free(record)
+
+    def memory(self) -> dict[int, int]:
+        """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
+        out: dict[int, int] = {}
+        with self._lock:
+            for rec in self._records.values():
+                for d, n in rec.nbytes.items():
+                    out[d] = out.get(d, 0) + n
+        return out
+
+    def records(self) -> list[BufferRecord]:
+        with self._lock:
+            return list(self._records.values())
+
+    def close(self) -> None:
+        """Free every buffer; futures of this store refuse to hand out values from now on."""
+        self.closed = True
+        with self._lock:
+            finalizers = list(self._finalizers.values())
+        for fin in finalizers:
+            fin()

@@ -1,0 +1,245 @@
+"""Islands, virtual slices and the resource manager that maps virtual devices to physical ones.
+
+An island is a group of devices joined by a fast interconnect (the paper's ICI). A virtual slice
+is a mesh-shaped set of virtual devices on one island; the resource manager places it on
+physical devices, spreading load, and may move it later (``remap``), after which the functions
+placed on it are lowered again. Slices are not exclusive: several may map onto the same devices
+and are time-multiplexed by the island's gang scheduler.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh
+
+from .errors import SliceError
+
+
+@dataclass(frozen=True)
+class Island:
+    """A group of devices joined by a fast interconnect. ``devices`` are JAX devices."""
+
+    id: int
+    devices: tuple[Any, ...]
+    platform: str
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        return tuple(d.id for d in self.devices)
+
+    def __repr__(self) -> str:
+        return f"Island(id={self.id}, devices={list(self.device_ids)}, platform={self.platform!r})"
+
+
+def _normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
+    if not dims or any(not isinstance(d, int | np.integer) or d < 1 for d in dims):
+        raise SliceError(
+            f"a slice shape must be a positive int or a tuple of positive ints, got {shape!r}. "
+            "Maybe you want ctl.slice(2) or ctl.slice((2, 2))."
+        )
+    return tuple(int(d) for d in dims)
+
+
+class VirtualSlice:
+    """A mesh of virtual devices on one island, placed on physical devices by the controller.
+
+    >>> s = ctl.slice((2, 2), axis_names=("data", "model"))   # doctest: +SKIP
+    >>> s.mesh.shape                                            # doctest: +SKIP
+    {'data': 2, 'model': 2}
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, manager: ResourceManager, shape: tuple[int, ...],
+                 axis_names: tuple[str, ...], island: Island, devices: tuple[Any, ...]):
+        self.id = next(self._ids)
+        self.shape = shape
+        self.axis_names = axis_names
+        self._manager = manager
+        self._island = island
+        self._devices = devices
+        self._mesh: Mesh | None = None
+        self.version = 0
+        self.released = False
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def island(self) -> Island:
+        self._check()
+        return self._island
+
+    @property
+    def devices(self) -> tuple[Any, ...]:
+        self._check()
+        return self._devices
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        return tuple(d.id for d in self.devices)
+
+    @property
+    def mesh(self) -> Mesh:
+        """A ``jax.sharding.Mesh`` over the physical devices the slice is mapped to now."""
+        self._check()
+        if self._mesh is None:
+            grid = np.array(self._devices, dtype=object).reshape(self.shape)
+            self._mesh = Mesh(grid, self.axis_names)
+        return self._mesh
+
+    def _move(self, island: Island, devices: tuple[Any, ...]) -> None:
+        self._island, self._devices, self._mesh = island, devices, None
+        self.version += 1
+
+    def _check(self) -> None:
+        if self.released:
+            raise SliceError(
+                f"slice {self.id} was released and can no longer be used; "
+                "ask the controller for a new one with ctl.slice(...)."
+            )
+        self._manager._check_open()
+
+    def release(self) -> None:
+        """Give the slice back; functions placed on it raise ``SliceError`` from now on."""
+        if not self.released:
+            self._manager._release(self)
+
+    def __repr__(self) -> str:
+        if self.released:
+            return f"VirtualSlice(id={self.id}, released)"
+        dims = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape, strict=True))
+        return (f"VirtualSlice(id={self.id}, {dims}, island={self._island.id}, "
+                f"devices={list(self.device_ids)})")
+
+
+def _default_axis_names(ndim: int) -> tuple[str, ...]:
+    return ("x", "y", "z", "w")[:ndim] if ndim <= 4 else tuple(f"a{i}" for i in range(ndim))
+
+
+class ResourceManager:
+    """Hands out virtual slices and keeps the virtual -> physical mapping.
+
+    Placement is a static heuristic that spreads load, as in the paper: the least loaded island
+    (by slices mapped per device), then its least loaded devices, keeping device order.
+    """
+
+    def __init__(self, islands: Sequence[Island], check_open=lambda: None):
+        self.islands = tuple(islands)
+        self._slices: dict[int, VirtualSlice] = {}
+        self._load: dict[int, int] = {d.id: 0 for isl in self.islands for d in isl.devices}
+        self._lock = threading.Lock()
+        self._check_open = check_open
+        self.epoch = 0  # bumped on every remap: traced programs are lowered again
+
+    @property
+    def slices(self) -> tuple[VirtualSlice, ...]:
+        return tuple(self._slices.values())
+
+    def island(self, island: int) -> Island:
+        if not isinstance(island, int | np.integer) or not 0 <= island < len(self.islands):
+            raise SliceError(
+                f"island {island!r} does not exist; this controller has islands "
+                f"{list(range(len(self.islands)))} with "
+                f"{[len(i.devices) for i in self.islands]} devices."
+            )
+        return self.islands[island]
+
+    def allocate(self, shape: int | Sequence[int], island: int | None = None,
+                 axis_names: Sequence[str] | None = None) -> VirtualSlice:
+        self._check_open()
+        dims = _normalize_shape(shape)
+        names = self._axis_names(dims, axis_names)
+        with self._lock:
+            target = self._choose_island(math.prod(dims), island)
+            devices = self._choose_devices(target, math.prod(dims))
+            vs = VirtualSlice(self, dims, names, target, devices)
+            self._slices[vs.id] = vs
+            for d in devices:
+                self._load[d.id] += 1
+        return vs
+
+    def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
+        """Move ``vs`` to other physical devices (on ``island``, or the least loaded one)."""
+        vs._check()
+        with self._lock:
+            for d in vs._devices:
+                self._load[d.id] -= 1
+            try:
+                target = self._choose_island(vs.size, island)
+            except SliceError:
+                for d in vs._devices:
+                    self._load[d.id] += 1
+                raise
+            devices = self._choose_devices(target, vs.size)
+            for d in devices:
+                self._load[d.id] += 1
+            vs._move(target, devices)
+            self.epoch += 1
+        return vs
+
+    def _release(self, vs: VirtualSlice) -> None:
+        with self._lock:
+            if self._slices.pop(vs.id, None) is not None:
+                for d in vs._devices:
+                    self._load[d.id] -= 1
+            vs.released = True
+
+    def release_all(self) -> None:
+        for vs in list(self._slices.values()):
+            self._release(vs)
+
+    def island_of(self, device_ids: Sequence[int]) -> Island | None:
+        """The island holding all of ``device_ids``, or None."""
+        ids = set(device_ids)
+        for isl in self.islands:
+            if ids <= set(isl.device_ids):
+                return isl
+        return None
+
+    def _axis_names(self, dims: tuple[int, ...], axis_names) -> tuple[str, ...]:
+        if axis_names is None:
+            return _default_axis_names(len(dims))
+        names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+        if len(names) != len(dims) or len(set(names)) != len(names):
+            raise SliceError(
+                f"axis_names {names!r} must name each of the {len(dims)} mesh dimensions of "
+                f"shape {dims} once. Maybe you want axis_names={_default_axis_names(len(dims))}."
+            )
+        return names
+
+    def _choose_island(self, size: int, island: int | None) -> Island:
+        if island is not None:
+            target = self.island(island)
+            if size > len(target.devices):
+                raise SliceError(
+                    f"a slice of {size} devices does not fit on island {target.id}, which has "
+                    f"{len(target.devices)}. Islands here: "
+                    f"{[len(i.devices) for i in self.islands]} devices."
+                )
+            return target
+        fits = [isl for isl in self.islands if len(isl.devices) >= size]
+        if not fits:
+            raise SliceError(
+                f"a slice of {size} devices does not fit on any island; the largest has "
+                f"{max(len(i.devices) for i in self.islands)} devices "
+                f"(islands: {[len(i.devices) for i in self.islands]})."
+            )
+        return min(fits, key=lambda isl: (self._island_load(isl), isl.id))
+
+    def _island_load(self, isl: Island) -> float:
+        return sum(self._load[d.id] for d in isl.devices) / len(isl.devices)
+
+    def _choose_devices(self, isl: Island, size: int) -> tuple[Any, ...]:
+        # The least loaded devices, ties broken by position, returned in island order.
+        order = sorted(range(len(isl.devices)), key=lambda i: (self._load[isl.devices[i].id], i))
+        return tuple(isl.devices[i] for i in sorted(order[:size]))

@@ -1,0 +1,279 @@
+"""The per-island gang scheduler, as a pure state machine.
+
+Events go in (``handle``), decisions come out; there is no JAX, no thread and no clock here, so
+the same policy code drives the real runtime, synchronous unit tests and a simulator.
+
+The guarantee: every device of the island runs at most one computation at a time, and all
+devices of a computation are given to it together (a gang). Launch decisions come out in one
+sequence, so any two computations sharing devices run in the same order on each of them, which
+is what keeps collectives from deadlocking. Among the computations whose inputs are ready, the
+policy picks the order:
+
+- ``fifo``: submission order (the paper's evaluation).
+- ``priority``: higher ``priority`` first, then submission order.
+- ``share``: proportional share of device time between clients by ``weight`` (stride
+  scheduling: each client has a pass value advanced by device-seconds / weight; the lowest pass
+  goes next). A launch is charged an estimate (the last durations of the same computation) and
+  corrected when it finishes.
+
+A ready computation that cannot start (its devices are busy, or its outputs would exceed the
+memory budget) reserves its devices: later computations may use other devices (backfill) but
+never jump ahead of it on its own, so nothing starves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Policy(str, Enum):
+    FIFO = "fifo"
+    PRIORITY = "priority"
+    SHARE = "share"
+
+    @classmethod
+    def parse(cls, value: Policy | str) -> Policy:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"unknown scheduling policy {value!r}; expected one of "
+                f"{[p.value for p in cls]}, e.g. ctl.policy = 'share'."
+            ) from None
+
+
+# --- events (in) ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """A computation joins the island's queue. ``memory`` is bytes it adds on each device."""
+
+    task: int
+    devices: tuple[int, ...]
+    client: str = "default"
+    weight: float = 1.0
+    priority: int = 0
+    cost_key: Hashable = None
+    memory: int = 0
+    ready: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """All inputs of ``task`` exist."""
+
+    task: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """``task`` completed (or failed) after running ``seconds`` on its devices."""
+
+    task: int
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Drop ``task`` if it has not started; a running computation cannot be preempted."""
+
+    task: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFreed:
+    device: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetPolicy:
+    policy: Policy
+
+
+# --- decisions (out) -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Launch:
+    task: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    task: int
+    reason: str
+
+
+@dataclass(slots=True)
+class _Task:
+    id: int
+    seq: int
+    devices: frozenset[int]
+    client: str
+    priority: int
+    cost_key: Hashable
+    memory: int
+    ready: bool
+    charged: float = 0.0
+
+
+@dataclass(slots=True)
+class _Client:
+    weight: float = 1.0
+    passes: float = 0.0  # stride scheduling's pass value, in device-seconds / weight
+    active: int = 0      # queued + running tasks
+    device_seconds: float = 0.0
+
+
+@dataclass
+class GangScheduler:
+    """One island's scheduler. ``devices``: the island's device ids; ``memory_budget``: bytes
+    per device or None for no limit."""
+
+    devices: Iterable[int]
+    policy: Policy = Policy.FIFO
+    memory_budget: int | None = None
+    _tasks: dict[int, _Task] = field(default_factory=dict)
+    _busy: dict[int, int] = field(default_factory=dict)
+    _memory: dict[int, int] = field(default_factory=dict)
+    _clients: dict[str, _Client] = field(default_factory=dict)
+    _estimates: dict[Hashable, float] = field(default_factory=dict)
+    _seq: int = 0
+    _vtime: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.devices = tuple(self.devices)
+        self.policy = Policy.parse(self.policy)
+        self._memory = {d: 0 for d in self.devices}
+
+    # --- the one entry point ---------------------------------------------------------------
+    def handle(self, *events) -> list[Launch | Reject]:
+        """Apply ``events`` in order and return the decisions they lead to, in order."""
+        out: list[Launch | Reject] = []
+        for event in events:
+            match event:
+                case Submit():
+                    out.extend(self._submit(event))
+                case Ready(task=t):
+                    if t in self._tasks:
+                        self._tasks[t].ready = True
+                case Finished(task=t, seconds=s):
+                    self._finish(t, s)
+                case Cancel(task=t):
+                    if t in self._tasks and t not in self._busy.values():
+                        self._drop(self._tasks.pop(t))
+                case MemoryFreed(device=d, nbytes=n):
+                    self._memory[d] = max(0, self._memory[d] - n)
+                case SetPolicy(policy=p):
+                    self.policy = Policy.parse(p)
+                case _:
+                    raise TypeError(f"GangScheduler cannot handle {event!r}")
+        out.extend(self._schedule())
+        return out
+
+    # --- queries ---------------------------------------------------------------------------
+    @property
+    def running(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self._busy.values())))
+
+    @property
+    def queued(self) -> tuple[int, ...]:
+        busy = set(self._busy.values())
+        return tuple(sorted((t for t in self._tasks if t not in busy),
+                            key=lambda t: self._tasks[t].seq))
+
+    def memory_in_use(self) -> dict[int, int]:
+        return dict(self._memory)
+
+    def shares(self) -> dict[str, float]:
+        """Each client's fraction of the device-seconds charged so far."""
+        total = sum(c.device_seconds for c in self._clients.values())
+        return {n: (c.device_seconds / total if total else 0.0) for n, c in self._clients.items()}
+
+    # --- transitions -----------------------------------------------------------------------
+    def _submit(self, ev: Submit) -> list[Reject]:
+        devices = frozenset(ev.devices)
+        unknown = devices - set(self.devices)
+        if unknown or not devices:
+            return [Reject(ev.task, f"devices {sorted(unknown) or '[]'} are not on this island "
+                                    f"(its devices: {list(self.devices)})")]
+        if self.memory_budget is not None and ev.memory > self.memory_budget:
+            return [Reject(ev.task, f"needs {ev.memory} bytes per device but the memory budget "
+                                    f"is {self.memory_budget}; raise memory_budget or split "
+                                    "the computation")]
+        client = self._clients.setdefault(ev.client, _Client())
+        client.weight = max(float(ev.weight), 1e-9)
+        if client.active == 0:  # a client returning from idle starts at the current time
+            client.passes = max(client.passes, self._vtime)
+        client.active += 1
+        self._tasks[ev.task] = _Task(ev.task, self._seq, devices, ev.client, ev.priority,
+                                     ev.cost_key, ev.memory, ev.ready)
+        self._seq += 1
+        return []
+
+    def _finish(self, task: int, seconds: float) -> None:
+        t = self._tasks.pop(task, None)
+        if t is None:
+            return
+        for d in t.devices:
+            if self._busy.get(d) == task:
+                del self._busy[d]
+        actual = max(seconds, 0.0) * len(t.devices)
+        client = self._clients[t.client]
+        client.passes += (actual - t.charged) / client.weight
+        client.device_seconds += actual
+        client.active -= 1
+        if t.cost_key is not None:
+            old = self._estimates.get(t.cost_key)
+            self._estimates[t.cost_key] = actual if old is None else 0.5 * (old + actual)
+
+    def _drop(self, t: _Task) -> None:
+        self._clients[t.client].active -= 1
+
+    def _key(self, t: _Task) -> tuple:
+        if self.policy is Policy.PRIORITY:
+            return (-t.priority, t.seq)
+        if self.policy is Policy.SHARE:
+            return (self._clients[t.client].passes, t.seq)
+        return (t.seq,)
+
+    def _fits_memory(self, t: _Task) -> bool:
+        if self.memory_budget is None or not t.memory:
+            return True
+        return all(self._memory[d] + t.memory <= self.memory_budget for d in t.devices)
+
+    def _estimate(self, t: _Task) -> float:
+        if t.cost_key in self._estimates:
+            return self._estimates[t.cost_key]
+        known = self._estimates.values()
+        return sum(known) / len(known) if known else float(len(t.devices))
+
+    def _schedule(self) -> list[Launch]:
+        out: list[Launch] = []
+        while True:
+            chosen = None
+            reserved: set[int] = set()
+            busy = self._busy.keys()
+            for t in sorted((t for t in self._tasks.values()
+                             if t.ready and t.id not in self._busy.values()), key=self._key):
+                if t.devices & reserved:
+                    continue
+                if not t.devices.isdisjoint(busy) or not self._fits_memory(t):
+                    reserved |= t.devices
+                    continue
+                chosen = t
+                break
+            if chosen is None:
+                return out
+            self._launch(chosen)
+            out.append(Launch(chosen.id))
+
+    def _launch(self, t: _Task) -> None:
+        for d in t.devices:
+            self._busy[d] = t.id
+            if self.memory_budget is not None:
+                self._memory[d] += t.memory
+        client = self._clients[t.client]
+        self._vtime = max(self._vtime, client.passes)
+        t.charged = self._estimate(t)
+        client.passes += t.charged / client.weight

@@ -1,0 +1,185 @@
+"""The event log: every computation and transfer the controller ran, on one clock.
+
+Times are seconds from ``time.perf_counter()`` in the controller's process (one clock for
+every island of the local backend). How each time is taken:
+
+- ``t_submit``: the node was handed to its island's scheduler (parallel dispatch: when the
+  program was submitted; sequential dispatch: when its inputs existed).
+- ``t_start``: the gang scheduler launched the node on its devices. A device runs one node at
+  a time, so on every platform the node can start executing no earlier than this.
+- ``t_end``: the runtime observed the node's outputs ready (``block_until_ready`` returned in
+  the island's worker thread). On CPU this includes the wake-up of that thread (tens of
+  microseconds); on accelerators it also includes the device-to-host completion signal. Spans
+  are therefore upper bounds on device busy time, accurate to a few tens of microseconds.
+
+Events are appended by worker threads; readers take copies. ``index`` grows forever, so a live
+view can ask for ``events(since=k)`` and stream only what is new.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+class EventKind(str, Enum):
+    COMPUTE = "compute"
+    TRANSFER = "transfer"
+
+
+class LinkKind(str, Enum):
+    """Where a transfer travelled: inside one island (the paper's ICI) or between islands (DCN)."""
+
+    ICI = "ici"
+    DCN = "dcn"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One finished (or failed) computation or transfer.
+
+    ``devices`` are global device ids: for a transfer, the destination devices, with the
+    source devices in ``src_devices``. ``src``/``dst`` are island ids (transfers only).
+    ``status`` is ``"ok"``, ``"error"`` or ``"cancelled"``.
+    """
+
+    index: int
+    kind: str
+    name: str
+    program: str
+    program_id: int
+    client: str
+    island: int
+    devices: tuple[int, ...]
+    t_submit: float
+    t_start: float
+    t_end: float
+    status: str = "ok"
+    nbytes: int = 0
+    src: int | None = None
+    dst: int | None = None
+    src_devices: tuple[int, ...] = ()
+    link: str | None = None
+    node_id: int = -1
+
+    @property
+    def duration(self) -> float:
+        return self.t_end - self.t_start
+
+    @property
+    def bandwidth(self) -> float | None:
+        """Achieved bytes per second of a transfer (None for computations)."""
+        if self.kind != EventKind.TRANSFER or self.duration <= 0:
+            return None
+        return self.nbytes / self.duration
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Trace:
+    """The controller's event log. ``enabled=False`` stops recording (and its small cost)."""
+
+    enabled: bool = True
+    _events: list[Event] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _next: int = 0
+    _changed: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._changed = threading.Condition(self._lock)
+
+    def record(self, **fields) -> Event | None:
+        if not self.enabled:
+            return None
+        with self._lock:
+            event = Event(index=self._next, **fields)
+            self._next += 1
+            self._events.append(event)
+            self._changed.notify_all()
+        return event
+
+    def events(self, since: int = 0) -> list[Event]:
+        """Events with ``index >= since``, oldest first."""
+        with self._lock:
+            if since <= 0:
+                return list(self._events)
+            first = self._events[0].index if self._events else self._next
+            return list(self._events[max(0, since - first):])
+
+    def wait_for(self, count: int, timeout: float | None = None) -> bool:
+        """Block until at least ``count`` events were ever recorded; False on timeout."""
+        with self._lock:
+            return self._changed.wait_for(lambda: self._next >= count, timeout)
+
+    @property
+    def next_index(self) -> int:
+        """The index the next event will get (the number of events ever recorded)."""
+        return self._next
+
+    def clear(self) -> None:
+        """Forget recorded events; indices keep growing so live views stay consistent."""
+        with self._lock:
+            self._events.clear()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def to_chrome(self) -> dict:
+        """Chrome-trace / Perfetto JSON: a process per island, a thread (track) per device.
+
+        Transfers get their own track on the destination island (``transfers from island N``)
+        and a flow arrow from the source device to the destination device.
+        """
+        events = self.events()
+        if not events:
+            return {"traceEvents": [], "displayTimeUnit": "ms"}
+        t0 = min(e.t_submit for e in events)
+        out: list[dict] = []
+        named: set[tuple[int, int]] = set()
+
+        def us(t: float) -> float:
+            return round((t - t0) * 1e6, 3)
+
+        def track(pid: int, tid: int, label: str) -> None:
+            if (pid, tid) not in named:
+                named.add((pid, tid))
+                out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                            "args": {"name": f"island {pid}"}})
+                out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                            "args": {"name": label}})
+
+        for e in events:
+            args = {"program": e.program, "client": e.client, "status": e.status,
+                    "queued_us": us(e.t_start) - us(e.t_submit)}
+            if e.kind == EventKind.COMPUTE:
+                for d in e.devices:
+                    track(e.island, d, f"device {d}")
+                    out.append({"ph": "X", "name": e.name, "cat": "compute", "pid": e.island,
+                                "tid": d, "ts": us(e.t_start), "dur": us(e.t_end) - us(e.t_start),
+                                "args": args})
+                continue
+            tid = 10_000 + (e.src if e.src is not None else 0)
+            track(e.dst, tid, f"transfers from island {e.src} ({e.link})")
+            args |= {"nbytes": e.nbytes, "src": e.src, "dst": e.dst, "link": e.link}
+            out.append({"ph": "X", "name": e.name, "cat": "transfer", "pid": e.dst, "tid": tid,
+                        "ts": us(e.t_start), "dur": us(e.t_end) - us(e.t_start), "args": args})
+            if e.src_devices and e.devices:
+                track(e.src, e.src_devices[0], f"device {e.src_devices[0]}")
+                track(e.dst, e.devices[0], f"device {e.devices[0]}")
+                flow = {"name": e.name, "cat": "transfer", "id": e.index}
+                out.append(flow | {"ph": "s", "pid": e.src, "tid": e.src_devices[0],
+                                   "ts": us(e.t_start)})
+                out.append(flow | {"ph": "f", "bp": "e", "pid": e.dst, "tid": e.devices[0],
+                                   "ts": us(e.t_end)})
+        return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+    def save(self, path: str | Path) -> Path:
+        """Write Chrome-trace JSON (open it in https://ui.perfetto.dev or chrome://tracing)."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_chrome()))
+        return path

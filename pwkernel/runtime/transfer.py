@@ -1,0 +1,76 @@
+"""Transfers inside an island (ICI) and between islands (DCN), and the link model.
+
+A transfer moves a sharded buffer onto another layout with ``jax.device_put``: resharding
+between slices of one island, or copying between islands. Transfers run on their own worker
+threads, so they overlap with computations (the gang schedulers only order computations).
+
+``Link(bandwidth, latency)`` emulates a slower data-center network between islands: the bytes
+move at the machine's real speed, then the transfer is held until the time the link model
+gives (``latency + nbytes / bandwidth``, with transfers on one directed link sharing its
+bandwidth one after another). This is emulation, documented as such: it reproduces the timing
+of a slower network, not its mechanics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import jax
+
+from .trace import LinkKind
+
+
+@dataclass(frozen=True)
+class Link:
+    """An emulated network link: ``bandwidth`` in bytes/s, ``latency`` in seconds.
+
+    >>> pw.Link(bandwidth=1e9, latency=50e-6).duration(1_000_000)
+    0.00105
+    """
+
+    bandwidth: float
+    latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0 or self.latency < 0:
+            raise ValueError(
+                f"Link needs bandwidth > 0 (bytes/s) and latency >= 0 (s), got "
+                f"bandwidth={self.bandwidth!r}, latency={self.latency!r}; "
+                "e.g. pw.Link(bandwidth=10e9, latency=20e-6)."
+            )
+
+    def duration(self, nbytes: int) -> float:
+        return round(self.latency + nbytes / self.bandwidth, 12)
+
+
+class TransferEngine:
+    """Runs transfers on a small pool of threads, holding DCN transfers to the link model."""
+
+    def __init__(self, dcn: Link | None = None, workers: int = 4):
+        self.dcn = dcn
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pw-transfer")
+        self._lock = threading.Lock()
+        self._link_free: dict[tuple[int | None, int], float] = {}
+
+    def submit(self, fn, *args) -> None:
+        self._pool.submit(fn, *args)
+
+    def move(self, value, sharding, link: str, src: int | None, dst: int, nbytes: int):
+        """Copy ``value`` onto ``sharding``; returns the new array once it is in place."""
+        t0 = time.perf_counter()
+        out = jax.device_put(value, sharding)
+        out.block_until_ready()
+        if self.dcn is not None and link == LinkKind.DCN.value:
+            with self._lock:
+                begin = max(t0, self._link_free.get((src, dst), 0.0))
+                self._link_free[(src, dst)] = begin + nbytes / self.dcn.bandwidth
+            remaining = begin + self.dcn.duration(nbytes) - time.perf_counter()
+            if remaining > 0:
+                time.sleep(remaining)  # emulation: hold the transfer for the link's time
+        return out
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
