@@ -37,10 +37,35 @@ from .runtime.transfer import Link
 
 __version__ = "0.1.0"
 
+_VIZ = ("ScheduleView", "TopologyView", "report")
+
+
+def __getattr__(name: str):
+    # The widgets import bokeh and ipywidgets; load them only when asked for.
+    if name in _VIZ:
+        from . import viz
+
+        return getattr(viz, name)
+    raise AttributeError(f"module 'pwkernel' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext pwkernel``: host the controller in this kernel and register the magics."""
+    from .notebook.extension import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    """``%unload_ext pwkernel``: close the controller cleanly."""
+    from .notebook.extension import unload_ipython_extension as unload
+
+    unload(ipython)
+
 __all__ = [
     "CancelledError", "ClientSpec", "CompiledFunction", "Controller", "ControllerClosedError",
     "DeviceSetupError", "DispatchMode", "Event", "Future", "FutureState", "GangScheduler",
     "Island", "Link", "MemoryBudgetError", "PathwaysError", "Policy", "Program", "ProgramError",
     "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice", "controller", "function",
-    "program",
+    "program", "ScheduleView", "TopologyView", "report",
 ]

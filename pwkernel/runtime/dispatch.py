@@ -26,7 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import jax
@@ -43,7 +43,7 @@ _now = time.perf_counter
 _local = threading.local()
 
 
-class DispatchMode(str, Enum):
+class DispatchMode(StrEnum):
     PARALLEL = "parallel"
     SEQUENTIAL = "sequential"
 
@@ -56,7 +56,7 @@ class DispatchMode(str, Enum):
                              "'sequential', e.g. ctl.dispatch = 'sequential'.") from None
 
 
-class TaskState(str, Enum):
+class TaskState(StrEnum):
     WAITING = "waiting"      # inputs not all resolved
     QUEUED = "queued"        # handed to the island scheduler / transfer pool
     RUNNING = "running"
@@ -231,7 +231,7 @@ class IslandExecutor:
                     rejects.append((task, decision.reason))
         for task, reason in rejects:
             self.dispatcher.fail(task, MemoryBudgetError(
-                f"{task.node.name} on island {self.island.id}: {reason}"))
+                f"{task.node.name} on island {self.island.id}: {reason}"), settled=True)
         claim = getattr(_local, "claim", None)
         for task in launches:
             if claim is not None and claim.island is self and claim.task is None:
@@ -265,7 +265,7 @@ class IslandExecutor:
         self.post(sch.Finished(task.id, t_end - t_start))
         if error is not None:
             self.release_memory(task.node.devices, task.exe.memory)
-            self.dispatcher.fail(task, error, ran=True)
+            self.dispatcher.fail(task, error, settled=True)
         else:
             self.dispatcher.complete(task, outs, t_end)
 
@@ -404,7 +404,7 @@ class Dispatcher:
         task.state = TaskState.DONE
         self.record(task, EventKind.TRANSFER, t_start, t_end, error)
         if error is not None:
-            self.fail(task, error, ran=True)
+            self.fail(task, error, settled=True)
         else:
             self.complete(task, [out], t_end)
 
@@ -417,10 +417,11 @@ class Dispatcher:
         task.outputs = ()
         task.run._task_ended()
 
-    def fail(self, task: Task, error: BaseException, ran: bool = False) -> None:
+    def fail(self, task: Task, error: BaseException, settled: bool = False) -> None:
         """Fail ``task`` (its input or its computation failed, or it was cancelled): its
-        outputs get ``error``, and so, through them, everything that depends on it."""
-        if not ran:
+        outputs get ``error``, and so, through them, everything that depends on it.
+        ``settled``: the task already left the scheduler (it ran, or was rejected)."""
+        if not settled:
             if task.is_compute:
                 if not self.islands[task.node.island].cancel(task):
                     return  # already running or ended: it will resolve its own outputs

@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from .errors import CancelledError, ControllerClosedError
 
 
-class FutureState(str, Enum):
+class FutureState(StrEnum):
     PENDING = "pending"
     DONE = "done"
     FAILED = "failed"
@@ -147,10 +147,10 @@ class Future:
             def settle() -> None:
                 if waiter.cancelled():
                     return
-                if fut._error is not None:
-                    waiter.set_exception(fut._error)
-                else:
-                    waiter.set_result(fut._buffer.value)
+                try:
+                    waiter.set_result(fut.result(0))
+                except BaseException as e:  # noqa: BLE001 - hand the error to the awaiter
+                    waiter.set_exception(e)
             loop.call_soon_threadsafe(settle)
 
         self.add_done_callback(wake)

@@ -31,6 +31,7 @@ from .objects import Future, shard_bytes
 from .resources import VirtualSlice
 
 _tracing = threading.local()
+_NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
 
 
 def _current_graph() -> Graph | None:
@@ -89,7 +90,7 @@ def _spec_leaves(specs, args: tuple) -> list[Any]:
             f"({len(args)} here), got {specs!r}. Maybe you want in_specs=P('x')."
         )
     out: list[Any] = []
-    for spec, arg, n in zip(specs, args, nleaves, strict=True):
+    for spec, n in zip(specs, nleaves, strict=True):
         if spec is None or isinstance(spec, P):
             out.extend([spec] * n)
             continue
@@ -278,7 +279,7 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
         arr = np.asarray(leaf)
     except Exception:
         arr = None
-    if arr is None or arr.dtype == object:
+    if arr is None or arr.dtype.kind not in _NUMERIC:
         raise ProgramError(f"{fn.name} got an argument of type {type(leaf).__name__}; compiled "
                            "functions take arrays, scalars and pytrees of them. Maybe you want "
                            "functools.partial for static arguments.")
@@ -300,10 +301,14 @@ def leaf_placement(leaf) -> tuple:
         return ("dev", leaf.shape, leaf.dtype, leaf.sharding)
     if isinstance(leaf, jax.Array):
         return ("dev", leaf.shape, leaf.dtype, leaf.sharding)
-    arr = np.asarray(leaf)
-    if arr.dtype == object:
+    try:
+        arr = np.asarray(leaf)
+    except Exception:
+        arr = np.asarray(None)
+    if arr.dtype.kind not in _NUMERIC:
         raise ProgramError(f"a program got an argument of type {type(leaf).__name__}; programs "
-                           "take arrays, scalars, futures and pytrees of them.")
+                           "take arrays, scalars, futures and pytrees of them. Maybe you want "
+                           "functools.partial for static arguments.")
     return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None)
 
 

@@ -102,12 +102,12 @@ class VirtualSlice:
         self.version += 1
 
     def _check(self) -> None:
+        self._manager._check_open()
         if self.released:
             raise SliceError(
                 f"slice {self.id} was released and can no longer be used; "
                 "ask the controller for a new one with ctl.slice(...)."
             )
-        self._manager._check_open()
 
     def release(self) -> None:
         """Give the slice back; functions placed on it raise ``SliceError`` from now on."""

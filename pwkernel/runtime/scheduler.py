@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     FIFO = "fifo"
     PRIORITY = "priority"
     SHARE = "share"

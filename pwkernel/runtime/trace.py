@@ -21,16 +21,16 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 
-class EventKind(str, Enum):
+class EventKind(StrEnum):
     COMPUTE = "compute"
     TRANSFER = "transfer"
 
 
-class LinkKind(str, Enum):
+class LinkKind(StrEnum):
     """Where a transfer travelled: inside one island (the paper's ICI) or between islands (DCN)."""
 
     ICI = "ici"

@@ -1,0 +1,243 @@
+"""Dispatch and the island executors on real JAX devices: concurrency, order, failures,
+cancellation, back-pressure, memory and threads. Waits are on futures and events only."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+import pwkernel as pw
+
+
+def gate(entered: threading.Event, release: threading.Event):
+    """A computation that signals when it runs, then holds its device until released."""
+
+    def hold(x):
+        entered.set()
+        if not release.wait(30):
+            raise TimeoutError("gate was never released")
+        return x
+
+    return lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def failing(message: str):
+    def boom(x):
+        raise ValueError(message)
+
+    return lambda x: jax.pure_callback(boom, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def test_programs_on_two_islands_run_concurrently(ctl):
+    in0, in1 = threading.Event(), threading.Event()
+    # each computation waits until the other one has started: both finish only if they overlap
+    f0 = pw.function(gate(in0, in1), slice=ctl.slice(1, island=0), name="left")
+    f1 = pw.function(gate(in1, in0), slice=ctl.slice(1, island=1), name="right")
+    x, y = f0(np.ones(2, np.float32)), f1(np.ones(2, np.float32))
+    assert x.result(timeout=60).tolist() == y.result(timeout=60).tolist() == [1.0, 1.0]
+    left, right = (next(e for e in ctl.trace.events() if e.name == n) for n in ("left", "right"))
+    assert left.t_start < right.t_end and right.t_start < left.t_end
+
+
+def test_one_island_never_overlaps_on_a_device_and_keeps_one_order(ctl):
+    slices = [ctl.slice(4, island=0), ctl.slice(2, island=0), ctl.slice(2, island=0),
+              ctl.slice((2, 2), island=0)]
+    fns = [pw.function(lambda x, k=k: x * 2 + k, slice=s, name=f"f{k}")
+           for k, s in enumerate(slices)]
+    results = []
+
+    def client(name: str, seed: int):
+        with ctl.client(name):
+            rng = np.random.default_rng(seed)
+            for _ in range(15):
+                results.append(fns[rng.integers(len(fns))](np.ones(4, np.float32)))
+
+    threads = [threading.Thread(target=client, args=(f"c{i}", i)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        r.result(timeout=60)
+    spans: dict[int, list] = {}
+    for e in ctl.trace.events():
+        if e.kind == "compute":
+            for d in e.devices:
+                spans.setdefault(d, []).append(e)
+    assert len(results) == 45 and spans
+    for events in spans.values():
+        events.sort(key=lambda e: e.t_start)
+        for before, after in zip(events, events[1:], strict=False):
+            assert before.t_end <= after.t_start, "two computations overlapped on a device"
+    order = {d: [e.index for e in evs] for d, evs in spans.items()}
+    for a in order:
+        for b in order:
+            both = set(order[a]) & set(order[b])
+            assert [i for i in order[a] if i in both] == [i for i in order[b] if i in both]
+
+
+def test_a_failed_computation_fails_its_dependents_not_the_controller(ctl):
+    s0, s1 = ctl.slice(1, island=0), ctl.slice(1, island=1)
+    bad = pw.function(failing("boom in the kernel"), slice=s0, name="bad")
+    inc = pw.function(lambda x: x + 1, slice=s1)
+    out = pw.program(lambda v: inc(inc(bad(v))))(np.ones(2, np.float32))
+    with pytest.raises(Exception, match="boom in the kernel"):
+        out.result(timeout=60)
+    assert isinstance(out.exception(), Exception) and out.state is pw.FutureState.FAILED
+    assert [e.status for e in ctl.trace.events() if e.name == "bad"] == ["error"]
+    # the controller and other clients carry on
+    with ctl.client("other"):
+        assert inc(np.zeros(2, np.float32)).result(timeout=60).tolist() == [1.0, 1.0]
+    del out
+    gc.collect()
+    assert sum(ctl.memory().values()) == 0
+
+
+def test_cancel_drops_queued_work_and_frees_its_buffers(ctl):
+    entered, release = threading.Event(), threading.Event()
+    s = ctl.slice(1, island=0)
+    blocker = pw.function(gate(entered, release), slice=s, name="blocker")
+    inc = pw.function(lambda x: x + 1, slice=s)
+    held = blocker(np.ones(2, np.float32))
+    assert entered.wait(30)
+    queued = pw.program(lambda v: inc(inc(v)))(np.ones(2, np.float32))
+    assert queued.run.cancel() >= 1
+    release.set()
+    assert held.result(timeout=60).tolist() == [1.0, 1.0]
+    with pytest.raises(pw.CancelledError, match="cancelled"):
+        queued.result(timeout=60)
+    assert queued.cancelled() and queued.run.wait(60)
+    assert ctl.runs() == []
+    del held, queued
+    gc.collect()
+    assert sum(ctl.memory().values()) == 0
+
+
+def test_back_pressure_waits_for_memory_instead_of_failing():
+    ctl = pw.Controller(islands=(2, 2), memory_budget=64)
+    try:
+        s = ctl.slice(1, island=0)
+        make = pw.function(lambda x: x + 1, slice=s)
+        first = make(np.zeros(8, np.float32))   # 32 bytes held
+        second = make(np.zeros(8, np.float32))  # 64 bytes held: the budget
+        first.result(timeout=60), second.result(timeout=60)
+        third = make(np.zeros(8, np.float32))
+        state = ctl.status()["islands"][0]
+        assert (state["queued"], state["running"]) == (1, 0)  # stalled, not failed
+        assert not third.done()
+        del first
+        gc.collect()                                            # frees 32 bytes
+        assert third.result(timeout=60).tolist() == [1.0] * 8
+        huge = make(np.zeros(32, np.float32))                   # 128 bytes > budget
+        with pytest.raises(pw.MemoryBudgetError, match="memory budget is 64"):
+            huge.result(timeout=60)
+    finally:
+        ctl.close()
+
+
+def test_object_store_returns_to_zero_when_futures_are_dropped(ctl):
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    a = pw.function(lambda x: x * 2, slice=s0)
+    b = pw.function(lambda x: x + 1, slice=s1)
+    y, z = pw.program(lambda v: (b(a(v)), a(b(v))))(np.ones(8, np.float32))
+    y.result(timeout=60), z.result(timeout=60)
+    held = ctl.memory()
+    assert sum(held.values()) == 2 * 8 * 4  # only the two outputs are alive: 32 B each
+    assert {r.program for r in ctl.store.records()} == {"<lambda>"}
+    del y
+    gc.collect()
+    assert sum(ctl.memory().values()) == 8 * 4
+    del z
+    gc.collect()
+    assert sum(ctl.memory().values()) == 0
+
+
+def test_future_api_callbacks_await_and_numpy(ctl):
+    f = pw.function(lambda x: x * 3, slice=ctl.slice(2))
+    fut = f(np.arange(4, dtype=np.float32))
+    seen = threading.Event()
+    fut.add_done_callback(lambda fu: seen.set())
+    assert seen.wait(60) and fut.done() and fut.exception() is None
+    assert np.asarray(fut).tolist() == [0.0, 3.0, 6.0, 9.0]
+
+    async def main():
+        return await f(np.ones(2, np.float32))
+
+    assert asyncio.run(main()).tolist() == [3.0, 3.0]
+    late = []
+    fut.add_done_callback(late.append)  # already done: called at once
+    assert late == [fut]
+
+
+def test_futures_of_a_closed_controller_say_so():
+    ctl = pw.Controller(islands=(2, 2))
+    f = pw.function(lambda x: x + 1, slice=ctl.slice(1))
+    fut = f(np.ones(2, np.float32))
+    fut.result(timeout=60)
+    ctl.close()
+    with pytest.raises(pw.ControllerClosedError, match="closed controller"):
+        fut.result()
+    other = pw.Controller(islands=(2, 2))
+    try:
+        g = pw.function(lambda x: x + 1, slice=other.slice(1))
+        with pytest.raises(pw.ControllerClosedError, match="closed controller"):
+            g(fut)
+    finally:
+        other.close()
+
+
+def test_close_leaves_no_threads_and_cancels_pending_work():
+    before = {t.name for t in threading.enumerate() if t.name.startswith("pw-")}
+    ctl = pw.Controller(islands=(2, 2), dispatch="sequential")
+    entered, release = threading.Event(), threading.Event()
+    s = ctl.slice(1, island=0)
+    blocker = pw.function(gate(entered, release), slice=s)
+    inc = pw.function(lambda x: x + 1, slice=s)
+    held = blocker(np.ones(2, np.float32))
+    pending = inc(inc(np.ones(2, np.float32)))
+    assert entered.wait(30)
+    threading.Timer(0, release.set).start()  # let the running computation finish during close
+    ctl.close()
+    assert held.exception(timeout=0) is None
+    with pytest.raises(pw.CancelledError):
+        pending.result(timeout=0)
+    after = {t.name for t in threading.enumerate() if t.name.startswith("pw-")}
+    assert after == before
+    with pytest.raises(pw.ControllerClosedError):
+        ctl.policy = "share"
+
+
+def test_share_policy_on_the_real_runtime(ctl):
+    ctl.policy = "share"
+    s = ctl.slice(4, island=0)
+    work = pw.function(lambda x: (x @ x.T) @ x, slice=s, in_specs=jax.sharding.PartitionSpec())
+    x = np.ones((96, 96), np.float32)
+    work(x).result(timeout=60)  # compile before the clients start
+    entered, release = threading.Event(), threading.Event()
+    gate_fn = pw.function(gate(entered, release), slice=s)
+    blocker = gate_fn(np.ones(4, np.float32))  # hold the island while every client queues up
+    assert entered.wait(30)
+    weights = {"w1": 1, "w2": 2, "w4": 4, "w8": 8}
+    futures = {}
+    for name, w in weights.items():
+        with ctl.client(name, weight=w):
+            futures[name] = [work(x) for _ in range(8 * w)]
+    release.set()
+    blocker.result(timeout=60)
+    first_done = None
+    for name in ("w8", "w4", "w2", "w1"):
+        for f in futures[name]:
+            f.result(timeout=120)
+    events = [e for e in ctl.trace.events() if e.kind == "compute" and e.client in weights]
+    # shares while every client was still backlogged: until the first client ran out
+    first_done = min(max(e.t_end for e in events if e.client == n) for n in weights)
+    window = [e for e in events if e.t_end <= first_done]
+    busy = {n: sum(e.duration for e in window if e.client == n) for n in weights}
+    total = sum(busy.values())
+    for name, w in weights.items():
+        assert abs(busy[name] / total - w / 15) <= 0.05, (busy, total)

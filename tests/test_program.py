@@ -1,0 +1,155 @@
+"""pw.function and @pw.program: the paper's Figure 2, specs, caching, tracing errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pwkernel as pw
+
+
+def figure2(ctl):
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    a = pw.function(lambda x: x * 2, slice=s0, in_specs=P("x"), out_specs=P("x"))
+    b = pw.function(lambda x: x + 1, slice=s1)
+    c = pw.function(lambda x: x / 2, slice=s1)
+
+    @pw.program
+    def f(v):
+        x = a(v)
+        return b(x), a(c(x))
+
+    return f
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_figure2_program_in_both_dispatch_modes(ctl, mode):
+    ctl.dispatch = mode
+    f = figure2(ctl)
+    y, z = f(np.array([1.0, 2.0]))
+    assert isinstance(y, pw.Future) and isinstance(z, pw.Future)
+    assert y.shape == (2,) and y.dtype == np.float32 and y.sharding is not None
+    assert y.result(timeout=30).tolist() == [3.0, 5.0]
+    assert z.result(timeout=30).tolist() == [2.0, 4.0]
+    events = ctl.trace.events()
+    dcn = [e for e in events if e.kind == "transfer" and e.link == "dcn"]
+    assert {(e.src, e.dst) for e in dcn} == {(0, 1), (1, 0)}
+    assert all(e.nbytes == 8 and e.t_end >= e.t_start >= e.t_submit for e in dcn)
+    computes = [e for e in events if e.kind == "compute"]
+    assert len(computes) == 4 and {e.island for e in computes} == {0, 1}
+
+
+def test_program_is_one_graph_with_inserted_transfers(ctl):
+    f = figure2(ctl)
+    graph = f.trace(np.array([1.0, 2.0]))
+    kinds = [type(n).__name__ for n in graph.nodes]
+    assert kinds.count("ComputeNode") == 4
+    links = sorted(n.link for n in graph.nodes if type(n).__name__ == "TransferNode")
+    assert links == ["dcn", "dcn", "host"]  # x is moved once to island 1, shared by b and c
+    assert f.trace(np.array([5.0, 6.0])) is graph  # cached per input signature
+
+
+def test_ici_transfer_between_slices_of_one_island(ctl):
+    s0 = ctl.slice(2, island=0)
+    s1 = ctl.slice(2, island=0)
+    assert set(s0.device_ids).isdisjoint(s1.device_ids)
+    a = pw.function(lambda x: x + 1, slice=s0)
+    b = pw.function(lambda x: x * 10, slice=s1)
+    out = pw.program(lambda v: b(a(v)))(np.arange(4, dtype=np.float32))
+    assert out.result(timeout=30).tolist() == [10.0, 20.0, 30.0, 40.0]
+    (ici,) = [e for e in ctl.trace.events() if e.link == "ici"]
+    assert ici.src == ici.dst == 0 and set(ici.devices) == set(s1.device_ids)
+
+
+def test_compiled_once_per_signature(ctl):
+    s = ctl.slice(2)
+    f = pw.function(lambda x: x * 2, slice=s)
+    for _ in range(3):
+        f(np.ones(4, np.float32)).result(timeout=30)
+    f(np.ones(6, np.float32)).result(timeout=30)
+    assert len(f._cache) == 2
+
+
+def test_default_specs_shard_leading_axis_when_it_divides(ctl):
+    s = ctl.slice(4, island=0)
+    f = pw.function(lambda x: x, slice=s)
+    assert f(np.ones((8, 3))).result().sharding.spec == P("x")
+    assert f(np.ones((6, 3))).result().sharding.spec == P()
+
+
+def test_pytrees_and_multiple_outputs(ctl):
+    s = ctl.slice(2)
+    step = pw.function(lambda p, x: {"w": p["w"] - 0.1 * x, "n": p["n"] + 1}, slice=s)
+    params = {"w": np.ones(4, np.float32), "n": np.zeros((), np.int32)}
+    out = step(params, np.ones(4, np.float32))
+    assert set(out) == {"w", "n"}
+    np.testing.assert_allclose(out["w"].result(), 0.9)
+    assert int(out["n"].result()) == 1
+
+
+def test_futures_flow_into_later_programs_before_they_resolve(ctl):
+    s = ctl.slice(1, island=0)
+    inc = pw.function(lambda x: x + 1, slice=s)
+    x = inc(np.zeros(2, np.float32))
+    chain = [x]
+    for _ in range(20):
+        chain.append(inc(chain[-1]))
+    assert chain[-1].result(timeout=30).tolist() == [21.0, 21.0]
+    assert np.asarray(chain[5]).tolist() == [6.0, 6.0]
+
+
+def test_collectives_with_shard_map(ctl):
+    s = ctl.slice(4, island=1)
+
+    def total(x):
+        return jax.shard_map(lambda b: jax.lax.psum(b.sum(keepdims=True), "x"), mesh=s.mesh,
+                             in_specs=P("x"), out_specs=P())(x)
+
+    f = pw.function(total, slice=s, in_specs=P("x"), out_specs=P())
+    assert f(np.arange(8.0)).result(timeout=30).tolist() == [28.0]
+
+
+@pytest.mark.parametrize(
+    "specs, shape, match",
+    [
+        (P("x"), (3,), r"dimension 0 \(size 3\) over mesh axis x of size 2"),
+        (P("y"), (4,), "mesh axis 'y', but the slice's mesh has axes"),
+        (P("x", None, None), (4,), "names 3 dimensions"),
+    ],
+)
+def test_specs_that_do_not_fit_name_the_axis_and_sizes(ctl, specs, shape, match):
+    f = pw.function(lambda x: x, slice=ctl.slice(2), in_specs=specs)
+    with pytest.raises(pw.SpecError, match=match):
+        f(np.ones(shape, np.float32))
+
+
+def test_tracing_errors_say_what_to_do(ctl):
+    f = pw.function(lambda x: x, slice=ctl.slice(2))
+    with pytest.raises(pw.ProgramError, match="only compiled functions can operate"):
+        pw.program(lambda v: f(v) + 1)(np.ones(2))
+    with pytest.raises(pw.ProgramError, match="called no compiled function"):
+        pw.program(lambda v: v)(np.ones(2))
+    with pytest.raises(pw.ProgramError, match="static arguments"):
+        f("text")
+    with pytest.raises(pw.SliceError, match="VirtualSlice"):
+        pw.function(lambda x: x, slice=2)
+    with pytest.raises(pw.ProgramError, match="could not be traced"):
+        pw.function(lambda x: jnp.dot(x, x.T[:1]), slice=ctl.slice(1))(np.ones((2, 3)))
+
+
+def test_decorator_forms(ctl):
+    s = ctl.slice(2)
+
+    @pw.function(slice=s)
+    def square(x):
+        return x * x
+
+    @pw.program(name="sq_twice")
+    def twice(x):
+        return square(square(x))
+
+    assert twice(np.full(2, 2.0)).result().tolist() == [16.0, 16.0]
+    assert twice.name == "sq_twice" and square.__name__ == "square"

@@ -1,0 +1,103 @@
+"""Islands, virtual slices, placement and remapping."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import pwkernel as pw
+
+
+def test_islands_are_the_host_split_into_virtual_devices(ctl):
+    assert [len(i.devices) for i in ctl.islands] == [4, 4]
+    assert [i.id for i in ctl.islands] == [0, 1]
+    assert {i.platform for i in ctl.islands} == {"cpu"}
+    ids = [d.id for i in ctl.islands for d in i.devices]
+    assert len(set(ids)) == 8
+
+
+def test_slice_has_a_mesh_over_its_devices(ctl):
+    s = ctl.slice((2, 2), island=1, axis_names=("data", "model"))
+    assert isinstance(s.mesh, jax.sharding.Mesh)
+    assert dict(s.mesh.shape) == {"data": 2, "model": 2}
+    assert s.island.id == 1 and set(s.devices) <= set(ctl.islands[1].devices)
+    assert ctl.slice(3).axis_names == ("x",)
+
+
+def test_placement_spreads_load_over_islands_and_devices(ctl):
+    a, b = ctl.slice(2), ctl.slice(2)
+    assert {a.island.id, b.island.id} == {0, 1}
+    c = ctl.slice(2, island=0)
+    same = a if a.island.id == 0 else b
+    assert set(c.device_ids).isdisjoint(same.device_ids)  # least loaded devices first
+
+
+def test_slices_may_share_devices(ctl):
+    full = [ctl.slice(4, island=0) for _ in range(3)]
+    assert all(s.device_ids == full[0].device_ids for s in full)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(shape=5, island=0), "does not fit on island 0, which has 4"),
+        (dict(shape=9), "does not fit on any island"),
+        (dict(shape=2, island=7), "island 7 does not exist"),
+        (dict(shape=(0, 2)), "positive"),
+        (dict(shape=(2, 2), axis_names=("a",)), "must name each"),
+    ],
+)
+def test_bad_slices_say_what_exists(ctl, kwargs, match):
+    with pytest.raises(pw.SliceError, match=match):
+        ctl.slice(**kwargs)
+    with pytest.raises(ValueError):  # SliceError is a ValueError
+        ctl.slice(**kwargs)
+
+
+def test_released_slice_cannot_be_used(ctl):
+    s = ctl.slice(2)
+    s.release()
+    with pytest.raises(pw.SliceError, match="released"):
+        _ = s.mesh
+    with pytest.raises(pw.SliceError, match="released"):
+        pw.function(lambda x: x, slice=s)(np.ones(2))
+
+
+def test_remap_moves_a_slice_and_functions_are_lowered_again(ctl):
+    s = ctl.slice(2, island=0)
+    f = pw.function(lambda x: x * 3, slice=s)
+    y = f(np.arange(4.0))
+    assert y.island == 0
+    assert y.result().tolist() == [0.0, 3.0, 6.0, 9.0]
+    ctl.remap(s, island=1)
+    assert s.island.id == 1 and s.version == 1
+    z = f(np.arange(4.0))
+    assert z.island == 1
+    assert {d.id for d in z.result().sharding.device_set} <= set(ctl.islands[1].device_ids)
+    assert z.result().tolist() == [0.0, 3.0, 6.0, 9.0]
+    # a future made before the move flows into the moved function through a transfer
+    w = f(y)
+    assert w.result().tolist() == [0.0, 9.0, 18.0, 27.0]
+    assert any(e.kind == "transfer" and e.link == "dcn" for e in ctl.trace.events())
+
+
+def test_remap_to_a_full_island_fails_and_keeps_the_mapping(ctl):
+    s = ctl.slice(4, island=0)
+    with pytest.raises(pw.SliceError):
+        ctl.remap(s, island=5)
+    assert s.island.id == 0
+
+
+def test_closed_controller_refuses_use(ctl):
+    s = ctl.slice(2)
+    ctl.close()
+    with pytest.raises(pw.ControllerClosedError, match="closed"):
+        ctl.slice(2)
+    with pytest.raises(pw.ControllerClosedError):
+        _ = s.mesh
+
+
+def test_too_few_host_devices_explains_the_fix():
+    with pytest.raises(pw.DeviceSetupError, match="jax_num_cpu_devices"):
+        pw.Controller(islands=(8, 8))

@@ -1,0 +1,160 @@
+"""The gang scheduler as a pure state machine: feed events, assert decisions. No JAX, no time."""
+
+from __future__ import annotations
+
+import pytest
+
+from pwkernel.runtime.scheduler import (
+    Cancel,
+    Finished,
+    GangScheduler,
+    Launch,
+    MemoryFreed,
+    Policy,
+    Ready,
+    Reject,
+    SetPolicy,
+    Submit,
+)
+
+ALL = (0, 1, 2, 3)
+
+
+def launched(decisions) -> list[int]:
+    return [d.task for d in decisions if isinstance(d, Launch)]
+
+
+def test_fifo_launches_in_submission_order_one_gang_at_a_time():
+    s = GangScheduler(ALL)
+    assert launched(s.handle(*(Submit(t, ALL, ready=True) for t in range(3)))) == [0]
+    assert launched(s.handle(Finished(0, 1.0))) == [1]
+    assert launched(s.handle(Finished(1, 1.0))) == [2]
+    assert s.running == (2,) and s.queued == ()
+
+
+def test_disjoint_gangs_run_together_and_waiting_tasks_do_not_block():
+    s = GangScheduler(ALL)
+    out = s.handle(Submit(0, (0, 1)), Submit(1, (2, 3), ready=True), Submit(2, (0, 1), ready=True))
+    assert launched(out) == [1, 2]  # task 0 is not ready: it does not hold the queue
+    assert launched(s.handle(Ready(0))) == []  # devices 0, 1 busy with task 2
+    assert launched(s.handle(Finished(2))) == [0]
+
+
+def test_blocked_task_reserves_its_devices_so_it_cannot_starve():
+    s = GangScheduler(ALL)
+    s.handle(Submit(0, (0, 1), ready=True))                  # running on 0, 1
+    out = s.handle(Submit(1, ALL, ready=True), Submit(2, (2, 3), ready=True))
+    # task 1 waits for 0, 1 and reserves 2, 3: task 2 may not jump ahead of it there
+    assert launched(out) == []
+    assert launched(s.handle(Finished(0))) == [1]
+    assert launched(s.handle(Finished(1))) == [2]
+
+
+def test_order_is_consistent_on_every_device():
+    s = GangScheduler(ALL)
+    per_device: dict[int, list[int]] = {d: [] for d in ALL}
+    gangs = {0: (0, 1), 1: (1, 2), 2: ALL, 3: (2, 3), 4: (0, 3), 5: (1,), 6: ALL}
+    running = []
+
+    def apply(decisions):
+        for t in launched(decisions):
+            running.append(t)
+            for d in gangs[t]:
+                per_device[d].append(t)
+
+    apply(s.handle(*(Submit(t, g, ready=True) for t, g in gangs.items())))
+    while running:
+        apply(s.handle(Finished(running.pop(0))))
+    for a in ALL:
+        for b in ALL:
+            shared = [t for t in per_device[a] if t in per_device[b]]
+            assert shared == [t for t in per_device[b] if t in per_device[a]]
+    assert sorted(set(sum(per_device.values(), []))) == list(gangs)
+
+
+def test_priority_policy_runs_higher_priority_first():
+    s = GangScheduler(ALL, policy="priority")
+    s.handle(Submit(0, ALL, ready=True))
+    s.handle(Submit(1, ALL, priority=0, ready=True), Submit(2, ALL, priority=5, ready=True))
+    assert launched(s.handle(Finished(0))) == [2]
+    assert launched(s.handle(Finished(2))) == [1]
+
+
+def test_share_policy_gives_exact_proportional_shares():
+    s = GangScheduler(ALL, policy=Policy.SHARE)
+    weights = {"a": 1, "b": 2, "c": 4, "d": 8}
+    owner, counts, task = {}, dict.fromkeys(weights, 0), 0
+    events = []
+    for name, w in weights.items():  # every client backlogged with plenty of equal tasks
+        for _ in range(60):
+            owner[task] = name
+            events.append(Submit(task, ALL, client=name, weight=w, cost_key="step", ready=True))
+            task += 1
+    running = launched(s.handle(*events))
+    for _ in range(15 * 4):
+        (t,) = running
+        counts[owner[t]] += 1
+        running = launched(s.handle(Finished(t, 1.0)))
+    assert counts == {"a": 4, "b": 8, "c": 16, "d": 32}
+    shares = s.shares()
+    assert shares == pytest.approx({"a": 1 / 15, "b": 2 / 15, "c": 4 / 15, "d": 8 / 15})
+
+
+def test_share_corrects_estimates_with_actual_durations():
+    s = GangScheduler(ALL, policy="share")
+    events = []
+    for t in range(400):  # client "long" runs 3x longer computations than "short"
+        name = "long" if t % 2 else "short"
+        events.append(Submit(t, ALL, client=name, cost_key=name, ready=True))
+    running = launched(s.handle(*events))
+    seconds = {"long": 3.0, "short": 1.0}
+    while running:
+        (t,) = running
+        running = launched(s.handle(Finished(t, seconds["long" if t % 2 else "short"])))
+        if sum(c.device_seconds for c in s._clients.values()) > 60 * 4:
+            break
+    shares = s.shares()
+    assert shares["long"] == pytest.approx(0.5, abs=0.08)
+
+
+def test_idle_client_does_not_bank_credit():
+    s = GangScheduler(ALL, policy="share")
+    running = launched(s.handle(*(Submit(t, ALL, client="busy", ready=True) for t in range(20))))
+    for _ in range(10):
+        running = launched(s.handle(Finished(running[0], 1.0)))
+    # a newcomer starts at the current virtual time: it alternates, it does not run 10 in a row
+    s.handle(*(Submit(100 + t, ALL, client="new", ready=True) for t in range(10)))
+    order = []
+    for _ in range(6):
+        order.append(running[0])
+        running = launched(s.handle(Finished(running[0], 1.0)))
+    assert sum(t >= 100 for t in order) == 3
+
+
+def test_memory_budget_back_pressure_and_rejection():
+    s = GangScheduler((0, 1), memory_budget=100)
+    out = s.handle(Submit(0, (0,), memory=101, ready=True))
+    assert isinstance(out[0], Reject) and "101 bytes" in out[0].reason
+    assert launched(s.handle(Submit(1, (0,), memory=60, ready=True))) == [1]
+    assert launched(s.handle(Finished(1))) == []  # its output (60 B) is still alive
+    assert launched(s.handle(Submit(2, (0,), memory=60, ready=True))) == []  # would be 120
+    assert launched(s.handle(MemoryFreed(0, 60))) == [2]
+    assert s.memory_in_use()[0] == 60
+
+
+def test_cancel_drops_queued_tasks_and_policy_switches():
+    s = GangScheduler(ALL)
+    s.handle(*(Submit(t, ALL, ready=True) for t in range(3)))
+    s.handle(Cancel(1), Cancel(0))  # 0 is running: it cannot be preempted
+    assert s.running == (0,)
+    assert launched(s.handle(Finished(0))) == [2]
+    s.handle(SetPolicy("priority"))
+    assert s.policy is Policy.PRIORITY
+    with pytest.raises(ValueError, match="expected one of"):
+        s.handle(SetPolicy("lottery"))
+
+
+def test_unknown_devices_are_rejected():
+    s = GangScheduler((0, 1))
+    (out,) = s.handle(Submit(0, (5,), ready=True))
+    assert isinstance(out, Reject) and "not on this island" in out.reason

@@ -1,0 +1,60 @@
+"""The event log and its Chrome-trace / Perfetto export."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+import pwkernel as pw
+
+
+def run_figure2(ctl):
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    a = pw.function(lambda x: x * 2, slice=s0)
+    b = pw.function(lambda x: x + 1, slice=s1)
+    y = pw.program(lambda v: b(a(v)), name="fig")(np.array([1.0, 2.0]))
+    return y.result(timeout=60)
+
+
+def test_events_have_the_documented_fields(ctl):
+    with ctl.client("alice"):
+        run_figure2(ctl)
+    events = ctl.trace.events()
+    assert [e.index for e in events] == list(range(len(events)))
+    for e in events:
+        assert e.kind in ("compute", "transfer") and e.program == "fig" and e.client == "alice"
+        assert e.t_submit <= e.t_start <= e.t_end and e.devices
+    (dcn,) = [e for e in events if e.link == "dcn"]
+    assert (dcn.src, dcn.dst, dcn.nbytes) == (0, 1, 8) and dcn.bandwidth > 0
+    assert ctl.trace.events(since=len(events) - 1) == events[-1:]
+
+
+def test_chrome_trace_has_a_track_per_device_and_transfer_flows(ctl, tmp_path):
+    run_figure2(ctl)
+    path = ctl.trace.save(tmp_path / "run.json")
+    doc = json.loads(path.read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    compute = [e for e in spans if e["cat"] == "compute"]
+    assert {(e["pid"], e["tid"]) for e in compute} == {(0, 0), (0, 1), (1, 4), (1, 5)}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    flows = [e for e in doc["traceEvents"] if e["ph"] in ("s", "f")]
+    assert len(flows) == 2 and flows[0]["id"] == flows[1]["id"]
+    names = [e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"]
+    assert "island 0" in names and "device 4" in names
+
+
+def test_clear_and_disable(ctl):
+    run_figure2(ctl)
+    n = ctl.trace.next_index
+    ctl.trace.clear()
+    assert ctl.trace.events() == [] and ctl.trace.next_index == n
+    ctl.trace.enabled = False
+    run_figure2(ctl)
+    assert ctl.trace.events() == []
+    ctl.trace.enabled = True
+    done = threading.Event()
+    threading.Thread(target=lambda: (run_figure2(ctl), done.set())).start()
+    assert ctl.trace.wait_for(n + 3, timeout=60) and done.wait(60)
+    assert ctl.trace.events(since=n)[0].index == n
