@@ -201,7 +201,7 @@ def test_close_leaves_no_threads_and_cancels_pending_work():
     held = blocker(np.ones(2, np.float32))
     pending = inc(inc(np.ones(2, np.float32)))
     assert entered.wait(30)
-    threading.Timer(0, release.set).start()  # let the running computation finish during close
+    pending.add_done_callback(lambda _: release.set())  # close cancels it, then the gate opens
     ctl.close()
     assert held.exception(timeout=0) is None
     with pytest.raises(pw.CancelledError):
@@ -215,9 +215,10 @@ def test_close_leaves_no_threads_and_cancels_pending_work():
 def test_share_policy_on_the_real_runtime(ctl):
     ctl.policy = "share"
     s = ctl.slice(4, island=0)
-    work = pw.function(lambda x: (x @ x.T) @ x, slice=s, in_specs=jax.sharding.PartitionSpec())
-    x = np.ones((96, 96), np.float32)
-    work(x).result(timeout=60)  # compile before the clients start
+    replicated = jax.sharding.PartitionSpec()
+    work = pw.function(lambda x: (x @ x.T) @ x, slice=s, in_specs=replicated, out_specs=replicated)
+    # an input already on the slice: no transfers, so every queued computation is ready at once
+    x = work(np.ones((192, 192), np.float32) / 192).result(timeout=60)
     entered, release = threading.Event(), threading.Event()
     gate_fn = pw.function(gate(entered, release), slice=s)
     blocker = gate_fn(np.ones(4, np.float32))  # hold the island while every client queues up
@@ -226,10 +227,9 @@ def test_share_policy_on_the_real_runtime(ctl):
     futures = {}
     for name, w in weights.items():
         with ctl.client(name, weight=w):
-            futures[name] = [work(x) for _ in range(8 * w)]
+            futures[name] = [work(x) for _ in range(24 * w)]
     release.set()
     blocker.result(timeout=60)
-    first_done = None
     for name in ("w8", "w4", "w2", "w1"):
         for f in futures[name]:
             f.result(timeout=120)
