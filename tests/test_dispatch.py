@@ -14,8 +14,12 @@ import pytest
 import pwkernel as pw
 
 
-def gate(entered: threading.Event, release: threading.Event):
-    """A computation that signals when it runs, then holds its device until released."""
+def gate(entered: threading.Event, release: threading.Event, mesh=None):
+    """A computation that signals when it runs, then holds its devices until released.
+
+    On a multi-device ``mesh`` every device calls the host function itself (inside shard_map):
+    a callback placed on one device would leave the others stuck in a collective, which XLA's
+    CPU runtime aborts after a while."""
 
     def hold(x):
         entered.set()
@@ -23,7 +27,13 @@ def gate(entered: threading.Event, release: threading.Event):
             raise TimeoutError("gate was never released")
         return x
 
-    return lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    def held(x):
+        return jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    if mesh is None:
+        return held
+    spec = jax.sharding.PartitionSpec(mesh.axis_names)
+    return jax.shard_map(held, mesh=mesh, in_specs=spec, out_specs=spec)
 
 
 def failing(message: str):
@@ -220,7 +230,7 @@ def test_share_policy_on_the_real_runtime(ctl):
     # an input already on the slice: no transfers, so every queued computation is ready at once
     x = work(np.ones((192, 192), np.float32) / 192).result(timeout=60)
     entered, release = threading.Event(), threading.Event()
-    gate_fn = pw.function(gate(entered, release), slice=s)
+    gate_fn = pw.function(gate(entered, release, s.mesh), slice=s)
     blocker = gate_fn(np.ones(4, np.float32))  # hold the island while every client queues up
     assert entered.wait(30)
     weights = {"w1": 1, "w2": 2, "w4": 4, "w8": 8}

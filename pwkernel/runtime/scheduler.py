@@ -134,6 +134,7 @@ class GangScheduler:
     policy: Policy = Policy.FIFO
     memory_budget: int | None = None
     _tasks: dict[int, _Task] = field(default_factory=dict)
+    _ready: dict[int, _Task] = field(default_factory=dict)  # ready, not yet launched
     _busy: dict[int, int] = field(default_factory=dict)
     _memory: dict[int, int] = field(default_factory=dict)
     _clients: dict[str, _Client] = field(default_factory=dict)
@@ -150,25 +151,36 @@ class GangScheduler:
     def handle(self, *events) -> list[Launch | Reject]:
         """Apply ``events`` in order and return the decisions they lead to, in order."""
         out: list[Launch | Reject] = []
+        changed = False  # could anything launch now that could not before?
         for event in events:
             match event:
                 case Submit():
                     out.extend(self._submit(event))
+                    changed |= event.ready
                 case Ready(task=t):
-                    if t in self._tasks:
-                        self._tasks[t].ready = True
+                    task = self._tasks.get(t)
+                    if task is not None and not task.ready:
+                        task.ready = True
+                        self._ready[t] = task
+                        changed = True
                 case Finished(task=t, seconds=s):
                     self._finish(t, s)
+                    changed = True
                 case Cancel(task=t):
-                    if t in self._tasks and t not in self._busy.values():
+                    if self._ready.pop(t, None) is not None or (
+                            t in self._tasks and not self._tasks[t].ready):
                         self._drop(self._tasks.pop(t))
+                        changed = True
                 case MemoryFreed(device=d, nbytes=n):
                     self._memory[d] = max(0, self._memory[d] - n)
+                    changed = True
                 case SetPolicy(policy=p):
                     self.policy = Policy.parse(p)
+                    changed = True
                 case _:
                     raise TypeError(f"GangScheduler cannot handle {event!r}")
-        out.extend(self._schedule())
+        if changed:
+            out.extend(self._schedule())
         return out
 
     # --- queries ---------------------------------------------------------------------------
@@ -206,8 +218,11 @@ class GangScheduler:
         if client.active == 0:  # a client returning from idle starts at the current time
             client.passes = max(client.passes, self._vtime)
         client.active += 1
-        self._tasks[ev.task] = _Task(ev.task, self._seq, devices, ev.client, ev.priority,
-                                     ev.cost_key, ev.memory, ev.ready)
+        task = _Task(ev.task, self._seq, devices, ev.client, ev.priority, ev.cost_key, ev.memory,
+                     ev.ready)
+        self._tasks[ev.task] = task
+        if ev.ready:
+            self._ready[ev.task] = task
         self._seq += 1
         return []
 
@@ -254,8 +269,10 @@ class GangScheduler:
             chosen = None
             reserved: set[int] = set()
             busy = self._busy.keys()
-            for t in sorted((t for t in self._tasks.values()
-                             if t.ready and t.id not in self._busy.values()), key=self._key):
+            candidates = self._ready.values()
+            if len(candidates) > 1:
+                candidates = sorted(candidates, key=self._key)
+            for t in candidates:
                 if t.devices & reserved:
                     continue
                 if not t.devices.isdisjoint(busy) or not self._fits_memory(t):
@@ -269,6 +286,7 @@ class GangScheduler:
             out.append(Launch(chosen.id))
 
     def _launch(self, t: _Task) -> None:
+        del self._ready[t.id]
         for d in t.devices:
             self._busy[d] = t.id
             if self.memory_budget is not None:

@@ -1,0 +1,52 @@
+"""``python -m pwkernel.bench NAME [--quick|--tiny] [--json PATH] [--plot PATH]``.
+
+NAME: dispatch, parallel-dispatch, pipeline, multitenancy, dcn, tracing, or all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax
+
+# Before anything initializes JAX's backend: the controllers need 8 host devices on CPU.
+jax.config.update("jax_num_cpu_devices", 8)
+
+from .runner import BENCHMARKS, run_benchmarks  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pwkernel.bench",
+        description="Benchmarks reproducing the Pathways paper's evaluation, beside bare JAX.")
+    parser.add_argument("names", nargs="+", metavar="NAME",
+                        help=f"one or more of {', '.join(BENCHMARKS)}, or all")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="about a minute per benchmark")
+    size.add_argument("--tiny", action="store_true", help="seconds: proves it runs (tests)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--plot", metavar="PATH",
+                        help="write a PNG of the dispatch benchmark here (needs 'dispatch')")
+    args = parser.parse_args(argv)
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    try:
+        payload = run_benchmarks(args.names, mode, progress=lambda s: print(s, flush=True))
+    except ValueError as e:
+        parser.error(str(e))
+    payload["command"] = " ".join(["python -m pwkernel.bench", *(argv or sys.argv[1:])])
+    if args.json:
+        from .harness import write_json
+
+        print(f"wrote {write_json(args.json, payload)}")
+    if args.plot:
+        if "dispatch" not in payload["benchmarks"]:
+            parser.error("--plot draws the dispatch benchmark; run 'dispatch' (or 'all').")
+        from .plot import dispatch_png
+
+        print(f"wrote {dispatch_png(payload['benchmarks']['dispatch'], args.plot)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The paper's dispatch micro-benchmark: OpByOp, Chained and Fused, pwkernel beside bare JAX.
+
+One step is an elementwise computation on an array sharded over a slice of 1, 2 or 4 devices.
+A chain is ``n`` steps, each using the previous step's output:
+
+- **OpByOp**: each step its own program (a ``pw.function`` called outside ``@pw.program``);
+  JAX OpByOp is a Python loop of calls of the same step ``jax.jit``-ed with the same shardings.
+- **Chained**: the ``n`` calls traced into one ``@pw.program`` (one submission).
+- **Fused**: one ``pw.function`` whose body loops ``n`` times (``jax.lax.fori_loop``);
+  JAX Fused is the same loop in one ``jax.jit``.
+
+The figure of merit is steps per second. A computation's size is reported both as elements and
+as its own run time (from JAX Fused, where dispatch costs nothing), like the paper's "the
+smallest computation at which Pathways matches JAX".
+
+>>> from pwkernel.bench import dispatch
+>>> result = dispatch.run("tiny")          # doctest: +SKIP
+>>> sorted(result.ratios)                  # doctest: +SKIP
+['chained_vs_jax_opbyop', 'fused_vs_jax_fused', 'opbyop_vs_jax']
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pwkernel as pw
+
+from .harness import Result, check_mode, interleave, paired_ratio, rate, summarize
+
+VARIANTS = ("pw_opbyop", "jax_opbyop", "pw_chained", "pw_fused", "jax_fused")
+CONFIGS = {
+    # sizes: total elements of the array (split over the slice); chain: steps per chain
+    "tiny": {"slices": (1, 2), "sizes": (256, 4096), "chain": 8, "rounds": 1, "fused_reps": 2},
+    "quick": {"slices": (1, 2, 4), "sizes": (256, 4096, 65536, 2 ** 20, 2 ** 22), "chain": 64,
+              "rounds": 3, "fused_reps": 4},
+    "full": {"slices": (1, 2, 4), "sizes": tuple(4 ** k for k in range(4, 12)), "chain": 200,
+             "rounds": 7, "fused_reps": 8},
+}
+MATCH = 0.95  # "pwkernel matches JAX" at 95% of its throughput
+
+
+def step(x):
+    """One computation: a few elementwise operations (memory- and compute-light)."""
+    return jnp.tanh(x) * 0.5 + x * 0.5
+
+
+def _chain_length(base: int, size: int) -> int:
+    # Large computations get shorter chains so that every size costs about the same time.
+    return max(min(base, 8), min(base, int(base * 4096 / size)))
+
+
+def _fused(n: int):
+    def body(x):
+        return jax.lax.fori_loop(0, n, lambda i, v: step(v), x)
+    return body
+
+
+def _variants(ctl: pw.Controller, devices: int, size: int, n: int, reps: int) -> dict:
+    """The five ways to run ``n`` steps, each returning steps per second."""
+    vs = ctl.slice(devices, island=0)
+    spec = P("x")
+    sharding = NamedSharding(vs.mesh, spec)
+    x0 = jax.device_put(np.linspace(-1, 1, size, dtype=np.float32), sharding)
+
+    pw_step = pw.function(step, slice=vs, in_specs=spec, out_specs=spec, name="step")
+    jax_step = jax.jit(step, in_shardings=sharding, out_shardings=sharding)
+    pw_loop = pw.function(_fused(n), slice=vs, in_specs=spec, out_specs=spec, name="fused")
+    jax_loop = jax.jit(_fused(n), in_shardings=sharding, out_shardings=sharding)
+
+    @pw.program(name="chain")
+    def chain(x):
+        for _ in range(n):
+            x = pw_step(x)
+        return x
+
+    def pw_opbyop():
+        x = x0
+        for _ in range(n):
+            x = pw_step(x)
+        x.result().block_until_ready()
+
+    def jax_opbyop():
+        x = x0
+        for _ in range(n):
+            x = jax_step(x)
+        x.block_until_ready()
+
+    def pw_chained():
+        chain(x0).result().block_until_ready()
+
+    def pw_fused():
+        x = x0
+        for _ in range(reps):
+            x = pw_loop(x)
+        x.result().block_until_ready()
+
+    def jax_fused():
+        x = x0
+        for _ in range(reps):
+            x = jax_loop(x)
+        x.block_until_ready()
+
+    return {
+        "pw_opbyop": lambda: rate(pw_opbyop, n),
+        "jax_opbyop": lambda: rate(jax_opbyop, n),
+        "pw_chained": lambda: rate(pw_chained, n),
+        "pw_fused": lambda: rate(pw_fused, n * reps),
+        "jax_fused": lambda: rate(jax_fused, n * reps),
+    }
+
+
+def _smallest_match(rows: list[dict], devices: int, key: str) -> dict | None:
+    """The smallest computation on ``devices`` where ``key`` reaches 95% (and stays there)."""
+    mine = sorted((r for r in rows if r["devices"] == devices), key=lambda r: r["size"])
+    for i, row in enumerate(mine):
+        if all(r[key] >= MATCH for r in mine[i:]):
+            return {"size": row["size"], "computation_us": row["computation_us"]}
+    return None
+
+
+def run(mode: str = "quick") -> Result:
+    """Run the sweep; ``mode`` is ``"tiny"``, ``"quick"`` or ``"full"``."""
+    cfg = CONFIGS[check_mode(mode)]
+    t0 = time.perf_counter()
+    rows: list[dict] = []
+    ctl = pw.Controller(islands=(4, 4))
+    try:
+        for devices in cfg["slices"]:
+            for size in cfg["sizes"]:
+                size = math.lcm(size, devices)
+                n = _chain_length(cfg["chain"], size)
+                reps = max(1, min(cfg["fused_reps"], cfg["fused_reps"] * 4096 // size))
+                samples = interleave(_variants(ctl, devices, size, n, reps),
+                                     rounds=cfg["rounds"])
+                jax_fused = summarize(samples["jax_fused"])["median"]
+                rows.append({
+                    "devices": devices, "size": size, "chain": n, "fused_calls": reps,
+                    "computation_us": round(1e6 / jax_fused, 3),
+                    "steps_per_s": {v: summarize(samples[v]) for v in VARIANTS},
+                    "opbyop_vs_jax": paired_ratio(samples, "pw_opbyop", "jax_opbyop"),
+                    "chained_vs_jax_opbyop": paired_ratio(samples, "pw_chained", "jax_opbyop"),
+                    "fused_vs_jax_fused": paired_ratio(samples, "pw_fused", "jax_fused"),
+                })
+    finally:
+        ctl.close()
+    ratios, by_devices = _headline(rows, cfg)
+    match = {str(d): {"opbyop": _smallest_match(rows, d, "opbyop_vs_jax"),
+                      "chained": _smallest_match(rows, d, "chained_vs_jax_opbyop")}
+             for d in cfg["slices"]}
+    notes = [
+        "steps_per_s: computation steps per second (median, min, max over rounds).",
+        "ratios: median over rounds of the paired ratio; the headline is the smallest "
+        "computation, worst of the 2- and 4-device slices (1-device beside it in by_devices).",
+        "computation_us: one step's own run time, from JAX Fused.",
+    ]
+    return Result("dispatch", mode, dict(cfg), rows, ratios, notes,
+                  time.perf_counter() - t0).with_extra(by_devices=by_devices,
+                                                       smallest_match=match)
+
+
+def _headline(rows: list[dict], cfg: dict) -> tuple[dict, dict]:
+    """Ratios at each slice's smallest computation; the headline is the worst multi-device."""
+    keys = ("opbyop_vs_jax", "chained_vs_jax_opbyop", "fused_vs_jax_fused")
+    by_devices: dict[str, dict[str, float]] = {k: {} for k in keys}
+    for devices in cfg["slices"]:
+        mine = [r for r in rows if r["devices"] == devices]
+        first = min(mine, key=lambda r: r["size"])
+        for k in keys:
+            by_devices[k][str(devices)] = first[k]
+    multi = [str(d) for d in cfg["slices"] if d > 1]
+    ratios = {k: min((by_devices[k][d] for d in multi), default=None) for k in keys}
+    return ratios, by_devices

@@ -1,0 +1,75 @@
+"""Runs benchmarks by name and gathers their results, the machine and a summary table.
+
+>>> from pwkernel.bench.runner import run_benchmarks
+>>> payload = run_benchmarks(["tracing"], mode="tiny")     # doctest: +SKIP
+>>> sorted(payload)                                         # doctest: +SKIP
+['benchmarks', 'machine', 'mode', 'ratios', 'verdicts']
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .harness import TARGETS, Result, check_mode, machine_info, verdict
+
+#: benchmark name -> module (each has ``run(mode) -> Result``)
+BENCHMARKS = {
+    "dispatch": "dispatch",
+    "parallel-dispatch": "parallel_dispatch",
+    "pipeline": "pipeline",
+    "multitenancy": "multitenancy",
+    "dcn": "dcn",
+    "tracing": "tracing",
+}
+
+
+def resolve(names: Sequence[str]) -> list[str]:
+    """Expand ``all`` and check every name."""
+    out: list[str] = []
+    for name in names:
+        if name == "all":
+            out.extend(n for n in BENCHMARKS if n not in out)
+        elif name in BENCHMARKS:
+            if name not in out:
+                out.append(name)
+        else:
+            raise ValueError(f"unknown benchmark {name!r}; expected one of "
+                             f"{sorted(BENCHMARKS)} or 'all'.")
+    return out
+
+
+def run_one(name: str, mode: str) -> Result:
+    module = importlib.import_module(f"{__package__}.{BENCHMARKS[name]}")
+    return module.run(mode)
+
+
+def run_benchmarks(names: Sequence[str], mode: str = "quick",
+                   progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run ``names`` one after another; returns the JSON payload (machine, results, ratios)."""
+    check_mode(mode)
+    payload: dict[str, Any] = {"mode": mode, "machine": machine_info(), "benchmarks": {},
+                               "ratios": {}, "verdicts": {}}
+    for name in resolve(names):
+        progress(f"running {name} ({mode}) ...")
+        result = run_one(name, mode)
+        payload["benchmarks"][name] = result.to_dict()
+        payload["ratios"].update(result.ratios)
+        progress(summary_lines(result))
+    payload["verdicts"] = {k: verdict(k, v) for k, v in payload["ratios"].items()}
+    return payload
+
+
+def summary_lines(result: Result) -> str:
+    lines = [f"{result.name}: {result.seconds:.1f} s"]
+    for key, value in result.ratios.items():
+        shown = "n/a" if value is None else f"{value:.3f}"
+        lines.append(f"  {key:<24} {shown:>8}   target {_target(key)}   "
+                     f"{verdict(key, value)}")
+    return "\n".join(lines)
+
+
+def _target(key: str) -> str:
+    op = "<=" if key in ("share_error", "tracing_overhead") else ">="
+    return f"{op} {TARGETS[key]:g}"

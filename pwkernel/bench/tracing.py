@@ -1,0 +1,137 @@
+"""The cost of the event log, and of a live schedule view reading it at 10 Hz.
+
+The workload is the dispatch benchmark's most overhead-bound case: chains of tiny computations
+on a 2-device slice, traced into one program (each computation records one event). Rounds
+alternate ``ctl.trace.enabled = False`` and ``True``; the overhead is ``1 - on/off`` in percent.
+
+If ``pwkernel.viz.ScheduleView`` exists, a third variant keeps one open on the controller and
+calls its update path from a background thread every 100 ms, as a notebook's live view would.
+Otherwise that row says "not available".
+
+>>> from pwkernel.bench import tracing
+>>> tracing.run("tiny").ratios                  # doctest: +SKIP
+{'tracing_overhead': 1.2}
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pwkernel as pw
+
+from .harness import Result, check_mode, interleave, paired_ratio, rate, summarize
+
+CONFIGS = {
+    "tiny": {"chain": 16, "programs": 2, "size": 1024, "rounds": 2},
+    "quick": {"chain": 64, "programs": 8, "size": 1024, "rounds": 11},
+    "full": {"chain": 128, "programs": 16, "size": 1024, "rounds": 21},
+}
+UPDATE_PERIOD = 0.1  # seconds: a live view refreshing at 10 Hz
+
+
+def tiny(x):
+    return x * 0.999 + 0.001
+
+
+class LiveView:
+    """A ``pw.ScheduleView`` on ``ctl`` whose update path a thread calls every 100 ms."""
+
+    def __init__(self, ctl: pw.Controller):
+        from pwkernel.viz import ScheduleView  # raises ImportError/AttributeError if absent
+
+        self.view = ScheduleView(ctl)
+        self.update = next((getattr(self.view, n) for n in ("update", "refresh", "poll")
+                            if callable(getattr(self.view, n, None))), None)
+        if self.update is None:
+            raise AttributeError("pwkernel.viz.ScheduleView has no update()/refresh()/poll() "
+                                 "method to drive")
+        self.updates = 0
+        self.active = threading.Event()  # set: updating; clear: open but idle
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-live-view", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(UPDATE_PERIOD):
+            if self.active.is_set():
+                self.update()
+                self.updates += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        close = getattr(self.view, "close", None)
+        if callable(close):
+            close()
+
+
+def _open_view(ctl: pw.Controller) -> tuple[LiveView | None, str]:
+    try:
+        return LiveView(ctl), "ok"
+    except (ImportError, AttributeError, TypeError) as e:
+        return None, f"not available: {type(e).__name__}: {e}"
+
+
+def run(mode: str = "quick") -> Result:
+    """Computations per second with tracing off, on, and on with a live view open."""
+    cfg = CONFIGS[check_mode(mode)]
+    t0 = time.perf_counter()
+    ctl = pw.Controller(islands=(4, 4))
+    view: LiveView | None = None
+    try:
+        vs = ctl.slice(2, island=0)
+        fn = pw.function(tiny, slice=vs, in_specs=P("x"), out_specs=P("x"), name="tiny")
+        x0 = jax.device_put(np.ones(cfg["size"], np.float32), NamedSharding(vs.mesh, P("x")))
+
+        @pw.program(name="chain")
+        def chain(x):
+            for _ in range(cfg["chain"]):
+                x = fn(x)
+            return x
+
+        def workload():
+            outs = [chain(x0) for _ in range(cfg["programs"])]
+            for out in outs:
+                jnp.asarray(out.result()).block_until_ready()
+
+        def with_trace(enabled: bool, live: bool = False):
+            def once():
+                ctl.trace.enabled = enabled
+                if view is not None:  # the view updates only in its own rounds
+                    (view.active.set if live else view.active.clear)()
+                value = rate(workload, cfg["chain"] * cfg["programs"])
+                ctl.trace.clear()  # keep the log from growing across rounds
+                return value
+            return once
+
+        view = None
+        samples = interleave({"trace_off": with_trace(False), "trace_on": with_trace(True)},
+                             rounds=cfg["rounds"])
+        rows = [{"variant": k, "computations_per_s": summarize(v)} for k, v in samples.items()]
+        overhead = 100.0 * (1.0 - paired_ratio(samples, "trace_on", "trace_off"))
+        view, status = _open_view(ctl)
+        view_row: dict = {"variant": "trace_on+live_view", "status": status}
+        if view is not None:
+            live = interleave({"trace_off": with_trace(False),
+                               "live_view": with_trace(True, live=True)}, rounds=cfg["rounds"])
+            view_row.update(computations_per_s=summarize(live["live_view"]),
+                            overhead_pct=100.0 * (1.0 - paired_ratio(live, "live_view",
+                                                                     "trace_off")),
+                            updates=view.updates)
+        rows.append(view_row)
+    finally:
+        if view is not None:
+            view.close()
+        ctl.close()
+    notes = ["tracing_overhead: 100 * (1 - rate with tracing / rate without), percent, from "
+             "paired rounds; negative means within noise.",
+             "the live-view row keeps a pw.ScheduleView updating at 10 Hz while tracing is on."]
+    return Result("tracing", mode, dict(cfg), rows, {"tracing_overhead": overhead}, notes,
+                  time.perf_counter() - t0)

@@ -1,0 +1,1 @@
+"""The notebook front door: the IPython extension, %pathways / %%pathways, the comm."""

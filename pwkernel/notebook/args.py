@@ -1,0 +1,172 @@
+"""The argument specs of ``%pathways`` and ``%%pathways``: one parser per command.
+
+The magics and their help (``%pathways?``, ``%%pathways?``) both come from these parsers, so
+the documentation cannot drift from what is accepted. Parsers raise ``UsageError`` (a short
+message in the notebook, no traceback) instead of exiting the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import MagicArgumentParser
+from IPython.utils.process import arg_split
+
+
+class _Parser(MagicArgumentParser):
+    """A MagicArgumentParser whose errors name the command and point at its help."""
+
+    def __init__(self, *args, hint: str = "%pathways?", label: str = "%pathways", **kwargs):
+        kwargs.setdefault("add_help", False)
+        super().__init__(*args, **kwargs)
+        self.hint, self.label = hint, label
+
+    def error(self, message: str):
+        raise UsageError(f"{self.label}: {message}. See {self.hint} for the accepted arguments.")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """``"2"`` -> (2,); ``"2x2"`` or ``"2,2"`` -> (2, 2)."""
+    parts = [p for p in re.split(r"[x,X*]", text.strip()) if p]
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(
+            f"slice shape {text!r} is not a list of positive ints; expected e.g. 2, 2x2 or 2,2")
+    return dims
+
+
+def _axes(text: str) -> tuple[str, ...]:
+    names = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not names or not all(n.isidentifier() for n in names):
+        raise argparse.ArgumentTypeError(
+            f"axis names {text!r} must be comma-separated identifiers, e.g. --axes data,model")
+    return names
+
+
+def _name(text: str) -> str:
+    if not text.isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Python identifier; pick a variable name such as s0")
+    return text
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive device count, got {text!r}")
+    return value
+
+
+def line_parser() -> _Parser:
+    """``%pathways SUBCOMMAND ...``."""
+    p = _Parser(prog="pathways", description="Inspect and steer the Pathways controller.")
+    sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
+    sub.required = False
+    sub.add_parser("status", help="islands, devices, slices, programs and memory per device")
+    s = sub.add_parser("slice", help="bind a VirtualSlice to NAME, e.g. %%pathways slice s0 2x2")
+    s.add_argument("name", type=_name, metavar="NAME")
+    s.add_argument("shape", type=_shape, metavar="SHAPE", help="2, 2x2 or 2,2")
+    s.add_argument("--island", type=int, default=None, metavar="I")
+    s.add_argument("--axes", type=_axes, default=None, metavar="x,y")
+    r = sub.add_parser("release", help="give slice NAME back and remove the name")
+    r.add_argument("name", type=_name, metavar="NAME")
+    pol = sub.add_parser("policy", help="the gang scheduling policy of every island")
+    pol.add_argument("policy", choices=["fifo", "priority", "share"])
+    d = sub.add_parser("dispatch", help="parallel (Pathways) or sequential (baseline) dispatch")
+    d.add_argument("mode", choices=["parallel", "sequential"])
+    c = sub.add_parser("client", help="the client later cells submit as")
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("--weight", type=_positive, default=1.0, metavar="W")
+    c.add_argument("--priority", type=int, default=0, metavar="P")
+    t = sub.add_parser("trace", help="trace save PATH (Perfetto JSON) | trace clear")
+    t.add_argument("action", choices=["save", "clear"])
+    t.add_argument("path", nargs="?", default=None, metavar="PATH")
+    sub.add_parser("reset", help="cancel every queued computation and release magic slices")
+    return p
+
+
+def cell_parser() -> _Parser:
+    """``%%pathways [options]`` on top of a cell."""
+    p = _Parser(prog="%pathways", hint="%%pathways?", label="%%pathways",
+                description="Run the cell as ONE Pathways program on a slice.")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--slice", type=_name, default=None, metavar="NAME",
+                       help="run on the VirtualSlice bound to NAME")
+    where.add_argument("--devices", type=_count, default=None, metavar="N",
+                       help="run on a fresh slice of N devices (released when the cell ends)")
+    p.add_argument("--island", type=int, default=None, metavar="I",
+                   help="the island of --devices (default: the least loaded)")
+    p.add_argument("--client", default=None, metavar="NAME", help="submit as client NAME")
+    p.add_argument("--weight", type=_positive, default=None, metavar="W",
+                   help="the client's share under policy 'share'")
+    p.add_argument("--priority", type=int, default=None, metavar="P",
+                   help="the client's rank under policy 'priority' (higher first)")
+    p.add_argument("--sequential", action="store_true",
+                   help="dispatch this cell sequentially (the paper's baseline)")
+    p.add_argument("--no-block", dest="no_block", action="store_true",
+                   help="return at once; the cell's names hold futures")
+    p.add_argument("--timeout", type=_positive, default=None, metavar="S",
+                   help="cancel the cell's program after S seconds")
+    p.add_argument("--viz", action="store_true", help="show what ran where, and how long")
+    return p
+
+
+LINE = line_parser()
+CELL = cell_parser()
+
+
+def _split(line: str, prog: str) -> list[str]:
+    try:
+        return arg_split(line, posix=True)
+    except ValueError as e:  # unbalanced quotes
+        raise UsageError(f"{prog}: cannot split {line!r} into arguments ({e}).") from None
+
+
+def parse_line(line: str) -> argparse.Namespace:
+    """Parse ``%pathways`` arguments; no subcommand means ``status``."""
+    args = LINE.parse_args(_split(line, "%pathways"))
+    if args.command is None:
+        args.command = "status"
+    if args.command == "trace" and args.action == "save" and not args.path:
+        raise UsageError("%pathways trace save needs a PATH, e.g. %pathways trace save run.json")
+    return args
+
+
+def parse_cell(line: str) -> argparse.Namespace:
+    """Parse the ``%%pathways`` line; ``--island`` only goes with ``--devices``."""
+    args = CELL.parse_args(_split(line, "%%pathways"))
+    if args.island is not None and args.devices is None:
+        raise UsageError("%%pathways: --island I chooses where --devices N are taken; with "
+                         "--slice the slice already fixes its island. Add --devices N, or "
+                         "drop --island.")
+    return args
+
+
+def help_text(parser: _Parser) -> str:
+    """The help of a parser and its subcommands, for the magics' docstrings."""
+    text = parser.format_help()
+    for action in parser._actions:  # argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                usage = sub.format_usage().replace("usage: ", "").strip()
+                text += f"\n{name}:\n  {usage}\n"
+    return text
+

@@ -1,0 +1,273 @@
+"""A ``%%pathways`` cell as ONE Pathways program.
+
+The cell is parsed with ``ast`` and rewritten into a function::
+
+    def cell(<inputs>):          # free names of the cell that hold arrays or futures
+        <plain names it rebinds> = <their current values>
+        <the cell's body>        # same line numbers as in the notebook
+        return {<names the cell binds>}
+
+Then, in one of two ways:
+
+- the cell calls compiled functions or programs (``pw.function`` / ``@pw.program`` objects):
+  the function is traced as a ``@pw.program``, each call a node;
+- otherwise the whole cell is ONE ``pw.function`` on the cell's slice (plain ``jax.jit``
+  functions and ``jnp`` operations inside are traced into it), submitted as a one-node program
+  while the slice's mesh is the ambient mesh (``jax.set_mesh``).
+
+Names the cell binds to arrays come back as futures; plain Python values stay plain.
+``jax.debug.print`` calls written in the cell print into the cell that ran them, even after it
+returned (``--no-block``): see ``CellOutput``.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from IPython.core.error import UsageError
+
+from ..runtime.objects import Future
+from ..runtime.program import CompiledFunction, Program, Value
+from ..runtime.program import function as pw_function
+from ..runtime.program import program as pw_program
+from ..runtime.resources import VirtualSlice
+
+LAST = "__pw_last__"  # holds the value of a cell's last expression
+_MAKE, _CELL, _STATIC, _PRINT, _PICK = ("__pw_make__", "__pw_cell__", "__pw_static__",
+                                        "__pw_print__", "__pw_pick__")
+
+
+@dataclasses.dataclass
+class CellPlan:
+    """What the analysis of a cell found, and the function built from it."""
+
+    fn: Callable[..., dict[str, Any]]
+    params: list[str]          # names passed in: arrays, jax arrays and futures
+    outputs: list[str]         # names the cell binds (and LAST when it ends in an expression)
+    uses_pw: bool              # the cell calls compiled functions or programs
+    filename: str
+    last_name: str | None = None  # the cell ends with a bare name: show that value
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, Future | jax.Array | np.ndarray)
+
+
+class _Bound(ast.NodeVisitor):
+    """Names bound in the cell's own scope (not inside nested functions or classes)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def _add(self, name: str) -> None:
+        if name not in self.names:
+            self.names.append(name)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Store):
+            self._add(node.id)
+
+    def visit_FunctionDef(self, node) -> None:
+        self._add(node.name)  # the body is another scope
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+    def visit_Lambda(self, node) -> None:
+        pass
+
+    def visit_ListComp(self, node) -> None:
+        pass
+
+    visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+
+    def visit_Import(self, node) -> None:
+        for alias in node.names:
+            self._add((alias.asname or alias.name).split(".")[0])
+
+    visit_ImportFrom = visit_Import
+
+
+class _RoutePrints(ast.NodeTransformer):
+    """``jax.debug.print(...)`` -> ``__pw_print__(...)`` (prints into the cell that ran it)."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        f = node.func
+        if (isinstance(f, ast.Attribute) and f.attr == "print"
+                and isinstance(f.value, ast.Attribute) and f.value.attr == "debug"
+                and isinstance(f.value.value, ast.Name) and f.value.value.id == "jax"):
+            node.func = ast.copy_location(ast.Name(_PRINT, ast.Load()), f)
+        return node
+
+
+def _parse(source: str, line_offset: int) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SyntaxError as e:
+        line = (e.lineno or 1) + line_offset
+        text = (e.text or "").strip()
+        raise UsageError(f"%%pathways: syntax error in the cell at line {line}: {e.msg}"
+                         + (f" ({text!r})" if text else "")
+                         + ". Fix that line and run the cell again.") from None
+
+
+def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: int,
+            printer: Callable[..., None]) -> CellPlan:
+    """Build the cell's function; ``line_offset`` lines precede the body in the notebook."""
+    tree = _parse(source, line_offset)
+    for node in tree.body:
+        if isinstance(node, ast.Return | ast.Nonlocal) or any(
+                isinstance(n, ast.Yield | ast.YieldFrom | ast.Await) for n in ast.walk(node)
+                if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)):
+            raise UsageError("%%pathways: a cell cannot use return, yield, await or nonlocal at "
+                             "its top level; it runs as the body of one program. Move that code "
+                             "into a function.")
+    last_name = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and isinstance(tree.body[-1].value,
+                                                                         ast.Name):
+        last_name = tree.body.pop().value.id  # no second buffer for a value already named
+    elif tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = tree.body[-1]
+        tree.body[-1] = ast.copy_location(
+            ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
+    tree = _RoutePrints().visit(tree)
+    bound = _Bound()
+    for node in tree.body:
+        bound.visit(node)
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, ast.Load)}
+    params = sorted(n for n in loaded if n in user_ns and _is_array(user_ns[n]))
+    # Plain values the cell both reads and rebinds are locals of the function: seed them.
+    statics = {n: user_ns[n] for n in bound.names if n in loaded and n in user_ns
+               and n not in params}
+    uses_pw = any(isinstance(user_ns.get(n), CompiledFunction | Program) for n in loaded)
+    outputs = list(bound.names)
+    fn = _build(tree, params, statics, outputs, user_ns, filename, line_offset, printer)
+    return CellPlan(fn, params, outputs, uses_pw, filename, last_name)
+
+
+def _build(tree: ast.Module, params: list[str], statics: dict[str, Any], outputs: list[str],
+           user_ns: dict[str, Any], filename: str, line_offset: int,
+           printer: Callable[..., None]) -> Callable[..., dict[str, Any]]:
+    ast.increment_lineno(tree, line_offset)
+    loc = dict(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)
+    seed = [ast.Assign([ast.Name(n, ast.Store())],
+                       ast.Subscript(ast.Name(_STATIC, ast.Load()), ast.Constant(n), ast.Load()),
+                       **loc) for n in statics]
+    pick = ast.Return(ast.Call(ast.Name(_PICK, ast.Load()),
+                               [ast.Call(ast.Name("locals", ast.Load()), [], [])], []), **loc)
+    inner = ast.FunctionDef(
+        _CELL, ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, []),
+        seed + tree.body + [pick], [], None, **loc)
+    outer = ast.FunctionDef(
+        _MAKE, ast.arguments([], [ast.arg(_STATIC), ast.arg(_PRINT), ast.arg(_PICK)], None, [],
+                             [], None, []),
+        [inner, ast.Return(ast.Name(_CELL, ast.Load()), **loc)], [], None, **loc)
+    module = ast.fix_missing_locations(ast.Module([outer], []))
+    code = compile(module, filename, "exec")
+    scratch: dict[str, Any] = {}
+    exec(code, user_ns, scratch)  # globals: the user's namespace, so the cell sees its names
+    wanted = frozenset(outputs)
+
+    def pick_outputs(local_vars: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in local_vars.items() if k in wanted}
+
+    return scratch[_MAKE](statics, printer, pick_outputs)
+
+
+# --- splitting a cell's results into arrays (futures) and plain values ---------------------
+def _array_leaf(leaf: Any) -> bool:
+    return isinstance(leaf, jax.core.Tracer | jax.Array | np.ndarray | np.generic | Value)
+
+
+def split_outputs(out: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
+    """Array-valued outputs are returned; plain ones go to ``plain``."""
+    arrays: dict[str, Any] = {}
+    for name, value in out.items():
+        leaves = jax.tree_util.tree_leaves(value)
+        if leaves and all(_array_leaf(leaf) for leaf in leaves):
+            arrays[name] = value
+        elif any(isinstance(leaf, jax.core.Tracer | Value) for leaf in leaves):
+            raise UsageError(
+                f"%%pathways: {name!r} mixes arrays computed in the cell with Python objects "
+                f"({type(value).__name__}); a cell's names must hold arrays (or pytrees of "
+                "them) or plain values. Maybe bind the arrays to their own names.")
+        else:
+            plain[name] = value
+    return arrays
+
+
+@contextlib.contextmanager
+def ambient_mesh(vs: VirtualSlice | None) -> Iterator[None]:
+    """Make ``vs``'s mesh the ambient mesh while the cell is traced."""
+    if vs is None:
+        yield
+        return
+    with jax.set_mesh(vs.mesh):
+        yield
+
+
+def build_program(plan: CellPlan, vs: VirtualSlice | None, name: str,
+                  plain: dict[str, Any]) -> Program:
+    """The cell as a ``Program``: traced over its compiled functions, or ONE function on ``vs``.
+
+    Plain values the cell binds are collected into ``plain`` while it is traced.
+    """
+    if plan.uses_pw:
+        def traced(*args):
+            return split_outputs(plan.fn(*args), plain)
+        return pw_program(traced, name=name)
+    if vs is None:
+        raise UsageError("%%pathways: this cell needs a slice; pass --slice NAME or --devices N.")
+
+    # jit once so the cell's Python runs once although the runtime traces it twice (shapes,
+    # then lowering): the second trace hits jit's cache.
+    body = jax.jit(lambda *args: split_outputs(plan.fn(*args), plain))
+    compiled = pw_function(body, slice=vs, name=name)
+    return pw_program(lambda *args: compiled(*args), name=name)
+
+
+_LIBRARY = (str(Path(__file__).resolve().parents[1]), "site-packages", "<frozen ")
+
+
+def _user_frames(tb) -> list:
+    """The traceback entries in the user's code (not in pwkernel, JAX or other libraries)."""
+    out = []
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not any(part in name for part in _LIBRARY):
+            out.append(tb)
+        tb = tb.tb_next
+    return out
+
+
+def _chain(entries: list):
+    tb = None
+    for entry in reversed(entries):
+        tb = types.TracebackType(tb, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return tb
+
+
+def user_error(exc: BaseException, filename: str) -> BaseException:
+    """``exc`` with a traceback of the user's frames only: the cell's line first, then the
+    user's functions it called. A runtime error that wraps the user's own error (a function
+    that could not be traced) gives way to that error, its message kept as a note."""
+    frames = _user_frames(exc.__traceback__)
+    cause = exc.__cause__
+    if cause is not None and not isinstance(exc, UsageError):
+        inner = _user_frames(cause.__traceback__)
+        if inner:
+            if inner[-1].tb_frame.f_code.co_filename != filename:  # failed in a helper
+                cause.add_note(f"(pwkernel: {exc})")
+            return cause.with_traceback(_chain(frames + inner))
+    if not frames:
+        return exc
+    return exc.with_traceback(_chain(frames))

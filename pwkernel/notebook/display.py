@@ -1,0 +1,219 @@
+"""Rich displays: HTML in notebooks, readable text in terminals.
+
+The runtime classes stay free of notebook code; the extension registers these functions as
+IPython formatters for ``pw.Future``, ``pw.Controller`` and ``pw.VirtualSlice``, and
+``%pathways status`` returns a ``Status`` object that renders itself.
+
+>>> print(future_text(fut))          # doctest: +SKIP
+Future cell[3]: float32[8] P('x',) over x=4 on island 0 devices [0, 1, 2, 3] - done in 2.1 ms
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+import numpy as np
+
+from ..runtime.objects import Future, FutureState
+from ..runtime.resources import VirtualSlice
+
+_TABLE = ('<table style="border-collapse:collapse;font-family:monospace;font-size:12px">'
+          '{head}{rows}</table>')
+
+
+def _table(title: str, header: list[str], rows: list[list[Any]]) -> str:
+    th = "".join(f'<th style="text-align:left;padding:2px 8px">{html.escape(h)}</th>'
+                 for h in header)
+    body = "".join("<tr>" + "".join(f'<td style="padding:2px 8px">{html.escape(str(c))}</td>'
+                                    for c in row) + "</tr>" for row in rows)
+    caption = f"<b>{html.escape(title)}</b>" if title else ""
+    return caption + _TABLE.format(head=f"<tr>{th}</tr>", rows=body)
+
+
+def _text_table(title: str, header: list[str], rows: list[list[Any]]) -> str:
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in cells]
+    return "\n".join(([title] if title else []) + lines)
+
+
+def _devices(ids) -> str:
+    ids = sorted(ids)
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"[{ids[0]}-{ids[-1]}]"
+    return str(list(ids))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+# --- futures -------------------------------------------------------------------------------
+def future_fields(fut: Future) -> dict[str, str]:
+    """What a Future shows: shape, dtype, sharding, state, where, elapsed, and a preview."""
+    sh = fut.sharding
+    spec = getattr(sh, "spec", None)
+    mesh = getattr(sh, "mesh", None)
+    layout = "host"
+    if sh is not None:
+        axes = ", ".join(f"{k}={v}" for k, v in dict(mesh.shape).items()) if mesh else ""
+        layout = f"{spec} over {axes}" if spec is not None else type(sh).__name__
+    where = "host"
+    if sh is not None:
+        where = f"island {fut.island} devices {_devices(d.id for d in sh.device_set)}"
+    run = fut.run
+    start = run.t_submit if run is not None else fut.t_created
+    if fut.done():
+        elapsed = f"in {_ms(max(0.0, fut.t_done - start))}" if fut.t_done else ""
+    else:
+        elapsed = f"for {_ms(time.perf_counter() - start)}"
+    preview = ""
+    if fut.state is FutureState.DONE:
+        try:
+            preview = np.array2string(np.asarray(fut.result(0)), threshold=8, edgeitems=2,
+                                      precision=4)
+        except Exception:  # closed controller: nothing to show
+            preview = "(freed)"
+    elif fut.state in (FutureState.FAILED, FutureState.CANCELLED):
+        preview = f"{type(fut.exception(0)).__name__}: {fut.exception(0)}"
+    dims = ",".join(str(d) for d in fut.shape)
+    return {"name": fut.name or "?", "type": f"{fut.dtype}[{dims}]", "sharding": layout,
+            "where": where, "state": f"{fut.state.value} {elapsed}".strip(),
+            "program": f"{run.name} (run {run.id}, client {run.client})" if run else "",
+            "value": preview}
+
+
+def future_text(fut: Future) -> str:
+    f = future_fields(fut)
+    text = (f"Future {f['name']}: {f['type']} {f['sharding']} on {f['where']} - {f['state']}")
+    return text + (f"\n  {f['value']}" if f["value"] else "")
+
+
+def future_html(fut: Future) -> str:
+    f = future_fields(fut)
+    return _table(f"Future {f['name']}", ["field", "value"],
+                  [[k, v] for k, v in f.items() if k != "name" and v])
+
+
+# --- slices and controllers -----------------------------------------------------------------
+def _slice_row(vs: VirtualSlice, name: str = "") -> list[Any]:
+    if vs.released:
+        return [name or f"#{vs.id}", "released", "", ""]
+    dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))
+    return [name or f"#{vs.id}", dims, vs.island.id, _devices(vs.device_ids)]
+
+
+_SLICE_HEAD = ["slice", "mesh", "island", "devices"]
+
+
+def slice_text(vs: VirtualSlice) -> str:
+    return _text_table(f"VirtualSlice {vs.id}", _SLICE_HEAD, [_slice_row(vs)])
+
+
+def slice_html(vs: VirtualSlice) -> str:
+    return _table(f"VirtualSlice {vs.id}", _SLICE_HEAD, [_slice_row(vs)])
+
+
+def _island_rows(ctl) -> list[list[Any]]:
+    if ctl.closed:
+        return []
+    st = {i["id"]: i for i in ctl.status()["islands"]}
+    rows = []
+    for isl in ctl.islands:
+        on = [vs for vs in ctl.slices if vs.island.id == isl.id]
+        rows.append([isl.id, isl.platform, _devices(isl.device_ids), len(on),
+                     st[isl.id]["running"], st[isl.id]["queued"]])
+    return rows
+
+
+_ISLAND_HEAD = ["island", "platform", "devices", "slices", "running", "queued"]
+
+
+def controller_text(ctl) -> str:
+    if ctl.closed:
+        return "Controller(closed)"
+    title = f"Controller (policy {ctl.policy}, dispatch {ctl.dispatch})"
+    return _text_table(title, _ISLAND_HEAD, _island_rows(ctl))
+
+
+def controller_html(ctl) -> str:
+    if ctl.closed:
+        return "<code>Controller(closed)</code>"
+    title = f"Controller (policy {ctl.policy}, dispatch {ctl.dispatch})"
+    return _table(title, _ISLAND_HEAD, _island_rows(ctl))
+
+
+# --- %pathways status ----------------------------------------------------------------------
+class Status:
+    """A snapshot of the controller for ``%pathways status``: HTML or text."""
+
+    def __init__(self, ctl, names: dict[int, str] | None = None, client: str = "default"):
+        self.ctl = ctl
+        self.names = names or {}
+        self.client = client
+        self.runs = [] if ctl.closed else ctl.runs()
+        self.memory = {} if ctl.closed else ctl.memory()
+
+    def _sections(self) -> list[tuple[str, list[str], list[list[Any]]]]:
+        ctl = self.ctl
+        slices = [_slice_row(vs, self.names.get(vs.id, "")) for vs in ctl.slices]
+        progs = [[r.id, r.name, r.client, repr(r).rsplit(", ", 1)[-1].rstrip(")")]
+                 for r in self.runs]
+        mem = [[d.id, d.platform, _bytes(n)] for d, n in self.memory.items()]
+        return [
+            (f"Controller: policy {ctl.policy}, dispatch {ctl.dispatch}, client {self.client}",
+             _ISLAND_HEAD, _island_rows(ctl)),
+            ("Slices", _SLICE_HEAD, slices),
+            ("Programs (queued or running)", ["run", "program", "client", "state"], progs),
+            ("Memory per device", ["device", "platform", "held"], mem),
+        ]
+
+    def __repr__(self) -> str:
+        if self.ctl.closed:
+            return "Pathways controller: closed"
+        parts = []
+        for title, head, rows in self._sections():
+            parts.append(_text_table(title, head, rows) if rows else f"{title}: none")
+        return "\n\n".join(parts)
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(repr(self))
+
+    def _repr_html_(self) -> str:
+        if self.ctl.closed:
+            return "<code>Pathways controller: closed</code>"
+        return "".join(_table(t, h, r) if r else f"<p><b>{html.escape(t)}</b>: none</p>"
+                       for t, h, r in self._sections())
+
+
+def register(ip) -> None:
+    """Register the formatters for the runtime's classes with ``ip``."""
+    from ..runtime.controller import Controller
+
+    plain = ip.display_formatter.formatters["text/plain"]
+    rich = ip.display_formatter.formatters["text/html"]
+    for cls, text, htm in ((Future, future_text, future_html),
+                           (VirtualSlice, slice_text, slice_html),
+                           (Controller, controller_text, controller_html)):
+        plain.for_type(cls, lambda obj, p, cycle, _t=text: p.text(_t(obj)))
+        rich.for_type(cls, htm)
+
+
+def unregister(ip) -> None:
+    from ..runtime.controller import Controller
+
+    for fmt in ("text/plain", "text/html"):
+        formatter = ip.display_formatter.formatters[fmt]
+        for cls in (Future, VirtualSlice, Controller):
+            formatter.type_printers.pop(cls, None)

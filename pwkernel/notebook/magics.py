@@ -1,0 +1,350 @@
+"""``%pathways`` and ``%%pathways``: thin magics over the controller.
+
+The magics parse their arguments with the shared specs in ``args.py`` and hand explicit values
+to one method per subcommand; running a cell lives in ``cell.py``. Bad input raises
+``UsageError`` (a short message, no traceback) that names the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from ..runtime.dispatch import ClientSpec
+from ..runtime.errors import CancelledError, PathwaysError
+from ..runtime.objects import Future
+from ..runtime.resources import VirtualSlice
+from . import args as specs
+from . import cell as cells
+from .display import Status
+from .output import CellOutput
+from .summary import summary_text
+
+
+class CellTimeout(PathwaysError, TimeoutError):
+    """A ``%%pathways --timeout S`` cell ran out of time and was cancelled."""
+
+
+@contextlib.contextmanager
+def _defer_interrupt() -> Iterator[list]:
+    """Hold SIGINT while the runtime is mid-submission, then raise it: a program is either
+    submitted whole (and can be cancelled) or not at all."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+@magics_class
+class PathwaysMagics(Magics):
+    """The magics; ``state`` is the extension's per-kernel state (controller, names, client)."""
+
+    def __init__(self, shell, state):
+        super().__init__(shell)
+        self.state = state
+
+    @property
+    def ctl(self):
+        return self.state.controller()
+
+    # --- %pathways -------------------------------------------------------------------------
+    @line_magic
+    def pathways(self, line: str = ""):
+        __tracebackhide__ = True
+        a = specs.parse_line(line)
+        self.state.sweep()
+        return getattr(self, f"_cmd_{a.command}")(a)
+
+    def _cmd_status(self, a) -> Status:
+        names = {vs.id: n for n, vs in self.state.slices.items()}
+        return Status(self.ctl, names, self.state.client.name)
+
+    def _cmd_slice(self, a) -> None:
+        old = self.state.slices.get(a.name)
+        try:
+            vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes)
+        except (PathwaysError, ValueError) as e:
+            raise UsageError(f"%pathways slice {a.name}: {e}") from None
+        if old is not None:
+            old.release()
+        self.state.slices[a.name] = vs
+        self.shell.user_ns[a.name] = vs
+        dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))
+        print(f"{a.name} = slice {dims} on island {vs.island.id}, devices {list(vs.device_ids)}")
+
+    def _cmd_release(self, a) -> None:
+        vs = self.state.slices.pop(a.name, None) or self.shell.user_ns.get(a.name)
+        if not isinstance(vs, VirtualSlice):
+            known = sorted(self.state.slices) or ["(none yet)"]
+            raise UsageError(f"%pathways release: {a.name!r} is not a slice; slices made here: "
+                             f"{', '.join(known)}. Make one with %pathways slice NAME SHAPE.")
+        vs.release()
+        self.shell.user_ns.pop(a.name, None)
+        print(f"released {a.name}")
+
+    def _cmd_policy(self, a) -> None:
+        self.ctl.policy = a.policy
+        print(f"policy: {self.ctl.policy}")
+
+    def _cmd_dispatch(self, a) -> None:
+        self.ctl.dispatch = a.mode
+        print(f"dispatch: {self.ctl.dispatch}")
+
+    def _cmd_client(self, a) -> None:
+        self.state.client = ClientSpec(a.name, a.weight, a.priority)
+        print(f"client: {a.name} (weight {a.weight:g}, priority {a.priority}) for later cells")
+
+    def _cmd_trace(self, a) -> None:
+        if a.action == "clear":
+            self.ctl.trace.clear()
+            print("trace cleared")
+            return
+        n = len(self.ctl.trace)
+        try:
+            path = self.ctl.trace.save(a.path)
+        except OSError as e:
+            raise UsageError(f"%pathways trace save: cannot write {a.path!r} ({e}).") from None
+        print(f"wrote {n} events to {path} (open it in https://ui.perfetto.dev)")
+
+    def _cmd_reset(self, a) -> None:
+        runs = self.ctl.runs()
+        cancelled = self.ctl.cancel_all()
+        released = self.state.release_all()
+        for name in released:
+            self.shell.user_ns.pop(name, None)
+        print(f"reset: cancelled {cancelled} computations in {len(runs)} programs; released "
+              f"{len(released)} slices" + (f" ({', '.join(released)})" if released else ""))
+
+    # --- %%pathways ------------------------------------------------------------------------
+    @cell_magic("pathways")
+    def pathways_cell(self, line: str, cell: str):
+        __tracebackhide__ = True
+        a = specs.parse_cell(line)
+        self.state.sweep()
+        if not cell.strip():
+            raise UsageError("%%pathways: the cell is empty; put the code to run below the "
+                             "%%pathways line.")
+        ctl = self.ctl
+        vs, temporary = self._slice_for(a)
+        try:
+            return self._run_cell(a, line, cell, ctl, vs, temporary)
+        finally:
+            if temporary is not None and not self.state.keep(temporary):
+                temporary.release()
+                self.state.sweep()
+
+    def _slice_for(self, a) -> tuple[VirtualSlice | None, VirtualSlice | None]:
+        if a.slice is not None:
+            vs = self.shell.user_ns.get(a.slice, self.state.slices.get(a.slice))
+            if not isinstance(vs, VirtualSlice):
+                known = sorted(n for n, v in self.shell.user_ns.items()
+                               if isinstance(v, VirtualSlice) and not n.startswith("_"))
+                raise UsageError(
+                    f"%%pathways: --slice {a.slice}: no slice named {a.slice!r}"
+                    + (f" (slices: {', '.join(known)})" if known else "")
+                    + f". Make it with %pathways slice {a.slice} 2, or use --devices N.")
+            if vs.released:
+                raise UsageError(f"%%pathways: slice {a.slice!r} was released; make a new one "
+                                 f"with %pathways slice {a.slice} SHAPE.")
+            return vs, None
+        if a.devices is not None:
+            try:
+                vs = self.ctl.slice(a.devices, island=a.island)
+            except (PathwaysError, ValueError) as e:
+                raise UsageError(f"%%pathways --devices {a.devices}: {e}") from None
+            return vs, vs
+        return self.state.default_slice(), None
+
+    def _run_cell(self, a, line: str, cell: str, ctl, vs, temporary):
+        __tracebackhide__ = True
+        shell = self.shell
+        count = shell.execution_count
+        name = f"cell[{count}]"
+        source = f"%%pathways {line}\n{cell}"
+        filename = shell.compile.cache(source, count, raw_code=source)
+        out = CellOutput(name)
+        plan = cells.analyse(shell.transform_cell(cell), shell.user_ns, filename, 1,
+                             out.debug_print)
+        plain: dict[str, Any] = {}
+        program = cells.build_program(plan, vs, name, plain)
+        inputs = [shell.user_ns[p] for p in plan.params]
+        client = self._client(a)
+        try:
+            with ctl.client(client.name, client.weight, client.priority), \
+                    cells.ambient_mesh(None if plan.uses_pw else vs):
+                # (compiled functions carry their own slices: no ambient mesh for them)
+                graph = program.trace(*inputs)
+                futures, run = self._submit(ctl, graph, inputs, a.sequential)
+        except (UsageError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            raise cells.user_error(e, filename) from None
+        if temporary is not None:
+            self.state.temporary.append((run, temporary))
+        results = futures[0] if futures else {}
+        view = self._show(a, ctl, run)
+        if a.no_block:
+            if getattr(shell, "kernel", None) is not None:
+                out.detach()
+            self.state.watch(out)
+            self._bind(plain, results)
+            _when_done(run, results, lambda status: out.finish(status))
+            return self._last(plan, plain, results)
+        try:
+            self._wait(run, a.timeout, name)
+            errors = [f.exception(0) for f in _leaves(results) if f.exception(0) is not None]
+            if errors:
+                raise errors[0]
+        except BaseException:
+            results = futures = None  # the traceback must not keep the buffers alive
+            raise
+        finally:
+            if a.viz and view is None:
+                print(summary_text(ctl, run))
+        self._bind(plain, results)
+        return self._last(plan, plain, results)
+
+    def _client(self, a) -> ClientSpec:
+        base = self.state.client
+        if a.client is None and a.weight is None and a.priority is None:
+            return base
+        same = a.client is None or a.client == base.name
+        return ClientSpec(a.client or base.name,
+                          a.weight if a.weight is not None else (base.weight if same else 1.0),
+                          a.priority if a.priority is not None else (base.priority if same
+                                                                     else 0))
+
+    def _submit(self, ctl, graph, inputs, sequential: bool):
+        """Submit the whole cell at once; returns (output pytree in a list, the run)."""
+        import dataclasses
+
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(inputs)
+        n = len(graph.outputs)
+        extra = []
+        if n == 0:  # keep one value so the run can be reached (waited on, cancelled)
+            produced = [v for node in graph.nodes for v in getattr(node, "outputs", ())]
+            extra = produced[-1:]
+        submitted = dataclasses.replace(graph, outputs=list(graph.outputs) + extra)
+        mode = ctl.dispatch
+        with _defer_interrupt():
+            if sequential:
+                ctl.dispatch = "sequential"
+            try:
+                futs = ctl.submit(submitted, leaves)
+            finally:
+                if sequential:
+                    ctl.dispatch = mode
+        run = futs[0].run
+        results = jax.tree_util.tree_unflatten(graph.out_tree, futs[:n])
+        return [results], run
+
+    def _show(self, a, ctl, run):
+        if not a.viz:
+            return None
+        try:
+            from ..viz import ScheduleView
+        except ImportError:
+            return None
+        if getattr(self.shell, "kernel", None) is None:
+            return None  # a terminal: the text summary is the view
+        from IPython.display import display
+
+        try:
+            view = ScheduleView(ctl, programs=[run.id])
+        except Exception as e:  # the view is optional; the text summary always works
+            print(f"(schedule view unavailable: {e}; showing the text summary)")
+            return None
+        display(view)
+        return view
+
+    def _wait(self, run, timeout: float | None, name: str) -> None:
+        __tracebackhide__ = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    run.cancel(f"timed out after {timeout:g} s")
+                    raise CellTimeout(
+                        f"{name} did not finish within --timeout {timeout:g} s; cancelled its "
+                        "queued computations (one already running finishes first). "
+                        "Raise --timeout, or use a bigger slice.") from None
+                if run.wait(left if left is not None else 0.5):
+                    return
+        except KeyboardInterrupt:
+            run.cancel("interrupted")
+            raise KeyboardInterrupt(
+                f"{name} interrupted: cancelled the queued computations of program "
+                f"{run.name!r}; the kernel is ready for the next cell.") from None
+
+    def _bind(self, plain: dict[str, Any], results: Any) -> None:
+        ns = self.shell.user_ns
+        for key, value in plain.items():
+            if key != cells.LAST:
+                ns[key] = value
+        for key, value in (results or {}).items():
+            if key != cells.LAST:
+                ns[key] = value
+
+    def _last(self, plan, plain: dict[str, Any], results: Any):
+        if plan.last_name is not None:
+            return self.shell.user_ns.get(plan.last_name)
+        if results and cells.LAST in results:
+            return results[cells.LAST]
+        return plain.get(cells.LAST)
+
+
+PathwaysMagics.pathways.__doc__ = (
+    "%pathways SUBCOMMAND: inspect and steer the Pathways controller (see docs/magics.md).\n\n"
+    + specs.help_text(specs.LINE))
+PathwaysMagics.pathways_cell.__doc__ = (
+    "%%pathways [options]: run the cell as ONE Pathways program (see docs/magics.md).\n\n"
+    + specs.help_text(specs.CELL))
+
+
+def _leaves(results) -> list[Future]:
+    import jax
+
+    return [f for f in jax.tree_util.tree_leaves(results) if isinstance(f, Future)]
+
+
+def _when_done(run, results, callback) -> None:
+    """Call ``callback(status)`` from the runtime once every output of ``run`` resolved."""
+    futs = _leaves(results)
+    if not futs:
+        callback("submitted")
+        return
+    left = [len(futs)]
+    lock = threading.Lock()
+
+    def one(fut: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        bad = [f for f in futs if f.exception(0) is not None]
+        if not bad:
+            callback(f"done in {max(f.t_done for f in futs) - run.t_submit:.3f} s")
+        elif all(isinstance(f.exception(0), CancelledError) for f in bad):
+            callback("cancelled")
+        else:
+            callback(f"failed: {bad[0].exception(0)}")
+
+    for f in futs:
+        f.add_done_callback(one)

@@ -1,0 +1,129 @@
+"""The benchmarks run end to end in their tiny configuration and write the promised JSON.
+
+No speed assertions: these prove the harness and every benchmark work, not how fast they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from pwkernel.bench import harness, runner
+from pwkernel.bench.harness import TARGETS
+
+EXPECTED = {
+    "dispatch": {"opbyop_vs_jax", "chained_vs_jax_opbyop", "fused_vs_jax_fused"},
+    "parallel-dispatch": {"parallel_vs_sequential"},
+    "pipeline": {"pipeline_vs_spmd"},
+    "multitenancy": {"multitenant_vs_single", "share_error"},
+    "dcn": {"two_islands_vs_one"},
+    "tracing": {"tracing_overhead"},
+}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_benchmark_runs_tiny(name):
+    payload = runner.run_benchmarks([name], mode="tiny")
+    result = payload["benchmarks"][name]
+    assert set(result["ratios"]) == EXPECTED[name]
+    assert all(_finite(v) and v == v for v in result["ratios"].values()), result["ratios"]
+    assert result["rows"], "a benchmark reports the rows its ratios come from"
+    assert payload["machine"]["devices"] == 8
+    assert set(payload["verdicts"]) == EXPECTED[name]
+    json.dumps(payload, default=str)  # the payload is JSON-serializable
+
+
+def test_dispatch_rows_have_every_variant_and_slice():
+    result = runner.run_one("dispatch", "tiny")
+    assert {r["devices"] for r in result.rows} == {1, 2}
+    for row in result.rows:
+        assert set(row["steps_per_s"]) == {"pw_opbyop", "jax_opbyop", "pw_chained",
+                                           "pw_fused", "jax_fused"}
+        assert all(s["median"] > 0 for s in row["steps_per_s"].values())
+    assert set(result.extra["by_devices"]["opbyop_vs_jax"]) == {"1", "2"}
+
+
+def test_multitenancy_shares_cover_every_weight():
+    result = runner.run_one("multitenancy", "tiny")
+    clients = result.extra["shares"]["clients"]
+    assert [c["weight"] for c in clients.values()] == [1, 2, 4, 8]
+    assert sum(c["achieved_pct"] for c in clients.values()) == pytest.approx(100.0)
+
+
+def test_parallel_dispatch_reports_ray_as_not_available():
+    result = runner.run_one("parallel-dispatch", "tiny")
+    ray = [r for r in result.rows if r["backend"] == "ray"]
+    assert ray and ray[0]["status"] == "not available"
+
+
+def test_tracing_reports_the_live_view_row():
+    result = runner.run_one("tracing", "tiny")
+    live = [r for r in result.rows if r["variant"] == "trace_on+live_view"]
+    assert live and (live[0]["status"] == "ok" or live[0]["status"].startswith("not available"))
+
+
+def test_cli_writes_json_with_every_ratio_key_and_a_plot(tmp_path: Path):
+    out, png = tmp_path / "all.json", tmp_path / "dispatch.png"
+    proc = subprocess.run([sys.executable, "-m", "pwkernel.bench", "all", "--tiny",
+                           "--json", str(out), "--plot", str(png)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    payload = json.loads(out.read_text())
+    assert set(payload["ratios"]) == set(TARGETS)
+    assert set(payload["benchmarks"]) == set(EXPECTED)
+    assert {"cpu", "usable_cores", "device_kinds", "versions"} <= set(payload["machine"])
+    assert payload["command"].startswith("python -m pwkernel.bench all --tiny")
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.width > 300
+
+
+def test_cli_rejects_an_unknown_benchmark():
+    proc = subprocess.run([sys.executable, "-m", "pwkernel.bench", "dispach", "--tiny"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown benchmark 'dispach'" in proc.stderr and "dispatch" in proc.stderr
+
+
+def test_harness_interleaves_and_pairs_rounds():
+    calls: list[str] = []
+
+    def variant(name: str, value: float):
+        def f():
+            calls.append(name)
+            return value
+        return f
+
+    samples = harness.interleave({"a": variant("a", 3.0), "b": variant("b", 1.5)}, rounds=4,
+                                 warmup=1)
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]
+    assert samples == {"a": [3.0] * 4, "b": [1.5] * 4}
+    assert harness.paired_ratio(samples, "a", "b") == 2.0
+    assert harness.summarize([1.0, 5.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 5.0, "n": 3}
+
+
+def test_harness_rejects_bad_input():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        harness.check_mode("fast")
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        harness.interleave({"a": lambda: 1.0}, rounds=0)
+    with pytest.raises(ValueError, match="dispatch benchmark's result"):
+        from pwkernel.bench.plot import dispatch_png
+        dispatch_png({"name": "dcn", "rows": []}, "x.png")
+
+
+def test_verdicts_follow_each_target_direction():
+    assert harness.verdict("opbyop_vs_jax", 0.9) == "meets"
+    assert harness.verdict("opbyop_vs_jax", 0.5) == "misses"
+    assert harness.verdict("share_error", 2.0) == "meets"
+    assert harness.verdict("tracing_overhead", 7.0) == "misses"
+    assert harness.verdict("pipeline_vs_spmd", None) == "n/a"

@@ -1,0 +1,158 @@
+"""Notebooks executed by nbclient on the real ``pwkernel`` kernel (ipykernel + %load_ext)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from nbclient import NotebookClient
+
+from pwkernel.notebook import kernelspec
+
+
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory):
+    """The installed kernelspec, or one written to a temporary JUPYTER_PATH entry."""
+    old = os.environ.get("JUPYTER_PATH")
+    try:
+        KernelSpecManager().get_kernel_spec(kernelspec.NAME)
+    except NoSuchKernel:
+        path = tmp_path_factory.mktemp("jupyter")
+        kernelspec.write(path)
+        os.environ["JUPYTER_PATH"] = str(path) + (os.pathsep + old if old else "")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = old
+
+
+def notebook(*sources: str):
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+
+
+def text(cell) -> str:
+    """Everything a cell showed: streams, plain-text reprs and errors."""
+    parts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("execute_result", "display_data"):
+            parts.append(out.data.get("text/plain", ""))
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}")
+    return "\n".join(parts)
+
+
+def execute(nb, client_cls=NotebookClient, **kw):
+    client = client_cls(nb, kernel_name=kernelspec.NAME, timeout=240, allow_errors=True,
+                        startup_timeout=120, **kw)
+    client.execute()
+    return nb
+
+
+def test_kernelspec_runs_the_extension():
+    spec = kernelspec.spec()
+    assert spec["display_name"] == "Pathways (JAX)"
+    assert spec["argv"][1:5] == ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    assert spec["argv"][-2:] == ["--ext", "pwkernel"]
+
+
+def test_sharded_cells_prints_and_bad_input(kernel_env):
+    nb = execute(notebook(
+        "import jax, numpy as np, jax.numpy as jnp, pwkernel as pw\n"
+        "ctl = pw.controller(); print([len(i.devices) for i in ctl.islands])",
+        "%pathways slice s0 4",
+        "x = np.arange(8.0, dtype=np.float32)",
+        "%%pathways --slice s0\ny = x * 10\njax.debug.print('first cell says {}', y.sum())",
+        "print(sorted(d.id for d in y.sharding.device_set), y.result().tolist())",
+        "%%pathways --slice s0 --no-block\nz = y + 1\n"
+        "jax.debug.print('no-block cell says {}', z.sum())",
+        "print('later', float(z.result().sum()))",
+        "%%pathways --slice missing\nw = 1",
+        "%%pathways --slice s0 --devices 2\nw = 1",
+        "%%pathways\nw = (",
+        "%pathways status",
+        "print(ctl.runs())",
+    ))
+    c = nb.cells
+    assert "[4, 4]" in text(c[0])
+    assert "first cell says 280.0" in text(c[3])
+    assert "[0, 1, 2, 3] [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0]" in text(c[4])
+    # The no-block cell's print shows in the no-block cell's own display, not the later one.
+    assert "no-block cell says 288.0" in text(c[5])
+    assert "no-block" not in text(c[6]) and "later 288.0" in text(c[6])
+    assert "UsageError" in text(c[7]) and "%pathways slice missing" in text(c[7])
+    assert "not allowed with argument --slice" in text(c[8])
+    assert "syntax error in the cell at line 2" in text(c[9])
+    assert "Memory per device" in text(c[10])
+    assert "[]" in text(c[11])
+
+
+class InterruptWhenStarted(NotebookClient):
+    """Sends an interrupt as soon as the cell printed 'started' (its long part began)."""
+
+    interrupted = False
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg.get("content", {})
+        if not self.interrupted and "started" in content.get("text", ""):
+            self.interrupted = True
+            asyncio.ensure_future(self.km.interrupt_kernel())
+        return super().output(outs, msg, display_id, cell_index)
+
+
+def test_interrupt_cancels_the_cell_and_the_kernel_survives(kernel_env):
+    nb = execute(notebook(
+        "import jax, numpy as np, jax.numpy as jnp, pwkernel as pw\nctl = pw.controller()\n"
+        "s0 = ctl.slice(2, island=0)\n"
+        "def start(v):\n    jax.debug.print('started')\n    return v\n"
+        "def heavy(v):\n    m = jnp.eye(256, dtype=v.dtype)\n"
+        "    return jax.lax.fori_loop(0, 40, lambda i, a: jnp.tanh(a @ m), v)\n"
+        "st = pw.function(start, slice=s0); h = pw.function(heavy, slice=s0)\n"
+        "x = np.ones((256, 256), np.float32)",
+        "%%pathways\ny = st(x)\nfor _ in range(2000):\n    y = h(y)",
+        "ok = ctl.wait(120)\n"
+        "print('after', ok, ctl.runs(), len([e for e in ctl.trace.events() "
+        "if e.name == 'heavy']) < 2000)",
+        "%%pathways --slice s0\nz = x[:2] * 3\nz",
+    ), client_cls=InterruptWhenStarted)
+    c = nb.cells
+    assert "KeyboardInterrupt" in text(c[1]) and "cancelled" in text(c[1])
+    assert "after True [] True" in text(c[2])
+    assert "float32[2,256]" in text(c[3]) and "done" in text(c[3])
+
+
+def test_comm_target_answers_status(kernel_env):
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name=kernelspec.NAME, startup_timeout=120)
+    try:
+        comm_id = "pw-test-comm"
+
+        def send(msg_type, content):
+            msg = kc.session.msg(msg_type, content)
+            kc.shell_channel.send(msg)
+
+        def next_comm_msg():
+            while True:
+                msg = kc.get_iopub_msg(timeout=60)
+                if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == comm_id:
+                    return msg["content"]["data"]
+
+        send("comm_open", {"comm_id": comm_id, "target_name": "pwkernel", "data": {}})
+        first = next_comm_msg()
+        assert first["type"] == "status" and len(first["data"]["islands"]) == 2
+        send("comm_msg", {"comm_id": comm_id, "data": {"type": "status"}})
+        assert next_comm_msg()["data"]["policy"] == "fifo"
+        send("comm_msg", {"comm_id": comm_id, "data": {"type": "launch"}})
+        bad = next_comm_msg()
+        assert bad["type"] == "error" and "status" in bad["error"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

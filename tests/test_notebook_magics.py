@@ -1,0 +1,236 @@
+"""%load_ext pwkernel, %pathways and %%pathways in a real IPython InteractiveShell."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import pwkernel as pw
+from pwkernel.notebook import args as specs
+from pwkernel.notebook import comm, extension
+from pwkernel.notebook.display import Status
+
+
+@pytest.fixture
+def ip(capsys):
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "pwkernel")
+    shell.run_cell("import jax, numpy as np, jax.numpy as jnp, pwkernel as pw")
+    capsys.readouterr()
+    try:
+        yield shell
+    finally:
+        shell.run_line_magic("unload_ext", "pwkernel")
+        for name in [n for n, v in shell.user_ns.items() if isinstance(v, pw.Future)]:
+            del shell.user_ns[name]
+
+
+def run(ip, source: str):
+    """Run a cell; return its result, raising the cell's error (UsageError included)."""
+    result = ip.run_cell(source)
+    if result.error_before_exec is not None:
+        raise result.error_before_exec
+    if result.error_in_exec is not None:
+        raise result.error_in_exec
+    return result.result
+
+
+def test_load_hosts_the_process_controller(ip, capsys):
+    ctl = extension.state().ctl
+    assert ctl is pw.controller() and [len(i.devices) for i in ctl.islands] == [4, 4]
+    ip.run_line_magic("load_ext", "pwkernel")  # twice: harmless, same controller
+    assert extension.state().ctl is ctl
+    ip.run_line_magic("unload_ext", "pwkernel")
+    assert ctl.closed and extension.state() is None
+    assert "pathways" not in ip.magics_manager.magics["cell"]
+    ip.run_line_magic("load_ext", "pwkernel")
+    out = capsys.readouterr().out
+    assert "controller closed" in out and "island 0: 4 cpu devices [0-3]" in out
+    assert not extension.state().ctl.closed
+
+
+def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
+    run(ip, "%pathways slice s0 2x2 --axes data,model")
+    run(ip, "x = np.arange(16.0, dtype=np.float32).reshape(8, 2)")
+    last = run(ip, "%%pathways --slice s0\n@jax.jit\ndef f(v):\n    return jnp.sin(v) * 2\n"
+                   "y = f(x)\nz = y.sum()\nn = y.shape[0]\ny")
+    y, z = ip.user_ns["y"], ip.user_ns["z"]
+    assert isinstance(y, pw.Future) and isinstance(z, pw.Future) and last is y
+    assert ip.user_ns["n"] == 8 and callable(ip.user_ns["f"])
+    np.testing.assert_allclose(np.asarray(y.result()), np.sin(np.arange(16.0).reshape(8, 2)) * 2,
+                               rtol=1e-6)
+    # The cell ran on s0's four devices, its output sharded over both mesh axes.
+    s0 = ip.user_ns["s0"]
+    assert {d.id for d in y.sharding.device_set} == set(s0.device_ids)
+    assert y.sharding.mesh.shape == {"data": 2, "model": 2}
+    events = [e for e in extension.state().ctl.trace.events() if e.program_id == y.run.id]
+    assert [e.devices for e in events if e.kind == "compute"] == [s0.device_ids]
+    # A later cell reads the futures as inputs.
+    run(ip, "%%pathways --slice s0\nw = y + z")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["w"].result()),
+                               np.asarray(y.result()) + float(z.result()), rtol=1e-6)
+
+
+def test_the_ambient_mesh_is_the_cell_slice(ip):
+    run(ip, "%pathways slice s0 4 --axes data")
+    run(ip, "from jax.sharding import PartitionSpec as P\nx = np.ones((8, 4), np.float32)")
+    run(ip, "%%pathways --slice s0\nmesh_axes = jax.sharding.get_abstract_mesh().axis_names\n"
+            "y = jax.lax.with_sharding_constraint(x * 3, P(None, 'data'))")
+    assert ip.user_ns["mesh_axes"] == ("data",)
+    assert float(ip.user_ns["y"].result().sum()) == 96.0
+
+
+def test_program_cell_makes_one_node_per_call(ip):
+    run(ip, "%pathways slice s0 2\n")
+    run(ip, "%pathways slice s1 2 --island 1")
+    run(ip, "a = pw.function(lambda v: v * 2, slice=s0)\nb = pw.function(lambda v: v + 1, "
+            "slice=s1)\nx = np.array([1.0, 2.0], np.float32)")
+    run(ip, "%%pathways --viz\nu = a(x)\nv = b(u)\nlabel = 'two nodes'")
+    v = ip.user_ns["v"]
+    assert v.result().tolist() == [3.0, 5.0] and ip.user_ns["label"] == "two nodes"
+    ctl = extension.state().ctl
+    events = [e for e in ctl.trace.events() if e.program_id == v.run.id]
+    assert sorted(e.island for e in events if e.kind == "compute") == [0, 1]
+    assert ip.user_ns["u"].run is v.run  # one program, submitted at once
+
+
+def test_viz_prints_what_ran_where(ip, capsys):
+    run(ip, "x = np.ones(8, np.float32)")
+    capsys.readouterr()
+    run(ip, "%%pathways --devices 2 --island 1 --viz\ny = x + 1")
+    out = capsys.readouterr().out
+    assert "1 computation" in out and "island 1 devices [4, 5]" in out
+    # The --devices slice is given back once the cell's program ended.
+    assert extension.state().temporary == [] and extension.state().ctl.slices == ()
+
+
+def test_no_block_returns_futures_and_client_flags(ip):
+    run(ip, "%pathways client alice --weight 2 --priority 1")
+    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "%%pathways --no-block --client bob --priority 5\ny = x * 4")
+    y = ip.user_ns["y"]
+    assert isinstance(y, pw.Future) and y.run.client == "bob"
+    assert y.result(timeout=60).tolist() == [4.0] * 8
+    run(ip, "%%pathways\nz = x * 5")
+    assert ip.user_ns["z"].run.client == "alice"
+    assert ip.user_ns["z"].run.client_spec.weight == 2.0
+
+
+def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
+    run(ip, "%pathways slice s0 2")
+    run(ip, "def heavy(v):\n    m = jnp.eye(128, dtype=v.dtype)\n"
+            "    return jax.lax.fori_loop(0, 50, lambda i, a: jnp.tanh(a @ m), v)\n"
+            "h = pw.function(heavy, slice=s0)\nx = np.ones((128, 128), np.float32)")
+    with pytest.raises(TimeoutError, match="--timeout"):
+        run(ip, "%%pathways --timeout 0.001\ny = x\nfor _ in range(300):\n    y = h(y)")
+    ctl = extension.state().ctl
+    assert ctl.wait(timeout=60) and ctl.runs() == []
+    assert "y" not in ip.user_ns or not isinstance(ip.user_ns["y"], pw.Future)
+    events = [e for e in ctl.trace.events() if e.name == "heavy"]
+    assert len(events) < 300  # the queued rest was cancelled, not run
+    run(ip, "%%pathways --slice s0\nok = x[0] + 1")
+    assert ip.user_ns["ok"].result().shape == (128,)
+
+
+@pytest.mark.parametrize("cell, fix", [
+    ("%%pathways --slice nope\ny = 1", "%pathways slice nope"),
+    ("%%pathways --slice s0 --devices 2\ny = 1", "not allowed with argument --slice"),
+    ("%%pathways --devices 9\ny = 1", "does not fit"),
+    ("%%pathways --island 1\ny = 1", "Add --devices N"),
+    ("%%pathways --bogus\ny = 1", "unrecognized arguments: --bogus"),
+    ("%%pathways --timeout -1\ny = 1", "positive number"),
+    ("%%pathways\ny = (1\n", "syntax error in the cell at line 2"),
+    ("%%pathways\n", "body is empty"),
+    ("%%pathways\n\n   \n", "the cell is empty"),
+    ("%pathways slice t 0x2", "positive ints"),
+    ("%pathways slice t 8", "does not fit"),
+    ("%pathways slice t 2 --island 7", "island 7 does not exist"),
+    ("%pathways release nothing", "is not a slice"),
+    ("%pathways policy lifo", "invalid choice"),
+    ("%pathways dispatch fast", "invalid choice"),
+    ("%pathways trace save", "needs a PATH"),
+    ("%pathways frobnicate", "invalid choice"),
+])
+def test_bad_input_is_a_short_usage_error(ip, cell, fix):
+    run(ip, "%pathways slice s0 2")
+    with pytest.raises(UsageError, match=fix.replace("(", r"\(")):
+        run(ip, cell)
+    assert extension.state().ctl.runs() == []
+
+
+def test_user_errors_point_at_the_cell_line(ip, capsys):
+    run(ip, "x = np.ones(4, np.float32)")
+    result = ip.run_cell("%%pathways\ny = x + 1\nz = y + undefined_name\n")
+    assert isinstance(result.error_in_exec, NameError)
+    frames = []
+    tb = result.error_in_exec.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    # It ends at line 3 of the cell; no frame of the runtime or of JAX in between.
+    assert frames[-1][1] == 3 and not any("runtime" in f or "jax" in f for f, _ in frames)
+    assert extension.state().ctl.runs() == []
+
+
+def test_status_and_rich_displays(ip):
+    run(ip, "%pathways slice s0 2x2")
+    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "%%pathways --slice s0\ny = x * 2")
+    status = run(ip, "%pathways status")
+    assert isinstance(status, Status)
+    text, page = repr(status), status._repr_html_()
+    for part in ("island", "s0", "x=2 x y=2", "Memory per device", "policy fifo"):
+        assert part in text and part in page
+    fmt = ip.display_formatter
+    data, _ = fmt.format(ip.user_ns["y"])
+    assert "float32[8]" in data["text/plain"] and "done" in data["text/plain"]
+    assert "<table" in data["text/html"] and "island 0 devices [0-3]" in data["text/html"]
+    data, _ = fmt.format(ip.user_ns["s0"])
+    assert "x=2 x y=2" in data["text/plain"] and "<table" in data["text/html"]
+    data, _ = fmt.format(extension.state().ctl)
+    assert "[4-7]" in data["text/plain"] and "<table" in data["text/html"]
+
+
+def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):
+    run(ip, "%pathways policy share")
+    run(ip, "%pathways dispatch sequential")
+    ctl = extension.state().ctl
+    assert (ctl.policy, ctl.dispatch) == ("share", "sequential")
+    run(ip, "%pathways dispatch parallel")
+    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "%%pathways --sequential\ny = x * 2")
+    assert ctl.dispatch == "parallel" and ip.user_ns["y"].result()[0] == 2.0
+    run(ip, f"%pathways trace save {tmp_path / 't.json'}")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    run(ip, "%pathways trace clear")
+    assert len(ctl.trace) == 0
+    run(ip, "%pathways slice s0 2")
+    run(ip, "%pathways slice s1 2")
+    s0 = ip.user_ns["s0"]
+    run(ip, "%pathways release s0")
+    assert s0.released and "s0" not in ip.user_ns
+    run(ip, "%pathways reset")
+    assert "s1" not in ip.user_ns and "released 1 slices (s1)" in capsys.readouterr().out
+
+
+def test_help_comes_from_the_shared_specs(ip):
+    doc = ip.magics_manager.magics["line"]["pathways"].__doc__
+    for word in ("status", "slice", "release", "policy", "dispatch", "client", "trace", "reset"):
+        assert word in doc
+    cell_doc = ip.magics_manager.magics["cell"]["pathways"].__doc__
+    for flag in ("--slice", "--devices", "--island", "--client", "--weight", "--priority",
+                 "--sequential", "--no-block", "--timeout", "--viz"):
+        assert flag in cell_doc
+    assert specs.parse_line("").command == "status"
+
+
+def test_comm_protocol_replies():
+    ctl = extension.controller()
+    assert comm.reply(ctl, {"type": "status"})["data"]["policy"] == ctl.policy
+    json.dumps(comm.reply(ctl, {"type": "status"}))
+    assert comm.reply(ctl, {"type": "nope"})["type"] == "error"
+    assert "'type'" in comm.reply(ctl, [1, 2])["error"]
