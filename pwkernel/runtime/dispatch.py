@@ -6,20 +6,23 @@ Submitting a program creates its output futures at once (their shapes are known)
 
 - ``parallel`` dispatch does the host-side work of every node up front: looks up the
   executable, registers dependencies on its input futures, and hands computations to their
-  island's scheduler before any predecessor has run. When the last input of a node resolves,
-  the thread that resolved it marks the node ready and the scheduler launches it at once.
+  island's scheduler before any predecessor has run. A node becomes ready as soon as its inputs
+  are *launched*: JAX accepts arrays that are still being computed as inputs, so the node is
+  enqueued on its devices behind its producers and the devices run it the moment its data
+  arrives (the control plane runs ahead of the data plane).
 - ``sequential`` dispatch is the baseline the paper measures against: a node's host-side work
   starts only after its inputs exist. Completions are reported to one dispatcher thread (the
   client), which then prepares and submits the node.
 
-An ``IslandExecutor`` owns one island's ``GangScheduler`` (a pure state machine) and a pool of
-worker threads, one per device. A worker launches a computation, waits for its outputs, reports
-``Finished`` and, when the scheduler's next decision is for its island, runs that computation
-itself instead of waking another thread.
+Launching happens in whichever thread made the scheduler decide (the submitting thread, or the
+one that saw a predecessor launch or finish); waiting for completion happens on the island's
+watcher threads, which report ``Finished`` to the scheduler, resolve the output futures and
+record the trace. Launches that a launch unlocks are run in a loop, not by recursion.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import threading
@@ -34,9 +37,9 @@ import numpy as np
 
 from . import scheduler as sch
 from .errors import CancelledError, MemoryBudgetError
-from .graph import ComputeNode, Graph, TransferNode
+from .graph import ComputeNode, Graph
 from .objects import Future, ObjectStore, resolved
-from .trace import EventKind, Trace
+from .trace import EventKind, LinkKind, Trace
 from .transfer import TransferEngine
 
 _now = time.perf_counter
@@ -57,9 +60,9 @@ class DispatchMode(StrEnum):
 
 
 class TaskState(StrEnum):
-    WAITING = "waiting"      # inputs not all resolved
-    QUEUED = "queued"        # handed to the island scheduler / transfer pool
-    RUNNING = "running"
+    WAITING = "waiting"      # inputs not all launched (parallel) or resolved (sequential)
+    QUEUED = "queued"        # with the island scheduler / about to be copied
+    RUNNING = "running"      # launched on its devices
     DONE = "done"
     CANCELLED = "cancelled"
 
@@ -71,9 +74,9 @@ class ClientSpec:
     priority: int = 0
 
 
-def _trampoline(fn, *args) -> None:
-    """Run ``fn(*args)`` now, or after the current one if already inside (failure cascades
-    through long chains of futures without deep recursion)."""
+def _soon(fn, *args) -> None:
+    """Run ``fn(*args)`` now, or after the current one if this thread is already inside one:
+    launches that unlock launches, and failures cascading down long chains, stay flat."""
     pending = getattr(_local, "pending", None)
     if pending is not None:
         pending.append((fn, args))
@@ -81,7 +84,7 @@ def _trampoline(fn, *args) -> None:
     _local.pending = pending = [(fn, args)]
     try:
         while pending:
-            f, a = pending.pop()
+            f, a = pending.pop(0)
             f(*a)
     finally:
         _local.pending = None
@@ -101,22 +104,35 @@ class Task:
         self.waiting = len(inputs)
         self.state = TaskState.WAITING
         self.exe = None
-        self.t_submit = 0.0
+        self.t_submit = self.t_launch = 0.0
         self._lock = threading.Lock()
 
     @property
     def is_compute(self) -> bool:
         return isinstance(self.node, ComputeNode)
 
-    def input_done(self, fut: Future) -> bool:
-        """Count one resolved input; True when this was the last one."""
+    def input_arrived(self) -> bool:
+        """Count one launched (or resolved) input; True when this was the last one."""
         with self._lock:
             self.waiting -= 1
             return self.waiting == 0
 
+    def after(self) -> tuple[int, ...]:
+        """The computations on this task's island whose outputs it reads, through transfers."""
+        out, todo = [], list(self.inputs)
+        while todo:
+            producer = todo.pop().producer
+            if producer is None or producer.state is TaskState.DONE:
+                continue
+            if producer.is_compute:
+                out.append(producer.id)
+            elif producer.inputs:
+                todo.extend(producer.inputs)
+        return tuple(out)
+
 
 class ProgramRun:
-    """One submission of a program: its tasks, its outputs and its ownership label."""
+    """One submission of a program: its tasks, and the ownership label of its buffers."""
 
     _ids = itertools.count()
 
@@ -140,7 +156,7 @@ class ProgramRun:
         return self._done.wait(timeout)
 
     def cancel(self, reason: str = "cancelled") -> int:
-        """Cancel every node that has not started; returns how many were cancelled."""
+        """Cancel every node that has not been launched; returns how many were cancelled."""
         return self.dispatcher.cancel(self, reason)
 
     def _task_ended(self) -> None:
@@ -157,15 +173,9 @@ class ProgramRun:
         return f"ProgramRun(id={self.id}, name={self.name!r}, client={self.client!r}, {state})"
 
 
-class _Claim:
-    __slots__ = ("island", "task")
-
-    def __init__(self, island: IslandExecutor):
-        self.island, self.task = island, None
-
-
 class IslandExecutor:
-    """One island's gang scheduler and its worker threads."""
+    """One island's gang scheduler, and the worker threads that launch its computations and
+    see them end."""
 
     def __init__(self, island, dispatcher: Dispatcher, policy, memory_budget):
         self.island = island
@@ -175,27 +185,29 @@ class IslandExecutor:
         self._tasks: dict[int, Task] = {}
         self._handling = False
         self._deferred: list = []
-        self._pool = ThreadPoolExecutor(len(island.devices),
-                                        thread_name_prefix=f"pw-island{island.id}")
+        self._last_end: dict[int, float] = {}
+        self._workers = ThreadPoolExecutor(len(island.devices),
+                                           thread_name_prefix=f"pw-island{island.id}")
 
     def submit(self, task: Task, ready: bool) -> None:
         client = task.run.client_spec
         node = task.node
-        event = sch.Submit(task.id, node.devices, client.name, client.weight, client.priority,
-                           (id(node.fn), node.signature), task.exe.memory, ready)
         with self._lock, task._lock:
             if task.state is not TaskState.WAITING:
                 return
             task.state = TaskState.QUEUED
             task.t_submit = _now()
             self._tasks[task.id] = task
+            event = sch.Submit(task.id, node.devices, client.name, client.weight,
+                               client.priority, (id(node.fn), node.signature), task.exe.memory,
+                               ready, task.after() if ready else ())
         self.post(event)
 
     def ready(self, task: Task) -> None:
         self.post(sch.Ready(task.id))
 
     def cancel(self, task: Task) -> bool:
-        """Drop ``task`` unless it is running; True if it was dropped."""
+        """Drop ``task`` unless it was launched; True if it was dropped."""
         with self._lock, task._lock:
             if task.state not in (TaskState.WAITING, TaskState.QUEUED):
                 return False
@@ -221,53 +233,72 @@ class IslandExecutor:
             finally:
                 self._handling = False
             for decision in decisions:
-                task = self._tasks[decision.task]
+                task = self._tasks.pop(decision.task)
                 if isinstance(decision, sch.Launch):
                     task.state = TaskState.RUNNING
                     launches.append(task)
                 else:
-                    del self._tasks[decision.task]
                     task.state = TaskState.CANCELLED
                     rejects.append((task, decision.reason))
         for task, reason in rejects:
             self.dispatcher.fail(task, MemoryBudgetError(
                 f"{task.node.name} on island {self.island.id}: {reason}"), settled=True)
-        claim = getattr(_local, "claim", None)
+        mine = getattr(_local, "worker", None) is self
         for task in launches:
-            if claim is not None and claim.island is self and claim.task is None:
-                claim.task = task
+            if mine:  # a worker of this island: launch now, behind what it already launched
+                _soon(self._launch, task)
             else:
-                self._pool.submit(self._work, task)
+                self._workers.submit(self._work, task)
 
     def _work(self, task: Task) -> None:
-        claim = _local.claim = _Claim(self)
+        """A worker: launch ``task`` (and what its launch unlocks here), then see each launched
+        computation end, in launch order. Launches are never made from user threads: on CPU a
+        launch may run the computation synchronously."""
+        inflight: collections.deque = collections.deque()
+        _local.worker, _local.inflight = self, inflight
         try:
-            while task is not None:
-                self._execute(task)
-                task, claim.task = claim.task, None
+            _soon(self._launch, task)
+            while inflight:
+                self._finish(*inflight.popleft())
         finally:
-            _local.claim = None
+            _local.worker = _local.inflight = None
 
-    def _execute(self, task: Task) -> None:
-        t_start = _now()
-        error = None
+    def _launch(self, task: Task) -> None:
+        task.t_launch = _now()
         try:
-            args = [f._peek() for f in task.inputs]
-            outs = task.exe.compiled(*args)
-            jax.block_until_ready(outs)
-        except BaseException as e:  # noqa: BLE001 - a failed computation fails its futures
-            error, outs = e, None
+            outs = task.exe.compiled(*[f._peek() for f in task.inputs])
+        except BaseException as e:  # noqa: BLE001 - a failed launch fails its futures
+            outs, error = None, e
+        else:
+            error = None
+            for fut, value in zip(task.outputs, outs, strict=True):
+                fut._set_launched(value)
+        _local.inflight.append((task, outs, error))
+
+    def _finish(self, task: Task, outs, error) -> None:
+        if error is None:
+            try:
+                jax.block_until_ready(outs)
+            except BaseException as e:  # noqa: BLE001
+                error = e
+        for fut in task.inputs:  # producers are observed first: their t_done is known
+            fut.wait()
         t_end = _now()
-        with self._lock:
-            self._tasks.pop(task.id, None)
-            task.state = TaskState.DONE
+        devices = task.node.devices
+        last = self._last_end
+        t_start = max(task.t_launch, max((f.t_done for f in task.inputs), default=0.0),
+                      max((last.get(d, 0.0) for d in devices), default=0.0))
+        for d in devices:
+            last[d] = t_end
+        task.state = TaskState.DONE
+        error = _upstream(task, error)
         self.dispatcher.record(task, EventKind.COMPUTE, t_start, t_end, error)
         self.post(sch.Finished(task.id, t_end - t_start))
         if error is not None:
-            self.release_memory(task.node.devices, task.exe.memory)
+            self.release_memory(devices, task.exe.memory)
             self.dispatcher.fail(task, error, settled=True)
         else:
-            self.dispatcher.complete(task, outs, t_end)
+            self.dispatcher.complete(task, outs, t_end, task.exe.out_nbytes)
 
     def release_memory(self, devices, nbytes: int) -> None:
         if nbytes and self.scheduler.memory_budget is not None:
@@ -275,12 +306,21 @@ class IslandExecutor:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {"island": self.island.id, "running": len(self.scheduler.running),
-                    "queued": len(self.scheduler.queued),
+            return {"running": len(self.scheduler.running), "queued": len(self.scheduler.queued),
                     "memory_reserved": self.scheduler.memory_in_use()}
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._workers.shutdown(wait=True)
+
+
+def _upstream(task: Task, error):
+    """A computation fed by a failed input fails with that input's own error."""
+    if error is None:
+        return None
+    for fut in task.inputs:
+        if fut._error is not None:
+            return fut._error
+    return error
 
 
 class Dispatcher:
@@ -308,59 +348,54 @@ class Dispatcher:
         for vid, const in graph.consts.items():
             vals[vid] = resolved(const)
         for node in graph.nodes:
-            outs = node.outputs if isinstance(node, ComputeNode) else (node.output,)
-            ins = node.inputs if isinstance(node, ComputeNode) else (node.input,)
-            futures = []
-            for vid in outs:
+            compute = isinstance(node, ComputeNode)
+            task = Task(node, run, [vals[v] for v in (node.inputs if compute else (node.input,))],
+                        [])
+            for vid in node.outputs if compute else (node.output,):
                 spec = graph.values[vid]
-                futures.append(Future(spec.shape, spec.dtype, spec.sharding, name=node.name,
-                                      island=spec.island, run=run, store=self.store))
-                vals[vid] = futures[-1]
-            run.tasks.append(Task(node, run, [vals[v] for v in ins], futures))
+                fut = Future(spec.shape, spec.dtype, spec.sharding, name=node.name,
+                             island=spec.island, run=run, store=self.store)
+                fut.producer = task
+                task.outputs.append(fut)
+                vals[vid] = fut
+            run.tasks.append(task)
         outputs = [vals[v] for v in graph.outputs]
         run._remaining = len(run.tasks)
         with self._runs_lock:
             self.runs[run.id] = run
         parallel = self.mode is DispatchMode.PARALLEL
         for task in run.tasks:
-            if parallel:
-                self._prepare(task, ready=False)
-            self._watch_inputs(task, parallel)
+            if parallel and task.is_compute:
+                task.exe = task.node.fn.executable(task.node.signature)
+                self.islands[task.node.island].submit(task, ready=False)
+            _soon(self._watch_inputs, task, parallel)
         return outputs
 
-    def _prepare(self, task: Task, ready: bool) -> None:
-        """The host-side work for one node: executable, buffers' sizes, the scheduler."""
-        node = task.node
-        if isinstance(node, ComputeNode):
-            task.exe = node.fn.executable(node.signature)
-            self.islands[node.island].submit(task, ready)
-        elif ready:
-            self._start_transfer(task)
-
     def _watch_inputs(self, task: Task, parallel: bool) -> None:
-        def on_input(fut: Future) -> None:
+        def arrived(fut: Future) -> None:
             if fut._error is not None:
-                _trampoline(self.fail, task, fut._error)
-            elif task.input_done(fut):
-                if not parallel:
-                    self._sequential(task)
-                elif task.is_compute:
-                    self.islands[task.node.island].ready(task)
-                else:
-                    self._start_transfer(task)
+                _soon(self.fail, task, fut._error)
+            elif task.input_arrived():
+                _soon(self._go, task, parallel)
 
         inputs = task.inputs
+        if inputs is None:
+            return  # already failed (rejected when submitted)
         if not inputs:
-            if parallel:
-                if task.is_compute:
-                    self.islands[task.node.island].ready(task)
-                else:
-                    self._start_transfer(task)
-            else:
-                self._sequential(task)
-            return
+            self._go(task, parallel)
         for fut in inputs:
-            fut._hook(on_input)
+            (fut._on_launch if parallel else fut._hook)(arrived)
+
+    def _go(self, task: Task, parallel: bool) -> None:
+        """All inputs are there (launched, or resolved in sequential mode)."""
+        if not parallel:
+            self._sequential(task)
+        elif task.is_compute:
+            if task.inputs is None:
+                return  # failed or cancelled meanwhile
+            self.islands[task.node.island].post(sch.Ready(task.id, task.after()))
+        else:
+            self._transfer(task)
 
     # --- sequential dispatch: the client prepares a node once its inputs exist -------------
     def _sequential(self, task: Task) -> None:
@@ -372,14 +407,19 @@ class Dispatcher:
 
     def _serve(self) -> None:
         while (task := self._queue.get()) is not None:
-            if task.state is TaskState.WAITING:
-                try:
-                    self._prepare(task, ready=True)
-                except BaseException as e:  # noqa: BLE001
-                    self.fail(task, e)
+            if task.state is not TaskState.WAITING:
+                continue
+            try:
+                if task.is_compute:
+                    task.exe = task.node.fn.executable(task.node.signature)
+                    _soon(self.islands[task.node.island].submit, task, True)
+                else:
+                    _soon(self._transfer, task)
+            except BaseException as e:  # noqa: BLE001
+                self.fail(task, e)
 
     # --- transfers -------------------------------------------------------------------------
-    def _start_transfer(self, task: Task) -> None:
+    def _transfer(self, task: Task) -> None:
         with task._lock:
             if task.state is not TaskState.WAITING:
                 return
@@ -388,43 +428,54 @@ class Dispatcher:
         self.transfers.submit(self._run_transfer, task)
 
     def _run_transfer(self, task: Task) -> None:
+        """Copy the source (it may still be computing), release the copy to consumers, and see
+        it land. Jobs run in the order their sources launched, so waits never go in a circle."""
         with task._lock:
             if task.state is not TaskState.QUEUED:
                 return
             task.state = TaskState.RUNNING
-        node: TransferNode = task.node
-        t_start = _now()
-        error = out = None
+        node, src = task.node, task.inputs[0]
+        task.t_launch = _now()
+        out = error = None
         try:
-            out = self.transfers.move(task.inputs[0]._peek(), task.outputs[0].sharding,
-                                      node.link, node.src, node.dst, node.nbytes)
+            out = jax.device_put(src._peek(), task.outputs[0].sharding)
+            emulated = self.transfers.dcn is not None and node.link == LinkKind.DCN
+            if not emulated:  # an emulated link releases the copy only when it lands
+                task.outputs[0]._set_launched(out)
+            out.block_until_ready()
+            src.wait()
+            begin = max(task.t_launch, src.t_done)
+            self.transfers.hold(node.link, node.src, node.dst, node.nbytes, begin)
         except BaseException as e:  # noqa: BLE001
             error = e
+        src.wait()
+        begin = max(task.t_launch, src.t_done)
         t_end = _now()
         task.state = TaskState.DONE
-        self.record(task, EventKind.TRANSFER, t_start, t_end, error)
+        error = error if src._error is None else src._error
+        self.record(task, EventKind.TRANSFER, begin, t_end, error)
         if error is not None:
             self.fail(task, error, settled=True)
         else:
             self.complete(task, [out], t_end)
 
     # --- ends of a task's life -------------------------------------------------------------
-    def complete(self, task: Task, outs, t_end: float) -> None:
+    def complete(self, task: Task, outs, t_end: float, nbytes=None) -> None:
         task.inputs = None
         reserved = task.is_compute  # computations reserved their outputs' memory at launch
-        for fut, value in zip(task.outputs, outs, strict=True):
-            fut._set_result(value, t_end, reserved)
+        for i, (fut, value) in enumerate(zip(task.outputs, outs, strict=True)):
+            fut._set_result(value, t_end, reserved, nbytes[i] if nbytes else None)
         task.outputs = ()
         task.run._task_ended()
 
     def fail(self, task: Task, error: BaseException, settled: bool = False) -> None:
-        """Fail ``task`` (its input or its computation failed, or it was cancelled): its
+        """Fail ``task`` (an input failed, its computation failed, or it was cancelled): its
         outputs get ``error``, and so, through them, everything that depends on it.
         ``settled``: the task already left the scheduler (it ran, or was rejected)."""
         if not settled:
             if task.is_compute:
                 if not self.islands[task.node.island].cancel(task):
-                    return  # already running or ended: it will resolve its own outputs
+                    return  # launched or ended: it resolves its own outputs
             else:
                 with task._lock:
                     if task.state not in (TaskState.WAITING, TaskState.QUEUED):
@@ -440,26 +491,25 @@ class Dispatcher:
     def cancel(self, run: ProgramRun, reason: str = "cancelled") -> int:
         error = CancelledError(f"program {run.name!r} (run {run.id}) was {reason} before this "
                                "computation ran")
-        count = 0
-        for task in list(run.tasks):
-            if task.outputs and task.state in (TaskState.WAITING, TaskState.QUEUED):
-                _trampoline(self.fail, task, error)
-                count += task.state is TaskState.CANCELLED
-        return count
+        tasks = [t for t in list(run.tasks)
+                 if t.outputs and t.state in (TaskState.WAITING, TaskState.QUEUED)]
+        for task in tasks:
+            _soon(self.fail, task, error)
+        return sum(t.state is TaskState.CANCELLED for t in tasks)
 
     def record(self, task: Task, kind: EventKind, t_start: float, t_end: float, error) -> None:
         if not self.trace.enabled:
             return
         node, run = task.node, task.run
-        common = dict(kind=kind.value, name=node.name, program=run.name, program_id=run.id,
-                      client=run.client, devices=node.devices, t_submit=task.t_submit,
-                      t_start=t_start, t_end=t_end, status="ok" if error is None else "error",
-                      node_id=node.id)
+        status = "ok" if error is None else "error"
         if kind is EventKind.COMPUTE:
-            self.trace.record(island=node.island, **common)
+            self.trace.record(kind.value, node.name, run.name, run.id, run.client, node.island,
+                              node.devices, task.t_submit, t_start, t_end, status, 0, None, None,
+                              (), None, node.id)
         else:
-            self.trace.record(island=node.dst, nbytes=node.nbytes, src=node.src, dst=node.dst,
-                              src_devices=node.src_devices, link=node.link, **common)
+            self.trace.record(kind.value, node.name, run.name, run.id, run.client, node.dst,
+                              node.devices, task.t_submit, t_start, t_end, status, node.nbytes,
+                              node.src, node.dst, node.src_devices, node.link, node.id)
 
     def _run_ended(self, run: ProgramRun) -> None:
         with self._runs_lock:

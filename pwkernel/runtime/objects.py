@@ -60,9 +60,9 @@ class Future:
     Array([3., 5.], dtype=float32)
     """
 
-    __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "_store", "_buffer",
-                 "_state", "_error", "_event", "_callbacks", "_hooks", "_lock",
-                 "t_created", "t_done", "__weakref__")
+    __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "producer", "_store",
+                 "_buffer", "_state", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks",
+                 "_launched", "_lock", "t_created", "t_done", "__weakref__")
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
@@ -76,9 +76,12 @@ class Future:
         self._buffer: _Buffer | None = None
         self._state = FutureState.PENDING
         self._error: BaseException | None = None
-        self._event = threading.Event()
+        self._event: threading.Event | None = None  # made only when someone waits
         self._callbacks: list[Callable[[Future], None]] = []
         self._hooks: list[Callable[[Future], None]] = []
+        self._launch_hooks: list[Callable[[Future], None]] = []
+        self._launched = None  # the not-yet-ready array once its computation is launched
+        self.producer = None   # the runtime task that makes this value
         self._lock = threading.Lock()
         self.t_created = time.perf_counter()
         self.t_done = 0.0
@@ -97,9 +100,21 @@ class Future:
     def cancelled(self) -> bool:
         return self._state is FutureState.CANCELLED
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the future resolves; False on timeout."""
+        if self._state is not FutureState.PENDING:
+            return True
+        with self._lock:
+            if self._state is not FutureState.PENDING:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
     def result(self, timeout: float | None = None):
         """The value as a ``jax.Array``; raises the computation's error if it failed."""
-        if not self._event.wait(timeout):
+        if not self.wait(timeout):
             raise TimeoutError(
                 f"future {self.name or ''} of shape {self.shape} not ready after {timeout} s; "
                 "it is still queued or running (see ctl.status())."
@@ -116,12 +131,9 @@ class Future:
         return buf.value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._event.wait(timeout):
+        if not self.wait(timeout):
             raise TimeoutError(f"future {self.name or ''} not ready after {timeout} s")
         return self._error
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
 
     def add_done_callback(self, fn: Callable[[Future], None]) -> None:
         """Call ``fn(self)`` when the future resolves (at once if it already has)."""
@@ -173,13 +185,33 @@ class Future:
                 return
         fn(self)
 
-    def _peek(self):
-        """The value without marking it exported (for feeding consumers)."""
-        return self._buffer.value
+    def _on_launch(self, fn: Callable[[Future], None]) -> None:
+        """Call ``fn(self)`` once the value's computation is launched (or the future resolved):
+        consumers may then be launched behind it."""
+        with self._lock:
+            if self._launched is None and self._state is FutureState.PENDING:
+                self._launch_hooks.append(fn)
+                return
+        fn(self)
 
-    def _set_result(self, value, t_done: float = 0.0, reserved: bool = False) -> None:
+    def _set_launched(self, value) -> None:
+        with self._lock:
+            if self._state is not FutureState.PENDING:
+                return
+            self._launched = value
+            hooks, self._launch_hooks = self._launch_hooks, []
+        for fn in hooks:
+            fn(self)
+
+    def _peek(self):
+        """The value (possibly not ready yet) without marking it exported, for consumers."""
+        buf = self._buffer
+        return self._launched if buf is None else buf.value
+
+    def _set_result(self, value, t_done: float = 0.0, reserved: bool = False,
+                    nbytes: dict[int, int] | None = None) -> None:
         if self._store is not None:
-            self._buffer = self._store.add(self, value, reserved)
+            self._buffer = self._store.add(self, value, reserved, nbytes)
         else:
             self._buffer = _Buffer(-1, value, exported=True)
         self._resolve(FutureState.DONE, None, t_done)
@@ -193,9 +225,15 @@ class Future:
             if self._state is not FutureState.PENDING:
                 return False
             self._state, self._error, self.t_done = state, error, t_done
+            self._launched = None
+            launch_hooks, self._launch_hooks = self._launch_hooks, []
             hooks, self._hooks = self._hooks, []
             callbacks, self._callbacks = self._callbacks, []
-        self._event.set()
+            event = self._event
+        if event is not None:
+            event.set()
+        for fn in launch_hooks:
+            fn(self)
         for fn in hooks:
             fn(self)
         for fn in callbacks:
@@ -241,11 +279,13 @@ class ObjectStore:
         self._finalizers: dict[int, weakref.finalize] = {}
         self.closed = False
 
-    def add(self, fut: Future, value, reserved: bool = False) -> _Buffer:
+    def add(self, fut: Future, value, reserved: bool = False,
+            nbytes: dict[int, int] | None = None) -> _Buffer:
         key = next(self._keys)
         buf = _Buffer(key, value)
         run = fut.run
-        nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
+        if nbytes is None:
+            nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
         record = BufferRecord(nbytes, getattr(run, "name", ""), getattr(run, "id", -1),
                               getattr(run, "client", "default"), fut.island, reserved)
         with self._lock:

@@ -77,6 +77,7 @@ class Executable:
     out_shardings: tuple[Any, ...]
     out_tree: Any
     memory: int  # output bytes on each of the slice's devices
+    out_nbytes: tuple[dict[int, int], ...]  # per output: bytes on each device
 
 
 def _spec_leaves(specs, args: tuple) -> list[Any]:
@@ -208,11 +209,12 @@ class CompiledFunction:
         jitted = jax.jit(flat, in_shardings=tuple(in_shardings),
                          out_shardings=tuple(out_shardings))
         compiled = jitted.lower(*structs).compile()
-        memory = sum(max(shard_bytes(o.shape, o.dtype, sh).values())
-                     for o, sh in zip(out_leaves, out_shardings, strict=True))
+        out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
+                           for o, sh in zip(out_leaves, out_shardings, strict=True))
+        memory = sum(max(n.values()) for n in out_nbytes)
         return Executable(compiled, tuple(in_shardings),
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
-                          tuple(out_shardings), out_tree, memory)
+                          tuple(out_shardings), out_tree, memory, out_nbytes)
 
     def _out_spec_leaves(self, out_struct, n: int) -> list[Any]:
         if self.out_specs is None or isinstance(self.out_specs, P):

@@ -3,10 +3,13 @@
 Events go in (``handle``), decisions come out; there is no JAX, no thread and no clock here, so
 the same policy code drives the real runtime, synchronous unit tests and a simulator.
 
-The guarantee: every device of the island runs at most one computation at a time, and all
-devices of a computation are given to it together (a gang). Launch decisions come out in one
-sequence, so any two computations sharing devices run in the same order on each of them, which
-is what keeps collectives from deadlocking. Among the computations whose inputs are ready, the
+The guarantee: all devices of a computation are given to it together (a gang), and launch
+decisions come out in one sequence, so any two computations sharing devices run in the same
+order on each of them, which is what keeps collectives from deadlocking. A device runs one
+computation at a time: a computation may be launched onto a device that is still busy only when
+everything in flight there is its own ancestor (it produces the computation's inputs), so the
+device runs them in launch order anyway; this is what lets the control plane run ahead of the
+data plane along a chain (``depth`` bounds how far). Among the computations that are ready, the
 policy picks the order:
 
 - ``fifo``: submission order (the paper's evaluation).
@@ -57,13 +60,16 @@ class Submit:
     cost_key: Hashable = None
     memory: int = 0
     ready: bool = False
+    after: tuple[int, ...] = ()  # tasks of this island whose outputs it reads
 
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """All inputs of ``task`` exist."""
+    """All inputs of ``task`` exist, or are being computed by ``after`` (in-flight tasks of
+    this island it may queue behind)."""
 
     task: int
+    after: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,7 @@ class _Task:
     cost_key: Hashable
     memory: int
     ready: bool
+    after: tuple[int, ...] = ()
     charged: float = 0.0
 
 
@@ -133,9 +140,11 @@ class GangScheduler:
     devices: Iterable[int]
     policy: Policy = Policy.FIFO
     memory_budget: int | None = None
+    depth: int = 8  # computations in flight on one device (a chain launched ahead)
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _ready: dict[int, _Task] = field(default_factory=dict)  # ready, not yet launched
-    _busy: dict[int, int] = field(default_factory=dict)
+    _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
+    _ancestors: dict[int, frozenset[int]] = field(default_factory=dict)  # in flight -> its own
     _memory: dict[int, int] = field(default_factory=dict)
     _clients: dict[str, _Client] = field(default_factory=dict)
     _estimates: dict[Hashable, float] = field(default_factory=dict)
@@ -157,10 +166,10 @@ class GangScheduler:
                 case Submit():
                     out.extend(self._submit(event))
                     changed |= event.ready
-                case Ready(task=t):
+                case Ready(task=t, after=after):
                     task = self._tasks.get(t)
                     if task is not None and not task.ready:
-                        task.ready = True
+                        task.ready, task.after = True, tuple(after) or task.after
                         self._ready[t] = task
                         changed = True
                 case Finished(task=t, seconds=s):
@@ -186,12 +195,12 @@ class GangScheduler:
     # --- queries ---------------------------------------------------------------------------
     @property
     def running(self) -> tuple[int, ...]:
-        return tuple(sorted(set(self._busy.values())))
+        """Launched and not yet finished, oldest first."""
+        return tuple(sorted(self._ancestors, key=lambda t: self._tasks[t].seq))
 
     @property
     def queued(self) -> tuple[int, ...]:
-        busy = set(self._busy.values())
-        return tuple(sorted((t for t in self._tasks if t not in busy),
+        return tuple(sorted((t for t in self._tasks if t not in self._ancestors),
                             key=lambda t: self._tasks[t].seq))
 
     def memory_in_use(self) -> dict[int, int]:
@@ -219,7 +228,7 @@ class GangScheduler:
             client.passes = max(client.passes, self._vtime)
         client.active += 1
         task = _Task(ev.task, self._seq, devices, ev.client, ev.priority, ev.cost_key, ev.memory,
-                     ev.ready)
+                     ev.ready, tuple(ev.after))
         self._tasks[ev.task] = task
         if ev.ready:
             self._ready[ev.task] = task
@@ -231,8 +240,10 @@ class GangScheduler:
         if t is None:
             return
         for d in t.devices:
-            if self._busy.get(d) == task:
-                del self._busy[d]
+            queue = self._busy.get(d)
+            if queue and task in queue:
+                queue.remove(task)
+        self._ancestors.pop(task, None)
         actual = max(seconds, 0.0) * len(t.devices)
         client = self._clients[t.client]
         client.passes += (actual - t.charged) / client.weight
@@ -268,14 +279,13 @@ class GangScheduler:
         while True:
             chosen = None
             reserved: set[int] = set()
-            busy = self._busy.keys()
             candidates = self._ready.values()
             if len(candidates) > 1:
                 candidates = sorted(candidates, key=self._key)
             for t in candidates:
                 if t.devices & reserved:
                     continue
-                if not t.devices.isdisjoint(busy) or not self._fits_memory(t):
+                if not self._devices_free(t) or not self._fits_memory(t):
                     reserved |= t.devices
                     continue
                 chosen = t
@@ -285,10 +295,33 @@ class GangScheduler:
             self._launch(chosen)
             out.append(Launch(chosen.id))
 
+    def _in_flight_ancestors(self, t: _Task) -> frozenset[int]:
+        out: set[int] = set()
+        for a in t.after:
+            if a in self._ancestors:
+                out.add(a)
+                out |= self._ancestors[a]
+        return frozenset(out)
+
+    def _devices_free(self, t: _Task) -> bool:
+        # Free, or busy only with t's own ancestors (and not too deep).
+        ancestors = None
+        for d in t.devices:
+            queue = self._busy.get(d)
+            if queue:
+                if len(queue) >= self.depth:
+                    return False
+                if ancestors is None:
+                    ancestors = self._in_flight_ancestors(t)
+                if not ancestors.issuperset(queue):
+                    return False
+        return True
+
     def _launch(self, t: _Task) -> None:
         del self._ready[t.id]
+        self._ancestors[t.id] = self._in_flight_ancestors(t)
         for d in t.devices:
-            self._busy[d] = t.id
+            self._busy.setdefault(d, []).append(t.id)
             if self.memory_budget is not None:
                 self._memory[d] += t.memory
         client = self._clients[t.client]

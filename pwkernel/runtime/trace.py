@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -80,41 +80,45 @@ class Event:
         return asdict(self)
 
 
-@dataclass
 class Trace:
-    """The controller's event log. ``enabled=False`` stops recording (and its small cost)."""
+    """The controller's event log. ``enabled=False`` stops recording (and its small cost).
 
-    enabled: bool = True
-    _events: list[Event] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _next: int = 0
-    _changed: threading.Condition = field(init=False)
+    Recording appends one tuple under a lock; ``Event`` objects are built when read.
+    """
 
-    def __post_init__(self) -> None:
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._raw: list[tuple] = []
+        self._first = 0  # index of _raw[0]
+        self._next = 0
+        self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._waiters = 0
 
-    def record(self, **fields) -> Event | None:
+    def record(self, *fields) -> None:
+        """Append one event: the fields of ``Event`` after ``index``, in order."""
         if not self.enabled:
-            return None
+            return
         with self._lock:
-            event = Event(index=self._next, **fields)
+            self._raw.append((self._next, *fields))
             self._next += 1
-            self._events.append(event)
-            self._changed.notify_all()
-        return event
+            if self._waiters:
+                self._changed.notify_all()
 
     def events(self, since: int = 0) -> list[Event]:
         """Events with ``index >= since``, oldest first."""
         with self._lock:
-            if since <= 0:
-                return list(self._events)
-            first = self._events[0].index if self._events else self._next
-            return list(self._events[max(0, since - first):])
+            raw = self._raw[max(0, since - self._first):]
+        return [Event(*r) for r in raw]
 
     def wait_for(self, count: int, timeout: float | None = None) -> bool:
         """Block until at least ``count`` events were ever recorded; False on timeout."""
         with self._lock:
-            return self._changed.wait_for(lambda: self._next >= count, timeout)
+            self._waiters += 1
+            try:
+                return self._changed.wait_for(lambda: self._next >= count, timeout)
+            finally:
+                self._waiters -= 1
 
     @property
     def next_index(self) -> int:
@@ -124,10 +128,11 @@ class Trace:
     def clear(self) -> None:
         """Forget recorded events; indices keep growing so live views stay consistent."""
         with self._lock:
-            self._events.clear()
+            self._raw = []
+            self._first = self._next
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self._raw)
 
     def to_chrome(self) -> dict:
         """Chrome-trace / Perfetto JSON: a process per island, a thread (track) per device.

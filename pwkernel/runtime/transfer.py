@@ -18,8 +18,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import jax
-
 from .trace import LinkKind
 
 
@@ -58,19 +56,16 @@ class TransferEngine:
     def submit(self, fn, *args) -> None:
         self._pool.submit(fn, *args)
 
-    def move(self, value, sharding, link: str, src: int | None, dst: int, nbytes: int):
-        """Copy ``value`` onto ``sharding``; returns the new array once it is in place."""
-        t0 = time.perf_counter()
-        out = jax.device_put(value, sharding)
-        out.block_until_ready()
-        if self.dcn is not None and link == LinkKind.DCN.value:
-            with self._lock:
-                begin = max(t0, self._link_free.get((src, dst), 0.0))
-                self._link_free[(src, dst)] = begin + nbytes / self.dcn.bandwidth
-            remaining = begin + self.dcn.duration(nbytes) - time.perf_counter()
-            if remaining > 0:
-                time.sleep(remaining)  # emulation: hold the transfer for the link's time
-        return out
+    def hold(self, link: str, src: int | None, dst: int, nbytes: int, begin: float) -> None:
+        """Hold a DCN transfer that began at ``begin`` until the link model says it landed."""
+        if self.dcn is None or link != LinkKind.DCN.value:
+            return
+        with self._lock:
+            start = max(begin, self._link_free.get((src, dst), 0.0))
+            self._link_free[(src, dst)] = start + nbytes / self.dcn.bandwidth
+        remaining = start + self.dcn.duration(nbytes) - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)  # emulation: the transfer lands when the link model says
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
