@@ -158,3 +158,24 @@ def test_unknown_devices_are_rejected():
     s = GangScheduler((0, 1))
     (out,) = s.handle(Submit(0, (5,), ready=True))
     assert isinstance(out, Reject) and "not on this island" in out.reason
+
+
+def test_a_chain_launches_ahead_behind_its_own_producers():
+    s = GangScheduler(ALL, depth=3)
+    s.handle(Submit(0, (0, 1), ready=True))
+    # 1 reads 0's output, 2 reads 1's: both may queue behind in-flight ancestors
+    assert launched(s.handle(Submit(1, (0, 1)), Ready(1, after=(0,)))) == [1]
+    assert launched(s.handle(Submit(2, (0, 1)), Ready(2, after=(1,)))) == [2]
+    assert s.running == (0, 1, 2)
+    # depth 3 reached: the next link waits for the oldest to finish
+    assert launched(s.handle(Submit(3, (0, 1)), Ready(3, after=(2,)))) == []
+    assert launched(s.handle(Finished(0))) == [3]
+
+
+def test_unrelated_work_never_queues_behind_in_flight_computations():
+    s = GangScheduler(ALL)
+    s.handle(Submit(0, (0, 1), ready=True))
+    assert launched(s.handle(Submit(1, (0, 1), ready=True))) == []      # no data dependency
+    assert launched(s.handle(Submit(2, (1, 2)), Ready(2, after=(0,)))) == []  # reserved by 1
+    assert launched(s.handle(Finished(0))) == [1]
+    assert launched(s.handle(Finished(1))) == [2]
