@@ -5,8 +5,9 @@ every island of the local backend). How each time is taken:
 
 - ``t_submit``: the node was handed to its island's scheduler (parallel dispatch: when the
   program was submitted; sequential dispatch: when its inputs existed).
-- ``t_start``: the gang scheduler launched the node on its devices. A device runs one node at
-  a time, so on every platform the node can start executing no earlier than this.
+- ``t_start``: the latest of the node's launch, its inputs' ends and the previous node's end on
+  its devices. Nodes are launched ahead of their data (parallel dispatch), so this is the
+  earliest moment the node could run.
 - ``t_end``: the runtime observed the node's outputs ready (``block_until_ready`` returned in
   the island's worker thread). On CPU this includes the wake-up of that thread (tens of
   microseconds); on accelerators it also includes the device-to-host completion signal. Spans
