@@ -276,7 +276,7 @@ class ObjectStore:
         self._lock = threading.RLock()
         self._keys = itertools.count()
         self._on_free = on_free
-        self._finalizers: dict[int, weakref.finalize] = {}
+        self._watch: dict[int, tuple[weakref.ref, _Buffer]] = {}  # key -> (future, buffer)
         self.closed = False
 
     def add(self, fut: Future, value, reserved: bool = False,
@@ -290,13 +290,13 @@ class ObjectStore:
                               getattr(run, "client", "default"), fut.island, reserved)
         with self._lock:
             self._records[key] = record
-            self._finalizers[key] = weakref.finalize(fut, self._free, key, buf)
+            self._watch[key] = (weakref.ref(fut, lambda _, k=key: self._free(k)), buf)
         return buf
 
-    def _free(self, key: int, buf: _Buffer) -> None:
+    def _free(self, key: int) -> None:
         with self._lock:
             record = self._records.pop(key, None)
-            self._finalizers.pop(key, None)
+            _, buf = self._watch.pop(key, (None, None))
         if record is None:
             return
         if not buf.exported and hasattr(buf.value, "delete"):
@@ -324,6 +324,6 @@ class ObjectStore:
         """Free every buffer; futures of this store refuse to hand out values from now on."""
         self.closed = True
         with self._lock:
-            finalizers = list(self._finalizers.values())
-        for fin in finalizers:
-            fin()
+            keys = list(self._watch)
+        for key in keys:
+            self._free(key)
