@@ -1,0 +1,112 @@
+"""The tutorials (``notebooks/NN_*.ipynb``) run top to bottom on the real ``pwkernel`` kernel.
+
+Each notebook asserts its own claims on the numbers it measures, so a test here fails when a
+cell raises: an assertion about the paper's effect, a runtime error, or a broken view. The
+committed notebooks must also be exactly what ``notebooks/_build.py`` writes (sources only,
+no outputs), so the reviewed code and the files agree.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from nbclient import NotebookClient
+
+from pwkernel.notebook import kernelspec
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+CELL_TIMEOUT = 300       # seconds per cell: generous, a busy 2-core machine is slow
+NOTEBOOK_BUDGET = 90     # seconds a notebook is meant to take on the embedded default
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("notebooks_build", NOTEBOOKS / "_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BUILD = _builder()
+NAMES = list(BUILD.NOTEBOOKS)
+
+
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory):
+    """The installed kernelspec, or one written to a temporary JUPYTER_PATH entry."""
+    old = os.environ.get("JUPYTER_PATH")
+    try:
+        KernelSpecManager().get_kernel_spec(kernelspec.NAME)
+    except NoSuchKernel:
+        path = tmp_path_factory.mktemp("jupyter")
+        kernelspec.write(path)
+        os.environ["JUPYTER_PATH"] = str(path) + (os.pathsep + old if old else "")
+    # The embedded default the notebooks are written for: 2 islands of 4 virtual devices.
+    old_islands = os.environ.get("PWKERNEL_ISLANDS")
+    os.environ["PWKERNEL_ISLANDS"] = "4,4"
+    try:
+        yield
+    finally:
+        for key, value in (("JUPYTER_PATH", old), ("PWKERNEL_ISLANDS", old_islands)):
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _errors(nb) -> list[str]:
+    out = []
+    for i, cell in enumerate(nb.cells):
+        for o in cell.get("outputs", []):
+            if o.output_type == "error":
+                tb = "\n".join(o.get("traceback", [])[-6:])
+                out.append(f"cell {i} ({cell.source.splitlines()[0][:60]!r}): "
+                           f"{o.ename}: {o.evalue}\n{tb}")
+    return out
+
+
+def _stdout(nb) -> str:
+    return "".join(o.text for c in nb.cells for o in c.get("outputs", [])
+                   if o.output_type == "stream" and o.name == "stdout")
+
+
+def test_committed_notebooks_match_the_generator():
+    for name in NAMES:
+        path = NOTEBOOKS / f"{name}.ipynb"
+        assert path.exists(), f"{path.name} is missing; run .venv/bin/python notebooks/_build.py"
+        assert path.read_text() == BUILD.render(name), (
+            f"{path.name} differs from notebooks/_build.py; run .venv/bin/python "
+            "notebooks/_build.py (and keep outputs out of the committed files)")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_metadata(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    assert nb.metadata.kernelspec == {"name": "pwkernel", "display_name": "Pathways (JAX)",
+                                      "language": "python"}
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and "What the paper found" in first.source
+    assert "What we measured here" in nb.cells[-2].source and nb.cells[-1].cell_type == "code"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs(name, kernel_env, tmp_path):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(nb, kernel_name=kernelspec.NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=120, allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    t0 = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - t0
+    errors = _errors(nb)
+    assert not errors, "\n\n".join(errors)
+    # Every notebook ends by printing what it measured.
+    assert nb.cells[-1].outputs and any(o.output_type == "stream"
+                                        for o in nb.cells[-1].outputs), "no closing summary"
+    print(f"{name}: {seconds:.1f} s (budget {NOTEBOOK_BUDGET} s)\n{_stdout(nb)[-1500:]}")
