@@ -272,7 +272,7 @@ from pwkernel.bench import dispatch
 from pwkernel.bench.harness import interleave, paired_ratio, summarize
 
 def measure(size, chain_len, fused_calls, rounds=3):
-    samples = interleave(dispatch._variants(ctl, 2, size, chain_len, fused_calls), rounds=rounds)
+    samples = interleave(dispatch.variants(ctl, 2, size, chain_len, fused_calls), rounds=rounds)
     us = {v: 1e6 / summarize(samples[v])["median"] for v in dispatch.VARIANTS}
     return samples, us
 
@@ -404,10 +404,10 @@ assert all(q.t_submit >= p.t_end for p, q in zip(seq, seq[1:]))
 """),
     md("""
 What does that buy across islands? The benchmark's own variant
-(`parallel_dispatch._variants`: 16 stages alternating islands, paired rounds):
+(`parallel_dispatch.variants`: 16 stages alternating islands, paired rounds):
 """),
     code("""
-samples = interleave(parallel_dispatch._variants(ctl, 16, SIZE, 1), rounds=5)
+samples = interleave(parallel_dispatch.variants(ctl, 16, SIZE, 1), rounds=5)
 across_speedup = paired_ratio(samples, "parallel", "sequential")
 print({k: f"{summarize(v)['median']:.0f} stages/s" for k, v in samples.items()},
       f"parallel / sequential {across_speedup:.2f}")
@@ -801,10 +801,10 @@ The benchmark's own builders (`pwkernel.bench.pipeline`), interleaved in paired 
 on four devices against 2- and 4-stage pipelines on the same four devices.
 """),
     code("""
-spmd_rate = pl._spmd(ctl, cfg, 4, params, tokens, 2)
+spmd_rate = pl.spmd_rate(ctl, cfg, 4, params, tokens, 2)
 table = {}
 for stages_n in (2, 4):
-    piped_rate = pl._pipelined(ctl, cfg, 4, stages_n, 2 * stages_n, params, tokens, 2)
+    piped_rate = pl.pipelined_rate(ctl, cfg, 4, stages_n, 2 * stages_n, params, tokens, 2)
     samples = interleave({"spmd": spmd_rate, "pipelined": piped_rate}, rounds=3)
     table[stages_n] = (summarize(samples["spmd"])["median"],
                        summarize(samples["pipelined"])["median"],
@@ -854,7 +854,7 @@ from pwkernel.bench.harness import summarize
 
 quad = ctl.slice(4, island=0)
 fn = pw.function(multitenancy.work, slice=quad, in_specs=P(), out_specs=P(), name="tenant_step")
-x0 = jax.device_put(multitenancy._matrix(65536 * 4), NamedSharding(quad.mesh, P()))
+x0 = jax.device_put(multitenancy.matrix(65536 * 4), NamedSharding(quad.mesh, P()))
 fn(x0).result()                              # compile before anyone measures
 ctl.policy = "share"
 WEIGHTS, BACKLOG = (1, 2, 4, 8), 40
@@ -912,13 +912,13 @@ assert error < 10, f"shares should follow the weights ({error:.1f} points off)"
     md("""
 ## Aggregate throughput: one client vs several
 
-`pwkernel.bench.multitenancy._throughput` runs the same total work split over 1, 2 and 4
+`pwkernel.bench.multitenancy.throughput` runs the same total work split over 1, 2 and 4
 client threads (each keeping a few programs in flight), interleaved in paired rounds.
 """),
     code("""
 ctl.policy = "fifo"
 cfg = dict(multitenancy.CONFIGS["quick"], programs=12, rounds=3)
-rows, four_vs_one = multitenancy._throughput(ctl, cfg)
+rows, four_vs_one = multitenancy.throughput(ctl, cfg)
 for row in rows:
     print(f"{row['clients']} clients: {row['computations_per_s']['median']:.0f} "
           f"computations/s ({row['vs_single']:.2f}x one client)")
@@ -964,7 +964,7 @@ ctl
 """),
     code("""
 cfg = {"width": 256, "batch": 512, "steps": 4}
-params, x, y = dcn._data(cfg)
+params, x, y = dcn.make_data(cfg)
 data_parallel = (P(), P("x"), P("x"))        # parameters replicated, batch sharded
 
 halves = [ctl.slice(2, island=i) for i in (0, 1)]
@@ -1023,7 +1023,7 @@ for e in crossed:        # the emulated link holds each transfer to its modelled
     md("""
 ## Throughput vs one island, and what the bandwidth does
 
-`pwkernel.bench.dcn._variants` builds both trainings on a controller; one controller per
+`pwkernel.bench.dcn.variants` builds both trainings on a controller; one controller per
 emulated bandwidth, rounds interleaved. A slow link makes every step wait for its gradients.
 """),
     code("""
@@ -1033,7 +1033,7 @@ results = {}
 for bandwidth in (3e7, 1e10):
     c = pw.Controller(islands=(4, 4), dcn=pw.Link(bandwidth=bandwidth, latency=20e-6))
     try:
-        samples = interleave(dcn._variants(c, bench_cfg), rounds=3)
+        samples = interleave(dcn.variants(c, bench_cfg), rounds=3)
         moved = [e for e in c.trace.events() if e.link == "dcn"]
     finally:
         c.close()

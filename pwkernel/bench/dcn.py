@@ -62,7 +62,7 @@ def apply_grads(params, mine, theirs):
     return jax.tree_util.tree_map(lambda p, a, b: p - LR * 0.5 * (a + b), params, mine, theirs)
 
 
-def _data(cfg: dict) -> tuple[dict, np.ndarray, np.ndarray]:
+def make_data(cfg: dict) -> tuple[dict, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     w = cfg["width"]
     params = {"w1": (rng.standard_normal((w, w)) / np.sqrt(w)).astype(np.float32),
@@ -72,8 +72,8 @@ def _data(cfg: dict) -> tuple[dict, np.ndarray, np.ndarray]:
     return params, x, y
 
 
-def _variants(ctl: pw.Controller, cfg: dict) -> dict:
-    params, x, y = _data(cfg)
+def variants(ctl: pw.Controller, cfg: dict) -> dict:
+    params, x, y = make_data(cfg)
     steps, samples = cfg["steps"], cfg["batch"] * cfg["steps"]
     data_parallel = (P(), P("x"), P("x"))  # parameters replicated, batch sharded
 
@@ -128,7 +128,7 @@ def run(mode: str = "quick") -> Result:
         ctl = pw.Controller(islands=(4, 4), dcn=pw.Link(bandwidth=bandwidth,
                                                         latency=cfg["latency"]))
         try:
-            samples = interleave(_variants(ctl, cfg), rounds=cfg["rounds"])
+            samples = interleave(variants(ctl, cfg), rounds=cfg["rounds"])
             dcn_events = [e for e in ctl.trace.events() if e.link == "dcn"]
         finally:
             ctl.close()

@@ -62,7 +62,7 @@ def _fused(n: int):
     return body
 
 
-def _variants(ctl: pw.Controller, devices: int, size: int, n: int, reps: int) -> dict:
+def variants(ctl: pw.Controller, devices: int, size: int, n: int, reps: int) -> dict:
     """The five ways to run ``n`` steps, each returning steps per second."""
     vs = ctl.slice(devices, island=0)
     spec = P("x")
@@ -137,7 +137,7 @@ def run(mode: str = "quick") -> Result:
                 size = math.lcm(size, devices)
                 n = _chain_length(cfg["chain"], size)
                 reps = max(1, min(cfg["fused_reps"], cfg["fused_reps"] * 4096 // size))
-                samples = interleave(_variants(ctl, devices, size, n, reps),
+                samples = interleave(variants(ctl, devices, size, n, reps),
                                      rounds=cfg["rounds"])
                 jax_fused = summarize(samples["jax_fused"])["median"]
                 rows.append({

@@ -44,7 +44,7 @@ def work(x):
     return jnp.tanh(x @ x.T @ x) * 0.1 + x * 0.9
 
 
-def _matrix(size: int) -> np.ndarray:
+def matrix(size: int) -> np.ndarray:
     side = int(np.sqrt(size))
     return np.linspace(-1, 1, side * side, dtype=np.float32).reshape(side, side)
 
@@ -78,10 +78,10 @@ def _run_clients(ctl, prog, x0, count: int, total: int, window: int) -> None:
         raise errors[0]
 
 
-def _throughput(ctl: pw.Controller, cfg: dict) -> tuple[list[dict], float]:
+def throughput(ctl: pw.Controller, cfg: dict) -> tuple[list[dict], float]:
     vs = ctl.slice(4, island=0)
     fn = pw.function(work, slice=vs, in_specs=P(), out_specs=P(), name="work")
-    x0 = jax.device_put(_matrix(cfg["size"]), NamedSharding(vs.mesh, P()))
+    x0 = jax.device_put(matrix(cfg["size"]), NamedSharding(vs.mesh, P()))
 
     @pw.program(name="tenant")
     def prog(x):
@@ -104,7 +104,7 @@ def _shares(ctl: pw.Controller, cfg: dict) -> dict:
     ctl.policy = "share"
     vs = ctl.slice(4, island=0)
     fn = pw.function(work, slice=vs, in_specs=P(), out_specs=P(), name="share")
-    x0 = jax.device_put(_matrix(cfg["share_size"]), NamedSharding(vs.mesh, P()))
+    x0 = jax.device_put(matrix(cfg["share_size"]), NamedSharding(vs.mesh, P()))
     fn(x0).result(TIMEOUT)  # compile outside the measurement
     weights = cfg["weights"]
     names = [f"w{w}" for w in weights]
@@ -153,7 +153,7 @@ def run(mode: str = "quick") -> Result:
     t0 = time.perf_counter()
     ctl = pw.Controller(islands=(4, 4))
     try:
-        rows, multi = _throughput(ctl, cfg)
+        rows, multi = throughput(ctl, cfg)
         shares = _shares(ctl, cfg)
     finally:
         ctl.close()

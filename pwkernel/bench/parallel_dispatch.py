@@ -39,7 +39,7 @@ def stage(x):
     return jnp.sin(x) + 0.5 * x
 
 
-def _variants(ctl: pw.Controller, stages: int, size: int, programs: int) -> dict:
+def variants(ctl: pw.Controller, stages: int, size: int, programs: int) -> dict:
     slices = [ctl.slice(2, island=0), ctl.slice(2, island=1)]
     fns = [pw.function(stage, slice=slices[i % 2], in_specs=P("x"), out_specs=P("x"),
                        name=f"stage{i}") for i in range(stages)]
@@ -80,7 +80,7 @@ def run(mode: str = "quick") -> Result:
     ctl = pw.Controller(islands=(4, 4))
     try:
         for size in cfg["sizes"]:
-            samples = interleave(_variants(ctl, cfg["stages"], size, cfg["programs"]),
+            samples = interleave(variants(ctl, cfg["stages"], size, cfg["programs"]),
                                  rounds=cfg["rounds"])
             rows.append({"backend": "local", "size": size, "stages": cfg["stages"],
                          "stages_per_s": {k: summarize(v) for k, v in samples.items()},

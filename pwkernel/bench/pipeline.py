@@ -125,7 +125,7 @@ def _on(vs: pw.VirtualSlice, tree, spec: P):
     return jax.device_put(tree, NamedSharding(vs.mesh, spec))
 
 
-def _spmd(ctl: pw.Controller, cfg: ModelConfig, devices: int, params: dict, tokens, batches):
+def spmd_rate(ctl: pw.Controller, cfg: ModelConfig, devices: int, params: dict, tokens, batches):
     vs = ctl.slice(devices, island=0)
     fn = pw.function(stage_fn(True, True, cfg.heads), slice=vs, in_specs=(P(), P("x")),
                      out_specs=P("x"), name="spmd")
@@ -138,7 +138,7 @@ def _spmd(ctl: pw.Controller, cfg: ModelConfig, devices: int, params: dict, toke
     return lambda: rate(once, batches * cfg.batch * cfg.seq)
 
 
-def _pipelined(ctl: pw.Controller, cfg: ModelConfig, devices: int, stages: int, micro: int,
+def pipelined_rate(ctl: pw.Controller, cfg: ModelConfig, devices: int, stages: int, micro: int,
                params: dict, tokens, batches):
     per = devices // stages
     slices = [ctl.slice(per, island=0) for _ in range(stages)]
@@ -182,10 +182,10 @@ def run(mode: str = "quick") -> Result:
     rows = []
     ctl = pw.Controller(islands=(4, 4))
     try:
-        spmd = _spmd(ctl, model, cfg["devices"], params, tokens, cfg["batches"])
+        spmd = spmd_rate(ctl, model, cfg["devices"], params, tokens, cfg["batches"])
         for stages in cfg["stages"]:
             micro = cfg["microbatches"] * stages
-            piped = _pipelined(ctl, model, cfg["devices"], stages, micro, params, tokens,
+            piped = pipelined_rate(ctl, model, cfg["devices"], stages, micro, params, tokens,
                                cfg["batches"])
             samples = interleave({"spmd": spmd, "pipelined": piped}, rounds=cfg["rounds"])
             rows.append({"devices": cfg["devices"], "stages": stages, "microbatches": micro,
