@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	@if $(PY) -c "import pwkernel.notebook.kernelspec" 2>/dev/null; then \
 		$(PY) -m pwkernel.notebook.kernelspec install; fi
+	sh extension/setup.sh $(VENV)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -22,6 +22,7 @@ from .runtime.errors import (
     CancelledError,
     ControllerClosedError,
     DeviceSetupError,
+    IslandLostError,
     MemoryBudgetError,
     PathwaysError,
     ProgramError,
@@ -65,7 +66,8 @@ def unload_ipython_extension(ipython) -> None:
 __all__ = [
     "CancelledError", "ClientSpec", "CompiledFunction", "Controller", "ControllerClosedError",
     "DeviceSetupError", "DispatchMode", "Event", "Future", "FutureState", "GangScheduler",
-    "Island", "Link", "MemoryBudgetError", "PathwaysError", "Policy", "Program", "ProgramError",
+    "Island", "IslandLostError", "Link", "MemoryBudgetError", "PathwaysError", "Policy",
+    "Program", "ProgramError",
     "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice", "controller", "function",
     "program", "ScheduleView", "TopologyView", "report",
 ]

@@ -75,6 +75,17 @@ def _count(text: str) -> int:
     return value
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected device counts per island like 4,4, got "
+                                         f"{text!r}")
+    return sizes
+
+
 def line_parser() -> _Parser:
     """``%pathways SUBCOMMAND ...``."""
     p = _Parser(prog="pathways", description="Inspect and steer the Pathways controller.")
@@ -100,6 +111,12 @@ def line_parser() -> _Parser:
     t.add_argument("action", choices=["save", "clear"])
     t.add_argument("path", nargs="?", default=None, metavar="PATH")
     sub.add_parser("reset", help="cancel every queued computation and release magic slices")
+    at = sub.add_parser("attach", help="host the islands elsewhere, e.g. %%pathways attach ray "
+                                       "--address auto --islands 4,4")
+    at.add_argument("backend", choices=["ray", "local"])
+    at.add_argument("--address", default=None, metavar="A",
+                    help="a running Ray cluster ('auto' or host:port); default: a local one")
+    at.add_argument("--islands", type=_sizes, default=None, metavar="4,4")
     return p
 
 

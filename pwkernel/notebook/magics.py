@@ -129,6 +129,29 @@ class PathwaysMagics(Magics):
         print(f"reset: cancelled {cancelled} computations in {len(runs)} programs; released "
               f"{len(released)} slices" + (f" ({', '.join(released)})" if released else ""))
 
+    def _cmd_attach(self, a) -> None:
+        """Replace the kernel's controller by one on ``a.backend`` (its slices are released)."""
+        from ..runtime import controller as process
+
+        if a.backend == "local" and a.address is not None:
+            raise UsageError("%pathways attach local takes no --address; use "
+                             "%pathways attach ray --address A for a Ray cluster.")
+        old = self.state.ctl
+        islands = a.islands or tuple(len(i.devices) for i in old.islands)
+        try:
+            new = process.Controller(islands, backend=a.backend, ray_address=a.address)
+        except (PathwaysError, ValueError) as e:
+            raise UsageError(f"%pathways attach {a.backend}: {e}") from None
+        for name in self.state.release_all():
+            self.shell.user_ns.pop(name, None)
+        old.close()
+        with process._lock:  # pw.controller() hands out the new one from now on
+            process._default = new
+        self.state.ctl, self.state._default = new, None
+        where = f" at {a.address}" if a.address else ""
+        print(f"attached {a.backend}{where}: " + ", ".join(
+            f"island {i.id}: {len(i.devices)} {i.platform}" for i in new.islands))
+
     # --- %%pathways ------------------------------------------------------------------------
     @cell_magic("pathways")
     def pathways_cell(self, line: str, cell: str):

@@ -36,11 +36,16 @@ class Controller:
     ``policy``: ``"fifo"``, ``"priority"`` or ``"share"``; ``dispatch``: ``"parallel"`` or
     ``"sequential"``; ``memory_budget``: bytes per device a computation may fill before it
     waits for memory to be freed; ``dcn``: a ``pw.Link`` emulating the network between islands.
+
+    ``backend="ray"`` runs each island in a Ray actor (its own process and devices) on the
+    cluster at ``ray_address`` (``"auto"``, ``"host:port"``), or on a local cluster started
+    for it (``None``); see docs/ray.md. ``ctl.reattach(island)`` replaces a lost island.
     """
 
     def __init__(self, islands: Sequence[int] | None = (4, 4), policy: Policy | str = "fifo",
                  dispatch: DispatchMode | str = "parallel", memory_budget: int | None = None,
-                 dcn: Link | None = None):
+                 dcn: Link | None = None, backend: str = "local",
+                 ray_address: str | None = None):
         policy = Policy.parse(policy)
         mode = DispatchMode.parse(dispatch)
         if memory_budget is not None and not memory_budget > 0:
@@ -49,18 +54,40 @@ class Controller:
         if dcn is not None and not isinstance(dcn, Link):
             raise TypeError(f"dcn must be a pw.Link(bandwidth=..., latency=...) or None, got "
                             f"{type(dcn).__name__}.")
+        if backend not in ("local", "ray"):
+            raise ValueError(f"unknown backend {backend!r}; expected 'local' (this process's "
+                             "devices) or 'ray' (islands as Ray actors).")
+        if backend == "local" and ray_address is not None:
+            raise ValueError("ray_address is only for backend='ray'; e.g. "
+                             "pw.Controller(backend='ray', ray_address='auto').")
+        if backend == "ray" and dcn is not None:
+            raise ValueError("dcn= emulates a network for the local backend; with backend='ray' "
+                             "transfers between islands use the real one. Drop dcn=.")
         self.closed = False
         self.memory_budget = memory_budget
         self.dcn = dcn
-        self._islands = tuple(local.discover(islands))
+        self.backend = backend
+        self._backend = None
+        if backend == "ray":
+            from ..backends.ray import RayBackend
+
+            self._backend = RayBackend(islands, ray_address)
+            self._islands = self._backend.islands
+        else:
+            self._islands = tuple(local.discover(islands))
         self.resources = ResourceManager(self._islands, self._check_open)
         self.resources.controller = self
         self.trace = Trace()
         self.store = ObjectStore(self._on_free)
-        self._dispatcher = Dispatcher(self.store, self.trace, TransferEngine(dcn), mode)
-        for isl in self._islands:
-            self._dispatcher.islands[isl.id] = IslandExecutor(isl, self._dispatcher, policy,
-                                                              memory_budget)
+        if self._backend is not None:
+            self._dispatcher = self._backend.make_dispatcher(
+                self.store, self.trace, TransferEngine(None, workers=1), mode, policy,
+                memory_budget)
+        else:
+            self._dispatcher = Dispatcher(self.store, self.trace, TransferEngine(dcn), mode)
+            for isl in self._islands:
+                self._dispatcher.islands[isl.id] = IslandExecutor(isl, self._dispatcher,
+                                                                  policy, memory_budget)
         self._policy = policy
         _register(self)
 
@@ -185,6 +212,15 @@ class Controller:
             ex.release_memory(list(record.nbytes), max(record.nbytes.values(), default=0))
 
     # --- life cycle ------------------------------------------------------------------------
+    def reattach(self, island: int) -> Island:
+        """Start a new process for ``island`` (Ray backend) after its actor died; its slices
+        work again. Values that lived on the old one are lost (``pw.IslandLostError``)."""
+        self._check_open()
+        if self._backend is None:
+            raise ValueError("reattach() is for backend='ray': the local backend's islands "
+                             "live in this process and cannot be lost.")
+        return self._backend.reattach(island)
+
     def _check_open(self) -> None:
         if self.closed:
             raise ControllerClosedError("this controller was closed; create a new one with "
@@ -198,6 +234,8 @@ class Controller:
         self._dispatcher.shutdown()
         self.store.close()
         self.resources.release_all()
+        if self._backend is not None:
+            self._backend.close()
         _unregister(self)
 
     def __enter__(self) -> Controller:
@@ -210,7 +248,9 @@ class Controller:
         if self.closed:
             return "Controller(closed)"
         isl = ", ".join(f"{i.id}: {len(i.devices)} {i.platform}" for i in self._islands)
-        return f"Controller(islands={{{isl}}}, policy={self.policy!r}, dispatch={self.dispatch!r})"
+        ray = ", backend='ray'" if self._backend is not None else ""
+        return (f"Controller(islands={{{isl}}}, policy={self.policy!r}, "
+                f"dispatch={self.dispatch!r}{ray})")
 
 
 # --- the process-wide controller -----------------------------------------------------------

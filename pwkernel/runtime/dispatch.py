@@ -324,7 +324,11 @@ def _upstream(task: Task, error):
 
 
 class Dispatcher:
-    """Turns a submitted graph into tasks, and moves tasks through their lives."""
+    """Turns a submitted graph into tasks, and moves tasks through their lives.
+
+    ``future_class``: the futures it makes (a backend may hand out its own subclass)."""
+
+    future_class: type[Future] = Future
 
     def __init__(self, store: ObjectStore, trace: Trace, transfers: TransferEngine,
                  mode: DispatchMode = DispatchMode.PARALLEL):
@@ -353,8 +357,8 @@ class Dispatcher:
                         [])
             for vid in node.outputs if compute else (node.output,):
                 spec = graph.values[vid]
-                fut = Future(spec.shape, spec.dtype, spec.sharding, name=node.name,
-                             island=spec.island, run=run, store=self.store)
+                fut = self.future_class(spec.shape, spec.dtype, spec.sharding, name=node.name,
+                                        island=spec.island, run=run, store=self.store)
                 fut.producer = task
                 task.outputs.append(fut)
                 vals[vid] = fut

@@ -33,3 +33,8 @@ class DeviceSetupError(PathwaysError, RuntimeError):
 
 class CancelledError(PathwaysError, RuntimeError):
     """A computation was cancelled (by the user, an interrupt or a timeout) before it ran."""
+
+
+class IslandLostError(PathwaysError, RuntimeError):
+    """An island's process died (Ray backend): its buffers are gone, and computations that
+    needed them fail. ``ctl.reattach(island)`` starts a replacement."""

@@ -1,0 +1,270 @@
+"""Pure conversions from trace events to the columns the plots draw. No Bokeh, no widgets.
+
+The schedule has one row per device, grouped by island (``DeviceLayout``). A computation that
+ran on k devices becomes k bars (one per device row). A transfer becomes a thin bar on each
+destination device row, coloured by its link (ICI inside an island, DCN between islands, or
+from the host), plus a link segment from the source device row to the destination row.
+
+>>> layout = DeviceLayout.from_islands([(0, (0, 1)), (1, (2, 3))])
+>>> cols = rectangles([], layout, t0=0.0)
+>>> sorted(cols) == sorted(BAR_COLUMNS), cols["left"]
+(True, [])
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..runtime.trace import Event
+from .palette import COLORS, FAILED_COLOR, ColorRegistry, link_color
+
+BAR_COLUMNS: tuple[str, ...] = (
+    "index", "kind", "y", "left", "right", "name", "program", "client", "device", "island",
+    "link", "status", "start", "duration", "nbytes", "bytes_text", "bw_text",
+    "c_program", "c_client", "c_link",
+)
+LINK_COLUMNS: tuple[str, ...] = (
+    "index", "x0", "y0", "x1", "y1", "name", "program", "client", "link", "status",
+    "src_device", "dst_device", "start", "duration", "nbytes", "bytes_text", "bw_text", "c_link",
+)
+
+# Vertical placement inside a device row (rows are 1 apart): computations take the main band,
+# transfers a thin strip beside it, so both stay readable when they overlap in time.
+COMPUTE_OFFSET, COMPUTE_HEIGHT = -0.1, 0.55
+TRANSFER_OFFSET, TRANSFER_HEIGHT = 0.3, 0.18
+ISLAND_GAP = 0.6  # extra space between the last row of an island and the first of the next
+
+
+@dataclass(frozen=True)
+class DeviceLayout:
+    """Where each device's row sits on the y axis, islands kept together in order.
+
+    ``islands`` is ``((island_id, (device_id, ...)), ...)``.
+    """
+
+    islands: tuple[tuple[int, tuple[int, ...]], ...]
+    rows: dict[int, float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        rows: dict[int, float] = {}
+        y = 0.0
+        for n, (_, devices) in enumerate(self.islands):
+            for d in devices:
+                if d in rows:
+                    raise ValueError(f"device {d} appears in two islands of the layout "
+                                     f"{self.islands!r}; each device belongs to one island.")
+                rows[d] = y + n * ISLAND_GAP
+                y += 1
+        object.__setattr__(self, "rows", rows)
+
+    @classmethod
+    def from_islands(cls, islands: Iterable[tuple[int, Sequence[int]]]) -> DeviceLayout:
+        return cls(tuple((int(i), tuple(int(d) for d in ds)) for i, ds in islands))
+
+    @classmethod
+    def from_controller(cls, ctl) -> DeviceLayout:
+        """The layout of ``ctl.islands`` (works on a closed controller too)."""
+        return cls.from_islands((isl.id, isl.device_ids) for isl in ctl.islands)
+
+    def row(self, device: int) -> float:
+        try:
+            return self.rows[device]
+        except KeyError:
+            raise ValueError(f"device {device} is not in this layout (devices "
+                             f"{sorted(self.rows)}); the event comes from another controller "
+                             f"or the islands changed: make a new view.") from None
+
+    @property
+    def labels(self) -> dict[float, str]:
+        """Tick label per row position, e.g. ``{0.0: "island 0 · device 0"}``."""
+        return {self.rows[d]: f"island {i} · device {d}" for i, ds in self.islands for d in ds}
+
+    def island_span(self, island: int) -> tuple[float, float]:
+        """(first row, last row) of ``island``."""
+        for i, ds in self.islands:
+            if i == island and ds:
+                return self.rows[ds[0]], self.rows[ds[-1]]
+        raise ValueError(f"island {island} is not in this layout "
+                         f"(islands {[i for i, _ in self.islands]}).")
+
+    @property
+    def extent(self) -> tuple[float, float]:
+        """(lowest, highest) y the rows need, with half a row of margin."""
+        ys = list(self.rows.values()) or [0.0]
+        return min(ys) - 0.5, max(ys) + 0.5
+
+
+def human_bytes(n: float) -> str:
+    """``1536 -> '1.5 KiB'``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_rate(bytes_per_s: float | None) -> str:
+    return "" if bytes_per_s is None else f"{human_bytes(bytes_per_s)}/s"
+
+
+def select(events: Iterable[Event], programs: Iterable[str] | None = None,
+           clients: Iterable[str] | None = None) -> list[Event]:
+    """The events of the given programs and clients (None: all of them)."""
+    p = None if programs is None else set(programs)
+    c = None if clients is None else set(clients)
+    return [e for e in events
+            if (p is None or e.program in p) and (c is None or e.client in c)]
+
+
+def empty(names: Sequence[str]) -> dict[str, list]:
+    return {k: [] for k in names}
+
+
+def _program_color(e: Event, colors: ColorRegistry) -> str:
+    return colors.color("program", e.program) if e.status == "ok" else FAILED_COLOR
+
+
+def rectangles(events: Iterable[Event], layout: DeviceLayout, t0: float,
+               colors: ColorRegistry = COLORS) -> dict[str, list]:
+    """Bars for ``events``: one per (event, device). Times are seconds since ``t0``.
+
+    Computations sit on their devices' rows; transfers on their destination devices' rows in
+    the thin transfer strip, coloured by link (``c_link``).
+    """
+    out = empty(BAR_COLUMNS)
+    for e in events:
+        is_transfer = e.kind == "transfer"
+        offset = TRANSFER_OFFSET if is_transfer else COMPUTE_OFFSET
+        bw = e.bandwidth
+        shared = {
+            "index": e.index, "kind": e.kind, "left": e.t_start - t0, "right": e.t_end - t0,
+            "name": e.name, "program": e.program, "client": e.client, "island": e.island,
+            "link": e.link or "", "status": e.status, "start": e.t_start - t0,
+            "duration": e.duration, "nbytes": e.nbytes,
+            "bytes_text": human_bytes(e.nbytes) if is_transfer else "",
+            "bw_text": human_rate(bw), "c_program": _program_color(e, colors),
+            "c_client": colors.color("client", e.client),
+            "c_link": link_color(e.link) if is_transfer else "",
+        }
+        for d in e.devices:
+            for k, v in shared.items():
+                out[k].append(v)
+            out["device"].append(d)
+            out["y"].append(layout.row(d) + offset)
+    return out
+
+
+def _pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
+    # Shard i of the source feeds shard i of the destination when the layouts match in size;
+    # otherwise every destination device is drawn from the source shard at the same position.
+    if not src or not dst:
+        return []
+    return [(src[i % len(src)], d) for i, d in enumerate(dst)]
+
+
+def links(events: Iterable[Event], layout: DeviceLayout, t0: float) -> dict[str, list]:
+    """Segments from source device to destination device for transfers between devices.
+
+    A segment starts at the transfer's start on the source row and ends at its end on the
+    destination row; transfers from the host have no source device and get no segment.
+    """
+    out = empty(LINK_COLUMNS)
+    for e in events:
+        if e.kind != "transfer":
+            continue
+        for s, d in _pairs(e.src_devices, e.devices):
+            row = {
+                "index": e.index, "x0": e.t_start - t0, "x1": e.t_end - t0,
+                "y0": layout.row(s) + TRANSFER_OFFSET, "y1": layout.row(d) + TRANSFER_OFFSET,
+                "name": e.name, "program": e.program, "client": e.client, "link": e.link or "",
+                "status": e.status, "src_device": s, "dst_device": d, "start": e.t_start - t0,
+                "duration": e.duration, "nbytes": e.nbytes, "bytes_text": human_bytes(e.nbytes),
+                "bw_text": human_rate(e.bandwidth), "c_link": link_color(e.link),
+            }
+            for k, v in row.items():
+                out[k].append(v)
+    return out
+
+
+def tail(columns: dict[str, list], rows: int) -> dict[str, list]:
+    """The last ``rows`` rows of ``columns`` (what a rollover of ``rows`` would keep)."""
+    return {k: v[-rows:] if rows > 0 else [] for k, v in columns.items()}
+
+
+def newest(events: Sequence[Event], rows: int) -> list[Event]:
+    """The shortest suffix of ``events`` that makes at least ``rows`` bars (one per device).
+
+    Converting only these is what keeps a 100,000-event history cheap to show: the page
+    keeps ``rows`` rows anyway.
+    """
+    total, start = 0, len(events)
+    while start > 0 and total < rows:
+        start -= 1
+        total += len(events[start].devices)
+    return list(events[start:])
+
+
+def length(columns: dict[str, Sequence]) -> int:
+    return len(next(iter(columns.values()), []))
+
+
+def _merged_busy(spans: list[tuple[float, float]]) -> float:
+    busy, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        busy += b - max(a, end)
+        end = b
+    return busy
+
+
+def utilization(events: Iterable[Event], device_ids: Sequence[int], start: float,
+                end: float) -> dict[int, float]:
+    """Fraction of ``[start, end]`` each device spent in computations (overlaps counted once).
+
+    >>> utilization([], [0, 1], 0.0, 1.0)
+    {0: 0.0, 1: 0.0}
+    """
+    if not end > start:
+        raise ValueError(f"utilization needs a window with end > start, got start={start!r}, "
+                         f"end={end!r}.")
+    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    wanted = set(device_ids)
+    for e in events:
+        if e.kind != "compute" or e.t_end <= start or e.t_start >= end:
+            continue
+        span = (max(e.t_start, start), min(e.t_end, end))
+        for d in e.devices:
+            if d in wanted:
+                spans[d].append(span)
+    return {d: _merged_busy(spans[d]) / (end - start) for d in device_ids}
+
+
+def client_share(events: Iterable[Event]) -> dict[str, float]:
+    """Device-seconds of computation per client (a 2-device span of 1 s counts 2 s)."""
+    share: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.kind == "compute":
+            share[e.client] += e.duration * len(e.devices)
+    return dict(share)
+
+
+def transfer_summary(events: Iterable[Event]) -> list[dict]:
+    """Per (link, source island, destination island): count, bytes, seconds, bandwidth."""
+    groups: dict[tuple, dict] = {}
+    for e in events:
+        if e.kind != "transfer":
+            continue
+        g = groups.setdefault((e.link or "", e.src, e.dst), {
+            "link": e.link or "", "src": e.src, "dst": e.dst, "count": 0, "nbytes": 0,
+            "seconds": 0.0})
+        g["count"] += 1
+        g["nbytes"] += e.nbytes
+        g["seconds"] += max(e.duration, 0.0)
+    for g in groups.values():
+        g["bandwidth"] = g["nbytes"] / g["seconds"] if g["seconds"] > 0 else None
+    return sorted(groups.values(), key=lambda g: (g["link"], str(g["src"]), str(g["dst"])))

@@ -1,0 +1,129 @@
+"""``pw.report(ctl, path)``: a standalone HTML report that opens without a kernel.
+
+It holds the schedule (every event, up to ``max_rows`` bars), utilization per device over the
+whole run, a transfer table per link, and each client's share of device time. BokehJS is
+embedded inline: the file opens offline, nothing is fetched from a CDN.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from bokeh.embed import file_html
+from bokeh.layouts import column
+from bokeh.models import ColumnDataSource, Div, FactorRange, HoverTool, Range1d
+from bokeh.plotting import figure
+from bokeh.resources import INLINE
+
+from ..runtime.trace import Event
+from .columns import (
+    DeviceLayout,
+    client_share,
+    human_bytes,
+    human_rate,
+    links,
+    newest,
+    rectangles,
+    tail,
+    transfer_summary,
+    utilization,
+)
+from .figures import legend_html, schedule_figure
+from .palette import COLORS
+from .schedule import _check_controller
+
+
+def _utilization_figure(events: Sequence[Event], layout: DeviceLayout, start: float, end: float):
+    ids = [d for _, ds in layout.islands for d in ds]
+    util = utilization(events, ids, start, end) if end > start else {d: 0.0 for d in ids}
+    factors = [(f"island {i}", f"device {d}") for i, ds in layout.islands for d in ds]
+    source = ColumnDataSource({"x": factors, "u": [util[d] for d in ids],
+                               "text": [f"{util[d]:.1%}" for d in ids]})
+    fig = figure(title="Utilization per device over the run", height=240,
+                 sizing_mode="stretch_width", x_range=FactorRange(*factors),
+                 y_range=Range1d(0, 1.05), tools="", toolbar_location=None)
+    fig.vbar(x="x", top="u", width=0.8, source=source, fill_color="#0072B2", line_color=None)
+    fig.add_tools(HoverTool(tooltips=[("device", "@x"), ("busy", "@text")]))
+    fig.xaxis.major_label_orientation = 0.8
+    fig.yaxis.axis_label = "busy fraction"
+    return fig
+
+
+def _share_figure(events: Sequence[Event]):
+    share = client_share(events)
+    total = sum(share.values()) or 1.0
+    names = sorted(share, key=share.get, reverse=True)
+    source = ColumnDataSource({"client": names, "share": [share[n] / total for n in names],
+                               "seconds": [f"{share[n]:.4f} device-s" for n in names],
+                               "color": [COLORS.color("client", n) for n in names]})
+    fig = figure(title="Share of device time per client", height=200,
+                 sizing_mode="stretch_width", y_range=names or ["(no computations)"],
+                 x_range=Range1d(0, 1.05), tools="", toolbar_location=None)
+    fig.hbar(y="client", right="share", height=0.6, source=source, fill_color="color",
+             line_color="#333333")
+    fig.add_tools(HoverTool(tooltips=[("client", "@client"), ("share", "@share{0.0%}"),
+                                      ("time", "@seconds")]))
+    return fig
+
+
+def _transfer_table(events: Sequence[Event]) -> Div:
+    rows = transfer_summary(events)
+    if not rows:
+        return Div(text="<h3>Transfers</h3><p>No transfers were recorded.</p>")
+    body = "".join(
+        f"<tr><td>{html.escape(r['link'])}</td><td>{r['src'] if r['src'] is not None else 'host'}"
+        f"</td><td>{r['dst']}</td><td>{r['count']}</td><td>{human_bytes(r['nbytes'])}</td>"
+        f"<td>{r['seconds'] * 1e3:.3f} ms</td><td>{human_rate(r['bandwidth']) or '—'}</td></tr>"
+        for r in rows)
+    return Div(text=("<h3>Transfers</h3><table><tr><th>link</th><th>from island</th>"
+                     "<th>to island</th><th>count</th><th>bytes</th><th>time</th>"
+                     f"<th>achieved bandwidth</th></tr>{body}</table>"),
+               sizing_mode="stretch_width")
+
+
+def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
+           title: str = "pwkernel run report", max_rows: int = 200_000) -> Path:
+    """Write a standalone HTML report of ``ctl``'s trace (or of ``events``) to ``path``.
+
+    >>> pw.report(ctl, "run.html")   # doctest: +SKIP
+    PosixPath('run.html')
+
+    ``max_rows`` caps the bars drawn in the schedule (the newest are kept); the utilization,
+    transfer and share sections always use every event.
+    """
+    _check_controller(ctl)
+    if not isinstance(path, str | Path) or not str(path):
+        raise TypeError(f"path must be a file path (str or pathlib.Path), got {path!r}; "
+                        "e.g. pw.report(ctl, 'run.html').")
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise FileNotFoundError(f"the folder {str(path.parent)!r} for the report does not "
+                                "exist; create it first or choose another path.")
+    evs = sorted(ctl.trace.events() if events is None else list(events), key=lambda e: e.index)
+    layout = DeviceLayout.from_controller(ctl)
+    t0 = min((e.t_submit for e in evs), default=0.0)
+    t_end = max((e.t_end for e in evs), default=t0)
+    compute = [e for e in evs if e.kind == "compute"]
+    moved = [e for e in evs if e.kind == "transfer"]
+    drawn_compute, drawn_moved = newest(compute, max_rows), newest(moved, max_rows)
+    bars = ColumnDataSource(tail(rectangles(drawn_compute, layout, t0), max_rows))
+    strips = ColumnDataSource(tail(rectangles(drawn_moved, layout, t0), max_rows))
+    segs = ColumnDataSource(tail(links(drawn_moved, layout, t0), max_rows))
+    sched = schedule_figure(layout, bars, strips, segs, title="Gang schedule",
+                            x_range=Range1d(0.0, max(t_end - t0, 1e-6)))
+    programs = {e.program: None for e in evs}
+    clients = sorted({e.client for e in evs})
+    summary = (f"<h2>{html.escape(title)}</h2><p>{len(evs)} events ({len(compute)} "
+               f"computations, {len(moved)} transfers) over {(t_end - t0) * 1e3:.3f} ms on "
+               f"{len(layout.rows)} devices in {len(layout.islands)} islands; "
+               f"{len(programs)} programs, {len(clients)} clients.</p>")
+    doc = column(
+        Div(text=summary, sizing_mode="stretch_width"),
+        Div(text=legend_html({p: COLORS.color("program", p) for p in programs}, "program"),
+            sizing_mode="stretch_width"),
+        sched, _utilization_figure(compute, layout, t0, t_end), _transfer_table(evs),
+        _share_figure(evs), sizing_mode="stretch_width")
+    path.write_text(file_html(doc, resources=INLINE, title=title), encoding="utf-8")
+    return path

@@ -1,0 +1,316 @@
+"""``pw.ScheduleView``: a live Gantt chart of the controller's gang schedules and transfers.
+
+Three layers, as in dask's task stream: the trace keeps every event with an ever-growing
+index; ``columns.rectangles``/``columns.links`` turn events into columns (pure); ``update()``
+streams only the new columns into Bokeh sources with a rollover, so the page holds at most
+``max_rows`` rows per source while ``history`` keeps every event in Python.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import ipywidgets as w
+from bokeh.models import ColumnDataSource, Range1d
+
+from ..runtime.trace import Event
+from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
+from .columns import (
+    BAR_COLUMNS,
+    LINK_COLUMNS,
+    DeviceLayout,
+    empty,
+    length,
+    links,
+    newest,
+    rectangles,
+    select,
+    tail,
+)
+from .figures import COLOR_FIELDS, legend_html, schedule_figure, set_color_by
+from .palette import COLORS
+from .updater import DEFAULT_INTERVAL, LiveUpdater
+
+FOLLOW, PAUSE = "follow live", "pause"
+
+
+def _check_controller(ctl) -> None:
+    if not (hasattr(ctl, "trace") and hasattr(ctl, "islands")):
+        raise TypeError(f"a view needs a pw.Controller, got {type(ctl).__name__}. "
+                        "Maybe you want pw.ScheduleView(pw.controller()).")
+
+
+def _names(value: Iterable[str] | str | None, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    names = tuple(value)
+    bad = [v for v in names if not isinstance(v, str)]
+    if bad:
+        raise TypeError(f"{what} must be names (str), got {bad!r}; e.g. {what}=['train'].")
+    return names
+
+
+class ScheduleView(w.VBox):
+    """One row per device, grouped by island; bars for computations, strips and links for
+    transfers; live while programs run.
+
+    >>> view = pw.ScheduleView(ctl, window=5.0)   # doctest: +SKIP
+    >>> view                                      # doctest: +SKIP  (shows it in a notebook)
+    >>> view.update(); len(view.source.data["index"])   # doctest: +SKIP
+    >>> view.close()                              # doctest: +SKIP
+
+    ``programs``/``clients``: show only these (None: all). ``window``: seconds of the time axis
+    while following. ``max_rows``: rows kept in the page per source (older ones roll over;
+    ``history`` keeps everything). ``live=False`` starts no thread: call ``update()`` yourself.
+    """
+
+    def __init__(self, ctl, programs: Iterable[str] | str | None = None,
+                 clients: Iterable[str] | str | None = None, window: float = 10.0, *,
+                 color_by: str = "program", max_rows: int = 20_000, live: bool = True,
+                 interval: float = DEFAULT_INTERVAL,
+                 trace_path: str | Path = "pwkernel-trace.json",
+                 report_path: str | Path = "pwkernel-report.html"):
+        _check_controller(ctl)
+        if not (isinstance(window, int | float) and window > 0):
+            raise ValueError(f"window must be a positive number of seconds, got {window!r}.")
+        if color_by not in COLOR_FIELDS:
+            raise ValueError(f"color_by must be one of {sorted(COLOR_FIELDS)}, got "
+                             f"{color_by!r}.")
+        if not (isinstance(max_rows, int) and max_rows > 0):
+            raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
+        self.ctl = ctl
+        self.max_rows = max_rows
+        self.trace_path, self.report_path = Path(trace_path), Path(report_path)
+        self.layout_rows = DeviceLayout.from_controller(ctl)
+        self.history: list[Event] = []
+        self._cursor = 0      # next trace index to read
+        self._shown = 0       # history[:_shown] has been pushed to the sources
+        self._t0: float | None = None
+        self._latest = 0.0    # right edge of the newest event, in view seconds
+        self._lock = threading.RLock()
+        self._updated = threading.Condition(self._lock)  # notified after every update()
+        self._quiet = False   # set while the view itself changes its controls
+        self.source = ColumnDataSource(empty(BAR_COLUMNS), name="pw-schedule-compute")
+        self.transfers = ColumnDataSource(empty(BAR_COLUMNS), name="pw-schedule-transfers")
+        self.links = ColumnDataSource(empty(LINK_COLUMNS), name="pw-schedule-links")
+        self.x_range = Range1d(0.0, float(window))
+        self.figure = schedule_figure(self.layout_rows, self.source, self.transfers, self.links,
+                                      color_by=color_by, x_range=self.x_range)
+        self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
+        self._build_controls(window, color_by, _names(programs, "programs"),
+                             _names(clients, "clients"))
+        super().__init__([self._toolbar, self._filters, self.legend, self.plot, self.status])
+        self.update()
+        self._updater = LiveUpdater(ctl, self.update, interval) if live else None
+
+    # --- controls ------------------------------------------------------------------------
+    def _build_controls(self, window: float, color_by: str, programs: tuple[str, ...],
+                        clients: tuple[str, ...]) -> None:
+        small = w.Layout(width="auto")
+        self.mode = w.ToggleButtons(options=[FOLLOW, PAUSE], value=FOLLOW,
+                                    style={"button_width": "90px"})
+        self.window = w.BoundedFloatText(value=float(window), min=1e-6, max=1e6, step=1.0,
+                                         description="window (s)", layout=w.Layout(width="170px"))
+        self.color_by = w.Dropdown(options=list(COLOR_FIELDS), value=color_by,
+                                   description="colour by", layout=w.Layout(width="190px"))
+        self.export_trace = w.Button(description="export trace", icon="download", layout=small)
+        self.export_report = w.Button(description="export report", icon="file", layout=small)
+        self.program_filter = w.SelectMultiple(options=programs, value=programs, rows=3,
+                                               description="programs")
+        self.client_filter = w.SelectMultiple(options=clients, value=clients, rows=3,
+                                              description="clients")
+        self.message = w.HTML()
+        self.legend = w.HTML()
+        self.status = w.HTML()
+        self.mode.observe(self._on_mode, "value")
+        self.window.observe(self._on_window, "value")
+        self.color_by.observe(self._on_color_by, "value")
+        self.program_filter.observe(self._on_filter, "value")
+        self.client_filter.observe(self._on_filter, "value")
+        self.export_trace.on_click(lambda _: self.save_trace())
+        self.export_report.on_click(lambda _: self.save_report())
+        self._toolbar = w.HBox([self.mode, self.window, self.color_by, self.export_trace,
+                                self.export_report, self.message])
+        self._filters = w.HBox([self.program_filter, self.client_filter])
+
+    @property
+    def following(self) -> bool:
+        return self.mode.value == FOLLOW
+
+    @property
+    def programs(self) -> tuple[str, ...] | None:
+        """The programs shown (None: all)."""
+        return tuple(self.program_filter.value) or None
+
+    @property
+    def clients(self) -> tuple[str, ...] | None:
+        """The clients shown (None: all)."""
+        return tuple(self.client_filter.value) or None
+
+    def _on_mode(self, change) -> None:
+        if self.following:
+            self.update()  # catch up with what arrived while paused
+
+    def _on_window(self, change) -> None:
+        with self._lock:
+            self._follow()
+
+    def _on_color_by(self, change) -> None:
+        with self._lock:
+            set_color_by(self.figure, change["new"])
+            self._refresh_legend()
+
+    def _on_filter(self, change) -> None:
+        if not self._quiet:
+            self.rebuild()
+
+    # --- data ----------------------------------------------------------------------------
+    def update(self) -> int:
+        """Read the events recorded since the last call and stream them into the plot.
+
+        Returns how many new events were read. While paused, events are kept in ``history``
+        and shown on resume.
+        """
+        with self._lock:
+            new = self.ctl.trace.events(since=self._cursor)
+            new = [e for e in new if e.index >= self._cursor]
+            if new:
+                self._cursor = new[-1].index + 1
+                if self._t0 is None:
+                    self._t0 = min(e.t_submit for e in new)
+                self.history.extend(new)
+                self._note_names(new)
+            if self.following and self._shown < len(self.history):
+                self._push(self.history[self._shown:])
+                self._shown = len(self.history)
+            self._refresh_status()
+            self._updated.notify_all()
+            return len(new)
+
+    def wait_for(self, count: int, timeout: float | None = None) -> bool:
+        """Block until the view has read at least ``count`` events; False on timeout.
+
+        >>> view.wait_for(ctl.trace.next_index, timeout=5.0)   # doctest: +SKIP
+        True
+        """
+        with self._updated:
+            return self._updated.wait_for(lambda: self._cursor >= count, timeout)
+
+    def rebuild(self) -> None:
+        """Redraw from ``history`` (after the filters changed): the newest ``max_rows`` rows."""
+        with self._lock:
+            shown = self._filtered(self.history)
+            t0 = self._t0 or 0.0
+            compute = newest([e for e in shown if e.kind == "compute"], self.max_rows)
+            moved = newest([e for e in shown if e.kind == "transfer"], self.max_rows)
+            self.source.data = tail(rectangles(compute, self.layout_rows, t0), self.max_rows)
+            self.transfers.data = tail(rectangles(moved, self.layout_rows, t0), self.max_rows)
+            self.links.data = tail(links(moved, self.layout_rows, t0), self.max_rows)
+            self._shown = len(self.history)
+            self._latest = max((e.t_end - t0 for e in shown), default=0.0)
+            self._follow()
+            self._refresh_status()
+
+    def _filtered(self, events: list[Event]) -> list[Event]:
+        return select(events, self.programs, self.clients)
+
+    def _push(self, events: list[Event]) -> None:
+        shown = self._filtered(events)
+        if not shown:
+            return
+        t0 = self._t0 or 0.0
+        self._latest = max(self._latest, max(e.t_end for e in shown) - t0)
+        compute = newest([e for e in shown if e.kind == "compute"], self.max_rows)
+        moved = newest([e for e in shown if e.kind == "transfer"], self.max_rows)
+        for source, cols in ((self.source, rectangles(compute, self.layout_rows, t0)),
+                             (self.transfers, rectangles(moved, self.layout_rows, t0)),
+                             (self.links, links(moved, self.layout_rows, t0))):
+            if length(cols):
+                # Send at most what the page keeps: a burst larger than the rollover would
+                # only be dropped by the browser after crossing the wire.
+                source.stream(tail(cols, self.max_rows), rollover=self.max_rows)
+        self._follow()
+
+    def _follow(self) -> None:
+        if not self.following:
+            return
+        end = max(self._latest, float(self.window.value))
+        self.x_range.update(start=end - float(self.window.value), end=end)
+
+    def _note_names(self, events: list[Event]) -> None:
+        programs = {e.program: None for e in events}
+        clients = {e.client: None for e in events}
+        for sel, names in ((self.program_filter, programs), (self.client_filter, clients)):
+            missing = [n for n in names if n not in sel.options]
+            if missing:
+                value = sel.value
+                self._quiet = True
+                try:
+                    sel.options = (*sel.options, *missing)
+                    sel.value = value
+                finally:
+                    self._quiet = False
+        self._refresh_legend()
+
+    def _refresh_legend(self) -> None:
+        key = self.color_by.value
+        known = self.program_filter.options if key == "program" else self.client_filter.options
+        self.legend.value = legend_html({n: COLORS.color(key, n) for n in known}, key)
+
+    def _refresh_status(self) -> None:
+        live = "live" if self._updater_alive() else "not live"
+        mode = "following" if self.following else "paused"
+        self.status.value = (f'<span style="font-size:11px;color:#555">{len(self.history)} '
+                             f'events · {length(self.source.data)} bars in view · {mode} · '
+                             f'{live}</span>')
+
+    def _updater_alive(self) -> bool:
+        updater = getattr(self, "_updater", None)
+        return updater is not None and updater.is_alive()
+
+    # --- exports and life cycle --------------------------------------------------------
+    def save_trace(self, path: str | Path | None = None) -> Path:
+        """Write the controller's trace as Perfetto / Chrome-trace JSON."""
+        out = self.ctl.trace.save(path or self.trace_path)
+        self.message.value = f"trace saved to <code>{out}</code> (open in ui.perfetto.dev)"
+        return out
+
+    def save_report(self, path: str | Path | None = None) -> Path:
+        """Write a standalone HTML report of every event this view has seen."""
+        from .report import report
+
+        out = report(self.ctl, path or self.report_path, events=self.history)
+        self.message.value = f"report saved to <code>{out}</code>"
+        return out
+
+    @property
+    def updater(self) -> LiveUpdater | None:
+        return self._updater
+
+    def stop(self) -> None:
+        """Stop live updates (the plot stays; ``update()`` still works by hand)."""
+        if self._updater is not None:
+            self._updater.stop()
+        with self._lock:
+            self._refresh_status()
+
+    def close(self) -> None:
+        """Stop the updater thread and close every widget of the view."""
+        if getattr(self, "_updater", None) is not None:
+            self._updater.stop()
+        # getattr: ipywidgets' __del__ also calls close() on a view whose __init__ failed.
+        for name in ("plot", "mode", "window", "color_by", "export_trace", "export_report",
+                     "program_filter", "client_filter", "message", "legend", "status",
+                     "_toolbar", "_filters"):
+            child = getattr(self, name, None)
+            if child is not None:
+                child.close()
+        super().close()
+
+    def _repr_mimebundle_(self, **kwargs):
+        ensure_bokehjs()  # the BokehModel renders only when BokehJS is in the page
+        return super()._repr_mimebundle_(**kwargs)

@@ -1,0 +1,157 @@
+"""``pw.TopologyView``: islands and devices, which slices map where, and how busy they are.
+
+Per device: utilization over the last ``window`` seconds (from the trace) and memory held by
+live buffers (``ctl.memory()``); per island: computations queued and running in its gang
+scheduler (``ctl.status()``). It refreshes twice a second: these are snapshots, not a stream.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import ipywidgets as w
+from bokeh.layouts import column
+from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d
+from bokeh.plotting import figure
+
+from ..runtime.errors import SliceError
+from ..runtime.trace import Event
+from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
+from .columns import human_bytes, utilization
+from .schedule import _check_controller
+from .updater import LiveUpdater
+
+TOPOLOGY_COLUMNS = ("x", "device", "island", "utilization", "util_text", "memory",
+                    "memory_text", "slices", "color")
+_ISLAND_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00")
+
+
+def slice_map(ctl) -> dict[int, list[str]]:
+    """Device id -> descriptions of the live slices mapped onto it."""
+    out: dict[int, list[str]] = {d.id: [] for d in ctl.devices}
+    for vs in ctl.slices:
+        try:
+            ids, shape = vs.device_ids, "x".join(map(str, vs.shape))
+        except SliceError:  # released while we looked
+            continue
+        for d in ids:
+            out.setdefault(d, []).append(f"slice {vs.id} ({shape})")
+    return out
+
+
+class TopologyView(w.VBox):
+    """Islands, devices, slice placement, live utilization, memory and queue depth.
+
+    >>> view = pw.TopologyView(ctl)   # doctest: +SKIP
+    >>> view.update(); view.source.data["utilization"]   # doctest: +SKIP
+    >>> view.close()                  # doctest: +SKIP
+    """
+
+    def __init__(self, ctl, window: float = 10.0, *, live: bool = True, interval: float = 0.5):
+        _check_controller(ctl)
+        if not (isinstance(window, int | float) and window > 0):
+            raise ValueError(f"window must be a positive number of seconds, got {window!r}.")
+        self.ctl = ctl
+        self.window_s = float(window)
+        self._lock = threading.RLock()
+        self._cursor = 0
+        self._recent: deque[Event] = deque()
+        self.factors = [(f"island {isl.id}", f"device {d}") for isl in ctl.islands
+                        for d in isl.device_ids]
+        self.source = ColumnDataSource({k: [] for k in TOPOLOGY_COLUMNS},
+                                       name="pw-topology-devices")
+        tips = [("device", "@device (island @island)"), ("utilization", "@util_text"),
+                ("memory", "@memory_text"), ("slices", "@slices")]
+        util = figure(title=f"Utilization (last {self.window_s:g} s)", height=220,
+                      sizing_mode="stretch_width", x_range=FactorRange(*self.factors),
+                      y_range=Range1d(0, 1.05), tools="", toolbar_location=None)
+        util.vbar(x="x", top="utilization", width=0.8, source=self.source, fill_color="color",
+                  line_color=None)
+        util.add_tools(HoverTool(tooltips=tips))
+        util.yaxis.axis_label = "busy fraction"
+        mem = figure(title="Memory held by live buffers", height=200,
+                     sizing_mode="stretch_width", x_range=util.x_range, tools="",
+                     toolbar_location=None)
+        mem.vbar(x="x", top="memory", width=0.8, source=self.source, fill_color="color",
+                 fill_alpha=0.6, line_color=None)
+        mem.add_tools(HoverTool(tooltips=tips))
+        mem.yaxis.axis_label = "bytes"
+        for fig in (util, mem):
+            fig.xaxis.major_label_orientation = 0.8
+            fig.xgrid.grid_line_color = None
+        self.figure = column(util, mem, sizing_mode="stretch_width")
+        self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
+        self.islands = w.HTML()
+        super().__init__([self.islands, self.plot])
+        self.update()
+        self._updater = LiveUpdater(ctl, self.update, interval,
+                                    name="pwkernel-topology-updater") if live else None
+
+    def update(self) -> None:
+        """Take a snapshot of utilization, memory, slices and queues, and redraw."""
+        with self._lock:
+            for e in self.ctl.trace.events(since=self._cursor):
+                if e.index >= self._cursor:
+                    self._cursor = e.index + 1
+                    if e.kind == "compute":
+                        self._recent.append(e)
+            now = time.perf_counter()
+            start = now - self.window_s
+            while self._recent and self._recent[0].t_end < start:
+                self._recent.popleft()
+            ids = [d for isl in self.ctl.islands for d in isl.device_ids]
+            util = utilization(self._recent, ids, start, now)
+            closed = getattr(self.ctl, "closed", False)
+            memory = {} if closed else {d.id: n for d, n in self.ctl.memory().items()}
+            status = None if closed else self.ctl.status()
+            slices = {} if closed else slice_map(self.ctl)
+            data: dict[str, list] = {k: [] for k in TOPOLOGY_COLUMNS}
+            for n, isl in enumerate(self.ctl.islands):
+                for d in isl.device_ids:
+                    mem = memory.get(d, 0)
+                    row = {"x": (f"island {isl.id}", f"device {d}"), "device": d,
+                           "island": isl.id, "utilization": util[d],
+                           "util_text": f"{util[d]:.0%}", "memory": mem,
+                           "memory_text": human_bytes(mem),
+                           "slices": ", ".join(slices.get(d, [])) or "none",
+                           "color": _ISLAND_COLORS[n % len(_ISLAND_COLORS)]}
+                    for k, v in row.items():
+                        data[k].append(v)
+            self.source.data = data
+            self.islands.value = self._islands_html(status, slices)
+
+    def _islands_html(self, status: dict | None, slices: dict[int, list[str]]) -> str:
+        if status is None:
+            return "<i>controller closed</i>"
+        rows = []
+        for isl in status["islands"]:
+            mapped = sorted({s for d in isl["devices"] for s in slices.get(d, [])})
+            rows.append(f"<tr><td>island {isl['id']}</td><td>{isl['platform']}</td>"
+                        f"<td>{', '.join(map(str, isl['devices']))}</td>"
+                        f"<td>{isl['running']}</td><td>{isl['queued']}</td>"
+                        f"<td>{'; '.join(mapped) or '—'}</td></tr>")
+        head = ("<tr><th>island</th><th>platform</th><th>devices</th><th>running</th>"
+                "<th>queued</th><th>slices</th></tr>")
+        return (f'<table style="font-size:12px">{head}{"".join(rows)}</table>'
+                f'<div style="font-size:11px;color:#555">policy {status["policy"]} · dispatch '
+                f'{status["dispatch"]} · {len(status["programs"])} programs running</div>')
+
+    @property
+    def updater(self) -> LiveUpdater | None:
+        return self._updater
+
+    def close(self) -> None:
+        """Stop the updater thread and close the widgets."""
+        if getattr(self, "_updater", None) is not None:
+            self._updater.stop()
+        for name in ("plot", "islands"):  # getattr: __init__ may have failed half-way
+            child = getattr(self, name, None)
+            if child is not None:
+                child.close()
+        super().close()
+
+    def _repr_mimebundle_(self, **kwargs):
+        ensure_bokehjs()
+        return super()._repr_mimebundle_(**kwargs)

@@ -1,0 +1,138 @@
+"""ScheduleView in a real JupyterLab page: the plot grows while programs run, the page has no
+errors, and the browser's rows are the kernel's rows (the stream echo is not doubled)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from schedule_lab import (
+    CHROMIUM,
+    chromium_page,
+    jupyter_lab,
+    kernel_client,
+    run_code,
+    write_notebook,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+DOC_IMAGE = REPO / "docs" / "img" / "schedule-view.png"
+NOTEBOOK = "live-schedule.ipynb"
+
+SETUP = """\
+import pathlib
+import numpy as np
+import pwkernel as pw
+
+ctl = pw.controller()                       # islands from PWKERNEL_ISLANDS=4,4
+s0, s1, s2 = ctl.slice(2, island=0), ctl.slice(2, island=1), ctl.slice(2, island=0)
+a = pw.function(lambda x: x * 2, slice=s0)
+b = pw.function(lambda x: x + 1, slice=s1)
+c = pw.function(lambda x: x / 2, slice=s1)
+d = pw.function(lambda x: x - 1, slice=s2)
+
+@pw.program
+def fig2(v):
+    x = a(v)
+    return b(x), a(c(x)), d(x)
+
+with ctl.client("alice"):
+    pass
+view = pw.ScheduleView(ctl, window=0.02)
+view
+"""
+
+# Runs programs until the test drops a file in the root dir (bounded either way).
+LOOP = """\
+stop, runs = pathlib.Path("stop-programs"), 0
+while not stop.exists() and runs < 20_000:
+    with ctl.client("alice" if runs % 3 == 0 else "bob"):
+        outs = fig2(np.arange(8, dtype=np.float32))
+    for out in outs:
+        out.result()
+    runs += 1
+print("programs run:", runs)
+"""
+
+FLUSH = """\
+view.stop()
+ctl.wait(30)
+view.update()
+print("kernel rows:", len(view.source.data["index"]))
+"""
+
+# The compute source in the page, found through BokehJS's documents.
+ROWS_JS = """() => {
+  const docs = (window.Bokeh && window.Bokeh.documents) || [];
+  let found = null;
+  for (const doc of docs) {
+    const m = doc.get_model_by_name("pw-schedule-compute");
+    if (m) found = m;
+  }
+  return found === null ? -1 : found.get_length();
+}"""
+INDEX_JS = ROWS_JS.replace("found.get_length()", "Array.from(found.get_column('index'))")
+
+
+def view_area(page):
+    """The first cell's outputs: the controls and the plot of the ScheduleView."""
+    return page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea")
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(600)
+def test_schedule_view_streams_live_in_jupyterlab(tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
+                    "chromium) to run the browser tests")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
+        write_notebook(lab.root / NOTEBOOK, [SETUP, LOOP, FLUSH])
+        with chromium_page(tmp_path / "profile") as page:
+            page.set_default_timeout(180_000)
+            page.goto(lab.notebook_url(NOTEBOOK))
+            page.wait_for_selector(".jp-Notebook .jp-Cell", state="visible")
+            # The kernel is up when the status bar says so; then run every cell.
+            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()
+            page.click(".jp-Notebook .jp-Cell >> nth=0")
+            page.keyboard.press("Escape")
+            page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
+            page.get_by_text("Run All Cells", exact=True).click()
+
+            # The plot appears and fills while the loop cell is still running programs.
+            page.wait_for_function(f"({ROWS_JS})() > 0")
+            first = page.evaluate(ROWS_JS)
+            page.wait_for_function(f"({ROWS_JS})() > {first}")
+            grown = page.evaluate(ROWS_JS)
+            assert grown > first > 0
+            assert not (lab.root / "stop-programs").exists()  # the programs were running
+            shot = ARTIFACTS / "schedule-view.png"
+            view_area(page).screenshot(path=str(shot))  # live, while programs run
+
+            (lab.root / "stop-programs").touch()
+            page.wait_for_function(
+                "() => /kernel rows: \\d+/.test(document.body.innerText)")
+            text = page.inner_text(".jp-Notebook")
+            kernel_rows = int(re.search(r"kernel rows: (\d+)", text).group(1))
+            assert re.search(r"programs run: \d+", text)
+            page.wait_for_function(f"({ROWS_JS})() === {kernel_rows}", timeout=60_000)
+
+            # Ask the kernel directly, after the browser's echoes (FIFO shell queue): the
+            # echoed streams were dropped, so Python still holds exactly the page's rows.
+            with kernel_client(lab, NOTEBOOK) as client:
+                out = run_code(client, 'print(len(view.source.data["index"]), '
+                                       'view.plot.ignored_echoes, '
+                                       'list(view.source.data["index"]))')
+            rows, echoes, kernel_index = out.split(" ", 2)
+            browser_index = page.evaluate(INDEX_JS)
+            assert int(rows) == kernel_rows == page.evaluate(ROWS_JS)
+            assert [int(i) for i in re.findall(r"\d+", kernel_index)] == browser_index
+            assert int(echoes) > 0, "the frontend sent no echo: the guard was not exercised"
+            assert page.errors == [], f"errors in the page: {page.errors}"
+    DOC_IMAGE.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shot, DOC_IMAGE)
+    assert os.path.getsize(DOC_IMAGE) > 10_000

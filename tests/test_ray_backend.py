@@ -1,0 +1,217 @@
+"""The Ray backend on a real local Ray cluster: islands are actor processes.
+
+One cluster and one controller for the module (starting them takes ~15 s on 2 cores). The
+tests run in file order: the fault test kills and reattaches island 0, the last test closes the
+controller and checks no process of ours is left.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import psutil
+import pytest
+import ray
+
+import pwkernel as pw
+from pwkernel.backends.ray import RayFuture, RayIsland
+
+TIMEOUT = 120.0
+
+
+def figure2(ctl: pw.Controller):
+    """The paper's Figure 2 program on ``ctl``: a on island 0, b and c on island 1."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    a = pw.function(lambda x: x * 2, slice=s0, name="a")
+    b = pw.function(lambda x: x + 1, slice=s1, name="b")
+    c = pw.function(lambda x: x / 2, slice=s1, name="c")
+
+    @pw.program
+    def f(v):
+        x = a(v)
+        return b(x), a(c(x))
+
+    return f, a
+
+
+def run_twice(f) -> list[np.ndarray]:
+    """Figure 2, then again on its own output (futures fed back as inputs)."""
+    y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+    y2, z2 = f(y)
+    out = [np.asarray(v.result(TIMEOUT)) for v in (y, z, y2, z2)]
+    for v in (y, z, y2, z2):
+        assert v.run.wait(TIMEOUT)
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[np.ndarray]:
+    with pw.Controller(islands=(4, 4)) as local:
+        f, _ = figure2(local)
+        return run_twice(f)
+
+
+@pytest.fixture(scope="module")
+def rctl():
+    ctl = pw.Controller(backend="ray", islands=(4, 4))
+    try:
+        yield ctl
+    finally:
+        ctl.close()
+
+
+def wait_dead(actor, timeout: float = TIMEOUT) -> None:
+    """Until Ray reports ``actor`` dead (``ray.kill`` is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.info.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            return
+    raise AssertionError(f"actor {actor} still alive after {timeout} s")
+
+
+def test_bad_arguments_are_refused_clearly():
+    with pytest.raises(ValueError, match="unknown backend 'rey'"):
+        pw.Controller(backend="rey")
+    with pytest.raises(ValueError, match="only for backend='ray'"):
+        pw.Controller(ray_address="auto")
+    with pw.Controller(islands=(2,)) as local, pytest.raises(ValueError, match="backend='ray'"):
+        local.reattach(0)
+
+
+def test_islands_are_actor_processes_on_a_private_cluster(rctl):
+    assert all(isinstance(i, RayIsland) for i in rctl.islands)
+    infos = [ray.get(i.actor.info.remote()) for i in rctl.islands]
+    assert [i["island"] for i in infos] == [0, 1]
+    assert all(len(i["devices"]) == 4 and i["platform"] == "cpu" for i in infos)
+    assert len({i["pid"] for i in infos}) == 2
+    status = rctl._backend.status()
+    assert status["token_auth"] is True  # Ray's token authentication stays on
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+    ours = {p.pid for p in psutil.Process().children(recursive=True)} | {psutil.Process().pid}
+    listening = [c.laddr.ip for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in ours]
+    assert listening and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening)
+    assert rctl.status()["islands"][0]["lost"] is False
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_figure2_matches_the_local_backend(rctl, expected, mode):
+    rctl.dispatch = mode
+    start = rctl.trace.next_index
+    f, _ = figure2(rctl)
+    got = run_twice(f)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+    # Each run: host upload, a, 0->1, b, c, 1->0, a (the second run reads y on island 1).
+    assert rctl.trace.wait_for(start + 14, TIMEOUT)
+    events = rctl.trace.events(since=start)
+    assert all(e.status == "ok" for e in events)
+    computes = [e for e in events if e.kind == "compute"]
+    assert sorted(e.name for e in computes) == ["a"] * 4 + ["b"] * 2 + ["c"] * 2
+    assert {e.island for e in computes if e.name == "a"} == {0}
+    dcn = [e for e in events if e.link == "dcn"]
+    assert {(e.src, e.dst) for e in dcn} == {(0, 1), (1, 0)}
+    # Actor times are on the controller's clock: a node starts after it was submitted (the
+    # offset is measured to within a ping's half round trip, microseconds here).
+    for e in events:
+        assert e.t_start <= e.t_end
+        assert e.t_start >= e.t_submit - 0.05
+
+
+def test_values_stay_on_islands_until_asked(rctl):
+    f, _ = figure2(rctl)
+    y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert isinstance(y, RayFuture) and y.wait(TIMEOUT) and z.wait(TIMEOUT)
+    handle = y._buffer.value
+    assert handle.host.island == 1 and handle.bid in rctl._backend.buffers(1)
+    value = y.result()
+    assert value.sharding == y.sharding  # a local jax.Array laid out like the future
+    # Executables were compiled once per island and cached there.
+    f(np.array([5.0, 6.0, 7.0, 8.0]))[1].result(TIMEOUT)
+    names = [ray.get(i.actor.executables.remote()) for i in rctl.islands]
+    assert len(names[0]) == len(set(names[0])) and any(n.startswith("a-") for n in names[0])
+    assert any(n.startswith("b-") for n in names[1]) and any(n.startswith("c-") for n in names[1])
+
+
+def test_dropped_futures_free_island_buffers(rctl):
+    f, _ = figure2(rctl)
+    y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert y.run.wait(TIMEOUT)
+    assert rctl._backend.buffers(0) and rctl._backend.buffers(1)
+    del y, z
+    gc.collect()
+    assert rctl._backend.buffers(0) == {} and rctl._backend.buffers(1) == {}
+    assert all(n == 0 for n in rctl.memory().values())
+
+
+def test_a_lost_island_fails_its_dependents_and_reattach_restores_it(rctl, expected):
+    rctl.dispatch = "parallel"
+    f, a = figure2(rctl)
+    s1 = rctl.slice(2, island=1)
+    g = pw.function(lambda x: x - 1, slice=s1, name="g")
+    kept = a(np.array([1.0, 2.0]))  # lives on island 0, never fetched
+    assert kept.wait(TIMEOUT)
+    old = rctl.islands[0].actor
+    ray.kill(old)
+    wait_dead(old)
+
+    y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+    for fut in (y, z):  # every output depends on island 0's first computation
+        with pytest.raises(pw.IslandLostError, match="island 0"):
+            fut.result(TIMEOUT)
+    assert y.run.wait(TIMEOUT)
+    with pytest.raises(pw.IslandLostError, match="island 0"):
+        kept.result(TIMEOUT)
+    # Island 1 keeps working, and holds nothing for the failed program.
+    np.testing.assert_array_equal(g(np.ones(4)).result(TIMEOUT), np.zeros(4))
+    del y, z
+    gc.collect()
+    assert rctl._backend.buffers(1) == {}
+    assert rctl.status()["islands"][0]["lost"] is True
+
+    island = rctl.reattach(0)
+    assert island.actor is not old and rctl.islands[0].actor is island.actor
+    got = run_twice(f)
+    for g_, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g_, e)
+    with pytest.raises(pw.IslandLostError):  # the old generation's buffer stays lost
+        kept.result()
+
+
+def test_notebook_attach_ray_hosts_a_ray_controller(rctl, capsys):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "pwkernel")
+    try:
+        with pytest.raises(UsageError, match="expected device counts"):
+            shell.run_line_magic("pathways", "attach ray --islands 0")
+        shell.run_line_magic("pathways", "attach ray --islands 2,2")
+        assert "attached ray: island 0: 2 cpu, island 1: 2 cpu" in capsys.readouterr().out
+        ctl = pw.controller()
+        assert ctl.backend == "ray" and all(isinstance(i, RayIsland) for i in ctl.islands)
+        double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
+        np.testing.assert_array_equal(double(np.ones(2)).result(TIMEOUT), [2.0, 2.0])
+    finally:
+        shell.run_line_magic("unload_ext", "pwkernel")
+    assert ray.is_initialized() and not rctl.closed  # the shared local cluster stays up
+
+
+def test_close_leaves_no_processes(rctl):
+    me = psutil.Process()
+    pids = [ray.get(i.actor.info.remote())["pid"] for i in rctl.islands]
+    before = me.children(recursive=True)
+    assert any("raylet" in p.name() or "gcs_server" in p.name() for p in before)
+    rctl.close()
+    assert not ray.is_initialized()
+    _, alive = psutil.wait_procs(before, timeout=60)
+    assert alive == [], f"processes left after close(): {[p.name() for p in alive]}"
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                   for p in pids)
+    with pytest.raises(pw.ControllerClosedError):
+        rctl.slice(1)
