@@ -60,10 +60,11 @@ def test_multitenancy_shares_cover_every_weight():
     assert sum(c["achieved_pct"] for c in clients.values()) == pytest.approx(100.0)
 
 
-def test_parallel_dispatch_reports_ray_as_not_available():
+def test_parallel_dispatch_skips_the_ray_row_in_tiny_mode():
     result = runner.run_one("parallel-dispatch", "tiny")
     ray = [r for r in result.rows if r["backend"] == "ray"]
-    assert ray and ray[0]["status"] == "not available"
+    assert ray and ray[0]["status"] == "skipped"
+    assert "parallel_vs_sequential_ray" not in result.ratios
 
 
 def test_tracing_reports_the_live_view_row():
@@ -79,7 +80,8 @@ def test_cli_writes_json_with_every_ratio_key_and_a_plot(tmp_path: Path):
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads(out.read_text())
-    assert set(payload["ratios"]) == set(TARGETS)
+    # every headline key (the Ray row is not run in tiny mode: its cluster takes ~20 s)
+    assert set(payload["ratios"]) == set(TARGETS) - {"parallel_vs_sequential_ray"}
     assert set(payload["benchmarks"]) == set(EXPECTED)
     assert {"cpu", "usable_cores", "device_kinds", "versions"} <= set(payload["machine"])
     assert payload["command"].startswith("python -m pwkernel.bench all --tiny")

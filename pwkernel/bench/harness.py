@@ -34,6 +34,7 @@ TARGETS: dict[str, float] = {
     "chained_vs_jax_opbyop": 1.0,
     "fused_vs_jax_fused": 0.98,
     "parallel_vs_sequential": 1.5,
+    "parallel_vs_sequential_ray": 2.0,  # the same chain with islands as Ray actors
     "pipeline_vs_spmd": 0.95,
     "multitenant_vs_single": 1.0,
     "share_error": 5.0,           # percentage points, lower is better

@@ -186,6 +186,9 @@ class IslandExecutor:
         self._handling = False
         self._deferred: list = []
         self._last_end: dict[int, float] = {}
+        self._watch_lock = threading.Lock()
+        self._watch_queue: collections.deque = collections.deque()
+        self._watching = False
         self._workers = ThreadPoolExecutor(len(island.devices),
                                            thread_name_prefix=f"pw-island{island.id}")
 
@@ -243,37 +246,64 @@ class IslandExecutor:
         for task, reason in rejects:
             self.dispatcher.fail(task, MemoryBudgetError(
                 f"{task.node.name} on island {self.island.id}: {reason}"), settled=True)
-        mine = getattr(_local, "worker", None) is self
+        worker = _in_worker()
         for task in launches:
-            if mine:  # a worker of this island: launch now, behind what it already launched
+            if worker or task.exe.asynchronous:  # launch now, from this thread
                 _soon(self._launch, task)
-            else:
-                self._workers.submit(self._work, task)
+            else:  # it may run synchronously (host callbacks): a worker launches it
+                self._spawn(task)
 
-    def _work(self, task: Task) -> None:
-        """A worker: launch ``task`` (and what its launch unlocks here), then see each launched
-        computation end, in launch order. Launches are never made from user threads: on CPU a
-        launch may run the computation synchronously."""
-        inflight: collections.deque = collections.deque()
-        _local.worker, _local.inflight = self, inflight
+    def _work(self, task: Task | None) -> None:
+        """A worker: launch ``task`` (and whatever its launch unlocks: the rest of a chain, on
+        any island, with the copies between them); then, unless another worker already does,
+        see this island's launched computations end, in launch order."""
+        outer = getattr(_local, "worker", False), getattr(_local, "drainer", None)
+        _local.worker, _local.drainer = True, self
         try:
-            _soon(self._launch, task)
-            while inflight:
-                self._finish(*inflight.popleft())
+            if task is not None:
+                _soon(self._launch, task)
+                with self._watch_lock:
+                    if self._watching:
+                        return  # the island's watcher will see this launch end too
+                    self._watching = True
+            while True:
+                with self._watch_lock:
+                    if not self._watch_queue:
+                        self._watching = False
+                        return
+                    executor, *launched = self._watch_queue.popleft()
+                executor._finish(*launched)
         finally:
-            _local.worker = _local.inflight = None
+            _local.worker, _local.drainer = outer
+
+    def _watch(self, entry: tuple) -> None:
+        """Queue a launched computation to be seen ending. One queue per island, in launch
+        order, drained by one worker at a time: a computation is seen to end only after those
+        launched before it (its producers among them), so no wait can go in a circle."""
+        with self._watch_lock:
+            self._watch_queue.append(entry)
+            if self._watching or getattr(_local, "drainer", None) is self:
+                return  # a watcher is running, or this worker will drain when it is done
+            self._watching = True
+        self._spawn(None)
+
+    def _spawn(self, task: Task | None) -> None:
+        try:
+            self._workers.submit(self._work, task)
+        except RuntimeError:  # closing: the pool takes no more work, so do it here
+            self._work(task)
 
     def _launch(self, task: Task) -> None:
         task.t_launch = _now()
         try:
             outs = task.exe.compiled(*[f._peek() for f in task.inputs])
         except BaseException as e:  # noqa: BLE001 - a failed launch fails its futures
-            outs, error = None, e
-        else:
-            error = None
-            for fut, value in zip(task.outputs, outs, strict=True):
-                fut._set_launched(value)
-        _local.inflight.append((task, outs, error))
+            self._watch((self, task, None, e))
+            return
+        outputs = task.outputs  # the watcher may finish the task as soon as it is queued
+        self._watch((self, task, outs, None))  # queued before any consumer can be launched
+        for fut, value in zip(outputs, outs, strict=True):
+            fut._set_launched(value)
 
     def _finish(self, task: Task, outs, error) -> None:
         if error is None:
@@ -311,6 +341,11 @@ class IslandExecutor:
 
     def shutdown(self) -> None:
         self._workers.shutdown(wait=True)
+
+
+def _in_worker() -> bool:
+    """True in an island worker thread: they may launch anything at once."""
+    return getattr(_local, "worker", False)
 
 
 def _upstream(task: Task, error):
@@ -367,13 +402,19 @@ class Dispatcher:
         run._remaining = len(run.tasks)
         with self._runs_lock:
             self.runs[run.id] = run
-        parallel = self.mode is DispatchMode.PARALLEL
-        for task in run.tasks:
-            if parallel and task.is_compute:
-                task.exe = task.node.fn.executable(task.node.signature)
-                self.islands[task.node.island].submit(task, ready=False)
-            _soon(self._watch_inputs, task, parallel)
+        _soon(self._prepare, run.tasks, self.mode is DispatchMode.PARALLEL)
         return outputs
+
+    def _prepare(self, tasks: list[Task], parallel: bool) -> None:
+        """Parallel dispatch: every node's host-side work, before anything is launched (the
+        launches this unlocks run after, from the ``_soon`` loop). Sequential: only watch."""
+        if parallel:
+            for task in tasks:
+                if task.is_compute:
+                    task.exe = task.node.fn.executable(task.node.signature)
+                    self.islands[task.node.island].submit(task, ready=False)
+        for task in tasks:
+            self._watch_inputs(task, parallel)
 
     def _watch_inputs(self, task: Task, parallel: bool) -> None:
         def arrived(fut: Future) -> None:
@@ -424,34 +465,37 @@ class Dispatcher:
 
     # --- transfers -------------------------------------------------------------------------
     def _transfer(self, task: Task) -> None:
+        """Copy a value (its source may still be computing): the copy starts at once, from this
+        thread, and its consumers can be launched behind it. A transfer thread sees it land;
+        those jobs only wait, so waits never go in a circle."""
         with task._lock:
             if task.state is not TaskState.WAITING:
                 return
-            task.state = TaskState.QUEUED
-        task.t_submit = _now()
-        self.transfers.submit(self._run_transfer, task)
-
-    def _run_transfer(self, task: Task) -> None:
-        """Copy the source (it may still be computing), release the copy to consumers, and see
-        it land. Jobs run in the order their sources launched, so waits never go in a circle."""
-        with task._lock:
-            if task.state is not TaskState.QUEUED:
-                return
             task.state = TaskState.RUNNING
-        node, src = task.node, task.inputs[0]
+        task.t_submit = _now()
+        self.transfers.submit(self._land, task, *self._copy(task))
+
+    def _copy(self, task: Task):
+        node = task.node
         task.t_launch = _now()
-        out = error = None
         try:
-            out = jax.device_put(src._peek(), task.outputs[0].sharding)
-            emulated = self.transfers.dcn is not None and node.link == LinkKind.DCN
-            if not emulated:  # an emulated link releases the copy only when it lands
-                task.outputs[0]._set_launched(out)
-            out.block_until_ready()
-            src.wait()
-            begin = max(task.t_launch, src.t_done)
-            self.transfers.hold(node.link, node.src, node.dst, node.nbytes, begin)
+            out = jax.device_put(task.inputs[0]._peek(), task.outputs[0].sharding)
         except BaseException as e:  # noqa: BLE001
-            error = e
+            return None, e
+        if not (self.transfers.dcn is not None and node.link == LinkKind.DCN):
+            task.outputs[0]._set_launched(out)  # an emulated link releases it when it lands
+        return out, None
+
+    def _land(self, task: Task, out, error) -> None:
+        node, src = task.node, task.inputs[0]
+        if error is None:
+            try:
+                out.block_until_ready()
+                src.wait()
+                self.transfers.hold(node.link, node.src, node.dst, node.nbytes,
+                                    max(task.t_launch, src.t_done))
+            except BaseException as e:  # noqa: BLE001
+                error = e
         src.wait()
         begin = max(task.t_launch, src.t_done)
         t_end = _now()

@@ -78,6 +78,7 @@ class Executable:
     out_tree: Any
     memory: int  # output bytes on each of the slice's devices
     out_nbytes: tuple[dict[int, int], ...]  # per output: bytes on each device
+    asynchronous: bool = True  # launching returns at once (no host callbacks inside)
 
 
 def _spec_leaves(specs, args: tuple) -> list[Any]:
@@ -212,9 +213,12 @@ class CompiledFunction:
         out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
                            for o, sh in zip(out_leaves, out_shardings, strict=True))
         memory = sum(max(n.values()) for n in out_nbytes)
+        # A computation that calls back into Python may run in the launching thread: those
+        # are launched by the island's workers, never by the thread that submits.
+        asynchronous = "callback" not in compiled.as_text()
         return Executable(compiled, tuple(in_shardings),
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
-                          tuple(out_shardings), out_tree, memory, out_nbytes)
+                          tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous)
 
     def _out_spec_leaves(self, out_struct, n: int) -> list[Any]:
         if self.out_specs is None or isinstance(self.out_specs, P):

@@ -140,7 +140,7 @@ class GangScheduler:
     devices: Iterable[int]
     policy: Policy = Policy.FIFO
     memory_budget: int | None = None
-    depth: int = 8  # computations in flight on one device (a chain launched ahead)
+    depth: int = 32  # computations in flight on one device (a chain launched ahead)
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _ready: dict[int, _Task] = field(default_factory=dict)  # ready, not yet launched
     _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
