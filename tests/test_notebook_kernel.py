@@ -156,3 +156,17 @@ def test_comm_target_answers_status(kernel_env):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_viz_shows_a_live_schedule_of_the_cells_program(kernel_env):
+    nb = execute(notebook(
+        "import numpy as np, pwkernel as pw\nx = np.arange(8.0, dtype=np.float32)",
+        "%pathways slice s0 2",
+        "%%pathways --slice s0 --viz\ny = x * 2",
+        "print('done', y.result().tolist())",
+    ))
+    viz = nb.cells[2]
+    widgets = [o for o in viz.outputs if o.output_type == "display_data"
+               and "application/vnd.jupyter.widget-view+json" in o.data]
+    assert widgets, text(viz)
+    assert "done [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]" in text(nb.cells[3])

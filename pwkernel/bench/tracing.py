@@ -46,7 +46,7 @@ class LiveView:
     def __init__(self, ctl: pw.Controller):
         from pwkernel.viz import ScheduleView  # raises ImportError/AttributeError if absent
 
-        self.view = ScheduleView(ctl)
+        self.view = ScheduleView(ctl, live=False)  # this thread is its only updater
         self.update = next((getattr(self.view, n) for n in ("update", "refresh", "poll")
                             if callable(getattr(self.view, n, None))), None)
         if self.update is None:

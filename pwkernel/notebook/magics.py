@@ -289,7 +289,7 @@ class PathwaysMagics(Magics):
         from IPython.display import display
 
         try:
-            view = ScheduleView(ctl, programs=[run.id])
+            view = ScheduleView(ctl, programs=[run.name])  # the cell's program: cell[N]
         except Exception as e:  # the view is optional; the text summary always works
             print(f"(schedule view unavailable: {e}; showing the text summary)")
             return None
