@@ -83,7 +83,7 @@ def test_follow_moves_the_window_to_the_newest_event(ctl, programs):
         run(programs[0])
         ctl.wait(10.0)
         v.update()
-        newest = max(v.source.data["right"] + v.transfers.data["right"])
+        newest = max(max(v.source.data["right"]), max(v.transfers.data["right"]))
         assert v.x_range.end == pytest.approx(newest)
         assert v.x_range.end - v.x_range.start == pytest.approx(1e-4)
         v.window.value = 2e-4
