@@ -239,7 +239,8 @@ class IslandExecutor:
                 task = self._tasks.pop(decision.task)
                 if isinstance(decision, sch.Launch):
                     task.state = TaskState.RUNNING
-                    launches.append(task)
+                    if self._accept(task):
+                        launches.append(task)
                 else:
                     task.state = TaskState.CANCELLED
                     rejects.append((task, decision.reason))
@@ -252,6 +253,11 @@ class IslandExecutor:
                 _soon(self._launch, task)
             else:  # it may run synchronously (host callbacks): a worker launches it
                 self._spawn(task)
+
+    def _accept(self, task: Task) -> bool:
+        """Called under the island's lock for each launch, in decision order; True: launch it
+        here (after the lock is released). A backend that launches elsewhere queues it."""
+        return True
 
     def _work(self, task: Task | None) -> None:
         """A worker: launch ``task`` (and whatever its launch unlocks: the rest of a chain, on

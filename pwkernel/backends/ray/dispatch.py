@@ -31,7 +31,6 @@ from ...runtime.errors import (
     CancelledError,
     ControllerClosedError,
     IslandLostError,
-    MemoryBudgetError,
 )
 from ...runtime.graph import ComputeNode
 from ...runtime.objects import Future
@@ -151,31 +150,9 @@ class RayIslandExecutor(IslandExecutor):
         self._watcher.start()
 
     # --- scheduling: decisions go to the launcher queue in the order they were made -------
-    def post(self, *events) -> None:
-        rejects = []
-        with self._lock:
-            if self._handling:  # re-entered from a GC callback freeing memory mid-handle
-                self._deferred.extend(events)
-                return
-            self._handling = True
-            try:
-                decisions = self.scheduler.handle(*events)
-                while self._deferred:
-                    more, self._deferred = self._deferred, []
-                    decisions += self.scheduler.handle(*more)
-            finally:
-                self._handling = False
-            for decision in decisions:
-                task = self._tasks.pop(decision.task)
-                if isinstance(decision, sch.Launch):
-                    task.state = TaskState.RUNNING
-                    self._launches.put(task)
-                else:
-                    task.state = TaskState.CANCELLED
-                    rejects.append((task, decision.reason))
-        for task, reason in rejects:
-            self.dispatcher.fail(task, MemoryBudgetError(
-                f"{task.node.name} on island {self.island.id}: {reason}"), settled=True)
+    def _accept(self, task: Task) -> bool:
+        self._launches.put(task)  # under the island's lock: the actor sees the gang order
+        return False
 
     def poke(self) -> None:
         """Wake the launcher to send pending buffer frees."""
