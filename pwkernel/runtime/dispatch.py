@@ -206,9 +206,6 @@ class IslandExecutor:
                                ready, task.after() if ready else ())
         self.post(event)
 
-    def ready(self, task: Task) -> None:
-        self.post(sch.Ready(task.id))
-
     def cancel(self, task: Task) -> bool:
         """Drop ``task`` unless it was launched; True if it was dropped."""
         with self._lock, task._lock:
