@@ -187,8 +187,8 @@ class IslandExecutor:
         self._deferred: list = []
         self._last_end: dict[int, float] = {}
         self._watch_lock = threading.Lock()
-        self._watch_queue: collections.deque = collections.deque()
-        self._watching = False
+        self._watchers: dict[tuple[int, ...], _Watcher] = {}
+        self._closing = False
         self._workers = ThreadPoolExecutor(len(island.devices),
                                            thread_name_prefix=f"pw-island{island.id}")
 
@@ -244,9 +244,8 @@ class IslandExecutor:
         for task, reason in rejects:
             self.dispatcher.fail(task, MemoryBudgetError(
                 f"{task.node.name} on island {self.island.id}: {reason}"), settled=True)
-        worker = _in_worker()
         for task in launches:
-            if worker or task.exe.asynchronous:  # launch now, from this thread
+            if task.exe.asynchronous:  # launch now, from this thread: it returns at once
                 _soon(self._launch, task)
             else:  # it may run synchronously (host callbacks): a worker launches it
                 self._spawn(task)
@@ -256,41 +255,28 @@ class IslandExecutor:
         here (after the lock is released). A backend that launches elsewhere queues it."""
         return True
 
-    def _work(self, task: Task | None) -> None:
-        """A worker: launch ``task`` (and whatever its launch unlocks: the rest of a chain, on
-        any island, with the copies between them); then, unless another worker already does,
-        see this island's launched computations end, in launch order."""
-        outer = getattr(_local, "worker", False), getattr(_local, "drainer", None)
-        _local.worker, _local.drainer = True, self
-        try:
-            if task is not None:
-                _soon(self._launch, task)
-                with self._watch_lock:
-                    if self._watching:
-                        return  # the island's watcher will see this launch end too
-                    self._watching = True
-            while True:
-                with self._watch_lock:
-                    if not self._watch_queue:
-                        self._watching = False
-                        return
-                    executor, *launched = self._watch_queue.popleft()
-                executor._finish(*launched)
-        finally:
-            _local.worker, _local.drainer = outer
+    def _work(self, task: Task) -> None:
+        """A worker launches ``task`` (one that may run synchronously), and whatever its launch
+        unlocks: the rest of a chain, on any island, with the copies between them."""
+        _soon(self._launch, task)
 
     def _watch(self, entry: tuple) -> None:
-        """Queue a launched computation to be seen ending. One queue per island, in launch
-        order, drained by one worker at a time: a computation is seen to end only after those
-        launched before it (its producers among them), so no wait can go in a circle."""
+        """Queue a launched computation to be seen ending, by the watcher of its devices: one
+        thread per device set, in launch order. A computation is seen to end only after those
+        launched before it on its devices, and waits only for its producers, launched before
+        it: so no wait can go in a circle, and a slow gang does not delay the others."""
+        devices = entry[1].node.devices
         with self._watch_lock:
-            self._watch_queue.append(entry)
-            if self._watching or getattr(_local, "drainer", None) is self:
-                return  # a watcher is running, or this worker will drain when it is done
-            self._watching = True
-        self._spawn(None)
+            watcher = None if self._closing else self._watchers.get(devices)
+            if watcher is None and not self._closing:
+                watcher = self._watchers[devices] = _Watcher(
+                    f"pw-island{self.island.id}-watch-{'.'.join(map(str, devices))}")
+        if watcher is None:  # closing: no new threads; see it end here
+            entry[0]._finish(*entry[1:])
+        else:
+            watcher.put(entry)
 
-    def _spawn(self, task: Task | None) -> None:
+    def _spawn(self, task: Task) -> None:
         try:
             self._workers.submit(self._work, task)
         except RuntimeError:  # closing: the pool takes no more work, so do it here
@@ -344,11 +330,43 @@ class IslandExecutor:
 
     def shutdown(self) -> None:
         self._workers.shutdown(wait=True)
+        with self._watch_lock:
+            self._closing = True
+            watchers = list(self._watchers.values())
+        for watcher in watchers:
+            watcher.close()
 
 
-def _in_worker() -> bool:
-    """True in an island worker thread: they may launch anything at once."""
-    return getattr(_local, "worker", False)
+class _Watcher:
+    """A thread that sees the computations launched on one device set end, in launch order."""
+
+    def __init__(self, name: str):
+        self._queue: collections.deque = collections.deque()
+        self._changed = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, entry: tuple) -> None:
+        with self._changed:
+            self._queue.append(entry)
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return
+                executor, *launched = self._queue.popleft()
+            executor._finish(*launched)
+
+    def close(self) -> None:
+        """Finish what is queued, then stop."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        self._thread.join()
 
 
 def _upstream(task: Task, error):
