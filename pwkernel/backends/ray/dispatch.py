@@ -129,17 +129,10 @@ class RayIslandExecutor(IslandExecutor):
 
     def __init__(self, island, host: IslandHost, dispatcher: RayDispatcher, policy,
                  memory_budget):
-        self.island = island
+        super().__init__(island, dispatcher, policy, memory_budget)
         self.host = host
-        self.dispatcher = dispatcher
-        self.scheduler = sch.GangScheduler([d.id for d in island.devices], policy, memory_budget)
-        self._lock = threading.RLock()
-        self._tasks: dict[int, Task] = {}
-        self._handling = False
-        self._deferred: list = []
-        self._closing = False
         self._launches: queue.SimpleQueue = queue.SimpleQueue()
-        self._watch: queue.SimpleQueue = queue.SimpleQueue()
+        self._completions: queue.SimpleQueue = queue.SimpleQueue()
         name = f"pw-ray-island{island.id}"
         self._launcher = threading.Thread(target=self._launch_loop, name=f"{name}-launch",
                                           daemon=True)
@@ -167,7 +160,7 @@ class RayIslandExecutor(IslandExecutor):
             try:
                 self._launch(task)
             except BaseException as e:  # noqa: BLE001 - a failed launch fails its futures
-                self._watch.put((task, None, [], e))
+                self._completions.put((task, None, [], e))
 
     def _launch(self, task: Task) -> None:
         host = self.host
@@ -200,13 +193,13 @@ class RayIslandExecutor(IslandExecutor):
             key, blob, [layout(s, self.island) for s in exe.in_shardings],
             [layout(s, self.island) for s in exe.out_shardings], refs, [h.bid for h in handles])
         host.sent.add(key)
-        self._watch.put((task, ref, handles, None))
+        self._completions.put((task, ref, handles, None))
         for fut, handle in zip(task.outputs, handles, strict=True):
             fut._set_launched(handle)
 
     # --- seeing work end -----------------------------------------------------------------
     def _watch_loop(self) -> None:
-        while (item := self._watch.get()) is not None:
+        while (item := self._completions.get()) is not None:
             task, ref, handles, error = item
             try:
                 if task.is_compute:
@@ -265,8 +258,9 @@ class RayIslandExecutor(IslandExecutor):
         self._closing = True
         self._launches.put(None)
         self._launcher.join()
-        self._watch.put(None)
+        self._completions.put(None)
         self._watcher.join()
+        super().shutdown()
 
 
 class RayDispatcher(Dispatcher):
@@ -338,7 +332,7 @@ class RayDispatcher(Dispatcher):
             handles = [handle]
         except BaseException as e:  # noqa: BLE001
             error = e
-        executor._watch.put((task, (ref, src_host), handles, error))
+        executor._completions.put((task, (ref, src_host), handles, error))
         if error is None:
             task.outputs[0]._set_launched(handles[0])
 
