@@ -26,6 +26,12 @@ BAR_COLUMNS: tuple[str, ...] = (
     "link", "status", "start", "duration", "nbytes", "bytes_text", "bw_text",
     "c_program", "c_client", "c_link",
 )
+# What a computation's bar needs in the live view (glyph, hover, colour by, tests' index):
+# the transfer-only columns are left out of the stream, which Bokeh serializes value by value.
+COMPUTE_COLUMNS: tuple[str, ...] = (
+    "index", "y", "left", "right", "name", "program", "client", "device", "island", "status",
+    "start", "duration", "c_program", "c_client",
+)
 LINK_COLUMNS: tuple[str, ...] = (
     "index", "x0", "y0", "x1", "y1", "name", "program", "client", "link", "status",
     "src_device", "dst_device", "start", "duration", "nbytes", "bytes_text", "bw_text", "c_link",
@@ -122,6 +128,11 @@ def select(events: Iterable[Event], programs: Iterable[str] | None = None,
 
 def empty(names: Sequence[str]) -> dict[str, list]:
     return {k: [] for k in names}
+
+
+def only(cols: dict[str, list], names: Sequence[str]) -> dict[str, list]:
+    """The ``names`` columns of ``cols``."""
+    return {k: cols[k] for k in names}
 
 
 def _program_color(e: Event, colors: ColorRegistry) -> str:

@@ -21,12 +21,14 @@ from ..runtime.trace import Event
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
 from .columns import (
     BAR_COLUMNS,
+    COMPUTE_COLUMNS,
     LINK_COLUMNS,
     DeviceLayout,
     empty,
     length,
     links,
     newest,
+    only,
     rectangles,
     select,
     tail,
@@ -96,7 +98,7 @@ class ScheduleView(w.VBox):
         self._lock = threading.RLock()
         self._updated = threading.Condition(self._lock)  # notified after every update()
         self._quiet = False   # set while the view itself changes its controls
-        self.source = ColumnDataSource(empty(BAR_COLUMNS), name="pw-schedule-compute")
+        self.source = ColumnDataSource(empty(COMPUTE_COLUMNS), name="pw-schedule-compute")
         self.transfers = ColumnDataSource(empty(BAR_COLUMNS), name="pw-schedule-transfers")
         self.links = ColumnDataSource(empty(LINK_COLUMNS), name="pw-schedule-links")
         self.x_range = Range1d(0.0, float(window))
@@ -209,7 +211,8 @@ class ScheduleView(w.VBox):
             t0 = self._t0 or 0.0
             compute = newest([e for e in shown if e.kind == "compute"], self.max_rows)
             moved = newest([e for e in shown if e.kind == "transfer"], self.max_rows)
-            self.source.data = tail(rectangles(compute, self.layout_rows, t0), self.max_rows)
+            self.source.data = tail(only(rectangles(compute, self.layout_rows, t0),
+                                         COMPUTE_COLUMNS), self.max_rows)
             self.transfers.data = tail(rectangles(moved, self.layout_rows, t0), self.max_rows)
             self.links.data = tail(links(moved, self.layout_rows, t0), self.max_rows)
             self._shown = len(self.history)
@@ -228,7 +231,8 @@ class ScheduleView(w.VBox):
         self._latest = max(self._latest, max(e.t_end for e in shown) - t0)
         compute = newest([e for e in shown if e.kind == "compute"], self.max_rows)
         moved = newest([e for e in shown if e.kind == "transfer"], self.max_rows)
-        for source, cols in ((self.source, rectangles(compute, self.layout_rows, t0)),
+        for source, cols in ((self.source, only(rectangles(compute, self.layout_rows, t0),
+                                                COMPUTE_COLUMNS)),
                              (self.transfers, rectangles(moved, self.layout_rows, t0)),
                              (self.links, links(moved, self.layout_rows, t0))):
             if length(cols):
