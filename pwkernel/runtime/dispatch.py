@@ -271,8 +271,8 @@ class IslandExecutor:
             if watcher is None and not self._closing:
                 watcher = self._watchers[devices] = _Watcher(
                     f"pw-island{self.island.id}-watch-{'.'.join(map(str, devices))}")
-        if watcher is None:  # closing: no new threads; see it end here
-            entry[0]._finish(*entry[1:])
+        if watcher is None:  # closing: no new threads; see it end here, waiting only for data
+            entry[0]._finish(*entry[1:], observe_inputs=False)
         else:
             watcher.put(entry)
 
@@ -294,14 +294,15 @@ class IslandExecutor:
         for fut, value in zip(outputs, outs, strict=True):
             fut._set_launched(value)
 
-    def _finish(self, task: Task, outs, error) -> None:
+    def _finish(self, task: Task, outs, error, observe_inputs: bool = True) -> None:
         if error is None:
             try:
                 jax.block_until_ready(outs)
             except BaseException as e:  # noqa: BLE001
                 error = e
-        for fut in task.inputs:  # producers are observed first: their t_done is known
-            fut.wait()
+        if observe_inputs:  # producers are observed first: their t_done is known
+            for fut in task.inputs:
+                fut.wait()
         t_end = _now()
         devices = task.node.devices
         last = self._last_end
