@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import pytest
 
@@ -18,3 +20,30 @@ def ctl():
         yield controller
     finally:
         controller.close()
+
+
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory):
+    """For tests that start the real ``pwkernel`` kernel: the installed kernelspec, or one
+    written to a temporary JUPYTER_PATH entry; the embedded default islands (4, 4)."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    from pwkernel.notebook import kernelspec
+
+    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "PWKERNEL_ISLANDS")}
+    try:
+        KernelSpecManager().get_kernel_spec(kernelspec.NAME)
+    except NoSuchKernel:
+        path = tmp_path_factory.mktemp("jupyter")
+        kernelspec.write(path)
+        old = saved["JUPYTER_PATH"]
+        os.environ["JUPYTER_PATH"] = str(path) + (os.pathsep + old if old else "")
+    os.environ["PWKERNEL_ISLANDS"] = "4,4"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -3,33 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 import nbformat
-import pytest
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbclient import NotebookClient
 
 from pwkernel.notebook import kernelspec
-
-
-@pytest.fixture(scope="module")
-def kernel_env(tmp_path_factory):
-    """The installed kernelspec, or one written to a temporary JUPYTER_PATH entry."""
-    old = os.environ.get("JUPYTER_PATH")
-    try:
-        KernelSpecManager().get_kernel_spec(kernelspec.NAME)
-    except NoSuchKernel:
-        path = tmp_path_factory.mktemp("jupyter")
-        kernelspec.write(path)
-        os.environ["JUPYTER_PATH"] = str(path) + (os.pathsep + old if old else "")
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = old
 
 
 def notebook(*sources: str):

@@ -9,13 +9,11 @@ no outputs), so the reviewed code and the files agree.
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbclient import NotebookClient
 
 from pwkernel.notebook import kernelspec
@@ -34,29 +32,6 @@ def _builder():
 
 BUILD = _builder()
 NAMES = list(BUILD.NOTEBOOKS)
-
-
-@pytest.fixture(scope="module")
-def kernel_env(tmp_path_factory):
-    """The installed kernelspec, or one written to a temporary JUPYTER_PATH entry."""
-    old = os.environ.get("JUPYTER_PATH")
-    try:
-        KernelSpecManager().get_kernel_spec(kernelspec.NAME)
-    except NoSuchKernel:
-        path = tmp_path_factory.mktemp("jupyter")
-        kernelspec.write(path)
-        os.environ["JUPYTER_PATH"] = str(path) + (os.pathsep + old if old else "")
-    # The embedded default the notebooks are written for: 2 islands of 4 virtual devices.
-    old_islands = os.environ.get("PWKERNEL_ISLANDS")
-    os.environ["PWKERNEL_ISLANDS"] = "4,4"
-    try:
-        yield
-    finally:
-        for key, value in (("JUPYTER_PATH", old), ("PWKERNEL_ISLANDS", old_islands)):
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _errors(nb) -> list[str]:

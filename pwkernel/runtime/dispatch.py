@@ -310,12 +310,17 @@ class IslandExecutor:
                       max((last.get(d, 0.0) for d in devices), default=0.0))
         for d in devices:
             last[d] = t_end
+        self._ended(task, outs, t_start, t_end, error)
+
+    def _ended(self, task: Task, outs, t_start: float, t_end: float, error) -> None:
+        """A computation that ran: record it, free its devices, then resolve its outputs (or
+        fail them, and through them its dependents, with the first upstream error)."""
         task.state = TaskState.DONE
         error = _upstream(task, error)
         self.dispatcher.record(task, EventKind.COMPUTE, t_start, t_end, error)
         self.post(sch.Finished(task.id, t_end - t_start))
         if error is not None:
-            self.release_memory(devices, task.exe.memory)
+            self.release_memory(task.node.devices, task.exe.memory if task.exe else 0)
             self.dispatcher.fail(task, error, settled=True)
         else:
             self.dispatcher.complete(task, outs, t_end, task.exe.out_nbytes)
@@ -513,21 +518,25 @@ class Dispatcher:
         if error is None:
             try:
                 out.block_until_ready()
-                src.wait()
-                self.transfers.hold(node.link, node.src, node.dst, node.nbytes,
-                                    max(task.t_launch, src.t_done))
             except BaseException as e:  # noqa: BLE001
                 error = e
         src.wait()
         begin = max(task.t_launch, src.t_done)
-        t_end = _now()
+        if error is None:
+            self.transfers.hold(node.link, node.src, node.dst, node.nbytes, begin)
+        self._landed(task, [out], begin, _now(), error)
+
+    def _landed(self, task: Task, outs, t_start: float, t_end: float, error) -> None:
+        """A transfer that ran: record it, then resolve its output (or fail it with the
+        source's own error when the source failed)."""
         task.state = TaskState.DONE
-        error = error if src._error is None else src._error
-        self.record(task, EventKind.TRANSFER, begin, t_end, error)
+        src_error = task.inputs[0]._error
+        error = error if src_error is None else src_error
+        self.record(task, EventKind.TRANSFER, t_start, t_end, error)
         if error is not None:
             self.fail(task, error, settled=True)
         else:
-            self.complete(task, [out], t_end)
+            self.complete(task, outs, t_end)
 
     # --- ends of a task's life -------------------------------------------------------------
     def complete(self, task: Task, outs, t_end: float, nbytes=None) -> None:

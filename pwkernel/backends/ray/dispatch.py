@@ -25,8 +25,7 @@ import jax
 import numpy as np
 import ray
 
-from ...runtime import scheduler as sch
-from ...runtime.dispatch import Dispatcher, IslandExecutor, Task, TaskState, _upstream
+from ...runtime.dispatch import Dispatcher, IslandExecutor, Task, TaskState
 from ...runtime.errors import (
     CancelledError,
     ControllerClosedError,
@@ -34,7 +33,6 @@ from ...runtime.errors import (
 )
 from ...runtime.graph import ComputeNode
 from ...runtime.objects import Future
-from ...runtime.trace import EventKind
 from .cluster import IslandHost
 
 _now = time.perf_counter
@@ -238,15 +236,7 @@ class RayIslandExecutor(IslandExecutor):
             fut.wait(_WAIT_INPUTS)
         t_end = _now() if record is None else self.host.to_local(record["t_end"])
         t_start = t_end if record is None else self.host.to_local(record["t_start"])
-        task.state = TaskState.DONE
-        error = _upstream(task, error)
-        self.dispatcher.record(task, EventKind.COMPUTE, t_start, t_end, error)
-        self.post(sch.Finished(task.id, t_end - t_start))
-        if error is not None:
-            self.release_memory(task.node.devices, task.exe.memory if task.exe else 0)
-            self.dispatcher.fail(task, error, settled=True)
-        else:
-            self.dispatcher.complete(task, handles, t_end, task.exe.out_nbytes)
+        self._ended(task, handles, t_start, t_end, error)
 
     def status(self) -> dict:
         out = super().status()
@@ -346,11 +336,5 @@ class RayDispatcher(Dispatcher):
         t_start = t_end if record is None else executor.host.to_local(record["t_start"])
         if record is not None and src_host is not None and "t_src" in record:
             t_start = min(t_start, src_host.to_local(record["t_src"]))
-        task.state = TaskState.DONE
-        error = error if src._error is None else src._error
-        self.record(task, EventKind.TRANSFER, t_start, t_end, error)
-        if error is not None:
-            self.fail(task, error, settled=True)
-        else:
-            self.complete(task, handles, t_end)
+        self._landed(task, handles, t_start, t_end, error)
 
