@@ -1120,10 +1120,30 @@ assert {(e.src, e.dst) for e in moved} == {(0, 1), (1, 0)}
     md("""
 ## Parallel vs sequential dispatch, where dispatch is expensive
 
-With islands in other processes, each node is a remote call. Sequential dispatch waits for a
-node's result before it prepares and sends the next; parallel dispatch sends every node ahead
-and lets each island wait for its inputs. A chain of 16 small stages alternating between the
-islands, in paired rounds (`pwkernel.bench.parallel_dispatch`):
+With islands in other processes, every message to an island is a remote call. Sequential
+dispatch waits for a node's result before it prepares and sends the next: one message per node,
+and a round trip to the controller between dependent nodes. Parallel dispatch sends each island
+all of a program's nodes in **one message**, ahead of the data, and the island waits for its
+inputs itself (a value from the other island is pushed to it, actor to actor). Each island actor
+counts the messages with work it received:
+"""),
+    code("""
+def messages(mode):
+    rctl.dispatch = mode
+    before = [ray.get(i.actor.stats.remote()) for i in rctl.islands]
+    y, z = f_ray(np.array([1.0, 2.0]))
+    y.run.wait(60)
+    after = [ray.get(i.actor.stats.remote()) for i in rctl.islands]
+    return [a["messages"] - b["messages"] for a, b in zip(after, before)]
+
+print("messages per island, parallel:  ", messages("parallel"))
+print("messages per island, sequential:", messages("sequential"))
+assert messages("parallel") == [1, 1]
+rctl.dispatch = "parallel"
+"""),
+    md("""
+A chain of 16 small stages alternating between the islands, in paired rounds
+(`pwkernel.bench.parallel_dispatch`):
 """),
     code("""
 from pwkernel.bench import parallel_dispatch

@@ -122,6 +122,28 @@ def test_figure2_matches_the_local_backend(rctl, expected, mode):
         assert e.t_start >= e.t_submit - 0.05
 
 
+def test_parallel_dispatch_sends_each_island_a_program_in_one_message(rctl):
+    f, _ = figure2(rctl)
+
+    def messages(mode: str) -> list[dict]:
+        rctl.dispatch = mode
+        before = [ray.get(i.actor.stats.remote()) for i in rctl.islands]
+        y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+        assert y.run.wait(TIMEOUT) and z.wait(TIMEOUT)
+        after = [ray.get(i.actor.stats.remote()) for i in rctl.islands]
+        return [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+
+    messages("parallel")  # compiles on both islands
+    # Island 0: upload, a, send x, receive c(x), a. Island 1: receive x, b, c, send c(x).
+    assert messages("parallel") == [{"messages": 1, "ops": 5}, {"messages": 1, "ops": 4}]
+    # Sequential: a node leaves only once its inputs exist, so island 0 gets one message per
+    # node (b and c on island 1 may share one: they become ready together).
+    seq = messages("sequential")
+    assert seq[0] == {"messages": 5, "ops": 5}
+    assert seq[1]["ops"] == 4 and seq[1]["messages"] >= 3
+    rctl.dispatch = "parallel"
+
+
 def test_values_stay_on_islands_until_asked(rctl):
     f, _ = figure2(rctl)
     y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))

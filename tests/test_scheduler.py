@@ -179,3 +179,21 @@ def test_unrelated_work_never_queues_behind_in_flight_computations():
     assert launched(s.handle(Submit(2, (1, 2)), Ready(2, after=(0,)))) == []  # reserved by 1
     assert launched(s.handle(Finished(0))) == [1]
     assert launched(s.handle(Finished(1))) == [2]
+
+
+def test_program_ahead_queues_a_programs_nodes_behind_each_other_only():
+    s = GangScheduler(ALL, program_ahead=True)
+    s.handle(Submit(0, (0, 1), ready=True, group="p"))
+    # 1 is p's too but reads nothing of 0's: it may still queue behind it
+    assert launched(s.handle(Submit(1, (0, 1), ready=True, group="p"))) == [1]
+    # another program's node waits for p's computations to leave the devices
+    assert launched(s.handle(Submit(2, (0, 1), ready=True, group="q"))) == []
+    # and so does p's next node: 2 reserved the devices first (no starvation)
+    assert launched(s.handle(Submit(3, (0, 1), ready=True, group="p"))) == []
+    assert launched(s.handle(Finished(0))) == []
+    assert launched(s.handle(Finished(1))) == [2]
+    assert launched(s.handle(Finished(2))) == [3]
+    # without program_ahead the group is ignored
+    plain = GangScheduler(ALL)
+    plain.handle(Submit(0, (0, 1), ready=True, group="p"))
+    assert launched(plain.handle(Submit(1, (0, 1), ready=True, group="p"))) == []

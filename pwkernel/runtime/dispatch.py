@@ -175,12 +175,16 @@ class ProgramRun:
 
 class IslandExecutor:
     """One island's gang scheduler, and the worker threads that launch its computations and
-    see them end."""
+    see them end. ``program_ahead``: see ``GangScheduler`` (a backend that sends an island a
+    program's nodes together turns it on)."""
+
+    program_ahead = False
 
     def __init__(self, island, dispatcher: Dispatcher, policy, memory_budget):
         self.island = island
         self.dispatcher = dispatcher
-        self.scheduler = sch.GangScheduler([d.id for d in island.devices], policy, memory_budget)
+        self.scheduler = sch.GangScheduler([d.id for d in island.devices], policy, memory_budget,
+                                           program_ahead=self.program_ahead)
         self._lock = threading.RLock()
         self._tasks: dict[int, Task] = {}
         self._handling = False
@@ -203,7 +207,7 @@ class IslandExecutor:
             self._tasks[task.id] = task
             event = sch.Submit(task.id, node.devices, client.name, client.weight,
                                client.priority, (id(node.fn), node.signature), task.exe.memory,
-                               ready, task.after() if ready else ())
+                               ready, task.after() if ready else (), task.run.id)
         self.post(event)
 
     def cancel(self, task: Task) -> bool:

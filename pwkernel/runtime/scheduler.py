@@ -9,8 +9,11 @@ order on each of them, which is what keeps collectives from deadlocking. A devic
 computation at a time: a computation may be launched onto a device that is still busy only when
 everything in flight there is its own ancestor (it produces the computation's inputs), so the
 device runs them in launch order anyway; this is what lets the control plane run ahead of the
-data plane along a chain (``depth`` bounds how far). Among the computations that are ready, the
-policy picks the order:
+data plane along a chain (``depth`` bounds how far). With ``program_ahead`` (the Ray backend,
+whose islands receive a program's nodes in one message), a computation may also queue behind
+in-flight computations of its own ``group`` (its program run): the whole program is enqueued on
+its devices at once, in gang order. Among the computations that are ready, the policy picks the
+order:
 
 - ``fifo``: submission order (the paper's evaluation).
 - ``priority``: higher ``priority`` first, then submission order.
@@ -61,6 +64,7 @@ class Submit:
     memory: int = 0
     ready: bool = False
     after: tuple[int, ...] = ()  # tasks of this island whose outputs it reads
+    group: Hashable = None  # its program run (see ``GangScheduler.program_ahead``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +126,7 @@ class _Task:
     ready: bool
     after: tuple[int, ...] = ()
     charged: float = 0.0
+    group: Hashable = None
 
 
 @dataclass(slots=True)
@@ -141,6 +146,7 @@ class GangScheduler:
     policy: Policy = Policy.FIFO
     memory_budget: int | None = None
     depth: int = 32  # computations in flight on one device (a chain launched ahead)
+    program_ahead: bool = False  # may queue behind in-flight computations of its own group
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _ready: dict[int, _Task] = field(default_factory=dict)  # ready, not yet launched
     _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
@@ -228,7 +234,7 @@ class GangScheduler:
             client.passes = max(client.passes, self._vtime)
         client.active += 1
         task = _Task(ev.task, self._seq, devices, ev.client, ev.priority, ev.cost_key, ev.memory,
-                     ev.ready, tuple(ev.after))
+                     ev.ready, tuple(ev.after), group=ev.group)
         self._tasks[ev.task] = task
         if ev.ready:
             self._ready[ev.task] = task
@@ -304,13 +310,17 @@ class GangScheduler:
         return frozenset(out)
 
     def _devices_free(self, t: _Task) -> bool:
-        # Free, or busy only with t's own ancestors (and not too deep).
+        # Free, or busy only with t's own ancestors (or its own program's computations, with
+        # program_ahead), and not too deep.
         ancestors = None
+        same_group = self.program_ahead and t.group is not None
         for d in t.devices:
             queue = self._busy.get(d)
             if queue:
                 if len(queue) >= self.depth:
                     return False
+                if same_group and all(self._tasks[q].group == t.group for q in queue):
+                    continue
                 if ancestors is None:
                     ancestors = self._in_flight_ancestors(t)
                 if not ancestors.issuperset(queue):

@@ -1,33 +1,52 @@
 """The island process: one Ray actor per island, owning that island's JAX devices and buffers.
 
-The actor knows nothing of programs, futures or scheduling. The controller sends it
-serialized ``jax.export`` artifacts (compiled here once per island and cached), and one method
-call per launch; Ray runs an actor's calls one at a time in submission order, so the island
-executes computations in the order the controller's gang scheduler chose. Buffers stay in the
-island's device memory under integer ids the controller assigns (so it can name an output
-before it exists); values leave the island only when asked (``fetch``, ``send``).
+The actor knows nothing of programs, futures or scheduling. The controller sends it messages
+(``submit``), each a list of operations in the order the island's gang scheduler chose: with
+parallel dispatch, one message carries every node a program has on this island. An executor
+thread takes the messages in sequence order and issues their operations one after another; a
+node whose input comes from another island waits here for it (``recv``), so the island, not the
+controller, waits on the data. Computations are enqueued on the devices without waiting for them
+(JAX's asynchronous dispatch); a completion thread sees them end, in issue order, pushes values
+to the islands that asked for them (``send``: straight to the destination actor's ``deliver``,
+never through the controller) and keeps a completion record for each operation, which the
+controller collects with ``poll``.
 
-Every call that does work returns a small completion record with times on this process's
-clock (``time.perf_counter``); the controller maps them onto its own clock with the offset it
-measured at start (``clock``).
+Buffers stay in the island's device memory under integer ids the controller assigns (so it can
+name an output before it exists); values leave the island only when asked (``fetch``, ``send``).
+Completion records carry times on this process's clock (``time.perf_counter``); the controller
+maps them onto its own with the offset it measured at start (``clock``).
 
 A layout (how a buffer is laid out on the island) is ``(positions, mesh_shape, axis_names,
 spec)``: ``positions`` are indices into this island's devices, in mesh order.
+
+Operations (``rid``: the record id the controller waits for):
+
+- ``("run", rid, key, blob, in_layouts, out_layouts, inputs, outputs)``: a computation; inputs
+  are buffer ids or host arrays, outputs the ids its results get; ``blob`` is the serialized
+  ``jax.export`` artifact the first time ``key`` is sent, else None.
+- ``("put", rid, bid, value, layout)``: a host value arrives (a program argument or constant).
+- ``("reshard", rid, src, bid, layout)``: a transfer inside the island (the paper's ICI).
+- ``("send", rid, src, actor, bid)``: the first half of a transfer to another island.
+- ``("recv", rid, bid, layout, island, generation)``: the second half; waits for the value.
+- ``("free", bids)``: drop buffers (no record).
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from typing import Any
 
 _now = time.perf_counter
+_MAX_CONCURRENCY = 16  # actor threads: submit, poll, deliver and fetch calls run side by side
 
 
 class IslandActor:
     """One island: ``devices`` JAX devices of this process (virtual CPU devices or GPUs).
 
-    Created by the controller as ``ray.remote(IslandActor).options(max_concurrency=1)``.
+    Created by the controller as ``ray.remote(IslandActor).options(max_concurrency=16)``.
     """
 
     def __init__(self, island: int, devices: int, platform: str):
@@ -47,6 +66,17 @@ class IslandActor:
         self._buffers: dict[int, Any] = {}
         self._executables: dict[str, Any] = {}
         self._meshes: dict[tuple, Any] = {}
+        self._cv = threading.Condition()
+        self._messages: dict[int, list] = {}  # sequence number -> operations, not yet issued
+        self._next = 0         # sequence number of the next message to issue
+        self._incoming: dict[int, tuple] = {}  # bid -> (value, error, t_src), delivered early
+        self._lost: set[tuple[int, int]] = set()  # (island, generation) that will send nothing
+        self._records: list[dict] = []
+        self._stats = {"messages": 0, "ops": 0}
+        self._issued: queue.SimpleQueue = queue.SimpleQueue()
+        self._last_end: dict[int, float] = {}  # device position -> when its last work ended
+        threading.Thread(target=self._execute, name="island-executor", daemon=True).start()
+        threading.Thread(target=self._complete, name="island-completer", daemon=True).start()
 
     # --- set-up and introspection ----------------------------------------------------------
     def info(self) -> dict:
@@ -60,12 +90,57 @@ class IslandActor:
         """This process's clock, for the controller's offset measurement."""
         return _now()
 
-    def buffers(self) -> dict[int, int]:
-        """Live buffer ids and their bytes (on all devices together)."""
-        return {bid: int(a.nbytes) for bid, a in self._buffers.items()}
+    def buffers(self, after: int = -1) -> dict[int, int]:
+        """Live buffer ids and their bytes (on all devices together), once message ``after``
+        has been issued (so the frees it carries are done)."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._next > after)
+            return {bid: int(a.nbytes) for bid, a in self._buffers.items()}
 
     def executables(self) -> list[str]:
         return sorted(self._executables)
+
+    def stats(self) -> dict[str, int]:
+        """Messages with work received so far, and the operations in them (frees not counted)."""
+        with self._cv:
+            return dict(self._stats)
+
+    # --- messages in, records out ------------------------------------------------------------
+    def submit(self, seq: int, ops: list) -> None:
+        """Queue message ``seq`` (messages are issued in sequence order, whatever order Ray
+        runs these calls in)."""
+        work = sum(op[0] != "free" for op in ops)
+        with self._cv:
+            self._messages[seq] = ops
+            if work:
+                self._stats["messages"] += 1
+                self._stats["ops"] += work
+            self._cv.notify_all()
+
+    def poll(self, timeout: float) -> list[dict]:
+        """The completion records made since the last poll (waits up to ``timeout`` for one)."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._records, timeout)
+            out, self._records = self._records, []
+            return out
+
+    def deliver(self, bid: int, value, error: str | None, t_src: float) -> None:
+        """Another island's ``send`` arrives (called by that island's actor)."""
+        with self._cv:
+            self._incoming[bid] = (value, error, t_src)
+            self._cv.notify_all()
+
+    def source_lost(self, island: int, generation: int) -> None:
+        """The controller saw ``island``'s actor die: a ``recv`` from it fails, not waits."""
+        with self._cv:
+            self._lost.add((island, generation))
+            self._cv.notify_all()
+
+    def fetch(self, bid: int):
+        """A buffer's value as a host array (the controller asked for ``fut.result()``)."""
+        import numpy as np
+
+        return np.asarray(self._arg(bid, None))
 
     # --- layouts ---------------------------------------------------------------------------
     def _sharding(self, layout):
@@ -89,7 +164,6 @@ class IslandActor:
             return self._buffers[ref]
         return self._jax.device_put(ref, self._sharding(layout))
 
-    # --- work ------------------------------------------------------------------------------
     def _compiled(self, key: str, blob: bytes | None, in_layouts, out_layouts):
         exe = self._executables.get(key)
         if exe is not None:
@@ -106,77 +180,111 @@ class IslandActor:
         exe = self._executables[key] = jitted.lower(*structs).compile()
         return exe
 
-    def run(self, key: str, blob: bytes | None, in_layouts, out_layouts, inputs: list,
-            outputs: list[int]) -> dict:
-        """Run one computation: inputs are buffer ids (or host arrays), outputs get ``outputs``."""
-        t0 = _now()
-        try:
+    # --- the executor: issues operations in message order --------------------------------
+    def _execute(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._next in self._messages)
+                ops = self._messages.pop(self._next)
+            for op in ops:
+                t_launch = _now()
+                try:
+                    item = self._issue(op, t_launch)
+                except Exception as e:  # noqa: BLE001 - the record carries it to the controller
+                    item = ("error", op[1], f"{type(e).__name__}: {e}", t_launch, (), None)
+                if item is not None:
+                    self._issued.put(item)
+            with self._cv:
+                self._next += 1
+                self._cv.notify_all()
+
+    def _issue(self, op: tuple, t_launch: float) -> tuple | None:
+        """Start one operation; returns what the completion thread waits for."""
+        kind = op[0]
+        if kind == "run":
+            _, rid, key, blob, in_layouts, out_layouts, inputs, outputs = op
             exe = self._compiled(key, blob, in_layouts, out_layouts)
             args = [self._arg(r, lay) for r, lay in zip(inputs, in_layouts, strict=True)]
-            t_start = _now()
             outs = exe(*args)
-            self._jax.block_until_ready(outs)
-            t_end = _now()
-        except Exception as e:  # noqa: BLE001 - the record carries the error to the controller
-            return {"ok": False, "error": f"{type(e).__name__}: {e}", "t_start": t0,
-                    "t_end": _now()}
-        for bid, out in zip(outputs, outs, strict=True):
-            self._buffers[bid] = out
-        return {"ok": True, "t_start": t_start, "t_end": t_end}
-
-    def put(self, bid: int, value, layout) -> dict:
-        """A host value arrives (a program argument or constant)."""
-        t_start = _now()
-        try:
-            self._buffers[bid] = self._arg(value, layout)
-            self._buffers[bid].block_until_ready()
-        except Exception as e:  # noqa: BLE001
-            return {"ok": False, "error": f"{type(e).__name__}: {e}", "t_start": t_start,
-                    "t_end": _now()}
-        return {"ok": True, "t_start": t_start, "t_end": _now()}
-
-    def reshard(self, src: int, bid: int, layout) -> dict:
-        """A transfer inside the island (the paper's ICI): another layout of one buffer."""
-        t_start = _now()
-        try:
+            for bid, out in zip(outputs, outs, strict=True):
+                self._buffers[bid] = out
+            devices = {p for lay in (*in_layouts, *out_layouts) for p in lay[0]}
+            return ("done", rid, outs, t_launch, devices, None)
+        if kind == "put":
+            _, rid, bid, value, layout = op
+            out = self._buffers[bid] = self._arg(value, layout)
+            return ("done", rid, out, t_launch, (), None)
+        if kind == "reshard":
+            _, rid, src, bid, layout = op
             out = self._jax.device_put(self._arg(src, None), self._sharding(layout))
-            self._buffers[bid] = out.block_until_ready()
-        except Exception as e:  # noqa: BLE001
-            return {"ok": False, "error": f"{type(e).__name__}: {e}", "t_start": t_start,
-                    "t_end": _now()}
-        return {"ok": True, "t_start": t_start, "t_end": _now()}
+            self._buffers[bid] = out
+            return ("done", rid, out, t_launch, (), None)
+        if kind == "send":
+            _, rid, src, actor, bid = op
+            return ("send", rid, self._buffers.get(src), t_launch, (actor, bid), None)
+        if kind == "recv":
+            _, rid, bid, layout, island, generation = op
+            with self._cv:  # the island waits here for its input
+                self._cv.wait_for(lambda: bid in self._incoming
+                                  or (island, generation) in self._lost)
+                arrived = self._incoming.pop(bid, None)
+            if arrived is None:
+                raise RuntimeError(f"island {island} was lost before it sent buffer {bid}")
+            value, error, t_src = arrived
+            if error is not None:
+                raise RuntimeError(error)
+            out = self._buffers[bid] = self._arg(value, layout)
+            return ("done", rid, out, t_launch, (), t_src)
+        if kind == "free":
+            for bid in op[1]:
+                self._buffers.pop(bid, None)  # freed when the last computation using it ends
+            return None
+        raise ValueError(f"island {self.island}: unknown operation {kind!r}")
 
-    def send(self, src: int) -> tuple:
-        """The first half of a transfer to another island: the value and when it left.
+    # --- the completion thread: sees issued work end, in issue order --------------------------
+    def _complete(self) -> None:
+        while True:
+            kind, rid, value, t_launch, extra, t_src = self._issued.get()
+            record: dict = {"rid": rid, "ok": True}
+            try:
+                if kind == "error":
+                    raise _Failed(value)
+                if kind == "send":
+                    self._send(value, *extra, t_launch)
+                else:
+                    self._jax.block_until_ready(value)
+            except Exception as e:  # noqa: BLE001
+                record |= {"ok": False, "error": str(e) if isinstance(e, _Failed)
+                           else f"{type(e).__name__}: {e}"}
+            t_end = _now()
+            # A computation starts when it was issued, or when its devices finished the work
+            # issued before it, whichever is later.
+            devices = extra if kind == "done" else ()
+            t_start = max([t_launch, *(self._last_end.get(p, 0.0) for p in devices)])
+            for p in devices:
+                self._last_end[p] = t_end
+            record |= {"t_start": min(t_start, t_end), "t_end": t_end}
+            if t_src is not None:
+                record["t_src"] = t_src
+            value = None  # drop the arrays: a freed buffer goes once its last user ended
+            with self._cv:
+                self._records.append(record)
+                self._cv.notify_all()
 
-        The controller passes the ObjectRef of this result straight to the destination's
-        ``receive``; Ray moves the bytes between the two processes (or machines)."""
+    def _send(self, array, actor, bid: int, t_launch: float) -> None:
         import numpy as np
 
-        t_start = _now()
-        return np.asarray(self._arg(src, None)), t_start
+        if array is None:
+            actor.deliver.remote(bid, None, f"the value to send (island {self.island}) was "
+                                 "never made: its producer failed", t_launch)
+            raise RuntimeError("nothing to send: the producer failed")
+        try:
+            value = np.asarray(array)
+        except Exception as e:  # noqa: BLE001 - the receiver fails with the same error
+            actor.deliver.remote(bid, None, f"{type(e).__name__}: {e}", t_launch)
+            raise
+        actor.deliver.remote(bid, value, None, t_launch)
 
-    def receive(self, sent: tuple, bid: int, layout) -> dict:
-        value, t_src = sent
-        record = self.put(bid, value, layout)
-        record["t_src"] = t_src
-        return record
 
-    def fetch(self, bid: int):
-        """A buffer's value as a host array (the controller asked for ``fut.result()``)."""
-        import numpy as np
-
-        return np.asarray(self._arg(bid, None))
-
-    def free(self, bids: list[int]) -> int:
-        """Delete buffers; returns how many were live."""
-        n = 0
-        for bid in bids:
-            arr = self._buffers.pop(bid, None)
-            if arr is not None:
-                n += 1
-                try:
-                    arr.delete()
-                except Exception:  # noqa: BLE001 - already deleted: nothing left to free
-                    pass
-        return n
+class _Failed(Exception):
+    """An operation that failed when it was issued (its message is already formatted)."""

@@ -107,17 +107,20 @@ class RayBackend:
             raise DeviceSetupError(f"island {island!r} does not exist; this controller has "
                                    f"islands {sorted(self.hosts)}.")
         host = self.hosts[island]
+        host.mark_lost()  # the other islands stop waiting for values from the old actor
         host.kill()
         host.start()
         return self.islands[island]
 
     def buffers(self, island: int) -> dict[int, int]:
-        """The buffers the island's actor holds now (after sending pending frees)."""
+        """The buffers the island's actor holds once the frees pending now are done."""
         import ray
 
-        host = self.hosts[island]
-        host.flush()
-        return ray.get(host.actor.buffers.remote())
+        sent = self.dispatcher.islands[island].sync()
+        if sent is None:
+            raise DeviceSetupError(f"island {island} was lost; ctl.reattach({island}) first.")
+        actor, seq = sent
+        return ray.get(actor.buffers.remote(seq))
 
     def status(self) -> dict[str, Any]:
         return {"token_auth": cluster.token_auth_enabled(),

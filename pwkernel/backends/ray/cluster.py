@@ -17,7 +17,7 @@ import time
 import ray
 
 from ...runtime.errors import DeviceSetupError
-from .actor import IslandActor
+from .actor import _MAX_CONCURRENCY, IslandActor
 
 _lock = threading.Lock()
 _users = 0            # open controllers using the Ray connection
@@ -115,10 +115,11 @@ class IslandHost:
         self._frees: list[int] = []
         self._lock = threading.Lock()
         self.wake = lambda: None  # set by the island's executor: send pending frees soon
+        self.on_lost = lambda host: None  # set by the dispatcher: tell the other islands
 
     def start(self) -> None:
         """Start (or restart) the actor and measure its clock offset."""
-        opts: dict = {"max_concurrency": 1, "max_restarts": 0, "num_cpus": 0}
+        opts: dict = {"max_concurrency": _MAX_CONCURRENCY, "max_restarts": 0, "num_cpus": 0}
         if self.platform == "gpu":
             opts["num_gpus"] = self.devices
         actor = ray.remote(IslandActor).options(**opts).remote(
@@ -158,12 +159,20 @@ class IslandHost:
             self._frees.append(bid)
         self.wake()
 
-    def flush(self) -> None:
-        """Send pending frees (from the island's launcher thread, or a query)."""
+    def take_frees(self) -> list[int]:
+        """The buffer ids to free, for the island's next message."""
         with self._lock:
             bids, self._frees = self._frees, []
-            if bids and self.actor is not None and not self.lost:
-                self.actor.free.remote(bids)
+            return bids
+
+    def mark_lost(self) -> None:
+        """The actor died (a call to it failed): its buffers are gone, and the islands that
+        wait for a value from it must stop waiting."""
+        with self._lock:
+            if self.lost:
+                return
+            self.lost = True
+        self.on_lost(self)
 
     def kill(self) -> None:
         with self._lock:
