@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from bokeh.palettes import Colorblind8
 
 import pwkernel as pw
 from pwkernel.viz import columns as C
-from pwkernel.viz.palette import COLORS, LINK_COLORS, OKABE_ITO, ColorRegistry
+from pwkernel.viz import encoding as E
+from pwkernel.viz.palette import COLORS, FAILED_COLOR, LINK_COLORS, OKABE_ITO, ColorRegistry
 
 
 def make_programs(ctl):
@@ -153,7 +152,7 @@ def test_newest_converts_only_what_the_page_keeps(events):
 def test_utilization_counts_overlaps_once(events):
     base = next(e for e in events if e.kind == "compute")
     d = base.devices[0]
-    spans = [dataclasses.replace(base, index=i, t_start=s, t_end=t, devices=(d,))
+    spans = [base._replace(index=i, t_start=s, t_end=t, devices=(d,))
              for i, (s, t) in enumerate([(0.0, 0.4), (0.2, 0.5), (0.8, 0.9)])]
     util = C.utilization(spans, [d, d + 1], 0.0, 1.0)
     assert util[d] == pytest.approx(0.6)
@@ -198,3 +197,89 @@ def test_human_units():
     assert C.human_bytes(1536) == "1.5 KiB"
     assert C.human_bytes(3 * 1024**3) == "3.0 GiB"
     assert C.human_rate(None) == "" and C.human_rate(2048) == "2.0 KiB/s"
+
+
+# --- typed columns (encoding): what the live view streams --------------------------------
+
+
+def _same_rows(encoded: dict, reference: dict, book: E.Codebook) -> None:
+    """Decoded typed columns equal the plain columns, row for row (floats to rounding)."""
+    decoded = E.decode(encoded, book)
+    for k, values in decoded.items():
+        if k.startswith("c_") or k == "bandwidth":
+            continue
+        ref = reference[k]
+        if values and isinstance(values[0], float):
+            assert values == pytest.approx(ref, abs=1e-12), k
+        else:
+            assert values == ref, k
+
+
+def test_typed_columns_hold_the_same_rows(ctl, events):
+    layout = C.DeviceLayout.from_controller(ctl)
+    book, t0 = E.Codebook(), events[0].t_submit
+    compute = [e for e in events if e.kind == "compute"]
+    moved = [e for e in events if e.kind == "transfer"]
+    assert compute and moved
+    bars = E.compute_arrays(events, layout, t0, book)  # transfers are skipped
+    _same_rows(bars, C.rectangles(compute, layout, t0), book)
+    strips = E.transfer_arrays(events, layout, t0, book)
+    _same_rows(strips, C.rectangles(moved, layout, t0), book)
+    segs = E.link_arrays(events, layout, t0, book)
+    ref = C.links(moved, layout, t0)
+    _same_rows(segs, ref, book)
+    assert {"ici", "dcn"} <= set(book.decode(segs["link"]))
+    # Bandwidth stays numeric (NaN when unknown); the page formats it like human_rate.
+    rates = [C.human_rate(None if np.isnan(b) else b) for b in segs["bandwidth"]]
+    assert rates == ref["bw_text"]
+
+
+def test_typed_columns_are_numeric_and_match_their_schema(ctl, events):
+    layout = C.DeviceLayout.from_controller(ctl)
+    book = E.Codebook()
+    for build, schema in ((E.compute_arrays, E.COMPUTE_ARRAYS),
+                          (E.transfer_arrays, E.TRANSFER_ARRAYS),
+                          (E.link_arrays, E.LINK_ARRAYS)):
+        for cols in (build(events, layout, 0.0, book), build([], layout, 0.0, book),
+                     E.empty_arrays(schema)):
+            assert list(cols) == list(schema)
+            for k, v in cols.items():
+                assert isinstance(v, np.ndarray) and v.dtype == np.dtype(schema[k]), k
+
+
+def test_colour_indices_give_the_registry_colours(ctl, events):
+    layout = C.DeviceLayout.from_controller(ctl)
+    failed = next(e for e in events if e.kind == "compute")._replace(status="error")
+    evs = [*events, failed]
+    bars = E.compute_arrays(evs, layout, 0.0, E.Codebook())
+    ref = C.rectangles([e for e in evs if e.kind == "compute"], layout, 0.0)
+    palette = COLORS.mapper_palette
+    assert [palette[i] for i in bars["c_program"]] == ref["c_program"]
+    assert [palette[i] for i in bars["c_client"]] == ref["c_client"]
+    assert palette[bars["c_program"][-1]] == FAILED_COLOR  # failed: grey whatever the program
+
+
+def test_codebook_codes_are_stable_and_links_fixed():
+    book = E.Codebook()
+    assert book.names[:4] == list(E.LINK_NAMES)
+    assert [book.code(n) for n in E.LINK_NAMES] == [0, 1, 2, 3]
+    a, b = book.code("train"), book.code("eval")
+    assert (a, b, book.code("train")) == (4, 5, 4) and len(book) == 6
+    assert book.decode(np.array([5, 4, 1], dtype=np.int32)) == ["eval", "train", "dcn"]
+    with pytest.raises(ValueError, match="not in this codebook"):
+        book.decode([99])
+
+
+def test_colour_registry_index():
+    reg = ColorRegistry(("#000001", "#000002"))
+    assert [reg.index("program", p) for p in "abc"] == [0, 1, 0]
+    assert reg.failed_index == 2 and reg.mapper_palette[2] == FAILED_COLOR
+    assert reg.color("program", "b") == reg.palette[reg.index("program", "b")]
+    assert reg.assigned("program") == {"a": "#000001", "b": "#000002", "c": "#000001"}
+
+
+def test_unknown_device_in_typed_columns_is_a_clear_error(ctl, events):
+    layout = C.DeviceLayout.from_islands([(0, (0, 1))])
+    far = next(e for e in events if e.kind == "compute")._replace(devices=(7,))
+    with pytest.raises(ValueError, match="device 7 is not in this layout"):
+        E.compute_arrays([far], layout, 0.0, E.Codebook())

@@ -6,7 +6,6 @@ the view's own condition (``wait_for``), never on a timer.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 import numpy as np
@@ -45,17 +44,17 @@ def test_update_streams_each_event_once(ctl, programs, view):
     ctl.wait(10.0)
     assert view.update() == ctl.trace.next_index
     compute = expected(ctl, view, "compute")
-    assert view.source.data["index"] == compute["index"]
-    assert view.source.data["device"] == compute["device"]
+    assert view.decoded()["index"] == compute["index"]
+    assert view.decoded()["device"] == compute["device"]
     moved = expected(ctl, view, "transfer")
-    assert view.transfers.data["index"] == moved["index"]
-    assert {"ici", "dcn"} <= set(view.links.data["link"])
+    assert view.decoded(view.transfers)["index"] == moved["index"]
+    assert {"ici", "dcn"} <= set(view.decoded(view.links)["link"])
     assert view.update() == 0  # nothing new: nothing streamed twice
-    assert view.source.data["index"] == compute["index"]
+    assert view.decoded()["index"] == compute["index"]
     run(fig2)
     ctl.wait(10.0)
     assert view.update() > 0
-    assert view.source.data["index"] == expected(ctl, view, "compute")["index"]
+    assert view.decoded()["index"] == expected(ctl, view, "compute")["index"]
     assert len(view.history) == len(ctl.trace.events())
 
 
@@ -70,8 +69,8 @@ def test_rollover_keeps_the_newest_rows_and_the_full_history(ctl, programs):
             v.update()
         full = expected(ctl, v, "compute")
         assert C.length(full) > 5
-        assert v.source.data["index"] == full["index"][-5:]
-        assert v.source.data["device"] == full["device"][-5:]
+        assert v.decoded()["index"] == full["index"][-5:]
+        assert v.decoded()["device"] == full["device"][-5:]
         assert len(v.history) == ctl.trace.next_index
     finally:
         v.close()
@@ -97,15 +96,15 @@ def test_pause_holds_the_plot_and_resume_catches_up(ctl, programs, view):
     run(fig2)
     ctl.wait(10.0)
     view.update()
-    before = list(view.source.data["index"])
+    before = list(view.decoded()["index"])
     view.mode.value = PAUSE
     run(fig2)
     ctl.wait(10.0)
     assert view.update() > 0
-    assert view.source.data["index"] == before  # paused: history grows, the plot does not
+    assert view.decoded()["index"] == before  # paused: history grows, the plot does not
     assert len(view.history) == ctl.trace.next_index
     view.mode.value = FOLLOW
-    assert view.source.data["index"] == expected(ctl, view, "compute")["index"]
+    assert view.decoded()["index"] == expected(ctl, view, "compute")["index"]
 
 
 def test_filters_and_colour_by(ctl, programs, view):
@@ -118,15 +117,17 @@ def test_filters_and_colour_by(ctl, programs, view):
     assert set(view.client_filter.options) == {"default", "alice"}
     assert set(view.program_filter.options) == {"fig2", "local"}
     view.client_filter.value = ("alice",)
-    assert view.source.data["client"] and set(view.source.data["client"]) == {"alice"}
-    assert set(view.transfers.data["client"]) <= {"alice"}
+    assert view.decoded()["client"] and set(view.decoded()["client"]) == {"alice"}
+    assert set(view.decoded(view.transfers)["client"]) <= {"alice"}
     view.client_filter.value = ()
     view.program_filter.value = ("fig2",)
-    assert set(view.source.data["program"]) == {"fig2"}
+    assert set(view.decoded()["program"]) == {"fig2"}
     glyph = view.figure.select_one({"name": "compute"}).glyph
-    assert glyph.fill_color == "c_program"
+    mapper = glyph.fill_color.transform
+    assert glyph.fill_color.field == "c_program"
     view.color_by.value = "client"
-    assert glyph.fill_color == "c_client"
+    assert glyph.fill_color.field == "c_client"
+    assert glyph.fill_color.transform is mapper  # one mapper, only the index column changes
     assert "alice" in view.legend.value
 
 
@@ -138,7 +139,7 @@ def test_constructor_filters(ctl, programs):
         run(local)
         ctl.wait(10.0)
         v.update()
-        assert set(v.source.data["program"]) == {"local"}
+        assert set(v.decoded()["program"]) == {"local"}
     finally:
         v.close()
 
@@ -204,7 +205,7 @@ def test_live_thread_streams_and_stops_on_close(ctl, programs):
         ctl.wait(10.0)
         assert v.wait_for(ctl.trace.next_index, timeout=30.0)
         with v._lock:
-            assert v.source.data["index"] == expected(ctl, v, "compute")["index"]
+            assert v.decoded()["index"] == expected(ctl, v, "compute")["index"]
     finally:
         v.close()
     assert not thread.is_alive()
@@ -302,10 +303,10 @@ def test_a_hundred_thousand_events(ctl, programs):
     run(programs[0])
     ctl.wait(10.0)
     template = [e for e in ctl.trace.events() if e.kind == "compute"][0]
-    names = [f.name for f in dataclasses.fields(template) if f.name != "index"]
+    names = [f for f in template._fields if f != "index"]
     for i in range(100_000):
         start = template.t_start + i * 1e-3
-        moved = dataclasses.replace(template, t_start=start, t_end=start + 5e-4)
+        moved = template._replace(t_start=start, t_end=start + 5e-4)
         ctl.trace.record(*(getattr(moved, n) for n in names))  # Event's fields, in order
     v = pw.ScheduleView(ctl, live=False, max_rows=10_000)
     try:
@@ -316,3 +317,48 @@ def test_a_hundred_thousand_events(ctl, programs):
         assert C.length(v.source.data) == 10_000
     finally:
         v.close()
+
+
+def test_streams_go_as_binary_buffers_with_names_sent_once(ctl, programs, view):
+    """The point of the typed columns: a stream is binary buffers, never value-by-value
+    lists, and each name crosses the wire once (through ``view.lookup``)."""
+    import json
+
+    sent: list[tuple[dict, list]] = []
+    view.plot.send = lambda content, buffers=None: sent.append((content, buffers or []))
+    run(programs[0])
+    ctl.wait(10.0)
+    view.update()
+    patches = [json.loads(c["payload"]) for c, b in sent if not b and "payload" in c]
+    streams = [ev for p in patches for ev in p.get("events", [])
+               if ev.get("kind") == "ColumnsStreamed"]
+    by_source = {ev["model"]["id"]: ev["data"] for ev in streams}
+    sources = (view.source, view.transfers, view.links)
+    for source in sources:
+        columns = by_source[source.id]["entries"]
+        assert columns and all(rep["type"] == "ndarray" and rep["dtype"] != "object"
+                               for _, rep in columns), source.name
+    # One binary frame per column (the lookup's few new names go as a plain list).
+    assert sum(1 for _, b in sent if b) == sum(len(by_source[s.id]["entries"]) for s in sources)
+    assert list(view.lookup.data["text"]) == view.codebook.names
+    assert {"fig2", "default", "ok"} <= set(view.codebook.names)
+    # Again, with names the page already has: the lookup is not streamed a second time.
+    sent.clear()
+    run(programs[0])
+    ctl.wait(10.0)
+    view.update()
+    again = [ev for c, b in sent if not b and "payload" in c
+             for ev in json.loads(c["payload"]).get("events", [])]
+    assert again and view.lookup.id not in {ev.get("model", {}).get("id") for ev in again}
+
+
+def test_hover_reads_names_from_the_lookup(view):
+    from bokeh.models import HoverTool
+
+    tools = view.figure.select({"type": HoverTool})
+    assert len(tools) == 3
+    for tool in tools:
+        for field in ("@name", "@program", "@client", "@status"):
+            assert tool.formatters[field].args["names"] is view.lookup
+        assert all("{custom}" in tip for label, tip in tool.tooltips
+                   if label in ("name", "program", "client", "status", "link"))

@@ -19,11 +19,12 @@ view can ask for ``events(since=k)`` and stream only what is new.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
-from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import NamedTuple
 
 
 class EventKind(StrEnum):
@@ -38,13 +39,14 @@ class LinkKind(StrEnum):
     DCN = "dcn"
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One finished (or failed) computation or transfer.
+class Event(NamedTuple):
+    """One finished (or failed) computation or transfer (immutable; ``e._replace(...)`` makes a
+    changed copy).
 
     ``devices`` are global device ids: for a transfer, the destination devices, with the
     source devices in ``src_devices``. ``src``/``dst`` are island ids (transfers only).
-    ``status`` is ``"ok"``, ``"error"`` or ``"cancelled"``.
+    ``status`` is ``"ok"``, ``"error"`` or ``"cancelled"``. A named tuple, not a frozen
+    dataclass: a live view reads thousands per second, and this builds one in a single C call.
     """
 
     index: int
@@ -78,7 +80,10 @@ class Event:
         return self.nbytes / self.duration
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()
+
+
+_new_event = functools.partial(tuple.__new__, Event)
 
 
 class Trace:
@@ -110,7 +115,7 @@ class Trace:
         """Events with ``index >= since``, oldest first."""
         with self._lock:
             raw = self._raw[max(0, since - self._first):]
-        return [Event(*r) for r in raw]
+        return list(map(_new_event, raw))  # C calls only: no Python frame per event
 
     def wait_for(self, count: int, timeout: float | None = None) -> bool:
         """Block until at least ``count`` events were ever recorded; False on timeout."""

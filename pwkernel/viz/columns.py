@@ -1,4 +1,7 @@
-"""Pure conversions from trace events to the columns the plots draw. No Bokeh, no widgets.
+"""Pure conversions from trace events to readable columns (lists of names, colours, texts),
+plus the layout and summaries the plots share. No Bokeh, no widgets. The live view and the
+report stream the typed equivalent of these rows (``encoding``); these stay the reference
+they are tested against.
 
 The schedule has one row per device, grouped by island (``DeviceLayout``). A computation that
 ran on k devices becomes k bars (one per device row). A transfer becomes a thin bar on each
@@ -25,12 +28,6 @@ BAR_COLUMNS: tuple[str, ...] = (
     "index", "kind", "y", "left", "right", "name", "program", "client", "device", "island",
     "link", "status", "start", "duration", "nbytes", "bytes_text", "bw_text",
     "c_program", "c_client", "c_link",
-)
-# What a computation's bar needs in the live view (glyph, hover, colour by, tests' index):
-# the transfer-only columns are left out of the stream, which Bokeh serializes value by value.
-COMPUTE_COLUMNS: tuple[str, ...] = (
-    "index", "y", "left", "right", "name", "program", "client", "device", "island", "status",
-    "start", "duration", "c_program", "c_client",
 )
 LINK_COLUMNS: tuple[str, ...] = (
     "index", "x0", "y0", "x1", "y1", "name", "program", "client", "link", "status",
@@ -128,11 +125,6 @@ def select(events: Iterable[Event], programs: Iterable[str] | None = None,
 
 def empty(names: Sequence[str]) -> dict[str, list]:
     return {k: [] for k in names}
-
-
-def only(cols: dict[str, list], names: Sequence[str]) -> dict[str, list]:
-    """The ``names`` columns of ``cols``."""
-    return {k: cols[k] for k in names}
 
 
 def _program_color(e: Event, colors: ColorRegistry) -> str:

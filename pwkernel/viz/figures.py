@@ -11,19 +11,75 @@ from bokeh.models import (
     BoxAnnotation,
     CDSView,
     ColumnDataSource,
+    CustomJSFilter,
+    CustomJSHover,
     FixedTicker,
-    GroupFilter,
     HoverTool,
+    LinearColorMapper,
     Range1d,
 )
 from bokeh.plotting import figure
+from bokeh.transform import transform
 
 from .columns import COMPUTE_HEIGHT, TRANSFER_HEIGHT, DeviceLayout
+from .encoding import LINK_CODES, LINK_NAMES
+from .palette import COLORS, LINK_COLORS, UNKNOWN_LINK_COLOR, ColorRegistry
 
 COLOR_FIELDS = {"program": "c_program", "client": "c_client"}
 
-_COMMON_TIPS = [("name", "@name"), ("program", "@program"), ("client", "@client"),
-                ("start", "@start{0.000000} s"), ("duration", "@duration{0.000000} s")]
+# Hover text is made in the browser: coded columns are looked up in the page's copy of the
+# codebook (a one-column source, ``text``, that grows only when a new name appears).
+_LOOKUP_JS = """
+const text = names.get_column("text");
+return text != null && value >= 0 && value < text.length ? String(text[value]) : String(value);
+"""
+# The same rule as ``columns.human_bytes``; NaN (unknown bandwidth) shows as blank.
+_BYTES_JS = """
+if (value == null || Number.isNaN(value)) return "";
+const units = ["B", "KiB", "MiB", "GiB"];
+let v = value, i = 0;
+while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+return (i == 0 ? v.toFixed(0) : v.toFixed(1)) + " " + units[i] + suffix;
+"""
+# Keep the rows of one link kind: GroupFilter compares strings, the column holds codes.
+_LINK_FILTER_JS = """
+const links = source.get_column("link");
+const keep = [];
+if (links != null) for (let i = 0; i < links.length; i++) if (links[i] == code) keep.push(i);
+return keep;
+"""
+_CODED = ("name", "program", "client", "status", "link")
+
+
+def names_source(names: list[str] | None = None) -> ColumnDataSource:
+    """The page's copy of a ``Codebook``: row k is the string of code k."""
+    return ColumnDataSource({"text": list(names or [])}, name="pw-schedule-names")
+
+
+def _color_mapper(colors: ColorRegistry) -> LinearColorMapper:
+    # Integer index k falls in [k - 0.5, k + 0.5): exact whatever the float rounding.
+    palette = list(colors.mapper_palette)
+    return LinearColorMapper(palette=palette, low=-0.5, high=len(palette) - 0.5)
+
+
+def _link_mapper() -> LinearColorMapper:
+    palette = [LINK_COLORS.get(n, UNKNOWN_LINK_COLOR) for n in LINK_NAMES]
+    return LinearColorMapper(palette=palette, low=-0.5, high=len(palette) - 0.5,
+                             high_color=UNKNOWN_LINK_COLOR)
+
+
+def _formatters(names: ColumnDataSource) -> dict[str, CustomJSHover]:
+    lookup = CustomJSHover(args={"names": names}, code=_LOOKUP_JS)
+    return {**{f"@{c}": lookup for c in _CODED},
+            "@nbytes": CustomJSHover(args={"suffix": ""}, code=_BYTES_JS),
+            "@bandwidth": CustomJSHover(args={"suffix": "/s"}, code=_BYTES_JS)}
+
+
+_NAME_TIPS = [("name", "@name{custom}"), ("program", "@program{custom}"),
+              ("client", "@client{custom}")]
+_BAR_TIPS = [*_NAME_TIPS, ("start", "@left{0.000000} s"), ("duration", "@duration{0.000000} s")]
+_SEGMENT_TIPS = [*_NAME_TIPS, ("start", "@x0{0.000000} s"),
+                 ("duration", "@duration{0.000000} s")]
 
 
 def color_field(color_by: str) -> str:
@@ -34,14 +90,22 @@ def color_field(color_by: str) -> str:
                          ) from None
 
 
+def _link_view(link: str) -> CDSView:
+    return CDSView(filter=CustomJSFilter(args={"code": LINK_CODES[link]}, code=_LINK_FILTER_JS))
+
+
 def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: ColumnDataSource,
-                    segments: ColumnDataSource, color_by: str = "program",
-                    title: str = "Gang schedule", x_range: Range1d | None = None,
-                    height: int | None = None):
+                    segments: ColumnDataSource, names: ColumnDataSource,
+                    color_by: str = "program", title: str = "Gang schedule",
+                    x_range: Range1d | None = None, height: int | None = None,
+                    colors: ColorRegistry = COLORS):
     """A Gantt chart: one row per device, grouped by island. Returns the figure.
 
-    The figure's glyph renderers are named ``compute``, ``transfers``, ``ici-links`` and
-    ``dcn-links``; switch colouring with ``set_color_by(fig, "client")``.
+    The sources hold the typed columns of ``encoding`` (``compute_arrays``,
+    ``transfer_arrays``, ``link_arrays``); ``names`` is the page's copy of their codebook
+    (``names_source``), which the hover tooltips read names from. The figure's glyph
+    renderers are named ``compute``, ``transfers``, ``ici-links`` and ``dcn-links``; switch
+    colouring with ``set_color_by(fig, "client")``.
     """
     low, high = layout.extent
     rows = len(layout.rows)
@@ -62,35 +126,38 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
                                      fill_color="#F4F4F4" if n % 2 == 0 else "#FFFFFF",
                                      fill_alpha=1.0, line_color=None))
     compute = fig.hbar(y="y", left="left", right="right", height=COMPUTE_HEIGHT, source=bars,
-                       fill_color=color_field(color_by), line_color="#333333",
-                       line_width=0.5, name="compute")
+                       fill_color=transform(color_field(color_by), _color_mapper(colors)),
+                       line_color="#333333", line_width=0.5, name="compute")
+    link_color = transform("link", _link_mapper())
     moved = fig.hbar(y="y", left="left", right="right", height=TRANSFER_HEIGHT,
-                     source=transfers, fill_color="c_link", line_color="c_link",
+                     source=transfers, fill_color=link_color, line_color=link_color,
                      hatch_pattern="right_diagonal_line", hatch_color="white",
                      hatch_alpha=0.6, name="transfers")
     ici = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=segments,
-                      view=CDSView(filter=GroupFilter(column_name="link", group="ici")),
-                      line_color="#777777", line_width=1, line_alpha=0.6, name="ici-links")
+                      view=_link_view("ici"), line_color="#777777", line_width=1,
+                      line_alpha=0.6, name="ici-links")
     dcn = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=segments,
-                      view=CDSView(filter=GroupFilter(column_name="link", group="dcn")),
-                      line_color="#000000", line_width=1, line_alpha=0.6, line_dash="dashed",
-                      name="dcn-links")
-    fig.add_tools(HoverTool(renderers=[compute], tooltips=[
-        *_COMMON_TIPS, ("device", "@device (island @island)"), ("status", "@status")]))
-    transfer_tips = [*_COMMON_TIPS, ("link", "@link"), ("bytes", "@bytes_text"),
-                     ("bandwidth", "@bw_text"), ("status", "@status")]
-    fig.add_tools(HoverTool(renderers=[moved], tooltips=[
-        *transfer_tips, ("to device", "@device (island @island)")]))
-    fig.add_tools(HoverTool(renderers=[ici, dcn], line_policy="interp", tooltips=[
-        *transfer_tips, ("devices", "@src_device → @dst_device")]))
+                      view=_link_view("dcn"), line_color="#000000", line_width=1,
+                      line_alpha=0.6, line_dash="dashed", name="dcn-links")
+    formatters = _formatters(names)
+    fig.add_tools(HoverTool(renderers=[compute], formatters=formatters, tooltips=[
+        *_BAR_TIPS, ("device", "@device (island @island)"), ("status", "@status{custom}")]))
+    transfer_tips = [("link", "@link{custom}"), ("bytes", "@nbytes{custom}"),
+                     ("bandwidth", "@bandwidth{custom}"), ("status", "@status{custom}")]
+    fig.add_tools(HoverTool(renderers=[moved], formatters=formatters, tooltips=[
+        *_BAR_TIPS, *transfer_tips, ("to device", "@device (island @island)")]))
+    fig.add_tools(HoverTool(renderers=[ici, dcn], line_policy="interp", formatters=formatters,
+                            tooltips=[*_SEGMENT_TIPS, *transfer_tips,
+                                      ("devices", "@src_device → @dst_device")]))
     return fig
 
 
 def set_color_by(fig, color_by: str) -> None:
     """Colour the computation bars of a ``schedule_figure`` by program or by client."""
     name = color_field(color_by)
-    renderer = fig.select_one({"name": "compute"})
-    renderer.glyph.fill_color = name
+    glyph = fig.select_one({"name": "compute"}).glyph
+    # Same colour mapper, other index column: nothing but the field name goes to the page.
+    glyph.fill_color = transform(name, glyph.fill_color.transform)
 
 
 def legend_html(colors: dict[str, str], title: str) -> str:

@@ -40,17 +40,39 @@ class ColorRegistry:
 
     def color(self, namespace: str, key: str) -> str:
         """The colour of ``key`` in ``namespace`` ("program" or "client")."""
-        with self._lock:
-            table = self._assigned.setdefault(namespace, {})
-            found = table.get(key)
-            if found is None:
-                found = table[key] = self.palette[len(table) % len(self.palette)]
-            return found
+        return self.palette[self.index(namespace, key)]
+
+    def index(self, namespace: str, key: str) -> int:
+        """The position of ``key``'s colour in ``palette`` (what a plot's colour mapper
+        resolves in the browser, so columns stay numeric).
+
+        >>> ColorRegistry(("#000", "#fff")).index("program", "a")
+        0
+        """
+        table = self._assigned.get(namespace)
+        found = None if table is None else table.get(key)  # the common case takes no lock
+        if found is None:
+            with self._lock:
+                table = self._assigned.setdefault(namespace, {})
+                found = table.get(key)
+                if found is None:
+                    found = table[key] = len(table) % len(self.palette)
+        return found
+
+    @property
+    def failed_index(self) -> int:
+        """The index of ``FAILED_COLOR`` in ``mapper_palette``: one past the palette."""
+        return len(self.palette)
+
+    @property
+    def mapper_palette(self) -> tuple[str, ...]:
+        """``palette`` plus ``FAILED_COLOR``: what a colour mapper over ``index`` draws."""
+        return (*self.palette, FAILED_COLOR)
 
     def assigned(self, namespace: str) -> dict[str, str]:
         """A copy of the colours handed out so far in ``namespace``, in first-seen order."""
         with self._lock:
-            return dict(self._assigned.get(namespace, {}))
+            return {k: self.palette[i] for k, i in self._assigned.get(namespace, {}).items()}
 
 
 # One registry per process: every ScheduleView, TopologyView and report agrees on colours.

@@ -23,14 +23,13 @@ from .columns import (
     client_share,
     human_bytes,
     human_rate,
-    links,
     newest,
-    rectangles,
     tail,
     transfer_summary,
     utilization,
 )
-from .figures import legend_html, schedule_figure
+from .encoding import Codebook, compute_arrays, link_arrays, transfer_arrays
+from .figures import legend_html, names_source, schedule_figure
 from .palette import COLORS
 from .schedule import _check_controller
 
@@ -108,11 +107,13 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
     compute = [e for e in evs if e.kind == "compute"]
     moved = [e for e in evs if e.kind == "transfer"]
     drawn_compute, drawn_moved = newest(compute, max_rows), newest(moved, max_rows)
-    bars = ColumnDataSource(tail(rectangles(drawn_compute, layout, t0), max_rows))
-    strips = ColumnDataSource(tail(rectangles(drawn_moved, layout, t0), max_rows))
-    segs = ColumnDataSource(tail(links(drawn_moved, layout, t0), max_rows))
-    sched = schedule_figure(layout, bars, strips, segs, title="Gang schedule",
-                            x_range=Range1d(0.0, max(t_end - t0, 1e-6)))
+    # The live view's typed columns: binary in the file too, with names looked up on hover.
+    book = Codebook()
+    bars = ColumnDataSource(tail(compute_arrays(drawn_compute, layout, t0, book), max_rows))
+    strips = ColumnDataSource(tail(transfer_arrays(drawn_moved, layout, t0, book), max_rows))
+    segs = ColumnDataSource(tail(link_arrays(drawn_moved, layout, t0, book), max_rows))
+    sched = schedule_figure(layout, bars, strips, segs, names_source(book.names),
+                            title="Gang schedule", x_range=Range1d(0.0, max(t_end - t0, 1e-6)))
     programs = {e.program: None for e in evs}
     clients = sorted({e.client for e in evs})
     summary = (f"<h2>{html.escape(title)}</h2><p>{len(evs)} events ({len(compute)} "

@@ -1,43 +1,43 @@
 """``pw.ScheduleView``: a live Gantt chart of the controller's gang schedules and transfers.
 
 Three layers, as in dask's task stream: the trace keeps every event with an ever-growing
-index; ``columns.rectangles``/``columns.links`` turn events into columns (pure); ``update()``
-streams only the new columns into Bokeh sources with a rollover, so the page holds at most
-``max_rows`` rows per source while ``history`` keeps every event in Python.
+index; ``encoding.compute_arrays``/``transfer_arrays``/``link_arrays`` turn events into typed
+NumPy columns (pure; strings as codes into ``view.codebook``); ``update()`` streams only the
+new columns into Bokeh sources with a rollover, so the page holds at most ``max_rows`` rows
+per source while ``history`` keeps every event in Python.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
 
 import ipywidgets as w
-import numpy as np
 from bokeh.models import ColumnDataSource, Range1d
 
 from ..runtime.trace import Event
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
-from .columns import (
-    BAR_COLUMNS,
-    COMPUTE_COLUMNS,
-    LINK_COLUMNS,
-    DeviceLayout,
-    empty,
-    length,
-    links,
-    newest,
-    only,
-    rectangles,
-    select,
-    tail,
+from .columns import DeviceLayout, length, newest, select, tail
+from .encoding import (
+    COMPUTE_ARRAYS,
+    LINK_ARRAYS,
+    TRANSFER_ARRAYS,
+    Codebook,
+    compute_arrays,
+    decode,
+    empty_arrays,
+    link_arrays,
+    transfer_arrays,
 )
-from .figures import COLOR_FIELDS, legend_html, schedule_figure, set_color_by
+from .figures import COLOR_FIELDS, legend_html, names_source, schedule_figure, set_color_by
 from .palette import COLORS
 from .updater import DEFAULT_INTERVAL, LiveUpdater
 
 FOLLOW, PAUSE = "follow live", "pause"
+_T_END, _PROGRAM, _CLIENT = attrgetter("t_end"), attrgetter("program"), attrgetter("client")
+_KIND = attrgetter("kind")
 
 
 def _check_controller(ctl) -> None:
@@ -70,6 +70,9 @@ class ScheduleView(w.VBox):
     ``programs``/``clients``: show only these (None: all). ``window``: seconds of the time axis
     while following. ``max_rows``: rows kept in the page per source (older ones roll over;
     ``history`` keeps everything). ``live=False`` starts no thread: call ``update()`` yourself.
+
+    The sources hold NumPy columns; their string columns are codes into ``codebook`` (the
+    page's copy is ``lookup``): ``view.decoded()`` gives the rows with the names.
     """
 
     def __init__(self, ctl, programs: Iterable[str] | str | None = None,
@@ -98,12 +101,17 @@ class ScheduleView(w.VBox):
         self._lock = threading.RLock()
         self._updated = threading.Condition(self._lock)  # notified after every update()
         self._quiet = False   # set while the view itself changes its controls
-        self.source = ColumnDataSource(empty(COMPUTE_COLUMNS), name="pw-schedule-compute")
-        self.transfers = ColumnDataSource(empty(BAR_COLUMNS), name="pw-schedule-transfers")
-        self.links = ColumnDataSource(empty(LINK_COLUMNS), name="pw-schedule-links")
+        # Typed columns only (see ``encoding``): strings are codes into ``codebook``, whose
+        # names the page gets once each, through ``lookup``.
+        self.codebook = Codebook()
+        self.lookup = names_source(self.codebook.names)
+        self.source = ColumnDataSource(empty_arrays(COMPUTE_ARRAYS), name="pw-schedule-compute")
+        self.transfers = ColumnDataSource(empty_arrays(TRANSFER_ARRAYS),
+                                          name="pw-schedule-transfers")
+        self.links = ColumnDataSource(empty_arrays(LINK_ARRAYS), name="pw-schedule-links")
         self.x_range = Range1d(0.0, float(window))
         self.figure = schedule_figure(self.layout_rows, self.source, self.transfers, self.links,
-                                      color_by=color_by, x_range=self.x_range)
+                                      self.lookup, color_by=color_by, x_range=self.x_range)
         self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
         self._build_controls(window, color_by, _names(programs, "programs"),
                              _names(clients, "clients"))
@@ -180,8 +188,7 @@ class ScheduleView(w.VBox):
         and shown on resume.
         """
         with self._lock:
-            new = self.ctl.trace.events(since=self._cursor)
-            new = [e for e in new if e.index >= self._cursor]
+            new = self.ctl.trace.events(since=self._cursor)  # indices >= the cursor
             if new:
                 self._cursor = new[-1].index + 1
                 if self._t0 is None:
@@ -209,37 +216,66 @@ class ScheduleView(w.VBox):
         with self._lock:
             shown = self._filtered(self.history)
             t0 = self._t0 or 0.0
-            compute = newest([e for e in shown if e.kind == "compute"], self.max_rows)
-            moved = newest([e for e in shown if e.kind == "transfer"], self.max_rows)
-            self.source.data = tail(only(rectangles(compute, self.layout_rows, t0),
-                                         COMPUTE_COLUMNS), self.max_rows)
-            self.transfers.data = tail(rectangles(moved, self.layout_rows, t0), self.max_rows)
-            self.links.data = tail(links(moved, self.layout_rows, t0), self.max_rows)
+            compute, transfers, segments = self._arrays(shown, t0)
+            self._send_names()
+            self.source.data = compute
+            self.transfers.data = transfers
+            self.links.data = segments
             self._shown = len(self.history)
             self._latest = max((e.t_end - t0 for e in shown), default=0.0)
             self._follow()
             self._refresh_status()
 
     def _filtered(self, events: list[Event]) -> list[Event]:
-        return select(events, self.programs, self.clients)
+        programs, clients = self.programs, self.clients
+        if programs is None and clients is None:
+            return events  # the usual case: no per-event pass at all
+        return select(events, programs, clients)
 
     def _push(self, events: list[Event]) -> None:
         shown = self._filtered(events)
         if not shown:
             return
         t0 = self._t0 or 0.0
-        self._latest = max(self._latest, max(e.t_end for e in shown) - t0)
-        compute = newest([e for e in shown if e.kind == "compute"], self.max_rows)
-        moved = newest([e for e in shown if e.kind == "transfer"], self.max_rows)
-        for source, cols in ((self.source, only(rectangles(compute, self.layout_rows, t0),
-                                                COMPUTE_COLUMNS)),
-                             (self.transfers, rectangles(moved, self.layout_rows, t0)),
-                             (self.links, links(moved, self.layout_rows, t0))):
+        self._latest = max(self._latest, max(map(_T_END, shown)) - t0)
+        arrays = self._arrays(shown, t0)
+        self._send_names()  # before the rows that use them, so hovers never miss a name
+        for source, cols in zip((self.source, self.transfers, self.links), arrays, strict=True):
             if length(cols):
-                # Send at most what the page keeps: a burst larger than the rollover would
-                # only be dropped by the browser after crossing the wire.
-                source.stream(_packed(tail(cols, self.max_rows)), rollover=self.max_rows)
+                source.stream(cols, rollover=self.max_rows)
         self._follow()
+
+    def _arrays(self, events: list[Event], t0: float) -> tuple[dict, dict, dict]:
+        """Typed columns of the newest ``max_rows`` rows per source: a burst larger than the
+        rollover would only be dropped by the browser after crossing the wire."""
+        kinds = list(map(_KIND, events))  # no Python code per event in the common case
+        if "transfer" in kinds:
+            compute = [e for e, k in zip(events, kinds, strict=True) if k == "compute"]
+            moved = [e for e, k in zip(events, kinds, strict=True) if k == "transfer"]
+        else:
+            compute, moved = events, []
+        # An event has at most one bar per device: below this many, every event fits.
+        fits = self.max_rows // max(1, len(self.layout_rows.rows))
+        compute = compute if len(compute) <= fits else newest(compute, self.max_rows)
+        moved = moved if len(moved) <= fits else newest(moved, self.max_rows)
+        book, rows = self.codebook, self.layout_rows
+        return (tail(compute_arrays(compute, rows, t0, book), self.max_rows),
+                tail(transfer_arrays(moved, rows, t0, book), self.max_rows),
+                tail(link_arrays(moved, rows, t0, book), self.max_rows))
+
+    def _send_names(self) -> None:
+        sent = length(self.lookup.data)
+        if sent < len(self.codebook):
+            self.lookup.stream({"text": self.codebook.names[sent:]})
+
+    def decoded(self, source: ColumnDataSource | None = None) -> dict[str, list]:
+        """The rows of ``source`` (default: the computation bars) with names, not codes.
+
+        >>> view.decoded()["program"][:2]   # doctest: +SKIP
+        ['fig2', 'fig2']
+        """
+        with self._lock:
+            return decode(dict((source or self.source).data), self.codebook)
 
     def _follow(self) -> None:
         if not self.following:
@@ -248,8 +284,8 @@ class ScheduleView(w.VBox):
         self.x_range.update(start=end - float(self.window.value), end=end)
 
     def _note_names(self, events: list[Event]) -> None:
-        programs = {e.program: None for e in events}
-        clients = {e.client: None for e in events}
+        programs = dict.fromkeys(map(_PROGRAM, events))  # first-seen order, at C speed
+        clients = dict.fromkeys(map(_CLIENT, events))
         for sel, names in ((self.program_filter, programs), (self.client_filter, clients)):
             missing = [n for n in names if n not in sel.options]
             if missing:
@@ -321,9 +357,3 @@ class ScheduleView(w.VBox):
         ensure_bokehjs()  # the BokehModel renders only when BokehJS is in the page
         return super()._repr_mimebundle_(**kwargs)
 
-
-def _packed(cols: dict[str, list]) -> dict[str, Any]:
-    """Float columns as NumPy arrays: Bokeh sends those as binary buffers, where a list costs
-    a Python call per value (most of an update's time, and so of the view's overhead)."""
-    return {k: np.asarray(v, dtype=np.float64) if v and type(v[0]) is float else v
-            for k, v in cols.items()}

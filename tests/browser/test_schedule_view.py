@@ -3,6 +3,7 @@ errors, and the browser's rows are the kernel's rows (the stream echo is not dou
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -76,6 +77,13 @@ ROWS_JS = """() => {
   return found === null ? -1 : found.get_length();
 }"""
 INDEX_JS = ROWS_JS.replace("found.get_length()", "Array.from(found.get_column('index'))")
+# The page's names for the codes of the newest bar: what the hover tooltip shows.
+NAMES_JS = ROWS_JS.replace("return found === null ? -1 : found.get_length();", """
+  let names = null;
+  for (const doc of docs) names = doc.get_model_by_name("pw-schedule-names") || names;
+  const text = names.get_column("text"), last = found.get_length() - 1;
+  return ["name", "program", "client", "status"].map(
+      (c) => text[found.get_column(c)[last]]);""")
 
 
 def view_area(page):
@@ -126,12 +134,20 @@ def test_schedule_view_streams_live_in_jupyterlab(tmp_path):
             with kernel_client(lab, NOTEBOOK) as client:
                 out = run_code(client, 'print(len(view.source.data["index"]), '
                                        'view.plot.ignored_echoes, '
-                                       'list(view.source.data["index"]))')
+                                       'view.source.data["index"].tolist())')
             rows, echoes, kernel_index = out.split(" ", 2)
             browser_index = page.evaluate(INDEX_JS)
             assert int(rows) == kernel_rows == page.evaluate(ROWS_JS)
             assert [int(i) for i in re.findall(r"\d+", kernel_index)] == browser_index
             assert int(echoes) > 0, "the frontend sent no echo: the guard was not exercised"
+            # The columns are codes; the page's lookup gives back the kernel's strings.
+            with kernel_client(lab, NOTEBOOK) as client:
+                out = run_code(client, 'import json; rows = view.decoded(); print(json.dumps('
+                                       '[rows[c][-1] for c in ("name", "program", "client", '
+                                       '"status")]))')
+            kernel_names = json.loads(out)
+            assert kernel_names == page.evaluate(NAMES_JS)
+            assert kernel_names[1:] in (["fig2", "alice", "ok"], ["fig2", "bob", "ok"])
             assert page.errors == [], f"errors in the page: {page.errors}"
     DOC_IMAGE.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, DOC_IMAGE)

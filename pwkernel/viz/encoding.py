@@ -1,0 +1,235 @@
+"""Trace events as typed NumPy columns: what the plots stream to the page. NumPy, no Bokeh.
+
+Bokeh sends a NumPy column as one binary buffer, but a Python list value by value, holding
+the GIL the dispatch threads need. So every streamed column is numeric: strings (names,
+programs, clients, statuses, links) become integer codes into a ``Codebook`` that the page
+holds once, and colours become indices into a fixed palette that a colour mapper resolves
+in the browser.
+
+Rows are the same as ``columns.rectangles`` / ``columns.links`` (one bar per event and
+device; one segment per source/destination pair); ``decode`` turns the codes back.
+
+>>> book = Codebook()
+>>> book.code("train"), book.code("ici"), book.names[:3]
+(4, 0, ['ici', 'dcn', 'host'])
+>>> layout = DeviceLayout.from_islands([(0, (0, 1))])
+>>> cols = compute_arrays([], layout, 0.0, book)
+>>> cols["index"].dtype.name, len(cols["index"])
+('int64', 0)
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+
+from ..runtime.trace import Event
+from .columns import (
+    COMPUTE_OFFSET,
+    TRANSFER_OFFSET,
+    DeviceLayout,
+    _pairs,
+)
+from .palette import COLORS, ColorRegistry
+
+# Links first, at fixed codes 0..3, in every codebook: the link filters and the link colour
+# mapper of a figure are built once and must agree with every view's and report's codes.
+LINK_NAMES: tuple[str, ...] = ("ici", "dcn", "host", "")
+LINK_CODES: dict[str, int] = {name: i for i, name in enumerate(LINK_NAMES)}
+
+# Column name -> dtype. The string columns hold codes; ``c_*`` hold palette indices. A bar's
+# start is its ``left`` (a segment's ``x0``): no separate column crosses the wire for it.
+COMPUTE_ARRAYS: dict[str, type] = {
+    "index": np.int64, "y": np.float64, "left": np.float64, "right": np.float64,
+    "name": np.int32, "program": np.int32, "client": np.int32, "device": np.int32,
+    "island": np.int32, "status": np.int32, "duration": np.float64,
+    "c_program": np.int32, "c_client": np.int32,
+}
+TRANSFER_ARRAYS: dict[str, type] = {
+    "index": np.int64, "y": np.float64, "left": np.float64, "right": np.float64,
+    "name": np.int32, "program": np.int32, "client": np.int32, "device": np.int32,
+    "island": np.int32, "link": np.int32, "status": np.int32, "duration": np.float64,
+    "nbytes": np.float64, "bandwidth": np.float64,
+}
+LINK_ARRAYS: dict[str, type] = {
+    "index": np.int64, "x0": np.float64, "y0": np.float64, "x1": np.float64,
+    "y1": np.float64, "name": np.int32, "program": np.int32, "client": np.int32,
+    "link": np.int32, "status": np.int32, "src_device": np.int32, "dst_device": np.int32,
+    "duration": np.float64, "nbytes": np.float64, "bandwidth": np.float64,
+}
+# Which columns hold codebook codes (``decode`` turns these back into strings).
+CODED: frozenset[str] = frozenset({"name", "program", "client", "status", "link"})
+
+
+class Codebook:
+    """An append-only table of strings: each new string gets the next integer code.
+
+    Codes never change, so rows streamed earlier stay valid; the page needs only the names
+    added since it last looked (``names[k:]``).
+
+    >>> book = Codebook(seed=())
+    >>> [book.code(s) for s in ("a", "b", "a")], book.decode([1, 0])
+    ([0, 1, 0], ['b', 'a'])
+    """
+
+    def __init__(self, seed: Iterable[str] = LINK_NAMES):
+        self.names: list[str] = []
+        self._codes: dict[str, int] = {}
+        self._lock = threading.Lock()
+        for name in seed:
+            self.code(name)
+
+    def code(self, name: str) -> int:
+        """The code of ``name``, adding it if new."""
+        found = self._codes.get(name)
+        if found is None:
+            with self._lock:
+                found = self._codes.get(name)
+                if found is None:
+                    found = self._codes[name] = len(self.names)
+                    self.names.append(name)
+        return found
+
+    def decode(self, codes: Iterable[int]) -> list[str]:
+        """The strings of ``codes`` (a column of a coded source)."""
+        names = self.names
+        try:
+            return [names[int(c)] for c in codes]
+        except IndexError:
+            raise ValueError(f"a code is not in this codebook (it has {len(names)} names); "
+                             "decode a column with the codebook that encoded it.") from None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def empty_arrays(schema: dict[str, type]) -> dict[str, np.ndarray]:
+    """Zero-length typed columns: a source that starts empty but typed."""
+    return {k: np.zeros(0, dtype=t) for k, t in schema.items()}
+
+
+def _pack(rows: dict[str, list], schema: dict[str, type]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(rows[k], dtype=schema[k]) for k in schema}
+
+
+def _bandwidth(e: Event) -> float:
+    bw = e.bandwidth
+    return math.nan if bw is None else float(bw)  # NaN: "unknown", shown as blank
+
+
+def _row_table(layout: DeviceLayout, devices: list[int]) -> np.ndarray:
+    """The y of each device in ``devices``, looked up in one NumPy gather."""
+    ids = np.asarray(devices, dtype=np.int64)
+    size = max(max(layout.rows, default=-1), int(ids.max(initial=-1))) + 1
+    table = np.full(size, np.nan)
+    for d, y in layout.rows.items():
+        table[d] = y
+    ys = table[ids] if len(ids) else np.zeros(0)
+    if np.isnan(ys).any():
+        layout.row(int(ids[np.isnan(ys)][0]))  # raises the layout's own clear error
+    return ys
+
+
+def _bars(columns: dict[str, Sequence], devices: list[tuple[int, ...]], layout: DeviceLayout,
+          offset: float, t0: float, schema: dict[str, type]) -> dict[str, np.ndarray]:
+    """Per-event columns repeated once per device (one bar each), plus device and y."""
+    counts = np.fromiter(map(len, devices), dtype=np.int64, count=len(devices))
+    flat = list(chain.from_iterable(devices))
+    # Most events of a view span slices of one size: a scalar repeat is the cheap path.
+    repeat = int(counts[0]) if len(counts) and (counts == counts[0]).all() else counts
+    cols = {name: np.repeat(np.fromiter(values, dtype=schema.get(name, np.float64),
+                                        count=len(values)), repeat)
+            for name, values in columns.items()}
+    left, right = cols.pop("t_start") - t0, cols.pop("t_end") - t0
+    cols.update(left=left, right=right, duration=right - left,
+                device=np.asarray(flat, dtype=np.int32), y=_row_table(layout, flat) + offset)
+    return {k: cols[k] for k in schema}
+
+
+_COMPUTE_GET = attrgetter("index", "t_start", "t_end", "island", "devices")
+_META_GET = attrgetter("name", "program", "client", "status")
+_KIND = attrgetter("kind")
+
+
+def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, book: Codebook,
+                   colors: ColorRegistry = COLORS) -> dict[str, np.ndarray]:
+    """One bar per (computation, device), as typed columns (transfers are skipped).
+
+    ``c_program`` is the program's palette index (``failed_index`` when the computation did
+    not finish "ok"), ``c_client`` the client's; a figure's colour mapper turns them into
+    the same colours ``colors.color`` gives.
+    """
+    # This runs for every event a live view shows, beside the dispatch threads, so no Python
+    # code runs per event (only C: map, attrgetter, zip, dict lookups); the strings of an
+    # event come in few combinations, coded once per combination.
+    events = list(events)
+    kinds = list(map(_KIND, events))
+    if "transfer" in kinds:
+        events = [e for e, k in zip(events, kinds, strict=True) if k != "transfer"]
+    rows = list(map(_COMPUTE_GET, events))
+    index, t_start, t_end, island, devices = zip(*rows, strict=True) if rows else [()] * 5
+    keys = list(map(_META_GET, events))
+    memo: dict[tuple, tuple[int, ...]] = {}
+    failed = colors.failed_index
+    for key in dict.fromkeys(keys):  # first-seen order: codes and colours deterministic
+        name, program, client, status = key
+        memo[key] = (
+            book.code(name), book.code(program), book.code(client), book.code(status),
+            colors.index("program", program) if status == "ok" else failed,
+            colors.index("client", client))
+    metas = list(map(memo.__getitem__, keys))
+    coded = zip(*metas, strict=True) if metas else [()] * 6
+    columns = dict(zip(("name", "program", "client", "status", "c_program", "c_client"),
+                       coded, strict=True))
+    columns.update(index=index, t_start=t_start, t_end=t_end, island=island)
+    return _bars(columns, list(devices), layout, COMPUTE_OFFSET, t0, COMPUTE_ARRAYS)
+
+
+def transfer_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float,
+                    book: Codebook) -> dict[str, np.ndarray]:
+    """One thin bar per (transfer, destination device), as typed columns."""
+    code = book.code
+    moved = [e for e in events if e.kind == "transfer"]
+    rows = [(e.index, e.t_start, e.t_end, code(e.name), code(e.program), code(e.client),
+             e.island, code(e.link or ""), code(e.status), float(e.nbytes), _bandwidth(e))
+            for e in moved]
+    fields = ("index", "t_start", "t_end", "name", "program", "client", "island", "link",
+              "status", "nbytes", "bandwidth")
+    columns = dict(zip(fields, zip(*rows, strict=True) if rows else [()] * len(fields),
+                       strict=True))
+    devices = [e.devices for e in moved]
+    return _bars(columns, devices, layout, TRANSFER_OFFSET, t0, TRANSFER_ARRAYS)
+
+
+def link_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float,
+                book: Codebook) -> dict[str, np.ndarray]:
+    """Source -> destination segments of transfers between devices, as typed columns."""
+    rows: dict[str, list] = {k: [] for k in LINK_ARRAYS}
+    code = book.code
+    for e in events:
+        if e.kind != "transfer":
+            continue
+        for s, d in _pairs(e.src_devices, e.devices):
+            row = (e.index, e.t_start - t0, layout.row(s) + TRANSFER_OFFSET, e.t_end - t0,
+                   layout.row(d) + TRANSFER_OFFSET, code(e.name), code(e.program),
+                   code(e.client), code(e.link or ""), code(e.status), s, d, e.duration,
+                   float(e.nbytes), _bandwidth(e))
+            for k, v in zip(LINK_ARRAYS, row, strict=True):
+                rows[k].append(v)
+    return _pack(rows, LINK_ARRAYS)
+
+
+def decode(columns: dict[str, Sequence], book: Codebook) -> dict[str, list]:
+    """``columns`` as plain lists, coded columns turned back into strings.
+
+    >>> book = Codebook()
+    >>> decode({"link": np.array([1]), "device": np.array([3])}, book)
+    {'link': ['dcn'], 'device': [3]}
+    """
+    return {k: book.decode(v) if k in CODED else np.asarray(v).tolist()
+            for k, v in columns.items()}
