@@ -8,7 +8,13 @@ controller and checks no process of ours is left.
 from __future__ import annotations
 
 import gc
+import os
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -237,3 +243,55 @@ def test_close_leaves_no_processes(rctl):
                    for p in pids)
     with pytest.raises(pw.ControllerClosedError):
         rctl.slice(1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_joins_a_running_cluster_by_address_and_leaves_it_running():
+    """`ray start --head` (as docs/ray.md tells users), then ray_address="host:port": token
+    authentication on both sides, the cluster keeps running after close()."""
+    assert not ray.is_initialized()
+    port = _free_port()
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # bind 127.0.0.1 only
+    subprocess.run([ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
+                    str(port), "--num-cpus", "1", "--include-dashboard", "false",
+                    "--disable-usage-stats"], env=env, check=True, capture_output=True,
+                   timeout=TIMEOUT)
+
+    def cluster_processes() -> list[psutil.Process]:
+        marks = (f"127.0.0.1:{port}", f"gcs_server_port={port}")
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            line = " ".join(p.info["cmdline"] or [])
+            if any(m in line for m in marks):
+                out.append(p)
+        return out
+
+    try:
+        with pytest.raises(pw.DeviceSetupError, match="could not connect"):
+            pw.Controller(backend="ray", islands=(1,), ray_address=f"127.0.0.1:{_free_port()}")
+        ctl = pw.Controller(backend="ray", islands=(2, 2), ray_address=f"127.0.0.1:{port}")
+        try:
+            assert ctl._backend.status()["token_auth"] is True
+            assert ray.get_runtime_context().gcs_address == f"127.0.0.1:{port}"
+            f, _ = figure2(ctl)
+            y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+            np.testing.assert_array_equal(y.result(TIMEOUT), [3.0, 5.0, 7.0, 9.0])
+            np.testing.assert_array_equal(z.result(TIMEOUT), [2.0, 4.0, 6.0, 8.0])
+        finally:
+            ctl.close()
+        assert not ray.is_initialized()  # this process disconnected...
+        assert any("gcs_server" in p.name() for p in cluster_processes())  # ...it runs on
+    finally:
+        procs = cluster_processes()
+        for p in procs:
+            p.kill()
+        psutil.wait_procs(procs, timeout=60)
+        current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")  # `ray stop` would
+        if current.exists() and current.read_text().strip() == f"127.0.0.1:{port}":
+            current.unlink()

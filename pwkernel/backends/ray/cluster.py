@@ -3,14 +3,16 @@
 A controller either joins a running cluster (``ray_address="auto"`` or ``"host:port"``) or
 starts a local one that listens on 127.0.0.1 only, without the dashboard, with Ray's token
 authentication on (Ray 2.5x enables it by default for new local clusters; we never turn it
-off). A local cluster this module started is shut down when the last controller using it
-closes.
+off). When the last controller using the connection closes, a local cluster this module started
+is shut down, and a cluster it joined is left (it keeps running; this process disconnects). A
+Ray connection the user made before (``ray.init`` of their own) is used and left alone.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import time
 
@@ -21,33 +23,79 @@ from .actor import _MAX_CONCURRENCY, IslandActor
 
 _lock = threading.Lock()
 _users = 0            # open controllers using the Ray connection
-_started_here = False  # this process started the local cluster (so it shuts it down)
+_initialized_here = False  # this module called ray.init (so it calls ray.shutdown)
 _restore = lambda: None  # noqa: E731 - undoes _loopback_only once the local cluster is gone
 
 
 def connect(address: str | None) -> None:
     """Join ``address`` (or start a local cluster when None), once per process."""
-    global _users, _started_here
+    global _users, _initialized_here
     with _lock:
         if not ray.is_initialized():
             if address is None:
                 # Ray's default for a new local cluster is token authentication (a token in
                 # ~/.ray/auth_token, made if missing); we keep it and check it in tests.
                 _loopback_only()
-                ray.init(_node_ip_address="127.0.0.1", include_dashboard=False,
+                # address="local": a new cluster, even if `ray start` left one (or its
+                # address file) on this machine.
+                ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
                          log_to_driver=False, configure_logging=False,
                          num_cpus=1)  # island actors take no CPU slot; few idle workers
-                _started_here = True
             else:
-                try:
-                    ray.init(address=address, log_to_driver=False, configure_logging=False)
-                except ConnectionError as e:
+                local_ip = {}
+                if _is_loopback(address):  # a cluster on this machine's loopback address
+                    _loopback_only()
+                    local_ip = {"_node_ip_address": "127.0.0.1"}
+                _token_auth_if_token()
+                unreachable = _unreachable(address)
+                if unreachable:  # Ray itself would retry for minutes before saying so
+                    _restore()
                     raise DeviceSetupError(
-                        f"could not connect to the Ray cluster at {address!r}: {e}. Start one "
-                        "with `ray start --head --node-ip-address <ip> --port 6379`, or pass "
-                        "ray_address=None to start a local cluster.") from None
-                _started_here = False
+                        f"could not connect to the Ray cluster at {address!r}: {unreachable}. "
+                        "Is its head running (`ray status --address ...` on that machine)? "
+                        "Start one with `ray start --head --node-ip-address <ip> --port 6379`, "
+                        "or pass ray_address=None to start a local cluster.")
+                try:
+                    ray.init(address=address, log_to_driver=False, configure_logging=False,
+                             **local_ip)
+                except ConnectionError as e:
+                    _restore()
+                    cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
+                    raise DeviceSetupError(
+                        f"could not connect to the Ray cluster at {address!r}: {e}{cause}. "
+                        "Start one with `ray start --head --node-ip-address <ip> --port 6379` "
+                        "(with RAY_AUTH_MODE=token and this machine's ~/.ray/auth_token), or "
+                        "pass ray_address=None to start a local cluster.") from None
+            _initialized_here = True
         _users += 1
+
+
+def _token_auth_if_token() -> None:
+    """Talk to a cluster we join with Ray's token authentication when a token is at hand
+    (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``) and the user did not
+    choose (``RAY_AUTH_MODE``): Ray turns it on by itself only for ``address="auto"``."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _unreachable(address: str, timeout: float = 5.0) -> str | None:
+    """Why nothing answers at ``host:port`` (None if something does, or for "auto")."""
+    if address == "auto" or "://" in address or ":" not in address:
+        return None
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 def _loopback_only() -> None:
@@ -76,13 +124,14 @@ def _loopback_only() -> None:
 
 
 def disconnect() -> None:
-    """One controller is done; shut down the local cluster if we started it and it was last."""
-    global _users, _started_here
+    """One controller is done. The last one stops the local cluster this module started, or
+    disconnects from the cluster it joined."""
+    global _users, _initialized_here
     with _lock:
         _users = max(0, _users - 1)
-        if _users == 0 and _started_here and ray.is_initialized():
+        if _users == 0 and _initialized_here and ray.is_initialized():
             ray.shutdown()
-            _started_here = False
+            _initialized_here = False
             _restore()
 
 
