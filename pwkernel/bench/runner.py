@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .harness import TARGETS, Result, check_mode, machine_info, verdict
+from .harness import LOWER_IS_BETTER, TARGETS, Result, check_mode, machine_info, verdict
 
 #: benchmark name -> module (each has ``run(mode) -> Result``)
 BENCHMARKS = {
@@ -71,5 +71,5 @@ def summary_lines(result: Result) -> str:
 
 
 def _target(key: str) -> str:
-    op = "<=" if key in ("share_error", "tracing_overhead") else ">="
+    op = "<=" if key in LOWER_IS_BETTER else ">="
     return f"{op} {TARGETS[key]:g}"

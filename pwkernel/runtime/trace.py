@@ -86,10 +86,19 @@ class Event(NamedTuple):
 _new_event = functools.partial(tuple.__new__, Event)
 
 
+def as_events(rows: list[tuple]) -> list[Event]:
+    """``Event`` objects from ``Trace.rows`` tuples (C calls only: no Python per event)."""
+    return list(map(_new_event, rows))
+
+
 class Trace:
     """The controller's event log. ``enabled=False`` stops recording (and its small cost).
 
-    Recording appends one tuple under a lock; ``Event`` objects are built when read.
+    Recording appends one plain tuple (the ``Event`` fields in order) under a lock. Plain
+    tuples of numbers and strings are dropped from the garbage collector's lists after its
+    first pass (an ``Event``, a tuple subclass, never is), so a long trace costs the collector
+    nothing; ``events()`` builds ``Event`` objects when read, and ``rows()`` hands live views
+    the stored tuples themselves.
     """
 
     def __init__(self, enabled: bool = True):
@@ -113,9 +122,13 @@ class Trace:
 
     def events(self, since: int = 0) -> list[Event]:
         """Events with ``index >= since``, oldest first."""
+        return as_events(self.rows(since))
+
+    def rows(self, since: int = 0) -> list[tuple]:
+        """Like ``events`` but the stored tuples themselves (``Event`` fields in order; read
+        them with ``operator.itemgetter``): no object is made per event."""
         with self._lock:
-            raw = self._raw[max(0, since - self._first):]
-        return list(map(_new_event, raw))  # C calls only: no Python frame per event
+            return self._raw[max(0, since - self._first):]
 
     def wait_for(self, count: int, timeout: float | None = None) -> bool:
         """Block until at least ``count`` events were ever recorded; False on timeout."""

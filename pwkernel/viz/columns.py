@@ -198,6 +198,9 @@ def tail(columns: dict[str, list], rows: int) -> dict[str, list]:
     return {k: v[-rows:] if rows > 0 else [] for k, v in columns.items()}
 
 
+_DEVICES = Event._fields.index("devices")
+
+
 def newest(events: Sequence[Event], rows: int) -> list[Event]:
     """The shortest suffix of ``events`` that makes at least ``rows`` bars (one per device).
 
@@ -207,7 +210,7 @@ def newest(events: Sequence[Event], rows: int) -> list[Event]:
     total, start = 0, len(events)
     while start > 0 and total < rows:
         start -= 1
-        total += len(events[start].devices)
+        total += len(events[start][_DEVICES])  # an Event or a Trace.rows tuple
     return list(events[start:])
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Sequence
-from itertools import chain
-from operator import attrgetter
+from itertools import chain, compress
+from operator import itemgetter
 
 import numpy as np
 
@@ -142,8 +142,7 @@ def _bars(columns: dict[str, Sequence], devices: list[tuple[int, ...]], layout: 
     flat = list(chain.from_iterable(devices))
     # Most events of a view span slices of one size: a scalar repeat is the cheap path.
     repeat = int(counts[0]) if len(counts) and (counts == counts[0]).all() else counts
-    cols = {name: np.repeat(np.fromiter(values, dtype=schema.get(name, np.float64),
-                                        count=len(values)), repeat)
+    cols = {name: np.repeat(np.asarray(values, dtype=schema.get(name, np.float64)), repeat)
             for name, values in columns.items()}
     left, right = cols.pop("t_start") - t0, cols.pop("t_end") - t0
     cols.update(left=left, right=right, duration=right - left,
@@ -151,9 +150,12 @@ def _bars(columns: dict[str, Sequence], devices: list[tuple[int, ...]], layout: 
     return {k: cols[k] for k in schema}
 
 
-_COMPUTE_GET = attrgetter("index", "t_start", "t_end", "island", "devices")
-_META_GET = attrgetter("name", "program", "client", "status")
-_KIND = attrgetter("kind")
+_FIELD = {name: i for i, name in enumerate(Event._fields)}
+
+
+def _column(events: list[Event], field: str) -> list:
+    """One field of every event (an Event is a tuple: itemgetter is a C call)."""
+    return list(map(itemgetter(_FIELD[field]), events))
 
 
 def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, book: Codebook,
@@ -164,30 +166,32 @@ def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, boo
     not finish "ok"), ``c_client`` the client's; a figure's colour mapper turns them into
     the same colours ``colors.color`` gives.
     """
-    # This runs for every event a live view shows, beside the dispatch threads, so no Python
-    # code runs per event (only C: map, attrgetter, zip, dict lookups); the strings of an
-    # event come in few combinations, coded once per combination.
-    events = list(events)
-    kinds = list(map(_KIND, events))
-    if "transfer" in kinds:
-        events = [e for e, k in zip(events, kinds, strict=True) if k != "transfer"]
-    rows = list(map(_COMPUTE_GET, events))
-    index, t_start, t_end, island, devices = zip(*rows, strict=True) if rows else [()] * 5
-    keys = list(map(_META_GET, events))
-    memo: dict[tuple, tuple[int, ...]] = {}
-    failed = colors.failed_index
-    for key in dict.fromkeys(keys):  # first-seen order: codes and colours deterministic
-        name, program, client, status = key
-        memo[key] = (
-            book.code(name), book.code(program), book.code(client), book.code(status),
-            colors.index("program", program) if status == "ok" else failed,
-            colors.index("client", client))
-    metas = list(map(memo.__getitem__, keys))
-    coded = zip(*metas, strict=True) if metas else [()] * 6
-    columns = dict(zip(("name", "program", "client", "status", "c_program", "c_client"),
-                       coded, strict=True))
-    columns.update(index=index, t_start=t_start, t_end=t_end, island=island)
-    return _bars(columns, list(devices), layout, COMPUTE_OFFSET, t0, COMPUTE_ARRAYS)
+    # This runs for every event a live view shows, beside the dispatch threads. It reads one
+    # column at a time (C-level map over the events) and makes no Python object per event
+    # that the garbage collector would track: the cost, and the GC pauses that would stop
+    # the dispatch threads too, stay small.
+    events = events if isinstance(events, list) else list(events)
+    if "transfer" in _column(events, "kind"):
+        events = list(compress(events, map("transfer".__ne__, _column(events, "kind"))))
+    table = list(zip(*events, strict=True)) if events else [()] * len(_FIELD)  # one C pass
+    names, programs, clients, statuses = (table[_FIELD[f]]
+                                          for f in ("name", "program", "client", "status"))
+    codes = {s: book.code(s) for s in dict.fromkeys(chain(names, programs, clients, statuses))}
+    ok = np.fromiter(map("ok".__eq__, statuses), dtype=bool, count=len(statuses))
+    program_colour = {p: colors.index("program", p) for p in dict.fromkeys(
+        compress(programs, ok.tolist()))}
+    client_colour = {c: colors.index("client", c) for c in dict.fromkeys(clients)}
+    c_program = np.full(len(events), colors.failed_index, dtype=np.int32)
+    if ok.any():
+        c_program[ok] = list(map(program_colour.__getitem__, compress(programs, ok.tolist())))
+    columns = {f: table[_FIELD[f]] for f in ("index", "t_start", "t_end", "island")}
+    columns.update(
+        name=list(map(codes.__getitem__, names)), program=list(map(codes.__getitem__, programs)),
+        client=list(map(codes.__getitem__, clients)),
+        status=list(map(codes.__getitem__, statuses)), c_program=c_program,
+        c_client=list(map(client_colour.__getitem__, clients)))
+    devices = table[_FIELD["devices"]]
+    return _bars(columns, devices, layout, COMPUTE_OFFSET, t0, COMPUTE_ARRAYS)
 
 
 def transfer_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float,

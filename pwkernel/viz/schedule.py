@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from operator import attrgetter
+from operator import itemgetter
 from pathlib import Path
 
 import ipywidgets as w
 from bokeh.models import ColumnDataSource, Range1d
 
-from ..runtime.trace import Event
+from ..runtime.trace import Event, as_events
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
 from .columns import DeviceLayout, length, newest, select, tail
 from .encoding import (
@@ -36,8 +36,13 @@ from .palette import COLORS
 from .updater import DEFAULT_INTERVAL, LiveUpdater
 
 FOLLOW, PAUSE = "follow live", "pause"
-_T_END, _PROGRAM, _CLIENT = attrgetter("t_end"), attrgetter("program"), attrgetter("client")
-_KIND = attrgetter("kind")
+# The view reads the trace's stored tuples (``Trace.rows``), in ``Event`` field order: no
+# object is made per event on the update path, and none is kept that Python's garbage
+# collector would have to walk (see ``Trace``).
+_F = {name: i for i, name in enumerate(Event._fields)}
+_INDEX, _T_SUBMIT, _T_END = itemgetter(_F["index"]), itemgetter(_F["t_submit"]), itemgetter(
+    _F["t_end"])
+_PROGRAM, _CLIENT, _KIND = (itemgetter(_F[f]) for f in ("program", "client", "kind"))
 
 
 def _check_controller(ctl) -> None:
@@ -93,7 +98,7 @@ class ScheduleView(w.VBox):
         self.max_rows = max_rows
         self.trace_path, self.report_path = Path(trace_path), Path(report_path)
         self.layout_rows = DeviceLayout.from_controller(ctl)
-        self.history: list[Event] = []
+        self._rows: list[tuple] = []  # every event read, as the trace's tuples
         self._cursor = 0      # next trace index to read
         self._shown = 0       # history[:_shown] has been pushed to the sources
         self._t0: float | None = None
@@ -188,16 +193,16 @@ class ScheduleView(w.VBox):
         and shown on resume.
         """
         with self._lock:
-            new = self.ctl.trace.events(since=self._cursor)  # indices >= the cursor
+            new = self.ctl.trace.rows(since=self._cursor)  # indices >= the cursor
             if new:
-                self._cursor = new[-1].index + 1
+                self._cursor = _INDEX(new[-1]) + 1
                 if self._t0 is None:
-                    self._t0 = min(e.t_submit for e in new)
-                self.history.extend(new)
+                    self._t0 = min(map(_T_SUBMIT, new))
+                self._rows.extend(new)
                 self._note_names(new)
-            if self.following and self._shown < len(self.history):
-                self._push(self.history[self._shown:])
-                self._shown = len(self.history)
+            if self.following and self._shown < len(self._rows):
+                self._push(self._rows[self._shown:])
+                self._shown = len(self._rows)
             self._refresh_status()
             self._updated.notify_all()
             return len(new)
@@ -214,25 +219,32 @@ class ScheduleView(w.VBox):
     def rebuild(self) -> None:
         """Redraw from ``history`` (after the filters changed): the newest ``max_rows`` rows."""
         with self._lock:
-            shown = self._filtered(self.history)
+            shown = self._filtered(self._rows)
             t0 = self._t0 or 0.0
             compute, transfers, segments = self._arrays(shown, t0)
             self._send_names()
             self.source.data = compute
             self.transfers.data = transfers
             self.links.data = segments
-            self._shown = len(self.history)
-            self._latest = max((e.t_end - t0 for e in shown), default=0.0)
+            self._shown = len(self._rows)
+            self._latest = max(map(_T_END, shown), default=t0) - t0
             self._follow()
             self._refresh_status()
 
-    def _filtered(self, events: list[Event]) -> list[Event]:
+    @property
+    def history(self) -> list[Event]:
+        """Every event this view has read (built on each access: keep the list if you need
+        it more than once)."""
+        with self._lock:
+            return as_events(self._rows)
+
+    def _filtered(self, rows: list[tuple]) -> list[tuple]:
         programs, clients = self.programs, self.clients
         if programs is None and clients is None:
-            return events  # the usual case: no per-event pass at all
-        return select(events, programs, clients)
+            return rows  # the usual case: no per-event pass at all
+        return select(as_events(rows), programs, clients)
 
-    def _push(self, events: list[Event]) -> None:
+    def _push(self, events: list[tuple]) -> None:
         shown = self._filtered(events)
         if not shown:
             return
@@ -245,13 +257,14 @@ class ScheduleView(w.VBox):
                 source.stream(cols, rollover=self.max_rows)
         self._follow()
 
-    def _arrays(self, events: list[Event], t0: float) -> tuple[dict, dict, dict]:
+    def _arrays(self, events: list[tuple], t0: float) -> tuple[dict, dict, dict]:
         """Typed columns of the newest ``max_rows`` rows per source: a burst larger than the
         rollover would only be dropped by the browser after crossing the wire."""
         kinds = list(map(_KIND, events))  # no Python code per event in the common case
         if "transfer" in kinds:
             compute = [e for e, k in zip(events, kinds, strict=True) if k == "compute"]
-            moved = [e for e, k in zip(events, kinds, strict=True) if k == "transfer"]
+            moved = as_events([e for e, k in zip(events, kinds, strict=True)
+                               if k == "transfer"])
         else:
             compute, moved = events, []
         # An event has at most one bar per device: below this many, every event fits.
@@ -306,7 +319,7 @@ class ScheduleView(w.VBox):
     def _refresh_status(self) -> None:
         live = "live" if self._updater_alive() else "not live"
         mode = "following" if self.following else "paused"
-        self.status.value = (f'<span style="font-size:11px;color:#555">{len(self.history)} '
+        self.status.value = (f'<span style="font-size:11px;color:#555">{len(self._rows)} '
                              f'events · {length(self.source.data)} bars in view · {mode} · '
                              f'{live}</span>')
 

@@ -4,6 +4,12 @@ It never touches the runtime's locks beyond reading ``trace.next_index`` (a plai
 only when that moved, one ``trace.events(since=k)`` copy of the new events. It stops when its
 view closes, when the controller closes, or when ``stop()`` is called.
 
+It keeps to a budget: updates may take ``budget`` of the thread's time (CPU seconds of this
+thread per wall second, 2 % by default). When programs run so fast that an update costs more
+than that at ``interval``, it waits longer between updates, so each update takes more events
+at once (cheaper per event) and the view never slows the programs by more than about the
+budget; at ordinary rates it updates every ``interval``.
+
 >>> import threading
 >>> ticks = threading.Event()
 >>> class Ctl: closed = False
@@ -18,42 +24,62 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 0.1  # seconds: ~10 updates a second is smooth and costs next to nothing
+DEFAULT_BUDGET = 0.02  # fraction of the time the updates may take (see the module docstring)
 
 
 class LiveUpdater:
-    """Calls ``tick()`` every ``interval`` seconds in a daemon thread until stopped.
+    """Calls ``tick()`` every ``interval`` seconds (or less often, to keep within ``budget``)
+    in a daemon thread until stopped; ``pause()``/``resume()`` hold it without stopping it.
 
     ``tick`` returning normally keeps it going; an exception is logged once and stops the
     thread (a broken view must not spam the kernel log ten times a second).
     """
 
     def __init__(self, ctl, tick: Callable[[], object], interval: float = DEFAULT_INTERVAL,
-                 name: str = "pwkernel-viz-updater"):
+                 name: str = "pwkernel-viz-updater", budget: float = DEFAULT_BUDGET):
         if not interval > 0:
             raise ValueError(f"the update interval must be > 0 seconds, got {interval!r}.")
+        if not 0 < budget <= 1:
+            raise ValueError(f"budget is a fraction of the time in (0, 1], got {budget!r}; "
+                             "e.g. budget=0.02 for 2 %.")
         self._ctl = ctl
         self._tick = tick
         self.interval = float(interval)
+        self.budget = float(budget)
+        self.wait = self.interval  # the current wait between updates
+        self.ticks = 0  # updates made
+        self.cpu_seconds = 0.0  # this thread's CPU time in updates
+        self._running = threading.Event()
+        self._running.set()
         self._stop = threading.Event()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.wait):
+            if not self._running.is_set():
+                self._running.wait()  # paused: resume() or stop() (which sets it) wakes it
+                continue
             if getattr(self._ctl, "closed", False):
                 break
+            spent = time.thread_time()
             try:
                 self._tick()
             except BaseException as exc:  # noqa: BLE001 - reported, then the thread ends
                 self.error = exc
                 log.exception("pwkernel live view update failed; the view stops updating")
                 break
+            spent = time.thread_time() - spent
+            self.ticks += 1
+            self.cpu_seconds += spent
+            self.wait = max(self.interval, spent / self.budget - spent)
         # A last update so the view shows the events that ended with the controller.
         if getattr(self._ctl, "closed", False) and self.error is None and not self._stop.is_set():
             try:
@@ -61,9 +87,21 @@ class LiveUpdater:
             except BaseException as exc:  # noqa: BLE001
                 self.error = exc
 
+    def pause(self) -> None:
+        """Hold updates (the thread stays) until ``resume()``."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop the thread and wait for it (not when called from the thread itself)."""
         self._stop.set()
+        self._running.set()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
