@@ -41,6 +41,7 @@ from typing import Any
 
 _now = time.perf_counter
 _MAX_CONCURRENCY = 16  # actor threads: submit, poll, deliver and fetch calls run side by side
+_LINGER = 0.002  # s a poll may wait after a record for the rest of its burst
 
 
 class IslandActor:
@@ -74,6 +75,7 @@ class IslandActor:
         self._records: list[dict] = []
         self._stats = {"messages": 0, "ops": 0}
         self._issued: queue.SimpleQueue = queue.SimpleQueue()
+        self._running = 0  # issued items whose record is not made yet
         self._last_end: dict[int, float] = {}  # device position -> when its last work ended
         threading.Thread(target=self._execute, name="island-executor", daemon=True).start()
         threading.Thread(target=self._complete, name="island-completer", daemon=True).start()
@@ -120,9 +122,19 @@ class IslandActor:
     def poll(self, timeout: float) -> list[dict]:
         """The completion records made since the last poll (waits up to ``timeout`` for one)."""
         with self._cv:
-            self._cv.wait_for(lambda: self._records, timeout)
+            if self._cv.wait_for(lambda: self._records, timeout):
+                # While issued work is still running, its records follow within moments:
+                # wait a little for them, so one poll takes the burst (fewer round trips on
+                # the controller's and this process's cores); an idle island answers at once.
+                deadline = _now() + _LINGER
+                while self._running and (left := deadline - _now()) > 0:
+                    if not self._cv.wait_for(self._more_records(len(self._records)), left):
+                        break
             out, self._records = self._records, []
             return out
+
+    def _more_records(self, n: int):
+        return lambda: len(self._records) > n
 
     def deliver(self, bid: int, value, error: str | None, t_src: float) -> None:
         """Another island's ``send`` arrives (called by that island's actor)."""
@@ -193,6 +205,8 @@ class IslandActor:
                 except Exception as e:  # noqa: BLE001 - the record carries it to the controller
                     item = ("error", op[1], f"{type(e).__name__}: {e}", t_launch, (), None)
                 if item is not None:
+                    with self._cv:
+                        self._running += 1
                     self._issued.put(item)
             with self._cv:
                 self._next += 1
@@ -269,6 +283,7 @@ class IslandActor:
             value = None  # drop the arrays: a freed buffer goes once its last user ended
             with self._cv:
                 self._records.append(record)
+                self._running -= 1
                 self._cv.notify_all()
 
     def _send(self, array, actor, bid: int, t_launch: float) -> None:
