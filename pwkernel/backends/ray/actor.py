@@ -26,7 +26,8 @@ Operations (``rid``: the record id the controller waits for):
   ``jax.export`` artifact the first time ``key`` is sent, else None.
 - ``("put", rid, bid, value, layout)``: a host value arrives (a program argument or constant).
 - ``("reshard", rid, src, bid, layout)``: a transfer inside the island (the paper's ICI).
-- ``("send", rid, src, actor, bid)``: the first half of a transfer to another island.
+- ``("send", rid, src, island, bid)``: the first half of a transfer to another island (its
+  actor handle comes once, from ``peers``, not in every message).
 - ``("recv", rid, bid, layout, island, generation)``: the second half; waits for the value.
 - ``("free", bids)``: drop buffers (no record).
 """
@@ -73,6 +74,7 @@ class IslandActor:
         self._incoming: dict[int, tuple] = {}  # bid -> (value, error, t_src), delivered early
         self._lost: set[tuple[int, int]] = set()  # (island, generation) that will send nothing
         self._records: list[dict] = []
+        self._peers: dict[int, Any] = {}  # island -> its actor handle
         self._stats = {"messages": 0, "ops": 0}
         self._issued: queue.SimpleQueue = queue.SimpleQueue()
         self._running = 0  # issued items whose record is not made yet
@@ -87,6 +89,10 @@ class IslandActor:
         return {"island": self.island, "platform": self.devices[0].platform,
                 "devices": [str(d) for d in self.devices], "pid": os.getpid(),
                 "host": socket.gethostname()}
+
+    def peers(self, handles: dict) -> None:
+        """The other islands' actors (at start, and when one is replaced)."""
+        self._peers.update(handles)
 
     def clock(self) -> float:
         """This process's clock, for the controller's offset measurement."""
@@ -234,8 +240,9 @@ class IslandActor:
             self._buffers[bid] = out
             return ("done", rid, out, t_launch, (), None)
         if kind == "send":
-            _, rid, src, actor, bid = op
-            return ("send", rid, self._buffers.get(src), t_launch, (actor, bid), None)
+            _, rid, src, island, bid = op
+            return ("send", rid, self._buffers.get(src), t_launch, (self._peers[island], bid),
+                    None)
         if kind == "recv":
             _, rid, bid, layout, island, generation = op
             with self._cv:  # the island waits here for its input

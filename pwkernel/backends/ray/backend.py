@@ -92,6 +92,15 @@ class RayBackend:
             raise
         self.islands: tuple[RayIsland, ...] = tuple(islands_out)
         self.dispatcher: RayDispatcher | None = None
+        self._introduce()
+
+    def _introduce(self) -> None:
+        """Give every island's actor the others' handles (they send values to each other)."""
+        import ray
+
+        live = {i: h.actor for i, h in self.hosts.items() if h.actor is not None and not h.lost}
+        ray.get([actor.peers.remote({j: a for j, a in live.items() if j != i})
+                 for i, actor in live.items()])
 
     def make_dispatcher(self, store, trace, transfers, mode, policy, memory_budget):
         d = RayDispatcher(store, trace, transfers, mode, self.hosts)
@@ -110,6 +119,7 @@ class RayBackend:
         host.mark_lost()  # the other islands stop waiting for values from the old actor
         host.kill()
         host.start()
+        self._introduce()
         return self.islands[island]
 
     def buffers(self, island: int) -> dict[int, int]:

@@ -205,8 +205,10 @@ class IslandHost:
         with self._lock:
             if generation != self.generation or self.lost:
                 return
+            first = not self._frees
             self._frees.append(bid)
-        self.wake()
+        if first:  # later frees ride along: one message frees many buffers
+            self.wake()
 
     def take_frees(self) -> list[int]:
         """The buffer ids to free, for the island's next message."""

@@ -46,6 +46,7 @@ from .cluster import IslandHost
 _now = time.perf_counter
 _WAIT_INPUTS = 60.0  # seconds a finished node waits for its producers' own reports
 _POLL = 1.0  # seconds one poll for completion records waits on the actor
+_FREE_DELAY = 0.02  # seconds buffer frees wait to be sent together (or with work)
 
 
 class RemoteBuffer:
@@ -200,7 +201,14 @@ class RayIslandExecutor(IslandExecutor):
             items = self._launches.get()
             if items is None:
                 break
-            while True:  # what queued meanwhile goes in the same message
+            if not items:  # frees are pending: let more gather, or ride along with work
+                try:
+                    items = self._launches.get(timeout=_FREE_DELAY)
+                except queue.Empty:
+                    items = []
+                if items is None:
+                    items, stop = [], True
+            while not stop:  # what queued meanwhile goes in the same message
                 try:
                     more = self._launches.get_nowait()
                 except queue.Empty:
@@ -434,7 +442,7 @@ class RayDispatcher(Dispatcher):
                     executor.enqueue(("reshard", value.bid, handle.bid, lay), task, [handle])
                 else:  # island to island: the source pushes the value to the destination
                     self.islands[value.host.island].enqueue(
-                        ("send", value.bid, dst.actor, handle.bid), None, [])
+                        ("send", value.bid, dst.island, handle.bid), None, [])
                     executor.enqueue(("recv", handle.bid, lay, value.host.island,
                                       value.host.generation), task, [handle], value.host)
             else:  # a host value (program argument, constant, a fetched result)
