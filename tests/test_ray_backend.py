@@ -230,6 +230,20 @@ def test_notebook_attach_ray_hosts_a_ray_controller(rctl, capsys):
     assert ray.is_initialized() and not rctl.closed  # the shared local cluster stays up
 
 
+def test_island_device_kind_follows_the_cluster_and_the_override(rctl, monkeypatch):
+    from pwkernel.backends.ray.backend import _device_kind
+
+    assert ray.cluster_resources().get("GPU", 0) == 0  # this machine: islands on CPU devices
+    monkeypatch.delenv("PWKERNEL_RAY_DEVICES", raising=False)
+    assert _device_kind((2, 2)) == "cpu"
+    monkeypatch.setenv("PWKERNEL_RAY_DEVICES", "gpu")  # refused at once, not after a wait
+    with pytest.raises(pw.DeviceSetupError, match="has 0 GPUs and islands=.2, 2. need 4"):
+        _device_kind((2, 2))
+    monkeypatch.setenv("PWKERNEL_RAY_DEVICES", "tpu")
+    with pytest.raises(pw.DeviceSetupError, match="expected auto, cpu or gpu"):
+        _device_kind((2, 2))
+
+
 def test_close_leaves_no_processes(rctl):
     me = psutil.Process()
     pids = [ray.get(i.actor.info.remote())["pid"] for i in rctl.islands]

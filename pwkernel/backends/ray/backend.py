@@ -46,9 +46,15 @@ def _device_kind(sizes: Sequence[int]) -> str:
     choice = os.environ.get("PWKERNEL_RAY_DEVICES", "auto").strip().lower()
     if choice not in ("auto", "cpu", "gpu"):
         raise DeviceSetupError(f"PWKERNEL_RAY_DEVICES={choice!r}; expected auto, cpu or gpu.")
-    if choice != "auto":
+    if choice == "cpu":
         return choice
-    return "gpu" if cluster.gpus_available() >= sum(sizes) else "cpu"
+    gpus, needed = cluster.gpus_available(), sum(sizes)
+    if choice == "gpu" and gpus < needed:  # Ray would wait for GPUs that never come
+        raise DeviceSetupError(
+            f"PWKERNEL_RAY_DEVICES=gpu, but the Ray cluster has {gpus:g} GPUs and "
+            f"islands={tuple(sizes)} need {needed}; add GPU machines (`ray start --address "
+            "<head> --num-gpus N`), use fewer or smaller islands, or unset it.")
+    return "gpu" if gpus >= needed else "cpu"
 
 
 class RayBackend:
