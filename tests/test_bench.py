@@ -23,7 +23,7 @@ EXPECTED = {
     "pipeline": {"pipeline_vs_spmd"},
     "multitenancy": {"multitenant_vs_single", "share_error"},
     "dcn": {"two_islands_vs_one"},
-    "tracing": {"tracing_overhead", "live_view_cpu"},
+    "tracing": {"tracing_overhead", "tracing_and_view_cpu"},
 }
 
 
