@@ -44,6 +44,7 @@ from .transfer import TransferEngine
 
 _now = time.perf_counter
 _local = threading.local()
+_COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
 
 
 class DispatchMode(StrEnum):
@@ -581,18 +582,19 @@ class Dispatcher:
         return sum(t.state is TaskState.CANCELLED for t in tasks)
 
     def record(self, task: Task, kind: EventKind, t_start: float, t_end: float, error) -> None:
-        if not self.trace.enabled:
+        trace = self.trace
+        if not trace.enabled:
             return
         node, run = task.node, task.run
         status = "ok" if error is None else "error"
-        if kind is EventKind.COMPUTE:
-            self.trace.record(kind.value, node.name, run.name, run.id, run.client, node.island,
-                              node.devices, task.t_submit, t_start, t_end, status, 0, None, None,
-                              (), None, node.id)
+        if kind is EventKind.COMPUTE:  # once per computation: plain strings, no enum lookups
+            trace.record(_COMPUTE, node.name, run.name, run.id, run.client, node.island,
+                         node.devices, task.t_submit, t_start, t_end, status, 0, None, None, (),
+                         None, node.id)
         else:
-            self.trace.record(kind.value, node.name, run.name, run.id, run.client, node.dst,
-                              node.devices, task.t_submit, t_start, t_end, status, node.nbytes,
-                              node.src, node.dst, node.src_devices, node.link, node.id)
+            trace.record(_TRANSFER, node.name, run.name, run.id, run.client, node.dst,
+                         node.devices, task.t_submit, t_start, t_end, status, node.nbytes,
+                         node.src, node.dst, node.src_devices, node.link, node.id)
 
     def _run_ended(self, run: ProgramRun) -> None:
         with self._runs_lock:

@@ -5,7 +5,7 @@ only when that moved, one ``trace.events(since=k)`` copy of the new events. It s
 view closes, when the controller closes, or when ``stop()`` is called.
 
 It keeps to a budget: updates may take ``budget`` of the thread's time (CPU seconds of this
-thread per wall second, 2 % by default). When programs run so fast that an update costs more
+thread per wall second, 1 % by default). When programs run so fast that an update costs more
 than that at ``interval``, it waits longer between updates, so each update takes more events
 at once (cheaper per event) and the view never slows the programs by more than about the
 budget; at ordinary rates it updates every ``interval``.
@@ -30,7 +30,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 0.1  # seconds: ~10 updates a second is smooth and costs next to nothing
-DEFAULT_BUDGET = 0.02  # fraction of the time the updates may take (see the module docstring)
+DEFAULT_BUDGET = 0.01  # fraction of the time the updates may take (see the module docstring)
 
 
 class LiveUpdater:
