@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import threading
 from enum import StrEnum
 from pathlib import Path
@@ -84,6 +85,14 @@ class Event(NamedTuple):
 
 
 _new_event = functools.partial(tuple.__new__, Event)
+
+#: each ``Event`` field's position in an Event and in a ``Trace.rows`` tuple
+FIELD: dict[str, int] = {name: i for i, name in enumerate(Event._fields)}
+
+
+def getter(name: str) -> operator.itemgetter:
+    """Reads field ``name`` from an ``Event`` or a ``Trace.rows`` tuple (a C call)."""
+    return operator.itemgetter(FIELD[name])
 
 
 def as_events(rows: list[tuple]) -> list[Event]:

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..runtime.trace import Event
+from ..runtime.trace import Event, getter
 from .palette import COLORS, FAILED_COLOR, ColorRegistry, link_color
 
 BAR_COLUMNS: tuple[str, ...] = (
@@ -198,7 +198,7 @@ def tail(columns: dict[str, list], rows: int) -> dict[str, list]:
     return {k: v[-rows:] if rows > 0 else [] for k, v in columns.items()}
 
 
-_DEVICES = Event._fields.index("devices")
+_DEVICES = getter("devices")
 
 
 def newest(events: Sequence[Event], rows: int) -> list[Event]:
@@ -210,7 +210,7 @@ def newest(events: Sequence[Event], rows: int) -> list[Event]:
     total, start = 0, len(events)
     while start > 0 and total < rows:
         start -= 1
-        total += len(events[start][_DEVICES])  # an Event or a Trace.rows tuple
+        total += len(_DEVICES(events[start]))  # an Event or a Trace.rows tuple
     return list(events[start:])
 
 

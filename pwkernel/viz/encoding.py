@@ -24,11 +24,10 @@ import math
 import threading
 from collections.abc import Iterable, Sequence
 from itertools import chain, compress
-from operator import itemgetter
 
 import numpy as np
 
-from ..runtime.trace import Event
+from ..runtime.trace import FIELD, Event, getter
 from .columns import (
     COMPUTE_OFFSET,
     TRANSFER_OFFSET,
@@ -150,12 +149,9 @@ def _bars(columns: dict[str, Sequence], devices: list[tuple[int, ...]], layout: 
     return {k: cols[k] for k in schema}
 
 
-_FIELD = {name: i for i, name in enumerate(Event._fields)}
-
-
 def _column(events: list[Event], field: str) -> list:
     """One field of every event (an Event is a tuple: itemgetter is a C call)."""
-    return list(map(itemgetter(_FIELD[field]), events))
+    return list(map(getter(field), events))
 
 
 def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, book: Codebook,
@@ -171,10 +167,11 @@ def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, boo
     # that the garbage collector would track: the cost, and the GC pauses that would stop
     # the dispatch threads too, stay small.
     events = events if isinstance(events, list) else list(events)
-    if "transfer" in _column(events, "kind"):
-        events = list(compress(events, map("transfer".__ne__, _column(events, "kind"))))
-    table = list(zip(*events, strict=True)) if events else [()] * len(_FIELD)  # one C pass
-    names, programs, clients, statuses = (table[_FIELD[f]]
+    kinds = _column(events, "kind")
+    if "transfer" in kinds:
+        events = list(compress(events, map("transfer".__ne__, kinds)))
+    table = list(zip(*events, strict=True)) if events else [()] * len(FIELD)  # one C pass
+    names, programs, clients, statuses = (table[FIELD[f]]
                                           for f in ("name", "program", "client", "status"))
     codes = {s: book.code(s) for s in dict.fromkeys(chain(names, programs, clients, statuses))}
     ok = np.fromiter(map("ok".__eq__, statuses), dtype=bool, count=len(statuses))
@@ -184,13 +181,13 @@ def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, boo
     c_program = np.full(len(events), colors.failed_index, dtype=np.int32)
     if ok.any():
         c_program[ok] = list(map(program_colour.__getitem__, compress(programs, ok.tolist())))
-    columns = {f: table[_FIELD[f]] for f in ("index", "t_start", "t_end", "island")}
+    columns = {f: table[FIELD[f]] for f in ("index", "t_start", "t_end", "island")}
     columns.update(
         name=list(map(codes.__getitem__, names)), program=list(map(codes.__getitem__, programs)),
         client=list(map(codes.__getitem__, clients)),
         status=list(map(codes.__getitem__, statuses)), c_program=c_program,
         c_client=list(map(client_colour.__getitem__, clients)))
-    devices = table[_FIELD["devices"]]
+    devices = table[FIELD["devices"]]
     return _bars(columns, devices, layout, COMPUTE_OFFSET, t0, COMPUTE_ARRAYS)
 
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from operator import itemgetter
 from pathlib import Path
 
 import ipywidgets as w
 from bokeh.models import ColumnDataSource, Range1d
 
-from ..runtime.trace import Event, as_events
+from ..runtime.trace import Event, as_events, getter
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
 from .columns import DeviceLayout, length, newest, select, tail
 from .encoding import (
@@ -39,10 +38,8 @@ FOLLOW, PAUSE = "follow live", "pause"
 # The view reads the trace's stored tuples (``Trace.rows``), in ``Event`` field order: no
 # object is made per event on the update path, and none is kept that Python's garbage
 # collector would have to walk (see ``Trace``).
-_F = {name: i for i, name in enumerate(Event._fields)}
-_INDEX, _T_SUBMIT, _T_END = itemgetter(_F["index"]), itemgetter(_F["t_submit"]), itemgetter(
-    _F["t_end"])
-_PROGRAM, _CLIENT, _KIND = (itemgetter(_F[f]) for f in ("program", "client", "kind"))
+_INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
+_PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
 
 
 def _check_controller(ctl) -> None:
