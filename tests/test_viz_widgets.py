@@ -319,27 +319,34 @@ def test_a_hundred_thousand_events(ctl, programs):
         v.close()
 
 
-def test_streams_go_as_binary_buffers_with_names_sent_once(ctl, programs, view):
-    """The point of the typed columns: a stream is binary buffers, never value-by-value
-    lists, and each name crosses the wire once (through ``view.lookup``)."""
+def test_an_update_is_one_message_of_binary_arrays(ctl, programs, view):
+    """The point of the typed columns and of batching: an update is one Bokeh message (three
+    widget messages, plus a pair per array), its streams are binary arrays, never
+    value-by-value lists, and each name crosses the wire once."""
     import json
 
     sent: list[tuple[dict, list]] = []
     view.plot.send = lambda content, buffers=None: sent.append((content, buffers or []))
     run(programs[0])
     ctl.wait(10.0)
+    before = view.plot.patches_sent
     view.update()
-    patches = [json.loads(c["payload"]) for c, b in sent if not b and "payload" in c]
-    streams = [ev for p in patches for ev in p.get("events", [])
-               if ev.get("kind") == "ColumnsStreamed"]
-    by_source = {ev["model"]["id"]: ev["data"] for ev in streams}
+    assert view.plot.patches_sent == before + 1
+    fragments = [json.loads(c["payload"]) for c, b in sent if not b and "payload" in c]
+    header, content = fragments[0], fragments[2]
+    assert header["msgtype"] == "PATCH-DOC"
+    streams = [ev for ev in content["events"] if ev.get("kind") == "ColumnsStreamed"]
+    by_source = {ev["model"]["id"]: ev["data"]["entries"] for ev in streams}
     sources = (view.source, view.transfers, view.links)
     for source in sources:
-        columns = by_source[source.id]["entries"]
+        columns = by_source[source.id]
         assert columns and all(rep["type"] == "ndarray" and rep["dtype"] != "object"
+                               and rep["array"]["type"] == "bytes"
                                for _, rep in columns), source.name
-    # One binary frame per column (the lookup's few new names go as a plain list).
-    assert sum(1 for _, b in sent if b) == sum(len(by_source[s.id]["entries"]) for s in sources)
+    arrays = sum(len(by_source[s.id]) for s in sources)
+    binary = sum(1 for _, b in sent if b)
+    assert len(sent) == 3 + 2 * binary
+    assert binary == arrays
     assert list(view.lookup.data["text"]) == view.codebook.names
     assert {"fig2", "default", "ok"} <= set(view.codebook.names)
     # Again, with names the page already has: the lookup is not streamed a second time.

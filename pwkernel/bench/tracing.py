@@ -9,6 +9,11 @@ background thread (every 100 ms, or less often when updates would take more than
 time budget), as in a notebook; each of its rounds ends with one more update inside the timed
 region, so drawing every event of the round is charged to it.
 
+By default the benchmark runs inside a fresh Jupyter kernel (``where="kernel"``), so the
+view's widgets send their updates over a real comm, as in a notebook, and what the kernel
+spends sending them is measured; ``where="process"`` runs it here, where widgets send
+nowhere (cheaper, and not what a notebook pays).
+
 >>> from pwkernel.bench import tracing
 >>> tracing.run("tiny").ratios                  # doctest: +SKIP
 {'tracing_overhead': 1.2}
@@ -16,6 +21,7 @@ region, so drawing every event of the round is charged to it.
 
 from __future__ import annotations
 
+import json
 import time
 
 import jax
@@ -85,9 +91,49 @@ def _open_view(ctl: pw.Controller) -> tuple[LiveView | None, str]:
         return None, f"not available: {type(e).__name__}: {e}"
 
 
-def run(mode: str = "quick") -> Result:
-    """Computations per second with tracing off, on, and on with a live view open."""
-    cfg = CONFIGS[check_mode(mode)]
+def _in_kernel(mode: str, timeout: float = 1800.0) -> Result:
+    """``run(mode, where="process")`` inside a fresh Jupyter kernel (ipykernel on this Python,
+    with as many CPU devices as this process has); its Result comes back as JSON."""
+    from jupyter_client.manager import start_new_kernel
+
+    code = (f"import jax, json\njax.config.update('jax_num_cpu_devices', "
+            f"{len(jax.devices('cpu'))})\nfrom pwkernel.bench import tracing\n"
+            f"print(json.dumps(tracing.run({mode!r}, where='process').to_dict()))")
+    printed: list[str] = []
+    failure: list[str] = []
+
+    def collect(msg) -> None:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream" and content.get("name") == "stdout":
+            printed.append(content["text"])
+        elif kind == "error":
+            failure.append("\n".join(content["traceback"]))
+
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        reply = kc.execute_interactive(code, timeout=timeout, output_hook=collect)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    if reply["content"]["status"] != "ok" or failure:
+        raise RuntimeError("the tracing benchmark failed in its Jupyter kernel:\n"
+                           + "\n".join(failure))
+    d = json.loads("".join(printed).strip().splitlines()[-1])
+    config = d["config"] | {"where": "kernel"}
+    return Result(d["name"], d["mode"], config, d["rows"], d["ratios"], d["notes"],
+                  d["seconds"])
+
+
+def run(mode: str = "quick", where: str = "kernel") -> Result:
+    """Computations per second with tracing off, on, and on with a live view open.
+
+    ``where``: "kernel" (in a fresh Jupyter kernel, as in a notebook) or "process" (here).
+    """
+    if where not in ("kernel", "process"):
+        raise ValueError(f"where must be 'kernel' or 'process', got {where!r}.")
+    if where == "kernel":
+        return _in_kernel(mode)
+    cfg = CONFIGS[check_mode(mode)] | {"where": "process"}
     t0 = time.perf_counter()
     ctl = pw.Controller(islands=(4, 4))
     view: LiveView | None = None
@@ -155,6 +201,9 @@ def run(mode: str = "quick") -> Result:
         ctl.close()
     notes = ["tracing_overhead: 100 * (1 - rate with tracing / rate without), percent, from "
              "paired rounds; negative means within noise.",
+             "config.where: 'kernel' ran in a fresh Jupyter kernel, so the view's widgets sent "
+             "their updates over a real comm, as in a notebook; 'process' ran where widgets "
+             "send nowhere.",
              "the live-view row keeps a live pw.ScheduleView open (its own updater: 10 Hz, "
              "slower when updates would exceed its time budget) while tracing is on, and each "
              "of its rounds ends with one more update inside the timed region, so drawing "

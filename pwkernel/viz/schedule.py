@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import ipywidgets as w
+from bokeh.document.events import ColumnDataChangedEvent
 from bokeh.models import ColumnDataSource, Range1d
 
 from ..runtime.trace import Event, as_events, getter
@@ -35,11 +36,19 @@ from .palette import COLORS
 from .updater import DEFAULT_INTERVAL, LiveUpdater
 
 FOLLOW, PAUSE = "follow live", "pause"
+
 # The view reads the trace's stored tuples (``Trace.rows``), in ``Event`` field order: no
 # object is made per event on the update path, and none is kept that Python's garbage
 # collector would have to walk (see ``Trace``).
 _INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
 _PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
+
+
+def _resend(source: ColumnDataSource) -> None:
+    """Send all of ``source``'s data to the page again (assigning equal data sends nothing)."""
+    doc = source.document
+    if doc is not None:
+        doc.callbacks.trigger_on_change(ColumnDataChangedEvent(doc, source, "data"))
 
 
 def _check_controller(ctl) -> None:
@@ -170,11 +179,11 @@ class ScheduleView(w.VBox):
             self.update()  # catch up with what arrived while paused
 
     def _on_window(self, change) -> None:
-        with self._lock:
+        with self._lock, self.plot.batch():
             self._follow()
 
     def _on_color_by(self, change) -> None:
-        with self._lock:
+        with self._lock, self.plot.batch():
             set_color_by(self.figure, change["new"])
             self._refresh_legend()
 
@@ -189,7 +198,7 @@ class ScheduleView(w.VBox):
         Returns how many new events were read. While paused, events are kept in ``history``
         and shown on resume.
         """
-        with self._lock:
+        with self._lock, self.plot.batch():
             new = self.ctl.trace.rows(since=self._cursor)  # indices >= the cursor
             if new:
                 self._cursor = _INDEX(new[-1]) + 1
@@ -214,12 +223,18 @@ class ScheduleView(w.VBox):
             return self._updated.wait_for(lambda: self._cursor >= count, timeout)
 
     def rebuild(self) -> None:
-        """Redraw from ``history`` (after the filters changed): the newest ``max_rows`` rows."""
-        with self._lock:
+        """Redraw from ``history``: the newest ``max_rows`` rows, and every name.
+
+        The filters call it when they change. Call it to repair a page that missed updates:
+        jupyter_bokeh's page side drops what was streamed before the plot was drawn (in the
+        moment after a view is displayed) or after the page was reloaded.
+        """
+        with self._lock, self.plot.batch():
             shown = self._filtered(self._rows)
             t0 = self._t0 or 0.0
             compute, transfers, segments = self._arrays(shown, t0)
             self._send_names()
+            _resend(self.lookup)  # all names again: repairs a page that missed some
             self.source.data = compute
             self.transfers.data = transfers
             self.links.data = segments

@@ -91,7 +91,7 @@ class TopologyView(w.VBox):
 
     def update(self) -> None:
         """Take a snapshot of utilization, memory, slices and queues, and redraw."""
-        with self._lock:
+        with self._lock, self.plot.batch():
             for e in self.ctl.trace.events(since=self._cursor):
                 if e.index >= self._cursor:
                     self._cursor = e.index + 1
