@@ -22,7 +22,10 @@ nowhere (cheaper, and not what a notebook pays).
 from __future__ import annotations
 
 import json
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -91,11 +94,27 @@ def _open_view(ctl: pw.Controller) -> tuple[LiveView | None, str]:
         return None, f"not available: {type(e).__name__}: {e}"
 
 
+def _start_kernel():
+    """A plain ipykernel on this very Python: from a kernelspec of its own, not whatever a
+    "python3" kernelspec on this machine names."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "pwkernel-bench"
+        spec.mkdir()
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "pwkernel benchmark", "language": "python"}))
+        km = KernelManager(kernel_name="pwkernel-bench",
+                           kernel_spec_manager=KernelSpecManager(kernel_dirs=[tmp]))
+        km.start_kernel()  # reads the spec now; the directory may go after
+    return km
+
+
 def _in_kernel(mode: str, timeout: float = 1800.0) -> Result:
     """``run(mode, where="process")`` inside a fresh Jupyter kernel (ipykernel on this Python,
     with as many CPU devices as this process has); its Result comes back as JSON."""
-    from jupyter_client.manager import start_new_kernel
-
     code = (f"import jax, json\njax.config.update('jax_num_cpu_devices', "
             f"{len(jax.devices('cpu'))})\nfrom pwkernel.bench import tracing\n"
             f"print(json.dumps(tracing.run({mode!r}, where='process').to_dict()))")
@@ -109,8 +128,11 @@ def _in_kernel(mode: str, timeout: float = 1800.0) -> Result:
         elif kind == "error":
             failure.append("\n".join(content["traceback"]))
 
-    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    km = _start_kernel()
+    kc = km.client()
+    kc.start_channels()
     try:
+        kc.wait_for_ready(timeout=120)
         reply = kc.execute_interactive(code, timeout=timeout, output_hook=collect)
     finally:
         kc.stop_channels()

@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from bokeh.core.serialization import Serializer
-from bokeh.document.events import DocumentPatchedEvent
-from bokeh.models import LayoutDOM
+from bokeh.document.events import ColumnDataChangedEvent, DocumentPatchedEvent
+from bokeh.models import ColumnDataSource, LayoutDOM
 from bokeh.protocol.messages.patch_doc import PatchJson, patch_doc
 from jupyter_bokeh import BokehModel
 
@@ -161,4 +161,9 @@ class EchoFreeBokehModel(BokehModel):
             super()._sync_model(_model, content, _buffers)
 
 
-
+def resend(source: ColumnDataSource) -> None:
+    """Send all of ``source``'s data to the page again (assigning equal data sends nothing):
+    repairs a page that missed streams."""
+    doc = source.document
+    if doc is not None:
+        doc.callbacks.trigger_on_change(ColumnDataChangedEvent(doc, source, "data"))

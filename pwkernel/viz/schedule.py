@@ -14,11 +14,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import ipywidgets as w
-from bokeh.document.events import ColumnDataChangedEvent
 from bokeh.models import ColumnDataSource, Range1d
 
 from ..runtime.trace import Event, as_events, getter
-from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
+from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs, resend
 from .columns import DeviceLayout, length, newest, select, tail
 from .encoding import (
     COMPUTE_ARRAYS,
@@ -36,19 +35,11 @@ from .palette import COLORS
 from .updater import DEFAULT_INTERVAL, LiveUpdater
 
 FOLLOW, PAUSE = "follow live", "pause"
-
 # The view reads the trace's stored tuples (``Trace.rows``), in ``Event`` field order: no
 # object is made per event on the update path, and none is kept that Python's garbage
 # collector would have to walk (see ``Trace``).
 _INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
 _PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
-
-
-def _resend(source: ColumnDataSource) -> None:
-    """Send all of ``source``'s data to the page again (assigning equal data sends nothing)."""
-    doc = source.document
-    if doc is not None:
-        doc.callbacks.trigger_on_change(ColumnDataChangedEvent(doc, source, "data"))
 
 
 def _check_controller(ctl) -> None:
@@ -234,7 +225,7 @@ class ScheduleView(w.VBox):
             t0 = self._t0 or 0.0
             compute, transfers, segments = self._arrays(shown, t0)
             self._send_names()
-            _resend(self.lookup)  # all names again: repairs a page that missed some
+            resend(self.lookup)  # all names again: repairs a page that missed some
             self.source.data = compute
             self.transfers.data = transfers
             self.links.data = segments
