@@ -251,3 +251,32 @@ def test_share_policy_on_the_real_runtime(ctl):
     total = sum(busy.values())
     for name, w in weights.items():
         assert abs(busy[name] / total - w / 15) <= 0.05, (busy, total)
+
+
+def overlapping_chain(ctl):
+    """``g(f(v))`` where f's slice [0, 1] and g's slice [0, 3] share device 0: the transfer
+    between them has a destination shard on the device that holds its source."""
+    s_b = ctl.slice(2, island=0)
+    ctl.slice(2, island=0), ctl.slice(3, island=0)  # push the next 2-device slice to [0, 3]
+    s_e = ctl.slice(2, island=0)
+    assert set(s_b.device_ids) & set(s_e.device_ids) and s_b.device_ids != s_e.device_ids
+    f = pw.function(lambda x: x * 2, slice=s_b, name="f")
+    g = pw.function(lambda x: x + 1, slice=s_e, name="g")
+    return pw.program(lambda v: g(f(v)))
+
+
+@pytest.mark.parametrize("mode", ["sequential", "parallel"])
+def test_a_transfer_between_overlapping_slices_copies_instead_of_aliasing(mode):
+    # Sequential dispatch launches g only after the transfer landed and f's output was freed:
+    # a copy that aliased f's buffer would be deleted with it (the crash this guards against).
+    with pw.Controller(islands=(4, 4), dispatch=mode) as ctl:
+        prog = overlapping_chain(ctl)
+        for i in range(20):
+            outs = [prog(np.full(24, i, np.float32)) for _ in range(2)]
+            for out in outs:
+                np.testing.assert_array_equal(np.asarray(out.result(timeout=60)),
+                                              np.full(24, 2 * i + 1, np.float32))
+        del outs, out
+        assert ctl.wait(60)
+        gc.collect()
+        assert all(n == 0 for n in ctl.memory().values())

@@ -23,6 +23,7 @@ import ray
 
 import pwkernel as pw
 from pwkernel.backends.ray import RayFuture, RayIsland
+from tests.test_dispatch import overlapping_chain
 
 TIMEOUT = 120.0
 
@@ -174,6 +175,23 @@ def test_dropped_futures_free_island_buffers(rctl):
     gc.collect()
     assert rctl._backend.buffers(0) == {} and rctl._backend.buffers(1) == {}
     assert all(n == 0 for n in rctl.memory().values())
+
+
+@pytest.mark.parametrize("mode", ["sequential", "parallel"])
+def test_overlapping_slices_keep_their_values_when_sources_are_freed(rctl, mode):
+    rctl.dispatch = mode
+    for vs in rctl.slices:  # even device loads, so the chain's slices overlap as planned
+        vs.release()
+    prog = overlapping_chain(rctl)
+    for i in range(5):
+        out = prog(np.full(24, i, np.float32))
+        np.testing.assert_array_equal(np.asarray(out.result(TIMEOUT)),
+                                      np.full(24, 2 * i + 1, np.float32))
+    del out
+    assert rctl.wait(TIMEOUT)
+    gc.collect()
+    assert rctl._backend.buffers(0) == {}
+    rctl.dispatch = "parallel"
 
 
 def test_a_lost_island_fails_its_dependents_and_reattach_restores_it(rctl, expected):

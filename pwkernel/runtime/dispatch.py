@@ -511,7 +511,10 @@ class Dispatcher:
         node = task.node
         task.t_launch = _now()
         try:
-            out = jax.device_put(task.inputs[0]._peek(), task.outputs[0].sharding)
+            # A copy, never an alias: where source and destination shards share a device
+            # (overlapping slices), an alias would die when the source's buffer is freed.
+            out = jax.device_put(task.inputs[0]._peek(), task.outputs[0].sharding,
+                                 may_alias=False)
         except BaseException as e:  # noqa: BLE001
             return None, e
         if not (self.transfers.dcn is not None and node.link == LinkKind.DCN):

@@ -236,7 +236,9 @@ class IslandActor:
             return ("done", rid, out, t_launch, (), None)
         if kind == "reshard":
             _, rid, src, bid, layout = op
-            out = self._jax.device_put(self._arg(src, None), self._sharding(layout))
+            # a copy, never an alias of the source (overlapping slices share devices)
+            out = self._jax.device_put(self._arg(src, None), self._sharding(layout),
+                                       may_alias=False)
             self._buffers[bid] = out
             return ("done", rid, out, t_launch, (), None)
         if kind == "send":
