@@ -16,8 +16,9 @@
 >>> ctl.close()
 """
 
+from . import backends  # noqa: F401 - registers the backends by name (local, ray)
 from .runtime.controller import Controller, controller
-from .runtime.dispatch import ClientSpec, DispatchMode, ProgramRun
+from .runtime.dispatcher import DispatchMode
 from .runtime.errors import (
     CancelledError,
     ControllerClosedError,
@@ -29,10 +30,12 @@ from .runtime.errors import (
     SliceError,
     SpecError,
 )
+from .runtime.executor import Executor
 from .runtime.objects import Future, FutureState
 from .runtime.program import CompiledFunction, Program, function, program
 from .runtime.resources import Island, VirtualSlice
 from .runtime.scheduler import GangScheduler, Policy
+from .runtime.tasks import ClientSpec, ProgramRun
 from .runtime.trace import Event, Trace
 from .runtime.transfer import Link
 
@@ -65,9 +68,9 @@ def unload_ipython_extension(ipython) -> None:
 
 __all__ = [
     "CancelledError", "ClientSpec", "CompiledFunction", "Controller", "ControllerClosedError",
-    "DeviceSetupError", "DispatchMode", "Event", "Future", "FutureState", "GangScheduler",
-    "Island", "IslandLostError", "Link", "MemoryBudgetError", "PathwaysError", "Policy",
-    "Program", "ProgramError",
+    "DeviceSetupError", "DispatchMode", "Event", "Executor", "Future", "FutureState",
+    "GangScheduler", "Island", "IslandLostError", "Link", "MemoryBudgetError", "PathwaysError",
+    "Policy", "Program", "ProgramError",
     "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice", "controller", "function",
     "program", "ScheduleView", "TopologyView", "report",
 ]

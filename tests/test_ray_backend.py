@@ -22,7 +22,7 @@ import pytest
 import ray
 
 import pwkernel as pw
-from pwkernel.backends.ray import RayFuture, RayIsland
+from pwkernel.backends.ray import RayIsland, RemoteBuffer
 from tests.test_dispatch import overlapping_chain
 
 TIMEOUT = 120.0
@@ -154,8 +154,9 @@ def test_parallel_dispatch_sends_each_island_a_program_in_one_message(rctl):
 def test_values_stay_on_islands_until_asked(rctl):
     f, _ = figure2(rctl)
     y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
-    assert isinstance(y, RayFuture) and y.wait(TIMEOUT) and z.wait(TIMEOUT)
+    assert y.wait(TIMEOUT) and z.wait(TIMEOUT)
     handle = y._buffer.value
+    assert isinstance(handle, RemoteBuffer)
     assert handle.host.island == 1 and handle.bid in rctl._backend.buffers(1)
     value = y.result()
     assert value.sharding == y.sharding  # a local jax.Array laid out like the future

@@ -34,7 +34,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
-from pwkernel.runtime.trace import EventKind
 
 from .harness import Result, check_mode, interleave, paired_ratio, rate, summarize
 
@@ -78,10 +77,11 @@ def _record_cost(ctl: pw.Controller, program, x, n: int = 20_000) -> float:
     ctl.trace.enabled = True
     out = program(x)
     out.result()
-    task, record = out.producer, ctl._dispatcher.record
+    task = out.producer
+    record = task.run.record
     t = time.perf_counter()
     for _ in range(n):
-        record(task, EventKind.COMPUTE, 0.0, 0.0, None)
+        record(task, 0.0, 0.0, None)
     seconds = (time.perf_counter() - t) / n
     ctl.trace.clear()
     return seconds

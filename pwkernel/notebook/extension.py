@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.controller import Controller, controller
-from ..runtime.dispatch import ClientSpec
 from ..runtime.resources import VirtualSlice
+from ..runtime.tasks import ClientSpec
 from . import comm, display
 from .display import _devices
 from .output import CellOutput

@@ -17,10 +17,10 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..runtime.dispatch import ClientSpec
 from ..runtime.errors import CancelledError, PathwaysError
 from ..runtime.objects import Future
 from ..runtime.resources import VirtualSlice
+from ..runtime.tasks import ClientSpec
 from . import args as specs
 from . import cell as cells
 from .display import Status

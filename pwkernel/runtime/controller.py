@@ -1,7 +1,9 @@
 """The single controller: one object that owns every island, slice, program and buffer.
 
-It wires the layers together: resources (islands, slices) -> programs (graphs) -> dispatch
-(island executors running the gang schedulers) -> objects (futures, store) -> trace.
+It wires the layers together: resources (islands, slices) -> programs (graphs, plans) ->
+dispatch (runs, one gang scheduler per island) -> the executor of its backend (where the islands
+live) -> objects (futures, store) -> trace. The backend comes by name from the registry
+``pwkernel.backends`` fills, or as an object implementing ``pw.Executor``.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..backends import local
-from .dispatch import ClientSpec, Dispatcher, DispatchMode, IslandExecutor, ProgramRun
+from . import executor as executors
+from .dispatcher import Dispatcher, DispatchMode
 from .errors import ControllerClosedError, ProgramError
+from .executor import Executor
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
-from .resources import Island, ResourceManager, VirtualSlice
+from .resources import Island, ResourceManager, VirtualSlice, islands_from_env
 from .scheduler import Policy
+from .tasks import ClientSpec, ProgramRun
 from .trace import Trace
-from .transfer import Link, TransferEngine
+from .transfer import Link
 
 _client: contextvars.ContextVar[ClientSpec | None] = contextvars.ContextVar("pw_client",
                                                                              default=None)
@@ -40,11 +44,12 @@ class Controller:
     ``backend="ray"`` runs each island in a Ray actor (its own process and devices) on the
     cluster at ``ray_address`` (``"auto"``, ``"host:port"``), or on a local cluster started
     for it (``None``); see docs/ray.md. ``ctl.reattach(island)`` replaces a lost island.
+    ``backend`` may also be an executor object (``pw.Executor``), which brings its islands.
     """
 
     def __init__(self, islands: Sequence[int] | None = (4, 4), policy: Policy | str = "fifo",
                  dispatch: DispatchMode | str = "parallel", memory_budget: int | None = None,
-                 dcn: Link | None = None, backend: str = "local",
+                 dcn: Link | None = None, backend: str | Executor = "local",
                  ray_address: str | None = None):
         policy = Policy.parse(policy)
         mode = DispatchMode.parse(dispatch)
@@ -54,42 +59,34 @@ class Controller:
         if dcn is not None and not isinstance(dcn, Link):
             raise TypeError(f"dcn must be a pw.Link(bandwidth=..., latency=...) or None, got "
                             f"{type(dcn).__name__}.")
-        if backend not in ("local", "ray"):
-            raise ValueError(f"unknown backend {backend!r}; expected 'local' (this process's "
-                             "devices) or 'ray' (islands as Ray actors).")
-        if backend == "local" and ray_address is not None:
-            raise ValueError("ray_address is only for backend='ray'; e.g. "
-                             "pw.Controller(backend='ray', ray_address='auto').")
-        if backend == "ray" and dcn is not None:
-            raise ValueError("dcn= emulates a network for the local backend; with backend='ray' "
-                             "transfers between islands use the real one. Drop dcn=.")
         self.closed = False
         self.memory_budget = memory_budget
         self.dcn = dcn
-        self.backend = backend
-        self._backend = None
-        if backend == "ray":
-            from ..backends.ray import RayBackend
-
-            self._backend = RayBackend(islands, ray_address)
-            self._islands = self._backend.islands
-        else:
-            self._islands = tuple(local.discover(islands))
+        self._backend = executors.create(backend, islands, dcn=dcn, ray_address=ray_address)
+        self._islands = tuple(self._backend.islands)
+        if not isinstance(backend, str) and islands not in (None, (4, 4)) and tuple(
+                islands) != tuple(len(i.devices) for i in self._islands):
+            raise ValueError(f"islands={tuple(islands)} but the executor object brings islands "
+                             f"of {[len(i.devices) for i in self._islands]} devices; drop "
+                             "islands= (the executor decides them).")
         self.resources = ResourceManager(self._islands, self._check_open)
         self.resources.controller = self
         self.trace = Trace()
-        self.store = ObjectStore(self._on_free)
-        if self._backend is not None:
-            self._dispatcher = self._backend.make_dispatcher(
-                self.store, self.trace, TransferEngine(None, workers=1), mode, policy,
-                memory_budget)
-        else:
-            self._dispatcher = Dispatcher(self.store, self.trace, TransferEngine(dcn), mode)
-            for isl in self._islands:
-                self._dispatcher.islands[isl.id] = IslandExecutor(isl, self._dispatcher,
-                                                                  policy, memory_budget)
+        self.store = ObjectStore(self._on_free, self._backend.fetch)
+        self._dispatcher = Dispatcher(self._backend, self.store, self.trace, mode, policy,
+                                      memory_budget)
         self._policy = policy
         _register(self)
+
+    @property
+    def backend(self) -> str:
+        """The backend's name (``"local"``, ``"ray"``, ...)."""
+        return self._backend.name
+
+    @property
+    def executor(self) -> Executor:
+        """The backend's executor object (where the islands live)."""
+        return self._backend
 
     # --- topology --------------------------------------------------------------------------
     @property
@@ -121,12 +118,10 @@ class Controller:
 
     @policy.setter
     def policy(self, value: Policy | str) -> None:
-        from .scheduler import SetPolicy
-
         self._check_open()
         self._policy = Policy.parse(value)
-        for ex in self._dispatcher.islands.values():
-            ex.post(SetPolicy(self._policy))
+        for queue in self._dispatcher.islands.values():
+            queue.set_policy(self._policy)
 
     @property
     def dispatch(self) -> str:
@@ -199,7 +194,8 @@ class Controller:
         """A snapshot: islands, slices, queued/running computations, programs, memory."""
         return {
             "islands": [{"id": i.id, "platform": i.platform, "devices": list(i.device_ids),
-                         **self._dispatcher.islands[i.id].status()} for i in self._islands],
+                         **self._dispatcher.islands[i.id].status(),
+                         **self._backend.status(i.id)} for i in self._islands],
             "slices": [repr(s) for s in self.slices],
             "programs": [repr(r) for r in self.runs()],
             "memory": {d.id: n for d, n in self.memory().items()},
@@ -208,17 +204,14 @@ class Controller:
 
     def _on_free(self, record: BufferRecord) -> None:
         if record.reserved and record.island is not None and not self.closed:
-            ex = self._dispatcher.islands[record.island]
-            ex.release_memory(list(record.nbytes), max(record.nbytes.values(), default=0))
+            queue = self._dispatcher.islands[record.island]
+            queue.release_memory(list(record.nbytes), max(record.nbytes.values(), default=0))
 
     # --- life cycle ------------------------------------------------------------------------
     def reattach(self, island: int) -> Island:
         """Start a new process for ``island`` (Ray backend) after its actor died; its slices
         work again. Values that lived on the old one are lost (``pw.IslandLostError``)."""
         self._check_open()
-        if self._backend is None:
-            raise ValueError("reattach() is for backend='ray': the local backend's islands "
-                             "live in this process and cannot be lost.")
         return self._backend.reattach(island)
 
     def _check_open(self) -> None:
@@ -234,8 +227,6 @@ class Controller:
         self._dispatcher.shutdown()
         self.store.close()
         self.resources.release_all()
-        if self._backend is not None:
-            self._backend.close()
         _unregister(self)
 
     def __enter__(self) -> Controller:
@@ -248,9 +239,9 @@ class Controller:
         if self.closed:
             return "Controller(closed)"
         isl = ", ".join(f"{i.id}: {len(i.devices)} {i.platform}" for i in self._islands)
-        ray = ", backend='ray'" if self._backend is not None else ""
+        backend = "" if self.backend == "local" else f", backend={self.backend!r}"
         return (f"Controller(islands={{{isl}}}, policy={self.policy!r}, "
-                f"dispatch={self.dispatch!r}{ray})")
+                f"dispatch={self.dispatch!r}{backend})")
 
 
 # --- the process-wide controller -----------------------------------------------------------
@@ -285,7 +276,7 @@ def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:
             ctl = None
         else:
             return _default
-    ctl = Controller(islands if islands is not None else local.islands_from_env(), **kwargs)
+    ctl = Controller(islands if islands is not None else islands_from_env(), **kwargs)
     with _lock:
         _default = ctl
     return ctl

@@ -77,6 +77,8 @@ class Graph:
     controller: Any = None        # set by the first compiled-function call
     epoch: int = -1               # the resource manager's mapping epoch when traced
     _transfers: dict[tuple[int, Any], int] = field(default_factory=dict)
+    # its compiled plan (runtime/plan.py), made on first submission; not copied by replace()
+    plan: Any = field(default=None, init=False, repr=False, compare=False)
 
     def bind(self, controller, epoch: int, island_of) -> None:
         """Attach the graph to its controller; find the island of each device input."""

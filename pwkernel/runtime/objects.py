@@ -127,8 +127,9 @@ class Future:
                 "keep the value (fut.result()) before ctl.close(), or rerun the program."
             )
         buf = self._buffer
-        buf.exported = True
-        return buf.value
+        if self._store is None:
+            return buf.value
+        return self._store.fetch(self, buf)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self.wait(timeout):
@@ -269,9 +270,13 @@ class ObjectStore:
 
     ``on_free(record)`` is called (from whichever thread dropped the last reference) when a
     buffer is freed, so the schedulers can admit work that was waiting for memory.
+    ``fetch(value, sharding)``: the value as a local ``jax.Array`` (the executor's; a value
+    that is already one is handed out as it is, and then never deleted by the store).
     """
 
-    def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None):
+    def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None,
+                 fetch: Callable[[Any, Any], Any] | None = None):
+        self._fetch = fetch
         self._records: dict[int, BufferRecord] = {}
         self._lock = threading.RLock()
         self._keys = itertools.count()
@@ -292,6 +297,16 @@ class ObjectStore:
             self._records[key] = record
             self._watch[key] = (weakref.ref(fut, lambda _, k=key: self._free(k)), buf)
         return buf
+
+    def fetch(self, fut: Future, buf: _Buffer):
+        """The value of ``fut`` for the user (``Future.result()``)."""
+        value = buf.value
+        if self._fetch is not None:
+            local = self._fetch(value, fut.sharding)
+            if local is not value:
+                return local  # a copy: the store may still free the original
+        buf.exported = True
+        return value
 
     def _free(self, key: int) -> None:
         with self._lock:

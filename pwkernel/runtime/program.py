@@ -79,6 +79,7 @@ class Executable:
     memory: int  # output bytes on each of the slice's devices
     out_nbytes: tuple[dict[int, int], ...]  # per output: bytes on each device
     asynchronous: bool = True  # launching returns at once (no host callbacks inside)
+    call: Any = None  # the fastest way to run it: the jax.jit object (C++ dispatch), or compiled
 
 
 def _spec_leaves(specs, args: tuple) -> list[Any]:
@@ -216,9 +217,12 @@ class CompiledFunction:
         # A computation that calls back into Python may run in the launching thread: those
         # are launched by the island's workers, never by the thread that submits.
         asynchronous = "callback" not in compiled.as_text()
+        # Launches call the jit object: after lower().compile() it finds this executable in
+        # JAX's caches and dispatches from C++, the path bare JAX takes.
         return Executable(compiled, tuple(in_shardings),
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
-                          tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous)
+                          tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous,
+                          jitted)
 
     def _out_spec_leaves(self, out_struct, n: int) -> list[Any]:
         if self.out_specs is None or isinstance(self.out_specs, P):

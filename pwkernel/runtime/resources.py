@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from .errors import SliceError
+from .errors import DeviceSetupError, SliceError
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,21 @@ def _normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
             "Maybe you want ctl.slice(2) or ctl.slice((2, 2))."
         )
     return tuple(int(d) for d in dims)
+
+
+def islands_from_env() -> tuple[int, ...] | None:
+    """``PWKERNEL_ISLANDS="4,4"`` -> (4, 4); unset -> None."""
+    raw = os.environ.get("PWKERNEL_ISLANDS", "").strip()
+    if not raw:
+        return None
+    try:
+        sizes = tuple(int(x) for x in raw.replace(" ", "").split(",") if x)
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise DeviceSetupError(f"PWKERNEL_ISLANDS={raw!r} is not a list of positive device "
+                               "counts; expected e.g. PWKERNEL_ISLANDS=4,4.")
+    return sizes
 
 
 class VirtualSlice:

@@ -25,10 +25,21 @@ order:
 A ready computation that cannot start (its devices are busy, or its outputs would exceed the
 memory budget) reserves its devices: later computations may use other devices (backfill) but
 never jump ahead of it on its own, so nothing starves.
+
+A program's computations on one island arrive in one event (``SubmitProgram``), each naming the
+computations of the same program it reads from directly (``waits``): such a computation becomes
+ready the moment its producers are *launched*, inside this state machine, so one event can
+launch a whole chain (up to ``depth``) without a round trip per node.
+
+The order is kept incrementally: each client's ready computations sit in a list sorted by the
+policy's key (inserted with a binary search when they become ready), and a scheduling pass
+merges the clients' lists, stopping as soon as every device is reserved. Nothing is sorted again
+per launch.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -65,6 +76,37 @@ class Submit:
     ready: bool = False
     after: tuple[int, ...] = ()  # tasks of this island whose outputs it reads
     group: Hashable = None  # its program run (see ``GangScheduler.program_ahead``)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """The part of one computation of a program that is the same for every run of it.
+
+    Indices are positions in the program (task id = ``SubmitProgram.base`` + index).
+    ``waits``: computations of this program on this island it reads from directly; it is ready
+    once they are launched (and, when ``external``, once a ``Ready`` event says its other
+    inputs are there). ``after``: every computation of this program on this island whose
+    outputs it reads (through transfers too), which it may queue behind."""
+
+    index: int
+    devices: frozenset[int]
+    cost_key: Hashable = None
+    memory: int = 0
+    waits: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
+    external: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitProgram:
+    """All of one program run's computations on this island, in program (topological) order."""
+
+    base: int
+    nodes: tuple[NodeSpec, ...]
+    client: str = "default"
+    weight: float = 1.0
+    priority: int = 0
+    group: Hashable = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +165,13 @@ class _Task:
     priority: int
     cost_key: Hashable
     memory: int
-    ready: bool
     after: tuple[int, ...] = ()
-    charged: float = 0.0
     group: Hashable = None
+    pending: int = 0  # conditions before it is ready: its Ready event, producers to launch
+    external: bool = False  # still waits for its Ready event
+    dependents: list | None = None  # tasks whose ``waits`` name this one
+    key: tuple = ()  # its place in its client's ready list (while ready)
+    charged: float = 0.0
 
 
 @dataclass(slots=True)
@@ -135,6 +180,7 @@ class _Client:
     passes: float = 0.0  # stride scheduling's pass value, in device-seconds / weight
     active: int = 0      # queued + running tasks
     device_seconds: float = 0.0
+    ready: list = field(default_factory=list)  # (key, task id) of its ready tasks, sorted
 
 
 @dataclass
@@ -150,7 +196,7 @@ class GangScheduler:
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _ready: dict[int, _Task] = field(default_factory=dict)  # ready, not yet launched
     _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
-    _ancestors: dict[int, frozenset[int]] = field(default_factory=dict)  # in flight -> its own
+    _running: set[int] = field(default_factory=set)  # launched, not finished
     _memory: dict[int, int] = field(default_factory=dict)
     _clients: dict[str, _Client] = field(default_factory=dict)
     _estimates: dict[Hashable, float] = field(default_factory=dict)
@@ -159,6 +205,7 @@ class GangScheduler:
 
     def __post_init__(self) -> None:
         self.devices = tuple(self.devices)
+        self._device_set = frozenset(self.devices)
         self.policy = Policy.parse(self.policy)
         self._memory = {d: 0 for d in self.devices}
 
@@ -168,45 +215,50 @@ class GangScheduler:
         out: list[Launch | Reject] = []
         changed = False  # could anything launch now that could not before?
         for event in events:
-            match event:
-                case Submit():
-                    out.extend(self._submit(event))
-                    changed |= event.ready
-                case Ready(task=t, after=after):
-                    task = self._tasks.get(t)
-                    if task is not None and not task.ready:
-                        task.ready, task.after = True, tuple(after) or task.after
-                        self._ready[t] = task
+            kind = type(event)  # by frequency; exact types: events are final dataclasses
+            if kind is Finished:
+                self._finish(event.task, event.seconds)
+                changed = True
+            elif kind is Ready:
+                task = self._tasks.get(event.task)
+                if task is not None and task.external:
+                    task.external = False
+                    if event.after:
+                        task.after = tuple(event.after)
+                    task.pending -= 1
+                    if task.pending == 0:
+                        self._make_ready(task)
                         changed = True
-                case Finished(task=t, seconds=s):
-                    self._finish(t, s)
+            elif kind is SubmitProgram:
+                changed |= self._submit_program(event, out)
+            elif kind is Submit:
+                changed |= self._submit(event, out)
+            elif kind is MemoryFreed:
+                self._memory[event.device] = max(0, self._memory[event.device] - event.nbytes)
+                changed = True
+            elif kind is Cancel:
+                task = self._tasks.get(event.task)
+                if task is not None and event.task not in self._running:
+                    self._drop(task)
                     changed = True
-                case Cancel(task=t):
-                    if self._ready.pop(t, None) is not None or (
-                            t in self._tasks and not self._tasks[t].ready):
-                        self._drop(self._tasks.pop(t))
-                        changed = True
-                case MemoryFreed(device=d, nbytes=n):
-                    self._memory[d] = max(0, self._memory[d] - n)
-                    changed = True
-                case SetPolicy(policy=p):
-                    self.policy = Policy.parse(p)
-                    changed = True
-                case _:
-                    raise TypeError(f"GangScheduler cannot handle {event!r}")
-        if changed:
-            out.extend(self._schedule())
+            elif kind is SetPolicy:
+                self._set_policy(Policy.parse(event.policy))
+                changed = True
+            else:
+                raise TypeError(f"GangScheduler cannot handle {event!r}")
+        if changed and self._ready:
+            self._schedule(out)
         return out
 
     # --- queries ---------------------------------------------------------------------------
     @property
     def running(self) -> tuple[int, ...]:
         """Launched and not yet finished, oldest first."""
-        return tuple(sorted(self._ancestors, key=lambda t: self._tasks[t].seq))
+        return tuple(sorted(self._running, key=lambda t: self._tasks[t].seq))
 
     @property
     def queued(self) -> tuple[int, ...]:
-        return tuple(sorted((t for t in self._tasks if t not in self._ancestors),
+        return tuple(sorted((t for t in self._tasks if t not in self._running),
                             key=lambda t: self._tasks[t].seq))
 
     def memory_in_use(self) -> dict[int, int]:
@@ -218,28 +270,103 @@ class GangScheduler:
         return {n: (c.device_seconds / total if total else 0.0) for n, c in self._clients.items()}
 
     # --- transitions -----------------------------------------------------------------------
-    def _submit(self, ev: Submit) -> list[Reject]:
-        devices = frozenset(ev.devices)
-        unknown = devices - set(self.devices)
-        if unknown or not devices:
-            return [Reject(ev.task, f"devices {sorted(unknown) or '[]'} are not on this island "
-                                    f"(its devices: {list(self.devices)})")]
-        if self.memory_budget is not None and ev.memory > self.memory_budget:
-            return [Reject(ev.task, f"needs {ev.memory} bytes per device but the memory budget "
-                                    f"is {self.memory_budget}; raise memory_budget or split "
-                                    "the computation")]
-        client = self._clients.setdefault(ev.client, _Client())
-        client.weight = max(float(ev.weight), 1e-9)
+    def _client(self, name: str, weight: float) -> _Client:
+        client = self._clients.get(name)
+        if client is None:
+            client = self._clients[name] = _Client()
+        client.weight = max(float(weight), 1e-9)
         if client.active == 0:  # a client returning from idle starts at the current time
             client.passes = max(client.passes, self._vtime)
+        return client
+
+    def _refuse(self, task: int, devices: frozenset[int], memory: int) -> Reject | None:
+        if not devices or not devices <= self._device_set:
+            unknown = sorted(devices - self._device_set)
+            return Reject(task, f"devices {unknown or '[]'} are not on this island "
+                                f"(its devices: {list(self.devices)})")
+        if self.memory_budget is not None and memory > self.memory_budget:
+            return Reject(task, f"needs {memory} bytes per device but the memory budget "
+                                f"is {self.memory_budget}; raise memory_budget or split "
+                                "the computation")
+        return None
+
+    def _submit(self, ev: Submit, out: list) -> bool:
+        devices = frozenset(ev.devices)
+        refused = self._refuse(ev.task, devices, ev.memory)
+        if refused is not None:
+            out.append(refused)
+            return False
+        client = self._client(ev.client, ev.weight)
         client.active += 1
-        task = _Task(ev.task, self._seq, devices, ev.client, ev.priority, ev.cost_key, ev.memory,
-                     ev.ready, tuple(ev.after), group=ev.group)
+        task = _Task(ev.task, self._seq, devices, ev.client, ev.priority, ev.cost_key,
+                     ev.memory, tuple(ev.after), ev.group)
+        self._seq += 1
         self._tasks[ev.task] = task
         if ev.ready:
-            self._ready[ev.task] = task
-        self._seq += 1
-        return []
+            self._make_ready(task)
+            return True
+        task.pending, task.external = 1, True
+        return False
+
+    def _submit_program(self, ev: SubmitProgram, out: list) -> bool:
+        client = self._client(ev.client, ev.weight)
+        tasks, base, seq, ready = self._tasks, ev.base, self._seq, False
+        for spec in ev.nodes:
+            tid = base + spec.index
+            refused = self._refuse(tid, spec.devices, spec.memory)
+            if refused is not None:  # its dependents wait for the runtime to cancel them
+                out.append(refused)
+                continue
+            task = _Task(tid, seq, spec.devices, ev.client, ev.priority, spec.cost_key,
+                         spec.memory, tuple(base + a for a in spec.after), ev.group)
+            seq += 1
+            pending = 0
+            for w in spec.waits:
+                producer = tasks.get(base + w)
+                if producer is not None:
+                    pending += 1
+                    if producer.dependents is None:
+                        producer.dependents = [task]
+                    else:
+                        producer.dependents.append(task)
+            if spec.external:
+                pending += 1
+                task.external = True
+            task.pending = pending
+            tasks[tid] = task
+            client.active += 1
+            if not pending:
+                self._make_ready(task)
+                ready = True
+        self._seq = seq
+        return ready
+
+    def _order_key(self, t: _Task) -> tuple:
+        if self.policy is Policy.PRIORITY:
+            return (-t.priority, t.seq)
+        return (t.seq,)
+
+    def _make_ready(self, t: _Task) -> None:
+        self._ready[t.id] = t
+        t.key = self._order_key(t)
+        bisect.insort(self._clients[t.client].ready, (t.key, t.id))
+
+    def _unready(self, t: _Task) -> None:
+        if self._ready.pop(t.id, None) is not None:
+            lst = self._clients[t.client].ready
+            i = bisect.bisect_left(lst, (t.key, t.id))
+            if i < len(lst) and lst[i][1] == t.id:
+                del lst[i]
+
+    def _set_policy(self, policy: Policy) -> None:
+        self.policy = policy
+        for client in self._clients.values():
+            client.ready = []
+        for t in self._ready.values():
+            t.key = self._order_key(t)
+            self._clients[t.client].ready.append((t.key, t.id))
+        for client in self._clients.values():
+            client.ready.sort()
 
     def _finish(self, task: int, seconds: float) -> None:
         t = self._tasks.pop(task, None)
@@ -249,7 +376,7 @@ class GangScheduler:
             queue = self._busy.get(d)
             if queue and task in queue:
                 queue.remove(task)
-        self._ancestors.pop(task, None)
+        self._running.discard(task)
         actual = max(seconds, 0.0) * len(t.devices)
         client = self._clients[t.client]
         client.passes += (actual - t.charged) / client.weight
@@ -260,14 +387,9 @@ class GangScheduler:
             self._estimates[t.cost_key] = actual if old is None else 0.5 * (old + actual)
 
     def _drop(self, t: _Task) -> None:
+        del self._tasks[t.id]
+        self._unready(t)
         self._clients[t.client].active -= 1
-
-    def _key(self, t: _Task) -> tuple:
-        if self.policy is Policy.PRIORITY:
-            return (-t.priority, t.seq)
-        if self.policy is Policy.SHARE:
-            return (self._clients[t.client].passes, t.seq)
-        return (t.seq,)
 
     def _fits_memory(self, t: _Task) -> bool:
         if self.memory_budget is None or not t.memory:
@@ -280,61 +402,133 @@ class GangScheduler:
         known = self._estimates.values()
         return sum(known) / len(known) if known else float(len(t.devices))
 
-    def _schedule(self) -> list[Launch]:
-        out: list[Launch] = []
-        while True:
-            chosen = None
-            reserved: set[int] = set()
-            candidates = self._ready.values()
-            if len(candidates) > 1:
-                candidates = sorted(candidates, key=self._key)
-            for t in candidates:
-                if t.devices & reserved:
-                    continue
-                if not self._devices_free(t) or not self._fits_memory(t):
-                    reserved |= t.devices
-                    continue
-                chosen = t
-                break
-            if chosen is None:
-                return out
-            self._launch(chosen)
-            out.append(Launch(chosen.id))
+    def _schedule(self, out: list) -> None:
+        """Passes over the ready computations in policy order, launching each that can start
+        and reserving the devices of each that cannot, until one pass launches nothing."""
+        while self._ready:
+            clients = [c for c in self._clients.values() if c.ready]
+            if len(clients) == 1:  # one client's list is the order (its dependents join it)
+                self._pass_one(clients[0].ready, out)
+                return
+            if not self._pass_many(clients, out):
+                return
 
-    def _in_flight_ancestors(self, t: _Task) -> frozenset[int]:
-        out: set[int] = set()
-        for a in t.after:
-            if a in self._ancestors:
-                out.add(a)
-                out |= self._ancestors[a]
-        return frozenset(out)
+    def _pass_one(self, ready: list, out: list) -> None:
+        tasks, everything = self._tasks, len(self.devices)
+        reserved: set[int] | None = None
+        i = 0
+        while i < len(ready):
+            t = tasks[ready[i][1]]
+            if reserved is not None and not reserved.isdisjoint(t.devices):
+                i += 1
+                continue
+            if not self._devices_free(t) or not self._fits_memory(t):
+                if reserved is None:
+                    reserved = set()
+                reserved |= t.devices
+                if len(reserved) == everything:
+                    return
+                i += 1
+                continue
+            del ready[i]
+            self._launch(t, out)  # its dependents join the list after position i
+
+    def _pass_many(self, clients: list[_Client], out: list) -> bool:
+        """The clients' lists merged by the policy's order. Under ``share`` a launch changes
+        its client's place: True asks for another pass."""
+        share = self.policy is Policy.SHARE
+        everything = len(self.devices)
+        cursor = dict.fromkeys(map(id, clients), 0)
+        reserved: set[int] = set()
+        while True:
+            best, best_rank = None, None
+            for c in clients:
+                i = cursor[id(c)]
+                if i < len(c.ready):
+                    rank = (c.passes, c.ready[i][0]) if share else c.ready[i][0]
+                    if best is None or rank < best_rank:
+                        best, best_rank = c, rank
+            if best is None:
+                return False
+            i = cursor[id(best)]
+            t = self._tasks[best.ready[i][1]]
+            if not reserved.isdisjoint(t.devices):
+                cursor[id(best)] = i + 1
+                continue
+            if not self._devices_free(t) or not self._fits_memory(t):
+                reserved |= t.devices
+                cursor[id(best)] = i + 1
+                if len(reserved) == everything:
+                    return False
+                continue
+            del best.ready[i]
+            self._launch(t, out)
+            if share:
+                return True
+
+    def _is_ancestor(self, a: int, t: _Task) -> bool:
+        """Does ``t`` read ``a``'s outputs, directly or through computations of this island
+        still known here? (A link through one already finished is missed: ``t`` then waits,
+        which is safe.)"""
+        after = t.after
+        if a in after:
+            return True
+        tasks, seen = self._tasks, set()
+        todo = list(after)
+        while todo:
+            x = todo.pop()
+            if x == a:
+                return True
+            if x not in seen:
+                seen.add(x)
+                xt = tasks.get(x)
+                if xt is not None:
+                    todo.extend(xt.after)
+        return False
 
     def _devices_free(self, t: _Task) -> bool:
         # Free, or busy only with t's own ancestors (or its own program's computations, with
-        # program_ahead), and not too deep.
-        ancestors = None
+        # program_ahead), and not too deep. Everything queued on a device is an ancestor of
+        # what was launched after it there (that is how it got there), so without
+        # program_ahead the last one decides for all.
         same_group = self.program_ahead and t.group is not None
         for d in t.devices:
             queue = self._busy.get(d)
             if queue:
                 if len(queue) >= self.depth:
                     return False
+                if not self.program_ahead:
+                    if not self._is_ancestor(queue[-1], t):
+                        return False
+                    continue
                 if same_group and all(self._tasks[q].group == t.group for q in queue):
                     continue
-                if ancestors is None:
-                    ancestors = self._in_flight_ancestors(t)
-                if not ancestors.issuperset(queue):
+                if not all(self._is_ancestor(q, t) for q in queue):
                     return False
         return True
 
-    def _launch(self, t: _Task) -> None:
+    def _launch(self, t: _Task, out: list) -> None:
         del self._ready[t.id]
-        self._ancestors[t.id] = self._in_flight_ancestors(t)
+        self._running.add(t.id)
+        budget = self.memory_budget is not None
         for d in t.devices:
-            self._busy.setdefault(d, []).append(t.id)
-            if self.memory_budget is not None:
+            queue = self._busy.get(d)
+            if queue is None:
+                self._busy[d] = [t.id]
+            else:
+                queue.append(t.id)
+            if budget:
                 self._memory[d] += t.memory
         client = self._clients[t.client]
         self._vtime = max(self._vtime, client.passes)
         t.charged = self._estimate(t)
         client.passes += t.charged / client.weight
+        out.append(Launch(t.id))
+        if t.dependents:
+            tasks = self._tasks
+            for dep in t.dependents:
+                if dep.id in tasks:
+                    dep.pending -= 1
+                    if dep.pending == 0:
+                        self._make_ready(dep)
+            t.dependents = None

@@ -1,6 +1,6 @@
 """The Ray backend: islands as Ray actors (see ``docs/ray.md``)."""
 
 from .backend import RayBackend, RayIsland
-from .dispatch import RayFuture, RemoteBuffer
+from .island import RemoteBuffer
 
-__all__ = ["RayBackend", "RayFuture", "RayIsland", "RemoteBuffer"]
+__all__ = ["RayBackend", "RayIsland", "RemoteBuffer"]

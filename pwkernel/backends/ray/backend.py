@@ -3,7 +3,17 @@
 The controller keeps everything that decides: tracing (lowered over stand-in meshes of its own
 virtual CPU devices, one per island device, then exported for the island's platform), the
 per-island gang schedulers, futures, the object store and the trace. The actors only compile,
-run, hold buffers and move bytes.
+run, hold buffers and move bytes. ``RayBackend`` is the executor (``runtime/executor.py``):
+
+- launches become items of the island's next message (``island.py``); while a program is
+  submitted (``group()``) every island holds its message, so with parallel dispatch an island
+  gets the program's nodes in one message and waits on its inputs itself;
+- transfers: host values are uploaded (``put``), transfers inside an island reshard there, and
+  between islands the source actor pushes the value to the destination actor (``send`` ->
+  ``deliver``), which waits for it (``recv``): bytes go island to island, never through the
+  controller;
+- an actor that dies fails what depended on it with ``IslandLostError``, and the other islands
+  are told to stop waiting for values from it.
 
 >>> ctl = pw.Controller(backend="ray", islands=(4, 4))          # doctest: +SKIP
 >>> ctl.islands[0].actor                                         # doctest: +SKIP
@@ -12,18 +22,23 @@ Actor(IslandActor, ...)
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from ...runtime.errors import DeviceSetupError
 from ...runtime.resources import Island
-from .. import local
+from ...runtime.tasks import Task
+from ..local import request_host_devices
 from . import cluster
 from .cluster import IslandHost
-from .dispatch import RayDispatcher, RayIslandExecutor
+from .island import RaySite, RemoteBuffer, host_lost, layout
 
 DEFAULT_ISLANDS = (4, 4)
 
@@ -58,11 +73,18 @@ def _device_kind(sizes: Sequence[int]) -> str:
 
 
 class RayBackend:
-    """Owns the Ray connection and the island actors of one controller."""
+    """Owns the Ray connection and the island actors of one controller (the executor of
+    ``backend="ray"``)."""
 
     name = "ray"
+    program_ahead = True  # a program's nodes queue behind each other: one message for them
 
-    def __init__(self, islands: Sequence[int] | None, address: str | None):
+    def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS,
+                 ray_address: str | None = None, dcn=None):
+        if dcn is not None:
+            raise ValueError("dcn= emulates a network for the local backend; with backend='ray' "
+                             "transfers between islands use the real one. Drop dcn=.")
+        address = ray_address
         sizes = tuple(int(n) for n in (islands if islands is not None else DEFAULT_ISLANDS))
         if not sizes or min(sizes) < 1:
             raise DeviceSetupError(f"islands must be a tuple of positive device counts, got "
@@ -71,7 +93,7 @@ class RayBackend:
             raise DeviceSetupError(f"ray_address must be a string ('auto' or 'host:port') or "
                                    f"None, got {type(address).__name__}.")
         # Stand-in devices for lowering: one host CPU device of this process per island device.
-        local.request_host_devices(sum(sizes))
+        request_host_devices(sum(sizes))
         pool = jax.devices("cpu")
         if len(pool) < sum(sizes):
             raise DeviceSetupError(
@@ -97,7 +119,12 @@ class RayBackend:
             self.close()
             raise
         self.islands: tuple[RayIsland, ...] = tuple(islands_out)
-        self.dispatcher: RayDispatcher | None = None
+        for host in self.hosts.values():
+            host.on_lost = self._island_lost
+        self._exports: dict[int, tuple] = {}  # id(executable) -> (executable, key, bytes)
+        self._export_lock = threading.Lock()
+        self.sites = {isl.id: RaySite(isl, self.hosts[isl.id], self.exported)
+                      for isl in self.islands}
         self._introduce()
 
     def _introduce(self) -> None:
@@ -108,13 +135,93 @@ class RayBackend:
         ray.get([actor.peers.remote({j: a for j, a in live.items() if j != i})
                  for i, actor in live.items()])
 
-    def make_dispatcher(self, store, trace, transfers, mode, policy, memory_budget):
-        d = RayDispatcher(store, trace, transfers, mode, self.hosts)
-        for isl in self.islands:
-            d.islands[isl.id] = RayIslandExecutor(isl, self.hosts[isl.id], d, policy,
-                                                  memory_budget)
-        self.dispatcher = d
-        return d
+    def _island_lost(self, host: IslandHost) -> None:
+        """Tell the other islands: a ``recv`` from the lost one fails instead of waiting."""
+        for other in self.hosts.values():
+            if other is not host and other.actor is not None and not other.lost:
+                other.actor.source_lost.remote(host.island, host.generation)
+
+    # --- the executor interface ------------------------------------------------------------
+    now = staticmethod(time.perf_counter)
+
+    def prepare(self, plan) -> None:
+        """Serialize each computation's executable for its island's platform, once."""
+        for node in plan.nodes:
+            if node.is_compute:
+                self.exported(node, self.hosts[node.island])
+
+    def exported(self, node, host: IslandHost) -> tuple[str, bytes | None]:
+        """The serialized ``jax.export`` of a node's executable, and its cache key; the bytes
+        are sent only to an island that has not compiled it yet."""
+        exe = node.exe
+        with self._export_lock:
+            entry = self._exports.get(id(exe))
+            if entry is None:
+                in_tree, in_avals = node.node.signature
+                fn = node.fn.fn
+
+                def flat(*leaves):
+                    return tuple(jax.tree_util.tree_leaves(
+                        fn(*jax.tree_util.tree_unflatten(in_tree, leaves))))
+
+                jitted = jax.jit(flat, in_shardings=exe.in_shardings,
+                                 out_shardings=exe.out_shardings)
+                structs = [jax.ShapeDtypeStruct(s, d, sharding=sh)
+                           for (s, d), sh in zip(in_avals, exe.in_shardings, strict=True)]
+                platform = "cuda" if host.platform == "gpu" else "cpu"
+                blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
+                             .serialize())
+                entry = self._exports[id(exe)] = (exe, f"{node.name}-{id(exe):x}", blob)
+        _, key, blob = entry
+        return key, (None if key in host.sent else blob)
+
+    def launch(self, island: int, tasks: Sequence[Task]) -> None:
+        site = self.sites[island]
+        for task in tasks:
+            site.launch(task)
+
+    def transfer(self, task: Task) -> None:
+        node = task.node
+        site = self.sites[node.island]
+        dst = self.hosts[node.island]
+        try:
+            if dst.lost or dst.actor is None:
+                raise host_lost(dst)
+            value = task.inputs()[0]
+            lay = layout(node.sharding, site.island)
+            handle = RemoteBuffer(dst, dst.new_id())
+            if isinstance(value, RemoteBuffer):
+                if not value.alive:
+                    raise value.lost_error()
+                if value.host is dst:  # inside the island: reshard there
+                    site.enqueue(("reshard", value.bid, handle.bid, lay), task, [handle])
+                else:  # island to island: the source pushes the value to the destination
+                    self.sites[value.host.island].enqueue(
+                        ("send", value.bid, dst.island, handle.bid), None, [])
+                    site.enqueue(("recv", handle.bid, lay, value.host.island,
+                                  value.host.generation), task, [handle], value.host)
+            else:  # a host value (program argument, constant, a fetched result)
+                site.enqueue(("put", handle.bid, np.asarray(value), lay), task, [handle])
+        except BaseException as e:  # noqa: BLE001 - failed in order, by the island's watcher
+            site.enqueue(None, task, [], error=e)
+            return
+        task.launched([handle])
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Every island holds its message until the block ends: a program submitted inside
+        reaches each island in one message."""
+        sites = list(self.sites.values())
+        for site in sites:
+            site.hold()
+        try:
+            yield
+        finally:
+            for site in sites:
+                site.release()
+
+    def fetch(self, value, sharding) -> Any:
+        return value.fetch(sharding) if isinstance(value, RemoteBuffer) else value
 
     def reattach(self, island: int) -> RayIsland:
         """Start a new actor for ``island`` (killing the old one if it still runs)."""
@@ -132,13 +239,16 @@ class RayBackend:
         """The buffers the island's actor holds once the frees pending now are done."""
         import ray
 
-        sent = self.dispatcher.islands[island].sync()
+        sent = self.sites[island].sync()
         if sent is None:
             raise DeviceSetupError(f"island {island} was lost; ctl.reattach({island}) first.")
         actor, seq = sent
         return ray.get(actor.buffers.remote(seq))
 
-    def status(self) -> dict[str, Any]:
+    def status(self, island: int | None = None) -> dict[str, Any]:
+        """One island's actor (for ``ctl.status()``), or the whole cluster's view."""
+        if island is not None:
+            return self.sites[island].status()
         return {"token_auth": cluster.token_auth_enabled(),
                 "islands": {i: {"pid": h.info.get("pid"), "host": h.info.get("host"),
                                 "generation": h.generation, "lost": h.lost,
@@ -148,6 +258,8 @@ class RayBackend:
         if self._closed:
             return
         self._closed = True
+        for site in getattr(self, "sites", {}).values():
+            site.close()
         for host in self.hosts.values():
             host.kill()
         cluster.disconnect()

@@ -164,7 +164,7 @@ class IslandHost:
         self._frees: list[int] = []
         self._lock = threading.Lock()
         self.wake = lambda: None  # set by the island's executor: send pending frees soon
-        self.on_lost = lambda host: None  # set by the dispatcher: tell the other islands
+        self.on_lost = lambda host: None  # set by the backend: tell the other islands
 
     def start(self) -> None:
         """Start (or restart) the actor and measure its clock offset."""

@@ -1,4 +1,4 @@
-"""The local backend: islands made of the JAX devices this process sees.
+"""The local backend's islands: the JAX devices this process sees, grouped into islands.
 
 On a machine without accelerators the host CPU is split into virtual devices (XLA's
 host-platform device count), which must happen before JAX initializes its backend.
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import jax
 
-from ..runtime.errors import DeviceSetupError
-from ..runtime.resources import Island
+from ...runtime.errors import DeviceSetupError
+from ...runtime.resources import Island
 
 DEFAULT_ISLANDS = (4, 4)
 
@@ -38,21 +38,6 @@ def request_host_devices(count: int) -> None:
             "XLA_FLAGS", ""):
         return  # too late, or the user chose the count: discover() checks it is enough
     jax.config.update("jax_num_cpu_devices", max(count, jax.config.jax_num_cpu_devices or 1))
-
-
-def islands_from_env() -> tuple[int, ...] | None:
-    """``PWKERNEL_ISLANDS="4,4"`` -> (4, 4); unset -> None."""
-    raw = os.environ.get("PWKERNEL_ISLANDS", "").strip()
-    if not raw:
-        return None
-    try:
-        sizes = tuple(int(x) for x in raw.replace(" ", "").split(",") if x)
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise DeviceSetupError(f"PWKERNEL_ISLANDS={raw!r} is not a list of positive device "
-                               "counts; expected e.g. PWKERNEL_ISLANDS=4,4.")
-    return sizes
 
 
 def discover(islands: Sequence[int] | None) -> list[Island]:

@@ -1,0 +1,258 @@
+"""The local executor: islands are this process's JAX devices, and work runs where it is decided.
+
+Launching: a computation is called (its jit object's C++ dispatch) by the thread that handed
+it over, in decision order; JAX dispatches asynchronously, so this returns at once. A
+computation that calls back into Python (which XLA may run synchronously in the launching
+thread) is launched by one of the island's worker threads instead.
+
+Seeing ends, without a thread hand-off where possible: right after a launch, if the outputs
+are already ready (XLA's CPU client runs small computations within the call), nothing launched
+before is still being watched on those devices, and the inputs' ends are known, the end is
+reported at once, from the launching thread. Otherwise the launch is queued for the watcher
+thread of its device set (one thread per set of devices that ever ran work, joined at
+``close()``), which waits for its outputs (``block_until_ready``) and reports the end. Ends on
+one device set are reported in launch order either way, and a watcher waits only for a
+computation's producers (launched before it), so no wait can go in a circle.
+
+Transfers are ``jax.device_put`` onto the destination layout, started at once (the source may
+still be computing); one that is ready at once ends at once, others are watched by the transfer
+threads, which also hold emulated DCN transfers to the link model.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jax
+
+from ...runtime.executor import NoGroup
+from ...runtime.resources import Island
+from ...runtime.tasks import Task
+from ...runtime.trace import LinkKind
+from ...runtime.transfer import Link, TransferEngine
+from .devices import discover
+
+_now = time.perf_counter
+_DCN = LinkKind.DCN.value
+
+
+class LocalBackend(NoGroup):
+    """Islands of the JAX devices this process sees (``backend="local"``, the default).
+
+    >>> ex = LocalBackend(islands=(4, 4))        # doctest: +SKIP
+    >>> ctl = pw.Controller(backend=ex)           # doctest: +SKIP
+    """
+
+    name = "local"
+    program_ahead = False
+
+    def __init__(self, islands: Sequence[int] | None = (4, 4), dcn: Link | None = None,
+                 ray_address: str | None = None):
+        if ray_address is not None:
+            raise ValueError("ray_address is only for backend='ray'; e.g. "
+                             "pw.Controller(backend='ray', ray_address='auto').")
+        if dcn is not None and not isinstance(dcn, Link):
+            raise TypeError(f"dcn must be a pw.Link(bandwidth=..., latency=...) or None, got "
+                            f"{type(dcn).__name__}.")
+        self.islands: tuple[Island, ...] = tuple(discover(islands))
+        self.transfers = TransferEngine(dcn)
+        self._sites = {isl.id: _Site(isl) for isl in self.islands}
+
+    now = staticmethod(_now)
+
+    def prepare(self, plan) -> None:
+        """Nothing to do: executables are already compiled for this process's devices."""
+
+    # --- computations ----------------------------------------------------------------------
+    def launch(self, island: int, tasks: Sequence[Task]) -> None:
+        site = self._sites[island]
+        for task in tasks:
+            if task.node.asynchronous:
+                self._launch(site, task)
+            else:
+                site.spawn(self._launch, site, task)
+
+    def _launch(self, site: _Site, task: Task) -> None:
+        node = task.node
+        values = task.run.values
+        t_launch = task.t_launch = _now()
+        try:
+            outs = node.call(*[values[s] for s in node.inputs])
+        except BaseException as e:  # noqa: BLE001 - a failed launch fails its outputs
+            site.watch(task, None, e)
+            return
+        if node.asynchronous and site.idle(node.devices):
+            for out in outs:
+                if not out.is_ready():
+                    break
+            else:
+                t_inputs = task.inputs_ended()
+                if t_inputs is not None:  # its end is seen now: no hand-off
+                    t_end = _now()
+                    task.ended(site.span(node.devices, max(t_launch, t_inputs), t_end), t_end,
+                               None, outs)
+                    return
+        site.watch(task, outs, None)  # queued before any consumer can be launched behind it
+        task.launched(outs)
+
+    # --- transfers -------------------------------------------------------------------------
+    def transfer(self, task: Task) -> None:
+        node = task.node
+        try:
+            # A copy, never an alias: where source and destination shards share a device
+            # (overlapping slices), an alias would die when the source's buffer is freed.
+            out = jax.device_put(task.run.values[node.inputs[0]], node.sharding,
+                                 may_alias=False)
+        except BaseException as e:  # noqa: BLE001
+            self.transfers.submit(self._land, task, None, e)
+            return
+        if not (self.transfers.dcn is not None and node.node.link == _DCN):
+            if out.is_ready():
+                t_inputs = task.inputs_ended()
+                if t_inputs is not None:
+                    task.ended(max(task.t_launch, t_inputs), _now(), None, [out])
+                    return
+            task.launched([out])  # an emulated link releases it only when it lands
+        self.transfers.submit(self._land, task, out, None)
+
+    def _land(self, task: Task, out, error) -> None:
+        if error is None:
+            try:
+                out.block_until_ready()
+            except BaseException as e:  # noqa: BLE001
+                error = e
+        begin = max(task.t_launch, task.inputs_ended(None))
+        g = task.node.node
+        if error is None:
+            self.transfers.hold(g.link, g.src, g.dst, g.nbytes, begin)
+        task.ended(begin, _now(), error, None if out is None else [out])
+
+    # --- the rest of the interface ---------------------------------------------------------
+    def fetch(self, value, sharding) -> Any:
+        return value
+
+    def status(self, island: int) -> dict[str, Any]:
+        return {}
+
+    def reattach(self, island: int) -> Island:
+        raise ValueError("reattach() is for backend='ray': the local backend's islands "
+                         "live in this process and cannot be lost.")
+
+    def close(self) -> None:
+        for site in self._sites.values():
+            site.close()
+        self.transfers.shutdown()
+
+
+class _Site:
+    """One island's threads: workers for computations that may run synchronously, and one
+    watcher per device set."""
+
+    def __init__(self, island: Island):
+        self.island = island
+        self.last_end: dict[int, float] = {}  # device -> when the work seen last there ended
+        self._lock = threading.Lock()
+        self._watchers: dict[tuple[int, ...], _Watcher] = {}
+        self._closing = False
+        self._workers = ThreadPoolExecutor(len(island.devices),
+                                           thread_name_prefix=f"pw-island{island.id}")
+
+    def span(self, devices: tuple[int, ...], earliest: float, t_end: float) -> float:
+        """The start of work that ended at ``t_end``: not before ``earliest`` (its launch, its
+        inputs' ends) nor before the previous work on its devices ended."""
+        last = self.last_end
+        for d in devices:
+            t = last.get(d, 0.0)
+            if t > earliest:
+                earliest = t
+            last[d] = t_end
+        return earliest
+
+    def idle(self, devices: tuple[int, ...]) -> bool:
+        watcher = self._watchers.get(devices)
+        return watcher is None or not watcher.outstanding
+
+    def spawn(self, fn, *args) -> None:
+        try:
+            self._workers.submit(fn, *args)
+        except RuntimeError:  # closing: the pool takes no more work, so do it here
+            fn(*args)
+
+    def watch(self, task: Task, outs, error) -> None:
+        """Queue a launched computation to be seen ending by the watcher of its devices."""
+        devices = task.node.devices
+        watcher = self._watchers.get(devices)
+        if watcher is None:
+            with self._lock:
+                watcher = None if self._closing else self._watchers.get(devices)
+                if watcher is None and not self._closing:
+                    watcher = self._watchers[devices] = _Watcher(
+                        self, f"pw-island{self.island.id}-watch-{'.'.join(map(str, devices))}")
+        if watcher is None:  # closing: no new threads; see it end here, waiting only for data
+            self.observe(task, outs, error, wait_inputs=False)
+        else:
+            watcher.put((task, outs, error))
+
+    def observe(self, task: Task, outs, error, wait_inputs: bool = True) -> None:
+        if error is None:
+            try:
+                jax.block_until_ready(outs)
+            except BaseException as e:  # noqa: BLE001
+                error = e
+        t_inputs = task.inputs_ended(None if wait_inputs else 0.0)  # producers are seen first
+        t_end = _now()
+        t_start = self.span(task.node.devices, max(task.t_launch, t_inputs or 0.0), t_end)
+        task.ended(t_start, t_end, error, outs)
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True)
+        with self._lock:
+            self._closing = True
+            watchers = list(self._watchers.values())
+        for watcher in watchers:
+            watcher.close()
+
+
+class _Watcher:
+    """A thread that sees the computations launched on one device set end, in launch order."""
+
+    def __init__(self, site: _Site, name: str):
+        self._site = site
+        self._queue: collections.deque = collections.deque()
+        self._changed = threading.Condition()
+        self._closed = False
+        self.outstanding = 0  # queued and not yet reported
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, entry: tuple) -> None:
+        with self._changed:
+            self.outstanding += 1
+            self._queue.append(entry)
+            if len(self._queue) == 1:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        observe = self._site.observe
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return
+                entry = self._queue.popleft()
+            observe(*entry)
+            with self._changed:
+                self.outstanding -= 1
+            entry = None  # an idle watcher keeps no task or value alive
+
+    def close(self) -> None:
+        """Finish what is queued, then stop."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        self._thread.join()

@@ -1,0 +1,306 @@
+"""The controller's side of one Ray island: the messages it sends and the ends it sees.
+
+- A launch (in the order the island's gang scheduler decided) becomes an item of the island's
+  next *message* (``actor.submit``), sent by the island's launcher thread. While a program is
+  submitted the island holds its message back (``hold``), so with parallel dispatch an island
+  receives all of a program's nodes (computations and the transfers into and out of it) in one
+  message, ahead of the data, and waits on its inputs itself; with sequential dispatch (the
+  baseline) a node is sent once its inputs exist, so each node is its own message.
+- A watcher thread collects the actor's completion records (``poll``) and reports each item's
+  end in launch order (actor times mapped onto the controller's clock).
+- Values are ``RemoteBuffer`` handles (island, generation, buffer id); they are fetched from
+  the island only when the user asks (``fetch``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+
+import jax
+import numpy as np
+import ray
+
+from ...runtime.errors import CancelledError, IslandLostError
+from ...runtime.tasks import Task
+from .cluster import IslandHost
+
+_now = time.perf_counter
+_WAIT_INPUTS = 60.0  # seconds a finished node waits for its producers' own reports
+_POLL = 1.0  # seconds one poll for completion records waits on the actor
+_FREE_DELAY = 0.02  # seconds buffer frees wait to be sent together (or with work)
+
+
+class RemoteBuffer:
+    """A buffer in an island actor's device memory. ``delete`` (called when the last future
+    goes) frees it there, later, from the island's launcher thread."""
+
+    __slots__ = ("host", "generation", "bid", "_local", "__weakref__")
+
+    def __init__(self, host: IslandHost, bid: int):
+        self.host, self.generation, self.bid = host, host.generation, bid
+        self._local = None
+
+    @property
+    def alive(self) -> bool:
+        return self.generation == self.host.generation and not self.host.lost
+
+    def lost_error(self) -> IslandLostError:
+        return IslandLostError(
+            f"island {self.host.island} was lost (its Ray actor died) and buffer {self.bid} "
+            f"with it; ctl.reattach({self.host.island}) starts a new actor, then rerun the "
+            "program that made this value.")
+
+    def fetch(self, sharding):
+        """The value as a local ``jax.Array`` laid out like the future (once, then cached)."""
+        if self._local is None:
+            if not self.alive:
+                raise self.lost_error()
+            try:
+                value = ray.get(self.host.actor.fetch.remote(self.bid))
+            except ray.exceptions.RayActorError:
+                self.host.mark_lost()
+                raise self.lost_error() from None
+            self._local = jax.device_put(value, sharding) if sharding is not None else value
+        return self._local
+
+    def delete(self) -> None:
+        self.host.free(self.generation, self.bid)
+
+    def __repr__(self) -> str:
+        return f"RemoteBuffer(island={self.host.island}, id={self.bid})"
+
+
+def layout(sharding, island) -> tuple:
+    """How ``sharding`` (over the controller's stand-in devices) maps onto the actor's."""
+    mesh = sharding.mesh
+    index = {d.id: i for i, d in enumerate(island.devices)}
+    positions = tuple(index[d.id] for d in mesh.devices.flat)
+    return positions, tuple(mesh.devices.shape), tuple(mesh.axis_names), sharding.spec
+
+
+def host_lost(host: IslandHost) -> IslandLostError:
+    return IslandLostError(f"island {host.island} was lost (its Ray actor died) while this "
+                           f"computation needed it; ctl.reattach({host.island}) starts a new "
+                           "one.")
+
+
+class RaySite:
+    """One island's launcher thread (messages to the actor, in decision order) and watcher
+    thread (completion records, in launch order). ``exported(task, host)`` gives a
+    computation's serialized executable (see ``RayBackend``)."""
+
+    def __init__(self, island, host: IslandHost, exported):
+        self.island = island
+        self.host = host
+        self._exported = exported
+        self._closing = False
+        self._pending: list = []  # items of the next message, in order
+        self._held = 0
+        self._pending_lock = threading.Lock()
+        self._launches: queue.SimpleQueue = queue.SimpleQueue()  # lists of items, or None
+        self._completions: queue.SimpleQueue = queue.SimpleQueue()
+        self._records: dict[int, dict] = {}
+        self._rids = itertools.count()
+        self._send_lock = threading.Lock()
+        self._seq, self._seq_generation = 0, host.generation
+        name = f"pw-ray-island{island.id}"
+        self._launcher = threading.Thread(target=self._launch_loop, name=f"{name}-launch",
+                                          daemon=True)
+        self._watcher = threading.Thread(target=self._watch_loop, name=f"{name}-watch",
+                                         daemon=True)
+        host.wake = self.poke
+        self._launcher.start()
+        self._watcher.start()
+
+    # --- the next message -------------------------------------------------------------------
+    def enqueue(self, op, task: Task | None, handles: list, extra=None, error=None) -> None:
+        """Add an item to the island's next message: ``op`` (an operation without its record
+        id, or "compute" for ``task``'s computation), or ``error`` to fail ``task`` in order."""
+        with self._pending_lock:
+            self._pending.append((op, task, handles, extra, error))
+            if not self._held:
+                self._launches.put(self._pending)
+                self._pending = []
+
+    def hold(self) -> None:
+        with self._pending_lock:
+            self._held += 1
+
+    def release(self) -> None:
+        with self._pending_lock:
+            self._held -= 1
+            if not self._held and self._pending:
+                self._launches.put(self._pending)
+                self._pending = []
+
+    def poke(self) -> None:
+        """Wake the launcher to send pending buffer frees."""
+        self._launches.put([])
+
+    def launch(self, task: Task) -> None:
+        """A computation the scheduler launched: an item of the next message. Its outputs get
+        their ids now, so consumers can name them before the message leaves."""
+        handles = [RemoteBuffer(self.host, self.host.new_id()) for _ in task.node.outputs]
+        self.enqueue("compute", task, handles)
+        task.t_launch = _now()
+        task.launched(handles)
+
+    # --- sending messages ------------------------------------------------------------------
+    def _launch_loop(self) -> None:
+        stop = False
+        while not stop:
+            items = self._launches.get()
+            if items is None:
+                break
+            if not items:  # frees are pending: let more gather, or ride along with work
+                try:
+                    items = self._launches.get(timeout=_FREE_DELAY)
+                except queue.Empty:
+                    items = []
+                if items is None:
+                    items, stop = [], True
+            while not stop:  # what queued meanwhile goes in the same message
+                try:
+                    more = self._launches.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                items = items + more
+            try:
+                self._send_items(items)
+            except BaseException:  # noqa: BLE001 - keep launching; the items already failed
+                logging.getLogger("pwkernel").exception("ray launcher failed on a message")
+            items = more = None  # an idle launcher keeps no task or value alive
+
+    def _send_items(self, items: list) -> None:
+        ops, entries = [], []
+        for op, task, handles, extra, error in items:
+            rid = next(self._rids)
+            if error is None:
+                try:
+                    ops.append(self._compute_op(task, rid, handles) if op == "compute"
+                               else (op[0], rid, *op[1:]))
+                except BaseException as e:  # noqa: BLE001 - a failed launch fails its futures
+                    error = e
+            entries.append((task, rid, handles, error, extra))
+        sent = self._send(ops)
+        for entry in entries:
+            self._completions.put((*entry, sent))
+
+    def _send(self, ops: list, always: bool = False):
+        """One message to the island's current actor, with the buffer frees pending now;
+        returns ``(actor, seq)``, or None when nothing was sent (the island was lost)."""
+        host = self.host
+        with self._send_lock:  # frees taken here: a later message never overtakes them
+            frees = host.take_frees()
+            if frees:
+                ops = [*ops, ("free", frees)]
+            actor = host.actor
+            if actor is None or host.lost or not (ops or always):
+                return None
+            if host.generation != self._seq_generation:  # a new actor counts from 0
+                self._seq, self._seq_generation = 0, host.generation
+            actor.submit.remote(self._seq, ops)
+            self._seq += 1
+            return actor, self._seq - 1
+
+    def sync(self) -> tuple | None:
+        """Send pending frees now; returns ``(actor, seq)`` of that message, or None."""
+        return self._send([], always=True)
+
+    def _compute_op(self, task: Task, rid: int, handles: list) -> tuple:
+        host = self.host
+        if self._closing:
+            raise CancelledError(f"{task.node.name}: the controller closed before it ran")
+        error = task.input_error()
+        if error is not None:
+            raise error
+        if host.lost or host.actor is None:
+            raise host_lost(host)
+        refs = []
+        for value in task.inputs():
+            if isinstance(value, RemoteBuffer):
+                if value.host is not host:
+                    raise RuntimeError(f"{task.node.name}: an input is on island "
+                                       f"{value.host.island}, not {host.island} (a missing "
+                                       "transfer; please report this)")
+                if not value.alive:
+                    raise value.lost_error()
+                refs.append(value.bid)
+            else:
+                refs.append(np.asarray(value))
+        exe = task.node.exe
+        key, blob = self._exported(task.node, host)
+        host.sent.add(key)
+        return ("run", rid, key, blob, [layout(s, self.island) for s in exe.in_shardings],
+                [layout(s, self.island) for s in exe.out_shardings], refs,
+                [h.bid for h in handles])
+
+    # --- seeing work end -----------------------------------------------------------------
+    def _watch_loop(self) -> None:
+        while (entry := self._completions.get()) is not None:
+            task, rid, handles, error, src_host, sent = entry
+            try:
+                record = None
+                if error is None:
+                    record, error = self._record(rid, sent)
+                if task is not None:  # None: the first half of a transfer, watched only to
+                    self._ended(task, record, handles, error, src_host)  # notice a loss
+            except BaseException:  # noqa: BLE001 - keep watching; the task already failed
+                logging.getLogger("pwkernel").exception("ray watcher failed on a record")
+            # Drop this entry's references now, not when the next one arrives: an idle
+            # watcher must not keep a finished node's buffers alive.
+            entry = task = handles = error = src_host = record = None
+
+    def _record(self, rid: int, sent) -> tuple[dict | None, BaseException | None]:
+        """``(record, error)`` of item ``rid``: poll the actor until its record arrives."""
+        host = self.host
+        quiet = 0.0
+        while rid not in self._records:
+            if sent is None or sent[0] is not host.actor or host.lost:
+                return None, host_lost(host)
+            t = _now()
+            try:
+                records = ray.get(sent[0].poll.remote(_POLL))
+            except ray.exceptions.RayActorError:
+                host.mark_lost()
+                return None, host_lost(host)
+            except ray.exceptions.RayError as e:
+                return None, RuntimeError(f"island {host.island}: {e}")
+            for r in records:
+                self._records[r["rid"]] = r
+            quiet = 0.0 if records else quiet + _now() - t
+            if self._closing and quiet > _WAIT_INPUTS:
+                return None, CancelledError(f"island {host.island} reported nothing for "
+                                            f"{_WAIT_INPUTS:.0f} s while the controller closed")
+        record = self._records.pop(rid)
+        if not record["ok"]:
+            return record, RuntimeError(f"on island {host.island}: {record['error']}")
+        return record, None
+
+    def _ended(self, task: Task, record, handles, error, src_host: IslandHost | None) -> None:
+        task.inputs_ended(_WAIT_INPUTS)  # producers report first: an upstream error wins
+        to_local = self.host.to_local
+        t_end = _now() if record is None else to_local(record["t_end"])
+        t_start = t_end if record is None else to_local(record["t_start"])
+        if record is not None and src_host is not None and "t_src" in record:
+            t_start = min(t_start, src_host.to_local(record["t_src"]))
+        task.ended(t_start, t_end, error, handles or None)
+
+    def status(self) -> dict:
+        host = self.host
+        return {"actor": None if host.actor is None else host.actor._actor_id.hex(),
+                "lost": host.lost, "generation": host.generation}
+
+    def close(self) -> None:
+        self._closing = True
+        self._launches.put(None)
+        self._launcher.join()
+        self._completions.put(None)
+        self._watcher.join()

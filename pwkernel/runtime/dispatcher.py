@@ -1,0 +1,269 @@
+"""Parallel and sequential asynchronous dispatch of program runs.
+
+Submitting a program plans its graph (once per input signature, see ``plan.py``), makes a
+``ProgramRun`` and returns its output futures at once (their shapes are known). Then:
+
+- ``parallel`` dispatch does the host-side work of every node up front: each island's
+  scheduler gets the run's computations in one event, before any of them has run. A node is
+  ready as soon as its inputs are *launched*: JAX accepts arrays that are still being computed
+  as inputs, so the node is enqueued on its devices behind its producers and runs the moment
+  its data arrives (the control plane runs ahead of the data plane).
+- ``sequential`` dispatch is the baseline the paper measures against: a node's host-side work
+  starts only after its inputs exist. Completions are reported to one dispatcher thread (the
+  client), which then prepares and submits the node.
+
+Launching happens in whichever thread made a scheduler decide (see ``islands.py``); ends are
+reported by the executor to the run (``tasks.py``), which is where a task's life ends.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from enum import StrEnum
+
+import jax
+import numpy as np
+
+from . import scheduler as sch
+from .executor import Executor
+from .graph import Graph
+from .islands import IslandQueue
+from .objects import Future, ObjectStore, resolved
+from .plan import Plan, build
+from .tasks import ClientSpec, ProgramRun, Task, TaskState
+from .trace import Trace
+
+_now = time.perf_counter
+
+
+class DispatchMode(StrEnum):
+    PARALLEL = "parallel"
+    SEQUENTIAL = "sequential"
+
+    @classmethod
+    def parse(cls, value) -> DispatchMode:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown dispatch mode {value!r}; expected 'parallel' or "
+                             "'sequential', e.g. ctl.dispatch = 'sequential'.") from None
+
+
+class Dispatcher:
+    """Turns submitted graphs into runs and moves their tasks until they reach an island."""
+
+    def __init__(self, executor: Executor, store: ObjectStore, trace: Trace,
+                 mode: DispatchMode = DispatchMode.PARALLEL, policy="fifo",
+                 memory_budget: int | None = None):
+        self.executor = executor
+        self.store = store
+        self.trace = trace
+        self.mode = DispatchMode.parse(mode)
+        self.islands: dict[int, IslandQueue] = {
+            isl.id: IslandQueue(isl, executor, policy, memory_budget) for isl in executor.islands}
+        self.runs: dict[int, ProgramRun] = {}
+        self._runs_lock = threading.Lock()
+        self._plan_lock = threading.Lock()
+        self._queue: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- submission ------------------------------------------------------------------------
+    def plan(self, graph: Graph) -> Plan:
+        """The graph's plan, built and prepared by the executor on first use."""
+        plan = graph.plan
+        if plan is None:
+            with self._plan_lock:
+                plan = graph.plan
+                if plan is None:
+                    plan = build(graph)
+                    self.executor.prepare(plan)
+                    graph.plan = plan
+        return plan
+
+    def submit(self, graph: Graph, leaves: list, client: ClientSpec) -> list[Future]:
+        plan = self.plan(graph)
+        parallel = self.mode is DispatchMode.PARALLEL
+        run = ProgramRun(self, plan, client, parallel)
+        values, futures, t_done = run.values, run.futures, run.t_done
+        pending: list[tuple[int, Future]] = []
+        for slot, leaf in zip(plan.inputs, leaves, strict=True):
+            if isinstance(leaf, Future):
+                futures[slot] = leaf
+                if leaf.done():
+                    if leaf._error is not None:
+                        run.errors[slot] = leaf._error
+                    else:
+                        values[slot] = leaf._peek()
+                    t_done[slot] = leaf.t_done
+                else:
+                    pending.append((slot, leaf))
+                    if parallel:
+                        values[slot] = leaf._peek()  # launched already, or None
+            else:
+                values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
+                    leaf, graph.values[slot].dtype)
+                t_done[slot] = 0.0
+        for slot, const in plan.consts:
+            values[slot] = const
+            t_done[slot] = 0.0
+        outputs = []
+        tasks = run.tasks
+        for slot in plan.outputs:
+            fut = futures.get(slot)
+            if fut is None:
+                src = plan.producer[slot]
+                if src < 0:  # the program returns an argument or a constant as it is
+                    fut = resolved(values[slot])
+                else:
+                    spec = graph.values[slot]
+                    fut = Future(spec.shape, spec.dtype, spec.sharding, name=plan.nodes[src].name,
+                                 island=spec.island, run=run, store=self.store)
+                    fut.producer = tasks[src]
+                futures[slot] = fut
+            outputs.append(fut)
+        with self._runs_lock:
+            self.runs[run.id] = run
+        with self.executor.group():
+            if parallel:
+                self._start_parallel(run, pending)
+            else:
+                self._start_sequential(run, pending)
+        return outputs
+
+    def _start_parallel(self, run: ProgramRun, pending: list) -> None:
+        """Every island gets the run's computations in one event, with those already ready;
+        then transfers whose source exists start, and pending arguments are watched."""
+        plan, values, waiting, tasks, errors = run.plan, run.values, run.waiting, run.tasks, \
+            run.errors
+        notify = plan.notify
+        ready: list[Task] = []
+        for slot in plan.sources:
+            if notify[slot] and values[slot] is not None and slot not in errors:
+                for c in notify[slot]:
+                    waiting[c] -= 1
+                    if not waiting[c]:
+                        ready.append(tasks[c])
+        client = run.client_spec
+        several = len(plan.islands) > 1
+        if several:  # no launch may reach an island before it knows the run
+            for island in plan.islands:
+                self.islands[island].hold()
+        try:
+            for island, specs in plan.islands.items():
+                event = sch.SubmitProgram(run.base, specs, client.name, client.weight,
+                                          client.priority, run.id)
+                self.islands[island].submit_program(
+                    [tasks[s.index] for s in specs], event,
+                    [t for t in ready if t.is_compute and t.node.island == island])
+        finally:
+            if several:
+                for island in plan.islands:
+                    self.islands[island].release()
+        for task in ready:
+            if not task.is_compute:
+                self._transfer(task)
+        for slot in errors:
+            run._spread(slot, errors[slot])
+        for slot, fut in pending:
+            fut._on_launch(lambda f, s=slot: None if f._error is not None
+                           else run.input_arrived(s, f._peek()))
+            fut._hook(lambda f, s=slot: run.input_ended(f, s))
+
+    def _start_sequential(self, run: ProgramRun, pending: list) -> None:
+        plan = run.plan
+        for slot in plan.sources:
+            if run.t_done[slot] is not None and slot not in run.errors:
+                self.arrived(run, slot)
+        for task in run.tasks:
+            if not task.node.n_inputs:
+                self._sequential(task)
+        for slot, error in list(run.errors.items()):
+            run._spread(slot, error)
+        for slot, fut in pending:
+            fut._hook(lambda f, s=slot: run.input_ended(f, s))
+
+    def arrived(self, run: ProgramRun, slot: int) -> None:
+        """A value of ``run`` is there: launched (parallel) or resolved (sequential). Count it
+        for the nodes that wait for it; those it completes go on."""
+        if run.parallel:
+            consumers = run.plan.notify[slot]
+        else:
+            consumers = run.plan.consumers[slot]
+        waiting, tasks, go = run.waiting, run.tasks, []
+        with run._lock:
+            for c in consumers:
+                waiting[c] -= 1
+                if not waiting[c]:
+                    go.append(tasks[c])
+        for task in go:
+            if not run.parallel:
+                self._sequential(task)
+            elif task.is_compute:
+                if task.state is TaskState.QUEUED:
+                    self.islands[task.node.island].ready(task)
+            else:
+                self._transfer(task)
+
+    # --- sequential dispatch: the client prepares a node once its inputs exist -------------
+    def _sequential(self, task: Task) -> None:
+        if self._thread is None:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._serve, name="pw-dispatch", daemon=True)
+            self._thread.start()
+        self._queue.put(task)
+
+    def _serve(self) -> None:
+        while (task := self._queue.get()) is not None:
+            run, node = task.run, task.node
+            try:
+                if not task.is_compute:
+                    self._transfer(task)
+                    continue
+                with run._lock:
+                    if task.state is not TaskState.WAITING:
+                        continue
+                    task.state = TaskState.QUEUED
+                exe = node.fn.executable(node.node.signature)  # the host-side work, now
+                client = run.client_spec
+                self.islands[node.island].submit(task, sch.Submit(
+                    task.id, node.devices, client.name, client.weight, client.priority,
+                    node.spec.cost_key, exe.memory, True, (), run.id))
+            except BaseException as e:  # noqa: BLE001
+                run.fail(task, e)
+            task = run = None  # an idle dispatcher keeps no run alive
+
+    # --- transfers -------------------------------------------------------------------------
+    def _transfer(self, task: Task) -> None:
+        """Start a copy (its source may still be computing); its consumers can be launched
+        behind it, and the executor reports when it lands."""
+        run = task.run
+        with run._lock:
+            if task.state is not TaskState.WAITING:
+                return
+            task.state = TaskState.RUNNING
+        task.t_submit = task.t_launch = _now()
+        error = task.input_error()
+        if error is not None:
+            run.ended(task, task.t_launch, task.t_launch, error)
+            return
+        self.executor.transfer(task)
+
+    # --- runs ------------------------------------------------------------------------------
+    def run_ended(self, run: ProgramRun) -> None:
+        with self._runs_lock:
+            self.runs.pop(run.id, None)
+
+    def active_runs(self) -> list[ProgramRun]:
+        with self._runs_lock:
+            return list(self.runs.values())
+
+    def shutdown(self) -> None:
+        for run in self.active_runs():
+            run.cancel("stopped by ctl.close()")
+        self.executor.close()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None

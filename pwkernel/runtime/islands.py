@@ -1,0 +1,170 @@
+"""One island's gang scheduler, fed from any thread, and the order its launches leave in.
+
+``IslandQueue`` owns an island's ``GangScheduler`` (the pure state machine) and the tasks it
+has queued. Any thread may post events; the decisions are taken under the island's lock and
+handed to the executor in exactly the order the scheduler made them: one thread at a time
+drains them (whoever finds nobody draining), and a thread that posts while another drains
+just leaves its launches to it. No lock is held while the executor launches, and a launch that
+leads to more launches on the same island (a chain, an end seen at once) adds them to the
+queue instead of recursing.
+
+The queue knows tasks only by their ids and their runs, not a controller: its tasks may come
+from any number of clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import scheduler as sch
+from .errors import MemoryBudgetError
+from .tasks import Task, TaskState
+
+if TYPE_CHECKING:
+    from .executor import Executor
+    from .resources import Island
+
+_now = time.perf_counter
+_log = logging.getLogger("pwkernel")
+
+
+class IslandQueue:
+    """One island's scheduler and its queued tasks (see the module docstring)."""
+
+    def __init__(self, island: Island, executor: Executor, policy, memory_budget):
+        self.island = island
+        self.executor = executor
+        self.scheduler = sch.GangScheduler(island.device_ids, policy, memory_budget,
+                                           program_ahead=executor.program_ahead)
+        self._lock = threading.RLock()
+        self._tasks: dict[int, Task] = {}
+        self._handling = False
+        self._deferred: list = []
+        self._todo: list[Task] = []
+        self._draining = False
+        self._held = 0
+
+    # --- what the dispatcher and the task life post ----------------------------------------
+    def submit_program(self, tasks: list[Task], event: sch.SubmitProgram,
+                       ready: list[Task]) -> None:
+        """A run's computations on this island, with those whose inputs are already there."""
+        t, queued, mine = _now(), TaskState.QUEUED, self._tasks
+        with self._lock:
+            for task in tasks:
+                task.state = queued
+                task.t_submit = t
+                mine[task.id] = task
+        if ready:
+            self.post(event, *[sch.Ready(task.id) for task in ready])
+        else:
+            self.post(event)
+
+    def submit(self, task: Task, event: sch.Submit) -> None:
+        """One computation whose inputs exist (sequential dispatch)."""
+        with self._lock:
+            task.t_submit = _now()
+            self._tasks[task.id] = task
+        self.post(event)
+
+    def ready(self, task: Task) -> None:
+        self.post(sch.Ready(task.id))
+
+    def finished(self, task: Task, seconds: float) -> None:
+        self.post(sch.Finished(task.id, seconds))
+
+    def cancel(self, task: Task) -> bool:
+        """Drop ``task`` unless it was launched; True if it was dropped."""
+        with self._lock:
+            if self._tasks.pop(task.id, None) is None:
+                return False
+            task.state = TaskState.CANCELLED
+        self.post(sch.Cancel(task.id))
+        return True
+
+    def release_memory(self, devices, nbytes: int) -> None:
+        if nbytes and self.scheduler.memory_budget is not None:
+            self.post(*(sch.MemoryFreed(d, nbytes) for d in devices))
+
+    def set_policy(self, policy: sch.Policy) -> None:
+        self.post(sch.SetPolicy(policy))
+
+    # --- the one place decisions are taken -------------------------------------------------
+    def post(self, *events) -> None:
+        """Feed events to the scheduler and hand its launches to the executor, in order."""
+        rejects = []
+        with self._lock:
+            if self._handling:  # re-entered from a GC finalizer freeing memory mid-handle
+                self._deferred.extend(events)
+                return
+            self._handling = True
+            try:
+                decisions = self.scheduler.handle(*events)
+                while self._deferred:
+                    more, self._deferred = self._deferred, []
+                    decisions += self.scheduler.handle(*more)
+            finally:
+                self._handling = False
+            tasks, todo = self._tasks, self._todo
+            for decision in decisions:
+                task = tasks.pop(decision.task)
+                if type(decision) is sch.Launch:
+                    task.state = TaskState.RUNNING
+                    todo.append(task)
+                else:
+                    task.state = TaskState.CANCELLED
+                    rejects.append((task, decision.reason))
+            drain = self._claim()
+        for task, reason in rejects:
+            task.run.fail(task, MemoryBudgetError(
+                f"{task.node.name} on island {self.island.id}: {reason}"), settled=True)
+        if drain:
+            self._drain()
+
+    def hold(self) -> None:
+        """Take decisions but launch nothing until ``release()`` (while a run is submitted to
+        every island, so no launch reaches an island that does not know the run yet)."""
+        with self._lock:
+            self._held += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._held -= 1
+            drain = self._claim()
+        if drain:
+            self._drain()
+
+    def _claim(self) -> bool:
+        """Under the lock: become the thread that drains, if launches wait and nobody does."""
+        if self._todo and not self._draining and not self._held:
+            self._draining = True
+            return True
+        return False
+
+    def _drain(self) -> None:
+        launch, island = self.executor.launch, self.island.id
+        interrupted = None
+        while True:
+            with self._lock:
+                todo = self._todo
+                if not todo:
+                    self._draining = False
+                    break
+                self._todo = []
+            try:
+                launch(island, todo)
+            except BaseException as e:  # noqa: BLE001 - keep draining; raise it after
+                if isinstance(e, Exception):
+                    _log.exception("island %s: launching failed", island)
+                else:
+                    interrupted = e
+        if interrupted is not None:
+            raise interrupted
+
+    # --- queries ---------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {"running": len(self.scheduler.running), "queued": len(self.scheduler.queued),
+                    "memory_reserved": self.scheduler.memory_in_use()}

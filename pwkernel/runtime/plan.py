@@ -1,0 +1,157 @@
+"""Compiled program plans: a traced graph's host-side work, done once per input signature.
+
+A ``Plan`` is built the first time a graph is submitted and kept on it (graphs are cached per
+input signature, and traced again when slices move, so the plan follows). It holds, per node,
+everything a run needs and nothing a run changes: the executable with its fastest call path
+(the ``jax.jit`` object, whose C++ dispatch is what bare JAX pays), the value slots it reads and
+writes, its device set and bytes, the scheduler's static part of it (``NodeSpec``), and who must
+be told when its outputs exist. A run of a cached plan is then a few lists (values, times,
+counters), one small ``Task`` per node and one scheduler event per island.
+
+Readiness is split by who can see it cheapest. A computation reading a computation of the same
+program on the same island becomes ready when that producer is *launched*, inside the gang
+scheduler (``NodeSpec.waits``), so a chain launches ahead without a round trip per node. Every
+other input (a program argument, a transfer, a computation that may run synchronously) is an
+``external`` arrival the dispatcher counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .graph import ComputeNode, Graph, TransferNode
+from .scheduler import NodeSpec
+
+_cost_keys: dict[tuple, int] = {}  # (function, signature) -> an int the scheduler hashes
+_cost_ids = itertools.count()
+_cost_lock = threading.Lock()
+
+
+def cost_key(fn, signature) -> int:
+    """One int per compiled function and input signature: what the share policy's estimates
+    are kept under (hashing the signature itself per launch would cost more)."""
+    key = (id(fn), signature)
+    with _cost_lock:
+        out = _cost_keys.get(key)
+        if out is None:
+            out = _cost_keys[key] = next(_cost_ids)
+        return out
+
+
+@dataclass(slots=True, eq=False)
+class PlanNode:
+    """One node of a plan. ``inputs``/``outputs`` are value slots (graph value ids)."""
+
+    index: int
+    node: ComputeNode | TransferNode
+    name: str
+    island: int                   # computations: their island; transfers: the destination
+    devices: tuple[int, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    is_compute: bool
+    external: int = 0             # input slots whose arrival the dispatcher counts
+    n_inputs: int = 0             # distinct input slots (sequential dispatch waits for all)
+    # computations
+    fn: Any = None                # the CompiledFunction
+    exe: Any = None               # its Executable for this node's signature
+    call: Any = None              # the fastest way to launch it: exe.call(*values)
+    asynchronous: bool = True
+    spec: NodeSpec | None = None
+    # transfers
+    sharding: Any = None          # the destination layout
+
+
+@dataclass(slots=True, eq=False)
+class Plan:
+    """A graph's nodes prepared for dispatch (see the module docstring)."""
+
+    graph: Graph
+    nodes: list[PlanNode]
+    nslots: int
+    inputs: tuple[int, ...]               # program arguments' slots, in leaf order
+    consts: tuple[tuple[int, Any], ...]   # (slot, host array) captured while tracing
+    outputs: tuple[int, ...]              # the result's slots, in leaf order
+    producer: tuple[int, ...]             # slot -> node index, -1 for arguments and consts
+    notify: tuple[tuple[int, ...], ...]   # slot -> nodes that count its arrival (parallel)
+    consumers: tuple[tuple[int, ...], ...]  # slot -> every node that reads it
+    refs: tuple[int, ...]                 # slot -> how many nodes read it
+    futures: frozenset[int]               # slots the user sees (a Future each)
+    islands: dict[int, tuple[NodeSpec, ...]]  # island -> its computations, in program order
+    external: tuple[int, ...]             # node -> external arrivals (parallel dispatch)
+    n_inputs: tuple[int, ...]             # node -> distinct input slots (sequential)
+    backend: dict[str, Any]               # what the executor prepared (e.g. exports)
+    sources: tuple[int, ...] = ()         # argument and constant slots
+
+
+def build(graph: Graph) -> Plan:
+    """The plan of ``graph``: executables looked up once, readiness wired per island."""
+    nslots = len(graph.values)
+    producer = [-1] * nslots
+    consumers: list[list[int]] = [[] for _ in range(nslots)]
+    notify: list[list[int]] = [[] for _ in range(nslots)]
+    nodes: list[PlanNode] = []
+    for index, node in enumerate(graph.nodes):
+        compute = isinstance(node, ComputeNode)
+        ins = node.inputs if compute else (node.input,)
+        outs = node.outputs if compute else (node.output,)
+        if compute:
+            exe = node.fn.executable(node.signature)
+            p = PlanNode(index, node, node.name, node.island, node.devices, tuple(ins),
+                         tuple(outs), True, fn=node.fn, exe=exe, call=exe.call,
+                         asynchronous=exe.asynchronous)
+        else:
+            sharding = graph.values[node.output].sharding
+            p = PlanNode(index, node, node.name, node.dst, node.devices, (ins[0],), (outs[0],),
+                         False, sharding=sharding)
+        distinct = tuple(dict.fromkeys(ins))
+        p.n_inputs = len(distinct)
+        waits, after = [], []
+        for slot in distinct:
+            consumers[slot].append(index)
+            src = producer[slot]
+            srcnode = nodes[src] if src >= 0 else None
+            if (compute and srcnode is not None and srcnode.is_compute
+                    and srcnode.island == p.island and srcnode.asynchronous):
+                waits.append(src)  # the scheduler sees its launch
+            else:
+                notify[slot].append(index)
+                p.external += 1
+        for slot in outs:
+            producer[slot] = index
+        if compute:
+            after = _island_ancestors(nodes, producer, distinct, p.island)
+            p.spec = NodeSpec(index, frozenset(p.devices), cost_key(node.fn, node.signature),
+                              p.exe.memory, tuple(waits), tuple(after), p.external > 0)
+        nodes.append(p)
+    islands: dict[int, list[NodeSpec]] = {}
+    for p in nodes:
+        if p.is_compute:
+            islands.setdefault(p.island, []).append(p.spec)
+    return Plan(graph, nodes, nslots, tuple(graph.inputs), tuple(graph.consts.items()),
+                tuple(graph.outputs), tuple(producer), tuple(map(tuple, notify)),
+                tuple(map(tuple, consumers)), tuple(len(c) for c in consumers),
+                frozenset(graph.outputs), {i: tuple(s) for i, s in islands.items()},
+                tuple(p.external for p in nodes), tuple(p.n_inputs for p in nodes), {},
+                tuple(graph.inputs) + tuple(graph.consts))
+
+
+def _island_ancestors(nodes: list[PlanNode], producer: list[int], slots, island: int) -> list:
+    """The computations on ``island`` whose outputs reach these slots, through transfers."""
+    out, todo, seen = [], list(slots), set()
+    while todo:
+        slot = todo.pop()
+        src = producer[slot]
+        if src < 0 or src in seen:
+            continue
+        seen.add(src)
+        node = nodes[src]
+        if node.is_compute:
+            if node.island == island:
+                out.append(src)
+        else:
+            todo.extend(node.inputs)
+    return sorted(out)

@@ -1,0 +1,394 @@
+"""A task's whole life, in one place: the runs of programs and the states of their nodes.
+
+A ``ProgramRun`` is one submission of a plan. Its values live in slots (one list entry per
+value of the graph); only the values the user sees (the program's outputs, and futures passed
+in) are ``Future``s. Each node is a ``Task`` that moves through
+
+    WAITING --(inputs there)--> QUEUED --(scheduler: Launch)--> RUNNING --> DONE
+        \\________________________\\______________________________________--> CANCELLED
+
+Transfers skip QUEUED (they are not gang-scheduled). Every task leaves through one path,
+``ProgramRun._end``: a task that ran comes there from its executor (``Task.ended``), one that
+never ran (cancelled, rejected, or fed by a failed input) from ``ProgramRun.fail``. That path
+records the trace, tells the island's scheduler, resolves or fails the outputs, spreads a
+failure to every dependent with the same exception, frees inputs nobody needs any more, and
+counts the run down.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from .errors import CancelledError
+from .objects import Future
+from .trace import EventKind
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
+    from .plan import Plan, PlanNode
+
+_now = time.perf_counter
+_local = threading.local()
+_COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
+
+
+class TaskState(StrEnum):
+    WAITING = "waiting"      # inputs not all launched (parallel) or resolved (sequential)
+    QUEUED = "queued"        # with the island scheduler
+    RUNNING = "running"      # launched on its devices (or its copy started)
+    DONE = "done"
+    CANCELLED = "cancelled"  # never ran: cancelled, rejected, or an input failed
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    name: str = "default"
+    weight: float = 1.0
+    priority: int = 0
+
+
+def soon(fn, *args) -> None:
+    """Run ``fn(*args)`` now, or after the current one if this thread is already inside one:
+    failures cascading down long chains stay flat instead of recursing."""
+    pending = getattr(_local, "pending", None)
+    if pending is not None:
+        pending.append((fn, args))
+        return
+    _local.pending = pending = [(fn, args)]
+    try:
+        while pending:
+            f, a = pending.pop(0)
+            f(*a)
+    finally:
+        _local.pending = None
+
+
+class Task:
+    """One node of one run: what an executor launches and reports the end of.
+
+    Executors call ``launched(values)`` once the outputs exist as values that may still be
+    computing, and ``ended(t_start, t_end, error, values)`` exactly once when the task ran
+    (computations on one device set in launch order)."""
+
+    __slots__ = ("id", "node", "run", "state", "t_submit", "t_launch", "has_outputs")
+
+    def __init__(self, tid: int, node: PlanNode, run: ProgramRun):
+        self.id = tid
+        self.node = node
+        self.run = run
+        self.state = TaskState.WAITING
+        self.t_submit = self.t_launch = 0.0
+        self.has_outputs = False
+
+    @property
+    def is_compute(self) -> bool:
+        return self.node.is_compute
+
+    def inputs(self) -> list:
+        """The input values (arrays, or a backend's handles), in the node's order."""
+        values = self.run.values
+        return [values[s] for s in self.node.inputs]
+
+    def input_error(self) -> BaseException | None:
+        """The error of the first failed input, if any."""
+        return self.run.slot_error(self.node.inputs)
+
+    def inputs_ended(self, timeout: float | None = 0.0) -> float | None:
+        """When the last input was seen to end; None if one has not ended (after waiting up
+        to ``timeout`` seconds; None waits as long as it takes)."""
+        return self.run.slots_ended(self.node.inputs, timeout)
+
+    def launched(self, values) -> None:
+        self.run.launched(self, values)
+
+    def ended(self, t_start: float, t_end: float, error: BaseException | None = None,
+              values=None) -> None:
+        self.run.ended(self, t_start, t_end, error, values)
+
+    def __repr__(self) -> str:
+        return f"Task({self.id}, {self.node.name!r}, {self.state.value})"
+
+
+class ProgramRun:
+    """One submission of a program: its tasks and values, and the ownership label of its
+    buffers. ``wait()`` until every node finished, failed or was cancelled; ``cancel()``."""
+
+    _ids = itertools.count()
+
+    def __init__(self, dispatcher: Dispatcher, plan: Plan, client: ClientSpec, parallel: bool):
+        self.id = next(self._ids)
+        self.base = self.id << 24  # task ids: base + node index
+        self.name = plan.graph.name
+        self.client = client.name
+        self.client_spec = client
+        self.dispatcher = dispatcher
+        self.plan = plan
+        self.parallel = parallel
+        n = plan.nslots
+        self.values: list[Any] = [None] * n
+        self.t_done: list[float | None] = [None] * n
+        self.errors: dict[int, BaseException] = {}
+        self.futures: dict[int, Future] = {}
+        self.refs = list(plan.refs)
+        self.waiting = list(plan.external if parallel else plan.n_inputs)
+        base = self.base
+        self.tasks = [Task(base + p.index, p, self) for p in plan.nodes]
+        self.t_submit = _now()
+        self._remaining = len(self.tasks)
+        self._lock = threading.Lock()
+        self._changed: threading.Condition | None = None  # made when someone waits on a value
+        self._waiters = 0
+        self._finished = False
+        self._done: threading.Event | None = None  # made when someone waits on the run
+
+    # --- the user's side -------------------------------------------------------------------
+    def done(self) -> bool:
+        return self._finished
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every node has finished, failed or been cancelled."""
+        if self._finished:
+            return True
+        with self._lock:
+            if self._finished:
+                return True
+            if self._done is None:
+                self._done = threading.Event()
+            done = self._done
+        return done.wait(timeout)
+
+    def cancel(self, reason: str = "cancelled") -> int:
+        """Cancel every node that has not been launched; returns how many were cancelled."""
+        error = CancelledError(f"program {self.name!r} (run {self.id}) was {reason} before "
+                               "this computation ran")
+        tasks = [t for t in self.tasks if t.state in (TaskState.WAITING, TaskState.QUEUED)]
+        for task in tasks:
+            soon(self.fail, task, error)
+        return sum(t.state is TaskState.CANCELLED for t in tasks)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else f"{self._remaining} nodes left"
+        return f"ProgramRun(id={self.id}, name={self.name!r}, client={self.client!r}, {state})"
+
+    # --- values ----------------------------------------------------------------------------
+    def slot_error(self, slots) -> BaseException | None:
+        errors = self.errors
+        if errors:
+            for s in slots:
+                if s in errors:
+                    return errors[s]
+        return None
+
+    def slots_ended(self, slots, timeout: float | None = 0.0) -> float | None:
+        t_done = self.t_done
+        latest = 0.0
+        for s in slots:
+            t = t_done[s]
+            if t is None:
+                break
+            latest = t if t > latest else latest
+        else:
+            return latest
+        if timeout == 0.0:
+            return None
+        with self._lock:
+            if self._changed is None:
+                self._changed = threading.Condition(self._lock)
+            self._waiters += 1
+            try:
+                ok = self._changed.wait_for(lambda: all(t_done[s] is not None for s in slots),
+                                            timeout)
+            finally:
+                self._waiters -= 1
+        return max((t_done[s] for s in slots), default=0.0) if ok else None
+
+    def input_arrived(self, slot: int, value) -> None:
+        """A program argument given as a future was launched (or resolved)."""
+        with self._lock:
+            if self.values is None or self.values[slot] is not None:
+                return
+            self.values[slot] = value
+        self.dispatcher.arrived(self, slot)
+
+    def input_ended(self, fut: Future, slot: int) -> None:
+        """A program argument given as a future resolved: its end time, or its error."""
+        error = fut._error
+        with self._lock:
+            if self.values is None:
+                return
+            if error is not None:
+                self.errors[slot] = error
+            elif self.values[slot] is None:
+                self.values[slot] = fut._peek()
+            self.t_done[slot] = fut.t_done
+            if self._waiters:
+                self._changed.notify_all()
+        if error is not None:
+            self._spread(slot, error)
+        elif not self.parallel:
+            self.dispatcher.arrived(self, slot)
+
+    # --- a task's life ---------------------------------------------------------------------
+    def launched(self, task: Task, values) -> None:
+        """``task``'s outputs exist (maybe still computing): what counts them may go."""
+        node = task.node
+        with self._lock:
+            if task.has_outputs:
+                return
+            task.has_outputs = True
+            slots = self.values
+            for s, v in zip(node.outputs, values, strict=True):
+                slots[s] = v
+        futures = self.futures
+        for s, v in zip(node.outputs, values, strict=True):
+            fut = futures.get(s)
+            if fut is not None:
+                fut._set_launched(v)
+        if self.parallel:
+            notify = self.plan.notify
+            for s in node.outputs:
+                if notify[s]:
+                    self.dispatcher.arrived(self, s)
+
+    def ended(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
+              values=None) -> None:
+        """A task that ran has ended (its executor saw it): the one way out, for both kinds."""
+        if values is not None and not task.has_outputs:
+            self.launched(task, values)
+        upstream = self.slot_error(task.node.inputs)
+        self._end(task, True, upstream if upstream is not None else error, t_start, t_end)
+
+    def fail(self, task: Task, error: BaseException, settled: bool = False) -> None:
+        """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
+        ``error``, and so, through its outputs, does everything that depends on it.
+        ``settled``: the scheduler already dropped it (rejected)."""
+        if not settled:
+            if task.state is TaskState.QUEUED and task.is_compute:
+                if not self.dispatcher.islands[task.node.island].cancel(task):
+                    return  # launched meanwhile: it ends by itself
+            else:
+                with self._lock:
+                    if task.state is not TaskState.WAITING:
+                        return
+                    task.state = TaskState.CANCELLED
+        task.state = TaskState.CANCELLED
+        t = _now()
+        self._end(task, False, error, t, t)
+
+    def _end(self, task: Task, ran: bool, error, t_start: float, t_end: float) -> None:
+        node = task.node
+        dispatcher = self.dispatcher
+        if ran:
+            task.state = TaskState.DONE
+            if dispatcher.trace.enabled:
+                self.record(task, t_start, t_end, error)
+        values, futures = self.values, self.futures
+        spread, dropped = [], []
+        with self._lock:
+            for k, s in enumerate(node.outputs):
+                self.t_done[s] = t_end
+                if error is not None:
+                    self.errors[s] = error
+                    values[s] = None
+                    spread.append(s)
+                elif s not in futures and not self.refs[s]:
+                    dropped.append(self._take(s, node, k))  # nobody reads it
+            if self._waiters:
+                self._changed.notify_all()
+            self._remaining -= 1
+            finished = self._remaining == 0
+        if ran and node.is_compute:  # its devices are free: what waited may launch (its
+            queue = dispatcher.islands[node.island]  # outputs' ends are known by then)
+            queue.finished(task, t_end - t_start)
+            if error is not None:
+                queue.release_memory(node.devices, node.exe.memory)
+        self._free(dropped)
+        if finished:  # not among ctl.runs() once its last outputs resolve
+            dispatcher.run_ended(self)
+        for k, s in enumerate(node.outputs):
+            fut = futures.get(s)
+            if fut is None:
+                continue
+            if error is not None:
+                fut._set_exception(error, t_end)
+            else:
+                fut._set_result(values[s], t_end, node.is_compute,
+                                node.exe.out_nbytes[k] if node.is_compute else None)
+        for s in spread:
+            self._spread(s, error)
+        if error is None and not self.parallel:
+            for s in node.outputs:
+                dispatcher.arrived(self, s)
+        self._release_inputs(node)
+        if finished:  # keep nothing alive: the run stays reachable from its futures
+            self.tasks = []
+            self.values = None
+            self.futures = {}
+            with self._lock:
+                self._finished = True
+                done = self._done
+            if done is not None:
+                done.set()
+
+    def _spread(self, slot: int, error: BaseException) -> None:
+        """Every task reading ``slot`` that has not started fails with ``error``."""
+        tasks = self.tasks
+        for c in self.plan.consumers[slot]:
+            task = tasks[c]
+            if task.state in (TaskState.WAITING, TaskState.QUEUED):
+                soon(self.fail, task, error)
+
+    def _release_inputs(self, node: PlanNode) -> None:
+        """The task is over: inputs only runs of this program read are freed after their last
+        reader (the user's values and futures are the object store's business)."""
+        refs, plan, dropped = self.refs, self.plan, []
+        with self._lock:
+            for s in dict.fromkeys(node.inputs):
+                refs[s] -= 1
+                if not refs[s] and s not in self.futures and plan.producer[s] >= 0 \
+                        and self.values is not None:
+                    producer = plan.nodes[plan.producer[s]]
+                    dropped.append(self._take(s, producer, producer.outputs.index(s)))
+        self._free(dropped)
+
+    def _take(self, slot: int, producer: PlanNode, k: int) -> tuple:
+        """Take an internal value out of its slot (under the run's lock), to be freed."""
+        value, self.values[slot] = self.values[slot], None
+        return value, producer, k
+
+    def _free(self, dropped: list[tuple]) -> None:
+        """Delete internal values' buffers and give their reserved memory back to the
+        islands' schedulers (outside the run's lock: that may launch work)."""
+        for value, producer, k in dropped:
+            if value is None:
+                continue
+            if hasattr(value, "delete"):
+                try:
+                    value.delete()
+                except Exception:  # already deleted or donated: nothing left to free
+                    pass
+            if producer.is_compute:
+                nbytes = producer.exe.out_nbytes[k]
+                self.dispatcher.islands[producer.island].release_memory(
+                    list(nbytes), max(nbytes.values(), default=0))
+
+    def record(self, task: Task, t_start: float, t_end: float, error) -> None:
+        """Append the task's span to the trace (plain strings: this runs per computation)."""
+        node = task.node
+        g = node.node
+        status = "ok" if error is None else "error"
+        if node.is_compute:
+            self.dispatcher.trace.record(
+                _COMPUTE, node.name, self.name, self.id, self.client, node.island,
+                node.devices, task.t_submit, t_start, t_end, status, 0, None, None, (), None,
+                g.id)
+        else:
+            self.dispatcher.trace.record(
+                _TRANSFER, node.name, self.name, self.id, self.client, g.dst, node.devices,
+                task.t_submit, t_start, t_end, status, g.nbytes, g.src, g.dst, g.src_devices,
+                g.link, g.id)
