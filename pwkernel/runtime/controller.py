@@ -203,7 +203,8 @@ class Controller:
         }
 
     def _on_free(self, record: BufferRecord) -> None:
-        if record.reserved and record.island is not None and not self.closed:
+        if record.reserved and self.memory_budget is not None and record.island is not None \
+                and not self.closed:
             queue = self._dispatcher.islands[record.island]
             queue.release_memory(list(record.nbytes), max(record.nbytes.values(), default=0))
 

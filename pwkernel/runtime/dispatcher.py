@@ -27,15 +27,16 @@ import jax
 import numpy as np
 
 from . import scheduler as sch
-from .executor import Executor
+from .executor import Executor, NoGroup
 from .graph import Graph
 from .islands import IslandQueue
-from .objects import Future, ObjectStore, resolved
+from .objects import Future, FutureState, ObjectStore, resolved
 from .plan import Plan, build
 from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
 
 _now = time.perf_counter
+_PENDING = FutureState.PENDING
 
 
 class DispatchMode(StrEnum):
@@ -63,8 +64,8 @@ class Dispatcher:
         self.mode = DispatchMode.parse(mode)
         self.islands: dict[int, IslandQueue] = {
             isl.id: IslandQueue(isl, executor, policy, memory_budget) for isl in executor.islands}
-        self.runs: dict[int, ProgramRun] = {}
-        self._runs_lock = threading.Lock()
+        self.runs: dict[int, ProgramRun] = {}  # one dict operation at a time: no lock needed
+        self._group = None if isinstance(executor, NoGroup) else executor.group
         self._plan_lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
@@ -83,7 +84,7 @@ class Dispatcher:
         return plan
 
     def submit(self, graph: Graph, leaves: list, client: ClientSpec) -> list[Future]:
-        plan = self.plan(graph)
+        plan = graph.plan or self.plan(graph)
         parallel = self.mode is DispatchMode.PARALLEL
         run = ProgramRun(self, plan, client, parallel)
         values, futures, t_done = run.values, run.futures, run.t_done
@@ -91,7 +92,7 @@ class Dispatcher:
         for slot, leaf in zip(plan.inputs, leaves, strict=True):
             if isinstance(leaf, Future):
                 futures[slot] = leaf
-                if leaf.done():
+                if leaf._state is not _PENDING:
                     if leaf._error is not None:
                         run.errors[slot] = leaf._error
                     else:
@@ -109,27 +110,25 @@ class Dispatcher:
             values[slot] = const
             t_done[slot] = 0.0
         outputs = []
-        tasks = run.tasks
-        for slot in plan.outputs:
+        tasks, store = run.tasks, self.store
+        for slot, src, shape, dtype, sharding, island, name in plan.made:
             fut = futures.get(slot)
             if fut is None:
-                src = plan.producer[slot]
                 if src < 0:  # the program returns an argument or a constant as it is
                     fut = resolved(values[slot])
                 else:
-                    spec = graph.values[slot]
-                    fut = Future(spec.shape, spec.dtype, spec.sharding, name=plan.nodes[src].name,
-                                 island=spec.island, run=run, store=self.store)
+                    fut = Future(shape, dtype, sharding, name=name, island=island, run=run,
+                                 store=store)
                     fut.producer = tasks[src]
                 futures[slot] = fut
             outputs.append(fut)
-        with self._runs_lock:
-            self.runs[run.id] = run
-        with self.executor.group():
-            if parallel:
-                self._start_parallel(run, pending)
-            else:
-                self._start_sequential(run, pending)
+        self.runs[run.id] = run  # one dict operation: atomic without a lock
+        start = self._start_parallel if parallel else self._start_sequential
+        if self._group is None:
+            start(run, pending)
+        else:
+            with self._group():
+                start(run, pending)
         return outputs
 
     def _start_parallel(self, run: ProgramRun, pending: list) -> None:
@@ -156,13 +155,14 @@ class Dispatcher:
                                           client.priority, run.id)
                 self.islands[island].submit_program(
                     [tasks[s.index] for s in specs], event,
-                    [t for t in ready if t.is_compute and t.node.island == island])
+                    [t for t in ready if t.node.is_compute and t.node.island == island]
+                    if ready else ready)
         finally:
             if several:
                 for island in plan.islands:
                     self.islands[island].release()
         for task in ready:
-            if not task.is_compute:
+            if not task.node.is_compute:
                 self._transfer(task)
         for slot in errors:
             run._spread(slot, errors[slot])
@@ -192,6 +192,8 @@ class Dispatcher:
         else:
             consumers = run.plan.consumers[slot]
         waiting, tasks, go = run.waiting, run.tasks, []
+        if not tasks:
+            return  # the run is over (its consumers failed or were cancelled)
         with run._lock:
             for c in consumers:
                 waiting[c] -= 1
@@ -252,12 +254,10 @@ class Dispatcher:
 
     # --- runs ------------------------------------------------------------------------------
     def run_ended(self, run: ProgramRun) -> None:
-        with self._runs_lock:
-            self.runs.pop(run.id, None)
+        self.runs.pop(run.id, None)
 
     def active_runs(self) -> list[ProgramRun]:
-        with self._runs_lock:
-            return list(self.runs.values())
+        return list(self.runs.values())
 
     def shutdown(self) -> None:
         for run in self.active_runs():

@@ -58,7 +58,8 @@ class IslandQueue:
                 task.t_submit = t
                 mine[task.id] = task
         if ready:
-            self.post(event, *[sch.Ready(task.id) for task in ready])
+            self.post(event, *[sch.Ready(task.id, task.run.after(task) if task.node.foreign
+                                         else ()) for task in ready])
         else:
             self.post(event)
 
@@ -70,7 +71,7 @@ class IslandQueue:
         self.post(event)
 
     def ready(self, task: Task) -> None:
-        self.post(sch.Ready(task.id))
+        self.post(sch.Ready(task.id, task.run.after(task) if task.node.foreign else ()))
 
     def finished(self, task: Task, seconds: float) -> None:
         self.post(sch.Finished(task.id, seconds))

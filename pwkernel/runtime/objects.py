@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -77,9 +77,9 @@ class Future:
         self._state = FutureState.PENDING
         self._error: BaseException | None = None
         self._event: threading.Event | None = None  # made only when someone waits
-        self._callbacks: list[Callable[[Future], None]] = []
-        self._hooks: list[Callable[[Future], None]] = []
-        self._launch_hooks: list[Callable[[Future], None]] = []
+        self._callbacks: list[Callable[[Future], None]] | None = None  # lists made when used
+        self._hooks: list[Callable[[Future], None]] | None = None
+        self._launch_hooks: list[Callable[[Future], None]] | None = None
         self._launched = None  # the not-yet-ready array once its computation is launched
         self.producer = None   # the runtime task that makes this value
         self._lock = threading.Lock()
@@ -104,6 +104,9 @@ class Future:
         """Wait until the future resolves; False on timeout."""
         if self._state is not FutureState.PENDING:
             return True
+        producer = self.producer
+        if producer is not None:  # the waiting thread may see its end itself
+            producer.expedite(timeout)
         with self._lock:
             if self._state is not FutureState.PENDING:
                 return True
@@ -140,6 +143,8 @@ class Future:
         """Call ``fn(self)`` when the future resolves (at once if it already has)."""
         with self._lock:
             if not self.done():
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(fn)
                 return
         fn(self)
@@ -182,6 +187,8 @@ class Future:
         """Like add_done_callback, but for the runtime: hooks are dropped once fired."""
         with self._lock:
             if not self.done():
+                if self._hooks is None:
+                    self._hooks = []
                 self._hooks.append(fn)
                 return
         fn(self)
@@ -191,6 +198,8 @@ class Future:
         consumers may then be launched behind it."""
         with self._lock:
             if self._launched is None and self._state is FutureState.PENDING:
+                if self._launch_hooks is None:
+                    self._launch_hooks = []
                 self._launch_hooks.append(fn)
                 return
         fn(self)
@@ -200,9 +209,10 @@ class Future:
             if self._state is not FutureState.PENDING:
                 return
             self._launched = value
-            hooks, self._launch_hooks = self._launch_hooks, []
-        for fn in hooks:
-            fn(self)
+            hooks, self._launch_hooks = self._launch_hooks, None
+        if hooks:
+            for fn in hooks:
+                fn(self)
 
     def _peek(self):
         """The value (possibly not ready yet) without marking it exported, for consumers."""
@@ -227,22 +237,24 @@ class Future:
                 return False
             self._state, self._error, self.t_done = state, error, t_done
             self._launched = None
-            launch_hooks, self._launch_hooks = self._launch_hooks, []
-            hooks, self._hooks = self._hooks, []
-            callbacks, self._callbacks = self._callbacks, []
+            launch_hooks, hooks, callbacks = self._launch_hooks, self._hooks, self._callbacks
+            self._launch_hooks = self._hooks = self._callbacks = None
             event = self._event
         if event is not None:
             event.set()
-        for fn in launch_hooks:
-            fn(self)
-        for fn in hooks:
-            fn(self)
-        for fn in callbacks:
-            try:
+        if launch_hooks:
+            for fn in launch_hooks:
                 fn(self)
-            except Exception:  # a user's callback must not break the runtime
-                import logging
-                logging.getLogger("pwkernel").exception("future done-callback raised")
+        if hooks:
+            for fn in hooks:
+                fn(self)
+        if callbacks:
+            for fn in callbacks:
+                try:
+                    fn(self)
+                except Exception:  # a user's callback must not break the runtime
+                    import logging
+                    logging.getLogger("pwkernel").exception("future done-callback raised")
         return True
 
 
@@ -253,9 +265,9 @@ def resolved(value, sharding=None) -> Future:
     return fut
 
 
-@dataclass(frozen=True, slots=True)
-class BufferRecord:
-    """The store's entry for one live buffer: bytes per device and its ownership labels."""
+class BufferRecord(NamedTuple):
+    """The store's entry for one live buffer: bytes per device and its ownership labels (a
+    named tuple: one is made per value a program returns)."""
 
     nbytes: dict[int, int]
     program: str
@@ -282,6 +294,7 @@ class ObjectStore:
         self._keys = itertools.count()
         self._on_free = on_free
         self._watch: dict[int, tuple[weakref.ref, _Buffer]] = {}  # key -> (future, buffer)
+        self._keys_of: dict[weakref.ref, int] = {}
         self.closed = False
 
     def add(self, fut: Future, value, reserved: bool = False,
@@ -291,12 +304,22 @@ class ObjectStore:
         run = fut.run
         if nbytes is None:
             nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-        record = BufferRecord(nbytes, getattr(run, "name", ""), getattr(run, "id", -1),
-                              getattr(run, "client", "default"), fut.island, reserved)
+        if run is None:
+            record = BufferRecord(nbytes, "", -1, "default", fut.island, reserved)
+        else:
+            record = BufferRecord(nbytes, run.name, run.id, run.client, fut.island, reserved)
+        ref = weakref.ref(fut, self._dropped)
         with self._lock:
             self._records[key] = record
-            self._watch[key] = (weakref.ref(fut, lambda _, k=key: self._free(k)), buf)
+            self._watch[key] = (ref, buf)
+            self._keys_of[ref] = key
         return buf
+
+    def _dropped(self, ref: weakref.ref) -> None:
+        """The last reference to a future went (a weakref callback)."""
+        key = self._keys_of.pop(ref, None)
+        if key is not None:
+            self._free(key)
 
     def fetch(self, fut: Future, buf: _Buffer):
         """The value of ``fut`` for the user (``Future.result()``)."""
@@ -311,7 +334,8 @@ class ObjectStore:
     def _free(self, key: int) -> None:
         with self._lock:
             record = self._records.pop(key, None)
-            _, buf = self._watch.pop(key, (None, None))
+            ref, buf = self._watch.pop(key, (None, None))
+            self._keys_of.pop(ref, None)
         if record is None:
             return
         if not buf.exported and hasattr(buf.value, "delete"):

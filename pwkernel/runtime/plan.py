@@ -55,6 +55,10 @@ class PlanNode:
     is_compute: bool
     external: int = 0             # input slots whose arrival the dispatcher counts
     n_inputs: int = 0             # distinct input slots (sequential dispatch waits for all)
+    distinct: tuple[int, ...] = ()  # its input slots, each once
+    notifies: bool = False        # an output's arrival is counted by someone (parallel)
+    foreign: bool = False         # reads a program argument (through transfers): what it may
+                                  # queue behind is found when it is ready (other runs)
     # computations
     fn: Any = None                # the CompiledFunction
     exe: Any = None               # its Executable for this node's signature
@@ -85,6 +89,8 @@ class Plan:
     n_inputs: tuple[int, ...]             # node -> distinct input slots (sequential)
     backend: dict[str, Any]               # what the executor prepared (e.g. exports)
     sources: tuple[int, ...] = ()         # argument and constant slots
+    made: tuple[tuple, ...] = ()          # per output: slot, producer, shape, dtype, sharding,
+                                          # island, name (what its Future is made of)
 
 
 def build(graph: Graph) -> Plan:
@@ -94,6 +100,9 @@ def build(graph: Graph) -> Plan:
     consumers: list[list[int]] = [[] for _ in range(nslots)]
     notify: list[list[int]] = [[] for _ in range(nslots)]
     nodes: list[PlanNode] = []
+    argument = [False] * nslots  # the slot is a program argument, or copied from one
+    for slot in graph.inputs:
+        argument[slot] = True
     for index, node in enumerate(graph.nodes):
         compute = isinstance(node, ComputeNode)
         ins = node.inputs if compute else (node.input,)
@@ -108,7 +117,7 @@ def build(graph: Graph) -> Plan:
             p = PlanNode(index, node, node.name, node.dst, node.devices, (ins[0],), (outs[0],),
                          False, sharding=sharding)
         distinct = tuple(dict.fromkeys(ins))
-        p.n_inputs = len(distinct)
+        p.n_inputs, p.distinct = len(distinct), distinct
         waits, after = [], []
         for slot in distinct:
             consumers[slot].append(index)
@@ -122,11 +131,15 @@ def build(graph: Graph) -> Plan:
                 p.external += 1
         for slot in outs:
             producer[slot] = index
+            argument[slot] = not compute and argument[ins[0]]
+        p.foreign = compute and any(argument[slot] for slot in distinct)
         if compute:
             after = _island_ancestors(nodes, producer, distinct, p.island)
             p.spec = NodeSpec(index, frozenset(p.devices), cost_key(node.fn, node.signature),
                               p.exe.memory, tuple(waits), tuple(after), p.external > 0)
         nodes.append(p)
+    for p in nodes:
+        p.notifies = any(notify[s] for s in p.outputs)
     islands: dict[int, list[NodeSpec]] = {}
     for p in nodes:
         if p.is_compute:
@@ -136,7 +149,10 @@ def build(graph: Graph) -> Plan:
                 tuple(map(tuple, consumers)), tuple(len(c) for c in consumers),
                 frozenset(graph.outputs), {i: tuple(s) for i, s in islands.items()},
                 tuple(p.external for p in nodes), tuple(p.n_inputs for p in nodes), {},
-                tuple(graph.inputs) + tuple(graph.consts))
+                tuple(graph.inputs) + tuple(graph.consts), tuple(
+                    (s, producer[s], v.shape, v.dtype, v.sharding, v.island,
+                     nodes[producer[s]].name if producer[s] >= 0 else "")
+                    for s in graph.outputs for v in (graph.values[s],)))
 
 
 def _island_ancestors(nodes: list[PlanNode], producer: list[int], slots, island: int) -> list:

@@ -31,6 +31,7 @@ from .objects import Future, shard_bytes
 from .resources import VirtualSlice
 
 _tracing = threading.local()
+_flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
 _NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
 
 
@@ -235,10 +236,10 @@ class CompiledFunction:
         return leaves
 
     def __call__(self, *args):
-        graph = _current_graph()
+        graph = getattr(_tracing, "graph", None)
         if graph is not None:
             return _record_call(graph, self, args)
-        return self._as_program()(*args)
+        return self._program_wrapper(*args)
 
     @functools.cached_property
     def _program_wrapper(self) -> Program:
@@ -345,7 +346,7 @@ class Program:
         return self._graph(tree, leaves)
 
     def _graph(self, tree, leaves) -> Graph:
-        key = (tree, tuple(leaf_placement(leaf) for leaf in leaves))
+        key = (tree, tuple([leaf_placement(leaf) for leaf in leaves]))
         graph = self._graphs.get(key)
         if graph is None or graph.stale():
             with self._lock:
@@ -379,12 +380,12 @@ class Program:
         return graph
 
     def __call__(self, *args):
-        if _current_graph() is not None:
+        if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args)  # inside another trace: inline this program's calls
-        leaves, tree = jax.tree_util.tree_flatten(args)
+        leaves, tree = _flatten(args)
         graph = self._graph(tree, leaves)
         futures = graph.controller.submit(graph, leaves)
-        return jax.tree_util.tree_unflatten(graph.out_tree, futures)
+        return _unflatten(graph.out_tree, futures)
 
     def __repr__(self) -> str:
         return f"pw.program({self.name})"

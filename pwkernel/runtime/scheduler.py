@@ -31,6 +31,10 @@ computations of the same program it reads from directly (``waits``): such a comp
 ready the moment its producers are *launched*, inside this state machine, so one event can
 launch a whole chain (up to ``depth``) without a round trip per node.
 
+Events and decisions are small slotted dataclasses, values by convention: they are not
+``frozen`` because a frozen dataclass's ``__init__`` costs two to three times more, and the
+runtime makes three or four of them per computation.
+
 The order is kept incrementally: each client's ready computations sit in a list sorted by the
 policy's key (inserted with a binary search when they become ready), and a scheduling pass
 merges the clients' lists, stopping as soon as every device is reserved. Nothing is sorted again
@@ -62,7 +66,7 @@ class Policy(StrEnum):
 
 
 # --- events (in) ---------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Submit:
     """A computation joins the island's queue. ``memory`` is bytes it adds on each device."""
 
@@ -78,7 +82,7 @@ class Submit:
     group: Hashable = None  # its program run (see ``GangScheduler.program_ahead``)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NodeSpec:
     """The part of one computation of a program that is the same for every run of it.
 
@@ -97,7 +101,7 @@ class NodeSpec:
     external: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SubmitProgram:
     """All of one program run's computations on this island, in program (topological) order."""
 
@@ -109,7 +113,7 @@ class SubmitProgram:
     group: Hashable = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ready:
     """All inputs of ``task`` exist, or are being computed by ``after`` (in-flight tasks of
     this island it may queue behind)."""
@@ -118,7 +122,7 @@ class Ready:
     after: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finished:
     """``task`` completed (or failed) after running ``seconds`` on its devices."""
 
@@ -126,31 +130,31 @@ class Finished:
     seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Cancel:
     """Drop ``task`` if it has not started; a running computation cannot be preempted."""
 
     task: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MemoryFreed:
     device: int
     nbytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SetPolicy:
     policy: Policy
 
 
 # --- decisions (out) -----------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Launch:
     task: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reject:
     task: int
     reason: str
@@ -274,12 +278,16 @@ class GangScheduler:
         client = self._clients.get(name)
         if client is None:
             client = self._clients[name] = _Client()
-        client.weight = max(float(weight), 1e-9)
+        if weight != client.weight:
+            client.weight = max(float(weight), 1e-9)
         if client.active == 0:  # a client returning from idle starts at the current time
             client.passes = max(client.passes, self._vtime)
         return client
 
     def _refuse(self, task: int, devices: frozenset[int], memory: int) -> Reject | None:
+        if devices and devices <= self._device_set and (
+                self.memory_budget is None or memory <= self.memory_budget):
+            return None
         if not devices or not devices <= self._device_set:
             unknown = sorted(devices - self._device_set)
             return Reject(task, f"devices {unknown or '[]'} are not on this island "
@@ -311,14 +319,17 @@ class GangScheduler:
     def _submit_program(self, ev: SubmitProgram, out: list) -> bool:
         client = self._client(ev.client, ev.weight)
         tasks, base, seq, ready = self._tasks, ev.base, self._seq, False
+        island, budget = self._device_set, self.memory_budget
         for spec in ev.nodes:
             tid = base + spec.index
-            refused = self._refuse(tid, spec.devices, spec.memory)
-            if refused is not None:  # its dependents wait for the runtime to cancel them
-                out.append(refused)
+            if not (spec.devices and spec.devices <= island
+                    and (budget is None or spec.memory <= budget)):
+                # its dependents wait for the runtime to cancel them
+                out.append(self._refuse(tid, spec.devices, spec.memory))
                 continue
+            after = spec.after
             task = _Task(tid, seq, spec.devices, ev.client, ev.priority, spec.cost_key,
-                         spec.memory, tuple(base + a for a in spec.after), ev.group)
+                         spec.memory, after and tuple([base + a for a in after]), ev.group)
             seq += 1
             pending = 0
             for w in spec.waits:
@@ -341,15 +352,14 @@ class GangScheduler:
         self._seq = seq
         return ready
 
-    def _order_key(self, t: _Task) -> tuple:
-        if self.policy is Policy.PRIORITY:
-            return (-t.priority, t.seq)
-        return (t.seq,)
-
     def _make_ready(self, t: _Task) -> None:
         self._ready[t.id] = t
-        t.key = self._order_key(t)
-        bisect.insort(self._clients[t.client].ready, (t.key, t.id))
+        t.key = key = (-t.priority, t.seq) if self.policy is Policy.PRIORITY else (t.seq,)
+        ready = self._clients[t.client].ready
+        if not ready or ready[-1][0] < key:
+            ready.append((key, t.id))
+        else:
+            bisect.insort(ready, (key, t.id))
 
     def _unready(self, t: _Task) -> None:
         if self._ready.pop(t.id, None) is not None:
@@ -363,7 +373,7 @@ class GangScheduler:
         for client in self._clients.values():
             client.ready = []
         for t in self._ready.values():
-            t.key = self._order_key(t)
+            t.key = (-t.priority, t.seq) if policy is Policy.PRIORITY else (t.seq,)
             self._clients[t.client].ready.append((t.key, t.id))
         for client in self._clients.values():
             client.ready.sort()
@@ -397,8 +407,9 @@ class GangScheduler:
         return all(self._memory[d] + t.memory <= self.memory_budget for d in t.devices)
 
     def _estimate(self, t: _Task) -> float:
-        if t.cost_key in self._estimates:
-            return self._estimates[t.cost_key]
+        known = self._estimates.get(t.cost_key)
+        if known is not None:
+            return known
         known = self._estimates.values()
         return sum(known) / len(known) if known else float(len(t.devices))
 
@@ -422,7 +433,8 @@ class GangScheduler:
             if reserved is not None and not reserved.isdisjoint(t.devices):
                 i += 1
                 continue
-            if not self._devices_free(t) or not self._fits_memory(t):
+            if not self._devices_free(t) or (self.memory_budget is not None
+                                             and not self._fits_memory(t)):
                 if reserved is None:
                     reserved = set()
                 reserved |= t.devices
@@ -510,11 +522,11 @@ class GangScheduler:
     def _launch(self, t: _Task, out: list) -> None:
         del self._ready[t.id]
         self._running.add(t.id)
-        budget = self.memory_budget is not None
+        budget, busy = self.memory_budget is not None, self._busy
         for d in t.devices:
-            queue = self._busy.get(d)
+            queue = busy.get(d)
             if queue is None:
-                self._busy[d] = [t.id]
+                busy[d] = [t.id]
             else:
                 queue.append(t.id)
             if budget:

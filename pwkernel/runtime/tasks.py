@@ -106,6 +106,14 @@ class Task:
     def launched(self, values) -> None:
         self.run.launched(self, values)
 
+    def expedite(self, timeout: float | None = None) -> None:
+        """Someone waits for this task's outputs: its executor may let that thread see the
+        end itself (``Executor.expedite``, optional) rather than hand it over."""
+        run = self.run
+        expedite = getattr(run.dispatcher.executor, "expedite", None)
+        if expedite is not None and self.state is TaskState.RUNNING:
+            expedite(self, timeout)
+
     def ended(self, t_start: float, t_end: float, error: BaseException | None = None,
               values=None) -> None:
         self.run.ended(self, t_start, t_end, error, values)
@@ -233,6 +241,35 @@ class ProgramRun:
         elif not self.parallel:
             self.dispatcher.arrived(self, slot)
 
+    def after(self, task: Task) -> tuple[int, ...]:
+        """The computations on ``task``'s island, still running, whose outputs it reads
+        (through transfers, and through arguments made by other runs): it may queue behind
+        them on its devices."""
+        island, out, todo = task.node.island, [], []
+        for s in task.node.distinct:
+            self._producers(s, todo)
+        while todo:
+            t = todo.pop()
+            if t.state is TaskState.DONE:
+                continue
+            if t.node.is_compute:
+                if t.node.island == island:
+                    out.append(t.id)
+            else:
+                for s in t.node.distinct:
+                    t.run._producers(s, todo)
+        return tuple(out)
+
+    def _producers(self, slot: int, out: list) -> None:
+        p = self.plan.producer[slot]
+        if p >= 0:
+            if self.tasks:
+                out.append(self.tasks[p])
+        else:
+            fut = self.futures.get(slot)
+            if fut is not None and fut.producer is not None and not fut.done():
+                out.append(fut.producer)
+
     # --- a task's life ---------------------------------------------------------------------
     def launched(self, task: Task, values) -> None:
         """``task``'s outputs exist (maybe still computing): what counts them may go."""
@@ -258,10 +295,25 @@ class ProgramRun:
     def ended(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
               values=None) -> None:
         """A task that ran has ended (its executor saw it): the one way out, for both kinds."""
+        node = task.node
+        fresh = False
         if values is not None and not task.has_outputs:
-            self.launched(task, values)
-        upstream = self.slot_error(task.node.inputs)
-        self._end(task, True, upstream if upstream is not None else error, t_start, t_end)
+            with self._lock:  # launched and ended at once: its futures resolve in _end (that
+                if not task.has_outputs:  # fires their launch hooks); only slots are set here
+                    task.has_outputs = fresh = True
+                    slots = self.values
+                    for s, v in zip(node.outputs, values, strict=True):
+                        slots[s] = v
+        if self.errors:
+            upstream = self.slot_error(node.inputs)
+            if upstream is not None:
+                error = upstream
+        self._end(task, True, error, t_start, t_end)
+        if fresh and self.parallel and node.notifies and error is None:
+            notify = self.plan.notify  # consumers counted its launch: now, with its end known
+            for s in node.outputs:
+                if notify[s]:
+                    self.dispatcher.arrived(self, s)
 
     def fail(self, task: Task, error: BaseException, settled: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
@@ -285,8 +337,15 @@ class ProgramRun:
         dispatcher = self.dispatcher
         if ran:
             task.state = TaskState.DONE
-            if dispatcher.trace.enabled:
-                self.record(task, t_start, t_end, error)
+            trace = dispatcher.trace
+            if trace.enabled:
+                if node.is_compute:  # once per computation: plain strings, no enum lookups
+                    trace.record(_COMPUTE, node.name, self.name, self.id, self.client,
+                                 node.island, node.devices, task.t_submit, t_start, t_end,
+                                 "ok" if error is None else "error", 0, None, None, (), None,
+                                 node.node.id)
+                else:
+                    self.record(task, t_start, t_end, error)
         values, futures = self.values, self.futures
         spread, dropped = [], []
         with self._lock:
@@ -307,24 +366,27 @@ class ProgramRun:
             queue.finished(task, t_end - t_start)
             if error is not None:
                 queue.release_memory(node.devices, node.exe.memory)
-        self._free(dropped)
+        if dropped:
+            self._free(dropped)
         if finished:  # not among ctl.runs() once its last outputs resolve
             dispatcher.run_ended(self)
-        for k, s in enumerate(node.outputs):
-            fut = futures.get(s)
-            if fut is None:
-                continue
-            if error is not None:
-                fut._set_exception(error, t_end)
-            else:
-                fut._set_result(values[s], t_end, node.is_compute,
-                                node.exe.out_nbytes[k] if node.is_compute else None)
+        if futures:
+            for k, s in enumerate(node.outputs):
+                fut = futures.get(s)
+                if fut is None:
+                    continue
+                if error is not None:
+                    fut._set_exception(error, t_end)
+                else:
+                    fut._set_result(values[s], t_end, node.is_compute,
+                                    node.exe.out_nbytes[k] if node.is_compute else None)
         for s in spread:
             self._spread(s, error)
         if error is None and not self.parallel:
             for s in node.outputs:
                 dispatcher.arrived(self, s)
-        self._release_inputs(node)
+        if node.inputs:
+            self._release_inputs(node)
         if finished:  # keep nothing alive: the run stays reachable from its futures
             self.tasks = []
             self.values = None
@@ -348,13 +410,14 @@ class ProgramRun:
         reader (the user's values and futures are the object store's business)."""
         refs, plan, dropped = self.refs, self.plan, []
         with self._lock:
-            for s in dict.fromkeys(node.inputs):
+            for s in node.distinct:
                 refs[s] -= 1
                 if not refs[s] and s not in self.futures and plan.producer[s] >= 0 \
                         and self.values is not None:
                     producer = plan.nodes[plan.producer[s]]
                     dropped.append(self._take(s, producer, producer.outputs.index(s)))
-        self._free(dropped)
+        if dropped:
+            self._free(dropped)
 
     def _take(self, slot: int, producer: PlanNode, k: int) -> tuple:
         """Take an internal value out of its slot (under the run's lock), to be freed."""

@@ -22,6 +22,8 @@ threads, which also hold emulated DCN transfers to the link model.
 from __future__ import annotations
 
 import collections
+import contextlib
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +41,33 @@ from .devices import discover
 
 _now = time.perf_counter
 _DCN = LinkKind.DCN.value
+_PATIENCE = 5e-4  # s a watcher leaves an end to the thread that keeps launching there
+_IDLE = 2e-2  # s without launches after which a watcher sleeps until woken
+
+
+@contextlib.contextmanager
+def _released(lock):
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """In the main thread, hold Ctrl-C while ends are reported (a task's end is never left
+    half done), then raise it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 class LocalBackend(NoGroup):
@@ -78,27 +107,53 @@ class LocalBackend(NoGroup):
                 site.spawn(self._launch, site, task)
 
     def _launch(self, site: _Site, task: Task) -> None:
-        node = task.node
-        values = task.run.values
+        node, run = task.node, task.run
+        values = run.values
         t_launch = task.t_launch = _now()
         try:
             outs = node.call(*[values[s] for s in node.inputs])
         except BaseException as e:  # noqa: BLE001 - a failed launch fails its outputs
             site.watch(task, None, e)
             return
-        if node.asynchronous and site.idle(node.devices):
+        devices = node.devices
+        watcher = site.watchers.get(devices)
+        if watcher is not None:
+            watcher.last_launch = t_launch
+        if node.asynchronous and (watcher is None or not watcher.outstanding
+                                  or watcher.help()):
+            # Seen to end now, with no hand-off, if the outputs are ready already and the
+            # inputs' ends are known (nothing launched before it here is still watched).
             for out in outs:
                 if not out.is_ready():
                     break
             else:
-                t_inputs = task.inputs_ended()
-                if t_inputs is not None:  # its end is seen now: no hand-off
+                t_done, earliest = run.t_done, t_launch
+                for s in node.inputs:
+                    t = t_done[s]
+                    if t is None:
+                        break
+                    if t > earliest:
+                        earliest = t
+                else:
                     t_end = _now()
-                    task.ended(site.span(node.devices, max(t_launch, t_inputs), t_end), t_end,
-                               None, outs)
+                    run.ended(task, site.span(devices, earliest, t_end), t_end, None, outs)
                     return
         site.watch(task, outs, None)  # queued before any consumer can be launched behind it
-        task.launched(outs)
+        run.launched(task, outs)
+
+    def expedite(self, task: Task, timeout: float | None = None) -> None:
+        """A thread waits for ``task``'s outputs: it waits for the data itself (without the
+        GIL) and reports the ends at the head of its device set's queue, instead of waiting
+        for the watcher thread to wake up and hand them over."""
+        node = task.node
+        if not node.is_compute:
+            return
+        watcher = self._sites[node.island].watchers.get(node.devices)
+        if watcher is None or not watcher.outstanding:
+            return
+        watcher.until(task)
+        with _interrupts_held():
+            watcher.help()
 
     # --- transfers -------------------------------------------------------------------------
     def transfer(self, task: Task) -> None:
@@ -157,7 +212,7 @@ class _Site:
         self.island = island
         self.last_end: dict[int, float] = {}  # device -> when the work seen last there ended
         self._lock = threading.Lock()
-        self._watchers: dict[tuple[int, ...], _Watcher] = {}
+        self.watchers: dict[tuple[int, ...], _Watcher] = {}  # by device set
         self._closing = False
         self._workers = ThreadPoolExecutor(len(island.devices),
                                            thread_name_prefix=f"pw-island{island.id}")
@@ -173,10 +228,6 @@ class _Site:
             last[d] = t_end
         return earliest
 
-    def idle(self, devices: tuple[int, ...]) -> bool:
-        watcher = self._watchers.get(devices)
-        return watcher is None or not watcher.outstanding
-
     def spawn(self, fn, *args) -> None:
         try:
             self._workers.submit(fn, *args)
@@ -186,68 +237,149 @@ class _Site:
     def watch(self, task: Task, outs, error) -> None:
         """Queue a launched computation to be seen ending by the watcher of its devices."""
         devices = task.node.devices
-        watcher = self._watchers.get(devices)
+        watcher = self.watchers.get(devices)
         if watcher is None:
             with self._lock:
-                watcher = None if self._closing else self._watchers.get(devices)
+                watcher = None if self._closing else self.watchers.get(devices)
                 if watcher is None and not self._closing:
-                    watcher = self._watchers[devices] = _Watcher(
+                    watcher = self.watchers[devices] = _Watcher(
                         self, f"pw-island{self.island.id}-watch-{'.'.join(map(str, devices))}")
         if watcher is None:  # closing: no new threads; see it end here, waiting only for data
             self.observe(task, outs, error, wait_inputs=False)
         else:
-            watcher.put((task, outs, error))
+            watcher.put(task, outs, error)
 
-    def observe(self, task: Task, outs, error, wait_inputs: bool = True) -> None:
+    def observe(self, task: Task, outs, error, t_ready: float | None = None,
+                wait_inputs: bool = True) -> None:
+        """Report a launched computation's end: when its outputs were seen ready
+        (``t_ready``, or now), not before its producers' ends (seen first)."""
         if error is None:
             try:
                 jax.block_until_ready(outs)
             except BaseException as e:  # noqa: BLE001
                 error = e
-        t_inputs = task.inputs_ended(None if wait_inputs else 0.0)  # producers are seen first
-        t_end = _now()
-        t_start = self.span(task.node.devices, max(task.t_launch, t_inputs or 0.0), t_end)
+        t_inputs = task.inputs_ended(None if wait_inputs else 0.0) or 0.0
+        t_end = _now() if t_ready is None else max(t_ready, t_inputs)
+        t_start = self.span(task.node.devices, max(task.t_launch, t_inputs), t_end)
         task.ended(t_start, t_end, error, outs)
 
     def close(self) -> None:
         self._workers.shutdown(wait=True)
         with self._lock:
             self._closing = True
-            watchers = list(self._watchers.values())
+            watchers = list(self.watchers.values())
         for watcher in watchers:
             watcher.close()
 
 
 class _Watcher:
-    """A thread that sees the computations launched on one device set end, in launch order."""
+    """A thread that sees the computations launched on one device set end, in launch order.
+
+    The thread that launches more work on the device set, or waits for a result of it, may
+    report ends too (``help``): whatever is at the head of the queue and already ready is
+    reported right there, in order. One reporter at a time (``_observing``); this thread takes
+    it only once the head's outputs are ready (noting when: that is the end's time, whoever
+    reports it), so a helper never waits behind a computation still running."""
 
     def __init__(self, site: _Site, name: str):
         self._site = site
-        self._queue: collections.deque = collections.deque()
+        self._queue: collections.deque = collections.deque()  # [task, outs, error, t_ready]
         self._changed = threading.Condition()
+        self._observing = threading.Lock()
+        self._owner: int | None = None  # the thread reporting ends now
         self._closed = False
         self.outstanding = 0  # queued and not yet reported
+        self.last_launch = 0.0  # when work was last launched here
+        self._asleep = False  # waiting without a timeout: a put must wake it
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, entry: tuple) -> None:
+    def put(self, task: Task, outs, error) -> None:
         with self._changed:
             self.outstanding += 1
-            self._queue.append(entry)
-            if len(self._queue) == 1:
+            self._queue.append([task, outs, error, None])
+            if self._asleep:  # (awake, it looks again within _PATIENCE)
                 self._changed.notify()
 
+    def help(self) -> bool:
+        """Report the ends at the head of the queue that need no waiting (after the end being
+        reported now, if any); True when nothing launched here is left to report."""
+        me = threading.get_ident()
+        if self._owner == me or not self._observing.acquire(blocking=False):
+            return False  # being reported (by this thread further up its stack, or another)
+        with _released(self._observing):
+            self._owner = me
+            try:
+                queue = self._queue
+                while queue:
+                    entry = queue[0]
+                    task, outs, error, t_ready = entry
+                    if error is None and t_ready is None:
+                        for out in outs:
+                            if not out.is_ready():
+                                return False
+                    if task.inputs_ended() is None:
+                        return False
+                    with self._changed:
+                        queue.popleft()
+                    self._site.observe(task, outs, error, t_ready=t_ready)
+                    with self._changed:
+                        self.outstanding -= 1
+                        self._changed.notify()  # the watcher, if it waits on this one
+                return not self.outstanding
+            finally:
+                self._owner = None
+
+    def until(self, task: Task) -> None:
+        """Block (without the GIL) until ``task``'s outputs are ready, if it waits here."""
+        with self._changed:
+            entry = next((e for e in self._queue if e[0] is task), None)
+        if entry is not None and entry[2] is None:
+            try:
+                jax.block_until_ready(entry[1])
+            except BaseException:  # noqa: BLE001 - its end reports it
+                pass
+
     def _run(self) -> None:
-        observe = self._site.observe
+        observe, queue, me = self._site.observe, self._queue, threading.get_ident()
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._queue or self._closed)
-                if not self._queue:
+                while not queue and not self._closed:
+                    # While work is launched here, look again every _PATIENCE (a put then
+                    # needs no wake-up); idle for long, sleep until a put wakes it.
+                    if _now() - self.last_launch > _IDLE:
+                        self._asleep = True
+                        self._changed.wait()
+                        self._asleep = False
+                    else:
+                        self._changed.wait(_PATIENCE)
+                if not queue:
                     return
-                entry = self._queue.popleft()
-            observe(*entry)
-            with self._changed:
-                self.outstanding -= 1
+                entry = queue[0]
+            if entry[2] is None:  # wait for the data without holding up a helper
+                try:
+                    jax.block_until_ready(entry[1])
+                except BaseException:  # noqa: BLE001 - observe() reports it
+                    pass
+            if entry[3] is None:
+                entry[3] = _now()  # seen ready now (a helper may report it with this time)
+            with self._changed:  # a thread still launching here reports it at its next
+                while queue and queue[0] is entry and not self._closed:  # launch: leave it
+                    idle = _now() - self.last_launch
+                    if idle >= _PATIENCE:
+                        break
+                    self._changed.wait(_PATIENCE - idle)
+            with self._observing:
+                self._owner = me
+                with self._changed:
+                    mine = bool(queue) and queue[0] is entry
+                    if mine:
+                        queue.popleft()
+                if mine:  # (else a helper reported it meanwhile)
+                    observe(*entry)
+                    with self._changed:
+                        self.outstanding -= 1
+                self._owner = None
             entry = None  # an idle watcher keeps no task or value alive
 
     def close(self) -> None:
