@@ -130,7 +130,8 @@ def test_labextension_list_shows_it_enabled():
     ({"type": "cancel", "run": "3"}, "a run id (int >= 0)"),
     ({"type": "cancel", "run": True}, "a run id (int >= 0)"),
     ({"type": "subscribe", "interval": 0}, "between 0.1 and 10.0"),
-    ({"type": "trace", "path": ""}, "non-empty file path"),
+    ({"type": "trace", "path": ""}, "a new .json file name in the notebook's directory"),
+    ({"type": "trace", "path": "notes.txt"}, "a new .json file name"),
     ({"type": "status", "id": [1]}, "'id' must be an int or a string"),
     ({"type": "launch"}, "this kernel answers ['status', 'subscribe'"),
     ("status", "expected a JSON object with a 'type' field"),
@@ -150,10 +151,11 @@ def test_actions_policy_dispatch_trace(ctl, tmp_path):
         "sequential" == ctl.dispatch
     f = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
     f(np.arange(4.0)).result()
-    out = comm.reply(ctl, {"type": "trace", "path": str(tmp_path / "t.json"), "id": "x"})
+    out = comm.reply(ctl, {"type": "trace", "path": "t.json", "id": "x"}, root=tmp_path)
     assert out["type"] == "trace" and out["id"] == "x" and out["events"] >= 1
+    assert out["path"] == str(tmp_path.resolve() / "t.json")
     assert json.loads(Path(out["path"]).read_text())["traceEvents"]
-    bad = comm.reply(ctl, {"type": "trace", "path": str(tmp_path / "no" / "dir" / "t.json")})
+    bad = comm.reply(ctl, {"type": "trace", "path": "no/dir/t.json"}, root=tmp_path)
     assert bad["type"] == "error" and "writable directory" in bad["error"]
 
 

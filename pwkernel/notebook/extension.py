@@ -40,6 +40,11 @@ class NotebookState:
             self.slices.clear()
         return self.ctl
 
+    def current(self) -> Controller:
+        """The controller as it is, never replaced: for the comm, whose handlers run off the
+        main thread while a cell may run on it."""
+        return self.ctl
+
     def default_slice(self) -> VirtualSlice:
         """Where a cell without --slice/--devices runs: all of island 0."""
         if self._default is None or self._default.released:
@@ -112,7 +117,7 @@ def load_ipython_extension(ip) -> None:
     _state = NotebookState(controller())
     ip.register_magics(PathwaysMagics(ip, _state))
     display.register(ip)
-    comm.register(ip, _state.controller)
+    comm.register(ip, _state.current)
     ip.events.register("pre_run_cell", _pre_run_cell)
     print(banner(_state.ctl))
 

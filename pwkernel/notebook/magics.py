@@ -211,6 +211,10 @@ class PathwaysMagics(Magics):
                     cells.ambient_mesh(None if plan.uses_pw else vs):
                 # (compiled functions carry their own slices: no ambient mesh for them)
                 graph = program.trace(*inputs)
+                if not _has_work(graph):  # tracing ran the cell's Python: that was all of it
+                    self._bind(plain, None)
+                    print(f"({name}: no array work in this cell; it ran as plain Python)")
+                    return self._last(plan, plain, None)
                 futures, run = self._submit(ctl, graph, inputs, a.sequential)
         except (UsageError, KeyboardInterrupt):
             raise
@@ -225,7 +229,9 @@ class PathwaysMagics(Magics):
                 out.detach()
             self.state.watch(out)
             self._bind(plain, results)
-            _when_done(run, results, lambda status: out.finish(status))
+            deadline = _Deadline(run, a.timeout) if a.timeout is not None else None
+            _when_done(run, results, lambda status: out.finish(
+                deadline.finish(status) if deadline else status))
             return self._last(plan, plain, results)
         try:
             self._wait(run, a.timeout, name)
@@ -308,7 +314,7 @@ class PathwaysMagics(Magics):
                         f"{name} did not finish within --timeout {timeout:g} s; cancelled its "
                         "queued computations (one already running finishes first). "
                         "Raise --timeout, or use a bigger slice.") from None
-                if run.wait(left if left is not None else 0.5):
+                if run.wait(0.5 if left is None else min(left, 0.5)):
                     return
         except KeyboardInterrupt:
             run.cancel("interrupted")
@@ -339,6 +345,34 @@ PathwaysMagics.pathways.__doc__ = (
 PathwaysMagics.pathways_cell.__doc__ = (
     "%%pathways [options]: run the cell as ONE Pathways program (see docs/magics.md).\n\n"
     + specs.help_text(specs.CELL))
+
+
+def _has_work(graph) -> bool:
+    """True when the traced cell computes something: a node that produces values."""
+    return bool(graph.outputs) or any(getattr(node, "outputs", ()) for node in graph.nodes)
+
+
+class _Deadline:
+    """``--timeout S`` of a ``--no-block`` cell: cancels the program's queued computations when
+    S seconds pass before it ends, and says so in the cell's display."""
+
+    def __init__(self, run, seconds: float):
+        self.run, self.seconds = run, seconds
+        self.expired = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.name = f"pwkernel-timeout-{run.name}"
+        self._timer.start()
+
+    def _expire(self) -> None:
+        if not self.run.done():
+            self.expired = True  # before cancelling: the run may end inside cancel()
+            self.run.cancel(f"timed out after --timeout {self.seconds:g} s")
+
+    def finish(self, status: str) -> str:
+        """The program ended with ``status``: stop the clock, and say if it ran out."""
+        self._timer.cancel()
+        return f"{status} (--timeout {self.seconds:g} s expired)" if self.expired else status
 
 
 def _leaves(results) -> list[Future]:
