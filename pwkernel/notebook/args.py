@@ -27,7 +27,7 @@ class _Parser(MagicArgumentParser):
         raise UsageError(f"{self.label}: {message}. See {self.hint} for the accepted arguments.")
 
 
-_DIMS = re.compile(r"[1-9]\d*(?:[xX*][1-9]\d*)*|[1-9]\d*(?:,[1-9]\d*)*")
+_DIMS = re.compile(r"[1-9][0-9]*(?:[xX*][1-9][0-9]*)*|[1-9][0-9]*(?:,[1-9][0-9]*)*")
 
 
 def _dims(text: str, what: str, example: str) -> tuple[int, ...]:
