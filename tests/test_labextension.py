@@ -3,6 +3,7 @@ installation, and the kernel side of its comm protocol (in process and in a real
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -105,8 +106,33 @@ def test_built_extension_is_complete():
     entry = meta["jupyterlab"]["_build"]["load"]
     assert (BUILT / entry).is_file(), f"{entry} is missing: rebuild with `make setup`"
     assert json.loads((BUILT / "install.json").read_text())["packageName"] == "pwkernel"
-    src = json.loads((EXT / "package.json").read_text())
-    assert meta["version"] == src["version"], "the committed build is stale: run `make setup`"
+    recorded = json.loads((BUILT / "sources.json").read_text())
+    files, digest = source_hash(EXT)
+    assert recorded["files"] == files and recorded["sha256"] == digest, (
+        "the committed build in pwkernel/labextension was not built from extension/src and "
+        "extension/style as they are: run `sh extension/setup.sh .venv` and commit the build")
+
+
+def source_hash(ext: Path) -> tuple[list[str], str]:
+    """What extension/hash-sources.mjs records: SHA-256 over src/ and style/ (path, NUL,
+    bytes, NUL per file, in sorted order of the paths relative to ``ext``)."""
+    files = sorted(p.relative_to(ext).as_posix() for root in ("src", "style")
+                   for p in (ext / root).rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(name.encode() + b"\0" + (ext / name).read_bytes() + b"\0")
+    return files, digest.hexdigest()
+
+
+def test_the_source_hash_sees_any_change(tmp_path):
+    """The stale-build check can fail: one byte changed in a copy of the sources changes it."""
+    copy = tmp_path / "extension"
+    for root in ("src", "style"):
+        shutil.copytree(EXT / root, copy / root)
+    assert source_hash(copy) == source_hash(EXT)
+    panel = copy / "src" / "panel.ts"
+    panel.write_text(panel.read_text() + " ")
+    assert source_hash(copy)[1] != source_hash(EXT)[1]
 
 
 def test_labextension_list_shows_it_enabled():

@@ -228,6 +228,36 @@ def test_no_block_timeout_cancels_and_says_so(ip):
     assert not [t for t in threading.enumerate() if t.name.startswith("pwkernel-timeout")]
 
 
+def test_a_cancelled_cell_ends_while_a_launched_computation_still_runs(ip):
+    """A cancel (the sidebar's, here through the comm) ends a blocking cell at once with the
+    cancel error: its output failed. The computation already running finishes afterwards."""
+    run(ip, "import threading\ngate, entered = threading.Event(), threading.Event()\n"
+            "def hold(v):\n    entered.set()\n    gate.wait(60)\n    return v\n"
+            "step = pw.function(lambda v: jax.pure_callback(hold, jax.ShapeDtypeStruct(v.shape, "
+            "v.dtype), v), slice=pw.controller().slice(1, island=0))\n"
+            "x = np.ones(4, np.float32)")
+    ns, ctl = ip.user_ns, extension.state().ctl
+    cell_ended, seen = threading.Event(), []
+
+    def cancel_from_the_sidebar() -> None:
+        assert ns["entered"].wait(60)
+        (run_,) = ctl.runs()
+        seen.append(comm.reply(ctl, {"type": "cancel", "run": run_.id}))
+        seen.append(cell_ended.wait(10))  # True: the cell ended while the first step held
+        ns["gate"].set()
+
+    canceller = threading.Thread(target=cancel_from_the_sidebar)
+    canceller.start()
+    try:
+        with pytest.raises(pw.CancelledError, match="cancelled from the Pathways sidebar"):
+            run(ip, "%%pathways\ny = step(x)\nfor _ in range(5):\n    y = step(y)")
+    finally:
+        cell_ended.set()
+        canceller.join(60)
+    assert seen[0]["cancelled"] == 5 and seen[1] is True
+    assert ctl.wait(60) and ctl.runs() == []
+
+
 def test_user_errors_point_at_the_cell_line(ip, capsys):
     run(ip, "x = np.ones(4, np.float32)")
     result = ip.run_cell("%%pathways\ny = x + 1\nz = y + undefined_name\n")

@@ -11,7 +11,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -234,7 +234,7 @@ class PathwaysMagics(Magics):
                 deadline.finish(status) if deadline else status))
             return self._last(plan, plain, results)
         try:
-            self._wait(run, a.timeout, name)
+            self._wait(run, a.timeout, name, _leaves(results))
             errors = [f.exception(0) for f in _leaves(results) if f.exception(0) is not None]
             if errors:
                 raise errors[0]
@@ -302,9 +302,12 @@ class PathwaysMagics(Magics):
         display(view)
         return view
 
-    def _wait(self, run, timeout: float | None, name: str) -> None:
+    def _wait(self, run, timeout: float | None, name: str, outputs: list[Future]) -> None:
+        """Until the program ends, or an output failed (a cancel from the sidebar, say): then
+        the cell fails at once, and computations already launched finish on their own."""
         __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
+        resolved = _all_resolved(outputs)
         try:
             while True:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -314,8 +317,12 @@ class PathwaysMagics(Magics):
                         f"{name} did not finish within --timeout {timeout:g} s; cancelled its "
                         "queued computations (one already running finishes first). "
                         "Raise --timeout, or use a bigger slice.") from None
-                if run.wait(0.5 if left is None else min(left, 0.5)):
+                if run.done() or (resolved.is_set() and any(
+                        f.exception(0) is not None for f in outputs)):
                     return
+                # short steps: a long --timeout never overflows a wait, Ctrl-C is seen
+                (run if resolved.is_set() else resolved).wait(
+                    0.5 if left is None else min(left, 0.5))
         except KeyboardInterrupt:
             run.cancel("interrupted")
             raise KeyboardInterrupt(
@@ -381,20 +388,38 @@ def _leaves(results) -> list[Future]:
     return [f for f in jax.tree_util.tree_leaves(results) if isinstance(f, Future)]
 
 
+def _after_all(futures: list[Future], fn: Callable[[], None]) -> None:
+    """Call ``fn()`` once every one of ``futures`` has a value or an error (at once if none)."""
+    left, lock = [len(futures)], threading.Lock()
+
+    def one(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        fn()
+
+    if not futures:
+        fn()
+    for f in futures:
+        f.add_done_callback(one)
+
+
+def _all_resolved(futures: list[Future]) -> threading.Event:
+    """An event set once every one of ``futures`` has a value or an error."""
+    event = threading.Event()
+    _after_all(futures, event.set)
+    return event
+
+
 def _when_done(run, results, callback) -> None:
     """Call ``callback(status)`` from the runtime once every output of ``run`` resolved."""
     futs = _leaves(results)
     if not futs:
         callback("submitted")
         return
-    left = [len(futs)]
-    lock = threading.Lock()
 
-    def one(fut: Future) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
+    def ended() -> None:
         bad = [f for f in futs if f.exception(0) is not None]
         if not bad:
             callback(f"done in {max(f.t_done for f in futs) - run.t_submit:.3f} s")
@@ -403,5 +428,4 @@ def _when_done(run, results, callback) -> None:
         else:
             callback(f"failed: {bad[0].exception(0)}")
 
-    for f in futs:
-        f.add_done_callback(one)
+    _after_all(futs, ended)
