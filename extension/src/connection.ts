@@ -16,9 +16,8 @@ export const PUSH_INTERVAL = 0.5;
 /** How long an idle kernel may stay silent after comm open before we call it not loaded. */
 const SILENT_MS = 10_000;
 const REQUEST_MS = 60_000;
-/** How long to wait for the comm's subshell, and for the kernel to stop pushes on close. */
+/** How long to wait for the comm's subshell before opening the comm without it. */
 const SUBSHELL_MS = 10_000;
-const CLOSE_MS = 3_000;
 
 /** Resolves when `p` settles or after `ms`, whichever comes first; never rejects. */
 function settled(p: Promise<unknown>, ms: number): Promise<void> {
@@ -139,7 +138,11 @@ export class KernelLink {
     const comm = this._comm;
     this._comm = null;
     if (comm && !comm.isDisposed) {
-      void closeComm(comm);
+      try {
+        comm.close(); // the kernel stops pushing to this comm
+      } catch {
+        // the kernel is already gone
+      }
     }
   }
 
@@ -194,24 +197,4 @@ export class KernelLink {
   private _pending = new Map<number, Pending>();
   private _settle: ((r: OpenResult) => void) | null = null;
   private _silence: ReturnType<typeof setTimeout> | null = null;
-}
-
-/**
- * Close a comm: first ask the kernel to stop its pushes and wait until it did (bounded), then
- * close. Closing the last comm of a target also deletes its subshell, and a kernel may drop a
- * `comm_close` that arrives after that; the pushes have stopped either way.
- */
-async function closeComm(comm: Kernel.IComm): Promise<void> {
-  try {
-    await settled(comm.send({ type: 'unsubscribe' }).done, CLOSE_MS);
-  } catch {
-    // the kernel is already gone
-  }
-  try {
-    if (!comm.isDisposed) {
-      comm.close();
-    }
-  } catch {
-    // the kernel is already gone
-  }
 }

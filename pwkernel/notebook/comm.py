@@ -401,6 +401,11 @@ class Connection:
             _live.discard(self)
 
 
+def subscribed() -> int:
+    """How many comms get status pushes now."""
+    return _updater.count()
+
+
 def connections() -> list[Connection]:
     """The comms open now (for tests and ``unregister``)."""
     with _live_lock:

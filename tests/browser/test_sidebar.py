@@ -18,8 +18,10 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 try:  # tests/browser may become a package; work both ways
+    from .schedule_lab import kernel_client, run_code
     from .sidebar_lab import CHROMIUM, chromium_page, lab_with_pwkernel, write_notebook
 except ImportError:
+    from schedule_lab import kernel_client, run_code
     from sidebar_lab import CHROMIUM, chromium_page, lab_with_pwkernel, write_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +67,7 @@ u = x0
 for _ in range(400):                           # 20 s of ticks: the kernel is busy
     u = tick(u)"""
 CANCELLED = "cancelled from the Pathways sidebar"
+COMMS = "from pwkernel.notebook import comm; print(len(comm.connections()), comm.subscribed())"
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(
     not Path(CHROMIUM).exists(),
@@ -157,11 +160,22 @@ def test_sidebar_follows_the_kernel(tmp_path):
         assert sidebar.locator(".pw-run").count() == 0
         assert sidebar.locator(".pw-policy").input_value() == "share"
 
-        # a %%pathways cell blocks the kernel: Cancel in the sidebar is answered at once, and
-        # the cell ends with the cancel error within a second
+        # a %%pathways cell blocks the kernel; meanwhile the sidebar follows another notebook
+        # (a plain Python kernel: it offers to load pwkernel) and comes back: it reconnects
+        # while the cell runs, Cancel is answered at once and the cell ends with the cancel
+        # error within a second
         run_cell(page, 2)
         blocking = sidebar.locator('.pw-run[data-state="running"]', has_text="cell[")
         blocking.wait_for(timeout=KERNEL_START_MS)
+        page.locator('.jp-SideBar [data-id="filebrowser"]').click()
+        page.locator(".jp-DirListing-itemText", has_text="plain.ipynb").dblclick()
+        page.locator(".jp-NotebookPanel:visible .jp-Cell", has_text="1 + 1").wait_for(
+            timeout=MS)
+        open_sidebar(page)
+        load = sidebar.locator("button.pw-load")
+        load.wait_for(state="visible", timeout=KERNEL_START_MS)
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="sidebar.ipynb").click()
+        blocking.wait_for(timeout=MS)  # connected again, the cell still running
         cell = page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell").nth(2)
         failed = cell.locator(".jp-OutputArea-output", has_text=CANCELLED)
         assert failed.count() == 0
@@ -174,6 +188,8 @@ def test_sidebar_follows_the_kernel(tmp_path):
         assert re.search(r"run \d+: \d{3} computation\(s\) cancelled", message(page)), \
             message(page)
         sidebar.locator(".pw-runs .pw-empty").wait_for(timeout=MS)
+        with kernel_client(lab, "sidebar.ipynb") as client:  # the comm it left was closed
+            assert run_code(client, COMMS).split() == ["1", "1"]
 
         # "Show schedule" inserts the schedule view below the active cell and runs it
         cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
@@ -197,10 +213,8 @@ def test_sidebar_follows_the_kernel(tmp_path):
             assert palette.get_by_text(label).count() == 1
         page.keyboard.press("Escape")
 
-        # another notebook on a plain Python kernel: the sidebar follows it and offers to load
-        page.goto(lab.notebook_url("plain.ipynb"))
-        open_sidebar(page)
-        load = sidebar.locator("button.pw-load")
+        # back to the plain Python kernel: load pwkernel there
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="plain.ipynb").click()
         load.wait_for(state="visible", timeout=KERNEL_START_MS)
         load.click()
         islands.nth(1).wait_for(timeout=KERNEL_START_MS)
