@@ -21,7 +21,7 @@ from pwkernel.backends.sim import (
     SimProgram,
     Simulator,
 )
-from pwkernel.backends.sim.scale import measure
+from pwkernel.backends.sim.scale import WORKLOADS, measure
 from pwkernel.runtime.scheduler import GangScheduler
 from pwkernel.runtime.trace import Event
 
@@ -202,7 +202,7 @@ def test_the_same_inputs_give_the_same_timeline():
 def test_scale_benchmark_runs_both_workloads():
     """The 2048-chip benchmark (``python -m pwkernel.backends.sim.scale``), run small: its
     timing is a benchmark figure, not asserted here."""
-    for workload in ("spmd", "pipelines"):
+    for workload in WORKLOADS:
         row = measure(workload, computations=300)
         assert row["chips"] == 2048
         assert row["computations"] >= 256 and row["virtual_seconds"] > 0

@@ -46,9 +46,15 @@ def test_the_same_program_gives_the_same_graph_on_the_runtime_and_the_simulator(
     ctl.trace.wait_for(len(graph.nodes), timeout=30)
     cluster = Cluster.preset("tpu-v4", chips=8, islands=2)  # chip ids = the host's devices
     program = from_graph(graph, cluster)
+    # Figure 2, node for node: v to s0 (host), a, x to s1 (DCN, shared by b and c), b, c,
+    # c's output back to s0 (DCN), a again
+    T, C = NodeKind.TRANSFER, NodeKind.COMPUTE
+    assert [(n.kind, n.devices, n.inputs, n.src_devices) for n in program.nodes] == [
+        (T, (0, 1), (), ()), (C, (0, 1), (0,), ()), (T, (4, 5), (1,), (0, 1)),
+        (C, (4, 5), (2,), ()), (C, (4, 5), (2,), ()), (T, (0, 1), (4,), (4, 5)),
+        (C, (0, 1), (5,), ())]
     assert [n.name for n in program.nodes] == [n.name for n in graph.nodes]
-    kinds = [n.kind for n in program.nodes]
-    assert kinds.count(NodeKind.TRANSFER) == sum(1 for n in graph.nodes if hasattr(n, "link"))
+    assert all(n.nbytes == 32 for n in program.nodes if n.kind is T)
     sim = Simulator(cluster)
     sim.submit(program)
     sim.run()

@@ -7,7 +7,11 @@ chips (512 hosts, one island) and prints the wall-clock seconds of each simulati
   of 2048 chips: the scheduler's and the chips' worst case);
 - ``pipelines``: four clients sharing the pod under proportional share, each submitting
   pipelined programs over 16 stages of 128 chips (8 microbatches, a transfer between
-  stages), 10,000 computations in all.
+  stages), 10,000 computations in all;
+- ``opbyop`` (only when asked for, ``--workload opbyop``): 10,000 one-computation programs on
+  all 2048 chips, submitted faster than they run, so thousands wait in the scheduler at once.
+  Its time is the gang scheduler's: ``_schedule`` sorts and scans every ready computation on
+  every event (see ``docs/simulator.md``).
 
 A benchmark, not a test: the target (issue 14) is at most 30 s each on a 2-core machine.
 """
@@ -53,12 +57,20 @@ def pipeline(cluster: Cluster, stages: int = 16, microbatches: int = 8,
     return SimProgram("pipeline", nodes)
 
 
+WORKLOADS = ("spmd", "pipelines", "opbyop")
+
+
 def measure(name: str, computations: int = 10_000) -> dict:
     cluster = Cluster.preset("tpu-v4", chips=2048)
     t0 = time.perf_counter()
     if name == "spmd":
         sim = Simulator(cluster)
         sim.submit(spmd(cluster, computations))
+    elif name == "opbyop":
+        sim = Simulator(cluster)
+        step = spmd(cluster, 1)
+        for _ in range(computations):
+            sim.submit(step)
     else:
         sim = Simulator(cluster, policy="share")
         prog = pipeline(cluster)
@@ -79,8 +91,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--computations", type=int, default=10_000)
+    parser.add_argument("--workload", action="append", choices=WORKLOADS,
+                        help="run only these (default: spmd and pipelines)")
     args = parser.parse_args(argv)
-    rows = [measure(w, args.computations) for w in ("spmd", "pipelines")]
+    rows = [measure(w, args.computations) for w in (args.workload or ("spmd", "pipelines"))]
     if args.json:
         print(json.dumps(rows))
         return
