@@ -185,8 +185,8 @@ class Simulator:
         self._client_free[client] = done
         if not task.is_compute:
             self._at(done + host.rpc_latency, self._issue, task)
-        elif self.gang:
-            first = int(task.devset.hosts[0])
+        elif self.gang:  # to the island's scheduler, which sits with its first host
+            first = sum(self.cluster.islands[:task.island])
             delay = host.rpc_latency + self.network_delay(client, first)
             self._at(done + delay, self._submit, task)
         else:  # no scheduler: straight to each host
