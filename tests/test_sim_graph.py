@@ -17,20 +17,7 @@ from pwkernel.backends.sim import (
     from_graph,
     xla_cost,
 )
-
-
-def figure2(ctl):
-    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-    a = pw.function(lambda x: x * 2, slice=s0, in_specs=P("x"), out_specs=P("x"))
-    b = pw.function(lambda x: x + 1, slice=s1)
-    c = pw.function(lambda x: x / 2, slice=s1)
-
-    @pw.program
-    def f(v):
-        x = a(v)
-        return b(x), a(c(x))
-
-    return f
+from tests.test_program import figure2
 
 
 def _shape(events):

@@ -347,11 +347,21 @@ _TPU_COMMON = {
     "ici.latency": "assumed 1 us per hop",
     "dcn": "about 25 GB/s per TPU host (jax-ml/scaling-book, tpus.md); latency assumed 10 us",
     "host_to_device": "assumed 16 GB/s (PCIe 3.0 x16)",
+    "launch_overhead": "assumed 2 us",
 }
 _GPU_COMMON = {
     "chips_per_host": "8 GPUs per node (DGX/HGX)",
     "ici.latency": "assumed 2 us (NVLink), 5 us across nodes (InfiniBand)",
     "dcn": "8 InfiniBand ports per node; latency assumed 10 us",
+    "launch_overhead": "assumed 5 us (kernel launch)",
+}
+
+_HOPPER = _GPU_COMMON | {
+    "peak_flops": "989 TFLOP/s bf16 dense, 494 TF32 (NVIDIA H100 datasheet)",
+    "hbm": "80 GB at 3.35 TB/s (NVIDIA H100 datasheet)",
+    "ici": "NVLink 900 GB/s bidirectional: 450 GB/s one way per GPU",
+    "scaleout": "8 x 400 Gb/s InfiniBand per node: 50 GB/s per GPU",
+    "host_to_device": "PCIe 5.0 x16, ~64 GB/s",
 }
 
 PRESETS = {
@@ -360,16 +370,14 @@ PRESETS = {
                    100 * GB, 2, 25 * GB, 16 * GB, _TPU_COMMON | {
                        "peak_flops": "123 TFLOP/s bf16 per chip (Google Cloud TPU docs)",
                        "hbm": "32 GiB, ~900 GB/s (Google Cloud TPU docs)",
-                       "ici": "~100 GB/s one way per link, 2-D torus, 1024 chips per pod",
-                       "launch_overhead": "assumed 2 us"}, 1024),
+                       "ici": "~100 GB/s one way per link, 2-D torus, 1024 chips per pod"}, 1024),
     "tpu-v4": _tpu("tpu-v4", Chip("TPU v4", 275 * TFLOPS, 32 * 2**30, 1200 * GB,
                                   launch_overhead=2e-6),
                    45 * GB, 3, 25 * GB, 16 * GB, _TPU_COMMON | {
                        "peak_flops": "275 TFLOP/s bf16 per chip (Google Cloud TPU docs)",
                        "hbm": "32 GiB, 1.2 TB/s (Google Cloud TPU docs)",
                        "ici": "~45 GB/s one way per link, 3-D torus, 4096 chips per pod "
-                              "(jax-ml/scaling-book)",
-                       "launch_overhead": "assumed 2 us"}, 2048),
+                              "(jax-ml/scaling-book)"}, 2048),
     "a100": _gpu("a100", Chip("A100 SXM 80GB", 312 * TFLOPS, 80 * GB, 2039 * GB,
                               peak_flops_f32=156 * TFLOPS, launch_overhead=5e-6),
                  300 * GB, 25 * GB, 32 * GB, _GPU_COMMON | {
@@ -377,24 +385,13 @@ PRESETS = {
                      "hbm": "80 GB at 2.04 TB/s (NVIDIA A100 datasheet)",
                      "ici": "NVLink 600 GB/s bidirectional: 300 GB/s one way per GPU",
                      "scaleout": "8 x 200 Gb/s HDR InfiniBand per DGX A100: 25 GB/s per GPU",
-                     "host_to_device": "PCIe 4.0 x16, ~32 GB/s",
-                     "launch_overhead": "assumed 5 us (kernel launch)"}),
+                     "host_to_device": "PCIe 4.0 x16, ~32 GB/s"}),
     "h100": _gpu("h100", Chip("H100 SXM", 989 * TFLOPS, 80 * GB, 3350 * GB,
                               peak_flops_f32=494 * TFLOPS, launch_overhead=5e-6),
-                 450 * GB, 50 * GB, 64 * GB, _GPU_COMMON | {
-                     "peak_flops": "989 TFLOP/s bf16 dense, 494 TF32 (NVIDIA H100 datasheet)",
-                     "hbm": "80 GB at 3.35 TB/s (NVIDIA H100 datasheet)",
-                     "ici": "NVLink 900 GB/s bidirectional: 450 GB/s one way per GPU",
-                     "scaleout": "8 x 400 Gb/s InfiniBand per DGX H100: 50 GB/s per GPU",
-                     "host_to_device": "PCIe 5.0 x16, ~64 GB/s",
-                     "launch_overhead": "assumed 5 us (kernel launch)"}),
+                 450 * GB, 50 * GB, 64 * GB, _HOPPER),
     "h200": _gpu("h200", Chip("H200", 989 * TFLOPS, 141 * GB, 4800 * GB,
                               peak_flops_f32=494 * TFLOPS, launch_overhead=5e-6),
-                 450 * GB, 50 * GB, 64 * GB, _GPU_COMMON | {
+                 450 * GB, 50 * GB, 64 * GB, _HOPPER | {
                      "peak_flops": "989 TFLOP/s bf16 dense, 494 TF32 (NVIDIA H200 datasheet)",
-                     "hbm": "141 GB at 4.8 TB/s (NVIDIA H200 datasheet)",
-                     "ici": "NVLink 900 GB/s bidirectional: 450 GB/s one way per GPU",
-                     "scaleout": "8 x 400 Gb/s InfiniBand per node: 50 GB/s per GPU",
-                     "host_to_device": "PCIe 5.0 x16, ~64 GB/s",
-                     "launch_overhead": "assumed 5 us (kernel launch)"}),
+                     "hbm": "141 GB at 4.8 TB/s (NVIDIA H200 datasheet)"}),
 }
