@@ -7,7 +7,12 @@ ICI 1 GB/s per chip (latency 1), DCN 100 MB/s per host (latency 5), PCIe 1 GB/s.
 
 from __future__ import annotations
 
+from functools import partial
+
+import jax
+import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from pwkernel.backends.sim import (
     Chip,
@@ -20,6 +25,8 @@ from pwkernel.backends.sim import (
     SimNode,
     SimProgram,
     Simulator,
+    abstract_mesh,
+    estimate,
 )
 from pwkernel.backends.sim.scale import WORKLOADS, measure
 from pwkernel.runtime.scheduler import GangScheduler
@@ -112,6 +119,25 @@ def test_transfers_inside_an_island_and_from_the_host():
     assert spans(sim) == {"in": (12, 12, 112), "a": (14, 112, 122), "move": (17, 122, 173)}
     assert {e.name: e.link for e in sim.trace.events()} == {"in": "host", "a": None,
                                                             "move": "ici"}
+
+
+def test_a_collective_from_xla_runs_for_its_estimated_time():
+    cluster = toy()
+    mesh = abstract_mesh((2,), ("x",))
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    def allreduce(v):  # f32[1024] on each chip: 4096 bytes
+        return jax.lax.psum(v, "x")
+
+    cost = estimate(allreduce, jax.ShapeDtypeStruct((2048,), jnp.float32), cluster=cluster,
+                    mesh=mesh, in_specs=P("x"))
+    # a ring of 2 chips: 2 * (1/2 * 4096 B / 1 GB/s + 1 step of 1 us)
+    assert cost.collective_seconds == pytest.approx(2 * (2048e-9 + 1 * US))
+    sim = Simulator(cluster)
+    sim.submit(SimProgram("ar", [SimNode(0, "allreduce", (0, 1), seconds=cost.seconds,
+                                         collective=cost.has_collectives)]))
+    sim.run()
+    assert spans(sim)["allreduce"] == (12, 24, round(24 + cost.seconds / US, 6))
 
 
 def test_share_policy_gives_device_time_in_proportion_to_weight():
