@@ -16,8 +16,9 @@ export const PUSH_INTERVAL = 0.5;
 /** How long an idle kernel may stay silent after comm open before we call it not loaded. */
 const SILENT_MS = 10_000;
 const REQUEST_MS = 60_000;
-/** How long to wait for the comm's subshell before opening the comm without it. */
+/** How long to wait for the comm's subshell, and for the kernel to handle our comm_close. */
 const SUBSHELL_MS = 10_000;
+const CLOSE_MS = 10_000;
 
 /** Resolves when `p` settles or after `ms`, whichever comes first; never rejects. */
 function settled(p: Promise<unknown>, ms: number): Promise<void> {
@@ -138,11 +139,7 @@ export class KernelLink {
     const comm = this._comm;
     this._comm = null;
     if (comm && !comm.isDisposed) {
-      try {
-        comm.close(); // the kernel stops pushing to this comm
-      } catch {
-        // the kernel is already gone
-      }
+      void closeComm(this.kernel, comm); // the kernel stops pushing to this comm
     }
   }
 
@@ -197,4 +194,29 @@ export class KernelLink {
   private _pending = new Map<number, Pending>();
   private _settle: ((r: OpenResult) => void) | null = null;
   private _silence: ReturnType<typeof setTimeout> | null = null;
+}
+
+/**
+ * Close a comm so that the kernel sees it closed. Closing the last comm of a target makes
+ * JupyterLab delete the target's subshell at once, and a kernel drops a `comm_close` that
+ * reaches a deleted subshell (the kernel would push to the comm forever). So a second comm,
+ * never opened, holds the subshell until the kernel has handled the close.
+ */
+async function closeComm(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): Promise<void> {
+  let keeper: Kernel.IComm | null = null;
+  try {
+    keeper = kernel.createComm(TARGET);
+    await subshellReady(kernel, keeper);
+  } catch {
+    // no comms on this connection any more: close without it
+  }
+  try {
+    await settled(comm.close().done, CLOSE_MS);
+  } catch {
+    // the kernel is already gone
+  } finally {
+    if (keeper && !keeper.isDisposed) {
+      keeper.dispose();
+    }
+  }
 }

@@ -90,7 +90,6 @@ SCHEMA: dict[str, dict[str, tuple[bool, Callable[[Any], bool], str]]] = {
                        "characters), e.g. 'trace.json'")},
 }
 REQUESTS = tuple(SCHEMA)
-REPLIES = (*REQUESTS, "error")
 
 
 class RequestError(PathwaysError, ValueError):
@@ -103,7 +102,7 @@ _short.maxlist = _short.maxdict = _short.maxtuple = _short.maxset = 4
 _short.maxlevel = 2
 
 
-def clip(value: Any, limit: int = 120) -> str:
+def _clip(value: Any, limit: int = 120) -> str:
     """A short repr of ``value``: replies quote what came, never echo it back whole."""
     text = _short.repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
@@ -117,19 +116,19 @@ def validate(data: Any) -> dict[str, Any]:
     """Check one frontend message against ``SCHEMA``; returns it, or raises ``RequestError``."""
     if not isinstance(data, dict) or "type" not in data:
         raise RequestError(f"expected a JSON object with a 'type' field, e.g. {{'type': "
-                           f"'status'}}; got {clip(data)}.")
+                           f"'status'}}; got {_clip(data)}.")
     kind = data["type"]
     if not isinstance(kind, str) or kind not in SCHEMA:
-        raise RequestError(f"unknown message type {clip(kind)}; this kernel answers "
+        raise RequestError(f"unknown message type {_clip(kind)}; this kernel answers "
                            f"{list(REQUESTS)}.")
     fields = SCHEMA[kind]
     extra = sorted(str(k) for k in set(data) - set(fields) - {"type", "id"})
     if extra:
-        raise RequestError(f"{kind!r} message has unknown field(s) {clip(extra)}; it accepts "
+        raise RequestError(f"{kind!r} message has unknown field(s) {_clip(extra)}; it accepts "
                            f"{sorted(fields) + ['id']}.")
     if "id" in data and not _valid_id(data["id"]):
         raise RequestError(f"'id' must be an int or a string of at most {MAX_TEXT} characters, "
-                           f"got {clip(data['id'])}.")
+                           f"got {_clip(data['id'])}.")
     for name, (required, ok, accepted) in fields.items():
         if name not in data:
             if required:
@@ -137,7 +136,7 @@ def validate(data: Any) -> dict[str, Any]:
             continue
         if not ok(data[name]):
             raise RequestError(f"{kind!r} message: field {name!r} must be {accepted}; got "
-                               f"{clip(data[name])}.")
+                               f"{_clip(data[name])}.")
     return data
 
 
@@ -273,7 +272,7 @@ def _act(ctl, msg: dict[str, Any], conn: Connection | None, root: Path | None) -
         match = [r for r in runs if r.id == msg["run"]]
         if not match:
             raise RequestError(f"no active program with run id {msg['run']}; active run ids: "
-                               f"{clip([r.id for r in runs])} (it may have finished already).")
+                               f"{_clip([r.id for r in runs])} (it may have finished already).")
         cancelled = match[0].cancel(CANCEL_REASON)
         return {"type": "cancel", "run": msg["run"], "cancelled": int(cancelled)}
     # trace
@@ -292,7 +291,7 @@ def save_trace(ctl, name: str | None, root: Path) -> Path:
     path = (root / os.path.expanduser(name)).resolve()
     if path.parent != root and root not in path.parents:
         raise RequestError(f"the trace goes in the notebook's directory {str(root)!r}; "
-                           f"{clip(name)} is outside it. Pass a file name such as 'trace.json'.")
+                           f"{_clip(name)} is outside it. Pass a file name such as 'trace.json'.")
     try:
         with open(path, "x") as f:  # "x": refuse a file that exists (no overwriting)
             json.dump(ctl.trace.to_chrome(), f)
