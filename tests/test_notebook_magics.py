@@ -49,8 +49,13 @@ def test_load_hosts_the_process_controller(ip, capsys):
     assert "pathways" not in ip.magics_manager.magics["cell"]
     ip.run_line_magic("load_ext", "pwkernel")
     out = capsys.readouterr().out
-    assert "controller closed" in out and "island 0: 4 cpu devices [0-3]" in out
-    assert not extension.state().ctl.closed
+    # Loading starts no controller (JAX is left alone until the first %pathways).
+    assert "controller closed" in out and "controller starts with the first %pathways" in out
+    assert extension.state().peek() is None
+    assert comm.status_message(extension.state().peek())["data"]["started"] is False
+    status = repr(ip.run_line_magic("pathways", "status"))  # starts it
+    assert "cpu" in status and "[0-3]" in status
+    assert not extension.state().peek().closed and extension.state().ctl is pw.controller()
 
 
 def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
@@ -76,12 +81,16 @@ def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
 
 
 def test_the_ambient_mesh_is_the_cell_slice(ip):
-    run(ip, "%pathways slice s0 4 --axes data")
+    run(ip, "%pathways slice s0 4 --axes data --axis-types auto")
     run(ip, "from jax.sharding import PartitionSpec as P\nx = np.ones((8, 4), np.float32)")
     run(ip, "%%pathways --slice s0\nmesh_axes = jax.sharding.get_abstract_mesh().axis_names\n"
             "y = jax.lax.with_sharding_constraint(x * 3, P(None, 'data'))")
     assert ip.user_ns["mesh_axes"] == ("data",)
     assert float(ip.user_ns["y"].result().sum()) == 96.0
+    # The constraint decides the output's layout (JAX's propagation), not a default rule.
+    assert ip.user_ns["y"].sharding.spec == ip.user_ns["P"](None, "data")
+    with pytest.raises(UsageError, match="must be explicit or auto"):
+        run(ip, "%pathways slice s1 4 --axis-types manual")
 
 
 def test_program_cell_makes_one_node_per_call(ip):
@@ -172,7 +181,7 @@ def test_user_errors_point_at_the_cell_line(ip, capsys):
         frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
     # It ends at line 3 of the cell; no frame of the runtime or of JAX in between.
-    assert frames[-1][1] == 3 and not any("runtime" in f or "jax" in f for f, _ in frames)
+    assert frames[-1][1] == 3 and not any("/runtime/" in f or "/jax/" in f for f, _ in frames)
     assert extension.state().ctl.runs() == []
 
 

@@ -85,8 +85,13 @@ def test_bad_arguments_are_refused_clearly():
         pw.Controller(backend="rey")
     with pytest.raises(ValueError, match="only for backend='ray'"):
         pw.Controller(ray_address="auto")
-    with pw.Controller(islands=(2,)) as local, pytest.raises(ValueError, match="backend='ray'"):
-        local.reattach(0)
+    with pw.Controller(islands=(2,)) as local:
+        for island in (0, local.islands[0]):  # an island's id, or the Island itself
+            with pytest.raises(ValueError, match="backend='ray'"):
+                local.reattach(island)
+        foreign = pw.Island(0, tuple(local.islands[0].devices[:1]), "cpu")
+        with pytest.raises(pw.SliceError, match="not an island of this controller"):
+            local.reattach(foreign)
 
 
 def test_islands_are_actor_processes_on_a_private_cluster(rctl):
@@ -219,7 +224,7 @@ def test_a_lost_island_fails_its_dependents_and_reattach_restores_it(rctl, expec
     assert rctl._backend.buffers(1) == {}
     assert rctl.status()["islands"][0]["lost"] is True
 
-    island = rctl.reattach(0)
+    island = rctl.reattach(rctl.islands[0])  # an Island works as well as its id
     assert island.actor is not old and rctl.islands[0].actor is island.actor
     got = run_twice(f)
     for g_, e in zip(got, expected, strict=True):

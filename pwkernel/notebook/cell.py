@@ -13,7 +13,12 @@ Then, in one of two ways:
   the function is traced as a ``@pw.program``, each call a node;
 - otherwise the whole cell is ONE ``pw.function`` on the cell's slice (plain ``jax.jit``
   functions and ``jnp`` operations inside are traced into it), submitted as a one-node program
-  while the slice's mesh is the ambient mesh (``jax.set_mesh``).
+  while the slice's mesh is the ambient mesh (``jax.set_mesh``). It is the same JAX program as
+  the plain cell under ``jax.set_mesh(<the slice's mesh>)``: arrays and futures already on the
+  slice's mesh keep their shardings, and every output is laid out as JAX lays it out
+  (``pw.INFERRED``: its type on explicit axes, the compiler's propagation on auto axes). Only
+  inputs not on the slice's mesh (NumPy arrays, arrays elsewhere) are placed by pwkernel: see
+  ``input_spec``.
 
 Names the cell binds to arrays come back as futures; plain Python values stay plain.
 ``jax.debug.print`` calls written in the cell print into the cell that ran them, even after it
@@ -33,9 +38,11 @@ from typing import Any
 import jax
 import numpy as np
 from IPython.core.error import UsageError
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ..runtime.objects import Future
-from ..runtime.program import CompiledFunction, Program, Value
+from ..runtime.program import INFERRED, CompiledFunction, Program, Value
 from ..runtime.program import function as pw_function
 from ..runtime.program import program as pw_program
 from ..runtime.resources import VirtualSlice
@@ -58,7 +65,10 @@ class CellPlan:
 
 
 def _is_array(value: Any) -> bool:
-    return isinstance(value, Future | jax.Array | np.ndarray)
+    # Typed PRNG keys (jax.random.key) are not buffers the runtime moves: the cell captures
+    # them as constants, as a plain jax.jit does.
+    return isinstance(value, Future | jax.Array | np.ndarray) and not jax.dtypes.issubdtype(
+        value.dtype, jax.dtypes.extended)
 
 
 class _Bound(ast.NodeVisitor):
@@ -215,9 +225,26 @@ def ambient_mesh(vs: VirtualSlice | None) -> Iterator[None]:
         yield
 
 
+def input_spec(value: Any, vs: VirtualSlice) -> P | None:
+    """Where the cell takes an input: an array already on ``vs``'s mesh (the same devices in
+    the same grid, the same axis names) keeps its ``PartitionSpec``. Anything else (host
+    arrays, arrays elsewhere) is replicated on a slice with explicit axes, as JAX types a host
+    value; on an all-auto slice it gets the default placement (None: the leading axis sharded
+    over the slice when it divides), which the compiler may change."""
+    sharding = getattr(value, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        mesh, want = sharding.mesh, vs.mesh
+        if (tuple(mesh.axis_names) == tuple(want.axis_names)
+                and mesh.devices.shape == want.devices.shape
+                and [d.id for d in mesh.devices.flat] == [d.id for d in want.devices.flat]):
+            return sharding.spec
+    return None if all(t == AxisType.Auto for t in vs.axis_types) else P()
+
+
 def build_program(plan: CellPlan, vs: VirtualSlice | None, name: str,
-                  plain: dict[str, Any]) -> Program:
-    """The cell as a ``Program``: traced over its compiled functions, or ONE function on ``vs``.
+                  plain: dict[str, Any], inputs: list[Any]) -> Program:
+    """The cell as a ``Program``: traced over its compiled functions, or ONE function on ``vs``
+    taking ``inputs`` (the values of ``plan.params``).
 
     Plain values the cell binds are collected into ``plain`` while it is traced.
     """
@@ -231,7 +258,8 @@ def build_program(plan: CellPlan, vs: VirtualSlice | None, name: str,
     # jit once so the cell's Python runs once although the runtime traces it twice (shapes,
     # then lowering): the second trace hits jit's cache.
     body = jax.jit(lambda *args: split_outputs(plan.fn(*args), plain))
-    compiled = pw_function(body, slice=vs, name=name)
+    compiled = pw_function(body, slice=vs, name=name, out_specs=INFERRED,
+                           in_specs=tuple(input_spec(v, vs) for v in inputs))
     return pw_program(lambda *args: compiled(*args), name=name)
 
 
