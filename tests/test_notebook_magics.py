@@ -187,21 +187,38 @@ def test_user_errors_point_at_the_cell_line(ip, capsys):
 
 def test_status_and_rich_displays(ip):
     run(ip, "%pathways slice s0 2x2")
-    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "other = pw.controller().slice(2, island=1, axis_types='auto')")  # not a magic's
+    run(ip, "x = jax.device_put(np.ones(8, np.float32), jax.NamedSharding(s0.mesh, jax.P('x')))")
     run(ip, "%%pathways --slice s0\ny = x * 2")
     status = run(ip, "%pathways status")
     assert isinstance(status, Status)
     text, page = repr(status), status._repr_html_()
-    for part in ("island", "s0", "x=2 x y=2", "Memory per device", "policy fifo"):
+    for part in ("island", "s0", "x=2 x y=2", "Memory per device", "policy fifo", "explicit",
+                 "other", "auto"):
         assert part in text and part in page
     fmt = ip.display_formatter
     data, _ = fmt.format(ip.user_ns["y"])
     assert "float32[8]" in data["text/plain"] and "done" in data["text/plain"]
     assert "<table" in data["text/html"] and "island 0 devices [0-3]" in data["text/html"]
+    # The layout picture: y kept x's P('x') on a 2x2 mesh: 2 blocks, each on 2 devices.
+    assert "2 blocks of 4, each on 2 devices" in data["text/html"]
+    assert "[0:4] on i0:d0 i0:d1" in data["text/html"]
+    data, _ = fmt.format(ip.user_ns["y"].result())  # a jax.Array on the slice: pictured too
+    assert "2 blocks of 4" in data["text/html"] and "[4:8] on i0:d2 i0:d3" in data["text/html"]
+    data, _ = fmt.format(jax_on_two_islands(ip))  # not on one island: JAX's own display
+    assert "text/html" not in data
     data, _ = fmt.format(ip.user_ns["s0"])
     assert "x=2 x y=2" in data["text/plain"] and "<table" in data["text/html"]
     data, _ = fmt.format(extension.state().ctl)
     assert "[4-7]" in data["text/plain"] and "<table" in data["text/html"]
+
+
+def jax_on_two_islands(ip):
+    ctl = extension.state().ctl
+    devices = [ctl.islands[0].devices[0], ctl.islands[1].devices[0]]
+    mesh = ip.user_ns["jax"].make_mesh((2,), ("x",), devices=devices)
+    return ip.user_ns["jax"].device_put(np.ones(4), ip.user_ns["jax"].NamedSharding(
+        mesh, ip.user_ns["jax"].P("x")))
 
 
 def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):

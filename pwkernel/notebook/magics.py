@@ -70,8 +70,7 @@ class PathwaysMagics(Magics):
         return getattr(self, f"_cmd_{a.command}")(a)
 
     def _cmd_status(self, a) -> Status:
-        names = {vs.id: n for n, vs in self.state.slices.items()}
-        return Status(self.ctl, names, self.state.client.name)
+        return Status(self.ctl, self.state.slice_names(), self.state.client.name)
 
     def _cmd_slice(self, a) -> None:
         old = self.state.slices.get(a.name)

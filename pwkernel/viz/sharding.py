@@ -87,15 +87,15 @@ def _fractions(edges: list[int]) -> str:
 
 def _grid(found: list[Block], shape: tuple[int, ...], island_of) -> str:
     """A CSS grid whose tracks follow the blocks' edges, so sizes are proportional."""
-    if len(shape) == 1:
-        shape, found = (1, *shape), [Block(((0, 1), *b.index), b.devices) for b in found]
-    rows = sorted({e for b in found for e in b.index[0]} | {0, shape[0]})
-    cols = sorted({e for b in found for e in b.index[1]} | {0, shape[1]})
+    # A 1-D array is drawn as one row of a 2-D grid.
+    boxes = [((0, 1), *b.index) if len(shape) == 1 else b.index for b in found]
+    shape = (1, *shape) if len(shape) == 1 else shape
+    rows = sorted({e for box in boxes for e in box[0]} | {0, shape[0]})
+    cols = sorted({e for box in boxes for e in box[1]} | {0, shape[1]})
     height = min(240, max(28, 28 * (len(rows) - 1)))
     width = min(480, max(120, 60 * (len(cols) - 1)))
     cells = []
-    for b in found:
-        (r0, r1), (c0, c1) = b.index
+    for b, ((r0, r1), (c0, c1)) in zip(found, boxes, strict=True):
         place = (f"grid-row:{rows.index(r0) + 1}/{rows.index(r1) + 1};"
                  f"grid-column:{cols.index(c0) + 1}/{cols.index(c1) + 1}")
         cells.append(_cell(b, island_of, place))
