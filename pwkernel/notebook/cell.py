@@ -48,8 +48,8 @@ from ..runtime.program import program as pw_program
 from ..runtime.resources import VirtualSlice
 
 LAST = "__pw_last__"  # holds the value of a cell's last expression
-_MAKE, _CELL, _STATIC, _PRINT, _PICK = ("__pw_make__", "__pw_cell__", "__pw_static__",
-                                        "__pw_print__", "__pw_pick__")
+_MAKE, _CELL, _STATIC, _PRINT, _PICK, _PUT = ("__pw_make__", "__pw_cell__", "__pw_static__",
+                                              "__pw_print__", "__pw_pick__", "__pw_put__")
 
 
 @dataclasses.dataclass
@@ -105,17 +105,36 @@ class _Bound(ast.NodeVisitor):
     visit_ImportFrom = visit_Import
 
 
-class _RoutePrints(ast.NodeTransformer):
-    """``jax.debug.print(...)`` -> ``__pw_print__(...)`` (prints into the cell that ran it)."""
+class _Route(ast.NodeTransformer):
+    """``jax.debug.print(...)`` -> ``__pw_print__(...)`` (prints into the cell that ran it);
+    ``jax.device_put(...)`` -> ``__pw_put__(...)`` (see ``placed``)."""
+
+    ROUTES = {("jax", "debug", "print"): _PRINT, ("jax", "device_put"): _PUT}
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        f = node.func
-        if (isinstance(f, ast.Attribute) and f.attr == "print"
-                and isinstance(f.value, ast.Attribute) and f.value.attr == "debug"
-                and isinstance(f.value.value, ast.Name) and f.value.value.id == "jax"):
-            node.func = ast.copy_location(ast.Name(_PRINT, ast.Load()), f)
+        f, path = node.func, []
+        while isinstance(f, ast.Attribute):
+            path.insert(0, f.attr)
+            f = f.value
+        if isinstance(f, ast.Name) and (f.id, *path) in self.ROUTES:
+            node.func = ast.copy_location(ast.Name(self.ROUTES[(f.id, *path)], ast.Load()),
+                                          node.func)
         return node
+
+
+def placed(x: Any, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """``jax.device_put`` as the plain cell means it. Inside ``jax.jit`` on auto mesh axes
+    JAX leaves a value where the compiler puts it; the plain cell places it. So there a
+    ``PartitionSpec`` or ``NamedSharding`` target becomes ``with_sharding_constraint``, which
+    holds inside the program. Everything else is ``jax.device_put`` unchanged."""
+    leaves = jax.tree_util.tree_leaves(x)
+    mesh = jax.sharding.get_abstract_mesh()
+    if (not args and not kwargs and isinstance(device, P | NamedSharding)
+            and any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
+            and not mesh.empty and AxisType.Explicit not in mesh.axis_types):
+        return jax.lax.with_sharding_constraint(x, device)
+    return jax.device_put(x, device, *args, **kwargs)
 
 
 def _parse(source: str, line_offset: int) -> ast.Module:
@@ -148,7 +167,7 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         last = tree.body[-1]
         tree.body[-1] = ast.copy_location(
             ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
-    tree = _RoutePrints().visit(tree)
+    tree = _Route().visit(tree)
     bound = _Bound()
     for node in tree.body:
         bound.visit(node)
@@ -178,8 +197,8 @@ def _build(tree: ast.Module, params: list[str], statics: dict[str, Any], outputs
         _CELL, ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, []),
         seed + tree.body + [pick], [], None, **loc)
     outer = ast.FunctionDef(
-        _MAKE, ast.arguments([], [ast.arg(_STATIC), ast.arg(_PRINT), ast.arg(_PICK)], None, [],
-                             [], None, []),
+        _MAKE, ast.arguments([], [ast.arg(_STATIC), ast.arg(_PRINT), ast.arg(_PICK),
+                                  ast.arg(_PUT)], None, [], [], None, []),
         [inner, ast.Return(ast.Name(_CELL, ast.Load()), **loc)], [], None, **loc)
     module = ast.fix_missing_locations(ast.Module([outer], []))
     code = compile(module, filename, "exec")
@@ -190,7 +209,7 @@ def _build(tree: ast.Module, params: list[str], statics: dict[str, Any], outputs
     def pick_outputs(local_vars: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in local_vars.items() if k in wanted}
 
-    return scratch[_MAKE](statics, printer, pick_outputs)
+    return scratch[_MAKE](statics, printer, pick_outputs, placed)
 
 
 # --- splitting a cell's results into arrays (futures) and plain values ---------------------
