@@ -21,9 +21,12 @@ PATH = Path(__file__).resolve().parent / "sharding_conformance.ipynb"
 KERNELSPEC = {"name": "pwkernel", "display_name": "Pathways (JAX)", "language": "python"}
 
 SETUP = """\
+import jax
+import jax.numpy as jnp
 import numpy as np
-import jax, jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
 import pwkernel as pw
 
 ctl = pw.controller()
@@ -150,7 +153,8 @@ def cells() -> list[nbformat.NotebookNode]:
             listed = ", ".join(f'"{n}"' for n in names)
             out.append(nbformat.v4.new_code_cell(
                 f"placed = grab({listed})\nwith jax.set_mesh(s.mesh):\n{_indent(code)}\n"
-                f"check({title!r}, placed, " + ", ".join(f"{n}={n}" for n in names) + ")"))
+                f"check({title!r}, placed,\n      "
+                + ", ".join(f"{n}={n}" for n in names) + ")"))
     out.append(nbformat.v4.new_code_cell(
         "print(f'{len(CHECKED)} patterns agree with plain JAX')"))
     return out
