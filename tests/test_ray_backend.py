@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import psutil
 import pytest
@@ -248,6 +249,17 @@ def test_notebook_attach_ray_hosts_a_ray_controller(rctl, capsys):
         assert ctl.backend == "ray" and all(isinstance(i, RayIsland) for i in ctl.islands)
         double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
         np.testing.assert_array_equal(double(np.ones(2)).result(TIMEOUT), [2.0, 2.0])
+        # An explicit-axes cell runs on the actors with the layouts JAX gives.
+        shell.run_line_magic("pathways", "slice rs 2 --island 0")
+        shell.run_cell("import jax, jax.numpy as jnp, numpy as np\nv = np.ones((4, 2), "
+                       "np.float32)")
+        res = shell.run_cell("%%pathways --slice rs\nw = jax.device_put(v, jax.P('x')) * 2\n"
+                             "t = jnp.dot(w, w.T, out_sharding=jax.P(None, 'x'))")
+        assert res.error_in_exec is None, res.error_in_exec
+        t = shell.user_ns["t"]
+        assert t.sharding.spec == jax.P(None, "x") and t.sharding.mesh.axis_types == (
+            jax.sharding.AxisType.Explicit,)
+        np.testing.assert_array_equal(np.asarray(t.result(TIMEOUT)), np.full((4, 4), 8.0))
     finally:
         shell.run_line_magic("unload_ext", "pwkernel")
     assert ray.is_initialized() and not rctl.closed  # the shared local cluster stays up
