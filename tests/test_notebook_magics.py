@@ -260,3 +260,18 @@ def test_comm_protocol_replies():
     json.dumps(comm.reply(ctl, {"type": "status"}))
     assert comm.reply(ctl, {"type": "nope"})["type"] == "error"
     assert "'type'" in comm.reply(ctl, [1, 2])["error"]
+
+
+def test_comm_lists_every_slice_with_axis_types(ip):
+    run(ip, "%pathways slice s0 2x2 --axes data,model")
+    run(ip, "mine = pw.controller().slice(2, island=1, axis_types='auto')\n"
+            "pw.controller().slice(1, island=1)")  # held by nothing but the controller
+    ctl = extension.state().ctl
+    slices = {s["name"]: s for s in comm.status_message(ctl)["data"]["named_slices"]}
+    assert slices["s0"]["axis_names"] == ["data", "model"]
+    assert slices["s0"]["axis_types"] == ["explicit", "explicit"]
+    assert slices["mine"]["axis_types"] == ["auto"] and slices["mine"]["island"] == 1
+    anonymous = [n for n in slices if n.startswith("#")]
+    assert len(slices) == len(ctl.slices) == 3 and len(anonymous) == 1
+    assert comm.reply(None, {"type": "policy", "policy": "fifo"})["error"].startswith(
+        "the controller has not started yet")
