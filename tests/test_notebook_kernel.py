@@ -138,10 +138,12 @@ def test_comm_target_answers_status(kernel_env):
                     return msg["content"]["data"]
 
         send("comm_open", {"comm_id": comm_id, "target_name": "pwkernel", "data": {}})
-        first = next_comm_msg()
-        assert first["type"] == "status" and len(first["data"]["islands"]) == 2
+        first = next_comm_msg()  # before any cell: no controller, JAX untouched
+        assert first["type"] == "status" and first["data"]["started"] is False
+        kc.execute_interactive("%pathways status", timeout=120)  # starts the controller
         send("comm_msg", {"comm_id": comm_id, "data": {"type": "status"}})
-        assert next_comm_msg()["data"]["policy"] == "fifo"
+        started = next_comm_msg()["data"]
+        assert started["policy"] == "fifo" and len(started["islands"]) == 2
         send("comm_msg", {"comm_id": comm_id, "data": {"type": "launch"}})
         bad = next_comm_msg()
         assert bad["type"] == "error" and "status" in bad["error"]
