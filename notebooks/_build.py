@@ -708,10 +708,12 @@ print(inspect.getsource(pl.block))
 ## SPMD: the whole model on four devices
 
 One compiled function, the batch sharded over the slice, the parameters replicated. It returns
-each sequence's next-token loss.
+each sequence's next-token loss. The model is written for the compiler's sharding propagation
+(its embedding lookup gathers with sharded token ids), so its slices have *auto* mesh axes; a
+slice's default is what `jax.make_mesh` gives, explicit axes.
 """),
     code("""
-quad = ctl.slice(4, island=0)
+quad = ctl.slice(4, island=0, axis_types="auto")
 spmd = pw.function(pl.stage_fn(True, True, cfg.heads), slice=quad, in_specs=(P(), P("x")),
                    out_specs=P("x"), name="spmd")
 on = lambda vs, tree, spec: jax.device_put(tree, NamedSharding(vs.mesh, spec))
@@ -727,7 +729,7 @@ microbatch 0 while stage 0 works on microbatch 1, and so on.
 """),
     code("""
 S = 4
-stages = [ctl.slice(1, island=0) for _ in range(S)]
+stages = [ctl.slice(1, island=0, axis_types="auto") for _ in range(S)]
 assert len({d for vs in stages for d in vs.device_ids}) == S, "one device per stage"
 stage_fns = [pw.function(pl.stage_fn(s == 0, s == S - 1, cfg.heads), slice=vs,
                          in_specs=(P(), P("x"), P("x")) if s == S - 1 else (P(), P("x")),
