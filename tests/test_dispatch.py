@@ -129,22 +129,25 @@ def test_cancel_drops_queued_work_and_frees_its_buffers(ctl):
 
 
 def test_back_pressure_waits_for_memory_instead_of_failing():
-    ctl = pw.Controller(islands=(2, 2), memory_budget=64)
+    # Each call uploads its argument (32 bytes, counted until the call is done) and makes a
+    # 32-byte output: a call needs 64 bytes while it runs.
+    ctl = pw.Controller(islands=(2, 2), memory_budget=96)
     try:
         s = ctl.slice(1, island=0)
         make = pw.function(lambda x: x + 1, slice=s)
         first = make(np.zeros(8, np.float32))   # 32 bytes held
-        second = make(np.zeros(8, np.float32))  # 64 bytes held: the budget
+        second = make(np.zeros(8, np.float32))  # 64 bytes held
         first.result(timeout=60), second.result(timeout=60)
-        third = make(np.zeros(8, np.float32))
+        third = make(np.zeros(8, np.float32))   # its upload fits (96), its output does not
         state = ctl.status()["islands"][0]
         assert (state["queued"], state["running"]) == (1, 0)  # stalled, not failed
+        assert state["memory_reserved"][s.device_ids[0]] == 96
         assert not third.done()
         del first
         gc.collect()                                            # frees 32 bytes
         assert third.result(timeout=60).tolist() == [1.0] * 8
         huge = make(np.zeros(32, np.float32))                   # 128 bytes > budget
-        with pytest.raises(pw.MemoryBudgetError, match="memory budget is 64"):
+        with pytest.raises(pw.MemoryBudgetError, match="memory budget is 96"):
             huge.result(timeout=60)
     finally:
         ctl.close()

@@ -197,3 +197,33 @@ def test_program_ahead_queues_a_programs_nodes_behind_each_other_only():
     plain = GangScheduler(ALL)
     plain.handle(Submit(0, (0, 1), ready=True, group="p"))
     assert launched(plain.handle(Submit(1, (0, 1), ready=True, group="p"))) == []
+
+
+def test_copies_need_only_memory_and_keep_the_memory_order():
+    s = GangScheduler((0, 1), memory_budget=100)
+    assert launched(s.handle(Submit(0, (0,), memory=10, ready=True))) == [0]  # device 0 busy
+    # a copy onto a busy device is admitted at once: it takes memory, never the device
+    assert launched(s.handle(Submit(1, (0,), memory=50, ready=True, copy=True))) == [1]
+    assert s.running == (0,) and s.queued == () and s.memory_in_use()[0] == 60
+    # one that does not fit waits, and reserves: a later computation may not take its bytes
+    out = s.handle(Submit(2, (0,), memory=50, ready=True, copy=True),
+                   Submit(3, (0, 1), memory=20, ready=True))
+    assert launched(out) == []
+    assert s.waiting_for_memory() == [(2, frozenset({0}), 50)]
+    assert launched(s.handle(Finished(0))) == []          # its output (10 B) is still alive
+    assert launched(s.handle(MemoryFreed(0, 10))) == [2]  # 50 + 50: 3 still does not fit
+    assert launched(s.handle(MemoryFreed(0, 50))) == [3]
+    assert s.memory_in_use() == {0: 70, 1: 20}
+    (reject,) = s.handle(Submit(4, (1,), memory=101, ready=True, copy=True))
+    assert isinstance(reject, Reject) and "memory budget is 100" in reject.reason
+
+
+def test_waiting_for_memory_reports_only_the_head_of_each_device_set():
+    s = GangScheduler(ALL, memory_budget=100)
+    s.handle(Submit(0, (0, 1), memory=90, ready=True))
+    s.handle(Finished(0))                                 # its 90 B output stays alive
+    s.handle(Submit(1, (0,), memory=20, ready=True),      # waits for memory: the head on 0
+             Submit(2, (0, 1), memory=5, ready=True),     # behind 1 on device 0
+             Submit(3, (2, 3), memory=200, ready=True))   # rejected: more than the budget
+    assert s.waiting_for_memory() == [(1, frozenset({0}), 20)]
+    assert launched(s.handle(Submit(4, (2,), ready=True))) == [4]   # other devices go on
