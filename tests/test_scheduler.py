@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pwkernel.runtime.scheduler import (
@@ -16,6 +17,7 @@ from pwkernel.runtime.scheduler import (
     SetPolicy,
     Submit,
 )
+from tests.gang_order import LaunchLog
 
 ALL = (0, 1, 2, 3)
 
@@ -50,26 +52,59 @@ def test_blocked_task_reserves_its_devices_so_it_cannot_starve():
     assert launched(s.handle(Finished(1))) == [2]
 
 
-def test_order_is_consistent_on_every_device():
-    s = GangScheduler(ALL)
-    per_device: dict[int, list[int]] = {d: [] for d in ALL}
-    gangs = {0: (0, 1), 1: (1, 2), 2: ALL, 3: (2, 3), 4: (0, 3), 5: (1,), 6: ALL}
-    running = []
+def drive(s: GangScheduler, log: LaunchLog, seed: int, n: int = 300) -> set[int]:
+    """Run ``n`` computations on random gangs of ``s``'s devices to completion, as the runtime
+    would: one in three reads an earlier one's output (it becomes ready once that one is
+    launched), and a running computation finishes only after its producers. Returns the
+    computations launched."""
+    rng = np.random.default_rng(seed)
+    devices = list(s.devices)
+    reads: dict[int, int] = {}
+    events = []
+    for t in range(n):
+        gang = tuple(sorted(rng.choice(devices, int(rng.integers(1, len(devices) + 1)),
+                                       replace=False).tolist()))
+        if t and rng.random() < 1 / 3:
+            reads[t] = int(rng.integers(0, t))
+        events.append(Submit(t, gang, ready=t not in reads))
+    launched_, running, done = set(), [], set()
 
     def apply(decisions):
-        for t in launched(decisions):
-            running.append(t)
-            for d in gangs[t]:
-                per_device[d].append(t)
+        new = [d.task for d in decisions if isinstance(d, Launch)]
+        launched_.update(new)
+        running.extend(new)
+        ready = [Ready(t, (p,)) for t, p in reads.items()
+                 if p in new]  # its producer is launched: it may queue behind it
+        return ready
 
-    apply(s.handle(*(Submit(t, g, ready=True) for t, g in gangs.items())))
-    while running:
-        apply(s.handle(Finished(running.pop(0))))
-    for a in ALL:
-        for b in ALL:
-            shared = [t for t in per_device[a] if t in per_device[b]]
-            assert shared == [t for t in per_device[b] if t in per_device[a]]
-    assert sorted(set(sum(per_device.values(), []))) == list(gangs)
+    pending = apply(log.record(s, *events))
+    while pending or running:
+        if pending:
+            pending = apply(log.record(s, *pending))
+            continue
+        free = [t for t in running if reads.get(t) is None or reads[t] in done]
+        t = free[int(rng.integers(len(free)))]
+        running.remove(t)
+        done.add(t)
+        pending = apply(log.record(s, Finished(t, 1.0)))
+    return launched_
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_launch_shares_a_device_with_a_running_computation_but_its_ancestors(seed):
+    s = GangScheduler(ALL, policy=["fifo", "priority", "share", "fifo"][seed])
+    log = LaunchLog()
+    assert drive(s, log, seed) == set(range(300))
+    assert log.violations() == []
+    assert s.running == s.queued == ()
+
+
+def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
+    # A test of the test above: with the device check switched off, it reports violations.
+    monkeypatch.setattr(GangScheduler, "_devices_free", lambda self, t: True)
+    log = LaunchLog()
+    drive(GangScheduler(ALL), log, seed=0)
+    assert log.violations() and "not its ancestors" in log.violations()[0]
 
 
 def test_priority_policy_runs_higher_priority_first():
