@@ -104,14 +104,22 @@ def test_one_island_launches_onto_busy_devices_only_behind_ancestors(ctl, monkey
     assert log.violations() == []
 
 
-def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
-    # A test of the test above: with the device check switched off, it reports the launch.
+def violations_with_the_device_check_off(monkeypatch, work=lambda ctl: None) -> list[str]:
+    """A test of an order test: ``work`` runs beside a gate on a controller whose schedulers
+    ignore busy devices (``_devices_free`` is True); what the order check reports."""
     log = LaunchLog().install(monkeypatch)
     monkeypatch.setattr(GangScheduler, "_devices_free", lambda self, t: True)
     with pw.Controller(islands=(4, 4)) as ctl:
         held, other = launch_beside_a_running_gate(ctl, log)
+        work(ctl)
         held.result(timeout=60), other.result(timeout=60)
-    assert any("not its ancestors" in v for v in log.violations()), log.violations()
+    return log.violations()
+
+
+def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
+    # A test of the test above: with the device check switched off, it reports the launch.
+    violations = violations_with_the_device_check_off(monkeypatch)
+    assert any("not its ancestors" in v for v in violations), violations
 
 
 def test_a_failed_computation_fails_its_dependents_not_the_controller(ctl):

@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
-from pwkernel.runtime.scheduler import GangScheduler
 from tests.gang_order import LaunchLog
-from tests.test_dispatch import launch_beside_a_running_gate
+from tests.test_dispatch import violations_with_the_device_check_off
 
 N = 8  # elements per value: divides every slice size used here
 
@@ -101,10 +100,7 @@ def test_random_programs_from_concurrent_clients(plans, mode):
 def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
     # A test of the property above: the same clients, behind an unrelated computation that
     # holds island 0, with the device check switched off: the check reports it.
-    log = LaunchLog().install(monkeypatch)
-    monkeypatch.setattr(GangScheduler, "_devices_free", lambda self, t: True)
-    with pw.Controller(islands=(4, 4)) as ctl:
-        held, other = launch_beside_a_running_gate(ctl, log)
-        run_clients(ctl, [[(0, 0, 0), (2, 1, 0)], [(1, 0, 0), (3, 1, 0)]])
-        held.result(timeout=60), other.result(timeout=60)
-    assert any("not its ancestors" in v for v in log.violations()), log.violations()
+    plans = [[(0, 0, 0), (2, 1, 0)], [(1, 0, 0), (3, 1, 0)]]
+    violations = violations_with_the_device_check_off(monkeypatch,
+                                                      lambda ctl: run_clients(ctl, plans))
+    assert any("not its ancestors" in v for v in violations), violations
