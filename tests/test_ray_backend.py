@@ -279,6 +279,19 @@ def test_island_device_kind_follows_the_cluster_and_the_override(rctl, monkeypat
         _device_kind((2, 2))
 
 
+def test_the_memory_budget_holds_on_ray_islands():
+    # Its own controller (a budget is fixed at creation): the fan-in that cannot fit fails
+    # with who holds what, uploads are counted (too big: refused), and memory returns to zero.
+    from tests.test_budget import MiB, check_fan_in_fails_and_says_who_holds_the_memory
+
+    with pw.Controller(backend="ray", islands=(4, 4), memory_budget=4 * MiB) as ctl:
+        check_fan_in_fails_and_says_who_holds_the_memory(ctl)
+        first = pw.function(lambda x: x[:1], slice=ctl.slice(2, island=1))
+        with pytest.raises(pw.MemoryBudgetError, match="copy host.*memory budget is 4194304"):
+            first(np.ones(4 * MiB, np.float32)).result(timeout=TIMEOUT)
+        assert first(np.ones(4, np.float32)).result(timeout=TIMEOUT).tolist() == [1.0]
+
+
 def test_close_leaves_no_processes(rctl):
     me = psutil.Process()
     pids = [ray.get(i.actor.info.remote())["pid"] for i in rctl.islands]

@@ -135,6 +135,7 @@ class Controller:
         self._policy = Policy.parse(value)
         for ex in self._dispatcher.islands.values():
             ex.post(SetPolicy(self._policy))
+        self._dispatcher.check_memory_when_idle()  # in another order, another node is next
 
     @property
     def dispatch(self) -> str:
