@@ -94,7 +94,7 @@ def test_a_program_that_fits_only_after_its_values_are_consumed_finishes():
 def test_uploads_count_against_the_budget_like_computation_outputs():
     with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
         s0 = ctl.slice(2, island=0)
-        first = pw.function(lambda x: x[:1], slice=s0)
+        first = pw.function(lambda x: x[:2], slice=s0)
         # 16 MiB on two devices is 8 MiB each: refused at once, nothing placed
         with pytest.raises(pw.MemoryBudgetError, match=r"copy host.*needs 8388608 bytes per "
                                                        r"device but the memory budget is 4194304"):
