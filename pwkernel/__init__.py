@@ -30,7 +30,7 @@ from .runtime.errors import (
     SpecError,
 )
 from .runtime.objects import Future, FutureState
-from .runtime.program import CompiledFunction, Program, function, program
+from .runtime.program import INFERRED, CompiledFunction, Program, function, program
 from .runtime.resources import Island, VirtualSlice
 from .runtime.scheduler import GangScheduler, Policy
 from .runtime.trace import Event, Trace
@@ -64,7 +64,8 @@ def unload_ipython_extension(ipython) -> None:
     unload(ipython)
 
 __all__ = [
-    "CancelledError", "ClientSpec", "CompiledFunction", "Controller", "ControllerClosedError",
+    "INFERRED", "CancelledError", "ClientSpec", "CompiledFunction", "Controller",
+    "ControllerClosedError",
     "DeviceSetupError", "DispatchMode", "Event", "Future", "FutureState", "GangScheduler",
     "Island", "IslandLostError", "Link", "MemoryBudgetError", "PathwaysError", "Policy",
     "Program", "ProgramError",

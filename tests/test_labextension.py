@@ -305,15 +305,16 @@ def run_code(kc, code: str) -> str:
 def test_kernel_pushes_status_and_answers_actions(kernel):
     c = CommClient(kernel, "pw-sidebar-test")
     c.open({"interval": 0.2})
-    first = c.next()
-    assert first["type"] == "status" and len(first["data"]["islands"]) == 2
-    assert first["data"]["protocol"] == comm.PROTOCOL
+    first = c.next()  # the kernel has left JAX alone: no controller yet
+    assert first["type"] == "status" and first["data"]["started"] is False
+    assert first["data"]["islands"] == [] and first["data"]["protocol"] == comm.PROTOCOL
     run_code(kernel, "import threading, jax, numpy as np, pwkernel as pw\n"
                      + inspect.getsource(gated_program) + "\ngate = threading.Event()\n"
                      "y = gated_program(pw.controller(), gate)(np.ones(4, np.float32))\n")
     # pushed by the comm's thread (nobody asked): the program shows as running on island 0
     pushed = c.next(lambda d: d["type"] == "status" and d["data"]["runs"]
                     and d["data"]["runs"][0]["state"] == "running")
+    assert pushed["data"]["started"] is True and len(pushed["data"]["islands"]) == 2
     (run,) = pushed["data"]["runs"]
     assert run["name"] == "gated" and run["state"] == "running" and run["running_on"] == [0]
     c.request({"type": "cancel", "run": run["id"], "id": 1})

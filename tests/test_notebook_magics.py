@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 
@@ -51,8 +52,13 @@ def test_load_hosts_the_process_controller(ip, capsys):
     assert "pathways" not in ip.magics_manager.magics["cell"]
     ip.run_line_magic("load_ext", "pwkernel")
     out = capsys.readouterr().out
-    assert "controller closed" in out and "island 0: 4 cpu devices [0-3]" in out
-    assert not extension.state().ctl.closed
+    # Loading starts no controller (JAX is left alone until the first %pathways).
+    assert "controller closed" in out and "controller starts with the first %pathways" in out
+    assert extension.state().peek() is None
+    assert comm.status_message(extension.state().peek())["data"]["started"] is False
+    status = repr(ip.run_line_magic("pathways", "status"))  # starts it
+    assert "cpu" in status and "[0-3]" in status
+    assert not extension.state().peek().closed and extension.state().ctl is pw.controller()
 
 
 def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
@@ -78,12 +84,16 @@ def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
 
 
 def test_the_ambient_mesh_is_the_cell_slice(ip):
-    run(ip, "%pathways slice s0 4 --axes data")
+    run(ip, "%pathways slice s0 4 --axes data --axis-types auto")
     run(ip, "from jax.sharding import PartitionSpec as P\nx = np.ones((8, 4), np.float32)")
     run(ip, "%%pathways --slice s0\nmesh_axes = jax.sharding.get_abstract_mesh().axis_names\n"
             "y = jax.lax.with_sharding_constraint(x * 3, P(None, 'data'))")
     assert ip.user_ns["mesh_axes"] == ("data",)
     assert float(ip.user_ns["y"].result().sum()) == 96.0
+    # The constraint decides the output's layout (JAX's propagation), not a default rule.
+    assert ip.user_ns["y"].sharding.spec == ip.user_ns["P"](None, "data")
+    with pytest.raises(UsageError, match="must be explicit or auto"):
+        run(ip, "%pathways slice s1 4 --axis-types manual")
 
 
 def test_program_cell_makes_one_node_per_call(ip):
@@ -268,27 +278,45 @@ def test_user_errors_point_at_the_cell_line(ip, capsys):
         frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
     # It ends at line 3 of the cell; no frame of the runtime or of JAX in between.
-    assert frames[-1][1] == 3 and not any("runtime" in f or "jax" in f for f, _ in frames)
+    inside = (os.path.join("", "pwkernel", "runtime", ""), os.path.join("", "jax", ""))
+    assert frames[-1][1] == 3 and not any(p in f for f, _ in frames for p in inside)
     assert extension.state().ctl.runs() == []
 
 
 def test_status_and_rich_displays(ip):
     run(ip, "%pathways slice s0 2x2")
-    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "other = pw.controller().slice(2, island=1, axis_types='auto')")  # not a magic's
+    run(ip, "x = jax.device_put(np.ones(8, np.float32), jax.NamedSharding(s0.mesh, jax.P('x')))")
     run(ip, "%%pathways --slice s0\ny = x * 2")
     status = run(ip, "%pathways status")
     assert isinstance(status, Status)
     text, page = repr(status), status._repr_html_()
-    for part in ("island", "s0", "x=2 x y=2", "Memory per device", "policy fifo"):
+    for part in ("island", "s0", "x=2 x y=2", "Memory per device", "policy fifo", "explicit",
+                 "other", "auto"):
         assert part in text and part in page
     fmt = ip.display_formatter
     data, _ = fmt.format(ip.user_ns["y"])
     assert "float32[8]" in data["text/plain"] and "done" in data["text/plain"]
     assert "<table" in data["text/html"] and "island 0 devices [0-3]" in data["text/html"]
+    # The layout picture: y kept x's P('x') on a 2x2 mesh: 2 blocks, each on 2 devices.
+    assert "2 blocks of 4, each on 2 devices" in data["text/html"]
+    assert "[0:4] on i0:d0 i0:d1" in data["text/html"]
+    data, _ = fmt.format(ip.user_ns["y"].result())  # a jax.Array on the slice: pictured too
+    assert "2 blocks of 4" in data["text/html"] and "[4:8] on i0:d2 i0:d3" in data["text/html"]
+    data, _ = fmt.format(jax_on_two_islands(ip))  # not on one island: JAX's own display
+    assert "text/html" not in data
     data, _ = fmt.format(ip.user_ns["s0"])
     assert "x=2 x y=2" in data["text/plain"] and "<table" in data["text/html"]
     data, _ = fmt.format(extension.state().ctl)
     assert "[4-7]" in data["text/plain"] and "<table" in data["text/html"]
+
+
+def jax_on_two_islands(ip):
+    ctl = extension.state().ctl
+    devices = [ctl.islands[0].devices[0], ctl.islands[1].devices[0]]
+    mesh = ip.user_ns["jax"].make_mesh((2,), ("x",), devices=devices)
+    return ip.user_ns["jax"].device_put(np.ones(4), ip.user_ns["jax"].NamedSharding(
+        mesh, ip.user_ns["jax"].P("x")))
 
 
 def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):
@@ -330,3 +358,18 @@ def test_comm_protocol_replies():
     json.dumps(comm.reply(ctl, {"type": "status"}))
     assert comm.reply(ctl, {"type": "nope"})["type"] == "error"
     assert "'type'" in comm.reply(ctl, [1, 2])["error"]
+
+
+def test_comm_lists_every_slice_with_axis_types(ip):
+    run(ip, "%pathways slice s0 2x2 --axes data,model")
+    run(ip, "mine = pw.controller().slice(2, island=1, axis_types='auto')\n"
+            "pw.controller().slice(1, island=1)")  # held by nothing but the controller
+    ctl = extension.state().ctl
+    slices = {s["name"]: s for s in comm.status_message(ctl)["data"]["named_slices"]}
+    assert slices["s0"]["axis_names"] == ["data", "model"]
+    assert slices["s0"]["axis_types"] == ["explicit", "explicit"]
+    assert slices["mine"]["axis_types"] == ["auto"] and slices["mine"]["island"] == 1
+    anonymous = [n for n in slices if n.startswith("#")]
+    assert len(slices) == len(ctl.slices) == 3 and len(anonymous) == 1
+    assert comm.reply(None, {"type": "policy", "policy": "fifo"})["error"].startswith(
+        "the controller has not started yet")

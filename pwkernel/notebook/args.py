@@ -52,6 +52,15 @@ def _axes(text: str) -> tuple[str, ...]:
     return names
 
 
+def _axis_types(text: str) -> tuple[str, ...]:
+    types = tuple(t.strip().lower() for t in text.split(",") if t.strip())
+    if not types or not set(types) <= {"explicit", "auto"}:
+        raise argparse.ArgumentTypeError(
+            f"axis types {text!r} must be explicit or auto, for all axes or comma-separated "
+            "per axis, e.g. --axis-types explicit or --axis-types explicit,auto")
+    return types
+
+
 def _name(text: str) -> str:
     if not text.isidentifier():
         raise argparse.ArgumentTypeError(
@@ -114,6 +123,9 @@ def line_parser() -> _Parser:
     s.add_argument("shape", type=_shape, metavar="SHAPE", help="2, 2x2 or 2,2")
     s.add_argument("--island", type=int, default=None, metavar="I")
     s.add_argument("--axes", type=_axes, default=None, metavar="x,y")
+    s.add_argument("--axis-types", dest="axis_types", type=_axis_types, default=None,
+                   metavar="explicit|auto",
+                   help="JAX mesh axis types (default: what jax.make_mesh gives, explicit)")
     r = sub.add_parser("release", help="give slice NAME back and remove the name")
     r.add_argument("name", type=_name, metavar="NAME")
     pol = sub.add_parser("policy", help="the gang scheduling policy of every island")

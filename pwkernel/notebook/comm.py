@@ -29,8 +29,12 @@ anything else, or a bad field                   ``{"type": "error", "error": "<w
 plus ``protocol`` (this protocol's version), per-island ``programs_running``/``programs_queued``,
 ``devices`` (``id``, ``island``, ``memory`` bytes, ``utilization`` 0..1 over the last
 ``WINDOW`` seconds, ``busy``), ``runs`` (``id``, ``name``, ``client``, ``state`` "running" or
-"queued", ``islands``) and ``named_slices`` (``name``, ``island``, ``devices``, ``shape``).
-A closed controller's data is ``{"closed": true, "protocol": 1}``.
+"queued", ``islands``) and ``named_slices``: every slice of the controller (``name``: its
+``%pathways slice`` name, else a variable holding it, else ``#<id>``; ``island``, ``devices``,
+``shape``, ``axis_names``, ``axis_types``). A closed controller's data is
+``{"closed": true, "protocol": 1}``. Before the controller has started (the kernel leaves JAX
+alone until the first ``%pathways``), the data is a status with no islands and
+``"started": false``.
 
 Requests are answered while a cell runs: JupyterLab sends comm messages to a kernel subshell
 (JEP 91) and the handlers here run in that subshell's thread. They read and steer the controller
@@ -207,24 +211,35 @@ def _runs(ctl) -> tuple[list[dict[str, Any]], list[tuple[float, tuple[int, ...]]
     return runs, running
 
 
-def _named_slices() -> list[dict[str, Any]]:
+def _named_slices(ctl) -> list[dict[str, Any]]:
+    """Every slice of ``ctl``, named as the notebook knows it."""
     from . import extension  # late: extension imports this module
 
     st = extension.state()
-    if st is None:
-        return []
+    names = st.slice_names() if st is not None else {}
     out = []
-    for name, vs in list(st.slices.items()):
+    for vs in ctl.slices:
         try:
-            out.append({"name": name, "island": vs.island.id, "devices": list(vs.device_ids),
-                        "shape": list(vs.shape)})
+            out.append({"name": names.get(vs.id, f"#{vs.id}"), "island": vs.island.id,
+                        "devices": list(vs.device_ids), "shape": list(vs.shape),
+                        "axis_names": list(vs.axis_names),
+                        "axis_types": list(vs.axis_type_names)})
         except Exception:  # noqa: BLE001 - released meanwhile (SliceError): not shown
             continue
     return out
 
 
+def _not_started() -> dict[str, Any]:
+    return {"type": "status", "data": {
+        "started": False, "islands": [], "devices": [], "runs": [], "named_slices": [],
+        "slices": [], "programs": [], "memory": {}, "policy": "", "dispatch": "",
+        "closed": False, "protocol": PROTOCOL}}
+
+
 def status_message(ctl, util: Utilization | None = None) -> dict[str, Any]:
-    """The reply to a status request, JSON-safe."""
+    """The reply to a status request, JSON-safe (``ctl`` None: not started yet)."""
+    if ctl is None:
+        return _not_started()
     if ctl.closed:
         return {"type": "status", "data": {"closed": True, "protocol": PROTOCOL}}
     data = ctl.status()
@@ -240,7 +255,8 @@ def status_message(ctl, util: Utilization | None = None) -> dict[str, Any]:
                         "utilization": round(use.get(d, 0.0), 4), "busy": d in busy}
                        for isl in data["islands"] for d in isl["devices"]]
     data["runs"] = runs
-    data["named_slices"] = _named_slices()
+    data["named_slices"] = _named_slices(ctl)
+    data["started"] = True
     data["protocol"] = PROTOCOL
     return {"type": "status", "data": data}
 
@@ -258,6 +274,9 @@ def _act(ctl, msg: dict[str, Any], conn: Connection | None, root: Path | None) -
             return {"type": "unsubscribe"}
         conn.subscribe(msg["interval"])
         return status_message(ctl, conn.util)
+    if ctl is None:
+        raise RequestError("the controller has not started yet; it starts with the first "
+                           "%pathways command or cell (or pw.controller()).")
     if ctl.closed:
         raise RequestError("the controller is closed; run %load_ext pwkernel (or "
                            "pw.controller()) to start a new one.")

@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from ..runtime.dispatch import ClientSpec
 from ..runtime.errors import CancelledError, PathwaysError
 from ..runtime.objects import Future
-from ..runtime.resources import VirtualSlice
+from ..runtime.resources import VirtualSlice, describe_axis_types
 from . import args as specs
 from . import cell as cells
 from .display import Status
@@ -70,13 +70,13 @@ class PathwaysMagics(Magics):
         return getattr(self, f"_cmd_{a.command}")(a)
 
     def _cmd_status(self, a) -> Status:
-        names = {vs.id: n for n, vs in self.state.slices.items()}
-        return Status(self.ctl, names, self.state.client.name)
+        return Status(self.ctl, self.state.slice_names(), self.state.client.name)
 
     def _cmd_slice(self, a) -> None:
         old = self.state.slices.get(a.name)
         try:
-            vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes)
+            vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes,
+                                axis_types=a.axis_types)
         except (PathwaysError, ValueError) as e:
             raise UsageError(f"%pathways slice {a.name}: {e}") from None
         if old is not None:
@@ -84,7 +84,8 @@ class PathwaysMagics(Magics):
         self.state.slices[a.name] = vs
         self.shell.user_ns[a.name] = vs
         dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))
-        print(f"{a.name} = slice {dims} on island {vs.island.id}, devices {list(vs.device_ids)}")
+        print(f"{a.name} = slice {dims} ({describe_axis_types(vs.axis_types)} axes) on island "
+              f"{vs.island.id}, devices {list(vs.device_ids)}")
 
     def _cmd_release(self, a) -> None:
         vs = self.state.slices.pop(a.name, None) or self.shell.user_ns.get(a.name)
@@ -136,15 +137,17 @@ class PathwaysMagics(Magics):
         if a.backend == "local" and a.address is not None:
             raise UsageError("%pathways attach local takes no --address; use "
                              "%pathways attach ray --address A for a Ray cluster.")
-        old = self.state.ctl
-        islands = a.islands or tuple(len(i.devices) for i in old.islands)
+        old = self.state.peek()  # None: not started yet, nothing to replace
+        islands = a.islands or (tuple(len(i.devices) for i in old.islands) if old is not None
+                                else process.local.islands_from_env())
         try:
             new = process.Controller(islands, backend=a.backend, ray_address=a.address)
         except (PathwaysError, ValueError) as e:
             raise UsageError(f"%pathways attach {a.backend}: {e}") from None
         for name in self.state.release_all():
             self.shell.user_ns.pop(name, None)
-        old.close()
+        if old is not None:
+            old.close()
         with process._lock:  # pw.controller() hands out the new one from now on
             process._default = new
         self.state.ctl, self.state._default = new, None
@@ -203,8 +206,8 @@ class PathwaysMagics(Magics):
         plan = cells.analyse(shell.transform_cell(cell), shell.user_ns, filename, 1,
                              out.debug_print)
         plain: dict[str, Any] = {}
-        program = cells.build_program(plan, vs, name, plain)
         inputs = [shell.user_ns[p] for p in plan.params]
+        program = cells.build_program(plan, vs, name, plain, inputs)
         client = self._client(a)
         try:
             with ctl.client(client.name, client.weight, client.priority), \

@@ -12,9 +12,11 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from jax.sharding import AxisType
+
 from ..backends import local
 from .dispatch import ClientSpec, Dispatcher, DispatchMode, IslandExecutor, ProgramRun
-from .errors import ControllerClosedError, ProgramError
+from .errors import ControllerClosedError, ProgramError, SliceError
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
 from .resources import Island, ResourceManager, VirtualSlice
@@ -105,10 +107,16 @@ class Controller:
         return self.resources.slices
 
     def slice(self, shape: int | Sequence[int], island: int | None = None,
-              axis_names: Sequence[str] | None = None) -> VirtualSlice:
+              axis_names: Sequence[str] | None = None,
+              axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
+              ) -> VirtualSlice:
         """A virtual slice of ``shape`` (int or mesh shape) on ``island`` (or the least
-        loaded one). Slices may share devices; the gang scheduler time-multiplexes them."""
-        return self.resources.allocate(shape, island, axis_names)
+        loaded one). Slices may share devices; the gang scheduler time-multiplexes them.
+
+        ``axis_types``: ``"explicit"`` or ``"auto"`` (or ``jax.sharding.AxisType`` values),
+        one for all axes or one per axis; default: what ``jax.make_mesh`` gives (explicit).
+        """
+        return self.resources.allocate(shape, island, axis_names, axis_types)
 
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
         """Move ``vs`` to other devices; its functions are lowered again on next use."""
@@ -127,6 +135,7 @@ class Controller:
         self._policy = Policy.parse(value)
         for ex in self._dispatcher.islands.values():
             ex.post(SetPolicy(self._policy))
+        self._dispatcher.check_memory_when_idle()  # in another order, another node is next
 
     @property
     def dispatch(self) -> str:
@@ -212,10 +221,17 @@ class Controller:
             ex.release_memory(list(record.nbytes), max(record.nbytes.values(), default=0))
 
     # --- life cycle ------------------------------------------------------------------------
-    def reattach(self, island: int) -> Island:
-        """Start a new process for ``island`` (Ray backend) after its actor died; its slices
-        work again. Values that lived on the old one are lost (``pw.IslandLostError``)."""
+    def reattach(self, island: int | Island) -> Island:
+        """Start a new process for ``island`` (an ``Island`` or its id; Ray backend) after its
+        actor died; its slices work again. Values that lived on the old one are lost
+        (``pw.IslandLostError``)."""
         self._check_open()
+        if isinstance(island, Island):
+            if island not in self._islands:
+                raise SliceError(f"{island!r} is not an island of this controller, whose "
+                                 f"islands are {list(self._islands)}. Maybe you want "
+                                 "ctl.reattach(ctl.islands[i]) or ctl.reattach(i).")
+            island = island.id
         if self._backend is None:
             raise ValueError("reattach() is for backend='ray': the local backend's islands "
                              "live in this process and cannot be lost.")

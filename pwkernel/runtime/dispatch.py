@@ -35,10 +35,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import budget
 from . import scheduler as sch
 from .errors import CancelledError, MemoryBudgetError
 from .graph import ComputeNode, Graph
-from .objects import Future, ObjectStore, resolved
+from .objects import Future, ObjectStore, resolved, shard_bytes
 from .trace import EventKind, LinkKind, Trace
 from .transfer import TransferEngine
 
@@ -198,6 +199,8 @@ class IslandExecutor:
                                            thread_name_prefix=f"pw-island{island.id}")
 
     def submit(self, task: Task, ready: bool) -> None:
+        """Hand a computation to the scheduler; or, under a memory budget, a copy onto this
+        island (ready: its source is launched), admitted when its bytes fit."""
         client = task.run.client_spec
         node = task.node
         with self._lock, task._lock:
@@ -206,54 +209,123 @@ class IslandExecutor:
             task.state = TaskState.QUEUED
             task.t_submit = _now()
             self._tasks[task.id] = task
-            event = sch.Submit(task.id, node.devices, client.name, client.weight,
-                               client.priority, (id(node.fn), node.signature), task.exe.memory,
-                               ready, task.after() if ready else (), task.run.id)
+            if task.is_compute:
+                event = sch.Submit(task.id, node.devices, client.name, client.weight,
+                                   client.priority, (id(node.fn), node.signature),
+                                   task.exe.memory, ready, task.after() if ready else (),
+                                   task.run.id)
+            else:
+                event = sch.Submit(task.id, node.devices, client.name, client.weight,
+                                   client.priority, memory=copy_bytes(task), ready=True,
+                                   group=task.run.id, copy=True)
         self.post(event)
 
-    def cancel(self, task: Task) -> bool:
-        """Drop ``task`` unless it was launched; True if it was dropped."""
-        with self._lock, task._lock:
-            if task.state not in (TaskState.WAITING, TaskState.QUEUED):
-                return False
-            task.state = TaskState.CANCELLED
-            if self._tasks.pop(task.id, None) is None:
-                return True
-        self.post(sch.Cancel(task.id))
-        return True
+    def cancel(self, *tasks: Task) -> list[Task]:
+        """Drop those of ``tasks`` not yet launched, all in one step of the scheduler (so
+        dropping one cannot let another of them launch); returns the ones dropped."""
+        dropped, events = [], []
+        with self._lock:
+            for task in tasks:
+                with task._lock:
+                    if task.state not in (TaskState.WAITING, TaskState.QUEUED):
+                        continue
+                    task.state = TaskState.CANCELLED
+                dropped.append(task)
+                if self._tasks.pop(task.id, None) is not None:
+                    events.append(sch.Cancel(task.id))
+            decided = self._decide(events) if events else None
+        if decided:
+            self._act(*decided)
+        return dropped
 
     def post(self, *events) -> None:
         """Feed events to the scheduler and act on its decisions (from any thread)."""
-        launches, rejects = [], []
         with self._lock:
-            if self._handling:  # re-entered from a GC finalizer freeing memory mid-handle
-                self._deferred.extend(events)
-                return
-            self._handling = True
-            try:
-                decisions = self.scheduler.handle(*events)
-                while self._deferred:
-                    more, self._deferred = self._deferred, []
-                    decisions += self.scheduler.handle(*more)
-            finally:
-                self._handling = False
-            for decision in decisions:
-                task = self._tasks.pop(decision.task)
-                if isinstance(decision, sch.Launch):
-                    task.state = TaskState.RUNNING
-                    if self._accept(task):
-                        launches.append(task)
-                else:
-                    task.state = TaskState.CANCELLED
-                    rejects.append((task, decision.reason))
+            decided = self._decide(events)
+        if decided:
+            self._act(*decided)
+
+    def _decide(self, events) -> tuple[list, list, list] | None:
+        """Under the island's lock: the scheduler's decisions on ``events``, as the tasks to
+        launch, the copies to start and the tasks rejected."""
+        if self._handling:  # re-entered from a GC finalizer freeing memory mid-handle
+            self._deferred.extend(events)
+            return None
+        self._handling = True
+        try:
+            decisions = self.scheduler.handle(*events)
+            while self._deferred:
+                more, self._deferred = self._deferred, []
+                decisions += self.scheduler.handle(*more)
+        finally:
+            self._handling = False
+        launches, copies, rejects = [], [], []
+        for decision in decisions:
+            task = self._tasks.pop(decision.task)
+            if isinstance(decision, sch.Launch):
+                task.state = TaskState.RUNNING
+                if not task.is_compute:
+                    copies.append(task)
+                elif self._accept(task):
+                    launches.append(task)
+                if task.is_compute:
+                    self.dispatcher.began()
+            else:
+                task.state = TaskState.CANCELLED
+                rejects.append((task, decision.reason))
+        return launches, copies, rejects
+
+    def _act(self, launches: list, copies: list, rejects: list) -> None:
+        """Outside the island's lock: launch, start copies, fail the rejected."""
         for task, reason in rejects:
+            what = task.node.name if task.is_compute else (
+                f"the copy {task.node.name} onto devices {list(task.node.devices)}")
             self.dispatcher.fail(task, MemoryBudgetError(
-                f"{task.node.name} on island {self.island.id}: {reason}"), settled=True)
+                f"{what} on island {self.island.id}: {reason}"), settled=True)
+        for task in copies:
+            _soon(self.dispatcher._transfer, task, True)
         for task in launches:
             if task.exe.asynchronous:  # launch now, from this thread: it returns at once
                 _soon(self._launch, task)
             else:  # it may run synchronously (host callbacks): a worker launches it
                 self._spawn(task)
+
+    def memory_stuck(self) -> tuple[ProgramRun, MemoryBudgetError] | None:
+        """When nothing runs or is in flight anywhere: the program run to fail because work
+        here waits for memory that only work which cannot run would free (``runtime.budget``),
+        with its error; None when nothing here is stuck."""
+        live = None  # futures held here are dropped after the lock: a free posts events
+        try:
+            with self._lock:
+                budget_ = self.scheduler.memory_budget
+                waiting = self.scheduler.waiting_for_memory() if budget_ is not None else []
+                if not waiting or not self.dispatcher.idle():
+                    return None
+                runs = {r.id: r for r in self.dispatcher.active_runs()}
+                runs |= {t.run.id: t.run for t in self._tasks.values()}
+                reading = {id(f) for r in runs.values() for t in list(r.tasks)
+                           if (ins := t.inputs) for f in ins}
+                live = self.dispatcher.store.live()
+                held = [budget.Held(rec, rec.program_id in runs or id(f) in reading)
+                        for rec, f in live if rec.island == self.island.id]
+                heads = []
+                for tid, devices, nbytes in waiting:
+                    task = self._tasks[tid]
+                    run = task.run
+                    heads.append(budget.Waiting(task.node.name, self.island.id, devices,
+                                                nbytes, run.id, run.name, run.client))
+                in_use = self.scheduler.memory_in_use()
+                found = budget.stuck(heads, budget_, in_use, held,
+                                     {t.run.id for t in self._tasks.values()})
+                if found is None:
+                    return None
+                head, victim_id = found
+                victim = runs[victim_id]
+                text = budget.message(head, f"program {victim.name!r} (run {victim.id}, "
+                                            f"client {victim.client!r})", budget_, in_use, held)
+                return victim, MemoryBudgetError(text)
+        finally:
+            del live
 
     def _accept(self, task: Task) -> bool:
         """Called under the island's lock for each launch, in decision order; True: launch it
@@ -308,6 +380,7 @@ class IslandExecutor:
         if observe_inputs:  # producers are observed first: their t_done is known
             for fut in task.inputs:
                 fut.wait()
+            fut = None  # hold no input past the task's end: it may be freed then
         t_end = _now()
         devices = task.node.devices
         last = self._last_end
@@ -329,6 +402,7 @@ class IslandExecutor:
             self.dispatcher.fail(task, error, settled=True)
         else:
             self.dispatcher.complete(task, outs, t_end, task.exe.out_nbytes)
+        self.dispatcher.settled()
 
     def release_memory(self, devices, nbytes: int) -> None:
         if nbytes and self.scheduler.memory_budget is not None:
@@ -380,6 +454,12 @@ class _Watcher:
         self._thread.join()
 
 
+def copy_bytes(task: Task) -> int:
+    """Bytes a copy's output takes on each of its devices (the most on any one)."""
+    out = task.outputs[0]
+    return max(shard_bytes(out.shape, out.dtype, out.sharding).values(), default=0)
+
+
 def _upstream(task: Task, error):
     """A computation fed by a failed input fails with that input's own error."""
     if error is None:
@@ -408,6 +488,11 @@ class Dispatcher:
         self._runs_lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
+        # Work in flight: submissions being prepared, launched computations and started
+        # copies not yet ended, nodes queued for the sequential dispatcher. When it drops to
+        # zero, work waiting for memory is checked for being stuck (``runtime.budget``).
+        self._active = 0
+        self._active_lock = threading.Lock()
 
     # --- submission ------------------------------------------------------------------------
     def submit(self, graph: Graph, leaves: list, client: ClientSpec) -> list[Future]:
@@ -434,19 +519,23 @@ class Dispatcher:
         run._remaining = len(run.tasks)
         with self._runs_lock:
             self.runs[run.id] = run
+        self.began()
         _soon(self._prepare, run.tasks, self.mode is DispatchMode.PARALLEL)
         return outputs
 
     def _prepare(self, tasks: list[Task], parallel: bool) -> None:
         """Parallel dispatch: every node's host-side work, before anything is launched (the
         launches this unlocks run after, from the ``_soon`` loop). Sequential: only watch."""
-        if parallel:
+        try:
+            if parallel:
+                for task in tasks:
+                    if task.is_compute:
+                        task.exe = task.node.fn.executable(task.node.signature)
+                        self.islands[task.node.island].submit(task, ready=False)
             for task in tasks:
-                if task.is_compute:
-                    task.exe = task.node.fn.executable(task.node.signature)
-                    self.islands[task.node.island].submit(task, ready=False)
-        for task in tasks:
-            self._watch_inputs(task, parallel)
+                self._watch_inputs(task, parallel)
+        finally:
+            self.settled()
 
     def _watch_inputs(self, task: Task, parallel: bool) -> None:
         def arrived(fut: Future) -> None:
@@ -472,7 +561,15 @@ class Dispatcher:
                 return  # failed or cancelled meanwhile
             self.islands[task.node.island].post(sch.Ready(task.id, task.after()))
         else:
+            self._admit(task)
+
+    def _admit(self, task: Task) -> None:
+        """Start a copy now; under a memory budget, once its destination admits its bytes."""
+        island = self.islands[task.node.dst]
+        if island.scheduler.memory_budget is None:
             self._transfer(task)
+        else:
+            island.submit(task, ready=True)
 
     # --- sequential dispatch: the client prepares a node once its inputs exist -------------
     def _sequential(self, task: Task) -> None:
@@ -480,30 +577,36 @@ class Dispatcher:
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._serve, name="pw-dispatch", daemon=True)
             self._thread.start()
+        self.began()
         self._queue.put(task)
 
     def _serve(self) -> None:
         while (task := self._queue.get()) is not None:
-            if task.state is not TaskState.WAITING:
-                continue
             try:
+                if task.state is not TaskState.WAITING:
+                    continue
                 if task.is_compute:
                     task.exe = task.node.fn.executable(task.node.signature)
                     _soon(self.islands[task.node.island].submit, task, True)
                 else:
-                    _soon(self._transfer, task)
+                    _soon(self._admit, task)
             except BaseException as e:  # noqa: BLE001
                 self.fail(task, e)
+            finally:
+                task = None  # an idle dispatcher keeps no task alive
+                self.settled()
 
     # --- transfers -------------------------------------------------------------------------
-    def _transfer(self, task: Task) -> None:
+    def _transfer(self, task: Task, admitted: bool = False) -> None:
         """Copy a value (its source may still be computing): the copy starts at once, from this
         thread, and its consumers can be launched behind it. A transfer thread sees it land;
-        those jobs only wait, so waits never go in a circle."""
+        those jobs only wait, so waits never go in a circle. ``admitted``: the destination's
+        scheduler let it in under the memory budget (it is RUNNING already)."""
         with task._lock:
-            if task.state is not TaskState.WAITING:
+            if task.state is not (TaskState.RUNNING if admitted else TaskState.WAITING):
                 return
             task.state = TaskState.RUNNING
+        self.began()
         task.t_submit = _now()
         self.transfers.submit(self._land, task, *self._copy(task))
 
@@ -529,7 +632,7 @@ class Dispatcher:
             except BaseException as e:  # noqa: BLE001
                 error = e
         src.wait()
-        begin = max(task.t_launch, src.t_done)
+        begin, src = max(task.t_launch, src.t_done), None  # the source may be freed at the end
         if error is None:
             self.transfers.hold(node.link, node.src, node.dst, node.nbytes, begin)
         self._landed(task, [out], begin, _now(), error)
@@ -542,16 +645,19 @@ class Dispatcher:
         error = error if src_error is None else src_error
         self.record(task, EventKind.TRANSFER, t_start, t_end, error)
         if error is not None:
+            self.islands[task.node.dst].release_memory(task.node.devices, copy_bytes(task))
             self.fail(task, error, settled=True)
         else:
             self.complete(task, outs, t_end)
+        self.settled()
 
     # --- ends of a task's life -------------------------------------------------------------
     def complete(self, task: Task, outs, t_end: float, nbytes=None) -> None:
         task.inputs = None
-        reserved = task.is_compute  # computations reserved their outputs' memory at launch
+        # Computations and copies alike reserved their outputs' memory when launched (under a
+        # budget): freeing a buffer gives its bytes back to the island's scheduler.
         for i, (fut, value) in enumerate(zip(task.outputs, outs, strict=True)):
-            fut._set_result(value, t_end, reserved, nbytes[i] if nbytes else None)
+            fut._set_result(value, t_end, True, nbytes[i] if nbytes else None)
         task.outputs = ()
         task.run._task_ended()
 
@@ -559,15 +665,8 @@ class Dispatcher:
         """Fail ``task`` (an input failed, its computation failed, or it was cancelled): its
         outputs get ``error``, and so, through them, everything that depends on it.
         ``settled``: the task already left the scheduler (it ran, or was rejected)."""
-        if not settled:
-            if task.is_compute:
-                if not self.islands[task.node.island].cancel(task):
-                    return  # launched or ended: it resolves its own outputs
-            else:
-                with task._lock:
-                    if task.state not in (TaskState.WAITING, TaskState.QUEUED):
-                        return
-                    task.state = TaskState.CANCELLED
+        if not settled and not self._island_of(task).cancel(task):
+            return  # launched or ended: it resolves its own outputs
         task.inputs = None
         outputs, task.outputs = task.outputs, ()
         for fut in outputs:
@@ -575,14 +674,63 @@ class Dispatcher:
         if outputs:
             task.run._task_ended()
 
-    def cancel(self, run: ProgramRun, reason: str = "cancelled") -> int:
-        error = CancelledError(f"program {run.name!r} (run {run.id}) was {reason} before this "
-                               "computation ran")
-        tasks = [t for t in list(run.tasks)
-                 if t.outputs and t.state in (TaskState.WAITING, TaskState.QUEUED)]
-        for task in tasks:
-            _soon(self.fail, task, error)
-        return sum(t.state is TaskState.CANCELLED for t in tasks)
+    def cancel(self, run: ProgramRun, reason: str = "cancelled",
+               error: BaseException | None = None) -> int:
+        """Drop every node of ``run`` not yet launched, failing it with ``error`` (by default a
+        ``CancelledError``); returns how many were dropped. Each island drops the run's nodes
+        in one step of its scheduler, so dropping one never lets another of them launch."""
+        if error is None:
+            error = CancelledError(f"program {run.name!r} (run {run.id}) was {reason} before "
+                                   "this computation ran")
+        by_island: dict[IslandExecutor, list[Task]] = {}
+        for t in list(run.tasks):
+            if t.outputs and t.state in (TaskState.WAITING, TaskState.QUEUED):
+                by_island.setdefault(self._island_of(t), []).append(t)
+        dropped = [t for island, ts in by_island.items() for t in island.cancel(*ts)]
+        for task in dropped:
+            _soon(self.fail, task, error, True)
+        self.check_memory_when_idle()  # the queue's head may have changed
+        return len(dropped)
+
+    def _island_of(self, task: Task) -> IslandExecutor:
+        """The island whose scheduler queues ``task`` (a copy's: its destination)."""
+        return self.islands[task.node.island if task.is_compute else task.node.dst]
+
+    # --- work in flight, and work stuck waiting for memory ---------------------------------
+    def began(self) -> None:
+        with self._active_lock:
+            self._active += 1
+
+    def settled(self) -> None:
+        with self._active_lock:
+            self._active -= 1
+            idle = not self._active
+        if idle:
+            self.check_memory_when_idle()
+
+    def idle(self) -> bool:
+        """Nothing is being submitted, running or in flight anywhere."""
+        return not self._active
+
+    def check_memory_when_idle(self) -> None:
+        if self._active or all(i.scheduler.memory_budget is None
+                               for i in self.islands.values()):
+            return
+        _soon(self._check_memory)
+
+    def _check_memory(self) -> None:
+        """Fail a program that waits for memory no running work can free (see
+        ``runtime.budget``); then look again, since that may not have been enough."""
+        pending = getattr(_local, "pending", None)
+        if pending:  # first let the failures and frees queued before this land
+            pending.append((self._check_memory, ()))
+            return
+        for island in list(self.islands.values()):
+            found = island.memory_stuck()
+            if found is not None:
+                run, error = found
+                self.cancel(run, error=error)  # which looks again, once its frees landed
+                return
 
     def record(self, task: Task, kind: EventKind, t_start: float, t_end: float, error) -> None:
         trace = self.trace

@@ -25,6 +25,12 @@ order:
 A ready computation that cannot start (its devices are busy, or its outputs would exceed the
 memory budget) reserves its devices: later computations may use other devices (backfill) but
 never jump ahead of it on its own, so nothing starves.
+
+With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers) are
+admitted here too, in the same order: a copy needs only memory, never its devices to itself, so
+it is launched as soon as its bytes fit and is done with the scheduler at once (its memory stays
+counted until ``MemoryFreed``). The scheduler never decides that waiting is hopeless; what
+``waiting_for_memory`` reports lets the runtime tell (see ``runtime.budget``).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Submit:
     ready: bool = False
     after: tuple[int, ...] = ()  # tasks of this island whose outputs it reads
     group: Hashable = None  # its program run (see ``GangScheduler.program_ahead``)
+    copy: bool = False  # a copy onto the island: it needs only ``memory`` (see the module doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +134,7 @@ class _Task:
     after: tuple[int, ...] = ()
     charged: float = 0.0
     group: Hashable = None
+    copy: bool = False
 
 
 @dataclass(slots=True)
@@ -212,6 +220,19 @@ class GangScheduler:
     def memory_in_use(self) -> dict[int, int]:
         return dict(self._memory)
 
+    def waiting_for_memory(self) -> list[tuple[int, frozenset[int], int]]:
+        """``(task, devices, bytes)`` of each ready computation or copy that is next on its
+        devices and waits only for memory, in policy order."""
+        out: list[tuple[int, frozenset[int], int]] = []
+        reserved: set[int] = set()
+        for t in sorted(self._ready.values(), key=self._key):
+            if t.devices & reserved:
+                continue
+            reserved |= t.devices
+            if self._devices_free(t) and not self._fits_memory(t):
+                out.append((t.id, t.devices, t.memory))
+        return out
+
     def shares(self) -> dict[str, float]:
         """Each client's fraction of the device-seconds charged so far."""
         total = sum(c.device_seconds for c in self._clients.values())
@@ -227,14 +248,14 @@ class GangScheduler:
         if self.memory_budget is not None and ev.memory > self.memory_budget:
             return [Reject(ev.task, f"needs {ev.memory} bytes per device but the memory budget "
                                     f"is {self.memory_budget}; raise memory_budget or split "
-                                    "the computation")]
+                                    "the work into smaller pieces")]
         client = self._clients.setdefault(ev.client, _Client())
         client.weight = max(float(ev.weight), 1e-9)
         if client.active == 0:  # a client returning from idle starts at the current time
             client.passes = max(client.passes, self._vtime)
         client.active += 1
         task = _Task(ev.task, self._seq, devices, ev.client, ev.priority, ev.cost_key, ev.memory,
-                     ev.ready, tuple(ev.after), group=ev.group)
+                     ev.ready, tuple(ev.after), group=ev.group, copy=ev.copy)
         self._tasks[ev.task] = task
         if ev.ready:
             self._ready[ev.task] = task
@@ -311,7 +332,9 @@ class GangScheduler:
 
     def _devices_free(self, t: _Task) -> bool:
         # Free, or busy only with t's own ancestors (or its own program's computations, with
-        # program_ahead), and not too deep.
+        # program_ahead), and not too deep. A copy never needs its devices to itself.
+        if t.copy:
+            return True
         ancestors = None
         same_group = self.program_ahead and t.group is not None
         for d in t.devices:
@@ -329,6 +352,13 @@ class GangScheduler:
 
     def _launch(self, t: _Task) -> None:
         del self._ready[t.id]
+        if t.copy:  # it takes its memory and is done here: it never occupies the devices
+            del self._tasks[t.id]
+            self._drop(t)
+            if self.memory_budget is not None:
+                for d in t.devices:
+                    self._memory[d] += t.memory
+            return
         self._ancestors[t.id] = self._in_flight_ancestors(t)
         for d in t.devices:
             self._busy.setdefault(d, []).append(t.id)

@@ -43,7 +43,7 @@ def fig2(v):
 
 with ctl.client("alice"):
     pass
-view = pw.ScheduleView(ctl, window=0.02)
+view = pw.ScheduleView(ctl, window=2.0)     # zoomed out: thousands of bars in view
 view
 """
 
@@ -87,6 +87,19 @@ NAMES_JS = ROWS_JS.replace("return found === null ? -1 : found.get_length();", "
       (c) => text[found.get_column(c)[last]]);""")
 
 
+def shares(png: Path) -> tuple[float, float]:
+    """The share of near-black pixels, and of pixels in the program's colour (fig2: the
+    palette's first, orange), in a screenshot."""
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    dark = (rgb.max(axis=2) < 70).mean()
+    orange = np.array([0xE6, 0x9F, 0x00])
+    colored = (np.abs(rgb - orange).max(axis=2) < 40).mean()
+    return float(dark), float(colored)
+
+
 def view_area(page):
     """The first cell's outputs: the controls and the plot of the ScheduleView."""
     return page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea")
@@ -124,8 +137,14 @@ def test_schedule_view_streams_live_in_jupyterlab(tmp_path):
             grown = page.evaluate(NEWEST_JS)
             assert grown > first >= 0
             assert not (lab.root / "stop-programs").exists()  # the programs were running
+            # Zoomed out (bars narrower than a pixel) the rows keep their programs' colours.
+            page.wait_for_function(f"({ROWS_JS})() > 1000")
             shot = ARTIFACTS / "schedule-view.png"
             view_area(page).screenshot(path=str(shot))  # live, while programs run
+            dark, colored = shares(shot)
+            assert dark < 0.04 and colored > 0.03, (
+                f"zoomed out, {dark:.1%} of the view is near black and {colored:.1%} has the "
+                f"program's colour: the rows are not readable (see {shot})")
 
             (lab.root / "stop-programs").touch()
             page.wait_for_function(

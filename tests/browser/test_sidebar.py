@@ -41,8 +41,9 @@ def hold(v):
     gate.wait(120)
     return v
 
+one = ctl.slice(1, island=0, axis_types="auto")   # made in Python, not by %pathways
 step = pw.function(lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x),
-                   slice=ctl.slice(1, island=0))
+                   slice=one)
 
 @pw.program
 def training_step(x):
@@ -115,21 +116,28 @@ def test_sidebar_follows_the_kernel(tmp_path):
         sidebar = page.locator(SIDEBAR)
         assert sidebar.locator("h2").inner_text() == "Pathways"
 
-        # islands and their device grids appear once the kernel answers on the comm
-        islands = sidebar.locator(".pw-island")
-        islands.nth(1).wait_for(timeout=KERNEL_START_MS)
-        assert islands.count() == 2
-        assert sidebar.locator('.pw-island[data-island="0"] .pw-device').count() == 4
-        assert sidebar.locator(".pw-policy").input_value() == "fifo"
+        # the kernel answers on the comm before any cell ran, and has left JAX alone
+        page.wait_for_function(
+            f"document.querySelector('{SIDEBAR} .pw-connection').textContent"
+            ".includes('controller not started yet')", timeout=KERNEL_START_MS)
 
         # a program that runs until the test opens its gate shows as running on island 0
         run_cell(page, 0)
+        islands = sidebar.locator(".pw-island")
+        islands.nth(1).wait_for(timeout=KERNEL_START_MS)  # the cell started the controller
+        assert islands.count() == 2
+        assert sidebar.locator('.pw-island[data-island="0"] .pw-device').count() == 4
+        assert sidebar.locator(".pw-policy").input_value() == "fifo"
         running = sidebar.locator('.pw-run[data-state="running"]')
         running.wait_for(timeout=KERNEL_START_MS)
         assert "training_step" in running.inner_text()
         assert "on island 0" in running.inner_text()
         sidebar.locator('.pw-slice[data-slice="serve"]').wait_for(timeout=MS)
-        assert "island 1" in sidebar.locator('.pw-slice[data-slice="serve"]').inner_text()
+        serve = sidebar.locator('.pw-slice[data-slice="serve"]').inner_text()
+        assert "island 1" in serve and "x=2 (explicit)" in serve
+        # every slice is listed, also those made with ctl.slice(...), by their variable
+        sidebar.locator('.pw-slice[data-slice="one"]').wait_for(timeout=MS)
+        assert "x=1 (auto)" in sidebar.locator('.pw-slice[data-slice="one"]').inner_text()
         sidebar.locator('.pw-device[data-busy="true"]').first.wait_for(timeout=MS)
         # the held device's utilization climbs with the pushes (the window is 2 s)
         page.wait_for_function(

@@ -337,6 +337,7 @@ class RayIslandExecutor(IslandExecutor):
     def _finish(self, task: Task, record, handles, error) -> None:
         for fut in task.inputs:  # producers report first: an upstream error wins
             fut.wait(_WAIT_INPUTS)
+        fut = None  # hold no input past the task's end: it may be freed then
         t_end = _now() if record is None else self.host.to_local(record["t_end"])
         t_start = t_end if record is None else self.host.to_local(record["t_start"])
         self._ended(task, handles, t_start, t_end, error)
@@ -393,8 +394,11 @@ class RayDispatcher(Dispatcher):
                 structs = [jax.ShapeDtypeStruct(s, d, sharding=sh)
                            for (s, d), sh in zip(in_avals, exe.in_shardings, strict=True)]
                 platform = "cuda" if host.platform == "gpu" else "cpu"
-                blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
-                             .serialize())
+                # Traced again here: under the slice's mesh, as when it was compiled (a
+                # %%pathways cell's P(...) and out_sharding= refer to it).
+                with jax.set_mesh(node.fn.slice.mesh):
+                    blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
+                                 .serialize())
                 entry = self._exports[id(exe)] = (exe, f"{node.name}-{id(exe):x}", blob)
         _, key, blob = entry
         return key, (None if key in host.sent else blob)
@@ -418,11 +422,12 @@ class RayDispatcher(Dispatcher):
                 other.actor.source_lost.remote(host.island, host.generation)
 
     # --- transfers ----------------------------------------------------------------------
-    def _transfer(self, task: Task) -> None:
+    def _transfer(self, task: Task, admitted: bool = False) -> None:
         with task._lock:
-            if task.state is not TaskState.WAITING:
+            if task.state is not (TaskState.RUNNING if admitted else TaskState.WAITING):
                 return
             task.state = TaskState.RUNNING
+        self.began()
         task.t_submit = task.t_launch = _now()
         node, src = task.node, task.inputs[0]
         executor: RayIslandExecutor = self.islands[node.dst]
@@ -454,8 +459,7 @@ class RayDispatcher(Dispatcher):
 
     def _finish_transfer(self, executor: RayIslandExecutor, task: Task, record, handles,
                          error, src_host: IslandHost | None) -> None:
-        src = task.inputs[0]
-        src.wait(_WAIT_INPUTS)
+        task.inputs[0].wait(_WAIT_INPUTS)
         t_end = _now() if record is None else executor.host.to_local(record["t_end"])
         t_start = t_end if record is None else executor.host.to_local(record["t_start"])
         if record is not None and src_host is not None and "t_src" in record:
