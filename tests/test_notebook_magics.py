@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import threading
 
 import numpy as np
 import pytest
@@ -157,6 +159,19 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
     ("%%pathways\n", "body is empty"),
     ("%%pathways\n\n   \n", "the cell is empty"),
     ("%pathways slice t 0x2", "positive ints"),
+    ("%pathways slice t 2x", "'2x' is not a list of positive ints"),
+    ("%pathways slice t x2", "'x2' is not a list of positive ints"),
+    ("%pathways slice t 2xx2", "'2xx2' is not a list of positive ints"),
+    ("%pathways slice t ,2", "',2' is not a list of positive ints"),
+    ("%pathways slice t 2,x2", "'2,x2' is not a list of positive ints"),
+    ("%pathways attach local --islands 4,,4", "'4,,4' is not a list of positive ints"),
+    ("%%pathways --timeout inf\ny = 1", "leave --timeout out to wait without a limit"),
+    ("%%pathways --timeout 1e10\ny = 1", "up to 31536000 (a year)"),
+    ("%%pathways --timeout nan\ny = 1", "positive number of seconds"),
+    ("%%pathways --weight inf\ny = 1", "positive number up to 1e6"),
+    ("%pathways client ''", "a client name is 1 to 100 characters"),
+    ("%pathways client '  '", "a client name is 1 to 100 characters"),
+    ("%%pathways --client ''\ny = 1", "a client name is 1 to 100 characters"),
     ("%pathways slice t 8", "does not fit"),
     ("%pathways slice t 2 --island 7", "island 7 does not exist"),
     ("%pathways release nothing", "is not a slice"),
@@ -167,9 +182,90 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
 ])
 def test_bad_input_is_a_short_usage_error(ip, cell, fix):
     run(ip, "%pathways slice s0 2")
-    with pytest.raises(UsageError, match=fix.replace("(", r"\(")):
+    with pytest.raises(UsageError, match=re.escape(fix)):
         run(ip, cell)
     assert extension.state().ctl.runs() == []
+
+
+def test_a_refused_client_name_leaves_later_cells_working(ip):
+    run(ip, "x = np.ones(4, np.float32)")
+    with pytest.raises(UsageError):
+        run(ip, "%pathways client ''")
+    run(ip, "%%pathways\ny = x + 1")
+    assert ip.user_ns["y"].result().tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("body, names", [
+    ("z = 1", {"z": 1}),
+    ("import math\nr = math.sqrt(16)", {"r": 4.0}),
+    ("t = (1, 'a')\nu = len(t)", {"t": (1, "a"), "u": 2}),
+    ("print('hello')\nn = None", {"n": None}),
+])
+def test_a_cell_without_array_work_runs_as_plain_python(ip, capsys, body, names):
+    run(ip, "x = np.ones(4, np.float32)")
+    capsys.readouterr()
+    run(ip, f"%%pathways --devices 1\n{body}")
+    assert {k: ip.user_ns[k] for k in names} == names
+    assert "no array work in this cell; it ran as plain Python" in capsys.readouterr().out
+    ctl = extension.state().ctl
+    assert ctl.runs() == [] and ctl.slices == ()  # no program; the --devices slice given back
+    assert run(ip, "%%pathways\n2 + 3") == 5
+
+
+def test_no_block_timeout_cancels_and_says_so(ip):
+    """--timeout with --no-block: the program is cancelled when the time is up, the cell's
+    display says so, and the queued rest never runs."""
+    run(ip, "import threading\ngate = threading.Event()\n"
+            "def hold(v):\n    gate.wait(60)\n    return v\n"
+            "step = pw.function(lambda v: jax.pure_callback(hold, jax.ShapeDtypeStruct(v.shape, "
+            "v.dtype), v), slice=pw.controller().slice(1, island=0))\n"
+            "x = np.ones(4, np.float32)")
+    run(ip, "%%pathways --no-block --timeout 0.2\ny = step(x)\nfor _ in range(5):\n"
+            "    y = step(y)")
+    y = ip.user_ns["y"]
+    ctl = extension.state().ctl
+    try:
+        with pytest.raises(pw.CancelledError, match="timed out after --timeout 0.2 s"):
+            y.result(timeout=30)  # fails once the timer cancelled the queued steps
+    finally:
+        ip.user_ns["gate"].set()
+    assert y.run.wait(30)
+    (display,) = extension.state().live  # what the cell shows, updated when the run ended
+    assert repr(display).startswith("[cell[") and repr(display).endswith(
+        ": cancelled (--timeout 0.2 s expired)]"), repr(display)
+    assert len([e for e in ctl.trace.events() if e.program_id == y.run.id
+                and e.kind == "compute"]) == 1  # the held step; the five queued never ran
+    assert not [t for t in threading.enumerate() if t.name.startswith("pwkernel-timeout")]
+
+
+def test_a_cancelled_cell_ends_while_a_launched_computation_still_runs(ip):
+    """A cancel (the sidebar's, here through the comm) ends a blocking cell at once with the
+    cancel error: its output failed. The computation already running finishes afterwards."""
+    run(ip, "import threading\ngate, entered = threading.Event(), threading.Event()\n"
+            "def hold(v):\n    entered.set()\n    gate.wait(60)\n    return v\n"
+            "step = pw.function(lambda v: jax.pure_callback(hold, jax.ShapeDtypeStruct(v.shape, "
+            "v.dtype), v), slice=pw.controller().slice(1, island=0))\n"
+            "x = np.ones(4, np.float32)")
+    ns, ctl = ip.user_ns, extension.state().ctl
+    cell_ended, seen = threading.Event(), []
+
+    def cancel_from_the_sidebar() -> None:
+        assert ns["entered"].wait(60)
+        (run_,) = ctl.runs()
+        seen.append(comm.reply(ctl, {"type": "cancel", "run": run_.id}))
+        seen.append(cell_ended.wait(10))  # True: the cell ended while the first step held
+        ns["gate"].set()
+
+    canceller = threading.Thread(target=cancel_from_the_sidebar)
+    canceller.start()
+    try:
+        with pytest.raises(pw.CancelledError, match="cancelled from the Pathways sidebar"):
+            run(ip, "%%pathways\ny = step(x)\nfor _ in range(5):\n    y = step(y)")
+    finally:
+        cell_ended.set()
+        canceller.join(60)
+    assert seen[0]["cancelled"] == 5 and seen[1] is True
+    assert ctl.wait(60) and ctl.runs() == []
 
 
 def test_user_errors_point_at_the_cell_line(ip, capsys):
