@@ -27,8 +27,12 @@ browser:
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
+# Jupyter refuses root unless told: containers and CI run as root, so say it there.
+ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+LAB_ARGS ?=
+
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: setup browser
 	$(PY) -m pytest

@@ -419,7 +419,7 @@ event: there is almost no host work to hide. (The paper's host work included buf
 allocation and RPCs between hosts, hundreds of microseconds; on one machine the
 transfer dominates.)
 
-## A chain on one slice: the gaps disappear
+## A chain on one slice
 
 Where the effect is large is a chain of short computations on the *same* devices. Prepared
 up front, the next computation is launched behind the one still running, so the devices
@@ -448,31 +448,22 @@ for view in views.values():
 print({m: f"{t * 1e3:.2f} ms" for m, t in shown.items()})
 """),
     md("""
-## Measured: gaps and throughput on one slice
+## Measured: throughput on one slice
 
-The *gap* is the idle time between the end of one computation and the start of the next, in
-the same program. Rounds alternate the modes; the speedup is the harness's paired ratio.
+The views cannot measure the idle time between two computations here: a node launched ahead
+*starts*, by the runtime's clock, when its producer ends (it was waiting on the device for that
+data), so in parallel mode the spans touch by construction. What can be measured is the
+wall-clock time of the whole chain, so that is the claim checked: stages per second in each
+mode, rounds alternating the modes, the speedup being the harness's paired ratio.
 """),
     code("""
-def median_gap(events):
-    return statistics.median(max(0.0, q.t_start - p.t_end)
-                             for es in by_run(events) for p, q in zip(es, es[1:]))
-
-gap = {"sequential": [], "parallel": []}
-for r in range(4):
-    for mode in (("sequential", "parallel") if r % 2 == 0 else ("parallel", "sequential")):
-        gap[mode].append(median_gap(run(mode, local[mode], xs, programs=3)[1]))
-gap_us = {m: 1e6 * statistics.median(v) for m, v in gap.items()}
-
 def variant(mode):
     return lambda: rate(lambda: run(mode, local[mode], xs), 16)
 
 same = interleave({m: variant(m) for m in local}, rounds=7)
 speedup = paired_ratio(same, "parallel", "sequential")
-print(f"median gap: sequential {gap_us['sequential']:.0f} us, parallel {gap_us['parallel']:.0f} us")
 print({k: f"{summarize(v)['median']:.0f} stages/s" for k, v in same.items()},
       f"parallel / sequential {speedup:.2f}")
-assert gap_us["sequential"] > gap_us["parallel"], gap_us
 assert speedup > 1, f"running ahead on one slice should pay off ({speedup:.2f})"
 ctl.dispatch = "parallel"
 """),
@@ -481,8 +472,8 @@ ctl.dispatch = "parallel"
 print(f"parallel dispatch prepared all {STAGES} nodes before the first finished; sequential "
       "prepared each after its predecessor")
 print(f"chain across islands: parallel / sequential {across_speedup:.2f} (transfers dominate)")
-print(f"chain on one slice: gaps {gap_us['sequential']:.0f} -> {gap_us['parallel']:.0f} us, "
-      f"{speedup:.2f}x the stages per second (paper: sequential always slower)")
+print(f"chain on one slice: {speedup:.2f}x the stages per second with parallel dispatch "
+      "(paper: sequential always slower)")
 """),
 ]
 
@@ -572,53 +563,88 @@ assert hung == {0: [], 1: []} and fine == {0: ["A", "B"], 1: ["A", "B"]}
 machine: events in (`Submit`, `Finished`, ...), decisions out (`Launch`). It gives all devices
 of a computation to it together and emits launches in **one sequence**, so every device sees
 the computations in the same order, whatever order they arrived in.
+
+Reading each device's queue off that one sequence makes the queues agree *by construction*, so
+they can never deadlock in the model above. What the scheduler itself must get right is the
+*gang*: it launches a computation only once all its devices are free (or busy only with the
+computation's own producers, which it runs after anyway), so no device ever holds two unrelated
+computations at once. `gang_order` checks that at every decision and counts the launches that
+found a device busy.
 """),
     code("""
 from pwkernel.runtime.scheduler import Finished, GangScheduler, Launch, Submit
 
-def gang_order(arrivals, members, devices):
+def gang_order(arrivals, members, devices, scheduler=GangScheduler):
     # Feed the computations to one scheduler in arrival order; finish the oldest running one
-    # until all ran. Returns each device's queue, read off the single launch sequence.
-    gs = GangScheduler(devices=devices)
+    # until all ran. Returns each device's queue (read off the single launch sequence) and
+    # how many launches found one of their devices busy with another computation.
+    gs = scheduler(devices=devices)
     ids = {c: i for i, c in enumerate(members)}
     names = {i: c for c, i in ids.items()}
-    launched = [d.task for d in gs.handle(*[Submit(ids[c], members[c], ready=True)
-                                            for c in arrivals])
-                if isinstance(d, Launch)]
-    order, running = list(launched), list(launched)
-    while running:
-        new = [d.task for d in gs.handle(Finished(running.pop(0), 0.001))
-               if isinstance(d, Launch)]
-        order += new
-        running += new
-    return {d: [names[t] for t in order if d in members[names[t]]] for d in devices}
+    on = {d: set() for d in devices}             # device -> computations running there
+    order, running, busy_launches = [], [], 0
 
-queues = gang_order(["B", "A"], members, devices=(0, 1))
-print("gang-scheduled queues:", queues)
+    def launched(decisions):
+        nonlocal busy_launches
+        for t in (d.task for d in decisions if isinstance(d, Launch)):
+            busy_launches += any(on[d] for d in members[names[t]])
+            for d in members[names[t]]:
+                on[d].add(t)
+            order.append(t)
+            running.append(t)
+
+    launched(gs.handle(*[Submit(ids[c], members[c], ready=True) for c in arrivals]))
+    while running:
+        t = running.pop(0)
+        for d in members[names[t]]:
+            on[d].discard(t)
+        launched(gs.handle(Finished(t, 0.001)))
+    return {d: [names[t] for t in order if d in members[names[t]]] for d in devices}, busy_launches
+
+queues, busy = gang_order(["B", "A"], members, devices=(0, 1))
+print("gang-scheduled queues:", queues, " launches onto a busy device:", busy)
 print("result:", run_queues(queues, members))
-assert run_queues(queues, members)[1] is None
+assert busy == 0
 """),
     md("""
 Now many collectives on random subsets of four devices, arriving in random orders. With each
 device running them in the order *it* saw them arrive, a deadlock is the rule rather than the
-exception; through the gang scheduler none deadlock.
+exception. Through the gang scheduler every queue is cut from one sequence, so none deadlock
+(that holds by construction and is only printed); what is checked is that no launch ever found
+a device busy.
 """),
     code("""
 rng = np.random.default_rng(0)
 devices = (0, 1, 2, 3)
-trials, own_order_hangs, gang_hangs = 200, 0, 0
+trials, own_order_hangs, gang_hangs, gang_busy = 200, 0, 0, 0
+workloads = []
 for _ in range(trials):
     names = [f"c{i}" for i in range(6)]
     mem = {c: tuple(sorted(rng.choice(4, size=int(rng.integers(2, 5)), replace=False).tolist()))
            for c in names}
+    workloads.append((list(rng.permutation(names)), mem))
     # every device sees the programs arrive in its own order
     own = {d: [c for c in rng.permutation(names) if d in mem[c]] for d in devices}
     own_order_hangs += run_queues(own, mem)[1] is not None
-    gang = gang_order(list(rng.permutation(names)), mem, devices)
+    gang, busy = gang_order(*workloads[-1], devices)
     gang_hangs += run_queues(gang, mem)[1] is not None
-print(f"{trials} random workloads: per-device order deadlocked {own_order_hangs} times, "
-      f"gang scheduler {gang_hangs} times")
-assert own_order_hangs > 0 and gang_hangs == 0
+    gang_busy += busy
+print(f"{trials} random workloads: per-device order deadlocked {own_order_hangs} times; "
+      f"gang scheduler: {gang_hangs} deadlocks, {gang_busy} launches onto a busy device")
+assert own_order_hangs > 0 and gang_busy == 0
+"""),
+    md("""
+The check can fail: a scheduler that ignores busy devices (the device test switched off)
+launches computations on top of each other, and the count says so.
+"""),
+    code("""
+class Careless(GangScheduler):
+    def _devices_free(self, t):
+        return True
+
+careless = sum(gang_order(*w, devices, scheduler=Careless)[1] for w in workloads)
+print(f"ignoring busy devices: {careless} launches onto a busy device in {trials} workloads")
+assert careless > 0
 """),
     md("""
 ## FIFO vs priority on the real runtime
@@ -671,8 +697,9 @@ assert prio_pos < fifo_pos, "priority lets it jump the queue"
     md("## What we measured here"),
     code("""
 print(f"2 collectives in different orders on 2 devices: deadlock (both models); "
-      f"{own_order_hangs}/{trials} random workloads deadlock with per-device order, "
-      f"{gang_hangs}/{trials} through the gang scheduler")
+      f"{own_order_hangs}/{trials} random workloads deadlock with per-device order, none "
+      f"through the gang scheduler, which launched onto a busy device {gang_busy} times "
+      f"(a careless one: {careless})")
 print(f"urgent work behind a backlog of {BACKLOG}: position {fifo_pos + 1} under fifo, "
       f"{prio_pos + 1} under priority; waited {fifo_wait / max(prio_wait, 1e-9):.1f}x longer "
       "under fifo")
@@ -708,10 +735,12 @@ print(inspect.getsource(pl.block))
 ## SPMD: the whole model on four devices
 
 One compiled function, the batch sharded over the slice, the parameters replicated. It returns
-each sequence's next-token loss.
+each sequence's next-token loss. The model is written for the compiler's sharding propagation
+(its embedding lookup gathers with sharded token ids), so its slices have *auto* mesh axes; a
+slice's default is what `jax.make_mesh` gives, explicit axes.
 """),
     code("""
-quad = ctl.slice(4, island=0)
+quad = ctl.slice(4, island=0, axis_types="auto")
 spmd = pw.function(pl.stage_fn(True, True, cfg.heads), slice=quad, in_specs=(P(), P("x")),
                    out_specs=P("x"), name="spmd")
 on = lambda vs, tree, spec: jax.device_put(tree, NamedSharding(vs.mesh, spec))
@@ -727,7 +756,7 @@ microbatch 0 while stage 0 works on microbatch 1, and so on.
 """),
     code("""
 S = 4
-stages = [ctl.slice(1, island=0) for _ in range(S)]
+stages = [ctl.slice(1, island=0, axis_types="auto") for _ in range(S)]
 assert len({d for vs in stages for d in vs.device_ids}) == S, "one device per stage"
 stage_fns = [pw.function(pl.stage_fn(s == 0, s == S - 1, cfg.heads), slice=vs,
                          in_specs=(P(), P("x"), P("x")) if s == S - 1 else (P(), P("x")),
@@ -1047,8 +1076,8 @@ for bw, r in results.items():
     print(f"DCN {bw / 1e9:g} GB/s: one island {r['one'] / 1e3:.0f}k samples/s, two islands "
           f"{r['two'] / 1e3:.0f}k ({r['ratio']:.2f}x); median DCN transfer {r['link_ms']:.2f} ms")
 slow, fast = results[3e7], results[1e10]
+# (link_ms is the link model's own time, printed for scale; the ratio is the measured claim)
 assert fast["ratio"] > slow["ratio"], "a faster link should bring two islands closer to one"
-assert slow["link_ms"] > fast["link_ms"]
 """),
     md("""
 On this machine the two islands' eight "devices" share two CPU cores, and a two-island step

@@ -32,7 +32,7 @@ from .runtime.errors import (
 )
 from .runtime.executor import Executor
 from .runtime.objects import Future, FutureState
-from .runtime.program import CompiledFunction, Program, function, program
+from .runtime.program import INFERRED, CompiledFunction, Program, function, program
 from .runtime.resources import Island, VirtualSlice
 from .runtime.scheduler import GangScheduler, Policy
 from .runtime.tasks import ClientSpec, ProgramRun
@@ -67,10 +67,10 @@ def unload_ipython_extension(ipython) -> None:
     unload(ipython)
 
 __all__ = [
-    "CancelledError", "ClientSpec", "CompiledFunction", "Controller", "ControllerClosedError",
-    "DeviceSetupError", "DispatchMode", "Event", "Executor", "Future", "FutureState",
-    "GangScheduler", "Island", "IslandLostError", "Link", "MemoryBudgetError", "PathwaysError",
-    "Policy", "Program", "ProgramError",
+    "INFERRED", "CancelledError", "ClientSpec", "CompiledFunction", "Controller",
+    "ControllerClosedError", "DeviceSetupError", "DispatchMode", "Event", "Executor", "Future",
+    "FutureState", "GangScheduler", "Island", "IslandLostError", "Link", "MemoryBudgetError",
+    "PathwaysError", "Policy", "Program", "ProgramError",
     "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice", "controller", "function",
     "program", "ScheduleView", "TopologyView", "report",
 ]

@@ -57,7 +57,10 @@ def test_multitenancy_shares_cover_every_weight():
     result = runner.run_one("multitenancy", "tiny")
     clients = result.extra["shares"]["clients"]
     assert [c["weight"] for c in clients.values()] == [1, 2, 4, 8]
-    assert sum(c["achieved_pct"] for c in clients.values()) == pytest.approx(100.0)
+    # what the share policy is for: weight 8 got more device time than weight 1 (each had the
+    # same backlog, so under FIFO or a broken policy the two would be about even)
+    heavy, light = clients["w8"], clients["w1"]
+    assert heavy["achieved_pct"] > 2 * light["achieved_pct"], clients
 
 
 def test_parallel_dispatch_skips_the_ray_row_in_tiny_mode():

@@ -82,7 +82,7 @@ def test_emulated_dcn_link_holds_transfers_to_its_bandwidth():
         a = pw.function(lambda x: x, slice=ctl.slice(2, island=0))
         b = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
         out = pw.program(lambda v: b(a(v)))(np.ones(5000, np.float32))  # 20 kB
-        assert out.result(timeout=60)[0] == 2.0
+        assert np.asarray(out.result(timeout=60))[0] == 2.0
         (dcn,) = [e for e in ctl.trace.events() if e.link == "dcn"]
         assert dcn.nbytes == 20_000
         assert dcn.duration >= link.duration(20_000) == pytest.approx(0.021)
@@ -107,7 +107,7 @@ def test_many_threads_submit_at_once(ctl):
         t.start()
     for t in threads:
         t.join()
-    assert {k: float(v.result(timeout=60)[0]) for k, v in out.items()} == {
+    assert {k: float(np.asarray(v.result(timeout=60))[0]) for k, v in out.items()} == {
         k: 2.0 * k for k in range(8)}
     assert {e.client for e in ctl.trace.events() if e.kind == "compute"} == {
         f"c{k}" for k in range(8)}

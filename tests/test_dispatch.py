@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
+from pwkernel.runtime.scheduler import GangScheduler
+from tests.gang_order import LaunchLog
 
 
 def gate(entered: threading.Event, release: threading.Event, mesh=None):
@@ -54,41 +56,70 @@ def test_programs_on_two_islands_run_concurrently(ctl):
     assert left.t_start < right.t_end and right.t_start < left.t_end
 
 
-def test_one_island_never_overlaps_on_a_device_and_keeps_one_order(ctl):
+def launch_beside_a_running_gate(ctl, log: LaunchLog):
+    """Hold island 0's four devices with a gate, then call an unrelated computation on two of
+    them. A correct scheduler queues it until the gate ends; one that ignores busy devices
+    launches it at once (the gate opens at that launch, or once the call returns)."""
+    quad, pair = ctl.slice(4, island=0), ctl.slice(2, island=0)
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(gate(entered, release, quad.mesh), slice=quad,
+                       name="gate")(np.ones(4, np.float32))
+    assert entered.wait(30)
+    log.on_launch = lambda task: release.set()
+    other = pw.function(lambda x: x + 1, slice=pair, name="other")(np.ones(2, np.float32))
+    release.set()
+    return held, other
+
+
+def test_one_island_launches_onto_busy_devices_only_behind_ancestors(ctl, monkeypatch):
+    log = LaunchLog().install(monkeypatch)
+    held, other = launch_beside_a_running_gate(ctl, log)
     slices = [ctl.slice(4, island=0), ctl.slice(2, island=0), ctl.slice(2, island=0),
               ctl.slice((2, 2), island=0)]
     fns = [pw.function(lambda x, k=k: x * 2 + k, slice=s, name=f"f{k}")
            for k, s in enumerate(slices)]
     results = []
 
+    def chain(first, then):  # then's node is launched ahead, behind its ancestor first's
+        return pw.program(lambda v: then(first(v)))
+
     def client(name: str, seed: int):
         with ctl.client(name):
             rng = np.random.default_rng(seed)
             for _ in range(15):
-                results.append(fns[rng.integers(len(fns))](np.ones(4, np.float32)))
+                a, b = rng.integers(len(fns), size=2)
+                out = chain(fns[a], fns[b])(np.ones(4, np.float32))
+                results.append((out, (2 + a) * 2 + b))
 
     threads = [threading.Thread(target=client, args=(f"c{i}", i)) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    for r in results:
-        r.result(timeout=60)
-    spans: dict[int, list] = {}
-    for e in ctl.trace.events():
-        if e.kind == "compute":
-            for d in e.devices:
-                spans.setdefault(d, []).append(e)
-    assert len(results) == 45 and spans
-    for events in spans.values():
-        events.sort(key=lambda e: e.t_start)
-        for before, after in zip(events, events[1:], strict=False):
-            assert before.t_end <= after.t_start, "two computations overlapped on a device"
-    order = {d: [e.index for e in evs] for d, evs in spans.items()}
-    for a in order:
-        for b in order:
-            both = set(order[a]) & set(order[b])
-            assert [i for i in order[a] if i in both] == [i for i in order[b] if i in both]
+    assert held.result(timeout=60).tolist() == [1.0] * 4
+    assert other.result(timeout=60).tolist() == [2.0] * 2
+    for fut, want in results:
+        assert fut.result(timeout=60).tolist() == [want] * 4
+    assert len(results) == 45 and log.launches() >= 2 + 2 * 45
+    assert log.violations() == []
+
+
+def violations_with_the_device_check_off(monkeypatch, work=lambda ctl: None) -> list[str]:
+    """A test of an order test: ``work`` runs beside a gate on a controller whose schedulers
+    ignore busy devices (``_devices_free`` is True); what the order check reports."""
+    log = LaunchLog().install(monkeypatch)
+    monkeypatch.setattr(GangScheduler, "_devices_free", lambda self, t: True)
+    with pw.Controller(islands=(4, 4)) as ctl:
+        held, other = launch_beside_a_running_gate(ctl, log)
+        work(ctl)
+        held.result(timeout=60), other.result(timeout=60)
+    return log.violations()
+
+
+def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
+    # A test of the test above: with the device check switched off, it reports the launch.
+    violations = violations_with_the_device_check_off(monkeypatch)
+    assert any("not its ancestors" in v for v in violations), violations
 
 
 def test_a_failed_computation_fails_its_dependents_not_the_controller(ctl):
@@ -129,22 +160,25 @@ def test_cancel_drops_queued_work_and_frees_its_buffers(ctl):
 
 
 def test_back_pressure_waits_for_memory_instead_of_failing():
-    ctl = pw.Controller(islands=(2, 2), memory_budget=64)
+    # Each call uploads its argument (32 bytes, counted until the call is done) and makes a
+    # 32-byte output: a call needs 64 bytes while it runs.
+    ctl = pw.Controller(islands=(2, 2), memory_budget=96)
     try:
         s = ctl.slice(1, island=0)
         make = pw.function(lambda x: x + 1, slice=s)
         first = make(np.zeros(8, np.float32))   # 32 bytes held
-        second = make(np.zeros(8, np.float32))  # 64 bytes held: the budget
+        second = make(np.zeros(8, np.float32))  # 64 bytes held
         first.result(timeout=60), second.result(timeout=60)
-        third = make(np.zeros(8, np.float32))
+        third = make(np.zeros(8, np.float32))   # its upload fits (96), its output does not
         state = ctl.status()["islands"][0]
         assert (state["queued"], state["running"]) == (1, 0)  # stalled, not failed
+        assert state["memory_reserved"][s.device_ids[0]] == 96
         assert not third.done()
         del first
         gc.collect()                                            # frees 32 bytes
         assert third.result(timeout=60).tolist() == [1.0] * 8
         huge = make(np.zeros(32, np.float32))                   # 128 bytes > budget
-        with pytest.raises(pw.MemoryBudgetError, match="memory budget is 64"):
+        with pytest.raises(pw.MemoryBudgetError, match="memory budget is 96"):
             huge.result(timeout=60)
     finally:
         ctl.close()

@@ -3,6 +3,7 @@ installation, and the kernel side of its comm protocol (in process and in a real
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -105,8 +106,33 @@ def test_built_extension_is_complete():
     entry = meta["jupyterlab"]["_build"]["load"]
     assert (BUILT / entry).is_file(), f"{entry} is missing: rebuild with `make setup`"
     assert json.loads((BUILT / "install.json").read_text())["packageName"] == "pwkernel"
-    src = json.loads((EXT / "package.json").read_text())
-    assert meta["version"] == src["version"], "the committed build is stale: run `make setup`"
+    recorded = json.loads((BUILT / "sources.json").read_text())
+    files, digest = source_hash(EXT)
+    assert recorded["files"] == files and recorded["sha256"] == digest, (
+        "the committed build in pwkernel/labextension was not built from extension/src and "
+        "extension/style as they are: run `sh extension/setup.sh .venv` and commit the build")
+
+
+def source_hash(ext: Path) -> tuple[list[str], str]:
+    """What extension/hash-sources.mjs records: SHA-256 over src/ and style/ (path, NUL,
+    bytes, NUL per file, in sorted order of the paths relative to ``ext``)."""
+    files = sorted(p.relative_to(ext).as_posix() for root in ("src", "style")
+                   for p in (ext / root).rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(name.encode() + b"\0" + (ext / name).read_bytes() + b"\0")
+    return files, digest.hexdigest()
+
+
+def test_the_source_hash_sees_any_change(tmp_path):
+    """The stale-build check can fail: one byte changed in a copy of the sources changes it."""
+    copy = tmp_path / "extension"
+    for root in ("src", "style"):
+        shutil.copytree(EXT / root, copy / root)
+    assert source_hash(copy) == source_hash(EXT)
+    panel = copy / "src" / "panel.ts"
+    panel.write_text(panel.read_text() + " ")
+    assert source_hash(copy)[1] != source_hash(EXT)[1]
 
 
 def test_labextension_list_shows_it_enabled():
@@ -130,7 +156,8 @@ def test_labextension_list_shows_it_enabled():
     ({"type": "cancel", "run": "3"}, "a run id (int >= 0)"),
     ({"type": "cancel", "run": True}, "a run id (int >= 0)"),
     ({"type": "subscribe", "interval": 0}, "between 0.1 and 10.0"),
-    ({"type": "trace", "path": ""}, "non-empty file path"),
+    ({"type": "trace", "path": ""}, "a new .json file name in the notebook's directory"),
+    ({"type": "trace", "path": "notes.txt"}, "a new .json file name"),
     ({"type": "status", "id": [1]}, "'id' must be an int or a string"),
     ({"type": "launch"}, "this kernel answers ['status', 'subscribe'"),
     ("status", "expected a JSON object with a 'type' field"),
@@ -150,10 +177,11 @@ def test_actions_policy_dispatch_trace(ctl, tmp_path):
         "sequential" == ctl.dispatch
     f = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
     f(np.arange(4.0)).result()
-    out = comm.reply(ctl, {"type": "trace", "path": str(tmp_path / "t.json"), "id": "x"})
+    out = comm.reply(ctl, {"type": "trace", "path": "t.json", "id": "x"}, root=tmp_path)
     assert out["type"] == "trace" and out["id"] == "x" and out["events"] >= 1
+    assert out["path"] == str(tmp_path.resolve() / "t.json")
     assert json.loads(Path(out["path"]).read_text())["traceEvents"]
-    bad = comm.reply(ctl, {"type": "trace", "path": str(tmp_path / "no" / "dir" / "t.json")})
+    bad = comm.reply(ctl, {"type": "trace", "path": "no/dir/t.json"}, root=tmp_path)
     assert bad["type"] == "error" and "writable directory" in bad["error"]
 
 
@@ -277,15 +305,16 @@ def run_code(kc, code: str) -> str:
 def test_kernel_pushes_status_and_answers_actions(kernel):
     c = CommClient(kernel, "pw-sidebar-test")
     c.open({"interval": 0.2})
-    first = c.next()
-    assert first["type"] == "status" and len(first["data"]["islands"]) == 2
-    assert first["data"]["protocol"] == comm.PROTOCOL
+    first = c.next()  # the kernel has left JAX alone: no controller yet
+    assert first["type"] == "status" and first["data"]["started"] is False
+    assert first["data"]["islands"] == [] and first["data"]["protocol"] == comm.PROTOCOL
     run_code(kernel, "import threading, jax, numpy as np, pwkernel as pw\n"
                      + inspect.getsource(gated_program) + "\ngate = threading.Event()\n"
                      "y = gated_program(pw.controller(), gate)(np.ones(4, np.float32))\n")
     # pushed by the comm's thread (nobody asked): the program shows as running on island 0
     pushed = c.next(lambda d: d["type"] == "status" and d["data"]["runs"]
                     and d["data"]["runs"][0]["state"] == "running")
+    assert pushed["data"]["started"] is True and len(pushed["data"]["islands"]) == 2
     (run,) = pushed["data"]["runs"]
     assert run["name"] == "gated" and run["state"] == "running" and run["running_on"] == [0]
     c.request({"type": "cancel", "run": run["id"], "id": 1})

@@ -41,6 +41,20 @@ def test_kernelspec_runs_the_extension():
     assert spec["argv"][-2:] == ["--ext", "pwkernel"]
 
 
+def test_the_kernel_leaves_jax_alone_until_the_first_cell(kernel_env, monkeypatch):
+    """A notebook that configures JAX in its first cell runs unchanged on this kernel."""
+    monkeypatch.setenv("PWKERNEL_ISLANDS", "3,3")
+    nb = execute(notebook(
+        "from jax._src import xla_bridge\nstarted = xla_bridge.backends_are_initialized()\n"
+        "import jax\njax.config.update('jax_num_cpu_devices', 6)\n"
+        "print('backend started before:', started, 'devices:', len(jax.devices()))",
+        "%pathways slice s 3",
+    ))
+    c = nb.cells
+    assert "backend started before: False devices: 6" in text(c[0]), text(c[0])
+    assert "s = slice x=3" in text(c[1]) and "devices [0, 1, 2]" in text(c[1]), text(c[1])
+
+
 def test_sharded_cells_prints_and_bad_input(kernel_env):
     nb = execute(notebook(
         "import jax, numpy as np, jax.numpy as jnp, pwkernel as pw\n"
@@ -124,10 +138,12 @@ def test_comm_target_answers_status(kernel_env):
                     return msg["content"]["data"]
 
         send("comm_open", {"comm_id": comm_id, "target_name": "pwkernel", "data": {}})
-        first = next_comm_msg()
-        assert first["type"] == "status" and len(first["data"]["islands"]) == 2
+        first = next_comm_msg()  # before any cell: no controller, JAX untouched
+        assert first["type"] == "status" and first["data"]["started"] is False
+        kc.execute_interactive("%pathways status", timeout=120)  # starts the controller
         send("comm_msg", {"comm_id": comm_id, "data": {"type": "status"}})
-        assert next_comm_msg()["data"]["policy"] == "fifo"
+        started = next_comm_msg()["data"]
+        assert started["policy"] == "fifo" and len(started["islands"]) == 2
         send("comm_msg", {"comm_id": comm_id, "data": {"type": "launch"}})
         bad = next_comm_msg()
         assert bad["type"] == "error" and "status" in bad["error"]

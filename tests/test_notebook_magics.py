@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import threading
 
 import numpy as np
 import pytest
@@ -49,8 +52,13 @@ def test_load_hosts_the_process_controller(ip, capsys):
     assert "pathways" not in ip.magics_manager.magics["cell"]
     ip.run_line_magic("load_ext", "pwkernel")
     out = capsys.readouterr().out
-    assert "controller closed" in out and "island 0: 4 cpu devices [0-3]" in out
-    assert not extension.state().ctl.closed
+    # Loading starts no controller (JAX is left alone until the first %pathways).
+    assert "controller closed" in out and "controller starts with the first %pathways" in out
+    assert extension.state().peek() is None
+    assert comm.status_message(extension.state().peek())["data"]["started"] is False
+    status = repr(ip.run_line_magic("pathways", "status"))  # starts it
+    assert "cpu" in status and "[0-3]" in status
+    assert not extension.state().peek().closed and extension.state().ctl is pw.controller()
 
 
 def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
@@ -76,12 +84,16 @@ def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
 
 
 def test_the_ambient_mesh_is_the_cell_slice(ip):
-    run(ip, "%pathways slice s0 4 --axes data")
+    run(ip, "%pathways slice s0 4 --axes data --axis-types auto")
     run(ip, "from jax.sharding import PartitionSpec as P\nx = np.ones((8, 4), np.float32)")
     run(ip, "%%pathways --slice s0\nmesh_axes = jax.sharding.get_abstract_mesh().axis_names\n"
             "y = jax.lax.with_sharding_constraint(x * 3, P(None, 'data'))")
     assert ip.user_ns["mesh_axes"] == ("data",)
     assert float(ip.user_ns["y"].result().sum()) == 96.0
+    # The constraint decides the output's layout (JAX's propagation), not a default rule.
+    assert ip.user_ns["y"].sharding.spec == ip.user_ns["P"](None, "data")
+    with pytest.raises(UsageError, match="must be explicit or auto"):
+        run(ip, "%pathways slice s1 4 --axis-types manual")
 
 
 def test_program_cell_makes_one_node_per_call(ip):
@@ -147,6 +159,19 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
     ("%%pathways\n", "body is empty"),
     ("%%pathways\n\n   \n", "the cell is empty"),
     ("%pathways slice t 0x2", "positive ints"),
+    ("%pathways slice t 2x", "'2x' is not a list of positive ints"),
+    ("%pathways slice t x2", "'x2' is not a list of positive ints"),
+    ("%pathways slice t 2xx2", "'2xx2' is not a list of positive ints"),
+    ("%pathways slice t ,2", "',2' is not a list of positive ints"),
+    ("%pathways slice t 2,x2", "'2,x2' is not a list of positive ints"),
+    ("%pathways attach local --islands 4,,4", "'4,,4' is not a list of positive ints"),
+    ("%%pathways --timeout inf\ny = 1", "leave --timeout out to wait without a limit"),
+    ("%%pathways --timeout 1e10\ny = 1", "up to 31536000 (a year)"),
+    ("%%pathways --timeout nan\ny = 1", "positive number of seconds"),
+    ("%%pathways --weight inf\ny = 1", "positive number up to 1e6"),
+    ("%pathways client ''", "a client name is 1 to 100 characters"),
+    ("%pathways client '  '", "a client name is 1 to 100 characters"),
+    ("%%pathways --client ''\ny = 1", "a client name is 1 to 100 characters"),
     ("%pathways slice t 8", "does not fit"),
     ("%pathways slice t 2 --island 7", "island 7 does not exist"),
     ("%pathways release nothing", "is not a slice"),
@@ -157,9 +182,90 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
 ])
 def test_bad_input_is_a_short_usage_error(ip, cell, fix):
     run(ip, "%pathways slice s0 2")
-    with pytest.raises(UsageError, match=fix.replace("(", r"\(")):
+    with pytest.raises(UsageError, match=re.escape(fix)):
         run(ip, cell)
     assert extension.state().ctl.runs() == []
+
+
+def test_a_refused_client_name_leaves_later_cells_working(ip):
+    run(ip, "x = np.ones(4, np.float32)")
+    with pytest.raises(UsageError):
+        run(ip, "%pathways client ''")
+    run(ip, "%%pathways\ny = x + 1")
+    assert ip.user_ns["y"].result().tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("body, names", [
+    ("z = 1", {"z": 1}),
+    ("import math\nr = math.sqrt(16)", {"r": 4.0}),
+    ("t = (1, 'a')\nu = len(t)", {"t": (1, "a"), "u": 2}),
+    ("print('hello')\nn = None", {"n": None}),
+])
+def test_a_cell_without_array_work_runs_as_plain_python(ip, capsys, body, names):
+    run(ip, "x = np.ones(4, np.float32)")
+    capsys.readouterr()
+    run(ip, f"%%pathways --devices 1\n{body}")
+    assert {k: ip.user_ns[k] for k in names} == names
+    assert "no array work in this cell; it ran as plain Python" in capsys.readouterr().out
+    ctl = extension.state().ctl
+    assert ctl.runs() == [] and ctl.slices == ()  # no program; the --devices slice given back
+    assert run(ip, "%%pathways\n2 + 3") == 5
+
+
+def test_no_block_timeout_cancels_and_says_so(ip):
+    """--timeout with --no-block: the program is cancelled when the time is up, the cell's
+    display says so, and the queued rest never runs."""
+    run(ip, "import threading\ngate = threading.Event()\n"
+            "def hold(v):\n    gate.wait(60)\n    return v\n"
+            "step = pw.function(lambda v: jax.pure_callback(hold, jax.ShapeDtypeStruct(v.shape, "
+            "v.dtype), v), slice=pw.controller().slice(1, island=0))\n"
+            "x = np.ones(4, np.float32)")
+    run(ip, "%%pathways --no-block --timeout 0.2\ny = step(x)\nfor _ in range(5):\n"
+            "    y = step(y)")
+    y = ip.user_ns["y"]
+    ctl = extension.state().ctl
+    try:
+        with pytest.raises(pw.CancelledError, match="timed out after --timeout 0.2 s"):
+            y.result(timeout=30)  # fails once the timer cancelled the queued steps
+    finally:
+        ip.user_ns["gate"].set()
+    assert y.run.wait(30)
+    (display,) = extension.state().live  # what the cell shows, updated when the run ended
+    assert repr(display).startswith("[cell[") and repr(display).endswith(
+        ": cancelled (--timeout 0.2 s expired)]"), repr(display)
+    assert len([e for e in ctl.trace.events() if e.program_id == y.run.id
+                and e.kind == "compute"]) == 1  # the held step; the five queued never ran
+    assert not [t for t in threading.enumerate() if t.name.startswith("pwkernel-timeout")]
+
+
+def test_a_cancelled_cell_ends_while_a_launched_computation_still_runs(ip):
+    """A cancel (the sidebar's, here through the comm) ends a blocking cell at once with the
+    cancel error: its output failed. The computation already running finishes afterwards."""
+    run(ip, "import threading\ngate, entered = threading.Event(), threading.Event()\n"
+            "def hold(v):\n    entered.set()\n    gate.wait(60)\n    return v\n"
+            "step = pw.function(lambda v: jax.pure_callback(hold, jax.ShapeDtypeStruct(v.shape, "
+            "v.dtype), v), slice=pw.controller().slice(1, island=0))\n"
+            "x = np.ones(4, np.float32)")
+    ns, ctl = ip.user_ns, extension.state().ctl
+    cell_ended, seen = threading.Event(), []
+
+    def cancel_from_the_sidebar() -> None:
+        assert ns["entered"].wait(60)
+        (run_,) = ctl.runs()
+        seen.append(comm.reply(ctl, {"type": "cancel", "run": run_.id}))
+        seen.append(cell_ended.wait(10))  # True: the cell ended while the first step held
+        ns["gate"].set()
+
+    canceller = threading.Thread(target=cancel_from_the_sidebar)
+    canceller.start()
+    try:
+        with pytest.raises(pw.CancelledError, match="cancelled from the Pathways sidebar"):
+            run(ip, "%%pathways\ny = step(x)\nfor _ in range(5):\n    y = step(y)")
+    finally:
+        cell_ended.set()
+        canceller.join(60)
+    assert seen[0]["cancelled"] == 5 and seen[1] is True
+    assert ctl.wait(60) and ctl.runs() == []
 
 
 def test_user_errors_point_at_the_cell_line(ip, capsys):
@@ -172,27 +278,45 @@ def test_user_errors_point_at_the_cell_line(ip, capsys):
         frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
     # It ends at line 3 of the cell; no frame of the runtime or of JAX in between.
-    assert frames[-1][1] == 3 and not any("runtime" in f or "jax" in f for f, _ in frames)
+    inside = (os.path.join("", "pwkernel", "runtime", ""), os.path.join("", "jax", ""))
+    assert frames[-1][1] == 3 and not any(p in f for f, _ in frames for p in inside)
     assert extension.state().ctl.runs() == []
 
 
 def test_status_and_rich_displays(ip):
     run(ip, "%pathways slice s0 2x2")
-    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "other = pw.controller().slice(2, island=1, axis_types='auto')")  # not a magic's
+    run(ip, "x = jax.device_put(np.ones(8, np.float32), jax.NamedSharding(s0.mesh, jax.P('x')))")
     run(ip, "%%pathways --slice s0\ny = x * 2")
     status = run(ip, "%pathways status")
     assert isinstance(status, Status)
     text, page = repr(status), status._repr_html_()
-    for part in ("island", "s0", "x=2 x y=2", "Memory per device", "policy fifo"):
+    for part in ("island", "s0", "x=2 x y=2", "Memory per device", "policy fifo", "explicit",
+                 "other", "auto"):
         assert part in text and part in page
     fmt = ip.display_formatter
     data, _ = fmt.format(ip.user_ns["y"])
     assert "float32[8]" in data["text/plain"] and "done" in data["text/plain"]
     assert "<table" in data["text/html"] and "island 0 devices [0-3]" in data["text/html"]
+    # The layout picture: y kept x's P('x') on a 2x2 mesh: 2 blocks, each on 2 devices.
+    assert "2 blocks of 4, each on 2 devices" in data["text/html"]
+    assert "[0:4] on i0:d0 i0:d1" in data["text/html"]
+    data, _ = fmt.format(ip.user_ns["y"].result())  # a jax.Array on the slice: pictured too
+    assert "2 blocks of 4" in data["text/html"] and "[4:8] on i0:d2 i0:d3" in data["text/html"]
+    data, _ = fmt.format(jax_on_two_islands(ip))  # not on one island: JAX's own display
+    assert "text/html" not in data
     data, _ = fmt.format(ip.user_ns["s0"])
     assert "x=2 x y=2" in data["text/plain"] and "<table" in data["text/html"]
     data, _ = fmt.format(extension.state().ctl)
     assert "[4-7]" in data["text/plain"] and "<table" in data["text/html"]
+
+
+def jax_on_two_islands(ip):
+    ctl = extension.state().ctl
+    devices = [ctl.islands[0].devices[0], ctl.islands[1].devices[0]]
+    mesh = ip.user_ns["jax"].make_mesh((2,), ("x",), devices=devices)
+    return ip.user_ns["jax"].device_put(np.ones(4), ip.user_ns["jax"].NamedSharding(
+        mesh, ip.user_ns["jax"].P("x")))
 
 
 def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):
@@ -234,3 +358,18 @@ def test_comm_protocol_replies():
     json.dumps(comm.reply(ctl, {"type": "status"}))
     assert comm.reply(ctl, {"type": "nope"})["type"] == "error"
     assert "'type'" in comm.reply(ctl, [1, 2])["error"]
+
+
+def test_comm_lists_every_slice_with_axis_types(ip):
+    run(ip, "%pathways slice s0 2x2 --axes data,model")
+    run(ip, "mine = pw.controller().slice(2, island=1, axis_types='auto')\n"
+            "pw.controller().slice(1, island=1)")  # held by nothing but the controller
+    ctl = extension.state().ctl
+    slices = {s["name"]: s for s in comm.status_message(ctl)["data"]["named_slices"]}
+    assert slices["s0"]["axis_names"] == ["data", "model"]
+    assert slices["s0"]["axis_types"] == ["explicit", "explicit"]
+    assert slices["mine"]["axis_types"] == ["auto"] and slices["mine"]["island"] == 1
+    anonymous = [n for n in slices if n.startswith("#")]
+    assert len(slices) == len(ctl.slices) == 3 and len(anonymous) == 1
+    assert comm.reply(None, {"type": "policy", "policy": "fifo"})["error"].startswith(
+        "the controller has not started yet")

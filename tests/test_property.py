@@ -1,5 +1,6 @@
 """Property: random programs from concurrent clients, with collectives, all complete with the
-plain-numpy answer, and every island keeps one order on all its devices."""
+plain-numpy answer, and every island's scheduler launches a computation onto a busy device only
+behind its own ancestors (checked on its decisions, see tests/gang_order.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import threading
 
 import jax
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
+from tests.gang_order import LaunchLog
+from tests.test_dispatch import violations_with_the_device_check_off
 
 N = 8  # elements per value: divides every slice size used here
 
@@ -63,35 +67,40 @@ def run_random(ops, plan, seed):
     return pw.program(body)(x), ref(x)
 
 
+def run_clients(ctl, plans) -> None:
+    """Each plan from its own client thread, weighted; every result checked against numpy."""
+    ops = build(ctl)
+    outcomes: list = [None] * len(plans)
+
+    def client(k: int) -> None:
+        with ctl.client(f"client{k}", weight=k + 1):
+            outcomes[k] = run_random(ops, plans[k], k)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(len(plans))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for fut, expected in outcomes:
+        np.testing.assert_allclose(fut.result(timeout=120), expected, rtol=1e-5)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(plans=st.lists(steps, min_size=2, max_size=3), mode=st.sampled_from(["parallel",
                                                                            "sequential"]))
 def test_random_programs_from_concurrent_clients(plans, mode):
-    ctl = pw.Controller(islands=(4, 4), dispatch=mode)
-    try:
-        ops = build(ctl)
-        outcomes: list = [None] * len(plans)
+    with pytest.MonkeyPatch.context() as mp:
+        log = LaunchLog().install(mp)
+        with pw.Controller(islands=(4, 4), dispatch=mode) as ctl:
+            run_clients(ctl, plans)
+        assert log.launches() >= len(plans)  # at least each program's last step
+        assert log.violations() == []
 
-        def client(k: int) -> None:
-            with ctl.client(f"client{k}", weight=k + 1):
-                outcomes[k] = run_random(ops, plans[k], k)
 
-        threads = [threading.Thread(target=client, args=(k,)) for k in range(len(plans))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for fut, expected in outcomes:
-            np.testing.assert_allclose(fut.result(timeout=120), expected, rtol=1e-5)
-        per_device: dict[int, list[int]] = {}
-        for e in sorted(ctl.trace.events(), key=lambda e: e.t_start):
-            if e.kind == "compute":
-                for d in e.devices:
-                    per_device.setdefault(d, []).append(e.index)
-        for a, order_a in per_device.items():
-            for b, order_b in per_device.items():
-                both = set(order_a) & set(order_b)
-                assert [i for i in order_a if i in both] == [i for i in order_b if i in both], (
-                    f"devices {a} and {b} ran shared computations in different orders")
-    finally:
-        ctl.close()
+def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
+    # A test of the property above: the same clients, behind an unrelated computation that
+    # holds island 0, with the device check switched off: the check reports it.
+    plans = [[(0, 0, 0), (2, 1, 0)], [(1, 0, 0), (3, 1, 0)]]
+    violations = violations_with_the_device_check_off(monkeypatch,
+                                                      lambda ctl: run_clients(ctl, plans))
+    assert any("not its ancestors" in v for v in violations), violations

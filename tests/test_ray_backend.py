@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import psutil
 import pytest
@@ -85,8 +86,13 @@ def test_bad_arguments_are_refused_clearly():
         pw.Controller(backend="rey")
     with pytest.raises(ValueError, match="only for backend='ray'"):
         pw.Controller(ray_address="auto")
-    with pw.Controller(islands=(2,)) as local, pytest.raises(ValueError, match="backend='ray'"):
-        local.reattach(0)
+    with pw.Controller(islands=(2,)) as local:
+        for island in (0, local.islands[0]):  # an island's id, or the Island itself
+            with pytest.raises(ValueError, match="backend='ray'"):
+                local.reattach(island)
+        foreign = pw.Island(0, tuple(local.islands[0].devices[:1]), "cpu")
+        with pytest.raises(pw.SliceError, match="not an island of this controller"):
+            local.reattach(foreign)
 
 
 def test_islands_are_actor_processes_on_a_private_cluster(rctl):
@@ -220,7 +226,7 @@ def test_a_lost_island_fails_its_dependents_and_reattach_restores_it(rctl, expec
     assert rctl._backend.buffers(1) == {}
     assert rctl.status()["islands"][0]["lost"] is True
 
-    island = rctl.reattach(0)
+    island = rctl.reattach(rctl.islands[0])  # an Island works as well as its id
     assert island.actor is not old and rctl.islands[0].actor is island.actor
     got = run_twice(f)
     for g_, e in zip(got, expected, strict=True):
@@ -236,7 +242,7 @@ def test_notebook_attach_ray_hosts_a_ray_controller(rctl, capsys):
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "pwkernel")
     try:
-        with pytest.raises(UsageError, match="expected device counts"):
+        with pytest.raises(UsageError, match="not a list of positive ints"):
             shell.run_line_magic("pathways", "attach ray --islands 0")
         shell.run_line_magic("pathways", "attach ray --islands 2,2")
         assert "attached ray: island 0: 2 cpu, island 1: 2 cpu" in capsys.readouterr().out
@@ -244,6 +250,17 @@ def test_notebook_attach_ray_hosts_a_ray_controller(rctl, capsys):
         assert ctl.backend == "ray" and all(isinstance(i, RayIsland) for i in ctl.islands)
         double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
         np.testing.assert_array_equal(double(np.ones(2)).result(TIMEOUT), [2.0, 2.0])
+        # An explicit-axes cell runs on the actors with the layouts JAX gives.
+        shell.run_line_magic("pathways", "slice rs 2 --island 0")
+        shell.run_cell("import jax, jax.numpy as jnp, numpy as np\nv = np.ones((4, 2), "
+                       "np.float32)")
+        res = shell.run_cell("%%pathways --slice rs\nw = jax.device_put(v, jax.P('x')) * 2\n"
+                             "t = jnp.dot(w, w.T, out_sharding=jax.P(None, 'x'))")
+        assert res.error_in_exec is None, res.error_in_exec
+        t = shell.user_ns["t"]
+        assert t.sharding.spec == jax.P(None, "x") and t.sharding.mesh.axis_types == (
+            jax.sharding.AxisType.Explicit,)
+        np.testing.assert_array_equal(np.asarray(t.result(TIMEOUT)), np.full((4, 4), 8.0))
     finally:
         shell.run_line_magic("unload_ext", "pwkernel")
     assert ray.is_initialized() and not rctl.closed  # the shared local cluster stays up
@@ -261,6 +278,19 @@ def test_island_device_kind_follows_the_cluster_and_the_override(rctl, monkeypat
     monkeypatch.setenv("PWKERNEL_RAY_DEVICES", "tpu")
     with pytest.raises(pw.DeviceSetupError, match="expected auto, cpu or gpu"):
         _device_kind((2, 2))
+
+
+def test_the_memory_budget_holds_on_ray_islands():
+    # Its own controller (a budget is fixed at creation): the fan-in that cannot fit fails
+    # with who holds what, uploads are counted (too big: refused), and memory returns to zero.
+    from tests.test_budget import MiB, check_fan_in_fails_and_says_who_holds_the_memory
+
+    with pw.Controller(backend="ray", islands=(4, 4), memory_budget=4 * MiB) as ctl:
+        check_fan_in_fails_and_says_who_holds_the_memory(ctl)
+        first = pw.function(lambda x: x[:2], slice=ctl.slice(2, island=1))
+        with pytest.raises(pw.MemoryBudgetError, match="copy host.*memory budget is 4194304"):
+            first(np.ones(4 * MiB, np.float32)).result(timeout=TIMEOUT)
+        assert first(np.ones(4, np.float32)).result(timeout=TIMEOUT).tolist() == [1.0, 1.0]
 
 
 def test_close_leaves_no_processes(rctl):

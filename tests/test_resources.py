@@ -25,6 +25,22 @@ def test_slice_has_a_mesh_over_its_devices(ctl):
     assert ctl.slice(3).axis_names == ("x",)
 
 
+def test_slices_carry_axis_types_defaulting_to_what_make_mesh_gives(ctl):
+    from jax.sharding import AxisType
+
+    made = jax.make_mesh((2, 2), ("x", "y"), devices=ctl.islands[0].devices).axis_types
+    s = ctl.slice((2, 2))
+    assert s.axis_types == made == s.mesh.axis_types  # explicit in today's JAX
+    auto = ctl.slice((2, 2), axis_types="auto")
+    assert auto.mesh.axis_types == (AxisType.Auto, AxisType.Auto)
+    assert "auto" in repr(auto) and auto.axis_type_names == ("auto", "auto")
+    mixed = ctl.slice((2, 2), axis_types=(AxisType.Explicit, "Auto"))
+    assert mixed.axis_types == (AxisType.Explicit, AxisType.Auto)
+    assert "explicit,auto" in repr(mixed)
+    ctl.remap(auto, island=1)  # a moved slice keeps its types
+    assert auto.mesh.axis_types == (AxisType.Auto, AxisType.Auto)
+
+
 def test_placement_spreads_load_over_islands_and_devices(ctl):
     a, b = ctl.slice(2), ctl.slice(2)
     assert {a.island.id, b.island.id} == {0, 1}
@@ -46,6 +62,8 @@ def test_slices_may_share_devices(ctl):
         (dict(shape=2, island=7), "island 7 does not exist"),
         (dict(shape=(0, 2)), "positive"),
         (dict(shape=(2, 2), axis_names=("a",)), "must name each"),
+        (dict(shape=(2, 2), axis_types="manual"), "must be 'explicit' or 'auto'"),
+        (dict(shape=(2, 2), axis_types=("auto",) * 3), "Maybe you want axis_types='explicit'"),
     ],
 )
 def test_bad_slices_say_what_exists(ctl, kwargs, match):

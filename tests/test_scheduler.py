@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pwkernel.runtime.scheduler import (
@@ -16,6 +17,7 @@ from pwkernel.runtime.scheduler import (
     SetPolicy,
     Submit,
 )
+from tests.gang_order import LaunchLog
 
 ALL = (0, 1, 2, 3)
 
@@ -50,26 +52,59 @@ def test_blocked_task_reserves_its_devices_so_it_cannot_starve():
     assert launched(s.handle(Finished(1))) == [2]
 
 
-def test_order_is_consistent_on_every_device():
-    s = GangScheduler(ALL)
-    per_device: dict[int, list[int]] = {d: [] for d in ALL}
-    gangs = {0: (0, 1), 1: (1, 2), 2: ALL, 3: (2, 3), 4: (0, 3), 5: (1,), 6: ALL}
-    running = []
+def drive(s: GangScheduler, log: LaunchLog, seed: int, n: int = 300) -> set[int]:
+    """Run ``n`` computations on random gangs of ``s``'s devices to completion, as the runtime
+    would: one in three reads an earlier one's output (it becomes ready once that one is
+    launched), and a running computation finishes only after its producers. Returns the
+    computations launched."""
+    rng = np.random.default_rng(seed)
+    devices = list(s.devices)
+    reads: dict[int, int] = {}
+    events = []
+    for t in range(n):
+        gang = tuple(sorted(rng.choice(devices, int(rng.integers(1, len(devices) + 1)),
+                                       replace=False).tolist()))
+        if t and rng.random() < 1 / 3:
+            reads[t] = int(rng.integers(0, t))
+        events.append(Submit(t, gang, ready=t not in reads))
+    launched_, running, done = set(), [], set()
 
     def apply(decisions):
-        for t in launched(decisions):
-            running.append(t)
-            for d in gangs[t]:
-                per_device[d].append(t)
+        new = [d.task for d in decisions if isinstance(d, Launch)]
+        launched_.update(new)
+        running.extend(new)
+        ready = [Ready(t, (p,)) for t, p in reads.items()
+                 if p in new]  # its producer is launched: it may queue behind it
+        return ready
 
-    apply(s.handle(*(Submit(t, g, ready=True) for t, g in gangs.items())))
-    while running:
-        apply(s.handle(Finished(running.pop(0))))
-    for a in ALL:
-        for b in ALL:
-            shared = [t for t in per_device[a] if t in per_device[b]]
-            assert shared == [t for t in per_device[b] if t in per_device[a]]
-    assert sorted(set(sum(per_device.values(), []))) == list(gangs)
+    pending = apply(log.record(s, *events))
+    while pending or running:
+        if pending:
+            pending = apply(log.record(s, *pending))
+            continue
+        free = [t for t in running if reads.get(t) is None or reads[t] in done]
+        t = free[int(rng.integers(len(free)))]
+        running.remove(t)
+        done.add(t)
+        pending = apply(log.record(s, Finished(t, 1.0)))
+    return launched_
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_launch_shares_a_device_with_a_running_computation_but_its_ancestors(seed):
+    s = GangScheduler(ALL, policy=["fifo", "priority", "share", "fifo"][seed])
+    log = LaunchLog()
+    assert drive(s, log, seed) == set(range(300))
+    assert log.violations() == []
+    assert s.running == s.queued == ()
+
+
+def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
+    # A test of the test above: with the device check switched off, it reports violations.
+    monkeypatch.setattr(GangScheduler, "_devices_free", lambda self, t: True)
+    log = LaunchLog()
+    drive(GangScheduler(ALL), log, seed=0)
+    assert log.violations() and "not its ancestors" in log.violations()[0]
 
 
 def test_priority_policy_runs_higher_priority_first():
@@ -197,3 +232,33 @@ def test_program_ahead_queues_a_programs_nodes_behind_each_other_only():
     plain = GangScheduler(ALL)
     plain.handle(Submit(0, (0, 1), ready=True, group="p"))
     assert launched(plain.handle(Submit(1, (0, 1), ready=True, group="p"))) == []
+
+
+def test_copies_need_only_memory_and_keep_the_memory_order():
+    s = GangScheduler((0, 1), memory_budget=100)
+    assert launched(s.handle(Submit(0, (0,), memory=10, ready=True))) == [0]  # device 0 busy
+    # a copy onto a busy device is admitted at once: it takes memory, never the device
+    assert launched(s.handle(Submit(1, (0,), memory=50, ready=True, copy=True))) == [1]
+    assert s.running == (0,) and s.queued == () and s.memory_in_use()[0] == 60
+    # one that does not fit waits, and reserves: a later computation may not take its bytes
+    out = s.handle(Submit(2, (0,), memory=50, ready=True, copy=True),
+                   Submit(3, (0, 1), memory=20, ready=True))
+    assert launched(out) == []
+    assert s.waiting_for_memory() == [(2, frozenset({0}), 50)]
+    assert launched(s.handle(Finished(0))) == []          # its output (10 B) is still alive
+    assert launched(s.handle(MemoryFreed(0, 10))) == [2]  # 50 + 50: 3 still does not fit
+    assert launched(s.handle(MemoryFreed(0, 50))) == [3]
+    assert s.memory_in_use() == {0: 70, 1: 20}
+    (reject,) = s.handle(Submit(4, (1,), memory=101, ready=True, copy=True))
+    assert isinstance(reject, Reject) and "memory budget is 100" in reject.reason
+
+
+def test_waiting_for_memory_reports_only_the_head_of_each_device_set():
+    s = GangScheduler(ALL, memory_budget=100)
+    s.handle(Submit(0, (0, 1), memory=90, ready=True))
+    s.handle(Finished(0))                                 # its 90 B output stays alive
+    s.handle(Submit(1, (0,), memory=20, ready=True),      # waits for memory: the head on 0
+             Submit(2, (0, 1), memory=5, ready=True),     # behind 1 on device 0
+             Submit(3, (2, 3), memory=200, ready=True))   # rejected: more than the budget
+    assert s.waiting_for_memory() == [(1, frozenset({0}), 20)]
+    assert launched(s.handle(Submit(4, (2,), ready=True))) == [4]   # other devices go on

@@ -1,6 +1,10 @@
 /**
  * One comm with a kernel's `pwkernel` target: opens it (asking for status pushes), validates
  * every message, matches replies to requests by `id`, and tells whether the target exists.
+ *
+ * The comm lives on a kernel subshell (JEP 91) where the kernel has them: JupyterLab sends comm
+ * messages to a subshell of their own, and we open the comm only once that subshell exists, so
+ * the sidebar connects and its requests (Cancel above all) are answered while a cell runs.
  */
 
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
@@ -12,6 +16,33 @@ export const PUSH_INTERVAL = 0.5;
 /** How long an idle kernel may stay silent after comm open before we call it not loaded. */
 const SILENT_MS = 10_000;
 const REQUEST_MS = 60_000;
+/** How long to wait for the comm's subshell, and for the kernel to handle our comm_close. */
+const SUBSHELL_MS = 10_000;
+const CLOSE_MS = 10_000;
+
+/** Resolves when `p` settles or after `ms`, whichever comes first; never rejects. */
+function settled(p: Promise<unknown>, ms: number): Promise<void> {
+  return new Promise<void>(resolve => {
+    const timer = setTimeout(resolve, ms);
+    p.then(
+      () => resolve(),
+      () => resolve()
+    ).finally(() => clearTimeout(timer));
+  });
+}
+
+/**
+ * Wait until the comm's subshell exists (JupyterLab starts it when the comm is created), so
+ * that even `comm_open` goes to it and not behind a running cell. Nothing to wait for where
+ * the kernel has no subshells or comms over subshells are turned off in the settings.
+ */
+async function subshellReady(kernel: Kernel.IKernelConnection, comm: Kernel.IComm) {
+  await settled(kernel.info, SUBSHELL_MS);
+  const started = (comm as { subshellStarted?: Promise<void> }).subshellStarted;
+  if (kernel.supportsSubshells && comm.commsOverSubshells !== 'disabled' && started) {
+    await settled(started, SUBSHELL_MS);
+  }
+}
 
 export type OpenResult = 'connected' | 'not-loaded' | 'disposed';
 
@@ -39,16 +70,22 @@ export class KernelLink {
   }
 
   /** Open the comm; resolves once the kernel answered, or it is known not to have the target. */
-  open(): Promise<OpenResult> {
+  async open(): Promise<OpenResult> {
+    let comm: Kernel.IComm;
+    try {
+      comm = this.kernel.createComm(TARGET);
+    } catch (e) {
+      return 'not-loaded';
+    }
+    await subshellReady(this.kernel, comm);
+    if (this._disposed || comm.isDisposed) {
+      if (!comm.isDisposed) {
+        comm.dispose();
+      }
+      return 'disposed';
+    }
     return new Promise<OpenResult>(resolve => {
       this._settle = resolve;
-      let comm: Kernel.IComm;
-      try {
-        comm = this.kernel.createComm(TARGET);
-      } catch (e) {
-        resolve('not-loaded');
-        return;
-      }
       this._comm = comm;
       comm.onMsg = (msg: KernelMessage.ICommMsgMsg) => this._onMsg(msg.content.data);
       comm.onClose = () => {
@@ -102,11 +139,7 @@ export class KernelLink {
     const comm = this._comm;
     this._comm = null;
     if (comm && !comm.isDisposed) {
-      try {
-        comm.close(); // the kernel stops this comm's push thread
-      } catch {
-        // the kernel is already gone
-      }
+      void closeComm(this.kernel, comm); // the kernel stops pushing to this comm
     }
   }
 
@@ -161,4 +194,29 @@ export class KernelLink {
   private _pending = new Map<number, Pending>();
   private _settle: ((r: OpenResult) => void) | null = null;
   private _silence: ReturnType<typeof setTimeout> | null = null;
+}
+
+/**
+ * Close a comm so that the kernel sees it closed. Closing the last comm of a target makes
+ * JupyterLab delete the target's subshell at once, and a kernel drops a `comm_close` that
+ * reaches a deleted subshell (the kernel would push to the comm forever). So a second comm,
+ * never opened, holds the subshell until the kernel has handled the close.
+ */
+async function closeComm(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): Promise<void> {
+  let keeper: Kernel.IComm | null = null;
+  try {
+    keeper = kernel.createComm(TARGET);
+    await subshellReady(kernel, keeper);
+  } catch {
+    // no comms on this connection any more: close without it
+  }
+  try {
+    await settled(comm.close().done, CLOSE_MS);
+  } catch {
+    // the kernel is already gone
+  } finally {
+    if (keeper && !keeper.isDisposed) {
+      keeper.dispose();
+    }
+  }
 }

@@ -13,6 +13,7 @@ import { KernelLink } from './connection';
 import {
   applyReply,
   cancelRequest,
+  controllerText,
   DISPATCH_MODES,
   formatBytes,
   initialState,
@@ -20,6 +21,7 @@ import {
   policyRequest,
   Reply,
   Request,
+  sliceMesh,
   State,
   withConnection
 } from './protocol';
@@ -132,7 +134,8 @@ export class PathwaysPanel extends Widget {
     }
   }
 
-  /** Run `%load_ext pwkernel` in the kernel, then connect. */
+  /** Run `%load_ext pwkernel` in the kernel and start its controller (loading alone leaves
+   * JAX alone), then connect. */
   async loadExtension(): Promise<void> {
     const kernel = this._notebook?.sessionContext.session?.kernel;
     if (!kernel) {
@@ -140,7 +143,7 @@ export class PathwaysPanel extends Widget {
     }
     this._set(withConnection(this._state, 'loading'));
     const future = kernel.requestExecute({
-      code: '%load_ext pwkernel',
+      code: '%load_ext pwkernel\n%pathways status',
       silent: false,
       store_history: false
     });
@@ -305,7 +308,7 @@ export class PathwaysPanel extends Widget {
     this.node.dataset.connection = s.connection;
     this._connEl.textContent =
       s.connection === 'connected'
-        ? `${s.kernelName || 'kernel'} · ${s.status?.closed ? 'controller closed' : 'connected'}`
+        ? `${s.kernelName || 'kernel'} · ${controllerText(s.status)}`
         : STATE_TEXT[s.connection];
     this._loadButton.hidden = s.connection !== 'not-loaded';
     this._message.textContent = s.message;
@@ -381,7 +384,7 @@ export class PathwaysPanel extends Widget {
         'div',
         { class: 'pw-slice', 'data-slice': sl.name },
         h('code', {}, sl.name),
-        ` ${sl.shape.join('×')} on island ${sl.island}, devices ${sl.devices.join(', ')}`
+        ` ${sliceMesh(sl)} on island ${sl.island}, devices ${sl.devices.join(', ')}`
       )
     );
     this._slices.replaceChildren(

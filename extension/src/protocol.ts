@@ -73,10 +73,13 @@ export interface SliceInfo {
   island: number;
   devices: number[];
   shape: number[];
+  axis_names: string[]; // empty from a kernel that does not send them
+  axis_types: string[]; // 'explicit' or 'auto' per axis; empty when not sent
 }
 
 export interface StatusData {
   closed: boolean;
+  started: boolean; // false until the kernel's controller starts (first %pathways)
   islands: IslandInfo[];
   devices: DeviceInfo[];
   runs: RunInfo[];
@@ -185,8 +188,23 @@ function slice(v: Obj, w: string): SliceInfo {
     name: need(v, 'name', isStr, 'a string', w),
     island: need(v, 'island', isInt, 'an int', w),
     devices: need(v, 'devices', isInts, 'a list of ints', w),
-    shape: need(v, 'shape', isInts, 'a list of ints', w)
+    shape: need(v, 'shape', isInts, 'a list of ints', w),
+    axis_names: optionalStrings(v, 'axis_names', w),
+    axis_types: optionalStrings(v, 'axis_types', w)
   };
+}
+
+function optionalStrings(v: Obj, key: string, w: string): string[] {
+  if (v[key] === undefined) {
+    return [];
+  }
+  return need(
+    v,
+    key,
+    (x): x is string[] => Array.isArray(x) && x.every(isStr),
+    'a list of strings',
+    w
+  );
 }
 
 /** Validate a status reply's `data`; a closed controller gives empty lists. */
@@ -198,6 +216,7 @@ export function parseStatus(data: unknown): StatusData {
   if (data.closed === true) {
     return {
       closed: true,
+      started: true,
       islands: [],
       devices: [],
       runs: [],
@@ -215,6 +234,7 @@ export function parseStatus(data: unknown): StatusData {
   }
   return {
     closed: false,
+    started: data.started !== false,
     islands: list(data, 'islands', where, island),
     devices: list(data, 'devices', where, device),
     runs: list(data, 'runs', where, run),
@@ -367,4 +387,23 @@ export function formatBytes(n: number): string {
     i++;
   }
   return i === 0 ? `${v} B` : `${v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
+}
+
+/** How the sidebar names a slice's mesh: `x=4 × y=2 (explicit)`, or `4×2` from an old kernel. */
+export function sliceMesh(sl: SliceInfo): string {
+  if (sl.axis_names.length !== sl.shape.length) {
+    return sl.shape.join('×');
+  }
+  const dims = sl.shape.map((n, i) => `${sl.axis_names[i]}=${n}`).join(' × ');
+  const types = [...new Set(sl.axis_types)];
+  const kind = types.length === 1 ? types[0] : sl.axis_types.join(',');
+  return kind ? `${dims} (${kind})` : dims;
+}
+
+/** The header's word on the kernel's controller. */
+export function controllerText(status: StatusData | null | undefined): string {
+  if (status?.closed) {
+    return 'controller closed';
+  }
+  return status && !status.started ? 'controller not started yet' : 'connected';
 }

@@ -9,6 +9,7 @@ import { test } from 'node:test';
 import {
   applyReply,
   cancelRequest,
+  controllerText,
   formatBytes,
   initialState,
   parseReply,
@@ -16,6 +17,7 @@ import {
   policyRequest,
   PROTOCOL,
   ProtocolError,
+  sliceMesh,
   withConnection
 } from '../src/protocol';
 
@@ -62,6 +64,28 @@ test('a full status reply validates and keeps what the panel shows', () => {
   assert.equal(reply.data.runs[0].state, 'running');
   assert.equal(reply.data.named_slices[0].name, 's0');
   assert.equal(reply.data.policy, 'fifo');
+});
+
+test('slices show their axes and axis types; the header says when nothing started', () => {
+  const data = statusData();
+  data.named_slices = [
+    { name: 's', island: 0, devices: [0, 1, 2, 3], shape: [2, 2], axis_names: ['x', 'y'],
+      axis_types: ['explicit', 'explicit'] },
+    { name: '#3', island: 1, devices: [4, 5], shape: [2], axis_names: ['x'],
+      axis_types: ['auto'] },
+    { name: 'old', island: 0, devices: [0], shape: [1] }
+  ];
+  const parsed = parseStatus(data);
+  assert.deepEqual(parsed.named_slices.map(sliceMesh), [
+    'x=2 × y=2 (explicit)', 'x=2 (auto)', '1'
+  ]);
+  assert.equal(controllerText(parsed), 'connected');
+  const waiting = parseStatus({ ...statusData(), started: false, islands: [], devices: [] });
+  assert.equal(controllerText(waiting), 'controller not started yet');
+  assert.equal(controllerText(parseStatus({ closed: true, protocol: PROTOCOL })),
+    'controller closed');
+  data.named_slices[0].axis_types = [3];
+  assert.throws(() => parseStatus(data), /field 'axis_types' must be a list of strings/);
 });
 
 test('a closed controller validates to empty lists', () => {

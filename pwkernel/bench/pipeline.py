@@ -126,7 +126,9 @@ def _on(vs: pw.VirtualSlice, tree, spec: P):
 
 
 def spmd_rate(ctl: pw.Controller, cfg: ModelConfig, devices: int, params: dict, tokens, batches):
-    vs = ctl.slice(devices, island=0)
+    # The model is written for the compiler's sharding propagation (its embedding lookup
+    # gathers with sharded token ids): auto axes.
+    vs = ctl.slice(devices, island=0, axis_types="auto")
     fn = pw.function(stage_fn(True, True, cfg.heads), slice=vs, in_specs=(P(), P("x")),
                      out_specs=P("x"), name="spmd")
     p, toks = _on(vs, params, P()), _on(vs, tokens, P("x"))
@@ -141,7 +143,7 @@ def spmd_rate(ctl: pw.Controller, cfg: ModelConfig, devices: int, params: dict, 
 def pipelined_rate(ctl: pw.Controller, cfg: ModelConfig, devices: int, stages: int, micro: int,
                params: dict, tokens, batches):
     per = devices // stages
-    slices = [ctl.slice(per, island=0) for _ in range(stages)]
+    slices = [ctl.slice(per, island=0, axis_types="auto") for _ in range(stages)]
     if len({d for vs in slices for d in vs.device_ids}) != devices:
         raise RuntimeError("pipeline stages did not get disjoint slices; expected the resource "
                            f"manager to spread {stages} slices over {devices} devices.")

@@ -27,17 +27,21 @@ class _Parser(MagicArgumentParser):
         raise UsageError(f"{self.label}: {message}. See {self.hint} for the accepted arguments.")
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    """``"2"`` -> (2,); ``"2x2"`` or ``"2,2"`` -> (2, 2)."""
-    parts = [p for p in re.split(r"[x,X*]", text.strip()) if p]
-    try:
-        dims = tuple(int(p) for p in parts)
-    except ValueError:
-        dims = ()
-    if not dims or min(dims) < 1:
+_DIMS = re.compile(r"[1-9][0-9]*(?:[xX*][1-9][0-9]*)*|[1-9][0-9]*(?:,[1-9][0-9]*)*")
+
+
+def _dims(text: str, what: str, example: str) -> tuple[int, ...]:
+    """``"2"`` -> (2,); ``"2x2"``, ``"2*2"`` or ``"2,2"`` -> (2, 2): positive ints, one separator
+    between each two, nothing else."""
+    text = text.strip()
+    if not _DIMS.fullmatch(text):
         raise argparse.ArgumentTypeError(
-            f"slice shape {text!r} is not a list of positive ints; expected e.g. 2, 2x2 or 2,2")
-    return dims
+            f"{what} {text[:40]!r} is not a list of positive ints; expected {example}")
+    return tuple(int(p) for p in re.split(r"[xX*,]", text))
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return _dims(text, "slice shape", "e.g. 2, 2x2 or 2,2")
 
 
 def _axes(text: str) -> tuple[str, ...]:
@@ -48,6 +52,15 @@ def _axes(text: str) -> tuple[str, ...]:
     return names
 
 
+def _axis_types(text: str) -> tuple[str, ...]:
+    types = tuple(t.strip().lower() for t in text.split(",") if t.strip())
+    if not types or not set(types) <= {"explicit", "auto"}:
+        raise argparse.ArgumentTypeError(
+            f"axis types {text!r} must be explicit or auto, for all axes or comma-separated "
+            "per axis, e.g. --axis-types explicit or --axis-types explicit,auto")
+    return types
+
+
 def _name(text: str) -> str:
     if not text.isidentifier():
         raise argparse.ArgumentTypeError(
@@ -55,14 +68,34 @@ def _name(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> float:
+def _number(text: str, low: float, high: float, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        value = float("nan")
+    if not low < value <= high:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]!r}")
     return value
+
+
+MAX_TIMEOUT = 365 * 24 * 3600.0  # a year: longer waits are no --timeout at all
+
+
+def _weight(text: str) -> float:
+    return _number(text, 0.0, 1e6, "a positive number up to 1e6, e.g. 2")
+
+
+def _seconds(text: str) -> float:
+    return _number(text, 0.0, MAX_TIMEOUT, f"a positive number of seconds up to "
+                   f"{MAX_TIMEOUT:.0f} (a year); leave --timeout out to wait without a limit")
+
+
+def _client(text: str) -> str:
+    if not text.strip() or len(text) > 100:
+        raise argparse.ArgumentTypeError(
+            f"a client name is 1 to 100 characters, not all blank; got {text[:40]!r}. Maybe "
+            "you want a name such as alice")
+    return text
 
 
 def _count(text: str) -> int:
@@ -71,19 +104,12 @@ def _count(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive device count, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive device count, got {text[:40]!r}")
     return value
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected device counts per island like 4,4, got "
-                                         f"{text!r}")
-    return sizes
+    return _dims(text, "devices per island", "e.g. 4,4")
 
 
 def line_parser() -> _Parser:
@@ -97,6 +123,9 @@ def line_parser() -> _Parser:
     s.add_argument("shape", type=_shape, metavar="SHAPE", help="2, 2x2 or 2,2")
     s.add_argument("--island", type=int, default=None, metavar="I")
     s.add_argument("--axes", type=_axes, default=None, metavar="x,y")
+    s.add_argument("--axis-types", dest="axis_types", type=_axis_types, default=None,
+                   metavar="explicit|auto",
+                   help="JAX mesh axis types (default: what jax.make_mesh gives, explicit)")
     r = sub.add_parser("release", help="give slice NAME back and remove the name")
     r.add_argument("name", type=_name, metavar="NAME")
     pol = sub.add_parser("policy", help="the gang scheduling policy of every island")
@@ -104,8 +133,8 @@ def line_parser() -> _Parser:
     d = sub.add_parser("dispatch", help="parallel (Pathways) or sequential (baseline) dispatch")
     d.add_argument("mode", choices=["parallel", "sequential"])
     c = sub.add_parser("client", help="the client later cells submit as")
-    c.add_argument("name", metavar="NAME")
-    c.add_argument("--weight", type=_positive, default=1.0, metavar="W")
+    c.add_argument("name", type=_client, metavar="NAME")
+    c.add_argument("--weight", type=_weight, default=1.0, metavar="W")
     c.add_argument("--priority", type=int, default=0, metavar="P")
     t = sub.add_parser("trace", help="trace save PATH (Perfetto JSON) | trace clear")
     t.add_argument("action", choices=["save", "clear"])
@@ -131,8 +160,9 @@ def cell_parser() -> _Parser:
                        help="run on a fresh slice of N devices (released when the cell ends)")
     p.add_argument("--island", type=int, default=None, metavar="I",
                    help="the island of --devices (default: the least loaded)")
-    p.add_argument("--client", default=None, metavar="NAME", help="submit as client NAME")
-    p.add_argument("--weight", type=_positive, default=None, metavar="W",
+    p.add_argument("--client", type=_client, default=None, metavar="NAME",
+                   help="submit as client NAME")
+    p.add_argument("--weight", type=_weight, default=None, metavar="W",
                    help="the client's share under policy 'share'")
     p.add_argument("--priority", type=int, default=None, metavar="P",
                    help="the client's rank under policy 'priority' (higher first)")
@@ -140,8 +170,8 @@ def cell_parser() -> _Parser:
                    help="dispatch this cell sequentially (the paper's baseline)")
     p.add_argument("--no-block", dest="no_block", action="store_true",
                    help="return at once; the cell's names hold futures")
-    p.add_argument("--timeout", type=_positive, default=None, metavar="S",
-                   help="cancel the cell's program after S seconds")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                   help="cancel the cell's program after S seconds (with --no-block too)")
     p.add_argument("--viz", action="store_true", help="show what ran where, and how long")
     return p
 

@@ -13,7 +13,12 @@ Then, in one of two ways:
   the function is traced as a ``@pw.program``, each call a node;
 - otherwise the whole cell is ONE ``pw.function`` on the cell's slice (plain ``jax.jit``
   functions and ``jnp`` operations inside are traced into it), submitted as a one-node program
-  while the slice's mesh is the ambient mesh (``jax.set_mesh``).
+  while the slice's mesh is the ambient mesh (``jax.set_mesh``). It is the same JAX program as
+  the plain cell under ``jax.set_mesh(<the slice's mesh>)``: arrays and futures already on the
+  slice's mesh keep their shardings, and every output is laid out as JAX lays it out
+  (``pw.INFERRED``: its type on explicit axes, the compiler's propagation on auto axes). Only
+  inputs not on the slice's mesh (NumPy arrays, arrays elsewhere) are placed by pwkernel: see
+  ``input_spec``.
 
 Names the cell binds to arrays come back as futures; plain Python values stay plain.
 ``jax.debug.print`` calls written in the cell print into the cell that ran them, even after it
@@ -33,16 +38,18 @@ from typing import Any
 import jax
 import numpy as np
 from IPython.core.error import UsageError
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ..runtime.objects import Future
-from ..runtime.program import CompiledFunction, Program, Value
+from ..runtime.program import INFERRED, CompiledFunction, Program, Value
 from ..runtime.program import function as pw_function
 from ..runtime.program import program as pw_program
 from ..runtime.resources import VirtualSlice
 
 LAST = "__pw_last__"  # holds the value of a cell's last expression
-_MAKE, _CELL, _STATIC, _PRINT, _PICK = ("__pw_make__", "__pw_cell__", "__pw_static__",
-                                        "__pw_print__", "__pw_pick__")
+_MAKE, _CELL, _STATIC, _PRINT, _PICK, _PUT = ("__pw_make__", "__pw_cell__", "__pw_static__",
+                                              "__pw_print__", "__pw_pick__", "__pw_put__")
 
 
 @dataclasses.dataclass
@@ -58,7 +65,10 @@ class CellPlan:
 
 
 def _is_array(value: Any) -> bool:
-    return isinstance(value, Future | jax.Array | np.ndarray)
+    # Typed PRNG keys (jax.random.key) are not buffers the runtime moves: the cell captures
+    # them as constants, as a plain jax.jit does.
+    return isinstance(value, Future | jax.Array | np.ndarray) and not jax.dtypes.issubdtype(
+        value.dtype, jax.dtypes.extended)
 
 
 class _Bound(ast.NodeVisitor):
@@ -95,17 +105,36 @@ class _Bound(ast.NodeVisitor):
     visit_ImportFrom = visit_Import
 
 
-class _RoutePrints(ast.NodeTransformer):
-    """``jax.debug.print(...)`` -> ``__pw_print__(...)`` (prints into the cell that ran it)."""
+class _Route(ast.NodeTransformer):
+    """``jax.debug.print(...)`` -> ``__pw_print__(...)`` (prints into the cell that ran it);
+    ``jax.device_put(...)`` -> ``__pw_put__(...)`` (see ``placed``)."""
+
+    ROUTES = {("jax", "debug", "print"): _PRINT, ("jax", "device_put"): _PUT}
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        f = node.func
-        if (isinstance(f, ast.Attribute) and f.attr == "print"
-                and isinstance(f.value, ast.Attribute) and f.value.attr == "debug"
-                and isinstance(f.value.value, ast.Name) and f.value.value.id == "jax"):
-            node.func = ast.copy_location(ast.Name(_PRINT, ast.Load()), f)
+        f, path = node.func, []
+        while isinstance(f, ast.Attribute):
+            path.insert(0, f.attr)
+            f = f.value
+        if isinstance(f, ast.Name) and (f.id, *path) in self.ROUTES:
+            node.func = ast.copy_location(ast.Name(self.ROUTES[(f.id, *path)], ast.Load()),
+                                          node.func)
         return node
+
+
+def placed(x: Any, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """``jax.device_put`` as the plain cell means it. Inside ``jax.jit`` on auto mesh axes
+    JAX leaves a value where the compiler puts it; the plain cell places it. So there a
+    ``PartitionSpec`` or ``NamedSharding`` target becomes ``with_sharding_constraint``, which
+    holds inside the program. Everything else is ``jax.device_put`` unchanged."""
+    leaves = jax.tree_util.tree_leaves(x)
+    mesh = jax.sharding.get_abstract_mesh()
+    if (not args and not kwargs and isinstance(device, P | NamedSharding)
+            and any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
+            and not mesh.empty and AxisType.Explicit not in mesh.axis_types):
+        return jax.lax.with_sharding_constraint(x, device)
+    return jax.device_put(x, device, *args, **kwargs)
 
 
 def _parse(source: str, line_offset: int) -> ast.Module:
@@ -138,7 +167,7 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         last = tree.body[-1]
         tree.body[-1] = ast.copy_location(
             ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
-    tree = _RoutePrints().visit(tree)
+    tree = _Route().visit(tree)
     bound = _Bound()
     for node in tree.body:
         bound.visit(node)
@@ -168,8 +197,8 @@ def _build(tree: ast.Module, params: list[str], statics: dict[str, Any], outputs
         _CELL, ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, []),
         seed + tree.body + [pick], [], None, **loc)
     outer = ast.FunctionDef(
-        _MAKE, ast.arguments([], [ast.arg(_STATIC), ast.arg(_PRINT), ast.arg(_PICK)], None, [],
-                             [], None, []),
+        _MAKE, ast.arguments([], [ast.arg(_STATIC), ast.arg(_PRINT), ast.arg(_PICK),
+                                  ast.arg(_PUT)], None, [], [], None, []),
         [inner, ast.Return(ast.Name(_CELL, ast.Load()), **loc)], [], None, **loc)
     module = ast.fix_missing_locations(ast.Module([outer], []))
     code = compile(module, filename, "exec")
@@ -180,7 +209,7 @@ def _build(tree: ast.Module, params: list[str], statics: dict[str, Any], outputs
     def pick_outputs(local_vars: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in local_vars.items() if k in wanted}
 
-    return scratch[_MAKE](statics, printer, pick_outputs)
+    return scratch[_MAKE](statics, printer, pick_outputs, placed)
 
 
 # --- splitting a cell's results into arrays (futures) and plain values ---------------------
@@ -215,9 +244,26 @@ def ambient_mesh(vs: VirtualSlice | None) -> Iterator[None]:
         yield
 
 
+def input_spec(value: Any, vs: VirtualSlice) -> P | None:
+    """Where the cell takes an input: an array already on ``vs``'s mesh (the same devices in
+    the same grid, the same axis names) keeps its ``PartitionSpec``. Anything else (host
+    arrays, arrays elsewhere) is replicated on a slice with explicit axes, as JAX types a host
+    value; on an all-auto slice it gets the default placement (None: the leading axis sharded
+    over the slice when it divides), which the compiler may change."""
+    sharding = getattr(value, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        mesh, want = sharding.mesh, vs.mesh
+        if (tuple(mesh.axis_names) == tuple(want.axis_names)
+                and mesh.devices.shape == want.devices.shape
+                and [d.id for d in mesh.devices.flat] == [d.id for d in want.devices.flat]):
+            return sharding.spec
+    return None if all(t == AxisType.Auto for t in vs.axis_types) else P()
+
+
 def build_program(plan: CellPlan, vs: VirtualSlice | None, name: str,
-                  plain: dict[str, Any]) -> Program:
-    """The cell as a ``Program``: traced over its compiled functions, or ONE function on ``vs``.
+                  plain: dict[str, Any], inputs: list[Any]) -> Program:
+    """The cell as a ``Program``: traced over its compiled functions, or ONE function on ``vs``
+    taking ``inputs`` (the values of ``plan.params``).
 
     Plain values the cell binds are collected into ``plain`` while it is traced.
     """
@@ -231,7 +277,8 @@ def build_program(plan: CellPlan, vs: VirtualSlice | None, name: str,
     # jit once so the cell's Python runs once although the runtime traces it twice (shapes,
     # then lowering): the second trace hits jit's cache.
     body = jax.jit(lambda *args: split_outputs(plan.fn(*args), plain))
-    compiled = pw_function(body, slice=vs, name=name)
+    compiled = pw_function(body, slice=vs, name=name, out_specs=INFERRED,
+                           in_specs=tuple(input_spec(v, vs) for v in inputs))
     return pw_program(lambda *args: compiled(*args), name=name)
 
 

@@ -1,8 +1,8 @@
 """The ``pwkernel`` comm target: how a frontend (the JupyterLab Pathways sidebar) talks to the
 controller in this kernel. It is the only channel the sidebar uses: no ports, no server polling.
 
-Protocol (JSON objects, both directions; every request may carry an ``"id"`` (int or str) that
-the reply echoes, so a frontend can match replies to requests):
+Protocol (JSON objects, both directions; every request may carry an ``"id"`` (an int, or a string
+of at most 200 characters) that the reply echoes, so a frontend can match replies to requests):
 
 ==============================================  ==================================================
 frontend sends                                  kernel replies
@@ -18,17 +18,28 @@ comm open, data ``{}`` or ``{"interval": 0.5}``  ``{"type": "status", "data": {.
 ``{"type": "dispatch", "dispatch": "parallel"}``  ``{"type": "dispatch", "dispatch": "parallel"}``
 ``{"type": "cancel", "run": 3}``                ``{"type": "cancel", "run": 3, "cancelled": 2}``
 ``{"type": "trace", "path": "t.json"}``         ``{"type": "trace", "path": "/abs/t.json",
-(``path`` optional)                             "events": 120}``
+(``path`` optional: a NEW .json file in the     "events": 120}``
+notebook's directory; default: time-stamped)
 anything else, or a bad field                   ``{"type": "error", "error": "<what was wrong,
                                                 what is accepted>", "request": <its type>}``
+                                                (what came is quoted cut short, never whole)
 ==============================================  ==================================================
 
 ``data`` is ``Controller.status()`` made JSON-safe (device ids as string keys in ``memory``),
 plus ``protocol`` (this protocol's version), per-island ``programs_running``/``programs_queued``,
 ``devices`` (``id``, ``island``, ``memory`` bytes, ``utilization`` 0..1 over the last
 ``WINDOW`` seconds, ``busy``), ``runs`` (``id``, ``name``, ``client``, ``state`` "running" or
-"queued", ``islands``) and ``named_slices`` (``name``, ``island``, ``devices``, ``shape``).
-A closed controller's data is ``{"closed": true, "protocol": 1}``.
+"queued", ``islands``) and ``named_slices``: every slice of the controller (``name``: its
+``%pathways slice`` name, else a variable holding it, else ``#<id>``; ``island``, ``devices``,
+``shape``, ``axis_names``, ``axis_types``). A closed controller's data is
+``{"closed": true, "protocol": 1}``. Before the controller has started (the kernel leaves JAX
+alone until the first ``%pathways``), the data is a status with no islands and
+``"started": false``.
+
+Requests are answered while a cell runs: JupyterLab sends comm messages to a kernel subshell
+(JEP 91) and the handlers here run in that subshell's thread. They read and steer the controller
+through its thread-safe API only, never the shell or the user's namespace. One updater thread
+pushes to every subscribed comm, at most ``MAX_SUBSCRIBERS`` of them.
 
 >>> reply(ctl, {"type": "policy", "policy": "share", "id": 7})   # doctest: +SKIP
 {'type': 'policy', 'policy': 'share', 'id': 7}
@@ -38,6 +49,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import reprlib
 import threading
 import time
 from collections import deque
@@ -45,12 +58,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..runtime.errors import PathwaysError
+from .pushes import Updater
+
 TARGET = "pwkernel"
 PROTOCOL = 1
 WINDOW = 2.0  # seconds of history behind each device's utilization
 POLICIES = ("fifo", "priority", "share")
 DISPATCH = ("parallel", "sequential")
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 10.0
+MAX_SUBSCRIBERS = 16  # comms served status pushes; one more drops the oldest subscription
+MAX_ID = 2**53  # ids and run ids: integers a JavaScript number holds exactly
+MAX_TEXT = 200  # characters of an id or a trace path
+CANCEL_REASON = "cancelled from the Pathways sidebar"
+
+
+def _is_int(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v < MAX_ID
+
 
 # Each request type and its fields: name -> (required, check, what is accepted).
 _INTERVAL = (lambda v: isinstance(v, int | float) and not isinstance(v, bool)
@@ -62,35 +87,52 @@ SCHEMA: dict[str, dict[str, tuple[bool, Callable[[Any], bool], str]]] = {
     "unsubscribe": {},
     "policy": {"policy": (True, lambda v: v in POLICIES, f"one of {list(POLICIES)}")},
     "dispatch": {"dispatch": (True, lambda v: v in DISPATCH, f"one of {list(DISPATCH)}")},
-    "cancel": {"run": (True, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-                       "a run id (int >= 0) from the status 'runs' list")},
-    "trace": {"path": (False, lambda v: isinstance(v, str) and v.strip() != "",
-                       "a non-empty file path string, e.g. 'trace.json'")},
+    "cancel": {"run": (True, _is_int, "a run id (int >= 0) from the status 'runs' list")},
+    "trace": {"path": (False, lambda v: isinstance(v, str) and 0 < len(v.strip()) <= MAX_TEXT
+                       and v.endswith(".json"),
+                       f"a new .json file name in the notebook's directory (at most {MAX_TEXT} "
+                       "characters), e.g. 'trace.json'")},
 }
 REQUESTS = tuple(SCHEMA)
 
 
-class RequestError(ValueError):
+class RequestError(PathwaysError, ValueError):
     """A message from the frontend that does not follow the protocol."""
+
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 60
+_short.maxlist = _short.maxdict = _short.maxtuple = _short.maxset = 4
+_short.maxlevel = 2
+
+
+def _clip(value: Any, limit: int = 120) -> str:
+    """A short repr of ``value``: replies quote what came, never echo it back whole."""
+    text = _short.repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _valid_id(v: Any) -> bool:
+    return _is_int(v, -MAX_ID) or (isinstance(v, str) and len(v) <= MAX_TEXT)
 
 
 def validate(data: Any) -> dict[str, Any]:
     """Check one frontend message against ``SCHEMA``; returns it, or raises ``RequestError``."""
     if not isinstance(data, dict) or "type" not in data:
         raise RequestError(f"expected a JSON object with a 'type' field, e.g. {{'type': "
-                           f"'status'}}; got {data!r}.")
+                           f"'status'}}; got {_clip(data)}.")
     kind = data["type"]
-    if kind not in SCHEMA:
-        raise RequestError(f"unknown message type {kind!r}; this kernel answers "
+    if not isinstance(kind, str) or kind not in SCHEMA:
+        raise RequestError(f"unknown message type {_clip(kind)}; this kernel answers "
                            f"{list(REQUESTS)}.")
     fields = SCHEMA[kind]
-    extra = sorted(set(data) - set(fields) - {"type", "id"})
+    extra = sorted(str(k) for k in set(data) - set(fields) - {"type", "id"})
     if extra:
-        raise RequestError(f"{kind!r} message has unknown field(s) {extra}; it accepts "
+        raise RequestError(f"{kind!r} message has unknown field(s) {_clip(extra)}; it accepts "
                            f"{sorted(fields) + ['id']}.")
-    if "id" in data and not (isinstance(data["id"], int | str) and not isinstance(data["id"],
-                                                                                 bool)):
-        raise RequestError(f"'id' must be an int or a string, got {data['id']!r}.")
+    if "id" in data and not _valid_id(data["id"]):
+        raise RequestError(f"'id' must be an int or a string of at most {MAX_TEXT} characters, "
+                           f"got {_clip(data['id'])}.")
     for name, (required, ok, accepted) in fields.items():
         if name not in data:
             if required:
@@ -98,7 +140,7 @@ def validate(data: Any) -> dict[str, Any]:
             continue
         if not ok(data[name]):
             raise RequestError(f"{kind!r} message: field {name!r} must be {accepted}; got "
-                               f"{data[name]!r}.")
+                               f"{_clip(data[name])}.")
     return data
 
 
@@ -169,24 +211,35 @@ def _runs(ctl) -> tuple[list[dict[str, Any]], list[tuple[float, tuple[int, ...]]
     return runs, running
 
 
-def _named_slices() -> list[dict[str, Any]]:
+def _named_slices(ctl) -> list[dict[str, Any]]:
+    """Every slice of ``ctl``, named as the notebook knows it."""
     from . import extension  # late: extension imports this module
 
     st = extension.state()
-    if st is None:
-        return []
+    names = st.slice_names() if st is not None else {}
     out = []
-    for name, vs in list(st.slices.items()):
+    for vs in ctl.slices:
         try:
-            out.append({"name": name, "island": vs.island.id, "devices": list(vs.device_ids),
-                        "shape": list(vs.shape)})
+            out.append({"name": names.get(vs.id, f"#{vs.id}"), "island": vs.island.id,
+                        "devices": list(vs.device_ids), "shape": list(vs.shape),
+                        "axis_names": list(vs.axis_names),
+                        "axis_types": list(vs.axis_type_names)})
         except Exception:  # noqa: BLE001 - released meanwhile (SliceError): not shown
             continue
     return out
 
 
+def _not_started() -> dict[str, Any]:
+    return {"type": "status", "data": {
+        "started": False, "islands": [], "devices": [], "runs": [], "named_slices": [],
+        "slices": [], "programs": [], "memory": {}, "policy": "", "dispatch": "",
+        "closed": False, "protocol": PROTOCOL}}
+
+
 def status_message(ctl, util: Utilization | None = None) -> dict[str, Any]:
-    """The reply to a status request, JSON-safe."""
+    """The reply to a status request, JSON-safe (``ctl`` None: not started yet)."""
+    if ctl is None:
+        return _not_started()
     if ctl.closed:
         return {"type": "status", "data": {"closed": True, "protocol": PROTOCOL}}
     data = ctl.status()
@@ -202,13 +255,14 @@ def status_message(ctl, util: Utilization | None = None) -> dict[str, Any]:
                         "utilization": round(use.get(d, 0.0), 4), "busy": d in busy}
                        for isl in data["islands"] for d in isl["devices"]]
     data["runs"] = runs
-    data["named_slices"] = _named_slices()
+    data["named_slices"] = _named_slices(ctl)
+    data["started"] = True
     data["protocol"] = PROTOCOL
     return {"type": "status", "data": data}
 
 
 # --- requests ------------------------------------------------------------------------------
-def _act(ctl, msg: dict[str, Any], conn: Connection | None) -> dict[str, Any]:
+def _act(ctl, msg: dict[str, Any], conn: Connection | None, root: Path | None) -> dict[str, Any]:
     kind = msg["type"]
     if kind == "status":
         return status_message(ctl, conn.util if conn else None)
@@ -220,6 +274,9 @@ def _act(ctl, msg: dict[str, Any], conn: Connection | None) -> dict[str, Any]:
             return {"type": "unsubscribe"}
         conn.subscribe(msg["interval"])
         return status_message(ctl, conn.util)
+    if ctl is None:
+        raise RequestError("the controller has not started yet; it starts with the first "
+                           "%pathways command or cell (or pw.controller()).")
     if ctl.closed:
         raise RequestError("the controller is closed; run %load_ext pwkernel (or "
                            "pw.controller()) to start a new one.")
@@ -234,28 +291,51 @@ def _act(ctl, msg: dict[str, Any], conn: Connection | None) -> dict[str, Any]:
         match = [r for r in runs if r.id == msg["run"]]
         if not match:
             raise RequestError(f"no active program with run id {msg['run']}; active run ids: "
-                               f"{[r.id for r in runs]} (it may have finished already).")
-        return {"type": "cancel", "run": msg["run"], "cancelled": int(match[0].cancel())}
+                               f"{_clip([r.id for r in runs])} (it may have finished already).")
+        cancelled = match[0].cancel(CANCEL_REASON)
+        return {"type": "cancel", "run": msg["run"], "cancelled": int(cancelled)}
     # trace
-    path = Path(msg.get("path") or f"pwkernel-trace-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    path = save_trace(ctl, msg.get("path"), Path.cwd() if root is None else root)
+    return {"type": "trace", "path": str(path), "events": len(ctl.trace)}
+
+
+def save_trace(ctl, name: str | None, root: Path) -> Path:
+    """Write the trace to a NEW .json file in ``root`` (the notebook's directory): never over
+    a file that exists, never outside ``root``. Without ``name``: a time-stamped one."""
+    root = Path(root).resolve()
+    if name is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = next(n for n in (f"pwkernel-trace-{stamp}{f'-{i}' if i else ''}.json"
+                                for i in itertools.count()) if not (root / n).exists())
+    path = (root / os.path.expanduser(name)).resolve()
+    if path.parent != root and root not in path.parents:
+        raise RequestError(f"the trace goes in the notebook's directory {str(root)!r}; "
+                           f"{_clip(name)} is outside it. Pass a file name such as 'trace.json'.")
     try:
-        saved = ctl.trace.save(path.expanduser().resolve())
+        with open(path, "x") as f:  # "x": refuse a file that exists (no overwriting)
+            json.dump(ctl.trace.to_chrome(), f)
+    except FileExistsError:
+        raise RequestError(f"{str(path)!r} exists already; the sidebar writes new files only. "
+                           "Pass another name, or leave 'path' out for a time-stamped one."
+                           ) from None
     except OSError as e:
-        raise RequestError(f"could not write the trace to {str(path)!r}: {e}. Pass a path in "
-                           f"a writable directory.") from None
-    return {"type": "trace", "path": str(saved), "events": len(ctl.trace)}
+        raise RequestError(f"could not write the trace to {str(path)!r}: {e.strerror}. Pass a "
+                           f"file name in a writable directory under {str(root)!r}.") from None
+    return path
 
 
-def reply(ctl, data: Any, conn: Connection | None = None) -> dict[str, Any]:
-    """The answer to one message's ``data`` from the frontend (never raises)."""
+def reply(ctl, data: Any, conn: Connection | None = None,
+          root: Path | None = None) -> dict[str, Any]:
+    """The answer to one message's ``data`` from the frontend (never raises). ``root``: where
+    trace files may be written (default: the working directory)."""
     kind = data.get("type") if isinstance(data, dict) else None
     try:
-        out = _act(ctl, validate(data), conn)
+        out = _act(ctl, validate(data), conn, root)
     except (RequestError, ValueError, TypeError) as e:
         out = {"type": "error", "error": str(e)}
         if isinstance(kind, str):
-            out["request"] = kind
-    if isinstance(data, dict) and isinstance(data.get("id"), int | str):
+            out["request"] = kind if len(kind) <= 40 else kind[:40] + "..."
+    if isinstance(data, dict) and "id" in data and _valid_id(data["id"]):
         out["id"] = data["id"]
     return out
 
@@ -264,19 +344,22 @@ def reply(ctl, data: Any, conn: Connection | None = None) -> dict[str, Any]:
 _live: set[Connection] = set()
 _live_lock = threading.Lock()
 _numbers = itertools.count()
+_updater = Updater(MAX_SUBSCRIBERS)
+_push_util = Utilization()  # the updater thread's own (one snapshot serves every comm)
 
 
 class Connection:
-    """One open comm: answers its messages and, while subscribed, pushes status from a daemon
-    thread (so updates flow while a cell blocks the shell). Closing stops the thread."""
+    """One open comm: answers its messages and, while subscribed, gets status pushes from the
+    one updater thread (so updates flow while a cell blocks the shell). ``root``: the directory
+    trace files may be written to (the notebook's)."""
 
-    def __init__(self, send: Callable[[dict], Any], get_controller: Callable[[], Any]):
+    def __init__(self, send: Callable[[dict], Any], get_controller: Callable[[], Any],
+                 root: Path | None = None):
         self.send = send
         self.get_controller = get_controller
+        self.root = Path.cwd() if root is None else Path(root)
         self.util = Utilization()
         self.number = next(_numbers)
-        self._thread: threading.Thread | None = None
-        self._halt = threading.Event()
         self._lock = threading.Lock()
         self._last = ""
         with _live_lock:
@@ -284,10 +367,11 @@ class Connection:
 
     @property
     def thread(self) -> threading.Thread | None:
-        return self._thread
+        """The thread that pushes to this comm while it is subscribed."""
+        return _updater.thread if _updater.subscribed(self) else None
 
     def handle(self, data: Any) -> dict[str, Any]:
-        out = reply(self.get_controller(), data, self)
+        out = reply(self.get_controller(), data, self, self.root)
         self._send(out)
         return out
 
@@ -297,7 +381,7 @@ class Connection:
         return out
 
     def _send(self, msg: dict[str, Any], only_if_changed: bool = False) -> None:
-        with self._lock:  # the pusher thread and the shell thread both send
+        with self._lock:  # the updater thread and the comm's handler both send
             if msg.get("type") == "status":
                 text = json.dumps(msg, sort_keys=True)
                 if only_if_changed and text == self._last:
@@ -306,33 +390,38 @@ class Connection:
             self.send(msg)
 
     def subscribe(self, interval: float) -> None:
-        self.unsubscribe()
-        self._halt = halt = threading.Event()
-        self._thread = threading.Thread(target=self._push, args=(halt, float(interval)),
-                                        name=f"pwkernel-comm-{self.number}", daemon=True)
-        self._thread.start()
+        dropped = _updater.add(self, float(interval))
+        if dropped is not None:
+            dropped.send({"type": "error", "request": "subscribe", "error": (
+                f"status pushes stopped: more than {MAX_SUBSCRIBERS} comms subscribed and this "
+                "one subscribed first. Send 'subscribe' again to resume.")})
 
-    def _push(self, halt: threading.Event, interval: float) -> None:
-        while not halt.wait(interval):
-            try:
-                msg = status_message(self.get_controller(), self.util)
-            except Exception:  # noqa: BLE001 - a snapshot taken mid-change: try next tick
-                continue
-            try:
-                self._send(msg, only_if_changed=True)
-            except Exception:  # noqa: BLE001 - the comm or kernel is going away: stop quietly
-                halt.set()
+    def push(self, cache: dict[Any, Any]) -> bool:
+        """One tick of the updater: send the status if it changed; False if the comm is gone."""
+        try:
+            ctl = self.get_controller()
+            if id(ctl) not in cache:  # one snapshot for every comm served in this tick
+                cache[id(ctl)] = status_message(ctl, _push_util)
+        except Exception:  # noqa: BLE001 - a snapshot taken mid-change: try next tick
+            return True
+        try:
+            self._send(cache[id(ctl)], only_if_changed=True)
+        except Exception:  # noqa: BLE001 - the comm or kernel is going away: stop quietly
+            return False
+        return True
 
     def unsubscribe(self) -> None:
-        self._halt.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5.0)
+        _updater.remove(self)
 
     def close(self) -> None:
         self.unsubscribe()
         with _live_lock:
             _live.discard(self)
+
+
+def subscribed() -> int:
+    """How many comms get status pushes now."""
+    return _updater.count()
 
 
 def connections() -> list[Connection]:
@@ -341,15 +430,35 @@ def connections() -> list[Connection]:
         return list(_live)
 
 
+def _route_as_sent(comm) -> None:
+    """Keep each frontend message on the subshell the frontend sent it to.
+
+    ipykernel (7.x) sends a comm's incoming messages to the subshell that last *published* on
+    it, for widgets whose kernel code waits for a reply. Our pushes publish from the updater
+    thread, which ipykernel counts as the main shell: every sidebar request would then queue
+    behind the running cell. This comm waits for no reply, so the frontend's choice stands
+    (JupyterLab sends comm messages to a subshell of their own; JEP 91).
+    """
+    if hasattr(comm, "_reply_subshell_for"):
+        comm._reply_subshell_for = lambda data, default: default
+
+
 def register(ip, get_controller: Callable[[], Any]) -> bool:
-    """Register the target with the kernel's comm manager; False outside a kernel."""
+    """Register the target with the kernel's comm manager; False outside a kernel.
+
+    Messages are handled in the thread of the subshell they arrive on, possibly while a cell
+    runs on the main thread: ``get_controller`` must only read (never build a controller), and
+    nothing here touches the shell or the user's namespace.
+    """
     kernel = getattr(ip, "kernel", None)
     manager = getattr(kernel, "comm_manager", None)
     if manager is None:
         return False
+    root = Path.cwd()  # the notebook's directory: where the kernel started
 
     def on_open(comm, open_msg) -> None:
-        conn = Connection(comm.send, get_controller)
+        _route_as_sent(comm)
+        conn = Connection(comm.send, get_controller, root)
         comm.on_msg(lambda msg: conn.handle(msg["content"]["data"]))
         comm.on_close(lambda msg: conn.close())
         opts = open_msg["content"].get("data") or {}

@@ -14,10 +14,11 @@ import html
 import time
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..runtime.objects import Future, FutureState
-from ..runtime.resources import VirtualSlice
+from ..runtime.resources import VirtualSlice, describe_axis_types
 
 _TABLE = ('<table style="border-collapse:collapse;font-family:monospace;font-size:12px">'
           '{head}{rows}</table>')
@@ -100,21 +101,69 @@ def future_text(fut: Future) -> str:
     return text + (f"\n  {f['value']}" if f["value"] else "")
 
 
+def _hosted():
+    """The controller this kernel hosts, if it has started (never starts one)."""
+    from .extension import state
+
+    st = state()
+    return None if st is None else st.peek()
+
+
+def _island_of(ctl) -> dict[int, int]:
+    if ctl is None or ctl.closed:
+        return {}
+    return {d.id: isl.id for isl in ctl.islands for d in isl.devices}
+
+
+def layout_html(shape, sharding, ctl=None) -> str:
+    """The picture of an array's layout (``pwkernel.viz.sharding``), devices named by island."""
+    from ..viz.sharding import sharding_html
+
+    return sharding_html(shape, sharding, _island_of(ctl if ctl is not None else _hosted()))
+
+
 def future_html(fut: Future) -> str:
     f = future_fields(fut)
-    return _table(f"Future {f['name']}", ["field", "value"],
-                  [[k, v] for k, v in f.items() if k != "name" and v])
+    table = _table(f"Future {f['name']}", ["field", "value"],
+                   [[k, v] for k, v in f.items() if k != "name" and v])
+    return table + (layout_html(fut.shape, fut.sharding) if fut.sharding is not None else "")
+
+
+def array_html(arr) -> str | None:
+    """A ``jax.Array`` on the hosted controller's devices: its type, layout and a preview,
+    with the picture; None (JAX's own display) for any other array."""
+    ctl = _hosted()
+    islands = _island_of(ctl)
+    try:
+        ids = {d.id for d in arr.sharding.device_set}
+        on = {islands.get(i) for i in ids}
+    except Exception:  # a deleted or unusual array: JAX's own display
+        return None
+    if not ids or len(on) != 1 or None in on:
+        return None
+    sharding = arr.sharding
+    spec = getattr(sharding, "spec", None)
+    dims = ",".join(str(d) for d in arr.shape)
+    try:
+        preview = np.array2string(np.asarray(arr), threshold=8, edgeitems=2, precision=4)
+    except Exception:  # deleted buffer
+        preview = "(deleted)"
+    rows = [["type", f"{arr.dtype}[{dims}]"],
+            ["sharding", str(spec) if spec is not None else type(sharding).__name__],
+            ["where", f"island {on.pop()} devices {_devices(ids)}"], ["value", preview]]
+    return _table("jax.Array", ["field", "value"], rows) + layout_html(arr.shape, sharding, ctl)
 
 
 # --- slices and controllers -----------------------------------------------------------------
 def _slice_row(vs: VirtualSlice, name: str = "") -> list[Any]:
     if vs.released:
-        return [name or f"#{vs.id}", "released", "", ""]
+        return [name or f"#{vs.id}", "released", "", "", ""]
     dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))
-    return [name or f"#{vs.id}", dims, vs.island.id, _devices(vs.device_ids)]
+    return [name or f"#{vs.id}", dims, describe_axis_types(vs.axis_types), vs.island.id,
+            _devices(vs.device_ids)]
 
 
-_SLICE_HEAD = ["slice", "mesh", "island", "devices"]
+_SLICE_HEAD = ["slice", "mesh", "axis types", "island", "devices"]
 
 
 def slice_text(vs: VirtualSlice) -> str:
@@ -208,6 +257,7 @@ def register(ip) -> None:
                            (Controller, controller_text, controller_html)):
         plain.for_type(cls, lambda obj, p, cycle, _t=text: p.text(_t(obj)))
         rich.for_type(cls, htm)
+    rich.for_type(jax.Array, array_html)  # only arrays on the controller's devices
 
 
 def unregister(ip) -> None:
@@ -215,5 +265,5 @@ def unregister(ip) -> None:
 
     for fmt in ("text/plain", "text/html"):
         formatter = ip.display_formatter.formatters[fmt]
-        for cls in (Future, VirtualSlice, Controller):
+        for cls in (Future, VirtualSlice, Controller, jax.Array):
             formatter.type_printers.pop(cls, None)

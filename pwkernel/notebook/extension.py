@@ -1,18 +1,24 @@
 """``%load_ext pwkernel``: host the process-wide controller in this kernel.
 
 Loading registers the magics (``%pathways``, ``%%pathways``), the rich displays and the
-``pwkernel`` comm target, and prints one line naming the islands. Loading twice is harmless;
+``pwkernel`` comm target, and prints one line. Loading twice is harmless;
 ``%unload_ext pwkernel`` cancels what is queued and closes the controller.
+
+Loading does not start the controller, nor JAX's backend: the controller starts with the first
+``%pathways`` command or ``%%pathways`` cell (or the user's own ``pw.controller()``). So a
+notebook whose first cell configures JAX (``jax.config.update('jax_num_cpu_devices', 8)``,
+``XLA_FLAGS``) runs unchanged on the Pathways kernel.
 
 >>> ip = IPython.get_ipython()            # doctest: +SKIP
 >>> ip.run_line_magic("load_ext", "pwkernel")   # doctest: +SKIP
-pwkernel: 2 islands (island 0: 4 cpu devices [0-3], island 1: 4 cpu devices [4-7]); ...
+pwkernel: loaded; the controller starts with the first %pathways ...
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..runtime import controller as process
 from ..runtime.controller import Controller, controller
 from ..runtime.resources import VirtualSlice
 from ..runtime.tasks import ClientSpec
@@ -25,20 +31,48 @@ class NotebookState:
     """What the extension keeps per kernel: the controller, named slices, the default client,
     slices made for ``--devices`` cells, and ``--no-block`` outputs still to be shown."""
 
-    def __init__(self, ctl: Controller):
-        self.ctl = ctl
+    def __init__(self, ctl: Controller | None = None, user_ns: dict[str, Any] | None = None):
+        self._ctl = ctl
+        self.user_ns = user_ns if user_ns is not None else {}
         self.slices: dict[str, VirtualSlice] = {}
         self.client = ClientSpec()
         self.temporary: list[tuple[Any, VirtualSlice]] = []
         self.live: list[CellOutput] = []
         self._default: VirtualSlice | None = None
 
+    @property
+    def ctl(self) -> Controller:
+        """The hosted controller, started now if it was not yet."""
+        return self.controller()
+
+    @ctl.setter
+    def ctl(self, value: Controller) -> None:
+        self._ctl = value
+
     def controller(self) -> Controller:
-        if self.ctl.closed:  # closed behind our back (ctl.close()): host a fresh one
-            self.ctl = controller()
-            self._default = None
-            self.slices.clear()
-        return self.ctl
+        if self._ctl is None or self._ctl.closed:  # not started, or closed behind our back
+            if self._ctl is not None:
+                self._default = None
+                self.slices.clear()
+            self._ctl = controller()
+        return self._ctl
+
+    def peek(self) -> Controller | None:
+        """The controller if one runs (ours, or the process-wide one the user started);
+        never starts one, so JAX's backend is left alone until the user needs it."""
+        if self._ctl is not None and not self._ctl.closed:
+            return self._ctl
+        running = process._default
+        if running is not None and not running.closed:
+            return self.controller()
+        return None
+
+    def slice_names(self) -> dict[int, str]:
+        """A name for each slice: its ``%pathways slice`` name, else a variable holding it."""
+        names = {vs.id: n for n, vs in list(self.user_ns.items())
+                 if isinstance(vs, VirtualSlice) and not n.startswith("_")}
+        names.update({vs.id: n for n, vs in self.slices.items()})
+        return names
 
     def default_slice(self) -> VirtualSlice:
         """Where a cell without --slice/--devices runs: all of island 0."""
@@ -101,20 +135,28 @@ def banner(ctl: Controller) -> str:
             f"{ctl.dispatch}. Try %pathways status.")
 
 
+def waiting_banner() -> str:
+    return ("pwkernel: loaded; the controller starts with the first %pathways command or cell "
+            "(or pw.controller()), on the islands PWKERNEL_ISLANDS names or JAX's devices. "
+            "Until then JAX is untouched: configure it first if you need to.")
+
+
 def load_ipython_extension(ip) -> None:
-    """Host the controller and register magics, displays and the comm target."""
+    """Register magics, displays and the comm target; the controller starts when needed."""
     global _state
-    if _state is not None and not _state.ctl.closed:
-        print(banner(_state.ctl))
+    if _state is not None:
+        ctl = _state.peek()
+        print(banner(ctl) if ctl is not None else waiting_banner())
         return
     from .magics import PathwaysMagics
 
-    _state = NotebookState(controller())
+    _state = NotebookState(user_ns=ip.user_ns)
     ip.register_magics(PathwaysMagics(ip, _state))
     display.register(ip)
-    comm.register(ip, _state.controller)
+    comm.register(ip, _state.peek)
     ip.events.register("pre_run_cell", _pre_run_cell)
-    print(banner(_state.ctl))
+    ctl = _state.peek()  # a controller the user started before loading us
+    print(banner(ctl) if ctl is not None else waiting_banner())
 
 
 def unload_ipython_extension(ip) -> None:
@@ -136,5 +178,7 @@ def unload_ipython_extension(ip) -> None:
         if ip.user_ns.get(name) is vs:
             del ip.user_ns[name]
     st.release_all()
-    st.ctl.close()
-    print("pwkernel: controller closed")
+    ctl = st.peek()
+    if ctl is not None:
+        ctl.close()
+    print("pwkernel: controller closed" if ctl is not None else "pwkernel: unloaded")

@@ -11,7 +11,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -19,7 +19,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..runtime.errors import CancelledError, PathwaysError
 from ..runtime.objects import Future
-from ..runtime.resources import VirtualSlice
+from ..runtime.resources import VirtualSlice, describe_axis_types
 from ..runtime.tasks import ClientSpec
 from . import args as specs
 from . import cell as cells
@@ -70,13 +70,13 @@ class PathwaysMagics(Magics):
         return getattr(self, f"_cmd_{a.command}")(a)
 
     def _cmd_status(self, a) -> Status:
-        names = {vs.id: n for n, vs in self.state.slices.items()}
-        return Status(self.ctl, names, self.state.client.name)
+        return Status(self.ctl, self.state.slice_names(), self.state.client.name)
 
     def _cmd_slice(self, a) -> None:
         old = self.state.slices.get(a.name)
         try:
-            vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes)
+            vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes,
+                                axis_types=a.axis_types)
         except (PathwaysError, ValueError) as e:
             raise UsageError(f"%pathways slice {a.name}: {e}") from None
         if old is not None:
@@ -84,7 +84,8 @@ class PathwaysMagics(Magics):
         self.state.slices[a.name] = vs
         self.shell.user_ns[a.name] = vs
         dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))
-        print(f"{a.name} = slice {dims} on island {vs.island.id}, devices {list(vs.device_ids)}")
+        print(f"{a.name} = slice {dims} ({describe_axis_types(vs.axis_types)} axes) on island "
+              f"{vs.island.id}, devices {list(vs.device_ids)}")
 
     def _cmd_release(self, a) -> None:
         vs = self.state.slices.pop(a.name, None) or self.shell.user_ns.get(a.name)
@@ -136,15 +137,17 @@ class PathwaysMagics(Magics):
         if a.backend == "local" and a.address is not None:
             raise UsageError("%pathways attach local takes no --address; use "
                              "%pathways attach ray --address A for a Ray cluster.")
-        old = self.state.ctl
-        islands = a.islands or tuple(len(i.devices) for i in old.islands)
+        old = self.state.peek()  # None: not started yet, nothing to replace
+        islands = a.islands or (tuple(len(i.devices) for i in old.islands) if old is not None
+                                else process.local.islands_from_env())
         try:
             new = process.Controller(islands, backend=a.backend, ray_address=a.address)
         except (PathwaysError, ValueError) as e:
             raise UsageError(f"%pathways attach {a.backend}: {e}") from None
         for name in self.state.release_all():
             self.shell.user_ns.pop(name, None)
-        old.close()
+        if old is not None:
+            old.close()
         with process._lock:  # pw.controller() hands out the new one from now on
             process._default = new
         self.state.ctl, self.state._default = new, None
@@ -203,14 +206,18 @@ class PathwaysMagics(Magics):
         plan = cells.analyse(shell.transform_cell(cell), shell.user_ns, filename, 1,
                              out.debug_print)
         plain: dict[str, Any] = {}
-        program = cells.build_program(plan, vs, name, plain)
         inputs = [shell.user_ns[p] for p in plan.params]
+        program = cells.build_program(plan, vs, name, plain, inputs)
         client = self._client(a)
         try:
             with ctl.client(client.name, client.weight, client.priority), \
                     cells.ambient_mesh(None if plan.uses_pw else vs):
                 # (compiled functions carry their own slices: no ambient mesh for them)
                 graph = program.trace(*inputs)
+                if not _has_work(graph):  # tracing ran the cell's Python: that was all of it
+                    self._bind(plain, None)
+                    print(f"({name}: no array work in this cell; it ran as plain Python)")
+                    return self._last(plan, plain, None)
                 futures, run = self._submit(ctl, graph, inputs, a.sequential)
         except (UsageError, KeyboardInterrupt):
             raise
@@ -225,10 +232,12 @@ class PathwaysMagics(Magics):
                 out.detach()
             self.state.watch(out)
             self._bind(plain, results)
-            _when_done(run, results, lambda status: out.finish(status))
+            deadline = _Deadline(run, a.timeout) if a.timeout is not None else None
+            _when_done(run, results, lambda status: out.finish(
+                deadline.finish(status) if deadline else status))
             return self._last(plan, plain, results)
         try:
-            self._wait(run, a.timeout, name)
+            self._wait(run, a.timeout, name, _leaves(results))
             errors = [f.exception(0) for f in _leaves(results) if f.exception(0) is not None]
             if errors:
                 raise errors[0]
@@ -296,9 +305,12 @@ class PathwaysMagics(Magics):
         display(view)
         return view
 
-    def _wait(self, run, timeout: float | None, name: str) -> None:
+    def _wait(self, run, timeout: float | None, name: str, outputs: list[Future]) -> None:
+        """Until the program ends, or an output failed (a cancel from the sidebar, say): then
+        the cell fails at once, and computations already launched finish on their own."""
         __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
+        resolved = _all_resolved(outputs)
         try:
             while True:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -308,8 +320,12 @@ class PathwaysMagics(Magics):
                         f"{name} did not finish within --timeout {timeout:g} s; cancelled its "
                         "queued computations (one already running finishes first). "
                         "Raise --timeout, or use a bigger slice.") from None
-                if run.wait(left if left is not None else 0.5):
+                if run.done() or (resolved.is_set() and any(
+                        f.exception(0) is not None for f in outputs)):
                     return
+                # short steps: a long --timeout never overflows a wait, Ctrl-C is seen
+                (run if resolved.is_set() else resolved).wait(
+                    0.5 if left is None else min(left, 0.5))
         except KeyboardInterrupt:
             run.cancel("interrupted")
             raise KeyboardInterrupt(
@@ -341,10 +357,62 @@ PathwaysMagics.pathways_cell.__doc__ = (
     + specs.help_text(specs.CELL))
 
 
+def _has_work(graph) -> bool:
+    """True when the traced cell computes something: a node that produces values."""
+    return bool(graph.outputs) or any(getattr(node, "outputs", ()) for node in graph.nodes)
+
+
+class _Deadline:
+    """``--timeout S`` of a ``--no-block`` cell: cancels the program's queued computations when
+    S seconds pass before it ends, and says so in the cell's display."""
+
+    def __init__(self, run, seconds: float):
+        self.run, self.seconds = run, seconds
+        self.expired = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.name = f"pwkernel-timeout-{run.name}"
+        self._timer.start()
+
+    def _expire(self) -> None:
+        if not self.run.done():
+            self.expired = True  # before cancelling: the run may end inside cancel()
+            self.run.cancel(f"timed out after --timeout {self.seconds:g} s")
+
+    def finish(self, status: str) -> str:
+        """The program ended with ``status``: stop the clock, and say if it ran out."""
+        self._timer.cancel()
+        return f"{status} (--timeout {self.seconds:g} s expired)" if self.expired else status
+
+
 def _leaves(results) -> list[Future]:
     import jax
 
     return [f for f in jax.tree_util.tree_leaves(results) if isinstance(f, Future)]
+
+
+def _after_all(futures: list[Future], fn: Callable[[], None]) -> None:
+    """Call ``fn()`` once every one of ``futures`` has a value or an error (at once if none)."""
+    left, lock = [len(futures)], threading.Lock()
+
+    def one(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        fn()
+
+    if not futures:
+        fn()
+    for f in futures:
+        f.add_done_callback(one)
+
+
+def _all_resolved(futures: list[Future]) -> threading.Event:
+    """An event set once every one of ``futures`` has a value or an error."""
+    event = threading.Event()
+    _after_all(futures, event.set)
+    return event
 
 
 def _when_done(run, results, callback) -> None:
@@ -353,14 +421,8 @@ def _when_done(run, results, callback) -> None:
     if not futs:
         callback("submitted")
         return
-    left = [len(futs)]
-    lock = threading.Lock()
 
-    def one(fut: Future) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
+    def ended() -> None:
         bad = [f for f in futs if f.exception(0) is not None]
         if not bad:
             callback(f"done in {max(f.t_done for f in futs) - run.t_submit:.3f} s")
@@ -369,5 +431,4 @@ def _when_done(run, results, callback) -> None:
         else:
             callback(f"failed: {bad[0].exception(0)}")
 
-    for f in futs:
-        f.add_done_callback(one)
+    _after_all(futs, ended)

@@ -14,9 +14,11 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from jax.sharding import AxisType
+
 from . import executor as executors
 from .dispatcher import Dispatcher, DispatchMode
-from .errors import ControllerClosedError, ProgramError
+from .errors import ControllerClosedError, ProgramError, SliceError
 from .executor import Executor
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
@@ -102,10 +104,16 @@ class Controller:
         return self.resources.slices
 
     def slice(self, shape: int | Sequence[int], island: int | None = None,
-              axis_names: Sequence[str] | None = None) -> VirtualSlice:
+              axis_names: Sequence[str] | None = None,
+              axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
+              ) -> VirtualSlice:
         """A virtual slice of ``shape`` (int or mesh shape) on ``island`` (or the least
-        loaded one). Slices may share devices; the gang scheduler time-multiplexes them."""
-        return self.resources.allocate(shape, island, axis_names)
+        loaded one). Slices may share devices; the gang scheduler time-multiplexes them.
+
+        ``axis_types``: ``"explicit"`` or ``"auto"`` (or ``jax.sharding.AxisType`` values),
+        one for all axes or one per axis; default: what ``jax.make_mesh`` gives (explicit).
+        """
+        return self.resources.allocate(shape, island, axis_names, axis_types)
 
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
         """Move ``vs`` to other devices; its functions are lowered again on next use."""
@@ -122,6 +130,7 @@ class Controller:
         self._policy = Policy.parse(value)
         for queue in self._dispatcher.islands.values():
             queue.set_policy(self._policy)
+        self._dispatcher.check_memory_when_idle()  # in another order, another node is next
 
     @property
     def dispatch(self) -> str:
@@ -188,6 +197,8 @@ class Controller:
     def memory(self) -> dict[Any, int]:
         """Bytes held by live buffers on each device (every device listed, 0 when empty)."""
         held = self.store.memory()
+        for d, n in self._dispatcher.memory().items():  # values only running programs hold
+            held[d] = held.get(d, 0) + n
         return {d: held.get(d.id, 0) for d in self.devices}
 
     def status(self) -> dict[str, Any]:
@@ -209,10 +220,17 @@ class Controller:
             queue.release_memory(list(record.nbytes), max(record.nbytes.values(), default=0))
 
     # --- life cycle ------------------------------------------------------------------------
-    def reattach(self, island: int) -> Island:
-        """Start a new process for ``island`` (Ray backend) after its actor died; its slices
-        work again. Values that lived on the old one are lost (``pw.IslandLostError``)."""
+    def reattach(self, island: int | Island) -> Island:
+        """Start a new process for ``island`` (an ``Island`` or its id; Ray backend) after its
+        actor died; its slices work again. Values that lived on the old one are lost
+        (``pw.IslandLostError``)."""
         self._check_open()
+        if isinstance(island, Island):
+            if island not in self._islands:
+                raise SliceError(f"{island!r} is not an island of this controller, whose "
+                                 f"islands are {list(self._islands)}. Maybe you want "
+                                 "ctl.reattach(ctl.islands[i]) or ctl.reattach(i).")
+            island = island.id
         return self._backend.reattach(island)
 
     def _check_open(self) -> None:

@@ -32,7 +32,7 @@ from .graph import Graph
 from .islands import IslandQueue
 from .objects import Future, FutureState, ObjectStore, resolved
 from .plan import Plan, build
-from .tasks import ClientSpec, ProgramRun, Task, TaskState
+from .tasks import ClientSpec, ProgramRun, Task, TaskState, later, soon
 from .trace import Trace
 
 _now = time.perf_counter
@@ -66,6 +66,13 @@ class Dispatcher:
             isl.id: IslandQueue(isl, executor, policy, memory_budget) for isl in executor.islands}
         self.runs: dict[int, ProgramRun] = {}  # one dict operation at a time: no lock needed
         self._group = None if isinstance(executor, NoGroup) else executor.group
+        self.memory_budget = memory_budget
+        # Work in flight, under a memory budget: submissions being prepared, launched
+        # computations and started copies not yet ended, nodes queued for the sequential
+        # dispatcher. When it drops to zero, work waiting for memory is checked for being
+        # stuck (``runtime.budget``).
+        self._active = 0
+        self._active_lock = threading.Lock()
         self._plan_lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
@@ -124,11 +131,15 @@ class Dispatcher:
             outputs.append(fut)
         self.runs[run.id] = run  # one dict operation: atomic without a lock
         start = self._start_parallel if parallel else self._start_sequential
-        if self._group is None:
-            start(run, pending)
-        else:
-            with self._group():
+        self.began()
+        try:
+            if self._group is None:
                 start(run, pending)
+            else:
+                with self._group():
+                    start(run, pending)
+        finally:
+            self.settled()
         return outputs
 
     def _start_parallel(self, run: ProgramRun, pending: list) -> None:
@@ -161,11 +172,12 @@ class Dispatcher:
             if several:
                 for island in plan.islands:
                     self.islands[island].release()
+        failed = list(errors.items())  # arguments that failed before this run was made
         for task in ready:
             if not task.node.is_compute:
-                self._transfer(task)
-        for slot in errors:
-            run._spread(slot, errors[slot])
+                self._admit(task)
+        for slot, error in failed:
+            run._spread(slot, error)
         for slot, fut in pending:
             fut._on_launch(lambda f, s=slot: None if f._error is not None
                            else run.input_arrived(s, f._peek()))
@@ -206,7 +218,7 @@ class Dispatcher:
                 if task.state is TaskState.QUEUED:
                     self.islands[task.node.island].ready(task)
             else:
-                self._transfer(task)
+                self._admit(task)
 
     # --- sequential dispatch: the client prepares a node once its inputs exist -------------
     def _sequential(self, task: Task) -> None:
@@ -214,6 +226,7 @@ class Dispatcher:
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._serve, name="pw-dispatch", daemon=True)
             self._thread.start()
+        self.began()
         self._queue.put(task)
 
     def _serve(self) -> None:
@@ -221,7 +234,7 @@ class Dispatcher:
             run, node = task.run, task.node
             try:
                 if not task.is_compute:
-                    self._transfer(task)
+                    self._admit(task)
                     continue
                 with run._lock:
                     if task.state is not TaskState.WAITING:
@@ -234,17 +247,40 @@ class Dispatcher:
                     node.spec.cost_key, exe.memory, True, (), run.id))
             except BaseException as e:  # noqa: BLE001
                 run.fail(task, e)
+            finally:
+                self.settled()
             task = run = None  # an idle dispatcher keeps no run alive
 
     # --- transfers -------------------------------------------------------------------------
-    def _transfer(self, task: Task) -> None:
+    def _admit(self, task: Task) -> None:
+        """A copy whose source exists (launched, or resolved): start it now, or under a
+        memory budget once its destination's scheduler admits its bytes."""
+        queue = self.islands[task.node.island]
+        if queue.scheduler.memory_budget is None:
+            self._transfer(task)
+            return
+        run, node, client = task.run, task.node, task.run.client_spec
+        with run._lock:
+            if task.state is not TaskState.WAITING:
+                return
+            task.state = TaskState.QUEUED
+        queue.submit(task, sch.Submit(task.id, node.devices, client.name, client.weight,
+                                      client.priority, memory=node.memory, ready=True,
+                                      group=run.id, copy=True))
+
+    def copy(self, task: Task) -> None:
+        """The destination's scheduler admitted this copy (it is RUNNING already)."""
+        self._transfer(task, admitted=True)
+
+    def _transfer(self, task: Task, admitted: bool = False) -> None:
         """Start a copy (its source may still be computing); its consumers can be launched
         behind it, and the executor reports when it lands."""
         run = task.run
         with run._lock:
-            if task.state is not TaskState.WAITING:
+            if task.state is not (TaskState.RUNNING if admitted else TaskState.WAITING):
                 return
             task.state = TaskState.RUNNING
+        self.began()
         task.t_submit = task.t_launch = _now()
         error = task.input_error()
         if error is not None:
@@ -252,9 +288,55 @@ class Dispatcher:
             return
         self.executor.transfer(task)
 
+    # --- work in flight, and work stuck waiting for memory ---------------------------------
+    def began(self) -> None:
+        """One more piece of work in flight (counted only under a memory budget)."""
+        if self.memory_budget is not None:
+            with self._active_lock:
+                self._active += 1
+
+    def settled(self) -> None:
+        if self.memory_budget is not None:
+            with self._active_lock:
+                self._active -= 1
+                idle = not self._active
+            if idle:
+                self.check_memory_when_idle()
+
+    def idle(self) -> bool:
+        """Nothing is being submitted, running or in flight anywhere."""
+        return not self._active
+
+    def check_memory_when_idle(self) -> None:
+        if self._active or self.memory_budget is None:
+            return
+        soon(self._check_memory)
+
+    def _check_memory(self) -> None:
+        """Fail a program that waits for memory no running work can free (see
+        ``runtime.budget``); then look again, since that may not have been enough."""
+        if later(self._check_memory):  # first let the failures and frees queued before land
+            return
+        for island in list(self.islands.values()):
+            found = island.memory_stuck(self)
+            if found is not None:
+                run, error = found
+                run.cancel(error=error)  # which looks again, once its frees landed
+                return
+
     # --- runs ------------------------------------------------------------------------------
     def run_ended(self, run: ProgramRun) -> None:
         self.runs.pop(run.id, None)
+
+    def memory(self) -> dict[int, int]:
+        """Bytes per device of the values running programs keep for their own nodes (those
+        that are not futures, so not in the object store)."""
+        out: dict[int, int] = {}
+        for run in self.active_runs():
+            for nbytes in run.internal_bytes():
+                for d, n in nbytes.items():
+                    out[d] = out.get(d, 0) + n
+        return out
 
     def active_runs(self) -> list[ProgramRun]:
         return list(self.runs.values())

@@ -19,9 +19,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from . import budget
 from . import scheduler as sch
 from .errors import MemoryBudgetError
-from .tasks import Task, TaskState
+from .objects import BufferRecord
+from .tasks import ProgramRun, Task, TaskState
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -76,14 +78,18 @@ class IslandQueue:
     def finished(self, task: Task, seconds: float) -> None:
         self.post(sch.Finished(task.id, seconds))
 
-    def cancel(self, task: Task) -> bool:
-        """Drop ``task`` unless it was launched; True if it was dropped."""
+    def cancel(self, *tasks: Task) -> list[Task]:
+        """Drop those of ``tasks`` not yet launched, all in one step of the scheduler (so
+        dropping one cannot let another of them launch); returns the ones dropped."""
+        dropped = []
         with self._lock:
-            if self._tasks.pop(task.id, None) is None:
-                return False
-            task.state = TaskState.CANCELLED
-        self.post(sch.Cancel(task.id))
-        return True
+            for task in tasks:
+                if self._tasks.pop(task.id, None) is not None:
+                    task.state = TaskState.CANCELLED
+                    dropped.append(task)
+        if dropped:
+            self.post(*[sch.Cancel(task.id) for task in dropped])
+        return dropped
 
     def release_memory(self, devices, nbytes: int) -> None:
         if nbytes and self.scheduler.memory_budget is not None:
@@ -108,19 +114,30 @@ class IslandQueue:
                     decisions += self.scheduler.handle(*more)
             finally:
                 self._handling = False
-            tasks, todo = self._tasks, self._todo
+            tasks, todo, copies = self._tasks, self._todo, None
+            budget = self.scheduler.memory_budget
             for decision in decisions:
                 task = tasks.pop(decision.task)
                 if type(decision) is sch.Launch:
                     task.state = TaskState.RUNNING
-                    todo.append(task)
+                    if task.node.is_compute:
+                        todo.append(task)
+                        if budget is not None:
+                            task.run.dispatcher.began()
+                    else:  # a copy admitted under the memory budget
+                        copies = [task] if copies is None else copies + [task]
                 else:
                     task.state = TaskState.CANCELLED
                     rejects.append((task, decision.reason))
             drain = self._claim()
         for task, reason in rejects:
+            what = task.node.name if task.node.is_compute else (
+                f"the copy {task.node.name} onto devices {list(task.node.devices)}")
             task.run.fail(task, MemoryBudgetError(
-                f"{task.node.name} on island {self.island.id}: {reason}"), settled=True)
+                f"{what} on island {self.island.id}: {reason}"), settled=True)
+        if copies:
+            for task in copies:
+                task.run.dispatcher.copy(task)
         if drain:
             self._drain()
 
@@ -164,8 +181,70 @@ class IslandQueue:
         if interrupted is not None:
             raise interrupted
 
+    # --- the memory budget -----------------------------------------------------------------
+    def memory_stuck(self, dispatcher) -> tuple[ProgramRun, MemoryBudgetError] | None:
+        """When nothing runs or is in flight anywhere: the program run to fail because work
+        here waits for memory that only work which cannot run would free (``runtime.budget``),
+        with its error; None when nothing here is stuck."""
+        live = None  # futures held here are dropped after the lock: a free posts events
+        try:
+            with self._lock:
+                limit = self.scheduler.memory_budget
+                waiting = self.scheduler.waiting_for_memory() if limit is not None else []
+                if not waiting or not dispatcher.idle():
+                    return None
+                runs = {r.id: r for r in dispatcher.active_runs()}
+                runs |= {t.run.id: t.run for t in self._tasks.values()}
+                live = dispatcher.store.live()
+                mine = set(self.island.device_ids)
+                held = _held(self.island.id, runs.values(), live,
+                             lambda nbytes: self.island.id if mine & nbytes.keys() else None)
+                heads = []
+                for tid, devices, nbytes in waiting:
+                    task = self._tasks[tid]
+                    run = task.run
+                    heads.append(budget.Waiting(task.node.name, self.island.id, devices,
+                                                nbytes, run.id, run.name, run.client))
+                in_use = self.scheduler.memory_in_use()
+                found = budget.stuck(heads, limit, in_use, held,
+                                     {t.run.id for t in self._tasks.values()})
+                if found is None:
+                    return None
+                head, victim_id = found
+                victim = runs[victim_id]
+                text = budget.message(head, f"program {victim.name!r} (run {victim.id}, "
+                                            f"client {victim.client!r})", limit, in_use, held)
+                return victim, MemoryBudgetError(text)
+        finally:
+            del live
+
     # --- queries ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {"running": len(self.scheduler.running), "queued": len(self.scheduler.queued),
                     "memory_reserved": self.scheduler.memory_in_use()}
+
+
+def _held(island: int, runs, live, island_of) -> list[budget.Held]:
+    """Every buffer on ``island`` with whether only the runtime can free it: the object
+    store's (pinned while their program runs, or while a node not yet ended reads them) and
+    the values runs keep in their slots (always pinned: no user holds them)."""
+    reading: set[int] = set()
+    out: list[budget.Held] = []
+    for run in runs:
+        if run.values is None:
+            continue
+        for task in list(run.tasks):
+            if task.state not in (TaskState.DONE, TaskState.CANCELLED):
+                for s in task.node.distinct:
+                    fut = run.futures.get(s)
+                    if fut is not None:
+                        reading.add(id(fut))
+        for nbytes in run.internal_bytes():
+            if island_of(nbytes) == island:
+                out.append(budget.Held(BufferRecord(nbytes, run.name, run.id, run.client, island,
+                                                    True), True))
+    ids = {r.id for r in runs}
+    out += [budget.Held(rec, rec.program_id in ids or id(f) in reading)
+            for rec, f in live if rec.island == island]
+    return out

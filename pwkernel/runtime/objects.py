@@ -359,6 +359,13 @@ class ObjectStore:
         with self._lock:
             return list(self._records.values())
 
+    def live(self) -> list[tuple[BufferRecord, Future | None]]:
+        """Each live buffer's record with its future (None once it is being freed). The
+        caller holds those futures: it should drop the list outside its own locks."""
+        with self._lock:
+            return [(self._records[k], ref()) for k, (ref, _) in self._watch.items()
+                    if k in self._records]
+
     def close(self) -> None:
         """Free every buffer; futures of this store refuse to hand out values from now on."""
         self.closed = True

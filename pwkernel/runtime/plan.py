@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .graph import ComputeNode, Graph, TransferNode
+from .objects import shard_bytes
 from .scheduler import NodeSpec
 
 _cost_keys: dict[tuple, int] = {}  # (function, signature) -> an int the scheduler hashes
@@ -67,6 +68,8 @@ class PlanNode:
     spec: NodeSpec | None = None
     # transfers
     sharding: Any = None          # the destination layout
+    out_nbytes: tuple[dict[int, int], ...] = ()  # per output: bytes on each device (both)
+    memory: int = 0               # bytes per device its outputs take (what a budget counts)
 
 
 @dataclass(slots=True, eq=False)
@@ -111,11 +114,14 @@ def build(graph: Graph) -> Plan:
             exe = node.fn.executable(node.signature)
             p = PlanNode(index, node, node.name, node.island, node.devices, tuple(ins),
                          tuple(outs), True, fn=node.fn, exe=exe, call=exe.call,
-                         asynchronous=exe.asynchronous)
+                         asynchronous=exe.asynchronous, out_nbytes=exe.out_nbytes,
+                         memory=exe.memory)
         else:
-            sharding = graph.values[node.output].sharding
+            spec = graph.values[node.output]
+            nbytes = shard_bytes(spec.shape, spec.dtype, spec.sharding)
             p = PlanNode(index, node, node.name, node.dst, node.devices, (ins[0],), (outs[0],),
-                         False, sharding=sharding)
+                         False, sharding=spec.sharding, out_nbytes=(nbytes,),
+                         memory=max(nbytes.values(), default=0))
         distinct = tuple(dict.fromkeys(ins))
         p.n_inputs, p.distinct = len(distinct), distinct
         waits, after = [], []
@@ -136,7 +142,7 @@ def build(graph: Graph) -> Plan:
         if compute:
             after = _island_ancestors(nodes, producer, distinct, p.island)
             p.spec = NodeSpec(index, frozenset(p.devices), cost_key(node.fn, node.signature),
-                              p.exe.memory, tuple(waits), tuple(after), p.external > 0)
+                              p.memory, tuple(waits), tuple(after), p.external > 0)
         nodes.append(p)
     for p in nodes:
         p.notifies = any(notify[s] for s in p.outputs)

@@ -13,6 +13,7 @@ called outside a program is a one-node program.
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 import threading
@@ -32,6 +33,18 @@ from .resources import VirtualSlice
 
 _tracing = threading.local()
 _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
+
+
+class Inferred(enum.Enum):
+    """``out_specs=pw.INFERRED``: an output is laid out as JAX lays it out in a plain
+    ``jax.jit`` over the slice's mesh: by its type on explicit axes (sharding in types), by
+    the compiler's sharding propagation on auto axes. Read back from the compiled executable,
+    so it is still known before anything runs."""
+
+    INFERRED = "inferred"
+
+
+INFERRED = Inferred.INFERRED
 _NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
 
 
@@ -80,7 +93,9 @@ class Executable:
     memory: int  # output bytes on each of the slice's devices
     out_nbytes: tuple[dict[int, int], ...]  # per output: bytes on each device
     asynchronous: bool = True  # launching returns at once (no host callbacks inside)
-    call: Any = None  # the fastest way to run it: the jax.jit object (C++ dispatch), or compiled
+    # How launches call it: the compiled executable itself (C++ dispatch after its first call;
+    # unlike the jit object it never traces again, whatever mesh is ambient in that thread)
+    call: Any = None
 
 
 def _spec_leaves(specs, args: tuple) -> list[Any]:
@@ -206,30 +221,33 @@ class CompiledFunction:
         out_specs = self._out_spec_leaves(out_struct, len(out_leaves))
         out_shardings = []
         for i, (o, spec) in enumerate(zip(out_leaves, out_specs, strict=True)):
+            if spec is INFERRED:
+                out_shardings.append(None)  # jit: left to JAX, read back once compiled
+                continue
             spec = _default_spec(o.shape, vs) if spec is None else spec
             _check_spec(spec, o.shape, mesh, f"{self.name}: output {i} out_specs")
             out_shardings.append(NamedSharding(mesh, spec))
         jitted = jax.jit(flat, in_shardings=tuple(in_shardings),
                          out_shardings=tuple(out_shardings))
         compiled = jitted.lower(*structs).compile()
+        out_shardings = [given if given is not None else made for given, made in
+                         zip(out_shardings, compiled.output_shardings, strict=True)]
         out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
                            for o, sh in zip(out_leaves, out_shardings, strict=True))
         memory = sum(max(n.values()) for n in out_nbytes)
         # A computation that calls back into Python may run in the launching thread: those
         # are launched by the island's workers, never by the thread that submits.
         asynchronous = "callback" not in compiled.as_text()
-        # Launches call the jit object: after lower().compile() it finds this executable in
-        # JAX's caches and dispatches from C++, the path bare JAX takes.
         return Executable(compiled, tuple(in_shardings),
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
                           tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous,
-                          jitted)
+                          compiled)
 
     def _out_spec_leaves(self, out_struct, n: int) -> list[Any]:
-        if self.out_specs is None or isinstance(self.out_specs, P):
+        if self.out_specs is None or isinstance(self.out_specs, P | Inferred):
             return [self.out_specs] * n
-        leaves = jax.tree_util.tree_leaves(self.out_specs,
-                                           is_leaf=lambda s: s is None or isinstance(s, P))
+        leaves = jax.tree_util.tree_leaves(
+            self.out_specs, is_leaf=lambda s: s is None or isinstance(s, P | Inferred))
         if len(leaves) != n:
             raise SpecError(f"{self.name}: out_specs {self.out_specs!r} has {len(leaves)} "
                             f"entries but the function returns {n} arrays.")
@@ -404,6 +422,8 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
 
     ``in_specs``/``out_specs``: a ``PartitionSpec`` for every array, or one entry per argument
     (output). Default: shard the leading axis over the slice when it divides, else replicate.
+    ``out_specs=pw.INFERRED`` (for all outputs or some): the layout JAX gives them, as in a
+    plain ``jax.jit`` over the slice's mesh.
     """
     if fn is None:
         return lambda f: CompiledFunction(f, slice, in_specs, out_specs, name)

@@ -5,6 +5,11 @@ is a mesh-shaped set of virtual devices on one island; the resource manager plac
 physical devices, spreading load, and may move it later (``remap``), after which the functions
 placed on it are lowered again. Slices are not exclusive: several may map onto the same devices
 and are time-multiplexed by the island's gang scheduler.
+
+A slice's mesh axes have JAX axis types: ``Explicit`` (shardings are part of array types,
+JAX's sharding-in-types) or ``Auto`` (the compiler propagates shardings). The default is what
+``jax.make_mesh`` gives in the installed JAX, so a slice's mesh behaves like the mesh JAX's own
+tutorials make.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import AxisType, Mesh
 
 from .errors import DeviceSetupError, SliceError
 
@@ -68,17 +74,19 @@ class VirtualSlice:
     """A mesh of virtual devices on one island, placed on physical devices by the controller.
 
     >>> s = ctl.slice((2, 2), axis_names=("data", "model"))   # doctest: +SKIP
-    >>> s.mesh.shape                                            # doctest: +SKIP
-    {'data': 2, 'model': 2}
+    >>> s.mesh.shape, s.axis_types                              # doctest: +SKIP
+    ({'data': 2, 'model': 2}, (AxisType.Explicit, AxisType.Explicit))
     """
 
     _ids = itertools.count()
 
     def __init__(self, manager: ResourceManager, shape: tuple[int, ...],
-                 axis_names: tuple[str, ...], island: Island, devices: tuple[Any, ...]):
+                 axis_names: tuple[str, ...], island: Island, devices: tuple[Any, ...],
+                 axis_types: tuple[AxisType, ...]):
         self.id = next(self._ids)
         self.shape = shape
         self.axis_names = axis_names
+        self.axis_types = axis_types
         self._manager = manager
         self._island = island
         self._devices = devices
@@ -110,8 +118,13 @@ class VirtualSlice:
         self._check()
         if self._mesh is None:
             grid = np.array(self._devices, dtype=object).reshape(self.shape)
-            self._mesh = Mesh(grid, self.axis_names)
+            self._mesh = Mesh(grid, self.axis_names, axis_types=self.axis_types)
         return self._mesh
+
+    @property
+    def axis_type_names(self) -> tuple[str, ...]:
+        """The axis types in words: ``("explicit", "explicit")``."""
+        return tuple(t.name.lower() for t in self.axis_types)
 
     def _move(self, island: Island, devices: tuple[Any, ...]) -> None:
         self._island, self._devices, self._mesh = island, devices, None
@@ -134,12 +147,42 @@ class VirtualSlice:
         if self.released:
             return f"VirtualSlice(id={self.id}, released)"
         dims = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape, strict=True))
-        return (f"VirtualSlice(id={self.id}, {dims}, island={self._island.id}, "
-                f"devices={list(self.device_ids)})")
+        return (f"VirtualSlice(id={self.id}, {dims}, {describe_axis_types(self.axis_types)}, "
+                f"island={self._island.id}, devices={list(self.device_ids)})")
 
 
 def _default_axis_names(ndim: int) -> tuple[str, ...]:
     return ("x", "y", "z", "w")[:ndim] if ndim <= 4 else tuple(f"a{i}" for i in range(ndim))
+
+
+AXIS_TYPES = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
+
+
+def default_axis_type(device: Any) -> AxisType:
+    """The axis type ``jax.make_mesh`` gives in the installed JAX (``Explicit`` today)."""
+    return jax.make_mesh((1,), ("x",), devices=[device]).axis_types[0]
+
+
+def describe_axis_types(types: Sequence[AxisType]) -> str:
+    """``"explicit"`` when every axis has one type, else ``"explicit,auto"``."""
+    names = [t.name.lower() for t in types]
+    return names[0] if len(set(names)) == 1 else ",".join(names)
+
+
+def _axis_types(dims: tuple[int, ...], axis_types, device: Any) -> tuple[AxisType, ...]:
+    """One ``AxisType`` per mesh dimension from None, a type, a name, or one per axis."""
+    if axis_types is None:
+        return (default_axis_type(device),) * len(dims)
+    given = (axis_types,) if isinstance(axis_types, str | AxisType) else tuple(axis_types)
+    types = [AXIS_TYPES.get(t.lower()) if isinstance(t, str) else t for t in given]
+    if len(types) == 1:
+        types = types * len(dims)
+    if len(types) != len(dims) or not all(t in AXIS_TYPES.values() for t in types):
+        raise SliceError(
+            f"axis_types {axis_types!r} must be 'explicit' or 'auto' (or jax.sharding.AxisType"
+            f".Explicit / .Auto), once for all axes or once for each of the {len(dims)} mesh "
+            f"dimensions of shape {dims}. Maybe you want axis_types='explicit'.")
+    return tuple(types)
 
 
 class ResourceManager:
@@ -171,14 +214,17 @@ class ResourceManager:
         return self.islands[island]
 
     def allocate(self, shape: int | Sequence[int], island: int | None = None,
-                 axis_names: Sequence[str] | None = None) -> VirtualSlice:
+                 axis_names: Sequence[str] | None = None,
+                 axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
+                 ) -> VirtualSlice:
         self._check_open()
         dims = _normalize_shape(shape)
         names = self._axis_names(dims, axis_names)
+        types = _axis_types(dims, axis_types, self.islands[0].devices[0])
         with self._lock:
             target = self._choose_island(math.prod(dims), island)
             devices = self._choose_devices(target, math.prod(dims))
-            vs = VirtualSlice(self, dims, names, target, devices)
+            vs = VirtualSlice(self, dims, names, target, devices, types)
             self._slices[vs.id] = vs
             for d in devices:
                 self._load[d.id] += 1

@@ -39,6 +39,12 @@ The order is kept incrementally: each client's ready computations sit in a list 
 policy's key (inserted with a binary search when they become ready), and a scheduling pass
 merges the clients' lists, stopping as soon as every device is reserved. Nothing is sorted again
 per launch.
+
+With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers) are
+admitted here too, in the same order: a copy needs only memory, never its devices to itself, so
+it is launched as soon as its bytes fit and is done with the scheduler at once (its memory stays
+counted until ``MemoryFreed``). The scheduler never decides that waiting is hopeless; what
+``waiting_for_memory`` reports lets the runtime tell (see ``runtime.budget``).
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ class Submit:
     ready: bool = False
     after: tuple[int, ...] = ()  # tasks of this island whose outputs it reads
     group: Hashable = None  # its program run (see ``GangScheduler.program_ahead``)
+    copy: bool = False  # a copy onto the island: it needs only ``memory`` (see the module doc)
 
 
 @dataclass(slots=True)
@@ -176,6 +183,7 @@ class _Task:
     dependents: list | None = None  # tasks whose ``waits`` name this one
     key: tuple = ()  # its place in its client's ready list (while ready)
     charged: float = 0.0
+    copy: bool = False  # a copy onto the island: it needs only memory
 
 
 @dataclass(slots=True)
@@ -268,6 +276,26 @@ class GangScheduler:
     def memory_in_use(self) -> dict[int, int]:
         return dict(self._memory)
 
+    def waiting_for_memory(self) -> list[tuple[int, frozenset[int], int]]:
+        """``(task, devices, bytes)`` of each ready computation or copy that is next on its
+        devices and waits only for memory, in policy order."""
+        out: list[tuple[int, frozenset[int], int]] = []
+        reserved: set[int] = set()
+        for t in self._in_order():
+            if t.devices & reserved:
+                continue
+            reserved |= t.devices
+            if self._devices_free(t) and not self._fits_memory(t):
+                out.append((t.id, t.devices, t.memory))
+        return out
+
+    def _in_order(self) -> list[_Task]:
+        """The ready tasks in policy order now (a snapshot: for queries, not scheduling)."""
+        share = self.policy is Policy.SHARE
+        keyed = [((c.passes, key) if share else key, tid)
+                 for c in self._clients.values() for key, tid in c.ready]
+        return [self._tasks[tid] for _, tid in sorted(keyed)]
+
     def shares(self) -> dict[str, float]:
         """Each client's fraction of the device-seconds charged so far."""
         total = sum(c.device_seconds for c in self._clients.values())
@@ -295,7 +323,7 @@ class GangScheduler:
         if self.memory_budget is not None and memory > self.memory_budget:
             return Reject(task, f"needs {memory} bytes per device but the memory budget "
                                 f"is {self.memory_budget}; raise memory_budget or split "
-                                "the computation")
+                                "the work into smaller pieces")
         return None
 
     def _submit(self, ev: Submit, out: list) -> bool:
@@ -307,7 +335,7 @@ class GangScheduler:
         client = self._client(ev.client, ev.weight)
         client.active += 1
         task = _Task(ev.task, self._seq, devices, ev.client, ev.priority, ev.cost_key,
-                     ev.memory, tuple(ev.after), ev.group)
+                     ev.memory, tuple(ev.after), ev.group, copy=ev.copy)
         self._seq += 1
         self._tasks[ev.task] = task
         if ev.ready:
@@ -500,9 +528,11 @@ class GangScheduler:
 
     def _devices_free(self, t: _Task) -> bool:
         # Free, or busy only with t's own ancestors (or its own program's computations, with
-        # program_ahead), and not too deep. Everything queued on a device is an ancestor of
-        # what was launched after it there (that is how it got there), so without
-        # program_ahead the last one decides for all.
+        # program_ahead), and not too deep. A copy never needs its devices to itself.
+        # Everything queued on a device is an ancestor of what was launched after it there
+        # (that is how it got there), so without program_ahead the last one decides for all.
+        if t.copy:
+            return True
         same_group = self.program_ahead and t.group is not None
         for d in t.devices:
             queue = self._busy.get(d)
@@ -521,6 +551,13 @@ class GangScheduler:
 
     def _launch(self, t: _Task, out: list) -> None:
         del self._ready[t.id]
+        if t.copy:  # it takes its memory and is done here: it never occupies the devices
+            self._drop(t)
+            if self.memory_budget is not None:
+                for d in t.devices:
+                    self._memory[d] += t.memory
+            out.append(Launch(t.id))
+            return
         self._running.add(t.id)
         budget, busy = self.memory_budget is not None, self._busy
         for d in t.devices:

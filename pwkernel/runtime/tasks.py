@@ -68,6 +68,15 @@ def soon(fn, *args) -> None:
         _local.pending = None
 
 
+def later(fn, *args) -> bool:
+    """Inside a ``soon`` loop with work queued: queue ``fn(*args)`` after it (True)."""
+    pending = getattr(_local, "pending", None)
+    if pending:
+        pending.append((fn, args))
+        return True
+    return False
+
+
 class Task:
     """One node of one run: what an executor launches and reports the end of.
 
@@ -147,7 +156,7 @@ class ProgramRun:
         base = self.base
         self.tasks = [Task(base + p.index, p, self) for p in plan.nodes]
         self.t_submit = _now()
-        self._remaining = len(self.tasks)
+        self._remaining = self._unended = len(self.tasks)
         self._lock = threading.Lock()
         self._changed: threading.Condition | None = None  # made when someone waits on a value
         self._waiters = 0
@@ -170,14 +179,29 @@ class ProgramRun:
             done = self._done
         return done.wait(timeout)
 
-    def cancel(self, reason: str = "cancelled") -> int:
-        """Cancel every node that has not been launched; returns how many were cancelled."""
-        error = CancelledError(f"program {self.name!r} (run {self.id}) was {reason} before "
-                               "this computation ran")
-        tasks = [t for t in self.tasks if t.state in (TaskState.WAITING, TaskState.QUEUED)]
-        for task in tasks:
-            soon(self.fail, task, error)
-        return sum(t.state is TaskState.CANCELLED for t in tasks)
+    def cancel(self, reason: str = "cancelled", error: BaseException | None = None) -> int:
+        """Drop every node not yet launched, failing it with ``error`` (by default a
+        ``CancelledError``); returns how many were dropped. Each island drops the run's nodes
+        in one step of its scheduler, so dropping one never lets another of them launch."""
+        if error is None:
+            error = CancelledError(f"program {self.name!r} (run {self.id}) was {reason} "
+                                   "before this computation ran")
+        queued: dict[int, list[Task]] = {}
+        dropped = []
+        with self._lock:
+            for t in self.tasks:
+                if t.state is TaskState.WAITING:  # with no scheduler yet
+                    t.state = TaskState.CANCELLED
+                    dropped.append(t)
+                elif t.state is TaskState.QUEUED:
+                    queued.setdefault(t.node.island, []).append(t)
+        islands = self.dispatcher.islands
+        for island, tasks in queued.items():
+            dropped += islands[island].cancel(*tasks)
+        for task in dropped:
+            soon(self.fail, task, error, True)
+        self.dispatcher.check_memory_when_idle()  # the queue's head may have changed
+        return len(dropped)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else f"{self._remaining} nodes left"
@@ -260,6 +284,19 @@ class ProgramRun:
                     t.run._producers(s, todo)
         return tuple(out)
 
+    def internal_bytes(self) -> list[dict[int, int]]:
+        """Bytes on each device of every value it keeps that is not a future (alive until
+        its last reader ends)."""
+        values, plan, out = self.values, self.plan, []
+        if values is None:
+            return out
+        for s, value in enumerate(list(values)):
+            p = plan.producer[s]
+            if value is not None and p >= 0 and s not in self.futures:
+                node = plan.nodes[p]
+                out.append(node.out_nbytes[node.outputs.index(s)])
+        return out
+
     def _producers(self, slot: int, out: list) -> None:
         p = self.plan.producer[slot]
         if p >= 0:
@@ -320,7 +357,7 @@ class ProgramRun:
         ``error``, and so, through its outputs, does everything that depends on it.
         ``settled``: the scheduler already dropped it (rejected)."""
         if not settled:
-            if task.state is TaskState.QUEUED and task.is_compute:
+            if task.state is TaskState.QUEUED:
                 if not self.dispatcher.islands[task.node.island].cancel(task):
                     return  # launched meanwhile: it ends by itself
             else:
@@ -359,16 +396,19 @@ class ProgramRun:
                     dropped.append(self._take(s, node, k))  # nobody reads it
             if self._waiters:
                 self._changed.notify_all()
-            self._remaining -= 1
-            finished = self._remaining == 0
-        if ran and node.is_compute:  # its devices are free: what waited may launch (its
-            queue = dispatcher.islands[node.island]  # outputs' ends are known by then)
-            queue.finished(task, t_end - t_start)
-            if error is not None:
-                queue.release_memory(node.devices, node.exe.memory)
+            self._unended -= 1
+            last = self._unended == 0
+        if ran:
+            queue = dispatcher.islands[node.island]
+            if node.is_compute:  # its devices are free: what waited may launch (its outputs'
+                queue.finished(task, t_end - t_start)  # ends are known by then)
+            if error is not None:  # the memory its outputs reserved (under a budget)
+                queue.release_memory(node.devices, node.memory)
+            if dispatcher.memory_budget is not None:
+                dispatcher.settled()
         if dropped:
             self._free(dropped)
-        if finished:  # not among ctl.runs() once its last outputs resolve
+        if last:  # not among ctl.runs() once its last outputs resolve
             dispatcher.run_ended(self)
         if futures:
             for k, s in enumerate(node.outputs):
@@ -378,8 +418,8 @@ class ProgramRun:
                 if error is not None:
                     fut._set_exception(error, t_end)
                 else:
-                    fut._set_result(values[s], t_end, node.is_compute,
-                                    node.exe.out_nbytes[k] if node.is_compute else None)
+                    # computations and copies alike reserved their outputs' memory when
+                    fut._set_result(values[s], t_end, True, node.out_nbytes[k])  # launched
         for s in spread:
             self._spread(s, error)
         if error is None and not self.parallel:
@@ -387,6 +427,9 @@ class ProgramRun:
                 dispatcher.arrived(self, s)
         if node.inputs:
             self._release_inputs(node)
+        with self._lock:  # (another task's end may still be freeing values: the last to
+            self._remaining -= 1  # finish its own bookkeeping closes the run)
+            finished = self._remaining == 0
         if finished:  # keep nothing alive: the run stays reachable from its futures
             self.tasks = []
             self.values = None
@@ -400,6 +443,8 @@ class ProgramRun:
     def _spread(self, slot: int, error: BaseException) -> None:
         """Every task reading ``slot`` that has not started fails with ``error``."""
         tasks = self.tasks
+        if not tasks:
+            return  # the run is over
         for c in self.plan.consumers[slot]:
             task = tasks[c]
             if task.state in (TaskState.WAITING, TaskState.QUEUED):
@@ -435,10 +480,9 @@ class ProgramRun:
                     value.delete()
                 except Exception:  # already deleted or donated: nothing left to free
                     pass
-            if producer.is_compute:
-                nbytes = producer.exe.out_nbytes[k]
-                self.dispatcher.islands[producer.island].release_memory(
-                    list(nbytes), max(nbytes.values(), default=0))
+            nbytes = producer.out_nbytes[k]
+            self.dispatcher.islands[producer.island].release_memory(
+                list(nbytes), max(nbytes.values(), default=0))
 
     def record(self, task: Task, t_start: float, t_end: float, error) -> None:
         """Append the task's span to the trace (plain strings: this runs per computation)."""

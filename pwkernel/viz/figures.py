@@ -11,6 +11,7 @@ from bokeh.models import (
     BoxAnnotation,
     CDSView,
     ColumnDataSource,
+    CustomJS,
     CustomJSFilter,
     CustomJSHover,
     FixedTicker,
@@ -94,6 +95,22 @@ def _link_view(link: str) -> CDSView:
     return CDSView(filter=CustomJSFilter(args={"code": LINK_CODES[link]}, code=_LINK_FILTER_JS))
 
 
+DENSE_PX = 2.0
+_DENSE_JS = """
+const left = bars.data.left, right = bars.data.right;
+const lo = fig.x_range.start, hi = fig.x_range.end;
+let n = 0;
+for (let i = 0; i < left.length; i++) {
+  if (right[i] >= lo && left[i] <= hi) n++;
+}
+const width = fig.inner_width || fig.width || 600;
+const dense = n * min_px > width * rows;
+for (const r of links) {
+  if (r.visible === dense) r.visible = !dense;
+}
+"""
+
+
 def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: ColumnDataSource,
                     segments: ColumnDataSource, names: ColumnDataSource,
                     color_by: str = "program", title: str = "Gang schedule",
@@ -125,9 +142,12 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
         fig.add_layout(BoxAnnotation(top=first - 0.48, bottom=last + 0.48, level="underlay",
                                      fill_color="#F4F4F4" if n % 2 == 0 else "#FFFFFF",
                                      fill_alpha=1.0, line_color=None))
+    # A bar's outline is its own colour: zoomed out, thousands of bars narrower than a pixel
+    # draw little but outline, and a dark one would turn busy rows black. Bars stay apart
+    # by the gaps between them (the row's background).
+    color = transform(color_field(color_by), _color_mapper(colors))
     compute = fig.hbar(y="y", left="left", right="right", height=COMPUTE_HEIGHT, source=bars,
-                       fill_color=transform(color_field(color_by), _color_mapper(colors)),
-                       line_color="#333333", line_width=0.5, name="compute")
+                       fill_color=color, line_color=color, line_width=0.5, name="compute")
     link_color = transform("link", _link_mapper())
     moved = fig.hbar(y="y", left="left", right="right", height=TRANSFER_HEIGHT,
                      source=transfers, fill_color=link_color, line_color=link_color,
@@ -139,6 +159,15 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
     dcn = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=segments,
                       view=_link_view("dcn"), line_color="#000000", line_width=1,
                       line_alpha=0.6, line_dash="dashed", name="dcn-links")
+    # Zoomed out, transfers and the links between islands would hatch every row black: drawn
+    # only while the bars in view are DENSE_PX pixels wide or more on average (decided in the
+    # page on every zoom, pan and stream, so zooming with the mouse is covered too).
+    hide = CustomJS(args=dict(bars=bars, fig=fig, links=[moved, ici, dcn], rows=max(1, rows),
+                              min_px=DENSE_PX), code=_DENSE_JS)
+    fig.x_range.js_on_change("start", hide)
+    fig.x_range.js_on_change("end", hide)
+    bars.js_on_change("streaming", hide)
+    bars.js_on_change("data", hide)
     formatters = _formatters(names)
     fig.add_tools(HoverTool(renderers=[compute], formatters=formatters, tooltips=[
         *_BAR_TIPS, ("device", "@device (island @island)"), ("status", "@status{custom}")]))
@@ -157,7 +186,7 @@ def set_color_by(fig, color_by: str) -> None:
     name = color_field(color_by)
     glyph = fig.select_one({"name": "compute"}).glyph
     # Same colour mapper, other index column: nothing but the field name goes to the page.
-    glyph.fill_color = transform(name, glyph.fill_color.transform)
+    glyph.fill_color = glyph.line_color = transform(name, glyph.fill_color.transform)
 
 
 def legend_html(colors: dict[str, str], title: str) -> str:

@@ -43,7 +43,7 @@ def fig2(v):
 
 with ctl.client("alice"):
     pass
-view = pw.ScheduleView(ctl, window=0.02)
+view = pw.ScheduleView(ctl, window=2.0)     # zoomed out: thousands of bars in view
 view
 """
 
@@ -76,6 +76,16 @@ ROWS_JS = """() => {
   }
   return found === null ? -1 : found.get_length();
 }"""
+# True once the page has judged the view zoomed out (bars in view under 2 px on average) and
+# hidden the transfers and links: the state whose readability the screenshot checks.
+ZOOMED_OUT_JS = """() => {
+  const docs = (window.Bokeh && window.Bokeh.documents) || [];
+  for (const doc of docs) {
+    const r = doc.get_model_by_name("transfers");
+    if (r) return r.visible === false;
+  }
+  return false;
+}"""
 INDEX_JS = ROWS_JS.replace("found.get_length()", "Array.from(found.get_column('index'))")
 NEWEST_JS = ROWS_JS.replace("found.get_length()", "Math.max(...found.get_column('index'))")
 # The page's names for the codes of the newest bar: what the hover tooltip shows.
@@ -85,6 +95,19 @@ NAMES_JS = ROWS_JS.replace("return found === null ? -1 : found.get_length();", "
   const text = names.get_column("text"), last = found.get_length() - 1;
   return ["name", "program", "client", "status"].map(
       (c) => text[found.get_column(c)[last]]);""")
+
+
+def shares(png: Path) -> tuple[float, float]:
+    """The share of near-black pixels, and of pixels in the program's colour (fig2: the
+    palette's first, orange), in a screenshot."""
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    dark = (rgb.max(axis=2) < 70).mean()
+    orange = np.array([0xE6, 0x9F, 0x00])
+    colored = (np.abs(rgb - orange).max(axis=2) < 40).mean()
+    return float(dark), float(colored)
 
 
 def view_area(page):
@@ -124,8 +147,15 @@ def test_schedule_view_streams_live_in_jupyterlab(tmp_path):
             grown = page.evaluate(NEWEST_JS)
             assert grown > first >= 0
             assert not (lab.root / "stop-programs").exists()  # the programs were running
+            # Zoomed out (bars narrower than a pixel) the rows keep their programs' colours.
+            page.wait_for_function(f"({ROWS_JS})() > 1000")
+            page.wait_for_function(ZOOMED_OUT_JS)
             shot = ARTIFACTS / "schedule-view.png"
             view_area(page).screenshot(path=str(shot))  # live, while programs run
+            dark, colored = shares(shot)
+            assert dark < 0.04 and colored > 0.03, (
+                f"zoomed out, {dark:.1%} of the view is near black and {colored:.1%} has the "
+                f"program's colour: the rows are not readable (see {shot})")
 
             (lab.root / "stop-programs").touch()
             page.wait_for_function(

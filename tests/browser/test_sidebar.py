@@ -2,9 +2,10 @@
 
 One JupyterLab, one browser, one story: the sidebar finds the notebook's pwkernel controller,
 shows islands, named slices and a running program, cancels, switches the policy, exports the
-trace, inserts the schedule view; it follows the active notebook to a plain Python kernel, loads
-pwkernel there, and reconnects after a kernel restart. The screenshot goes to
-docs/img/sidebar.png.
+trace; it cancels a ``%%pathways`` cell that blocks the kernel (answered at once: the comm lives
+on a kernel subshell) and inserts the schedule view; it follows the active notebook to a plain
+Python kernel, loads pwkernel there, and reconnects after a kernel restart. The screenshot goes
+to docs/img/sidebar.png.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 try:  # tests/browser may become a package; work both ways
+    from .schedule_lab import kernel_client, run_code
     from .sidebar_lab import CHROMIUM, chromium_page, lab_with_pwkernel, write_notebook
 except ImportError:
+    from schedule_lab import kernel_client, run_code
     from sidebar_lab import CHROMIUM, chromium_page, lab_with_pwkernel, write_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +41,9 @@ def hold(v):
     gate.wait(120)
     return v
 
+one = ctl.slice(1, island=0, axis_types="auto")   # made in Python, not by %pathways
 step = pw.function(lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x),
-                   slice=ctl.slice(1, island=0))
+                   slice=one)
 
 @pw.program
 def training_step(x):
@@ -47,8 +51,24 @@ def training_step(x):
 
 y = training_step(np.ones(4, np.float32))      # futures at once: the program runs on
 mm = pw.function(lambda a: a @ a, slice=serve)
+
+never = threading.Event()                      # never set: each tick lasts 50 ms
+def slow(v):
+    never.wait(0.05)
+    return v
+
+tick = pw.function(lambda x: jax.pure_callback(slow, jax.ShapeDtypeStruct(x.shape, x.dtype), x),
+                   slice=serve)
+x0 = np.ones(4, np.float32)
 z = mm(np.ones((512, 512), np.float32)); z.result().shape"""
 RELEASE_CELL = "gate.set(); y.run.wait(60)"
+BLOCKING_CELL = """\
+%%pathways
+u = x0
+for _ in range(400):                           # 20 s of ticks: the kernel is busy
+    u = tick(u)"""
+CANCELLED = "cancelled from the Pathways sidebar"
+COMMS = "from pwkernel.notebook import comm; print(len(comm.connections()), comm.subscribed())"
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(
     not Path(CHROMIUM).exists(),
@@ -86,9 +106,9 @@ def message(page) -> str:
 
 def test_sidebar_follows_the_kernel(tmp_path):
     with lab_with_pwkernel(tmp_path / "lab") as lab, chromium_page(tmp_path / "profile") as page:
-        write_notebook(lab.root / "sidebar.ipynb", [SETUP_CELL, RELEASE_CELL])
+        write_notebook(lab.root / "sidebar.ipynb", [SETUP_CELL, RELEASE_CELL, BLOCKING_CELL])
         write_notebook(lab.root / "plain.ipynb", ["1 + 1"], kernel="python3")
-        errors: list[str] = []
+        errors: list[str] = []  # console errors of ours (the lab logs its own, e.g. a 404)
         page.on("console", lambda m: errors.append(m.text) if m.type == "error"
                 and ("pwkernel" in m.text.lower() or "pathways" in m.text.lower()) else None)
         page.goto(lab.notebook_url("sidebar.ipynb"))
@@ -96,21 +116,28 @@ def test_sidebar_follows_the_kernel(tmp_path):
         sidebar = page.locator(SIDEBAR)
         assert sidebar.locator("h2").inner_text() == "Pathways"
 
-        # islands and their device grids appear once the kernel answers on the comm
-        islands = sidebar.locator(".pw-island")
-        islands.nth(1).wait_for(timeout=KERNEL_START_MS)
-        assert islands.count() == 2
-        assert sidebar.locator('.pw-island[data-island="0"] .pw-device').count() == 4
-        assert sidebar.locator(".pw-policy").input_value() == "fifo"
+        # the kernel answers on the comm before any cell ran, and has left JAX alone
+        page.wait_for_function(
+            f"document.querySelector('{SIDEBAR} .pw-connection').textContent"
+            ".includes('controller not started yet')", timeout=KERNEL_START_MS)
 
         # a program that runs until the test opens its gate shows as running on island 0
         run_cell(page, 0)
+        islands = sidebar.locator(".pw-island")
+        islands.nth(1).wait_for(timeout=KERNEL_START_MS)  # the cell started the controller
+        assert islands.count() == 2
+        assert sidebar.locator('.pw-island[data-island="0"] .pw-device').count() == 4
+        assert sidebar.locator(".pw-policy").input_value() == "fifo"
         running = sidebar.locator('.pw-run[data-state="running"]')
         running.wait_for(timeout=KERNEL_START_MS)
         assert "training_step" in running.inner_text()
         assert "on island 0" in running.inner_text()
         sidebar.locator('.pw-slice[data-slice="serve"]').wait_for(timeout=MS)
-        assert "island 1" in sidebar.locator('.pw-slice[data-slice="serve"]').inner_text()
+        serve = sidebar.locator('.pw-slice[data-slice="serve"]').inner_text()
+        assert "island 1" in serve and "x=2 (explicit)" in serve
+        # every slice is listed, also those made with ctl.slice(...), by their variable
+        sidebar.locator('.pw-slice[data-slice="one"]').wait_for(timeout=MS)
+        assert "x=1 (auto)" in sidebar.locator('.pw-slice[data-slice="one"]').inner_text()
         sidebar.locator('.pw-device[data-busy="true"]').first.wait_for(timeout=MS)
         # the held device's utilization climbs with the pushes (the window is 2 s)
         page.wait_for_function(
@@ -141,6 +168,37 @@ def test_sidebar_follows_the_kernel(tmp_path):
         assert sidebar.locator(".pw-run").count() == 0
         assert sidebar.locator(".pw-policy").input_value() == "share"
 
+        # a %%pathways cell blocks the kernel; meanwhile the sidebar follows another notebook
+        # (a plain Python kernel: it offers to load pwkernel) and comes back: it reconnects
+        # while the cell runs, Cancel is answered at once and the cell ends with the cancel
+        # error within a second
+        run_cell(page, 2)
+        blocking = sidebar.locator('.pw-run[data-state="running"]', has_text="cell[")
+        blocking.wait_for(timeout=KERNEL_START_MS)
+        page.locator('.jp-SideBar [data-id="filebrowser"]').click()
+        page.locator(".jp-DirListing-itemText", has_text="plain.ipynb").dblclick()
+        page.locator(".jp-NotebookPanel:visible .jp-Cell", has_text="1 + 1").wait_for(
+            timeout=MS)
+        open_sidebar(page)
+        load = sidebar.locator("button.pw-load")
+        load.wait_for(state="visible", timeout=KERNEL_START_MS)
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="sidebar.ipynb").click()
+        blocking.wait_for(timeout=MS)  # connected again, the cell still running
+        cell = page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell").nth(2)
+        failed = cell.locator(".jp-OutputArea-output", has_text=CANCELLED)
+        assert failed.count() == 0
+        t0 = time.monotonic()
+        blocking.locator(".pw-cancel").click()
+        failed.wait_for(timeout=MS)
+        ended = time.monotonic() - t0
+        assert "CancelledError" in failed.inner_text()
+        assert ended < 1.0, f"the cell ended {ended:.2f} s after Cancel"
+        assert re.search(r"run \d+: \d{3} computation\(s\) cancelled", message(page)), \
+            message(page)
+        sidebar.locator(".pw-runs .pw-empty").wait_for(timeout=MS)
+        with kernel_client(lab, "sidebar.ipynb") as client:  # the comm it left was closed
+            assert run_code(client, COMMS).split() == ["1", "1"]
+
         # "Show schedule" inserts the schedule view below the active cell and runs it
         cells = page.locator(".jp-NotebookPanel:visible .jp-Cell")
         before = cells.count()
@@ -149,7 +207,10 @@ def test_sidebar_follows_the_kernel(tmp_path):
         view.wait_for(timeout=MS)
         assert cells.count() == before + 1
         view.locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]")).wait_for(
-            timeout=KERNEL_START_MS)  # it ran
+            timeout=KERNEL_START_MS)  # it ran, and without an error: the view is drawn
+        view.locator("canvas").first.wait_for(timeout=MS)
+        assert view.locator('[data-mime-type="application/vnd.jupyter.stderr"]').count() == 0, \
+            view.locator(".jp-OutputArea").inner_text()
 
         # the palette has the three commands
         page.keyboard.press("Control+Shift+C")
@@ -160,10 +221,8 @@ def test_sidebar_follows_the_kernel(tmp_path):
             assert palette.get_by_text(label).count() == 1
         page.keyboard.press("Escape")
 
-        # another notebook on a plain Python kernel: the sidebar follows it and offers to load
-        page.goto(lab.notebook_url("plain.ipynb"))
-        open_sidebar(page)
-        load = sidebar.locator("button.pw-load")
+        # back to the plain Python kernel: load pwkernel there
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="plain.ipynb").click()
         load.wait_for(state="visible", timeout=KERNEL_START_MS)
         load.click()
         islands.nth(1).wait_for(timeout=KERNEL_START_MS)
@@ -179,5 +238,5 @@ def test_sidebar_follows_the_kernel(tmp_path):
         load.wait_for(state="visible", timeout=KERNEL_START_MS)
         load.click()
         islands.nth(1).wait_for(timeout=KERNEL_START_MS)
-        errors += [e for e in page.errors if "pwkernel" in e.lower() or "pathways" in e.lower()]
+        assert not page.errors, f"errors in the page: {page.errors}"  # every one, not ours only
         assert not errors, errors

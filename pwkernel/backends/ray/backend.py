@@ -169,8 +169,11 @@ class RayBackend:
                 structs = [jax.ShapeDtypeStruct(s, d, sharding=sh)
                            for (s, d), sh in zip(in_avals, exe.in_shardings, strict=True)]
                 platform = "cuda" if host.platform == "gpu" else "cpu"
-                blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
-                             .serialize())
+                # Traced again here: under the slice's mesh, as when it was compiled (a
+                # %%pathways cell's P(...) and out_sharding= refer to it).
+                with jax.set_mesh(node.fn.slice.mesh):
+                    blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
+                                 .serialize())
                 entry = self._exports[id(exe)] = (exe, f"{node.name}-{id(exe):x}", blob)
         _, key, blob = entry
         return key, (None if key in host.sent else blob)

@@ -1,0 +1,230 @@
+"""How long a computation takes on a simulated chip: XLA's cost analysis on the roofline, plus
+the collectives it runs over the island's interconnect, or a duration the user gives.
+
+The function is lowered on a ``jax.sharding.AbstractMesh`` of the simulated chips, which needs
+no devices: ``Lowered.cost_analysis()`` gives its flops and bytes accessed, and the lowered
+text shows the collectives written with ``shard_map`` (``psum``, ``all_gather``, ``ppermute``,
+``all_to_all``, ``psum_scatter``) with their operand sizes and group sizes.
+
+Per chip: ``max(flops / peak, bytes / HBM bandwidth) + launch overhead``, then each collective
+in turn (``Interconnect.collective_seconds``), with no overlap between them. What XLA reports
+for a ``jit`` with shardings is the whole array's work (it is not partitioned yet); it is
+divided by the product of the mesh axes its inputs and outputs are sharded over. Inside
+``shard_map`` XLA already counts one shard's work. What this ignores: ``docs/simulator.md``.
+
+>>> c = Cluster.preset("tpu-v4", chips=8)                                  # doctest: +SKIP
+>>> estimate(lambda x: x @ x, jax.ShapeDtypeStruct((4096, 4096), "bfloat16"),
+...          cluster=c, mesh=(8,), in_specs=P("x")).seconds                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ...runtime.program import _spec_leaves
+from .cluster import Cluster
+from .errors import SimError
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective of a computation: ``nbytes`` on each chip (the larger of its operands
+    and results), over groups of ``group`` chips."""
+
+    kind: str
+    nbytes: int
+    group: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """A computation's time on its chips (``seconds``) and how it was reached. ``source``:
+    ``"xla"`` (cost analysis and roofline) or ``"given"`` (the user's duration)."""
+
+    seconds: float
+    flops: float = 0.0            # per chip
+    bytes_accessed: float = 0.0   # per chip
+    compute_seconds: float = 0.0
+    memory_seconds: float = 0.0
+    collective_seconds: float = 0.0
+    collectives: tuple[Collective, ...] = ()
+    source: str = "xla"
+    has_collectives: bool = False
+
+    @classmethod
+    def given(cls, seconds: float, collectives: bool = False) -> Cost:
+        """A duration the user knows (for what XLA cannot estimate). ``collectives``: the
+        computation waits for all its chips (matters only with ``gang=False``)."""
+        if not isinstance(seconds, int | float) or not seconds >= 0 or math.isinf(seconds):
+            raise SimError(f"a given cost must be seconds >= 0, got {seconds!r}; "
+                           "e.g. Cost.given(1e-3) for one millisecond.")
+        return cls(float(seconds), source="given", has_collectives=bool(collectives))
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """What XLA says about a lowered function, per chip."""
+
+    flops: float
+    transcendentals: float
+    bytes_accessed: float
+    collectives: tuple[Collective, ...]
+    f32: bool       # its matrix products run in f32 (or wider)
+    shards: int     # what the whole-array figures were divided by
+
+
+def abstract_mesh(shape: int | Sequence[int] | AbstractMesh,
+                  axis_names: Sequence[str] | None = None) -> AbstractMesh:
+    """An ``AbstractMesh`` of simulated chips: ``abstract_mesh((256, 8), ("data", "model"))``."""
+    if isinstance(shape, AbstractMesh):
+        return shape
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
+        raise SimError(f"a mesh shape must be a positive int or a tuple of them, got {shape!r}; "
+                       "e.g. mesh=(256, 8).")
+    names = tuple(axis_names) if axis_names else ("x", "y", "z", "w")[:len(dims)]
+    if len(names) != len(dims):
+        raise SimError(f"mesh shape {dims} has {len(dims)} axes but axis_names {names} has "
+                       f"{len(names)}; give one name per axis.")
+    return AbstractMesh(dims, names)
+
+
+def lower(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, in_specs=None,
+          out_specs=None) -> jax.stages.Lowered:
+    """``fn`` lowered for TPU on ``mesh`` (no devices needed). ``args``: arrays or
+    ``jax.ShapeDtypeStruct``s; ``in_specs``/``out_specs``: ``PartitionSpec``s as in
+    ``pw.function`` (default: replicated)."""
+    args = tuple(args)
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    specs = _spec_leaves(in_specs, args)
+    structs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype,
+                                    sharding=NamedSharding(mesh, P() if s is None else s))
+               for x, s in zip(leaves, specs, strict=True)]
+    kwargs = {}
+    if out_specs is not None:
+        kwargs["out_shardings"] = jax.tree_util.tree_map(
+            lambda s: NamedSharding(mesh, s), out_specs, is_leaf=lambda s: isinstance(s, P))
+    name = getattr(fn, "__name__", "fn")
+    try:
+        with jax.sharding.use_abstract_mesh(mesh):
+            traced = jax.jit(fn, **kwargs).trace(*jax.tree_util.tree_unflatten(tree, structs))
+            return traced.lower(lowering_platforms=("tpu",))
+    except Exception as e:
+        raise SimError(f"could not lower {name} on an abstract mesh {dict(mesh.shape)}: {e}. "
+                       "Maybe you want to give its duration instead (Cost.given(seconds)) "
+                       "for what XLA cannot estimate.") from e
+
+
+def analyze(lowered: jax.stages.Lowered, mesh: AbstractMesh) -> Analysis:
+    """Per-chip flops, bytes and collectives of a function lowered on ``mesh``."""
+    text = lowered.as_text()
+    costs = lowered.cost_analysis() or {}
+    if isinstance(costs, list | tuple):  # older JAX: one dict per computation
+        costs = costs[0] if costs else {}
+    shards = _shards(text, dict(mesh.shape))
+    return Analysis(max(float(costs.get("flops", 0.0)), 0.0) / shards,
+                    max(float(costs.get("transcendentals", 0.0)), 0.0) / shards,
+                    max(float(costs.get("bytes accessed", 0.0)), 0.0) / shards,
+                    tuple(_collectives(text)), _f32_matmuls(text), shards)
+
+
+def roofline(analysis: Analysis, cluster: Cluster) -> Cost:
+    """The analysis on ``cluster``'s chip and interconnect."""
+    chip = cluster.chip
+    peak = (chip.peak_flops_f32 or chip.peak_flops) if analysis.f32 else chip.peak_flops
+    compute = analysis.flops / peak
+    memory = analysis.bytes_accessed / chip.hbm_bandwidth
+    comm = sum(cluster.ici.collective_seconds(c.kind, c.nbytes, c.group)
+               for c in analysis.collectives)
+    return Cost(max(compute, memory) + chip.launch_overhead + comm, analysis.flops,
+                analysis.bytes_accessed, compute, memory, comm, analysis.collectives, "xla",
+                bool(analysis.collectives))
+
+
+def estimate(fn: Callable, *args, cluster: Cluster, mesh=1, axis_names=None, in_specs=None,
+             out_specs=None) -> Cost:
+    """The cost of ``fn(*args)`` on a slice of ``cluster`` shaped ``mesh`` (an int, a tuple,
+    or an ``AbstractMesh``)."""
+    m = abstract_mesh(mesh, axis_names)
+    return roofline(analyze(lower(fn, args, m, in_specs, out_specs), m), cluster)
+
+
+# --- reading the lowered text ----------------------------------------------------------------
+_ITEMSIZE = {"i1": 1, "bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4,
+             "i64": 8, "ui8": 1, "ui16": 2, "ui32": 4, "ui64": 8}
+_TENSOR = re.compile(r"tensor<((?:\d+x)*)(complex<\w+>|[a-zA-Z]\w*)>")
+_OP = re.compile(r'"stablehlo\.(' + "|".join(COLLECTIVES) + r')"')
+_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs) = dense<[^>]*> : "
+                     r"tensor<(\d+)x(\d+)xi64>")
+_SIGNATURE = re.compile(r"[)>] : \((.*)\) -> (.*)$")
+_MANUAL = re.compile(r"manual_axes=\{([^}]*)\}")
+_SHARDED = re.compile(r"sdy\.sharding<@\w+, \[(.*?)\]>")
+
+
+def _nbytes(types: str) -> int:
+    total = 0
+    for dims, dtype in _TENSOR.findall(types):
+        if dtype.startswith("complex"):
+            size = 2 * _ITEMSIZE.get(dtype[8:-1], 4)
+        else:
+            size = _ITEMSIZE.get(dtype, 1 if dtype.startswith("f8") else 4)
+        total += math.prod(int(d) for d in dims.split("x") if d) * size
+    return total
+
+
+def _collectives(text: str) -> list[Collective]:
+    """Every collective op, with its bytes per chip and group size. An op's type signature is
+    on its own line, or (for ops with a reduction body) on the line that closes the body."""
+    out: list[Collective] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        op = _OP.search(line)
+        if op is None:
+            continue
+        groups = _GROUPS.search(line)
+        size = int(groups.group(2)) if groups else 2
+        sig = None
+        if line.rstrip().endswith("({"):  # a reduction body: the types follow its end
+            indent = len(line) - len(line.lstrip())
+            close = next((ln for ln in lines[i + 1:]
+                          if ln.startswith(" " * indent + "})")), "")
+            sig = _SIGNATURE.search(close)
+        else:
+            sig = _SIGNATURE.search(line)
+        nbytes = max(_nbytes(sig.group(1)), _nbytes(sig.group(2))) if sig else 0
+        out.append(Collective(op.group(1), nbytes, size))
+    return out
+
+
+def _f32_matmuls(text: str) -> bool:
+    for line in text.splitlines():
+        if "stablehlo.dot_general" in line or "stablehlo.convolution" in line:
+            sig = re.search(r": \((.*)\) ->", line)
+            if sig and any(t in ("f32", "f64") for _, t in _TENSOR.findall(sig.group(1))):
+                return True
+    return False
+
+
+def _shards(text: str, mesh: dict[str, int]) -> int:
+    """What XLA's whole-array figures divide by: the product of the mesh axes that the
+    function's inputs and outputs are sharded over, leaving out manual axes (``shard_map``
+    already counts one shard's work along those)."""
+    manual: set[str] = set()
+    for found in _MANUAL.findall(text):
+        manual |= set(re.findall(r'"(\w+)"', found))
+    header = next((ln for ln in text.splitlines() if "func.func public @main" in ln), "")
+    axes: set[str] = set()
+    for found in _SHARDED.findall(header):
+        axes |= set(re.findall(r'"(\w+)"', found))
+    return max(1, math.prod(mesh.get(a, 1) for a in axes - manual))

@@ -1,0 +1,398 @@
+"""The simulation: programs on a simulated cluster, on a virtual clock, through the real
+``GangScheduler`` (one per island; imported and driven, never copied).
+
+A deterministic discrete-event simulation: events sit in one heap ordered by (time, sequence
+number), so equal times keep the order they were created in and every run is the same.
+
+What happens to a node (``docs/simulator.md`` has the picture and every parameter):
+
+1. **Client.** Each client does a node's host-side work on its own thread: ``client_per_node``
+   plus ``fanout_per_host`` for each host the node touches. Parallel dispatch does this for
+   every node when the program is submitted; sequential dispatch only once the client has
+   heard (``rpc_latency`` after the end) that all the node's inputs exist.
+2. **Scheduler.** ``rpc_latency`` later the node reaches its island's ``GangScheduler``
+   (``Submit``); it is ``Ready`` once its inputs are launched (parallel: the control plane
+   runs ahead of the data) or at once (sequential). Events that reach an island at the same
+   instant go to ``handle`` together.
+3. **Hosts.** A ``Launch`` reaches each host of the computation ``rpc_latency`` later; the host
+   executor takes ``host_per_node`` per computation, one after another; the computation is
+   then queued on its chips, in launch order.
+4. **Chips.** Each chip runs its queue in order. A computation starts when it is at the head of
+   all its chips' queues (a gang), has arrived on every host, and its inputs exist; it runs
+   for its cost. ``Finished`` reaches the scheduler ``rpc_latency`` after the end.
+5. **Transfers** start when their source exists and they were issued, and take ``latency +
+   bytes / bandwidth`` on their links (ICI ports of the chips, DCN ports of the hosts, or the
+   hosts' PCIe), one transfer after another on a shared port.
+
+With ``gang=False`` there is no scheduler: the client sends each computation to its hosts and
+every chip runs computations in the order its host received them. A computation with a
+collective waits for all its chips; where two chips received two such computations in
+opposite orders, each waits for the other forever: ``run`` finds the cycle and raises
+``DeadlockError`` naming the chips and computations (see ``deadlock.py``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ... import DispatchMode
+from ...runtime import scheduler as sch
+from ...runtime.trace import EventKind, LinkKind, Trace
+from .chips import GangQueues, OwnQueues
+from .cluster import Cluster
+from .deadlock import find_deadlock
+from .errors import DeadlockError, SimError
+from .program import SimProgram
+from .tasks import DeviceSet, SimTask
+
+_COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
+
+
+@dataclass
+class SimRun:
+    """One submission of a program: when it was submitted and when its last node ended."""
+
+    id: int
+    name: str
+    client: str
+    t_submit: float
+    t_done: float | None = None
+    remaining: int = 0
+    tasks: list[SimTask] = field(default_factory=list, repr=False)
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.t_done is None else self.t_done - self.t_submit
+
+
+class Simulator:
+    """Programs on ``cluster``, on a virtual clock.
+
+    ``policy``: the gang schedulers' (``"fifo"``, ``"priority"``, ``"share"``); ``dispatch``:
+    ``"parallel"`` or ``"sequential"``; ``gang=False``: no scheduler, each chip runs work in
+    the order its host received it; ``network_delay(client, host)``: extra seconds a message
+    from that client takes to reach that host (clients sit at different places in the
+    network; the scheduler of an island sits with the island's first host).
+
+    >>> sim = Simulator(Cluster.preset("tpu-v4", chips=8))                  # doctest: +SKIP
+    >>> sim.submit(program, client="alice"); sim.run()                     # doctest: +SKIP
+    """
+
+    def __init__(self, cluster: Cluster, policy: sch.Policy | str = "fifo",
+                 dispatch: DispatchMode | str = "parallel", gang: bool = True,
+                 network_delay: Callable[[str, int], float] | None = None,
+                 depth: int = 32, program_ahead: bool = False, trace: Trace | None = None):
+        if not isinstance(cluster, Cluster):
+            raise SimError(f"Simulator needs a Cluster, got {type(cluster).__name__}. Maybe "
+                           "you want Simulator(Cluster.preset('tpu-v4', chips=2048)).")
+        self.cluster = cluster
+        self.dispatch = DispatchMode.parse(dispatch)
+        self.gang = bool(gang)
+        self.network_delay = network_delay or (lambda client, host: 0.0)
+        self.schedulers = {i: sch.GangScheduler(cluster.island_devices(i), policy,
+                                                depth=depth, program_ahead=program_ahead)
+                           for i in range(len(cluster.islands))}
+        self.trace = Trace() if trace is None else trace
+        self.now = 0.0
+        self.runs: list[SimRun] = []
+        self._heap: list = []
+        self._seq = 0
+        self._tasks: dict[int, SimTask] = {}
+        self._devsets: dict[tuple[int, ...], DeviceSet] = {}
+        self._pending: dict[int, list] = {}
+        self._client_free: dict[str, float] = {}
+        self._host_free = np.zeros(cluster.num_hosts)
+        self._chips = GangQueues(cluster.num_chips) if self.gang else OwnQueues(cluster.num_chips)
+        n, h = cluster.num_chips, cluster.num_hosts
+        self._ports = {"ici_out": np.zeros(n), "ici_in": np.zeros(n), "dcn_out": np.zeros(h),
+                       "dcn_in": np.zeros(h), "pcie": np.zeros(h)}
+        self.unfinished = 0
+        self.last_end = 0.0  # when the last node ended
+
+    # --- public ----------------------------------------------------------------------------
+    def submit(self, program: SimProgram, client: str = "default", weight: float = 1.0,
+               priority: int = 0, at: float | None = None) -> SimRun:
+        """Submit ``program`` for ``client`` at virtual time ``at`` (default: now)."""
+        if not isinstance(program, SimProgram):
+            raise SimError(f"submit needs a SimProgram, got {type(program).__name__}. Maybe "
+                           "you want from_graph(pw.program(f).trace(*args), cluster).")
+        program.check(self.cluster)
+        at = self.now if at is None else float(at)
+        if at < self.now:
+            raise SimError(f"cannot submit at t={at} s: the clock is already at {self.now} s.")
+        run = SimRun(len(self.runs), program.name, client, at, remaining=len(program.nodes))
+        self.runs.append(run)
+        for node in program.nodes:
+            devset = self._devset(node.devices)
+            src = self._devset(node.src_devices) if node.src_devices else None
+            task = SimTask(len(self._tasks), run, node, devset, src, weight, priority)
+            task.rendezvous = self.gang or node.collective
+            task.producers = [run.tasks[i] for i in node.inputs]
+            for p in task.producers:
+                p.consumers.append(task)
+            run.tasks.append(task)
+            self._tasks[task.id] = task
+        self.unfinished += len(program.nodes)
+        self._at(at, self._start_run, run)
+        return run
+
+    def run(self, until: float | None = None) -> float:
+        """Run until nothing is left to do (or the clock passes ``until``); returns when the
+        last node ended. Raises ``DeadlockError`` when chips wait on each other in a circle."""
+        heap = self._heap
+        while heap:
+            if until is not None and heap[0][0] > until:
+                self.now = until
+                return self.last_end
+            t, _, fn, arg = heapq.heappop(heap)
+            self.now = t
+            fn(arg)
+        if self.unfinished:
+            stuck = [t for t in self._tasks.values() if not t.done]
+            queues = self._chips.queues(stuck, self.cluster.num_chips)
+            deadlock = find_deadlock(stuck, queues, self.now)
+            raise DeadlockError(deadlock.message(), deadlock)
+        return self.last_end
+
+    # --- the clock -------------------------------------------------------------------------
+    def _at(self, t: float, fn, arg) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn, arg))
+
+    def _devset(self, devices: tuple[int, ...]) -> DeviceSet:
+        ds = self._devsets.get(devices)
+        if ds is None:
+            ds = self._devsets[devices] = DeviceSet.of(devices, self.cluster)
+        return ds
+
+    # --- 1. the client ---------------------------------------------------------------------
+    def _start_run(self, run: SimRun) -> None:
+        for task in run.tasks:
+            if self.dispatch is DispatchMode.PARALLEL or not task.producers:
+                self._prepare(task)
+
+    def _prepare(self, task: SimTask) -> None:
+        """The client's host-side work for ``task``, then its messages leave."""
+        host = self.cluster.host
+        client = task.run.client
+        hosts = task.devset.nhosts + (task.src.nhosts if task.src else 0)
+        done = (max(self._client_free.get(client, 0.0), self.now) + host.client_per_node
+                + host.fanout_per_host * hosts)
+        self._client_free[client] = done
+        if not task.is_compute:
+            self._at(done + host.rpc_latency, self._issue, task)
+        elif self.gang:  # to the island's scheduler, which sits with its first host
+            first = sum(self.cluster.islands[:task.island])
+            delay = host.rpc_latency + self.network_delay(client, first)
+            self._at(done + delay, self._submit, task)
+        else:  # no scheduler: straight to each host
+            for h in task.devset.hosts.tolist():
+                delay = host.rpc_latency + self.network_delay(client, h)
+                self._at(done + delay, self._host_receive, (task, h))
+
+    def _heard(self, task: SimTask) -> None:
+        """Sequential dispatch: the client hears that ``task`` ended."""
+        for c in task.consumers:
+            c.unheard -= 1
+            if c.unheard == 0:
+                self._prepare(c)
+
+    # --- 2. the island's gang scheduler ----------------------------------------------------
+    def _submit(self, task: SimTask) -> None:
+        task.t_submit = self.now
+        task.submitted = True
+        ready = self.dispatch is DispatchMode.SEQUENTIAL or task.unlaunched == 0
+        node = task.node
+        self._post(task.island, sch.Submit(
+            task.id, node.devices, task.run.client, task.weight, task.priority,
+            (task.run.name, node.id), 0, ready, self._after(task) if ready else (), task.run.id))
+
+    def _post(self, island: int, event) -> None:
+        pending = self._pending.get(island)
+        if pending is None:
+            self._pending[island] = [event]
+            self._at(self.now, self._flush, island)
+        else:
+            pending.append(event)
+
+    def _flush(self, island: int) -> None:
+        events = self._pending.pop(island)
+        for decision in self.schedulers[island].handle(*events):
+            task = self._tasks[decision.task]
+            if isinstance(decision, sch.Reject):
+                raise SimError(f"island {island}'s scheduler rejected {task.node.name}: "
+                               f"{decision.reason}")
+            self._launch(task)
+
+    def _after(self, task: SimTask) -> tuple[int, ...]:
+        """In-flight computations whose outputs ``task`` reads (through transfers)."""
+        out, todo = [], list(task.producers)
+        while todo:
+            p = todo.pop()
+            if p.done:
+                continue
+            if p.is_compute:
+                out.append(p.id)
+            else:
+                todo.extend(p.producers)
+        return tuple(out)
+
+    def _input_launched(self, task: SimTask) -> None:
+        for c in task.consumers:
+            c.unlaunched -= 1
+            if c.unlaunched == 0 and self.dispatch is DispatchMode.PARALLEL:
+                if not c.is_compute:
+                    self._maybe_issue(c)
+                elif c.submitted and self.gang:
+                    self._post(c.island, sch.Ready(c.id, self._after(c)))
+
+    # --- 3. hosts and 4. chips -------------------------------------------------------------
+    def _launch(self, task: SimTask) -> None:
+        """A launch decision: queue it on its chips now (launch order); it may start once its
+        hosts have enqueued it."""
+        host = self.cluster.host
+        hosts = task.devset.hosts
+        free = np.maximum(self._host_free[hosts], self.now + host.rpc_latency)
+        free += host.host_per_node
+        self._host_free[hosts] = free
+        task.launched = True
+        task.unarrived = 1
+        self._chips.enqueue(task)
+        self._at(float(free.max()), self._arrived, task)
+        self._input_launched(task)
+
+    def _host_receive(self, arg) -> None:
+        """``gang=False``: host ``h`` takes the computation and queues it on its chips."""
+        task, h = arg
+        t = max(self._host_free[h], self.now) + self.cluster.host.host_per_node
+        self._host_free[h] = t
+        self._at(t, self._host_enqueued, arg)
+
+    def _host_enqueued(self, arg) -> None:
+        task, h = arg
+        if not task.launched:
+            task.launched, task.t_submit = True, self.now
+            task.unarrived = 0
+            self._input_launched(task)
+        self._chips.enqueue(task, task.devset.on_host(h))
+        self._try_start(task)
+
+    def _arrived(self, task: SimTask) -> None:
+        task.unarrived = 0
+        self._try_start(task)
+
+    def _try_start(self, task: SimTask) -> None:
+        if task.unarrived or task.undone:
+            return
+        if not task.rendezvous:  # gang=False, no collective: each chip runs its own shard
+            for d in task.at_head:
+                if task.t_start is None:
+                    task.t_start = self.now
+                self._at(self.now + task.node.seconds, self._shard_end, (task, d))
+            task.at_head = []
+        elif not task.running and task.blockers == 0:
+            task.running = 1
+            task.t_start = self.now
+            self._at(self.now + task.node.seconds, self._compute_end, task)
+
+    def _shard_end(self, arg) -> None:
+        task, d = arg
+        task.shards_done += 1
+        if task.shards_done == len(task.node.devices):
+            self._finish(task)
+        for nxt in self._chips.ended(task, (d,)):
+            self._try_start(nxt)
+
+    def _compute_end(self, task: SimTask) -> None:
+        self._finish(task)
+        for nxt in self._chips.ended(task, task.node.devices):
+            self._try_start(nxt)
+
+    # --- 5. transfers ----------------------------------------------------------------------
+    def _issue(self, task: SimTask) -> None:
+        task.t_submit = self.now
+        task.submitted = True
+        self._maybe_issue(task)
+
+    def _maybe_issue(self, task: SimTask) -> None:
+        parallel = self.dispatch is DispatchMode.PARALLEL
+        if not task.submitted or task.launched or (parallel and task.unlaunched):
+            return
+        task.launched = True
+        if task.link != LinkKind.DCN:  # a copy of a launched array is itself launched
+            self._input_launched(task)
+        self._try_transfer(task)
+
+    def _try_transfer(self, task: SimTask) -> None:
+        if task.undone or not task.launched or task.running:
+            return
+        task.running = 1
+        start, seconds = self._claim_links(task)
+        task.t_start = start
+        self._at(start + seconds, self._transfer_end, task)
+
+    def _claim_links(self, task: SimTask) -> tuple[float, float]:
+        """FIFO sharing: the transfer waits until every port it uses is free, then holds them
+        for its bytes' time (the latency overlaps with the next transfer)."""
+        c, node = self.cluster, task.node
+        dst, src = task.devset, task.src
+        if task.link == LinkKind.ICI:
+            ports = [("ici_out", src.idx), ("ici_in", dst.idx)]
+            lanes = max(1, min(len(src.idx), len(dst.idx)))
+            busy, latency = node.nbytes / lanes / c.ici.link_bandwidth, c.ici.latency
+        elif task.link == LinkKind.DCN:
+            ports = [("dcn_out", src.hosts), ("dcn_in", dst.hosts)]
+            lanes = max(1, min(src.nhosts, dst.nhosts))
+            busy, latency = node.nbytes / lanes / c.dcn.bandwidth_per_host, c.dcn.latency
+        else:
+            ports = [("pcie", dst.hosts)]
+            busy, latency = node.nbytes / dst.nhosts / c.host.host_to_device, 0.0
+        start = max([self.now] + [float(self._ports[p][i].max()) for p, i in ports])
+        for p, i in ports:
+            self._ports[p][i] = start + busy
+        return start, latency + busy
+
+    def _transfer_end(self, task: SimTask) -> None:
+        if task.link == LinkKind.DCN:  # a copy over DCN is launched once it has landed
+            self._input_launched(task)
+        self._finish(task)
+
+    # --- the end of a node -----------------------------------------------------------------
+    def _finish(self, task: SimTask) -> None:
+        task.done = True
+        task.t_end = self.last_end = self.now
+        self._record(task)
+        host = self.cluster.host
+        if task.is_compute and self.gang:
+            self._at(self.now + host.rpc_latency, self._tell_scheduler, task)
+        if self.dispatch is DispatchMode.SEQUENTIAL:
+            self._at(self.now + host.rpc_latency, self._heard, task)
+        for c in task.consumers:
+            c.undone -= 1
+            if c.undone == 0:
+                (self._try_start if c.is_compute else self._try_transfer)(c)
+        run = task.run
+        run.remaining -= 1
+        self.unfinished -= 1
+        if run.remaining == 0:
+            run.t_done = self.now
+
+    def _tell_scheduler(self, task: SimTask) -> None:
+        self._post(task.island, sch.Finished(task.id, task.t_end - task.t_start))
+
+    def _record(self, task: SimTask) -> None:
+        node, run = task.node, task.run
+        if task.is_compute:
+            self.trace.record(_COMPUTE, node.name, run.name, run.id, run.client, task.island,
+                              node.devices, task.t_submit, task.t_start, task.t_end, "ok", 0,
+                              None, None, (), None, node.id)
+        else:
+            src = None if task.src is None else task.src.island
+            self.trace.record(_TRANSFER, node.name, run.name, run.id, run.client, task.island,
+                              node.devices, task.t_submit, task.t_start, task.t_end, "ok",
+                              node.nbytes, src, task.island, node.src_devices, task.link,
+                              node.id)

@@ -1,0 +1,179 @@
+"""Programs the simulator runs: graphs of compute and transfer nodes with devices, sizes and
+costs, and the adapter from a traced ``pwkernel.runtime.graph.Graph``.
+
+A ``SimProgram`` is plain data: nodes in topological order, each naming the nodes whose outputs
+it reads. Chip ids are the simulated cluster's (``Cluster.island_devices``).
+
+>>> p = SimProgram("chain", [SimNode(0, "a", (0, 1), seconds=1e-3),
+...                          SimNode(1, "b", (0, 1), inputs=(0,), seconds=2e-3)])
+>>> [n.name for n in p.nodes]
+['a', 'b']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import jax
+
+from ...runtime.graph import ComputeNode, Graph, TransferNode
+from .cluster import Cluster
+from .cost import Cost, abstract_mesh, analyze, lower, roofline
+from .errors import SimError
+
+
+class NodeKind(StrEnum):
+    COMPUTE = "compute"
+    TRANSFER = "transfer"
+
+
+@dataclass(frozen=True, slots=True)
+class SimNode:
+    """One node. A computation runs ``seconds`` on ``devices``; ``collective``: it waits for
+    all of them (a collective inside; matters with ``gang=False``). A transfer (``kind=
+    TRANSFER``) moves ``nbytes`` from ``src_devices`` (``()``: the host) to ``devices``."""
+
+    id: int
+    name: str
+    devices: tuple[int, ...]
+    inputs: tuple[int, ...] = ()
+    seconds: float = 0.0
+    kind: NodeKind = NodeKind.COMPUTE
+    nbytes: int = 0
+    src_devices: tuple[int, ...] = ()
+    collective: bool = False
+
+
+@dataclass(frozen=True)
+class SimProgram:
+    """A program: ``nodes`` in topological order (a node reads only earlier nodes), with ids
+    0, 1, 2, ... in that order."""
+
+    name: str
+    nodes: Sequence[SimNode]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        for i, n in enumerate(self.nodes):
+            if not isinstance(n, SimNode):
+                raise SimError(f"program {self.name!r}: node {i} is a {type(n).__name__}, "
+                               "expected a SimNode.")
+            if n.id != i:
+                raise SimError(f"program {self.name!r}: node {i} has id {n.id}; ids must be "
+                               "0, 1, 2, ... in the order of the nodes.")
+            late = [j for j in n.inputs if not 0 <= j < i]
+            if late:
+                raise SimError(f"program {self.name!r}: node {i} ({n.name}) reads nodes {late}, "
+                               "which do not come before it; list nodes in topological order.")
+            if not n.devices:
+                raise SimError(f"program {self.name!r}: node {i} ({n.name}) has no devices.")
+            if n.kind is NodeKind.TRANSFER and len(n.inputs) > 1:
+                raise SimError(f"program {self.name!r}: transfer {i} ({n.name}) reads "
+                               f"{len(n.inputs)} nodes; a transfer moves one value.")
+            if not n.seconds >= 0:
+                raise SimError(f"program {self.name!r}: node {i} ({n.name}) has seconds="
+                               f"{n.seconds!r}; expected a duration >= 0.")
+
+    def check(self, cluster: Cluster) -> None:
+        """Raise ``SimError`` unless every node fits ``cluster`` (chips exist; a computation
+        on one island)."""
+        n_chips = cluster.num_chips
+        for n in self.nodes:
+            bad = [d for d in (*n.devices, *n.src_devices) if not 0 <= d < n_chips]
+            if bad:
+                raise SimError(f"program {self.name!r}: node {n.id} ({n.name}) uses chips {bad}, "
+                               f"but the cluster has chips 0..{n_chips - 1}.")
+            islands = set(cluster.island_of[list(n.devices)].tolist())
+            if len(islands) > 1:
+                raise SimError(f"program {self.name!r}: node {n.id} ({n.name}) spans islands "
+                               f"{sorted(islands)}; a computation runs on one island. Maybe "
+                               "you want a transfer between two computations, one per island.")
+
+
+CostFn = Callable[[ComputeNode], "Cost | float"]
+
+
+def from_graph(graph: Graph, cluster: Cluster, cost: CostFn | float | None = None,
+               devices: Mapping[int, int] | Callable[[int], int] | None = None) -> SimProgram:
+    """The simulated program of a traced ``Graph`` (``pw.program(f).trace(*args)``).
+
+    ``cost``: a computation's ``Cost`` or seconds, a function of its ``ComputeNode``, or
+    ``None``: XLA's cost analysis of its executable's function, lowered on an abstract mesh
+    shaped like its slice (``xla_cost``). ``devices`` maps the graph's device ids to chips
+    (default: the same numbers). Values the graph reads from outside (its arguments) are
+    taken to exist when it starts; host arguments become host-to-device transfers.
+    """
+    chip = _chip_map(devices)
+    if cost is None:
+        cost = xla_cost(cluster)
+    producer: dict[int, int] = {}
+    nodes: list[SimNode] = []
+    for node in graph.nodes:
+        i = len(nodes)
+        if isinstance(node, ComputeNode):
+            c = cost(node) if callable(cost) else cost
+            c = c if isinstance(c, Cost) else Cost.given(c)
+            ins = tuple(sorted({producer[v] for v in node.inputs if v in producer}))
+            nodes.append(SimNode(i, node.name, tuple(chip(d) for d in node.devices), ins,
+                                 c.seconds, collective=c.has_collectives))
+            for v in node.outputs:
+                producer[v] = i
+        elif isinstance(node, TransferNode):
+            ins = (producer[node.input],) if node.input in producer else ()
+            nodes.append(SimNode(i, node.name, tuple(chip(d) for d in node.devices), ins,
+                                 kind=NodeKind.TRANSFER, nbytes=node.nbytes,
+                                 src_devices=tuple(chip(d) for d in node.src_devices)))
+            producer[node.output] = i
+        else:
+            raise SimError(f"graph {graph.name!r} has a node of unknown kind {node!r}.")
+    program = SimProgram(graph.name, nodes)
+    program.check(cluster)
+    return program
+
+
+def xla_cost(cluster: Cluster) -> CostFn:
+    """A cost function for ``from_graph``: each compiled function lowered once per input
+    signature on an abstract mesh of its slice's shape, with the same shardings."""
+    cache: dict = {}  # (id(fn), signature) -> (fn, cost); fn is kept so its id stays unique
+
+    def cost(node: ComputeNode) -> Cost:
+        fn = node.fn
+        key = (id(fn), node.signature)
+        if key not in cache:
+            exe = fn.executable(node.signature)
+            mesh = abstract_mesh(tuple(fn.slice.shape), tuple(fn.slice.axis_names))
+            in_tree, avals = node.signature
+            args = jax.tree_util.tree_unflatten(
+                in_tree, [jax.ShapeDtypeStruct(s, d) for s, d in avals])
+            args = args if isinstance(args, tuple) else (args,)
+            in_specs = tuple(_per_argument([sh.spec for sh in exe.in_shardings], args))
+            out_specs = jax.tree_util.tree_unflatten(
+                exe.out_tree, [sh.spec for sh in exe.out_shardings])
+            lowered = lower(fn.fn, args, mesh, in_specs, out_specs)
+            cache[key] = (fn, roofline(analyze(lowered, mesh), cluster))
+        return cache[key][1]
+
+    return cost
+
+
+def _per_argument(leaf_specs: list, args: tuple) -> list:
+    """Leaf specs regrouped as one pytree of specs per argument (``lower``'s ``in_specs``)."""
+    out, i = [], 0
+    for a in args:
+        leaves, tree = jax.tree_util.tree_flatten(a)
+        out.append(jax.tree_util.tree_unflatten(tree, leaf_specs[i:i + len(leaves)]))
+        i += len(leaves)
+    return out
+
+
+def _chip_map(devices) -> Callable[[int], int]:
+    if devices is None:
+        return int
+    if callable(devices):
+        return devices
+    if isinstance(devices, Mapping):
+        return lambda d: devices[d]
+    raise SimError(f"devices must map graph device ids to chips (a dict or a function), got "
+                   f"{type(devices).__name__}.")

@@ -1,0 +1,112 @@
+"""The memory budget: who holds the memory a waiting computation needs, and whether waiting can
+ever end.
+
+A computation (or copy) that does not fit the budget waits for buffers to be freed. Buffers are
+freed in two ways: the runtime frees a value once the computations reading it have run, and the
+user frees what only they hold (``del fut``). So when nothing is running or in flight anywhere,
+a computation at the head of its devices' queue can still start only if it would fit once every
+buffer *only the user* holds were gone. If even that would not make room, the memory is held by
+values that wait for work that cannot run: the programs involved are stuck, and the runtime
+fails one of them with a ``MemoryBudgetError`` that says who holds what.
+
+A buffer is held by the runtime ("pinned") while its program is still running (its values are
+the program's own, outputs included) or while a queued computation or copy of any program reads
+it. Everything else is held by the user alone.
+
+This module is pure: the dispatcher gathers the facts under its locks and asks ``stuck``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .objects import BufferRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A computation or copy at the head of its devices' queue that waits only for memory."""
+
+    name: str           # the node's name
+    island: int
+    devices: frozenset[int]
+    nbytes: int         # bytes it needs on each of its devices
+    run: int            # its program run
+    program: str
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A live buffer on the island, and whether only the runtime can free it."""
+
+    record: BufferRecord
+    pinned: bool
+
+
+def fits_once_user_frees(w: Waiting, budget: int, in_use: Mapping[int, int],
+                         held: Iterable[Held]) -> bool:
+    """Would ``w`` fit if the user dropped every buffer that only they hold?"""
+    freeable = dict.fromkeys(w.devices, 0)
+    for h in held:
+        if h.record.reserved and not h.pinned:
+            for d, n in h.record.nbytes.items():
+                if d in freeable:
+                    freeable[d] += n
+    return all(in_use.get(d, 0) - freeable[d] + w.nbytes <= budget for d in w.devices)
+
+
+def stuck(waiting: list[Waiting], budget: int, in_use: Mapping[int, int], held: list[Held],
+          queued_runs: Iterable[int]) -> tuple[Waiting, int] | None:
+    """When nothing runs or is in flight anywhere: the first waiting computation that cannot
+    start even once the user frees what they hold, and the program run to fail for it; None
+    when each could (that is back-pressure, and it waits).
+
+    The run chosen is the youngest of those that hold pinned memory on the stuck computation's
+    devices and have work queued on the island (failing it frees that memory); when none
+    does, the stuck computation's own run."""
+    for w in waiting:
+        if not fits_once_user_frees(w, budget, in_use, held):
+            holders = {h.record.program_id for h in held
+                       if h.pinned and w.devices & h.record.nbytes.keys()}
+            candidates = holders & set(queued_runs)
+            return w, (max(candidates) if candidates else w.run)
+    return None
+
+
+def message(stuck: Waiting, victim: str, budget: int, in_use: Mapping[int, int],
+            held: list[Held]) -> str:
+    """What the ``MemoryBudgetError`` says: the budget, what waits, what is held and by whom.
+    ``victim``: the program stopped, in words."""
+    device = max(sorted(stuck.devices), key=lambda d: in_use.get(d, 0))
+    by_owner: dict[tuple, list[int]] = {}
+    for h in held:
+        n = h.record.nbytes.get(device)
+        if n and h.record.reserved:
+            r = h.record
+            by_owner.setdefault((r.program_id, r.program, r.client, h.pinned), []).append(n)
+    owners = sorted(by_owner.items(), key=lambda kv: -sum(kv[1]))
+    lines = [f"  {_size(sum(ns))} in {len(ns)} buffer{'s' * (len(ns) != 1)} of program "
+             f"{prog!r} (run {rid}, client {client!r}), "
+             + ("held for its computations that have not run" if pinned
+                else "held only by your references")
+             for (rid, prog, client, pinned), ns in owners]
+    return (
+        f"{victim} was stopped: it cannot go on under the memory budget of {_size(budget)} "
+        f"per device. {stuck.name!r} (program {stuck.program!r}, run {stuck.run}, client "
+        f"{stuck.client!r}) on island {stuck.island} needs {_size(stuck.nbytes)} more on "
+        f"devices {sorted(stuck.devices)}, and nothing is running that could free memory "
+        f"there. Held on device {device} ({_size(in_use.get(device, 0))} in use):\n"
+        + "\n".join(lines or ["  (nothing)"])
+        + "\nMaybe you want a larger memory_budget (pw.Controller(memory_budget=...)), or a "
+        "program that keeps fewer values alive at once (e.g. consume each value before making "
+        "the next)."
+    )
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"

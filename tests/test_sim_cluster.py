@@ -1,0 +1,86 @@
+"""The simulated cluster: layout, presets with their published figures, the calibration hook."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pwkernel.backends.sim import CALIBRATION_KEYS, PRESETS, Cluster, SimError
+from pwkernel.backends.sim.cluster import torus_dims
+
+
+def test_a_pod_is_islands_of_hosts_of_chips():
+    c = Cluster.preset("tpu-v4", chips=2048, islands=2)
+    assert c.islands == (256, 256) and c.chips_per_host == 4
+    assert (c.num_chips, c.num_hosts) == (2048, 512)
+    assert c.island_devices(1)[:2] == (1024, 1025) and len(c.island_devices(1)) == 1024
+    assert c.island_of[1023] == 0 and c.island_of[1024] == 1
+    assert c.host_of[5] == 1 and c.host_of[2047] == 511
+    assert isinstance(c.host_of, np.ndarray)
+    assert c.ici.torus == (16, 8, 8)  # each island is its own torus of 1024 chips
+
+
+@pytest.mark.parametrize("name, peak, hbm_bw, link", [
+    ("tpu-v3", 123e12, 900e9, 100e9), ("tpu-v4", 275e12, 1200e9, 45e9),
+    ("a100", 312e12, 2039e9, 300e9), ("h100", 989e12, 3350e9, 450e9),
+    ("h200", 989e12, 4800e9, 450e9)])
+def test_presets_carry_the_published_figures_and_say_where_they_come_from(name, peak, hbm_bw,
+                                                                         link):
+    c = Cluster.preset(name)
+    assert (c.chip.peak_flops, c.chip.hbm_bandwidth, c.ici.link_bandwidth) == (peak, hbm_bw,
+                                                                              link)
+    for key in ("peak_flops", "hbm", "ici", "dcn", "client_per_node", "rpc_latency"):
+        assert c.sources[key]  # every number has its source (or says it is assumed)
+    assert "assumed" in c.sources["rpc_latency"]
+
+
+def test_tpu_torus_and_gpu_switch_shapes():
+    assert Cluster.preset("tpu-v3", chips=1024).ici.torus == (32, 32)
+    assert torus_dims(2048, 3) == (16, 16, 8) and torus_dims(64, 3) == (4, 4, 4)
+    h100 = Cluster.preset("h100", chips=16)
+    assert h100.islands == (2,) and h100.ici.chips_per_switch == 8
+    assert h100.ici.group_links(8)[0] == 450e9   # inside one node: NVLink
+    assert h100.ici.group_links(16)[0] == 50e9   # across nodes: InfiniBand per GPU
+    assert h100.dcn.bandwidth_per_host == 8 * 50e9
+
+
+def test_host_costs_can_be_changed_one_at_a_time():
+    c = Cluster.preset("tpu-v4", chips=8)
+    d = c.with_host(rpc_latency=1e-3)
+    assert d.host.rpc_latency == 1e-3 and d.host.client_per_node == c.host.client_per_node
+    assert c.host.rpc_latency == 50e-6  # values are immutable
+
+
+def test_bad_clusters_are_refused_with_the_fix():
+    with pytest.raises(SimError, match="unknown cluster preset 'tpu-v9'"):
+        Cluster.preset("tpu-v9")
+    with pytest.raises(SimError, match="Maybe you want chips=8"):
+        Cluster.preset("tpu-v4", chips=10)
+    with pytest.raises(SimError, match="Maybe you want islands=\\(4,\\)"):
+        Cluster(PRESETS["tpu-v4"](8, 1).chip, (0,), 4, *([None] * 3))
+    with pytest.raises(SimError, match="island 3 does not exist"):
+        Cluster.preset("tpu-v4", chips=8).island_devices(3)
+
+
+def _calibration() -> dict:
+    return {"islands": [4, 4], "chips_per_host": 1, "peak_flops": 5e10, "hbm_bytes": 8e9,
+            "memory_bandwidth": 1e10, "launch_overhead": 5e-6, "ici_bandwidth": 5e9,
+            "ici_latency": 2e-6, "dcn_bandwidth": 1e9, "client_per_node": 30e-6,
+            "rpc_latency": 1e-6, "host_per_node": 10e-6, "host_to_device": 5e9}
+
+
+def test_this_machine_comes_from_a_calibration_run(tmp_path, monkeypatch):
+    assert set(_calibration()) == set(CALIBRATION_KEYS)
+    c = Cluster.from_calibration(_calibration())
+    assert c.name == "this-machine" and c.islands == (4, 4) and c.num_chips == 8
+    assert c.host.client_per_node == 30e-6
+    missing = tmp_path / "none.json"
+    monkeypatch.setenv("PWKERNEL_SIM_CALIBRATION", str(missing))
+    with pytest.raises(SimError, match="needs a calibration file"):
+        Cluster.preset("this-machine")
+    missing.write_text(json.dumps(_calibration()))
+    assert Cluster.preset("this-machine").chip.peak_flops == 5e10
+    with pytest.raises(SimError, match="lacks \\['rpc_latency'\\]"):
+        Cluster.from_calibration({k: v for k, v in _calibration().items() if k != "rpc_latency"})

@@ -1,0 +1,133 @@
+"""The cost model: XLA's cost analysis on an abstract mesh, the roofline, and collectives over
+the interconnect, checked against figures worked out by hand."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from pwkernel.backends.sim import (
+    Chip,
+    Cluster,
+    Cost,
+    HostCosts,
+    Interconnect,
+    Network,
+    SimError,
+    abstract_mesh,
+    analyze,
+    estimate,
+    lower,
+)
+
+US = 1e-6
+
+
+def switch_cluster() -> Cluster:
+    """Four chips behind one switch: 1 GB/s per chip, 1 us per step; 1 TFLOP/s, 100 GB/s."""
+    return Cluster(Chip("toy", 1e12, 1e9, 1e11, launch_overhead=1 * US), (1,), 4,
+                   Interconnect(1e9, 1 * US), Network(1e8, 5 * US),
+                   HostCosts(1 * US, 1 * US, 10 * US, 2 * US, 1e9))
+
+
+def test_matmul_work_is_split_over_the_axes_its_arrays_are_sharded_on():
+    x = jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    tpu = Cluster.preset("tpu-v4", chips=8)
+    sharded = estimate(lambda x, w: x @ w, x, w, cluster=tpu, mesh=(4,), in_specs=(P("x"), P()))
+    whole = 2 * 1024 * 512 * 256
+    assert sharded.flops == pytest.approx(whole / 4)
+    assert sharded.compute_seconds == pytest.approx(whole / 4 / 275e12)
+    assert sharded.seconds == pytest.approx(
+        max(sharded.compute_seconds, sharded.memory_seconds) + 2 * US)
+    replicated = estimate(lambda x, w: x @ w, x, w, cluster=tpu, mesh=(4,))
+    assert replicated.flops == pytest.approx(whole)  # every chip does all of it
+    two_axes = estimate(lambda x, w: x @ w, x, w, cluster=tpu, mesh=(2, 4),
+                        axis_names=("data", "model"), in_specs=(P("data"), P(None, "model")))
+    assert two_axes.flops == pytest.approx(whole / 8)
+    assert not sharded.has_collectives and sharded.source == "xla"
+
+
+def test_a_large_matmul_is_compute_bound_and_an_elementwise_op_memory_bound():
+    tpu = Cluster.preset("tpu-v4", chips=8)
+    big = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+    mm = estimate(lambda a: a @ a, big, cluster=tpu)
+    assert mm.compute_seconds > mm.memory_seconds
+    add = estimate(lambda a: a + 1, big, cluster=tpu)
+    assert add.memory_seconds > add.compute_seconds
+    assert add.memory_seconds == pytest.approx(add.bytes_accessed / 1.2e12)
+
+
+def test_f32_matrix_products_run_at_the_chips_f32_peak():
+    h100 = Cluster.preset("h100", chips=8)
+    bf16 = estimate(lambda a: a @ a, jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16),
+                    cluster=h100)
+    f32 = estimate(lambda a: a @ a, jax.ShapeDtypeStruct((2048, 2048), jnp.float32),
+                   cluster=h100)
+    assert bf16.compute_seconds == pytest.approx(2 * 2048**3 / 989e12)
+    assert f32.compute_seconds == pytest.approx(2 * 2048**3 / 494e12)
+
+
+def test_shard_map_collectives_are_found_and_timed_on_the_interconnect():
+    mesh = abstract_mesh((4,), ("x",))
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    def f(v):  # one chip holds f32[256]: 1024 bytes
+        s = jax.lax.psum(v, "x")
+        g = jax.lax.all_gather(v, "x", tiled=True)
+        p = jax.lax.ppermute(v, "x", [(i, (i + 1) % 4) for i in range(4)])
+        a = jax.lax.all_to_all(v.reshape(4, 64), "x", 0, 0, tiled=True)
+        r = jax.lax.psum_scatter(g, "x", tiled=True)
+        return s + p + r + a.reshape(-1) + g[:256]
+
+    cost = estimate(f, jax.ShapeDtypeStruct((1024,), jnp.float32), cluster=switch_cluster(),
+                    mesh=mesh, in_specs=P("x"))
+    assert sorted((c.kind, c.nbytes, c.group) for c in cost.collectives) == [
+        ("all_gather", 4096, 4), ("all_reduce", 1024, 4), ("all_to_all", 1024, 4),
+        ("collective_permute", 1024, 2), ("reduce_scatter", 4096, 4)]
+    # rings over 4 chips at 1 GB/s, 3 steps of 1 us:
+    # all-reduce 2 * (3/4 * 1024 ns + 3 us), all-gather and reduce-scatter 3/4 * 4096 ns
+    # + 3 us, all-to-all 3/4 * 1024 ns + 3 us, permute 1024 ns + 1 us
+    expected = (2 * (768 + 3000) + 2 * (3072 + 3000) + (768 + 3000) + (1024 + 1000)) * 1e-9
+    assert cost.collective_seconds == pytest.approx(expected)
+    assert cost.has_collectives
+    assert cost.flops < 5 * 1024  # shard_map counts one chip's work: a few adds per element
+    assert cost.seconds == pytest.approx(
+        max(cost.compute_seconds, cost.memory_seconds) + 1 * US + expected)
+
+
+def test_torus_collectives_use_a_ring_in_each_dimension_they_span():
+    ici = Cluster.preset("tpu-v4", chips=2048).ici
+    assert ici.torus == (16, 16, 8)
+    bw, latency, steps = ici.group_links(256)  # spans 16 x 16
+    assert (bw, latency, steps) == (2 * 2 * 45e9, 1 * US, 30)
+    assert ici.collective_seconds("all_reduce", 1 << 20, 256) == pytest.approx(
+        2 * (255 / 256 * (1 << 20) / (4 * 45e9) + 30 * US))
+    assert ici.collective_seconds("all_gather", 1 << 20, 1) == 0.0
+
+
+def test_analysis_of_a_lowered_function_is_per_chip():
+    mesh = abstract_mesh((8,))
+    lowered = lower(lambda a: a * 2, [jax.ShapeDtypeStruct((8, 1024), jnp.float32)], mesh,
+                    in_specs=P("x"), out_specs=P("x"))
+    a = analyze(lowered, mesh)
+    assert a.shards == 8 and a.flops == pytest.approx(8 * 1024 / 8, rel=1e-3)
+    assert a.collectives == ()
+
+
+def test_a_given_duration_and_bad_input():
+    assert Cost.given(2e-3) == Cost(2e-3, source="given")
+    assert Cost.given(1e-3, collectives=True).has_collectives
+    with pytest.raises(SimError, match=r"e.g. Cost.given\(1e-3\)"):
+        Cost.given(-1.0)
+    with pytest.raises(SimError, match=r"Maybe you want to give its duration instead"):
+        estimate(lambda a: a[0].item(), jax.ShapeDtypeStruct((4,), jnp.float32),
+                 cluster=switch_cluster())
+    with pytest.raises(SimError, match="one name per axis"):
+        abstract_mesh((2, 2), ("x",))
+    with pytest.raises(SimError, match="mesh=\\(256, 8\\)"):
+        abstract_mesh((0,))

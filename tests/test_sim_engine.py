@@ -1,0 +1,234 @@
+"""The simulator's engine on tiny clusters, with timelines checked by hand.
+
+The toy cluster has round numbers so each expected time can be worked out on paper (all in
+microseconds): client 1 per node + 1 per host, RPC 10 one way, host executor 2 per computation,
+ICI 1 GB/s per chip (latency 1), DCN 100 MB/s per host (latency 5), PCIe 1 GB/s.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from pwkernel.backends.sim import (
+    Chip,
+    Cluster,
+    HostCosts,
+    Interconnect,
+    Network,
+    NodeKind,
+    SimError,
+    SimNode,
+    SimProgram,
+    Simulator,
+    abstract_mesh,
+    estimate,
+)
+from pwkernel.backends.sim.scale import WORKLOADS, measure
+from pwkernel.runtime.scheduler import GangScheduler
+from pwkernel.runtime.trace import Event
+
+US = 1e-6
+
+
+def toy(islands=(1,), per_host: int = 2) -> Cluster:
+    return Cluster(Chip("toy", 1e12, 1e9, 1e11), islands, per_host,
+                   Interconnect(1e9, 1 * US), Network(1e8, 5 * US),
+                   HostCosts(1 * US, 1 * US, 10 * US, 2 * US, 1e9))
+
+
+def spans(sim: Simulator) -> dict[str, tuple[float, float, float]]:
+    """name -> (t_submit, t_start, t_end) in microseconds."""
+    return {e.name: tuple(round(t / US, 6) for t in (e.t_submit, e.t_start, e.t_end))
+            for e in sim.trace.events()}
+
+
+def chain() -> SimProgram:
+    return SimProgram("chain", [SimNode(0, "a", (0, 1), seconds=100 * US),
+                                SimNode(1, "b", (0, 1), (0,), 200 * US)])
+
+
+def test_chain_with_parallel_dispatch_runs_ahead_of_the_data():
+    sim = Simulator(toy())
+    sim.submit(chain())
+    assert sim.run() == pytest.approx(324 * US)
+    # a: client 1+1 -> scheduler at 12, launched; hosts at 12+10+2 = 24; runs 100.
+    # b: client done at 4 -> scheduler at 14; ready (a launched) -> launched at once,
+    #    enqueued on its host at 26, starts when a ends (124), runs 200.
+    assert spans(sim) == {"a": (12, 24, 124), "b": (14, 124, 324)}
+
+
+def test_sequential_dispatch_prepares_a_node_after_its_inputs_exist():
+    sim = Simulator(toy(), dispatch="sequential")
+    sim.submit(chain())
+    assert sim.run() == pytest.approx(358 * US)
+    # b: the client hears of a's end at 134, works 2, the scheduler has it at 146, the host
+    # at 158: the 34 us gap is the round trip parallel dispatch hides.
+    assert spans(sim) == {"a": (12, 24, 124), "b": (146, 158, 358)}
+
+
+def test_a_gang_waits_for_all_its_chips_and_nothing_jumps_ahead_of_it():
+    sim = Simulator(toy(islands=(2,)))  # chips 0, 1 on host 0; 2, 3 on host 1
+    sim.submit(SimProgram("pa", [SimNode(0, "a", (0, 1), seconds=100 * US)]), client="alice")
+    sim.submit(SimProgram("pg", [SimNode(0, "g", (0, 1, 2, 3), seconds=50 * US)]),
+               client="bob")
+    sim.submit(SimProgram("pc", [SimNode(0, "c", (2, 3), seconds=30 * US)]), client="carol",
+               at=5 * US)
+    assert sim.run() == pytest.approx(248 * US)
+    # g (2 hosts: client 1+2, scheduler at 13) needs chips 0, 1, busy with a: it waits and
+    # reserves chips 2, 3, so c (scheduler at 17) may not take them although they are idle.
+    # a's end reaches the scheduler at 134: g launched, on both hosts at 146, runs 50;
+    # its end reaches the scheduler at 206: c launched, on host 1 at 218.
+    assert spans(sim) == {"a": (12, 24, 124), "g": (13, 146, 196), "c": (17, 218, 248)}
+
+
+def test_transfers_over_dcn_take_the_link_model_time_one_after_another():
+    sim = Simulator(toy(islands=(1, 1)))  # island 0: chips 0, 1; island 1: chips 2, 3
+    mb = 10**6
+    sim.submit(SimProgram("dcn", [
+        SimNode(0, "a", (0, 1), seconds=100 * US),
+        SimNode(1, "x", (2, 3), (0,), kind=NodeKind.TRANSFER, nbytes=mb, src_devices=(0, 1)),
+        SimNode(2, "y", (2, 3), (0,), kind=NodeKind.TRANSFER, nbytes=mb, src_devices=(0, 1)),
+        SimNode(3, "b", (2, 3), (1, 2), seconds=40 * US)]))
+    assert sim.run() == pytest.approx(20181 * US)
+    # x: 1 MB over one host's 100 MB/s = 10000 + latency 5, from a's end at 124.
+    # y: same link, starts when x's bytes are through (10124).
+    # b: ready when both landed (20129); on host 2 at 20129+10+2.
+    assert spans(sim) == {"a": (12, 24, 124), "x": (15, 124, 10129),
+                          "y": (18, 10124, 20129), "b": (20, 20141, 20181)}
+    moved = {e.name: e for e in sim.trace.events() if e.kind == "transfer"}
+    assert moved["x"].link == "dcn" and (moved["x"].src, moved["x"].dst) == (0, 1)
+    assert moved["x"].src_devices == (0, 1) and moved["x"].nbytes == mb
+
+
+def test_transfers_inside_an_island_and_from_the_host():
+    sim = Simulator(toy(islands=(2,)))
+    kb = 10**5
+    sim.submit(SimProgram("ici", [
+        SimNode(0, "in", (0, 1), kind=NodeKind.TRANSFER, nbytes=kb),
+        SimNode(1, "a", (0, 1), (0,), 10 * US),
+        SimNode(2, "move", (2, 3), (1,), kind=NodeKind.TRANSFER, nbytes=kb, src_devices=(0, 1))]))
+    sim.run()
+    # in: client 1+1, issued at 12; 100 kB over host 0's PCIe (1 GB/s) = 100.
+    # a: scheduler at 14, ready once 'in' is issued (12); on host 0 at 26; runs from 112.
+    # move: 2 chips send to 2 chips over ICI: 50 kB each at 1 GB/s = 50, + 1 latency.
+    assert spans(sim) == {"in": (12, 12, 112), "a": (14, 112, 122), "move": (17, 122, 173)}
+    assert {e.name: e.link for e in sim.trace.events()} == {"in": "host", "a": None,
+                                                            "move": "ici"}
+
+
+def test_a_collective_from_xla_runs_for_its_estimated_time():
+    cluster = toy()
+    mesh = abstract_mesh((2,), ("x",))
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    def allreduce(v):  # f32[1024] on each chip: 4096 bytes
+        return jax.lax.psum(v, "x")
+
+    cost = estimate(allreduce, jax.ShapeDtypeStruct((2048,), jnp.float32), cluster=cluster,
+                    mesh=mesh, in_specs=P("x"))
+    # a ring of 2 chips: 2 * (1/2 * 4096 B / 1 GB/s + 1 step of 1 us)
+    assert cost.collective_seconds == pytest.approx(2 * (2048e-9 + 1 * US))
+    sim = Simulator(cluster)
+    sim.submit(SimProgram("ar", [SimNode(0, "allreduce", (0, 1), seconds=cost.seconds,
+                                         collective=cost.has_collectives)]))
+    sim.run()
+    assert spans(sim)["allreduce"] == (12, 24, round(24 + cost.seconds / US, 6))
+
+
+def test_share_policy_gives_device_time_in_proportion_to_weight():
+    sim = Simulator(toy(), policy="share")
+    step = SimProgram("step", [SimNode(0, "step", (0, 1), seconds=100 * US)])
+    for _ in range(40):
+        sim.submit(step, client="alice", weight=1)
+        sim.submit(step, client="bob", weight=3)
+    sim.run()
+    order = "".join(e.client[0] for e in sorted(sim.trace.events(), key=lambda e: e.t_start))
+    # the real GangScheduler's stride scheduling: one of alice's per three of bob's
+    assert order[:40] == "abbb" * 10
+    fifo = Simulator(toy(), policy="fifo")
+    for _ in range(4):
+        fifo.submit(step, client="alice")
+        fifo.submit(step, client="bob")
+    fifo.run()
+    assert [e.client for e in fifo.trace.events()] == ["alice", "bob"] * 4
+
+
+def test_the_engine_drives_the_runtimes_own_gang_scheduler():
+    sim = Simulator(toy(islands=(1, 1)), policy="priority")
+    assert len(sim.schedulers) == 2
+    for island, s in sim.schedulers.items():
+        assert type(s) is GangScheduler  # the runtime's class itself, not a copy
+        assert s.devices == sim.cluster.island_devices(island)
+        assert s.policy == "priority"
+    sim.submit(chain())
+    sim.run()
+    assert sim.schedulers[0].shares() == {"default": 1.0}  # it saw the computations end
+    assert sim.schedulers[0].running == ()
+
+
+def test_trace_uses_the_runtimes_event_schema_and_the_views_can_read_it():
+    from pwkernel.viz.columns import DeviceLayout
+    from pwkernel.viz.encoding import Codebook, compute_arrays, transfer_arrays
+
+    cluster = toy(islands=(1, 1))
+    sim = Simulator(cluster)
+    sim.submit(SimProgram("p", [
+        SimNode(0, "a", (0, 1), seconds=10 * US),
+        SimNode(1, "t", (2, 3), (0,), kind=NodeKind.TRANSFER, nbytes=1000, src_devices=(0, 1)),
+        SimNode(2, "b", (2, 3), (1,), seconds=10 * US)]), client="alice")
+    sim.run()
+    events = sim.trace.events()
+    assert all(isinstance(e, Event) for e in events)
+    assert [e.index for e in events] == [0, 1, 2]
+    assert {(e.kind, e.program, e.client, e.status) for e in events} == {
+        ("compute", "p", "alice", "ok"), ("transfer", "p", "alice", "ok")}
+    layout = DeviceLayout.from_islands((i, cluster.island_devices(i)) for i in range(2))
+    bars = compute_arrays([e for e in events if e.kind == "compute"], layout, 0.0, Codebook())
+    strips = transfer_arrays([e for e in events if e.kind == "transfer"], layout, 0.0,
+                             Codebook())
+    assert len(bars["device"]) == 4 and len(strips["device"]) == 2
+    assert sim.trace.to_chrome()["traceEvents"]
+
+
+def test_runs_report_their_times_and_bad_input_is_refused_clearly():
+    sim = Simulator(toy())
+    run = sim.submit(chain(), at=50 * US)
+    sim.run()
+    assert run.t_submit == pytest.approx(50 * US) and run.duration == pytest.approx(324 * US)
+    with pytest.raises(SimError, match="chips 0..1"):
+        sim.submit(SimProgram("far", [SimNode(0, "x", (5,), seconds=1.0)]))
+    with pytest.raises(SimError, match="clock is already at"):
+        sim.submit(chain(), at=0.0)
+    with pytest.raises(SimError, match="topological order"):
+        SimProgram("bad", [SimNode(0, "x", (0,), (1,)), SimNode(1, "y", (0,))])
+    with pytest.raises(SimError, match="spans islands"):
+        Simulator(toy(islands=(1, 1))).submit(SimProgram("w", [SimNode(0, "x", (1, 2))]))
+    with pytest.raises(SimError, match="needs a Cluster"):
+        Simulator("tpu-v4")
+    with pytest.raises(ValueError, match="unknown dispatch mode"):
+        Simulator(toy(), dispatch="eager")
+
+
+def test_the_same_inputs_give_the_same_timeline():
+    def once():
+        sim = Simulator(toy(islands=(2,)), policy="share")
+        for i in range(20):
+            sim.submit(chain(), client=f"c{i % 3}", weight=1 + i % 3)
+        sim.run()
+        return sim.trace.rows()
+
+    assert once() == once()
+
+
+def test_scale_benchmark_runs_both_workloads():
+    """The 2048-chip benchmark (``python -m pwkernel.backends.sim.scale``), run small: its
+    timing is a benchmark figure, not asserted here."""
+    for workload in WORKLOADS:
+        row = measure(workload, computations=300)
+        assert row["chips"] == 2048
+        assert row["computations"] >= 256 and row["virtual_seconds"] > 0

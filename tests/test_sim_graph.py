@@ -1,0 +1,81 @@
+"""From the runtime's traced graph to a simulated program: the same program gives the same
+graph on the local runtime and in the simulator, with costs from XLA's cost analysis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pwkernel as pw
+from pwkernel.backends.sim import (
+    Cluster,
+    Cost,
+    NodeKind,
+    SimError,
+    Simulator,
+    from_graph,
+    xla_cost,
+)
+from tests.test_program import figure2
+
+
+def _shape(events):
+    return sorted((e.kind, e.name, e.devices, e.link or "", e.nbytes) for e in events)
+
+
+def test_the_same_program_gives_the_same_graph_on_the_runtime_and_the_simulator(ctl):
+    f = figure2(ctl)
+    v = np.arange(8.0, dtype=np.float32)
+    graph = f.trace(v)
+    y, z = f(v)
+    np.testing.assert_allclose(y.result(), v * 2 + 1)
+    ctl.trace.wait_for(len(graph.nodes), timeout=30)
+    cluster = Cluster.preset("tpu-v4", chips=8, islands=2)  # chip ids = the host's devices
+    program = from_graph(graph, cluster)
+    # Figure 2, node for node: v to s0 (host), a, x to s1 (DCN, shared by b and c), b, c,
+    # c's output back to s0 (DCN), a again
+    T, C = NodeKind.TRANSFER, NodeKind.COMPUTE
+    assert [(n.kind, n.devices, n.inputs, n.src_devices) for n in program.nodes] == [
+        (T, (0, 1), (), ()), (C, (0, 1), (0,), ()), (T, (4, 5), (1,), (0, 1)),
+        (C, (4, 5), (2,), ()), (C, (4, 5), (2,), ()), (T, (0, 1), (4,), (4, 5)),
+        (C, (0, 1), (5,), ())]
+    assert [n.name for n in program.nodes] == [n.name for n in graph.nodes]
+    assert all(n.nbytes == 32 for n in program.nodes if n.kind is T)
+    sim = Simulator(cluster)
+    sim.submit(program)
+    sim.run()
+    # the same computations and transfers (host, ICI, DCN), on the same devices, same sizes
+    assert _shape(sim.trace.events()) == _shape(ctl.trace.events())
+    assert {e.link for e in sim.trace.events()} >= {"host", "dcn"}
+
+
+def test_xla_costs_follow_the_slice_and_its_shardings(ctl):
+    s = ctl.slice(4, island=0)
+    mm = pw.function(lambda x, w: x @ w, slice=s, in_specs=(P("x"), P()))
+    f = pw.program(lambda x, w: mm(x, w))
+    x = np.ones((1024, 256), np.float32)
+    w = np.ones((256, 512), np.float32)
+    cluster = Cluster.preset("tpu-v4", chips=8, islands=2)
+    node = next(n for n in f.trace(x, w).nodes if n.name == "lambda")
+    cost = xla_cost(cluster)(node)
+    assert cost.flops == pytest.approx(2 * 1024 * 256 * 512 / 4)  # x's rows over 4 chips
+    program = from_graph(f.trace(x, w), cluster)
+    assert program.nodes[-1].seconds == pytest.approx(cost.seconds)
+
+
+def test_given_costs_and_device_maps(ctl):
+    f = figure2(ctl)
+    graph = f.trace(np.arange(4.0, dtype=np.float32))
+    big = Cluster.preset("tpu-v4", chips=64, islands=2)  # islands of 32 chips
+    # the host's device d -> chip d of island 0, or chip 32 + (d - 4) of island 1
+    chip = {d: (d if d < 4 else 32 + d - 4) for d in range(8)}
+    program = from_graph(graph, big, cost=lambda node: Cost.given(1e-3), devices=chip)
+    computes = [n for n in program.nodes if n.kind is NodeKind.COMPUTE]
+    assert {n.seconds for n in computes} == {1e-3}
+    assert {d for n in computes for d in n.devices} <= {0, 1, 32, 33}
+    with pytest.raises(SimError, match="chips 0..7"):
+        from_graph(graph, Cluster.preset("tpu-v4", chips=8, islands=2), cost=1e-3,
+                   devices=lambda d: d + 100)
+    with pytest.raises(SimError, match="a dict or a function"):
+        from_graph(graph, big, cost=1e-3, devices=[0, 1])
