@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from ...runtime.transfer import Link, TransferEngine
 from .devices import discover
 
 _now = time.perf_counter
+get_ident = threading.get_ident
 _DCN = LinkKind.DCN.value
 _PATIENCE = 5e-4  # s a watcher leaves an end to the thread that keeps launching there
 _IDLE = 2e-2  # s without launches after which a watcher sleeps until woken
@@ -51,23 +51,6 @@ def _released(lock):
         yield
     finally:
         lock.release()
-
-
-@contextlib.contextmanager
-def _interrupts_held():
-    """In the main thread, hold Ctrl-C while ends are reported (a task's end is never left
-    half done), then raise it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list = []
-    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
 
 
 class LocalBackend(NoGroup):
@@ -118,7 +101,7 @@ class LocalBackend(NoGroup):
         devices = node.devices
         watcher = site.watchers.get(devices)
         if watcher is not None:
-            watcher.last_launch = t_launch
+            watcher.last_launch, watcher.last_launcher = t_launch, get_ident()
         if node.asynchronous and (watcher is None or not watcher.outstanding
                                   or watcher.help()):
             # Seen to end now, with no hand-off, if the outputs are ready already and the
@@ -142,18 +125,14 @@ class LocalBackend(NoGroup):
         run.launched(task, outs)
 
     def expedite(self, task: Task, timeout: float | None = None) -> None:
-        """A thread waits for ``task``'s outputs: it waits for the data itself (without the
-        GIL) and reports the ends at the head of its device set's queue, instead of waiting
-        for the watcher thread to wake up and hand them over."""
+        """A thread waits for ``task``'s outputs (and so launches nothing meanwhile): the
+        watcher of its devices reports ends at once, not leaving them to a launching thread."""
         node = task.node
         if not node.is_compute:
             return
         watcher = self._sites[node.island].watchers.get(node.devices)
-        if watcher is None or not watcher.outstanding:
-            return
-        watcher.until(task)
-        with _interrupts_held():
-            watcher.help()
+        if watcher is not None and watcher.outstanding:
+            watcher.hurry()
 
     # --- transfers -------------------------------------------------------------------------
     def transfer(self, task: Task) -> None:
@@ -289,7 +268,8 @@ class _Watcher:
         self._owner: int | None = None  # the thread reporting ends now
         self._closed = False
         self.outstanding = 0  # queued and not yet reported
-        self.last_launch = 0.0  # when work was last launched here
+        self.last_launch = 0.0  # when work was last launched here, and by which thread
+        self.last_launcher: int | None = None
         self._asleep = False  # waiting without a timeout: a put must wake it
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -325,20 +305,15 @@ class _Watcher:
                     self._site.observe(task, outs, error, t_ready=t_ready)
                     with self._changed:
                         self.outstanding -= 1
-                        self._changed.notify()  # the watcher, if it waits on this one
                 return not self.outstanding
             finally:
                 self._owner = None
 
-    def until(self, task: Task) -> None:
-        """Block (without the GIL) until ``task``'s outputs are ready, if it waits here."""
+    def hurry(self) -> None:
+        """Nobody is about to launch here (a thread waits for a result): report at once."""
         with self._changed:
-            entry = next((e for e in self._queue if e[0] is task), None)
-        if entry is not None and entry[2] is None:
-            try:
-                jax.block_until_ready(entry[1])
-            except BaseException:  # noqa: BLE001 - its end reports it
-                pass
+            self.last_launch = 0.0
+            self._changed.notify()
 
     def _run(self) -> None:
         observe, queue, me = self._site.observe, self._queue, threading.get_ident()
@@ -363,8 +338,9 @@ class _Watcher:
                     pass
             if entry[3] is None:
                 entry[3] = _now()  # seen ready now (a helper may report it with this time)
-            with self._changed:  # a thread still launching here reports it at its next
-                while queue and queue[0] is entry and not self._closed:  # launch: leave it
+            with self._changed:  # another thread still launching here reports it at its
+                while (queue and queue[0] is entry and not self._closed  # next launch: leave
+                       and self.last_launcher != me):  # it that long
                     idle = _now() - self.last_launch
                     if idle >= _PATIENCE:
                         break
