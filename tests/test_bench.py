@@ -18,7 +18,8 @@ from pwkernel.bench import harness, runner
 from pwkernel.bench.harness import TARGETS
 
 EXPECTED = {
-    "dispatch": {"opbyop_vs_jax", "chained_vs_jax_opbyop", "fused_vs_jax_fused"},
+    "dispatch": {"opbyop_vs_jax", "chained_vs_jax_opbyop", "fused_vs_jax_fused",
+                 "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us"},
     "parallel-dispatch": {"parallel_vs_sequential"},
     "pipeline": {"pipeline_vs_spmd"},
     "multitenancy": {"multitenant_vs_single", "share_error"},

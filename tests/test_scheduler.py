@@ -11,11 +11,13 @@ from pwkernel.runtime.scheduler import (
     GangScheduler,
     Launch,
     MemoryFreed,
+    NodeSpec,
     Policy,
     Ready,
     Reject,
     SetPolicy,
     Submit,
+    SubmitProgram,
 )
 from tests.gang_order import LaunchLog
 
@@ -262,3 +264,68 @@ def test_waiting_for_memory_reports_only_the_head_of_each_device_set():
              Submit(3, (2, 3), memory=200, ready=True))   # rejected: more than the budget
     assert s.waiting_for_memory() == [(1, frozenset({0}), 20)]
     assert launched(s.handle(Submit(4, (2,), ready=True))) == [4]   # other devices go on
+
+
+# --- a program in one event, readiness inside the scheduler, the order kept incrementally ----
+def chain_specs(n: int, devices=(0, 1)) -> tuple[NodeSpec, ...]:
+    """A chain of ``n`` computations: each reads the one before it (ready once it launched)."""
+    gang = frozenset(devices)
+    return tuple(NodeSpec(i, gang, "step", 0, (i - 1,) if i else (), (i - 1,) if i else ())
+                 for i in range(n))
+
+
+def test_a_program_arrives_in_one_event_and_its_chain_launches_ahead():
+    s = GangScheduler(ALL, depth=4)
+    out = s.handle(SubmitProgram(100, chain_specs(6), client="a", group="run"))
+    assert launched(out) == [100, 101, 102, 103]  # one event, the chain up to the depth
+    assert launched(s.handle(Finished(100))) == [104]
+    assert launched(s.handle(Finished(101))) == [105]
+    assert s.queued == ()
+
+
+def test_inputs_from_elsewhere_hold_a_program_node_until_ready():
+    s = GangScheduler(ALL)
+    specs = (NodeSpec(0, frozenset({0, 1}), external=True),
+             NodeSpec(1, frozenset({0, 1}), waits=(0,), after=(0,)),
+             NodeSpec(2, frozenset({2, 3})))
+    assert launched(s.handle(SubmitProgram(10, specs))) == [12]  # only 12 has all it reads
+    assert launched(s.handle(Ready(10))) == [10, 11]  # 11 becomes ready as 10 launches
+    # a node whose producer is dropped never becomes ready; the runtime cancels it too
+    s.handle(SubmitProgram(20, specs[:2]), Cancel(20))
+    assert 21 in s.queued and launched(s.handle(Finished(10), Finished(11))) == []
+    s.handle(Cancel(21))
+    assert s.queued == ()
+
+
+def test_ready_work_is_not_sorted_again_for_every_launch(monkeypatch):
+    s = GangScheduler(ALL)
+    s.handle(Submit(0, ALL, ready=True))  # holds every device
+    s.handle(*(Submit(t, (t % 4,), ready=True) for t in range(1, 2001)))
+    looked = []
+    original = GangScheduler._devices_free
+    monkeypatch.setattr(GangScheduler, "_devices_free",
+                        lambda self, t: looked.append(t.id) or original(self, t))
+    assert launched(s.handle(Submit(5000, ALL, ready=True))) == []
+    # 2000 ready and blocked: a pass stops once every device is reserved (4 looks), it does
+    # not sort and walk all of them
+    assert len(looked) <= 4
+    looked.clear()
+    assert launched(s.handle(Finished(0))) == [1, 2, 3, 4]
+    assert len(looked) <= 8
+
+
+def test_a_policy_switch_keeps_every_ready_computation():
+    s = GangScheduler(ALL)
+    s.handle(Submit(0, ALL, ready=True))
+    s.handle(*(Submit(t, ALL, priority=t % 3, client=f"c{t % 2}", ready=True)
+               for t in range(1, 10)))
+    s.handle(SetPolicy("priority"))
+    order = []
+    running = 0
+    while running is not None:
+        out = launched(s.handle(Finished(running)))
+        running = out[0] if out else None
+        if running is not None:
+            order.append(running)
+    assert sorted(order) == list(range(1, 10))
+    assert [t % 3 for t in order] == sorted((t % 3 for t in order), reverse=True)

@@ -16,12 +16,20 @@ smallest computation at which Pathways matches JAX".
 >>> from pwkernel.bench import dispatch
 >>> result = dispatch.run("tiny")          # doctest: +SKIP
 >>> sorted(result.ratios)                  # doctest: +SKIP
-['chained_vs_jax_opbyop', 'fused_vs_jax_fused', 'opbyop_vs_jax']
+['breakeven_us', 'chained_vs_jax_opbyop', 'cpu_us_per_node_chained', 'cpu_us_per_node_opbyop',
+ 'fused_vs_jax_fused', 'opbyop_vs_jax']
+
+Beside the ratios, the cost of the controller itself: ``cpu_us_per_node_opbyop`` and
+``cpu_us_per_node_chained`` are the process CPU time (every thread) per computation at the
+smallest size on a 1-device slice, and ``breakeven_us`` is the smallest computation, in
+microseconds of its own run time, at which Chained reaches 95% of JAX OpByOp and Fused 95% of
+JAX Fused (whichever is larger; worst of the multi-device slices).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import jax
@@ -37,11 +45,12 @@ from .harness import Result, check_mode, interleave, paired_ratio, rate, summari
 VARIANTS = ("pw_opbyop", "jax_opbyop", "pw_chained", "pw_fused", "jax_fused")
 CONFIGS = {
     # sizes: total elements of the array (split over the slice); chain: steps per chain
-    "tiny": {"slices": (1, 2), "sizes": (256, 4096), "chain": 8, "rounds": 1, "fused_reps": 2},
+    "tiny": {"slices": (1, 2), "sizes": (256, 4096), "chain": 8, "rounds": 1, "fused_reps": 2,
+             "cpu_repeats": 2},
     "quick": {"slices": (1, 2, 4), "sizes": (256, 4096, 65536, 2 ** 20, 2 ** 22), "chain": 64,
-              "rounds": 3, "fused_reps": 4},
+              "rounds": 3, "fused_reps": 4, "cpu_repeats": 20},
     "full": {"slices": (1, 2, 4), "sizes": tuple(4 ** k for k in range(4, 12)), "chain": 200,
-             "rounds": 7, "fused_reps": 8},
+             "rounds": 7, "fused_reps": 8, "cpu_repeats": 20},
 }
 MATCH = 0.95  # "pwkernel matches JAX" at 95% of its throughput
 
@@ -116,6 +125,45 @@ def variants(ctl: pw.Controller, devices: int, size: int, n: int, reps: int) -> 
     }
 
 
+def cpu_per_node(ctl: pw.Controller, size: int, n: int, repeats: int, rounds: int) -> dict:
+    """Process CPU time (all threads) per computation, in microseconds, on a 1-device slice:
+    OpByOp and Chained, with JAX OpByOp beside them (medians over ``rounds``)."""
+    ways = variants(ctl, 1, size, n, 1)
+    run = {"pw_opbyop": ways["pw_opbyop"], "pw_chained": ways["pw_chained"],
+           "jax_opbyop": ways["jax_opbyop"]}
+    for fn in run.values():  # warm: compile, first plans
+        fn()
+    samples: dict[str, list[float]] = {k: [] for k in run}
+    for _ in range(rounds):
+        for name, fn in run.items():
+            c0 = time.process_time()
+            for _ in range(repeats):
+                fn()
+            samples[name].append((time.process_time() - c0) / (repeats * n) * 1e6)
+    return {k: round(statistics.median(v), 2) for k, v in samples.items()}
+
+
+def breakeven(rows: list[dict], slices) -> tuple[float | None, dict]:
+    """The smallest computation (us of its own run time) at which Chained reaches 95% of JAX
+    OpByOp and Fused 95% of JAX Fused (and stay there at every larger size of the sweep),
+    whichever is larger, worst of ``slices``. Where a slice never gets there, its largest
+    computation stands in, marked ``reached: False`` (the break-even is beyond it)."""
+    how: dict[str, dict] = {}
+    worst = None
+    for devices in slices:
+        mine = [r for r in rows if r["devices"] == devices]
+        if not mine:
+            continue
+        largest = max(r["computation_us"] for r in mine)
+        found = [_smallest_match(rows, devices, k)
+                 for k in ("chained_vs_jax_opbyop", "fused_vs_jax_fused")]
+        reached = all(f is not None for f in found)
+        value = max(f["computation_us"] for f in found) if reached else largest
+        how[str(devices)] = {"us": value, "reached": reached}
+        worst = value if worst is None else max(worst, value)
+    return worst, how
+
+
 def _smallest_match(rows: list[dict], devices: int, key: str) -> dict | None:
     """The smallest computation on ``devices`` where ``key`` reaches 95% (and stays there)."""
     mine = sorted((r for r in rows if r["devices"] == devices), key=lambda r: r["size"])
@@ -148,9 +196,15 @@ def run(mode: str = "quick") -> Result:
                     "chained_vs_jax_opbyop": paired_ratio(samples, "pw_chained", "jax_opbyop"),
                     "fused_vs_jax_fused": paired_ratio(samples, "pw_fused", "jax_fused"),
                 })
+        smallest = min(cfg["sizes"])
+        cpu = cpu_per_node(ctl, smallest, cfg["chain"], cfg["cpu_repeats"], cfg["rounds"])
     finally:
         ctl.close()
     ratios, by_devices = _headline(rows, cfg)
+    multi = [d for d in cfg["slices"] if d > 1] or list(cfg["slices"])
+    ratios["breakeven_us"], how = breakeven(rows, multi)
+    ratios["cpu_us_per_node_opbyop"] = cpu["pw_opbyop"]
+    ratios["cpu_us_per_node_chained"] = cpu["pw_chained"]
     match = {str(d): {"opbyop": _smallest_match(rows, d, "opbyop_vs_jax"),
                       "chained": _smallest_match(rows, d, "chained_vs_jax_opbyop")}
              for d in cfg["slices"]}
@@ -159,10 +213,16 @@ def run(mode: str = "quick") -> Result:
         "ratios: median over rounds of the paired ratio; the headline is the smallest "
         "computation, worst of the 2- and 4-device slices (1-device beside it in by_devices).",
         "computation_us: one step's own run time, from JAX Fused.",
+        "cpu_us_per_node_*: process CPU time (all threads) per computation, smallest size, "
+        "1-device slice; cpu_us_per_node (extra) has JAX OpByOp's beside them.",
+        "breakeven_us: where Chained and Fused reach 95% of JAX and stay there, worst "
+        "multi-device slice; breakeven (extra) has each slice's, and says when the sweep "
+        "never got there (then its largest computation stands in, a lower bound).",
     ]
     return Result("dispatch", mode, dict(cfg), rows, ratios, notes,
                   time.perf_counter() - t0).with_extra(by_devices=by_devices,
-                                                       smallest_match=match)
+                                                       smallest_match=match,
+                                                       cpu_us_per_node=cpu, breakeven=how)
 
 
 def _headline(rows: list[dict], cfg: dict) -> tuple[dict, dict]:

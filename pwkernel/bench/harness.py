@@ -41,8 +41,12 @@ TARGETS: dict[str, float] = {
     "two_islands_vs_one": 0.9,
     "tracing_overhead": 3.0,      # percent, lower is better
     "tracing_and_view_cpu": 3.0,  # percent of a core tracing + an open live view take
+    "cpu_us_per_node_opbyop": 25.0,   # process CPU us per computation (issue 13)
+    "cpu_us_per_node_chained": 15.0,
+    "breakeven_us": 100.0,        # us of a computation's own run time to reach 95% of JAX
 }
-LOWER_IS_BETTER = ("share_error", "tracing_overhead", "tracing_and_view_cpu")
+LOWER_IS_BETTER = ("share_error", "tracing_overhead", "tracing_and_view_cpu",
+                   "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us")
 
 
 def check_mode(mode: str) -> str:
