@@ -133,3 +133,30 @@ def test_verdicts_follow_each_target_direction():
     assert harness.verdict("share_error", 2.0) == "meets"
     assert harness.verdict("tracing_overhead", 7.0) == "misses"
     assert harness.verdict("pipeline_vs_spmd", None) == "n/a"
+
+
+def test_breakeven_is_where_chained_and_fused_reach_95_percent_and_stay():
+    from pwkernel.bench.dispatch import breakeven
+
+    def row(devices, us, chained, fused):
+        return {"devices": devices, "size": int(us * 100), "computation_us": us,
+                "chained_vs_jax_opbyop": chained, "fused_vs_jax_fused": fused}
+
+    rows = [row(2, 1, 0.5, 0.6), row(2, 10, 0.96, 0.9), row(2, 100, 0.97, 0.96),
+            row(2, 1000, 0.99, 0.99),
+            row(4, 1, 0.5, 0.5), row(4, 10, 0.96, 0.97), row(4, 100, 0.94, 0.98),  # a dip
+            row(4, 1000, 0.99, 0.96)]
+    value, how = breakeven(rows, [2, 4])
+    assert how["2"] == {"us": 100, "reached": True}  # fused gets there last, at 100 us
+    assert how["4"] == {"us": 1000, "reached": True}  # chained dips at 100: only 1000 stays
+    assert value == 1000
+    never = [row(2, 1, 0.5, 0.5), row(2, 10, 0.9, 0.99)]
+    assert breakeven(never, [2]) == (10, {"2": {"us": 10, "reached": False}})
+
+
+def test_dispatch_reports_the_controllers_own_cost():
+    result = runner.run_one("dispatch", "tiny")
+    cpu = result.extra["cpu_us_per_node"]
+    assert set(cpu) == {"pw_opbyop", "pw_chained", "jax_opbyop"} and min(cpu.values()) > 0
+    assert result.ratios["cpu_us_per_node_opbyop"] == cpu["pw_opbyop"]
+    assert set(result.extra["breakeven"]) == {"2"}

@@ -135,3 +135,38 @@ def test_jax_arrays_already_on_the_slice_are_used_in_place(ctl):
         (jax.tree_util.tree_structure((0,)), (((4,), np.dtype("float32")),))).in_shardings[0])
     assert f(x).result(timeout=60).tolist() == [1.0] * 4
     assert [e.kind for e in ctl.trace.events()] == ["compute"]
+
+
+def test_a_backend_is_a_name_or_an_executor_object():
+    from pwkernel.backends.local import LocalBackend
+
+    executor = LocalBackend(islands=(2, 2))
+    assert isinstance(executor, pw.Executor)
+    with pw.Controller(backend=executor) as ctl:
+        assert ctl.executor is executor and ctl.backend == "local"
+        assert [len(i.devices) for i in ctl.islands] == [2, 2]
+        f = pw.function(lambda x: x * 3, slice=ctl.slice(2, island=1))
+        assert f(np.ones(2, np.float32)).result(timeout=60).tolist() == [3.0, 3.0]
+    with pytest.raises(ValueError, match=r"islands=\(4, 2\) but the executor object brings"):
+        pw.Controller(islands=(4, 2), backend=LocalBackend(islands=(2, 2)))
+    with pytest.raises(TypeError, match="lacks"):
+        pw.Controller(backend=object())
+    with pytest.raises(ValueError, match="unknown backend 'nope'.*'local'"):
+        pw.Controller(backend="nope")
+
+
+def test_the_runtime_imports_no_backend():
+    # Backends plug in from above (a registry the package fills): runtime/ never imports one.
+    import ast
+    from pathlib import Path
+
+    runtime = Path(pw.__file__).parent / "runtime"
+    for path in sorted(runtime.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any("backends" in n for n in names), f"{path.name} imports {names}"

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -314,3 +316,72 @@ def test_a_transfer_between_overlapping_slices_copies_instead_of_aliasing(mode):
         assert ctl.wait(60)
         gc.collect()
         assert all(n == 0 for n in ctl.memory().values())
+
+
+def sleeper(seconds: float):
+    """A computation of known length: its host callback sleeps ``seconds`` (it is the
+    computation that takes that long; the test itself waits only on futures)."""
+
+    def hold(x):
+        time.sleep(seconds)
+        return x
+
+    return lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def test_the_trace_shows_a_computation_of_known_length(ctl):
+    # docs/architecture.md "How time is measured": an end is seen within milliseconds of
+    # when it happened, even on a loaded machine (a thread wake-up), and a span starts no
+    # earlier than the work before it on its devices ended.
+    s = ctl.slice(1, island=0)
+    short = pw.function(sleeper(0.03), slice=s, name="short")
+    long = pw.function(sleeper(0.06), slice=s, name="long")
+    out = pw.program(lambda v: long(short(v)))(np.ones(2, np.float32))
+    assert out.result(timeout=60).tolist() == [1.0, 1.0]
+    spans = {e.name: e for e in ctl.trace.events() if e.kind == "compute"}
+    for name, seconds in (("short", 0.03), ("long", 0.06)):
+        assert seconds <= spans[name].duration <= seconds + TOLERANCE, spans[name]
+    assert spans["short"].t_end <= spans["long"].t_start
+
+
+def test_work_launched_ahead_starts_when_its_producer_ends(ctl):
+    # The consumer is launched at once, behind a producer still running: its span starts at
+    # the producer's end, not at its own launch.
+    s = ctl.slice(1, island=0)
+    slow = pw.function(lambda x: jax.lax.fori_loop(0, 300, lambda i, v: jnp.tanh(v @ v), x),
+                       slice=s, name="slow")
+    quick = pw.function(lambda x: x + 1, slice=s, name="quick")
+    prog = pw.program(lambda v: quick(slow(v)))
+    x = np.eye(128, dtype=np.float32)
+    prog(x).result(timeout=60)  # compiled; then timed
+    ctl.trace.clear()
+    prog(x).result(timeout=60)
+    spans = {e.name: e for e in ctl.trace.events() if e.kind == "compute"}
+    assert spans["slow"].duration > 0.002  # long enough that launching ahead shows
+    assert spans["slow"].t_end <= spans["quick"].t_start <= spans["quick"].t_end
+
+
+TOLERANCE = 0.025  # s: how late an end may be seen here (2 shared cores, other tests running)
+
+
+def test_a_plan_is_made_once_per_input_signature_and_runs_keep_few_objects(ctl):
+    s = ctl.slice(2, island=0)
+    inc = pw.function(lambda x: x + 1, slice=s)
+    prog = pw.program(lambda v: inc(inc(inc(v))))
+    x = np.ones(4, np.float32)
+    first = prog(x)
+    plan = prog.trace(x).plan
+    assert plan is not None and [n.is_compute for n in plan.nodes] == [False, True, True, True]
+    # a run held back behind a gate: what it keeps while it waits
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(gate(entered, release, s.mesh), slice=s, name="gate")(x)
+    assert entered.wait(30)
+    second = prog(x)
+    assert prog.trace(x).plan is plan  # the same plan: no host-side work per node again
+    inside = {v for n in plan.nodes for v in n.outputs} - set(plan.outputs)
+    assert len(inside) == 3 and not inside & set(second.run.futures)  # no Future for those
+    assert len(second.run.tasks) == len(plan.nodes)
+    release.set()
+    assert first.result(timeout=60).tolist() == second.result(timeout=60).tolist() == [4.0] * 4
+    held.result(timeout=60)
+    assert prog(np.ones(8, np.float32)).run.plan is not plan  # another signature, another plan
