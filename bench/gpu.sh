@@ -1,59 +1,86 @@
 #!/usr/bin/env bash
-# Run every pwkernel benchmark on a machine with NVIDIA GPUs and keep the results in one folder.
+# Run the pwkernel benchmarks a machine's NVIDIA GPUs can show; keep the results in one folder.
 #
 #   bash bench/gpu.sh [OUT_DIR]        # default OUT_DIR: $OUT, else bench-results/<date>
+#   BENCH_MODE=tiny bash bench/gpu.sh  # seconds instead of minutes (checks the script itself)
 #
-# Uses the project's .venv if its JAX already sees a GPU; otherwise creates bench/.venv-gpu with
-# jax[cuda12] and this project installed. Budget: under 10 minutes (the --quick sweep, then the
-# full dispatch sweep if time is left). Writes results.json, dispatch.png, run.log, machine.txt.
+# What runs depends on the GPUs JAX sees (every benchmark is pwkernel beside bare JAX on the
+# same devices):
+#   8 or more GPUs: every benchmark on islands (4, 4) of GPUs (`all`).
+#   1 to 7 GPUs:    what an island of ONE GPU can show: the dispatch sweep (OpByOp, Chained,
+#                   Fused against JAX on that GPU, host and device running in parallel) and
+#                   multi-tenancy (clients time-sharing that GPU, proportional share).
+#                   The others need more devices and are skipped, each with its reason:
+#                   parallel-dispatch and dcn need two islands, pipeline an island of 4, tracing
+#                   a 2-device slice.
+#   no GPU:         every benchmark on the host CPU (virtual devices), said so in run.log.
+#
+# Python: the project's .venv if its JAX sees a GPU; else, when nvidia-smi lists GPUs,
+# bench/.venv-gpu with jax[cuda12] and this project; else the project's .venv on the CPU.
+# Budget: under 10 minutes (the --quick runs, then the full dispatch sweep if time is left).
+# Writes results.json, dispatch.png, run.log, machine.txt.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-${OUT:-$ROOT/bench-results/$(date +%Y%m%d-%H%M%S)}}"
+MODE="${BENCH_MODE:-quick}"
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/run.log"
 DEADLINE=$((SECONDS + 570))   # leave 30 s of the 10 minutes for set-up slack
 
+say() { echo "$*" | tee -a "$LOG"; }
 has_gpu() { "$1" -c 'import jax, sys; sys.exit(0 if any(d.platform == "gpu" for d in jax.devices()) else 1)' >/dev/null 2>&1; }
+nvidia_gpus() { nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true; }
 
 PY="$ROOT/.venv/bin/python"
-if [[ ! -x "$PY" ]] || ! has_gpu "$PY"; then
-  VENV="$ROOT/bench/.venv-gpu"
-  if [[ ! -x "$VENV/bin/python" ]]; then
-    echo "creating $VENV with jax[cuda12]" | tee -a "$LOG"
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q "jax[cuda12]" pillow
-    "$VENV/bin/pip" install -q -e "$ROOT"
+[[ -x "$PY" ]] || PY="$(command -v python3)"
+if ! has_gpu "$PY"; then
+  if (( $(nvidia_gpus) > 0 )); then
+    VENV="$ROOT/bench/.venv-gpu"
+    if [[ ! -x "$VENV/bin/python" ]]; then
+      say "creating $VENV with jax[cuda12]"
+      python3 -m venv "$VENV"
+      "$VENV/bin/pip" install -q --upgrade pip
+      "$VENV/bin/pip" install -q "jax[cuda12]" pillow
+      "$VENV/bin/pip" install -q -e "$ROOT"
+    fi
+    PY="$VENV/bin/python"
+    has_gpu "$PY" || { say "nvidia-smi lists GPUs but JAX sees none even with jax[cuda12]: check the driver"; exit 1; }
+  else
+    export JAX_PLATFORMS=cpu   # no GPU here: the CPU fallback
   fi
-  PY="$VENV/bin/python"
-  has_gpu "$PY" || { echo "JAX sees no GPU even with jax[cuda12]: check nvidia-smi and the driver" | tee -a "$LOG"; exit 1; }
 fi
 
 {
-  echo "date: $(date -Is)"; echo "python: $PY"
+  echo "date: $(date -Is)"; echo "python: $PY"; echo "mode: $MODE"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
   "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())'
 } > "$OUT_DIR/machine.txt" 2>&1
-cat "$OUT_DIR/machine.txt" | tee -a "$LOG"
+tee -a "$LOG" < "$OUT_DIR/machine.txt"
 
 cd "$ROOT"
-# Every benchmark builds pw.Controller(islands=(4, 4)): 8 devices. The local backend takes
-# accelerators when there are any and cannot split one GPU into virtual devices, so with fewer
-# than 8 GPUs the run falls back to the host CPU and says so in machine.txt and run.log.
 NGPU=$("$PY" -c 'import jax; print(sum(d.platform == "gpu" for d in jax.devices()))')
-if (( NGPU < 8 )); then
-  echo "only $NGPU GPU(s): islands=(4, 4) needs 8; running on the host CPU instead" \
-    | tee -a "$LOG" "$OUT_DIR/machine.txt"
-  export JAX_PLATFORMS=cpu
+ARGS=(--"$MODE" --json "$OUT_DIR/results.json" --plot "$OUT_DIR/dispatch.png")
+if (( NGPU >= 8 )); then
+  say "$NGPU GPUs: every benchmark on islands (4, 4) of GPUs"
+  BENCH=(all)
+elif (( NGPU >= 1 )); then
+  say "$NGPU GPU(s): an island of one GPU: dispatch and multitenancy, beside bare JAX on it"
+  say "skipped (need more devices): parallel-dispatch and dcn (two islands), pipeline (an island of 4), tracing (a 2-device slice)"
+  BENCH=(dispatch multitenancy)
+  ARGS+=(--islands 1)
+else
+  say "no GPU: every benchmark on the host CPU (virtual devices), not on a GPU"
+  BENCH=(all)
 fi
-timeout $((DEADLINE - SECONDS)) "$PY" -m pwkernel.bench all --quick \
-  --json "$OUT_DIR/results.json" --plot "$OUT_DIR/dispatch.png" 2>&1 | tee -a "$LOG"
+timeout $((DEADLINE - SECONDS)) "$PY" -m pwkernel.bench "${BENCH[@]}" "${ARGS[@]}" 2>&1 | tee -a "$LOG"
 
 LEFT=$((DEADLINE - SECONDS))
-if (( LEFT > 240 )); then
-  echo "full dispatch sweep with ${LEFT}s left" | tee -a "$LOG"
-  timeout "$LEFT" "$PY" -m pwkernel.bench dispatch --json "$OUT_DIR/dispatch-full.json" \
-    --plot "$OUT_DIR/dispatch-full.png" 2>&1 | tee -a "$LOG" || echo "full sweep stopped at the deadline" | tee -a "$LOG"
+if [[ "$MODE" == quick ]] && (( LEFT > 240 )); then
+  say "full dispatch sweep with ${LEFT}s left"
+  FULL=(--json "$OUT_DIR/dispatch-full.json" --plot "$OUT_DIR/dispatch-full.png")
+  (( NGPU >= 1 && NGPU < 8 )) && FULL+=(--islands 1)
+  timeout "$LEFT" "$PY" -m pwkernel.bench dispatch "${FULL[@]}" 2>&1 | tee -a "$LOG" \
+    || say "full sweep stopped at the deadline"
 fi
-echo "results in $OUT_DIR" | tee -a "$LOG"
+say "results in $OUT_DIR"

@@ -37,7 +37,9 @@ def test_benchmark_runs_tiny(name):
     payload = runner.run_benchmarks([name], mode="tiny")
     result = payload["benchmarks"][name]
     assert set(result["ratios"]) == EXPECTED[name]
-    assert all(_finite(v) and v == v for v in result["ratios"].values()), result["ratios"]
+    ratios = {k: v for k, v in result["ratios"].items()
+              if not (k == "breakeven_us" and v is None)}  # a tiny sweep may never get there
+    assert all(_finite(v) and v == v for v in ratios.values()), result["ratios"]
     assert result["rows"], "a benchmark reports the rows its ratios come from"
     assert payload["machine"]["devices"] == 8
     assert set(payload["verdicts"]) == EXPECTED[name]
@@ -151,7 +153,7 @@ def test_breakeven_is_where_chained_and_fused_reach_95_percent_and_stay():
     assert how["4"] == {"us": 1000, "reached": True}  # chained dips at 100: only 1000 stays
     assert value == 1000
     never = [row(2, 1, 0.5, 0.5), row(2, 10, 0.9, 0.99)]
-    assert breakeven(never, [2]) == (10, {"2": {"us": 10, "reached": False}})
+    assert breakeven(never, [2]) == (None, {"2": {"us": 10, "reached": False}})
 
 
 def test_dispatch_reports_the_controllers_own_cost():

@@ -6,6 +6,7 @@ NAME: dispatch, parallel-dispatch, pipeline, multitenancy, dcn, tracing, or all.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import jax
@@ -25,11 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="about a minute per benchmark")
     size.add_argument("--tiny", action="store_true", help="seconds: proves it runs (tests)")
+    parser.add_argument("--islands", metavar="N[,N...]",
+                        help="devices per island for the dispatch and multitenancy "
+                             "benchmarks (default 4,4; 1 on a machine with one GPU)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.add_argument("--plot", metavar="PATH",
                         help="write a PNG of the dispatch benchmark here (needs 'dispatch')")
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    if args.islands:
+        os.environ["PWKERNEL_BENCH_ISLANDS"] = args.islands
     try:
         payload = run_benchmarks(args.names, mode, progress=lambda s: print(s, flush=True))
     except ValueError as e:

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 
-from .harness import Result, check_mode, interleave, paired_ratio, rate, summarize
+from .harness import Result, check_mode, interleave, islands, paired_ratio, rate, summarize
 
 VARIANTS = ("pw_opbyop", "jax_opbyop", "pw_chained", "pw_fused", "jax_fused")
 CONFIGS = {
@@ -146,8 +146,8 @@ def cpu_per_node(ctl: pw.Controller, size: int, n: int, repeats: int, rounds: in
 def breakeven(rows: list[dict], slices) -> tuple[float | None, dict]:
     """The smallest computation (us of its own run time) at which Chained reaches 95% of JAX
     OpByOp and Fused 95% of JAX Fused (and stay there at every larger size of the sweep),
-    whichever is larger, worst of ``slices``. Where a slice never gets there, its largest
-    computation stands in, marked ``reached: False`` (the break-even is beyond it)."""
+    whichever is larger, worst of ``slices``; None when a slice never gets there (its entry
+    then says ``reached: False`` with its largest computation: the break-even is beyond)."""
     how: dict[str, dict] = {}
     worst = None
     for devices in slices:
@@ -161,6 +161,8 @@ def breakeven(rows: list[dict], slices) -> tuple[float | None, dict]:
         value = max(f["computation_us"] for f in found) if reached else largest
         how[str(devices)] = {"us": value, "reached": reached}
         worst = value if worst is None else max(worst, value)
+    if not all(h["reached"] for h in how.values()):
+        return None, how
     return worst, how
 
 
@@ -175,10 +177,11 @@ def _smallest_match(rows: list[dict], devices: int, key: str) -> dict | None:
 
 def run(mode: str = "quick") -> Result:
     """Run the sweep; ``mode`` is ``"tiny"``, ``"quick"`` or ``"full"``."""
-    cfg = CONFIGS[check_mode(mode)]
+    cfg = dict(CONFIGS[check_mode(mode)])
     t0 = time.perf_counter()
     rows: list[dict] = []
-    ctl = pw.Controller(islands=(4, 4))
+    ctl = pw.Controller(islands=islands())
+    cfg["slices"] = tuple(d for d in cfg["slices"] if d <= len(ctl.islands[0].devices))
     try:
         for devices in cfg["slices"]:
             for size in cfg["sizes"]:
@@ -216,10 +219,10 @@ def run(mode: str = "quick") -> Result:
         "cpu_us_per_node_*: process CPU time (all threads) per computation, smallest size, "
         "1-device slice; cpu_us_per_node (extra) has JAX OpByOp's beside them.",
         "breakeven_us: where Chained and Fused reach 95% of JAX and stay there, worst "
-        "multi-device slice; breakeven (extra) has each slice's, and says when the sweep "
-        "never got there (then its largest computation stands in, a lower bound).",
+        "multi-device slice; None when the sweep never got there (breakeven, extra, has "
+        "each slice's, with the largest computation measured when not reached).",
     ]
-    return Result("dispatch", mode, dict(cfg), rows, ratios, notes,
+    return Result("dispatch", mode, cfg, rows, ratios, notes,
                   time.perf_counter() - t0).with_extra(by_devices=by_devices,
                                                        smallest_match=match,
                                                        cpu_us_per_node=cpu, breakeven=how)
@@ -234,6 +237,6 @@ def _headline(rows: list[dict], cfg: dict) -> tuple[dict, dict]:
         first = min(mine, key=lambda r: r["size"])
         for k in keys:
             by_devices[k][str(devices)] = first[k]
-    multi = [str(d) for d in cfg["slices"] if d > 1]
+    multi = [str(d) for d in cfg["slices"] if d > 1] or [str(d) for d in cfg["slices"]]
     ratios = {k: min((by_devices[k][d] for d in multi), default=None) for k in keys}
     return ratios, by_devices

@@ -49,6 +49,25 @@ LOWER_IS_BETTER = ("share_error", "tracing_overhead", "tracing_and_view_cpu",
                    "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us")
 
 
+DEFAULT_ISLANDS = (4, 4)
+
+
+def islands() -> tuple[int, ...]:
+    """The islands the benchmarks build their controllers with: ``PWKERNEL_BENCH_ISLANDS``
+    ("1" on a machine with one GPU; ``--islands`` on the command line), else (4, 4)."""
+    raw = os.environ.get("PWKERNEL_BENCH_ISLANDS", "").strip()
+    if not raw:
+        return DEFAULT_ISLANDS
+    try:
+        sizes = tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"PWKERNEL_BENCH_ISLANDS={raw!r}: expected device counts, e.g. 1 or "
+                         "4,4.")
+    return sizes
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}; 'tiny' is for tests, "

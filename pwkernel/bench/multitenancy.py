@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 
-from .harness import Result, check_mode, interleave, paired_ratio, rate, summarize
+from .harness import Result, check_mode, interleave, islands, paired_ratio, rate, summarize
 
 CONFIGS = {
     "tiny": {"clients": (1, 2), "size": 4096, "steps": 2, "programs": 4, "window": 2,
@@ -79,7 +79,7 @@ def _run_clients(ctl, prog, x0, count: int, total: int, window: int) -> None:
 
 
 def throughput(ctl: pw.Controller, cfg: dict) -> tuple[list[dict], float]:
-    vs = ctl.slice(4, island=0)
+    vs = ctl.slice(min(4, len(ctl.islands[0].devices)), island=0)
     fn = pw.function(work, slice=vs, in_specs=P(), out_specs=P(), name="work")
     x0 = jax.device_put(matrix(cfg["size"]), NamedSharding(vs.mesh, P()))
 
@@ -102,7 +102,7 @@ def throughput(ctl: pw.Controller, cfg: dict) -> tuple[list[dict], float]:
 
 def _shares(ctl: pw.Controller, cfg: dict) -> dict:
     ctl.policy = "share"
-    vs = ctl.slice(4, island=0)
+    vs = ctl.slice(min(4, len(ctl.islands[0].devices)), island=0)
     fn = pw.function(work, slice=vs, in_specs=P(), out_specs=P(), name="share")
     x0 = jax.device_put(matrix(cfg["share_size"]), NamedSharding(vs.mesh, P()))
     fn(x0).result(TIMEOUT)  # compile outside the measurement
@@ -151,7 +151,7 @@ def run(mode: str = "quick") -> Result:
     """Aggregate throughput for 1, 2, 4 clients, then shares achieved at weights 1:2:4:8."""
     cfg = CONFIGS[check_mode(mode)]
     t0 = time.perf_counter()
-    ctl = pw.Controller(islands=(4, 4))
+    ctl = pw.Controller(islands=islands())
     try:
         rows, multi = throughput(ctl, cfg)
         shares = _shares(ctl, cfg)
