@@ -122,6 +122,9 @@ class HostCosts:
     - ``rpc_latency``: one message between client, island scheduler and hosts, one way.
     - ``host_per_node``: a host executor's work to enqueue one computation on its chips.
     - ``host_to_device``: bytes/s from a host's memory to its chips (PCIe).
+    - ``client_per_program``: the client's work to submit one program (once per run).
+    - ``program_fanout_per_host``: the client's one message per host a program runs on (once
+      per run: a program's nodes travel to each host together).
     """
 
     client_per_node: float
@@ -129,9 +132,12 @@ class HostCosts:
     rpc_latency: float
     host_per_node: float
     host_to_device: float
+    client_per_program: float = 0.0
+    program_fanout_per_host: float = 0.0
 
     def __post_init__(self) -> None:
-        _non_negative(self, "client_per_node", "fanout_per_host", "rpc_latency", "host_per_node")
+        _non_negative(self, "client_per_node", "fanout_per_host", "rpc_latency", "host_per_node",
+                      "client_per_program", "program_fanout_per_host")
         _positive(self, "host_to_device")
 
 
