@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -50,6 +51,13 @@ from .program import SimProgram
 from .tasks import DeviceSet, SimTask
 
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
+
+
+class SimIsland(NamedTuple):
+    """An island as the views read one (``ctl.islands``): its id and its chips."""
+
+    id: int
+    device_ids: tuple[int, ...]
 
 
 @dataclass
@@ -178,6 +186,24 @@ class Simulator:
             deadlock = find_deadlock(stuck, queues, self.now)
             raise DeadlockError(deadlock.message(), deadlock)
         return self.last_end
+
+    @property
+    def islands(self) -> tuple[SimIsland, ...]:
+        """The cluster's islands as the views read a controller's (``pw.ScheduleView(sim)``,
+        ``pw.TopologyView(sim)``)."""
+        return tuple(SimIsland(i, self.cluster.island_devices(i))
+                     for i in range(len(self.cluster.islands)))
+
+    @property
+    def host_of(self) -> np.ndarray:
+        """The host of every chip: the views can show a row per host."""
+        return self.cluster.host_of
+
+    @property
+    def next_time(self) -> float | None:
+        """When the next event happens (``None``: nothing left): ``run(until=next_time)``
+        advances one instant, for a caller that reacts between events (a client's window)."""
+        return self._heap[0][0] if self._heap else None
 
     # --- the clock -------------------------------------------------------------------------
     def _at(self, t: float, fn, arg) -> None:
