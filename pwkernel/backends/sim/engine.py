@@ -184,6 +184,7 @@ class Simulator:
             stuck = [t for t in self._tasks.values() if not t.done]
             queues = self._chips.queues(stuck, self.cluster.num_chips)
             deadlock = find_deadlock(stuck, queues, self.now)
+            self._record_frozen(queues)
             raise DeadlockError(deadlock.message(), deadlock)
         return self.last_end
 
@@ -447,6 +448,24 @@ class Simulator:
 
     def _tell_scheduler(self, task: SimTask) -> None:
         self._post(task.island, sch.Finished(task.id, task.t_end - task.t_start))
+
+    def _record_frozen(self, queues) -> None:
+        """Deadlock: each computation stuck at the head of some chips' queues becomes a span
+        with status ``"deadlock"`` on those chips, from when it reached them until the clock
+        froze, so a schedule view shows where each chip stopped."""
+        heads: dict[int, list[int]] = {}
+        tasks = {}
+        for d, q in enumerate(queues):
+            if q:
+                heads.setdefault(q[0].id, []).append(d)
+                tasks[q[0].id] = q[0]
+        for tid, chips in heads.items():
+            task = tasks[tid]
+            node, run = task.node, task.run
+            since = task.t_start if task.t_start is not None else task.t_submit
+            self.trace.record(_COMPUTE, node.name, run.name, run.id, run.client, task.island,
+                              tuple(chips), task.t_submit, since, self.now, "deadlock", 0,
+                              None, None, (), None, node.id)
 
     def _record(self, task: SimTask) -> None:
         node, run = task.node, task.run
