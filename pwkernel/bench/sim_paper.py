@@ -19,7 +19,7 @@ from ..backends.sim import paper_dispatch as pd
 from ..backends.sim import paper_workloads as pwl
 from .harness import Result, check_mode
 
-CONFIG = {"tiny": {"programs": 12, "hosts": (4, 16, 64)},
+CONFIG = {"tiny": {"programs": 12, "hosts": (2, 4, 8, 16, 32, 64, 128)},
           "quick": {"programs": 24, "hosts": (2, 4, 8, 16, 32, 64, 128, 256, 512)},
           "full": {"programs": 40, "hosts": (2, 4, 8, 16, 32, 64, 128, 256, 512)}}
 CORES_PER_HOST = 8
@@ -34,10 +34,11 @@ def _row(result: str, paper, simulated, kind: str, unit: str = "", error=None) -
             "error_pct": error, "kind": kind}
 
 
-def rows(mode: str = "quick") -> tuple[list[dict], dict]:
-    """Every row of the table, and the fit."""
+def rows(mode: str = "quick", fitted: dict | None = None) -> tuple[list[dict], dict]:
+    """Every row of the table, and the fit (``fitted``: a ``paper_dispatch.fit()`` already
+    made, to reuse)."""
     cfg = CONFIG[check_mode(mode)]
-    fitted = pd.fit(programs=cfg["programs"])
+    fitted = fitted or pd.fit(programs=cfg["programs"])
     p = fitted["params"]
     out = [_row(f"dispatch break-even at {h} hosts", pd.BREAK_EVEN[h] * 1e3,
                 fitted["simulated"][h] * 1e3, "fit", "ms") for h in sorted(pd.BREAK_EVEN)]
