@@ -1,13 +1,13 @@
 """Measure this machine's runtime for the ``this-machine`` preset.
 
-``python -m pwkernel.backends.sim.calibrate [--out PATH] [--compare MODE] [--json PATH]``
+``python -m pwkernel.bench.sim_calibrate [--out PATH] [--compare MODE] [--json PATH]``
 
 Runs the local runtime (``pw.Controller(islands=(4, 4))`` on 8 virtual CPU devices) and JAX
 itself, measures the costs the simulator's cluster model needs, and writes them (the keys of
 ``CALIBRATION_KEYS`` plus ``client_per_program`` and ``jax_dispatch``) to the file
 ``Cluster.preset("this-machine")`` reads (``$PWKERNEL_SIM_CALIBRATION`` or
 ``~/.cache/pwkernel/sim-calibration.json``). ``--compare`` then runs the local benchmarks and
-the simulator's predictions of them side by side (``validate.py``).
+the simulator's predictions of them side by side (``sim_validate.py``).
 
 What is measured, and how (medians of a few repeats; every figure is this machine's):
 
@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import SimError
+from ..backends.sim.errors import SimError
 
 DEFAULT_PATH = Path.home() / ".cache/pwkernel/sim-calibration.json"
 EXTRA_KEYS = ("client_per_program", "jax_dispatch")
@@ -79,7 +79,7 @@ def measure(repeats: int = 5, n: int = 64) -> dict:
 
     if len(jax.devices()) < 8:
         raise SimError(f"calibration needs 8 JAX devices, found {len(jax.devices())}. Maybe "
-                       "you want to run it as `python -m pwkernel.backends.sim.calibrate` (it "
+                       "you want to run it as `python -m pwkernel.bench.sim_calibrate` (it "
                        "sets jax_num_cpu_devices=8 before JAX starts).")
     ctl = pw.Controller(islands=(4, 4))
     try:
@@ -213,7 +213,7 @@ def _xla(fn, args, width: int, specs):
     calibrated rates, so the rates are measured in the same units)."""
     import jax
 
-    from .cost import abstract_mesh, analyze, lower
+    from ..backends.sim.cost import abstract_mesh, analyze, lower
 
     mesh = abstract_mesh((width,), ("x",))
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
-    parser = argparse.ArgumentParser(prog="python -m pwkernel.backends.sim.calibrate",
+    parser = argparse.ArgumentParser(prog="python -m pwkernel.bench.sim_calibrate",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help=f"where to write (default {calibration_path()})")
     parser.add_argument("--compare", choices=("tiny", "quick", "full"),
@@ -262,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         if k != "measured":
             print(f"  {k:<20} {v}")
     if args.compare:
-        from . import validate
+        from . import sim_validate
 
-        rows = validate.compare(data, args.compare)
-        print(validate.table(rows))
+        rows = sim_validate.compare(data, args.compare)
+        print(sim_validate.table(rows))
         if args.json:
             Path(args.json).write_text(json.dumps({"calibration": data, "rows": rows},
                                                   indent=2, default=str))

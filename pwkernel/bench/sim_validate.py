@@ -1,11 +1,11 @@
 """The simulator against this machine: predict the local benchmarks' rows from a calibration.
 
 ``predict(calibration, mode)`` simulates the workloads of three local benchmarks
-(``pwkernel.bench.dispatch``, ``multitenancy``, ``parallel_dispatch``) in their ``mode``'s
+(``dispatch``, ``multitenancy``, ``parallel_dispatch``) in their ``mode``'s
 configuration on ``Cluster.from_calibration(calibration)``, with each computation's cost from
 XLA's cost analysis on the measured roofline; ``compare`` also runs the benchmarks and pairs
 each measured figure with its prediction. Nothing measured by the benchmarks goes into the
-prediction: only the calibration's figures (``calibrate.py``).
+prediction: only the calibration's figures (``sim_calibrate.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from .cluster import Cluster
-from .cost import estimate
-from .engine import Simulator
-from .program import NodeKind, SimNode, SimProgram
+from ..backends.sim import Cluster, NodeKind, SimNode, SimProgram, Simulator, estimate
 
 F32 = jnp.float32
 
@@ -46,7 +43,7 @@ def _programs(cluster: Cluster, program: SimProgram, count: int, multi: bool = F
 
 def dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
     """Steps per second of the dispatch benchmark's five variants, every slice and size."""
-    from ...bench import dispatch as bench
+    from . import dispatch as bench
 
     cfg = bench.CONFIGS[mode]
     pw = Cluster.from_calibration(cal)
@@ -74,7 +71,7 @@ def dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
 
 def multitenancy_rows(cal: Mapping, mode: str) -> list[dict]:
     """Computations per second with 1, 2, 4 clients sharing one 4-device slice."""
-    from ...bench import multitenancy as bench
+    from . import multitenancy as bench
 
     cfg = bench.CONFIGS[mode]
     cluster = Cluster.from_calibration(cal)
@@ -119,7 +116,7 @@ def _windowed(cluster: Cluster, program: SimProgram, clients: list[str], program
 
 def parallel_dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
     """Stages per second of the alternating-islands chain, parallel and sequential."""
-    from ...bench import parallel_dispatch as bench
+    from . import parallel_dispatch as bench
 
     cfg = bench.CONFIGS[mode]
     cluster = Cluster.from_calibration(cal)
@@ -155,8 +152,8 @@ def _err(sim: float, real: float) -> float:
 def compare(cal: Mapping, mode: str = "quick") -> list[dict]:
     """Run the three local benchmarks (``mode``; the Ray row left out) and pair each figure
     with the simulator's prediction: rows of (benchmark, what, measured, simulated, error)."""
-    from ...bench import dispatch, multitenancy, parallel_dispatch
-    from ...bench.harness import interleave, paired_ratio, summarize
+    from . import dispatch, multitenancy, parallel_dispatch
+    from .harness import interleave, paired_ratio, summarize
 
     out = []
     real = dispatch.run(mode).rows
