@@ -22,6 +22,15 @@ from ..backends.sim import Cluster, NodeKind, SimNode, SimProgram, Simulator, es
 F32 = jnp.float32
 
 
+def _cost(fn, shape: tuple, cal: Mapping, cluster: Cluster, devices: int, spec) -> float:
+    """XLA's cost on the calibrated roofline, the device time stretched by devices / cores
+    when the slice has more devices than this machine has cores (they share them)."""
+    c = estimate(fn, jax.ShapeDtypeStruct(shape, F32), cluster=cluster, mesh=(devices,),
+                 axis_names=("x",), in_specs=spec).seconds
+    launch = cluster.chip.launch_overhead
+    return (c - launch) * max(1.0, devices / cal.get("cores", devices)) + launch
+
+
 def _node(i: int, name: str, chips: tuple, seconds: float, inputs=()) -> SimNode:
     return SimNode(i, name, chips, tuple(inputs), seconds)
 
@@ -55,8 +64,7 @@ def dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
             size = math.lcm(size, d)
             n = bench._chain_length(cfg["chain"], size)
             reps = max(1, min(cfg["fused_reps"], cfg["fused_reps"] * 4096 // size))
-            c = estimate(bench.step, jax.ShapeDtypeStruct((size,), F32), cluster=pw, mesh=(d,),
-                         axis_names=("x",), in_specs=P("x")).seconds
+            c = _cost(bench.step, (size,), cal, pw, d, P("x"))
             fused = n * (c - pw.chip.launch_overhead) + pw.chip.launch_overhead
             one = _chain("step", chips, c, 1)
             loop = _chain("fused", chips, fused, 1)
@@ -76,8 +84,7 @@ def multitenancy_rows(cal: Mapping, mode: str) -> list[dict]:
     cfg = bench.CONFIGS[mode]
     cluster = Cluster.from_calibration(cal)
     side = int(math.sqrt(cfg["size"]))
-    c = estimate(bench.work, jax.ShapeDtypeStruct((side, side), F32), cluster=cluster,
-                 mesh=(4,), axis_names=("x",), in_specs=P()).seconds
+    c = _cost(bench.work, (side, side), cal, cluster, 4, P())
     program = _chain("tenant", (0, 1, 2, 3), c, cfg["steps"])
     total = cfg["programs"] * max(cfg["clients"])
     rows = []
@@ -124,8 +131,7 @@ def parallel_dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
     slices = [(0, 1), (per_island, per_island + 1)]
     rows = []
     for size in cfg["sizes"]:
-        c = estimate(bench.stage, jax.ShapeDtypeStruct((size,), F32), cluster=cluster,
-                     mesh=(2,), axis_names=("x",), in_specs=P("x")).seconds
+        c = _cost(bench.stage, (size,), cal, cluster, 2, P("x"))
         nodes: list[SimNode] = []
         for s in range(cfg["stages"]):
             inputs = ()
