@@ -24,7 +24,8 @@ What is measured, and how (medians of a few repeats; every figure is this machin
 - ``peak_flops``, ``memory_bandwidth``, ``launch_overhead``: XLA's own flops and bytes
   accessed (the figures the simulator's roofline divides) of a matrix product and of an
   elementwise computation over their measured time, on one device alone, at the benchmarks'
-  largest size (4 Mi elements, past the caches); the launch overhead is a ``fori_loop`` step of a tiny computation.
+  largest size (4 Mi elements, past the caches); the launch overhead is a ``fori_loop`` step
+  of a tiny computation.
   The 8 virtual devices share this machine's ``cores`` (recorded too): ``sim_validate``
   stretches a computation on d devices by d / cores when d is larger;
 - ``ici_bandwidth``, ``ici_latency``, ``dcn_bandwidth``: copies between devices (islands here
