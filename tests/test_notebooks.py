@@ -32,7 +32,24 @@ def _builder():
 
 
 BUILD = _builder()
-NAMES = list(BUILD.NOTEBOOKS)
+#: tutorials written as jupytext percent-format sources (``notebooks/NN_name.py``), their
+#: ``.ipynb`` generated from them (``jupytext``: no outputs, cell ids numbered in order)
+SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
+NAMES = list(BUILD.NOTEBOOKS) + [p.stem for p in SOURCES]
+
+
+def render(source: Path) -> str:
+    """The ``.ipynb`` text a percent-format source gives."""
+    import jupytext
+
+    nb = jupytext.read(source, fmt="py:percent")
+    nb.metadata = {"kernelspec": nb.metadata["kernelspec"]}
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i:02d}"
+        cell.metadata = {}
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nbformat.writes(nb) + "\n"
 
 
 def _errors(nb) -> list[str]:
@@ -51,8 +68,17 @@ def _stdout(nb) -> str:
                    if o.output_type == "stream" and o.name == "stdout")
 
 
+def test_notebooks_from_sources_match_them():
+    assert SOURCES, "expected notebooks/08_pathways_at_scale_simulated.py"
+    for source in SOURCES:
+        target = source.with_suffix(".ipynb")
+        assert target.exists() and target.read_text() == render(source), (
+            f"{target.name} differs from {source.name}; regenerate it with jupytext "
+            "(tests/test_notebooks.py render)")
+
+
 def test_committed_notebooks_match_the_generator():
-    for name in NAMES:
+    for name in BUILD.NOTEBOOKS:
         path = NOTEBOOKS / f"{name}.ipynb"
         assert path.exists(), f"{path.name} is missing; run .venv/bin/python notebooks/_build.py"
         assert path.read_text() == BUILD.render(name), (

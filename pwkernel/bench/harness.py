@@ -44,9 +44,13 @@ TARGETS: dict[str, float] = {
     "cpu_us_per_node_opbyop": 25.0,   # process CPU us per computation (issue 13)
     "cpu_us_per_node_chained": 15.0,
     "breakeven_us": 100.0,        # us of a computation's own run time to reach 95% of JAX
+    "sim_breakeven_error_pct": 15.0,   # sim-paper: the fitted break-even points, |error| %
+    "sim_prediction_error_pct": 10.0,  # sim-paper: the worst predicted ratio, |error| %
+    "sim_share_error": 5.0,            # sim-paper: 1:2:4:8 shares, percentage points
 }
 LOWER_IS_BETTER = ("share_error", "tracing_overhead", "tracing_and_view_cpu",
-                   "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us")
+                   "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us",
+                   "sim_breakeven_error_pct", "sim_prediction_error_pct", "sim_share_error")
 
 
 DEFAULT_ISLANDS = (4, 4)
