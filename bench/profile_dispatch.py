@@ -18,15 +18,12 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import yappi  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import pwkernel as pw  # noqa: E402
+from pwkernel.bench.dispatch import variants  # noqa: E402
 
-N, REPS = 64, 40
+N, REPS = 64, 40  # steps per chain, chains per sample
 #: (part, predicate on a profiled function's module path and name), first match wins
 PARTS = [
     ("gang scheduler", lambda m, f: m.endswith("scheduler.py")),
@@ -62,37 +59,8 @@ def cpu_per_node(fn) -> float:
 
 def main(kind: str) -> dict:
     ctl = pw.Controller(islands=(4, 4))
-    vs = ctl.slice(1, island=0)
-    sh = NamedSharding(vs.mesh, P("x"))
-    x0 = jax.device_put(np.linspace(-1, 1, 256, dtype=np.float32), sh)
-
-    def step(x):
-        return jnp.tanh(x) * 0.5 + x * 0.5
-
-    f = pw.function(step, slice=vs, in_specs=P("x"), out_specs=P("x"), name="step")
-    jf = jax.jit(step, in_shardings=sh, out_shardings=sh)
-
-    @pw.program(name="chain")
-    def chain(x):
-        for _ in range(N):
-            x = f(x)
-        return x
-
-    def bare():
-        x = x0
-        for _ in range(N):
-            x = jf(x)
-        x.block_until_ready()
-
-    def opbyop():
-        x = x0
-        for _ in range(N):
-            x = f(x)
-        x.result().block_until_ready()
-
-    def chained():
-        chain(x0).result().block_until_ready()
-
+    ways = variants(ctl, 1, 256, N, 1)  # the dispatch benchmark's own, one call per sample
+    bare, opbyop, chained = ways["jax_opbyop"], ways["pw_opbyop"], ways["pw_chained"]
     fn = {"opbyop": opbyop, "chained": chained}[kind]
     jax_us, total = cpu_per_node(bare), cpu_per_node(fn)
     yappi.set_clock_type("cpu")

@@ -59,17 +59,9 @@ DEFAULT_ISLANDS = (4, 4)
 def islands() -> tuple[int, ...]:
     """The islands the benchmarks build their controllers with: ``PWKERNEL_BENCH_ISLANDS``
     ("1" on a machine with one GPU; ``--islands`` on the command line), else (4, 4)."""
-    raw = os.environ.get("PWKERNEL_BENCH_ISLANDS", "").strip()
-    if not raw:
-        return DEFAULT_ISLANDS
-    try:
-        sizes = tuple(int(x) for x in raw.split(",") if x.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"PWKERNEL_BENCH_ISLANDS={raw!r}: expected device counts, e.g. 1 or "
-                         "4,4.")
-    return sizes
+    from ..runtime.resources import islands_from_env
+
+    return islands_from_env("PWKERNEL_BENCH_ISLANDS") or DEFAULT_ISLANDS
 
 
 def check_mode(mode: str) -> str:

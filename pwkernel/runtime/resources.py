@@ -55,9 +55,9 @@ def _normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
-def islands_from_env() -> tuple[int, ...] | None:
-    """``PWKERNEL_ISLANDS="4,4"`` -> (4, 4); unset -> None."""
-    raw = os.environ.get("PWKERNEL_ISLANDS", "").strip()
+def islands_from_env(variable: str = "PWKERNEL_ISLANDS") -> tuple[int, ...] | None:
+    """``PWKERNEL_ISLANDS="4,4"`` -> (4, 4); unset -> None (another ``variable`` alike)."""
+    raw = os.environ.get(variable, "").strip()
     if not raw:
         return None
     try:
@@ -65,8 +65,8 @@ def islands_from_env() -> tuple[int, ...] | None:
     except ValueError:
         sizes = ()
     if not sizes or min(sizes) < 1:
-        raise DeviceSetupError(f"PWKERNEL_ISLANDS={raw!r} is not a list of positive device "
-                               "counts; expected e.g. PWKERNEL_ISLANDS=4,4.")
+        raise DeviceSetupError(f"{variable}={raw!r} is not a list of positive device "
+                               f"counts; expected e.g. {variable}=4,4.")
     return sizes
 
 
