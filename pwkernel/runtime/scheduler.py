@@ -31,9 +31,7 @@ computations of the same program it reads from directly (``waits``): such a comp
 ready the moment its producers are *launched*, inside this state machine, so one event can
 launch a whole chain (up to ``depth``) without a round trip per node.
 
-Events and decisions are small slotted dataclasses, values by convention: they are not
-``frozen`` because a frozen dataclass's ``__init__`` costs two to three times more, and the
-runtime makes three or four of them per computation.
+The events, decisions and policies live in ``runtime/events.py`` (re-exported here).
 
 The order is kept incrementally: each client's ready computations sit in a list sorted by the
 policy's key (inserted with a binary search when they become ready), and a scheduling pass
@@ -52,119 +50,20 @@ from __future__ import annotations
 import bisect
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-
-class Policy(StrEnum):
-    FIFO = "fifo"
-    PRIORITY = "priority"
-    SHARE = "share"
-
-    @classmethod
-    def parse(cls, value: Policy | str) -> Policy:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(
-                f"unknown scheduling policy {value!r}; expected one of "
-                f"{[p.value for p in cls]}, e.g. ctl.policy = 'share'."
-            ) from None
-
-
-# --- events (in) ---------------------------------------------------------------------------
-@dataclass(slots=True)
-class Submit:
-    """A computation joins the island's queue. ``memory`` is bytes it adds on each device."""
-
-    task: int
-    devices: tuple[int, ...]
-    client: str = "default"
-    weight: float = 1.0
-    priority: int = 0
-    cost_key: Hashable = None
-    memory: int = 0
-    ready: bool = False
-    after: tuple[int, ...] = ()  # tasks of this island whose outputs it reads
-    group: Hashable = None  # its program run (see ``GangScheduler.program_ahead``)
-    copy: bool = False  # a copy onto the island: it needs only ``memory`` (see the module doc)
-
-
-@dataclass(slots=True)
-class NodeSpec:
-    """The part of one computation of a program that is the same for every run of it.
-
-    Indices are positions in the program (task id = ``SubmitProgram.base`` + index).
-    ``waits``: computations of this program on this island it reads from directly; it is ready
-    once they are launched (and, when ``external``, once a ``Ready`` event says its other
-    inputs are there). ``after``: every computation of this program on this island whose
-    outputs it reads (through transfers too), which it may queue behind."""
-
-    index: int
-    devices: frozenset[int]
-    cost_key: Hashable = None
-    memory: int = 0
-    waits: tuple[int, ...] = ()
-    after: tuple[int, ...] = ()
-    external: bool = False
-
-
-@dataclass(slots=True)
-class SubmitProgram:
-    """All of one program run's computations on this island, in program (topological) order."""
-
-    base: int
-    nodes: tuple[NodeSpec, ...]
-    client: str = "default"
-    weight: float = 1.0
-    priority: int = 0
-    group: Hashable = None
-
-
-@dataclass(slots=True)
-class Ready:
-    """All inputs of ``task`` exist, or are being computed by ``after`` (in-flight tasks of
-    this island it may queue behind)."""
-
-    task: int
-    after: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class Finished:
-    """``task`` completed (or failed) after running ``seconds`` on its devices."""
-
-    task: int
-    seconds: float = 0.0
-
-
-@dataclass(slots=True)
-class Cancel:
-    """Drop ``task`` if it has not started; a running computation cannot be preempted."""
-
-    task: int
-
-
-@dataclass(slots=True)
-class MemoryFreed:
-    device: int
-    nbytes: int
-
-
-@dataclass(slots=True)
-class SetPolicy:
-    policy: Policy
-
-
-# --- decisions (out) -----------------------------------------------------------------------
-@dataclass(slots=True)
-class Launch:
-    task: int
-
-
-@dataclass(slots=True)
-class Reject:
-    task: int
-    reason: str
+from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
+    Cancel,
+    Finished,
+    Launch,
+    MemoryFreed,
+    NodeSpec,
+    Policy,
+    Ready,
+    Reject,
+    SetPolicy,
+    Submit,
+    SubmitProgram,
+)
 
 
 @dataclass(slots=True)
