@@ -7,7 +7,8 @@ in) are ``Future``s. Each node is a ``Task`` that moves through
     WAITING --(inputs there)--> QUEUED --(scheduler: Launch)--> RUNNING --> DONE
         \\________________________\\______________________________________--> CANCELLED
 
-Transfers skip QUEUED (they are not gang-scheduled). Every task leaves through one path,
+A transfer skips QUEUED (it needs no devices to itself) unless a memory budget makes its
+destination's scheduler admit its bytes first. Every task leaves through one path,
 ``ProgramRun._end``: a task that ran comes there from its executor (``Task.ended``), one that
 never ran (cancelled, rejected, or fed by a failed input) from ``ProgramRun.fail``. That path
 records the trace, tells the island's scheduler, resolves or fails the outputs, spreads a
