@@ -185,7 +185,7 @@ class Controller:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every submitted program has finished; False on timeout."""
-        for run in self.runs():
+        for run in self._dispatcher.all_runs():
             if not run.wait(timeout):
                 return False
         return True

@@ -326,23 +326,29 @@ class Dispatcher:
 
     # --- runs ------------------------------------------------------------------------------
     def run_ended(self, run: ProgramRun) -> None:
+        """``run`` is over, bookkeeping included (its values freed, its memory given back)."""
         self.runs.pop(run.id, None)
 
     def memory(self) -> dict[int, int]:
         """Bytes per device of the values running programs keep for their own nodes (those
         that are not futures, so not in the object store)."""
         out: dict[int, int] = {}
-        for run in self.active_runs():
+        for run in self.all_runs():
             for nbytes in run.internal_bytes():
                 for d, n in nbytes.items():
                     out[d] = out.get(d, 0) + n
         return out
 
     def active_runs(self) -> list[ProgramRun]:
+        """Runs with a node not yet ended (what ``ctl.runs()`` shows)."""
+        return [r for r in list(self.runs.values()) if not r.ended_all]
+
+    def all_runs(self) -> list[ProgramRun]:
+        """Every run not yet over, those finishing their last node's bookkeeping included."""
         return list(self.runs.values())
 
     def shutdown(self) -> None:
-        for run in self.active_runs():
+        for run in self.all_runs():
             run.cancel("stopped by ctl.close()")
         self.executor.close()
         if self._thread is not None:

@@ -193,7 +193,7 @@ class IslandQueue:
                 waiting = self.scheduler.waiting_for_memory() if limit is not None else []
                 if not waiting or not dispatcher.idle():
                     return None
-                runs = {r.id: r for r in dispatcher.active_runs()}
+                runs = {r.id: r for r in dispatcher.all_runs()}
                 runs |= {t.run.id: t.run for t in self._tasks.values()}
                 live = dispatcher.store.live()
                 mine = set(self.island.device_ids)

@@ -333,18 +333,22 @@ class ObjectStore:
 
     def _free(self, key: int) -> None:
         with self._lock:
-            record = self._records.pop(key, None)
+            record = self._records.get(key)
             ref, buf = self._watch.pop(key, (None, None))
             self._keys_of.pop(ref, None)
-        if record is None:
-            return
+        if record is None or buf is None:
+            return  # freed already (or being freed by another thread)
         if not buf.exported and hasattr(buf.value, "delete"):
             try:
                 buf.value.delete()
             except Exception:  # already deleted or donated: nothing left to free
                 pass
         buf.value = None
-        self._on_free(record)
+        try:
+            self._on_free(record)
+        finally:  # counted until the scheduler has its memory back: memory() == 0 says so
+            with self._lock:
+                self._records.pop(key, None)
 
     def memory(self) -> dict[int, int]:
         """Bytes held by live buffers on each device (devices holding nothing are omitted)."""

@@ -168,6 +168,11 @@ class ProgramRun:
     def done(self) -> bool:
         return self._finished
 
+    @property
+    def ended_all(self) -> bool:
+        """Every node has ended (the run may still be freeing its last values)."""
+        return not self._unended
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every node has finished, failed or been cancelled."""
         if self._finished:
@@ -397,8 +402,7 @@ class ProgramRun:
                     dropped.append(self._take(s, node, k))  # nobody reads it
             if self._waiters:
                 self._changed.notify_all()
-            self._unended -= 1
-            last = self._unended == 0
+            self._unended -= 1  # (not among ctl.runs() once its last outputs resolve)
         if ran:
             queue = dispatcher.islands[node.island]
             if node.is_compute:  # its devices are free: what waited may launch (its outputs'
@@ -409,8 +413,6 @@ class ProgramRun:
                 dispatcher.settled()
         if dropped:
             self._free(dropped)
-        if last:  # not among ctl.runs() once its last outputs resolve
-            dispatcher.run_ended(self)
         if futures:
             for k, s in enumerate(node.outputs):
                 fut = futures.get(s)
@@ -432,9 +434,11 @@ class ProgramRun:
             self._remaining -= 1  # finish its own bookkeeping closes the run)
             finished = self._remaining == 0
         if finished:  # keep nothing alive: the run stays reachable from its futures
+            dispatcher.run_ended(self)
             self.tasks = []
             self.values = None
             self.futures = {}
+            values = futures = fut = None  # nor does this frame, once the run says it is done
             with self._lock:
                 self._finished = True
                 done = self._done
