@@ -125,7 +125,7 @@ print("island 1 still works:", g(np.ones(2)).result(60).tolist())
 
 t = time.perf_counter()
 rctl.reattach(0)
-y, z = figure2(rctl)(np.array([1.0, 2.0]))
+y, z = figure2(rctl).f(np.array([1.0, 2.0]))
 print(f"reattached in {time.perf_counter() - t:.1f} s:", y.result().tolist(), z.result().tolist())
 assert y.result().tolist() == [3.0, 5.0] and z.result().tolist() == [2.0, 4.0]
 

@@ -148,9 +148,8 @@ class PathwaysMagics(Magics):
             self.shell.user_ns.pop(name, None)
         if old is not None:
             old.close()
-        with process._lock:  # pw.controller() hands out the new one from now on
-            process._default = new
-        self.state.ctl, self.state._default = new, None
+        new.set_default()  # pw.controller() hands out the new one from now on
+        self.state.adopt(new)
         where = f" at {a.address}" if a.address else ""
         print(f"attached {a.backend}{where}: " + ", ".join(
             f"island {i.id}: {len(i.devices)} {i.platform}" for i in new.islands))

@@ -21,6 +21,7 @@ from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
 from .resources import Island, ResourceManager, VirtualSlice
 from .scheduler import Policy
+from .snapshot import Snapshot, take
 from .trace import Trace
 from .transfer import Link, TransferEngine
 
@@ -215,6 +216,10 @@ class Controller:
             "policy": self.policy, "dispatch": self.dispatch, "closed": self.closed,
         }
 
+    def snapshot(self) -> Snapshot:
+        """Islands, slices, runs with their nodes, memory, queue depths: frozen records."""
+        return take(self)
+
     def _on_free(self, record: BufferRecord) -> None:
         if record.reserved and record.island is not None and not self.closed:
             ex = self._dispatcher.islands[record.island]
@@ -254,6 +259,14 @@ class Controller:
             self._backend.close()
         _unregister(self)
 
+    def set_default(self) -> Controller:
+        """Make this the process-wide controller that ``pw.controller()`` returns."""
+        global _default
+        self._check_open()
+        with _lock:
+            _default = self
+        return self
+
     def __enter__(self) -> Controller:
         return self
 
@@ -287,6 +300,12 @@ def _unregister(ctl: Controller) -> None:
             _open.remove(ctl)
         if _default is ctl:
             _default = None
+
+
+def running_default() -> Controller | None:
+    """The process-wide controller if one is open; never starts one."""
+    with _lock:
+        return _default if _default is not None and not _default.closed else None
 
 
 def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:

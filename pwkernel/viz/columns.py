@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..runtime.trace import Event, getter
+from ..runtime.units import human_bytes
 from .palette import COLORS, FAILED_COLOR, ColorRegistry, link_color
 
 BAR_COLUMNS: tuple[str, ...] = (
@@ -102,16 +103,6 @@ class DeviceLayout:
         return min(ys) - 0.5, max(ys) + 0.5
 
 
-def human_bytes(n: float) -> str:
-    """``1536 -> '1.5 KiB'``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def human_rate(bytes_per_s: float | None) -> str:
     return "" if bytes_per_s is None else f"{human_bytes(bytes_per_s)}/s"
 
@@ -163,7 +154,7 @@ def rectangles(events: Iterable[Event], layout: DeviceLayout, t0: float,
     return out
 
 
-def _pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
+def device_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
     # Shard i of the source feeds shard i of the destination when the layouts match in size;
     # otherwise every destination device is drawn from the source shard at the same position.
     if not src or not dst:
@@ -181,7 +172,7 @@ def links(events: Iterable[Event], layout: DeviceLayout, t0: float) -> dict[str,
     for e in events:
         if e.kind != "transfer":
             continue
-        for s, d in _pairs(e.src_devices, e.devices):
+        for s, d in device_pairs(e.src_devices, e.devices):
             row = {
                 "index": e.index, "x0": e.t_start - t0, "x1": e.t_end - t0,
                 "y0": layout.row(s) + TRANSFER_OFFSET, "y1": layout.row(d) + TRANSFER_OFFSET,

@@ -32,7 +32,7 @@ from .columns import (
     COMPUTE_OFFSET,
     TRANSFER_OFFSET,
     DeviceLayout,
-    _pairs,
+    device_pairs,
 )
 from .palette import COLORS, ColorRegistry
 
@@ -232,7 +232,7 @@ def link_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float,
     for e in events:
         if e.kind != "transfer":
             continue
-        for s, d in _pairs(e.src_devices, e.devices):
+        for s, d in device_pairs(e.src_devices, e.devices):
             row = (e.index, e.t_start - t0, layout.row(s) + TRANSFER_OFFSET, e.t_end - t0,
                    layout.row(d) + TRANSFER_OFFSET, code(e.name), code(e.program),
                    code(e.client), code(e.link or ""), code(e.status), s, d, e.duration,
