@@ -170,9 +170,12 @@ class Controller:
         return _client.get() or ClientSpec()
 
     # --- programs --------------------------------------------------------------------------
-    def submit(self, graph: Graph, leaves: list) -> list[Future]:
-        """Submit a traced graph with its flattened arguments; returns the output futures."""
+    def submit(self, graph: Graph, leaves: list,
+               dispatch: DispatchMode | str | None = None) -> list[Future]:
+        """Submit a traced graph with its flattened arguments; returns the output futures.
+        ``dispatch``: this submission's mode (default: ``ctl.dispatch``)."""
         self._check_open()
+        mode = None if dispatch is None else DispatchMode.parse(dispatch)
         for leaf in leaves:
             if isinstance(leaf, Future) and leaf._store is not None and leaf._store is not \
                     self.store:
@@ -183,7 +186,7 @@ class Controller:
                         "made it.")
                 raise ProgramError("a future from another controller was passed to a program; "
                                    "pass fut.result() to move the value across.")
-        return self._dispatcher.submit(graph, leaves, self.current_client)
+        return self._dispatcher.submit(graph, leaves, self.current_client, mode)
 
     def runs(self) -> list[ProgramRun]:
         """Programs submitted and not yet finished."""

@@ -392,12 +392,14 @@ class Program:
                                "work in pw.function(fn, slice=...) and call that.")
         return graph
 
-    def __call__(self, *args):
+    def __call__(self, *args, dispatch: str | None = None):
+        """Submit the program on ``args``; ``dispatch="sequential"`` (or ``"parallel"``) for
+        this call only, else the controller's mode. Inside another program: inlined."""
         if _current_graph() is not None:
             return self.fn(*args)  # inside another trace: inline this program's calls
         leaves, tree = jax.tree_util.tree_flatten(args)
         graph = self._graph(tree, leaves)
-        futures = graph.controller.submit(graph, leaves)
+        futures = graph.controller.submit(graph, leaves, dispatch)
         return jax.tree_util.tree_unflatten(graph.out_tree, futures)
 
     def __repr__(self) -> str:
