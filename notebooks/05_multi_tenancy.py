@@ -74,14 +74,9 @@ view.stop()
 # one ran dry): that is when proportional share applies.
 
 # %%
-events = [e for e in ctl.trace.events(since=start) if e.kind == "compute" and e.client in names]
-t_begin = min(e.t_start for e in events)
-t_stop = min(max(e.t_end for e in events if e.client == n) for n in names)
-busy = dict.fromkeys(names, 0.0)
-for e in events:
-    overlap = min(e.t_end, t_stop) - max(e.t_start, t_begin)
-    if overlap > 0:
-        busy[e.client] += overlap * len(e.devices)
+from pwkernel.bench.multitenancy import backlogged_device_time
+
+busy, _, _ = backlogged_device_time(ctl.trace.events(since=start), names)
 total = sum(busy.values())
 shares = {n: 100 * busy[n] / total for n in names}
 targets = {n: 100 * w / sum(WEIGHTS) for n, w in zip(names, WEIGHTS, strict=True)}
