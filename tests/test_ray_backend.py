@@ -228,7 +228,7 @@ def test_notebook_attach_ray_hosts_a_ray_controller(rctl, capsys):
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "pwkernel")
     try:
-        with pytest.raises(UsageError, match="expected device counts"):
+        with pytest.raises(UsageError, match="not a list of positive ints"):
             shell.run_line_magic("pathways", "attach ray --islands 0")
         shell.run_line_magic("pathways", "attach ray --islands 2,2")
         assert "attached ray: island 0: 2 cpu, island 1: 2 cpu" in capsys.readouterr().out

@@ -76,6 +76,16 @@ ROWS_JS = """() => {
   }
   return found === null ? -1 : found.get_length();
 }"""
+# True once the page has judged the view zoomed out (bars in view under 2 px on average) and
+# hidden the transfers and links: the state whose readability the screenshot checks.
+ZOOMED_OUT_JS = """() => {
+  const docs = (window.Bokeh && window.Bokeh.documents) || [];
+  for (const doc of docs) {
+    const r = doc.get_model_by_name("transfers");
+    if (r) return r.visible === false;
+  }
+  return false;
+}"""
 INDEX_JS = ROWS_JS.replace("found.get_length()", "Array.from(found.get_column('index'))")
 NEWEST_JS = ROWS_JS.replace("found.get_length()", "Math.max(...found.get_column('index'))")
 # The page's names for the codes of the newest bar: what the hover tooltip shows.
@@ -139,6 +149,7 @@ def test_schedule_view_streams_live_in_jupyterlab(tmp_path):
             assert not (lab.root / "stop-programs").exists()  # the programs were running
             # Zoomed out (bars narrower than a pixel) the rows keep their programs' colours.
             page.wait_for_function(f"({ROWS_JS})() > 1000")
+            page.wait_for_function(ZOOMED_OUT_JS)
             shot = ARTIFACTS / "schedule-view.png"
             view_area(page).screenshot(path=str(shot))  # live, while programs run
             dark, colored = shares(shot)
