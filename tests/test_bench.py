@@ -24,6 +24,7 @@ EXPECTED = {
     "multitenancy": {"multitenant_vs_single", "share_error"},
     "dcn": {"two_islands_vs_one"},
     "tracing": {"tracing_overhead", "tracing_and_view_cpu"},
+    "sim-paper": {"sim_breakeven_error_pct", "sim_prediction_error_pct", "sim_share_error"},
 }
 
 
@@ -68,6 +69,22 @@ def test_parallel_dispatch_skips_the_ray_row_in_tiny_mode():
     ray = [r for r in result.rows if r["backend"] == "ray"]
     assert ray and ray[0]["status"] == "skipped"
     assert "parallel_vs_sequential_ray" not in result.ratios
+
+
+def test_sim_paper_fits_only_the_break_even_points_and_predicts_every_other_result():
+    result = runner.run_one("sim-paper", "tiny")
+    kinds = {r["result"]: r["kind"] for r in result.rows}
+    fit = [r for r in result.rows if r["kind"] == "fit"]
+    assert [r["result"] for r in fit] == ["dispatch break-even at 16 hosts",
+                                          "dispatch break-even at 512 hosts"]
+    assert all(abs(r["error_pct"]) < 15 for r in fit), fit
+    for topic in ("Fused matches", "Chained matches", "parallel / sequential", "multi-tenancy",
+                  "proportional share", "3B decoder, 4 stages", "3B decoder, 16 stages",
+                  "two islands over DCN"):
+        assert any(k.startswith(topic) and v == "prediction" for k, v in kinds.items()), topic
+    assert sorted(result.extra["fit"]["params"]) == ["client_per_program",
+                                                     "program_fanout_per_host"]
+    assert "prediction" in result.extra["table"] and "fit" in result.extra["table"]
 
 
 def test_tracing_reports_the_live_view_row():

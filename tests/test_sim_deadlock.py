@@ -71,7 +71,8 @@ def test_without_gang_scheduling_collectives_deadlock_and_the_cycle_is_named():
     assert "chip 0 is in 'allreduce' (program 'p1', client 'alice')" in message
     assert "waits for chip 1 to join it" in message
     assert "Maybe you want gang=True" in message
-    assert sim.trace.events() == []  # it froze before anything ran
+    # it froze before anything ran: the trace holds only the frozen spans
+    assert {e.status for e in sim.trace.events()} == {"deadlock"}
 
 
 def test_the_same_workload_completes_with_gang_scheduling():
@@ -80,6 +81,26 @@ def test_the_same_workload_completes_with_gang_scheduling():
     # the island's scheduler (at host 0) puts p1 first on both chips: launched at 13, on the
     # hosts at 25; p2 reaches it at 33 and goes once p1's end is heard (135), hosts at 147.
     assert spans(sim) == {"p1": (25, 125), "p2": (147, 247)}
+
+
+def test_the_trace_shows_where_each_chip_froze():
+    sim = simulate(gang=False)
+    with pytest.raises(DeadlockError) as info:
+        sim.run()
+    frozen = {(e.program, e.devices): (round(e.t_start / US, 6), round(e.t_end / US, 6))
+              for e in sim.trace.events() if e.status == "deadlock"}
+    # each host had its near client's program at 1 + 2 + 10 + 2 = 15 us; both chips stay in
+    # it until the clock runs out of events
+    end = round(info.value.deadlock.time / US, 6)
+    assert frozen == {("p1", (0,)): (15, end), ("p2", (1,)): (15, end)}
+    view = pw.ScheduleView(sim, live=False)
+    try:
+        shown = view.decoded()
+        rows = zip(shown["program"], shown["device"], shown["status"], strict=True)
+        assert sorted(rows) == [
+            ("p1", 0, "deadlock"), ("p2", 1, "deadlock")]
+    finally:
+        view.close()
 
 
 def test_without_collectives_each_chip_runs_its_own_shard_in_its_own_order():

@@ -62,6 +62,50 @@ def test_chain_with_parallel_dispatch_runs_ahead_of_the_data():
     assert spans(sim) == {"a": (12, 24, 124), "b": (14, 124, 324)}
 
 
+def one(name: str, seconds: float, chips=(0, 1)) -> SimProgram:
+    return SimProgram(name, [SimNode(0, name, chips, seconds=seconds)])
+
+
+def test_a_program_after_another_is_launched_behind_it_without_waiting_for_its_end():
+    sim = Simulator(toy())
+    p1 = sim.submit(one("p1", 100 * US))
+    sim.submit(one("p2", 200 * US), after=p1)
+    assert sim.run() == pytest.approx(324 * US)
+    # p2 reads p1's output: launched at 14 behind its in-flight producer, on its host at 26,
+    # starts when p1 ends (124). Independent, it would wait for p1's Finished (134): on its
+    # host at 146.
+    assert spans(sim) == {"p1": (12, 24, 124), "p2": (14, 124, 324)}
+    alone = Simulator(toy())
+    alone.submit(one("p1", 100 * US))
+    alone.submit(one("p2", 200 * US))
+    alone.run()
+    assert spans(alone)["p2"] == (14, 146, 346)
+    with pytest.raises(SimError, match="has not started"):
+        sim.submit(one("p3", 1 * US), after=p1)
+
+
+def test_per_program_client_costs_come_before_the_programs_nodes():
+    sim = Simulator(toy().with_host(client_per_program=5 * US, program_fanout_per_host=3 * US))
+    sim.submit(chain())
+    sim.run()
+    # the program: 5 + 3 x 1 host = 8; then a: 8 + 2 -> scheduler 20, host 32, ends 132;
+    # b: client done at 12, scheduler 22, starts when a ends.
+    assert spans(sim) == {"a": (20, 32, 132), "b": (22, 132, 332)}
+
+
+def test_multi_controller_hosts_dispatch_their_own_chips_with_no_client_hop():
+    sim = Simulator(toy(islands=(2,)), controller="multi")  # chips 0, 1 on host 0; 2, 3 on 1
+    chips = (0, 1, 2, 3)
+    sim.submit(SimProgram("spmd", [SimNode(0, "a", chips, seconds=100 * US, collective=True),
+                                   SimNode(1, "b", chips, (0,), 100 * US, collective=True)]))
+    assert sim.run() == pytest.approx(203 * US)
+    # each host: its own dispatch 1, its executor 2: a on the chips at 3 (no RPC, no
+    # scheduler); b dispatched at 2, enqueued at 5 behind a, starts when a ends.
+    assert spans(sim) == {"a": (3, 3, 103), "b": (5, 103, 203)}
+    with pytest.raises(SimError, match="controller must be"):
+        Simulator(toy(), controller="many")
+
+
 def test_sequential_dispatch_prepares_a_node_after_its_inputs_exist():
     sim = Simulator(toy(), dispatch="sequential")
     sim.submit(chain())

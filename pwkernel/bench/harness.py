@@ -41,8 +41,12 @@ TARGETS: dict[str, float] = {
     "two_islands_vs_one": 0.9,
     "tracing_overhead": 3.0,      # percent, lower is better
     "tracing_and_view_cpu": 3.0,  # percent of a core tracing + an open live view take
+    "sim_breakeven_error_pct": 15.0,   # sim-paper: the fitted break-even points, |error| %
+    "sim_prediction_error_pct": 10.0,  # sim-paper: the worst predicted ratio, |error| %
+    "sim_share_error": 5.0,            # sim-paper: 1:2:4:8 shares, percentage points
 }
-LOWER_IS_BETTER = ("share_error", "tracing_overhead", "tracing_and_view_cpu")
+LOWER_IS_BETTER = ("share_error", "tracing_overhead", "tracing_and_view_cpu",
+                   "sim_breakeven_error_pct", "sim_prediction_error_pct", "sim_share_error")
 
 
 def check_mode(mode: str) -> str:

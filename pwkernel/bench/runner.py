@@ -22,6 +22,7 @@ BENCHMARKS = {
     "multitenancy": "multitenancy",
     "dcn": "dcn",
     "tracing": "tracing",
+    "sim-paper": "sim_paper",  # the paper's results on the simulator (no devices used)
 }
 
 
@@ -63,6 +64,8 @@ def run_benchmarks(names: Sequence[str], mode: str = "quick",
 
 def summary_lines(result: Result) -> str:
     lines = [f"{result.name}: {result.seconds:.1f} s"]
+    if "table" in result.extra:
+        lines += [result.extra["table"], *result.notes]
     for key, value in result.ratios.items():
         shown = "n/a" if value is None else f"{value:.3f}"
         lines.append(f"  {key:<24} {shown:>8}   target {_target(key)}   "

@@ -44,36 +44,104 @@ TRANSFER_OFFSET, TRANSFER_HEIGHT = 0.3, 0.18
 ISLAND_GAP = 0.6  # extra space between the last row of an island and the first of the next
 
 
+ROW_MODES = ("auto", "device", "host", "island")
+MAX_ROWS = 64  # rows="auto": one row per device up to this many, then hosts, groups, islands
+
+
 @dataclass(frozen=True)
 class DeviceLayout:
     """Where each device's row sits on the y axis, islands kept together in order.
 
-    ``islands`` is ``((island_id, (device_id, ...)), ...)``.
+    ``islands`` is ``((island_id, (device_id, ...)), ...)``. ``groups``: rows holding several
+    devices (``((label, (device_id, ...)), ...)`` in order, each inside one island): bars of
+    those devices share the row, one bar per row. ``partial``: devices outside the layout are
+    left out of the picture (a drill-down into some devices) instead of refused.
+
+    >>> DeviceLayout.grouped([(0, tuple(range(8)))], host_of=lambda d: d // 4,
+    ...                      rows="host").labels
+    {0.0: 'island 0 · host 0 (4 devices)', 1.0: 'island 0 · host 1 (4 devices)'}
     """
 
     islands: tuple[tuple[int, tuple[int, ...]], ...]
+    groups: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    partial: bool = False
     rows: dict[int, float] = field(init=False)
 
     def __post_init__(self) -> None:
         rows: dict[int, float] = {}
-        y = 0.0
-        for n, (_, devices) in enumerate(self.islands):
+        island_of: dict[int, int] = {}
+        for island, devices in self.islands:
             for d in devices:
-                if d in rows:
+                if d in island_of:
                     raise ValueError(f"device {d} appears in two islands of the layout "
                                      f"{self.islands!r}; each device belongs to one island.")
-                rows[d] = y + n * ISLAND_GAP
-                y += 1
+                island_of[d] = island
+        units = self.groups or tuple((f"device {d}", (d,)) for _, ds in self.islands
+                                     for d in ds)
+        y, gaps, last, labels = 0.0, -1, None, {}
+        for label, devices in units:
+            island = island_of[devices[0]]
+            if island != last:
+                gaps, last = gaps + 1, island
+            row = y + gaps * ISLAND_GAP
+            for d in devices:
+                rows[d] = row
+            count = f" ({len(devices)} devices)" if self.groups else ""
+            labels[row] = f"island {island} · {label}{count}"
+            y += 1
         object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "_labels", labels)
+        object.__setattr__(self, "_shown", {})
 
     @classmethod
     def from_islands(cls, islands: Iterable[tuple[int, Sequence[int]]]) -> DeviceLayout:
         return cls(tuple((int(i), tuple(int(d) for d in ds)) for i, ds in islands))
 
     @classmethod
-    def from_controller(cls, ctl) -> DeviceLayout:
-        """The layout of ``ctl.islands`` (works on a closed controller too)."""
-        return cls.from_islands((isl.id, isl.device_ids) for isl in ctl.islands)
+    def grouped(cls, islands: Iterable[tuple[int, Sequence[int]]], host_of=None,
+                rows: str = "auto", max_rows: int = MAX_ROWS,
+                devices: Iterable[int] | None = None) -> DeviceLayout:
+        """Rows per ``"device"``, ``"host"`` (``host_of(device)``; default: each device its
+        own host) or ``"island"``; ``"auto"``: per device while they fit in ``max_rows``
+        rows, else per host, else per group of consecutive hosts (as many as fit), else per
+        island. ``devices``: only these, one row each (a drill-down)."""
+        islands = tuple((int(i), tuple(int(d) for d in ds)) for i, ds in islands)
+        if devices is not None:
+            keep = set(devices)
+            return cls(tuple((i, tuple(d for d in ds if d in keep)) for i, ds in islands
+                             if any(d in keep for d in ds)), partial=True)
+        if rows not in ROW_MODES:
+            raise ValueError(f"rows must be one of {ROW_MODES}, got {rows!r}. Maybe you want "
+                             "rows='auto' (per device while they fit, then per host).")
+        host_of = host_of or (lambda d: d)
+        total = sum(len(ds) for _, ds in islands)
+        if rows == "device" or (rows == "auto" and total <= max_rows):
+            return cls(islands)
+        hosts = [(i, _runs(ds, host_of)) for i, ds in islands]
+        if rows == "auto" and sum(len(h) for _, h in hosts) > max_rows:
+            per = max(1, max_rows // max(1, len(islands)))
+            rows = "island" if len(islands) >= max_rows else "blocks"
+            hosts = [(i, _blocks(h, per)) for i, h in hosts]
+        if rows == "island":
+            groups = tuple(("all", ds) for _, ds in islands)
+        else:
+            groups = tuple((label, ds) for _, hs in hosts for label, ds in hs)
+        return cls(islands, groups)
+
+    @classmethod
+    def from_controller(cls, ctl, rows: str = "device", max_rows: int = MAX_ROWS,
+                        devices: Iterable[int] | None = None) -> DeviceLayout:
+        """The layout of ``ctl.islands`` (works on a closed controller too). A controller
+        that knows its hosts (``ctl.host_of``: device -> host, e.g. a simulator) can be shown
+        per host."""
+        host_of = getattr(ctl, "host_of", None)
+        return cls.grouped(((isl.id, isl.device_ids) for isl in ctl.islands),
+                           None if host_of is None else host_of.__getitem__, rows, max_rows,
+                           devices)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self._labels)
 
     def row(self, device: int) -> float:
         try:
@@ -83,10 +151,45 @@ class DeviceLayout:
                              f"{sorted(self.rows)}); the event comes from another controller "
                              f"or the islands changed: make a new view.") from None
 
+    def shown(self, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """The devices of an event that get a bar: one per row (the first of the event's
+        devices on it); with ``partial``, only devices in the layout."""
+        if not self.groups and not self.partial:
+            return devices
+        out = self._shown.get(devices)
+        if out is None:
+            seen: set[float] = set()
+            out = []
+            for d in devices:
+                y = self.rows.get(d)
+                if y is None:
+                    if not self.partial:
+                        self.row(d)  # the clear error
+                    continue
+                if y not in seen:
+                    seen.add(y)
+                    out.append(d)
+            out = self._shown[devices] = tuple(out)
+        return out
+
+    def pairs(self, src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
+        """Source -> destination device pairs of a transfer to draw: one per pair of rows."""
+        out, seen = [], set()
+        for s, d in _pairs(src, dst):
+            ys, yd = self.rows.get(s), self.rows.get(d)
+            if ys is None or yd is None:
+                if self.partial:
+                    continue
+                self.row(s), self.row(d)  # the clear error
+            if (ys, yd) not in seen:
+                seen.add((ys, yd))
+                out.append((s, d))
+        return out
+
     @property
     def labels(self) -> dict[float, str]:
         """Tick label per row position, e.g. ``{0.0: "island 0 · device 0"}``."""
-        return {self.rows[d]: f"island {i} · device {d}" for i, ds in self.islands for d in ds}
+        return dict(self._labels)
 
     def island_span(self, island: int) -> tuple[float, float]:
         """(first row, last row) of ``island``."""
@@ -101,6 +204,31 @@ class DeviceLayout:
         """(lowest, highest) y the rows need, with half a row of margin."""
         ys = list(self.rows.values()) or [0.0]
         return min(ys) - 0.5, max(ys) + 0.5
+
+
+def _runs(devices: tuple[int, ...], host_of) -> list[tuple[str, tuple[int, ...]]]:
+    """The devices of one island as rows per host, in order."""
+    out: list[tuple[str, list[int]]] = []
+    last = None
+    for d in devices:
+        h = host_of(d)
+        if h != last:
+            out.append((f"host {h}", []))
+            last = h
+        out[-1][1].append(d)
+    return [(label, tuple(ds)) for label, ds in out]
+
+
+def _blocks(hosts: list[tuple[str, tuple[int, ...]]], rows: int) -> list:
+    """Consecutive hosts merged into at most ``rows`` rows of equal size."""
+    per = -(-len(hosts) // rows)
+    out = []
+    for i in range(0, len(hosts), per):
+        chunk = hosts[i:i + per]
+        first, last = chunk[0][0].split()[-1], chunk[-1][0].split()[-1]
+        label = chunk[0][0] if len(chunk) == 1 else f"hosts {first}-{last}"
+        out.append((label, tuple(d for _, ds in chunk for d in ds)))
+    return out
 
 
 def human_rate(bytes_per_s: float | None) -> str:
@@ -146,7 +274,7 @@ def rectangles(events: Iterable[Event], layout: DeviceLayout, t0: float,
             "c_client": colors.color("client", e.client),
             "c_link": link_color(e.link) if is_transfer else "",
         }
-        for d in e.devices:
+        for d in layout.shown(e.devices):
             for k, v in shared.items():
                 out[k].append(v)
             out["device"].append(d)
@@ -154,7 +282,7 @@ def rectangles(events: Iterable[Event], layout: DeviceLayout, t0: float,
     return out
 
 
-def device_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
+def _pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
     # Shard i of the source feeds shard i of the destination when the layouts match in size;
     # otherwise every destination device is drawn from the source shard at the same position.
     if not src or not dst:
@@ -172,7 +300,7 @@ def links(events: Iterable[Event], layout: DeviceLayout, t0: float) -> dict[str,
     for e in events:
         if e.kind != "transfer":
             continue
-        for s, d in device_pairs(e.src_devices, e.devices):
+        for s, d in layout.pairs(e.src_devices, e.devices):
             row = {
                 "index": e.index, "x0": e.t_start - t0, "x1": e.t_end - t0,
                 "y0": layout.row(s) + TRANSFER_OFFSET, "y1": layout.row(d) + TRANSFER_OFFSET,
@@ -213,7 +341,7 @@ def length(columns: dict[str, Sequence]) -> int:
     return len(next(iter(columns.values()), []))
 
 
-def _merged_busy(spans: list[tuple[float, float]]) -> float:
+def merged_busy(spans: list[tuple[float, float]]) -> float:
     busy, end = 0.0, -math.inf
     for a, b in sorted(spans):
         if b <= end:
@@ -242,7 +370,7 @@ def utilization(events: Iterable[Event], device_ids: Sequence[int], start: float
         for d in e.devices:
             if d in wanted:
                 spans[d].append(span)
-    return {d: _merged_busy(spans[d]) / (end - start) for d in device_ids}
+    return {d: merged_busy(spans[d]) / (end - start) for d in device_ids}
 
 
 def client_share(events: Iterable[Event]) -> dict[str, float]:

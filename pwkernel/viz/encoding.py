@@ -32,7 +32,6 @@ from .columns import (
     COMPUTE_OFFSET,
     TRANSFER_OFFSET,
     DeviceLayout,
-    device_pairs,
 )
 from .palette import COLORS, ColorRegistry
 
@@ -149,7 +148,10 @@ def _row_table(layout: DeviceLayout, devices: list[int]) -> np.ndarray:
 
 def _bars(columns: dict[str, Sequence], devices: list[tuple[int, ...]], layout: DeviceLayout,
           offset: float, t0: float, schema: dict[str, type]) -> dict[str, np.ndarray]:
-    """Per-event columns repeated once per device (one bar each), plus device and y."""
+    """Per-event columns repeated once per device (one bar each; one per row when rows
+    group devices), plus device and y."""
+    if layout.groups or layout.partial:
+        devices = [layout.shown(ds) for ds in devices]
     counts = np.fromiter(map(len, devices), dtype=np.int64, count=len(devices))
     flat = list(chain.from_iterable(devices))
     # Most events of a view span slices of one size: a scalar repeat is the cheap path.
@@ -232,7 +234,7 @@ def link_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float,
     for e in events:
         if e.kind != "transfer":
             continue
-        for s, d in device_pairs(e.src_devices, e.devices):
+        for s, d in layout.pairs(e.src_devices, e.devices):
             row = (e.index, e.t_start - t0, layout.row(s) + TRANSFER_OFFSET, e.t_end - t0,
                    layout.row(d) + TRANSFER_OFFSET, code(e.name), code(e.program),
                    code(e.client), code(e.link or ""), code(e.status), s, d, e.duration,

@@ -34,7 +34,7 @@ _LOOKUP_JS = """
 const text = names.get_column("text");
 return text != null && value >= 0 && value < text.length ? String(text[value]) : String(value);
 """
-# The same rule as ``columns.human_bytes``; NaN (unknown bandwidth) shows as blank.
+# The same rule as ``runtime.units.human_bytes``; NaN (unknown bandwidth) shows as blank.
 _BYTES_JS = """
 if (value == null || Number.isNaN(value)) return "";
 const units = ["B", "KiB", "MiB", "GiB"];
@@ -125,14 +125,14 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
     colouring with ``set_color_by(fig, "client")``.
     """
     low, high = layout.extent
-    rows = len(layout.rows)
+    rows = layout.n_rows
     fig = figure(title=title, height=height or max(220, 60 + 34 * rows),
                  sizing_mode="stretch_width", x_range=x_range or Range1d(0.0, 1.0),
                  y_range=Range1d(high, low),  # flipped: device 0 on top
                  tools="xpan,xwheel_zoom,box_zoom,reset,save", active_drag="xpan",
                  active_scroll="xwheel_zoom", x_axis_label="seconds since the first event",
                  output_backend="canvas")
-    fig.yaxis.ticker = FixedTicker(ticks=sorted(layout.rows.values()))
+    fig.yaxis.ticker = FixedTicker(ticks=sorted(layout.labels))
     fig.yaxis.major_label_overrides = {float(y): s for y, s in layout.labels.items()}
     fig.ygrid.grid_line_color = None
     for n, (island, devices) in enumerate(layout.islands):

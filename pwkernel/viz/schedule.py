@@ -56,6 +56,36 @@ def _names(value: Iterable[str] | str | None, what: str) -> tuple[str, ...]:
     return names
 
 
+def _drill_devices(ctl, island, hosts, devices) -> list[int]:
+    """The devices a drill-down asks for (exactly one way of naming them)."""
+    given = [x is not None for x in (island, hosts, devices)]
+    if sum(given) != 1:
+        raise ValueError("drill needs exactly one of island=, hosts= or devices=, got "
+                         f"island={island!r}, hosts={hosts!r}, devices={devices!r}. Maybe you "
+                         "want view.drill(hosts=range(8)).")
+    everything = [d for isl in ctl.islands for d in isl.device_ids]
+    if island is not None:
+        chosen = [d for isl in ctl.islands if isl.id == island for d in isl.device_ids]
+    elif hosts is not None:
+        host_of = getattr(ctl, "host_of", None)
+        if host_of is None:
+            raise ValueError(f"{type(ctl).__name__} does not say which host each device is "
+                             "on; drill by island= or devices= instead.")
+        wanted = {hosts} if isinstance(hosts, int) else set(hosts)
+        chosen = [d for d in everything if int(host_of[d]) in wanted]
+    else:
+        known = set(everything)
+        chosen = [int(d) for d in devices]
+        missing = [d for d in chosen if d not in known]
+        if missing:
+            raise ValueError(f"devices {missing} are not in this view's islands (devices "
+                             f"{min(known)}..{max(known)}).")
+    if not chosen:
+        raise ValueError(f"no devices match island={island!r}, hosts={hosts!r}; this view "
+                         f"has islands {[isl.id for isl in ctl.islands]}.")
+    return chosen
+
+
 class ScheduleView(w.VBox):
     """One row per device, grouped by island; bars for computations, strips and links for
     transfers; live while programs run.
@@ -65,6 +95,10 @@ class ScheduleView(w.VBox):
     >>> view.update(); len(view.source.data["index"])   # doctest: +SKIP
     >>> view.close()                              # doctest: +SKIP
 
+    ``rows``: one row per ``"device"``, ``"host"`` or ``"island"`` (with its device count);
+    ``"auto"`` (default) keeps rows per device while they fit (64) and groups them when they
+    would not (a 2048-chip simulated pod); ``drill(...)`` opens the devices of a host, some
+    hosts or an island, one row each. ``devices``: show only these devices.
     ``programs``/``clients``: show only these (None: all). ``window``: seconds of the time axis
     while following. ``max_rows``: rows kept in the page per source (older ones roll over;
     ``history`` keeps everything). ``live=False`` starts no thread: call ``update()`` yourself.
@@ -76,6 +110,7 @@ class ScheduleView(w.VBox):
     def __init__(self, ctl, programs: Iterable[str] | str | None = None,
                  clients: Iterable[str] | str | None = None, window: float = 10.0, *,
                  color_by: str = "program", max_rows: int = 20_000, live: bool = True,
+                 rows: str = "auto", devices: Iterable[int] | None = None,
                  interval: float = DEFAULT_INTERVAL,
                  trace_path: str | Path = "pwkernel-trace.json",
                  report_path: str | Path = "pwkernel-report.html"):
@@ -90,7 +125,9 @@ class ScheduleView(w.VBox):
         self.ctl = ctl
         self.max_rows = max_rows
         self.trace_path, self.report_path = Path(trace_path), Path(report_path)
-        self.layout_rows = DeviceLayout.from_controller(ctl)
+        self.layout_rows = DeviceLayout.from_controller(ctl, rows, devices=devices)
+        self._options = dict(programs=programs, clients=clients, window=window,
+                             color_by=color_by, max_rows=max_rows, interval=interval)
         self._rows: list[tuple] = []  # every event read, as the trace's tuples
         self._cursor = 0      # next trace index to read
         self._shown = 0       # history[:_shown] has been pushed to the sources
@@ -116,6 +153,18 @@ class ScheduleView(w.VBox):
         super().__init__([self._toolbar, self._filters, self.legend, self.plot, self.status])
         self.update()
         self._updater = LiveUpdater(ctl, self.update, interval) if live else None
+
+    def drill(self, island: int | None = None, hosts: Iterable[int] | int | None = None,
+              devices: Iterable[int] | None = None, **options) -> ScheduleView:
+        """A new view of some devices, one row each: those of ``island``, of ``hosts`` (a
+        host id or several; needs a controller that knows its hosts, e.g. a simulator), or
+        ``devices``. The other options are this view's unless given.
+
+        >>> view.drill(hosts=range(8))        # doctest: +SKIP
+        """
+        chosen = _drill_devices(self.ctl, island, hosts, devices)
+        opts = {**self._options, "live": self._updater is not None, **options}
+        return ScheduleView(self.ctl, devices=chosen, **opts)
 
     # --- controls ------------------------------------------------------------------------
     def _build_controls(self, window: float, color_by: str, programs: tuple[str, ...],
@@ -267,7 +316,7 @@ class ScheduleView(w.VBox):
         else:
             compute, moved = events, []
         # An event has at most one bar per device: below this many, every event fits.
-        fits = self.max_rows // max(1, len(self.layout_rows.rows))
+        fits = self.max_rows // max(1, self.layout_rows.n_rows)
         compute = compute if len(compute) <= fits else newest(compute, self.max_rows)
         moved = moved if len(moved) <= fits else newest(moved, self.max_rows)
         book, rows = self.codebook, self.layout_rows

@@ -3,6 +3,12 @@
 Per device: utilization over the last ``window`` seconds (from the trace) and memory held by
 live buffers; per island: computations queued and running in its gang scheduler. Everything
 but the trace comes from ``ctl.snapshot()``, twice a second: snapshots, not a stream.
+
+With more devices than fit (``rows="auto"``, as ``ScheduleView``), a bar stands for a host, a
+group of hosts or an island (its label gives the device count): its utilization is the
+fraction of the window in which any of its devices computed, its memory the sum. A simulator
+(``pwkernel.backends.sim.Simulator``) can be shown too: its clock is virtual, and it has no
+live buffers or queues to report.
 """
 
 from __future__ import annotations
@@ -16,11 +22,12 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d
 from bokeh.plotting import figure
 
+from ..runtime.controller import Controller
 from ..runtime.snapshot import Snapshot
 from ..runtime.trace import Event
 from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
-from .columns import utilization
+from .columns import DeviceLayout, merged_busy
 from .inputs import check_controller
 from .updater import LiveUpdater
 
@@ -47,7 +54,8 @@ class TopologyView(w.VBox):
     >>> view.close()                  # doctest: +SKIP
     """
 
-    def __init__(self, ctl, window: float = 10.0, *, live: bool = True, interval: float = 0.5):
+    def __init__(self, ctl, window: float = 10.0, *, live: bool = True, interval: float = 0.5,
+                 rows: str = "auto"):
         check_controller(ctl)
         if not (isinstance(window, int | float) and window > 0):
             raise ValueError(f"window must be a positive number of seconds, got {window!r}.")
@@ -56,8 +64,9 @@ class TopologyView(w.VBox):
         self._lock = threading.RLock()
         self._cursor = 0
         self._recent: deque[Event] = deque()
-        self.factors = [(f"island {isl.id}", f"device {d}") for isl in ctl.islands
-                        for d in isl.device_ids]
+        self.layout_rows = DeviceLayout.from_controller(ctl, rows)
+        self.factors = [tuple(label.split(" · ", 1)) for _, label in
+                        sorted(self.layout_rows.labels.items())]
         self.source = ColumnDataSource({k: [] for k in TOPOLOGY_COLUMNS},
                                        name="pw-topology-devices")
         tips = [("device", "@device (island @island)"), ("utilization", "@util_text"),
@@ -95,31 +104,56 @@ class TopologyView(w.VBox):
                     self._cursor = e.index + 1
                     if e.kind == "compute":
                         self._recent.append(e)
-            now = time.perf_counter()
+            virtual = getattr(self.ctl, "now", None)  # a simulator's clock
+            now = virtual if isinstance(virtual, float) else time.perf_counter()
             start = now - self.window_s
             while self._recent and self._recent[0].t_end < start:
                 self._recent.popleft()
-            ids = [d for isl in self.ctl.islands for d in isl.device_ids]
-            util = utilization(self._recent, ids, start, now)
-            snap = self.ctl.snapshot()
-            memory, slices = snap.memory, slice_map(snap)
+            util = self._row_utilization(start, now)
+            # a simulator has no live buffers, queues or slices to report
+            snap = self.ctl.snapshot() if isinstance(self.ctl, Controller) else None
+            live = snap is not None and not snap.closed
+            memory = snap.memory if live else {}
+            slices = slice_map(snap) if live else {}
+            layout = self.layout_rows
+            members: dict[float, list[int]] = {}
+            for d, y in layout.rows.items():
+                members.setdefault(y, []).append(d)
             data: dict[str, list] = {k: [] for k in TOPOLOGY_COLUMNS}
-            for n, isl in enumerate(self.ctl.islands):
-                for d in isl.device_ids:
-                    mem = memory.get(d, 0)
-                    row = {"x": (f"island {isl.id}", f"device {d}"), "device": d,
-                           "island": isl.id, "utilization": util[d],
-                           "util_text": f"{util[d]:.0%}", "memory": mem,
-                           "memory_text": human_bytes(mem),
-                           "slices": ", ".join(slices.get(d, [])) or "none",
-                           "color": _ISLAND_COLORS[n % len(_ISLAND_COLORS)]}
-                    for k, v in row.items():
-                        data[k].append(v)
+            islands = {d: n for n, isl in enumerate(self.ctl.islands) for d in isl.device_ids}
+            for x, (y, devices) in zip(self.factors, sorted(members.items()), strict=True):
+                mem = sum(memory.get(d, 0) for d in devices)
+                names = sorted({v for d in devices for v in slices.get(d, [])})
+                n = islands[devices[0]]
+                one = devices[0] if len(devices) == 1 else x[1]
+                row = {"x": x, "device": one, "island": self.ctl.islands[n].id,
+                       "utilization": util.get(y, 0.0), "util_text": f"{util.get(y, 0.0):.0%}",
+                       "memory": mem, "memory_text": human_bytes(mem),
+                       "slices": ", ".join(names) or "none",
+                       "color": _ISLAND_COLORS[n % len(_ISLAND_COLORS)]}
+                for k, v in row.items():
+                    data[k].append(v)
             self.source.data = data
-            self.islands.value = self._islands_html(snap, slices)
+            self.islands.value = (self._islands_html(snap, slices) if live or
+                                  not isinstance(virtual, float) else
+                                  f"<i>simulated: t = {now:.6g} s (virtual)</i>")
 
-    def _islands_html(self, snap: Snapshot, slices: dict[int, list[str]]) -> str:
-        if snap.closed:
+    def _row_utilization(self, start: float, end: float) -> dict[float, float]:
+        """Busy fraction of each row (any of its devices computing) in ``[start, end]``."""
+        if not end > start:
+            return {}
+        layout = self.layout_rows
+        spans: dict[float, list[tuple[float, float]]] = {}
+        for e in self._recent:
+            if e.t_end <= start or e.t_start >= end:
+                continue
+            span = (max(e.t_start, start), min(e.t_end, end))
+            for d in layout.shown(e.devices):
+                spans.setdefault(layout.rows[d], []).append(span)
+        return {y: merged_busy(v) / (end - start) for y, v in spans.items()}
+
+    def _islands_html(self, snap: Snapshot | None, slices: dict[int, list[str]]) -> str:
+        if snap is None or snap.closed:
             return "<i>controller closed</i>"
         rows = []
         for isl in snap.islands:

@@ -122,6 +122,9 @@ class HostCosts:
     - ``rpc_latency``: one message between client, island scheduler and hosts, one way.
     - ``host_per_node``: a host executor's work to enqueue one computation on its chips.
     - ``host_to_device``: bytes/s from a host's memory to its chips (PCIe).
+    - ``client_per_program``: the client's work to submit one program (once per run).
+    - ``program_fanout_per_host``: the client's one message per host a program runs on (once
+      per run: a program's nodes travel to each host together).
     """
 
     client_per_node: float
@@ -129,9 +132,12 @@ class HostCosts:
     rpc_latency: float
     host_per_node: float
     host_to_device: float
+    client_per_program: float = 0.0
+    program_fanout_per_host: float = 0.0
 
     def __post_init__(self) -> None:
-        _non_negative(self, "client_per_node", "fanout_per_host", "rpc_latency", "host_per_node")
+        _non_negative(self, "client_per_node", "fanout_per_host", "rpc_latency", "host_per_node",
+                      "client_per_program", "program_fanout_per_host")
         _positive(self, "host_to_device")
 
 
@@ -237,7 +243,8 @@ class Cluster:
                     data["memory_bandwidth"], launch_overhead=data["launch_overhead"])
         ici = Interconnect(data["ici_bandwidth"], data["ici_latency"])
         host = HostCosts(data["client_per_node"], data.get("fanout_per_host", 0.0),
-                         data["rpc_latency"], data["host_per_node"], data["host_to_device"])
+                         data["rpc_latency"], data["host_per_node"], data["host_to_device"],
+                         client_per_program=data.get("client_per_program", 0.0))
         return cls(chip, tuple(data["islands"]), int(data["chips_per_host"]), ici,
                    Network(data["dcn_bandwidth"], data.get("dcn_latency", 0.0)), host,
                    name="this-machine", sources={"all": "measured by the calibration run"})

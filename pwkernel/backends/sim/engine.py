@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -50,6 +51,13 @@ from .program import SimProgram
 from .tasks import DeviceSet, SimTask
 
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
+
+
+class SimIsland(NamedTuple):
+    """An island as the views read one (``ctl.islands``): its id and its chips."""
+
+    id: int
+    device_ids: tuple[int, ...]
 
 
 @dataclass
@@ -74,9 +82,12 @@ class Simulator:
 
     ``policy``: the gang schedulers' (``"fifo"``, ``"priority"``, ``"share"``); ``dispatch``:
     ``"parallel"`` or ``"sequential"``; ``gang=False``: no scheduler, each chip runs work in
-    the order its host received it; ``network_delay(client, host)``: extra seconds a message
-    from that client takes to reach that host (clients sit at different places in the
-    network; the scheduler of an island sits with the island's first host).
+    the order its host received it; ``controller="multi"``: multi-controller JAX, every host
+    runs the same program and dispatches its own chips (``client_per_node`` on each host, no
+    client, no RPC, no scheduler: all hosts see one order); ``network_delay(client, host)``:
+    extra seconds a message from that client takes to reach that host (clients sit at
+    different places in the network; the scheduler of an island sits with the island's first
+    host).
 
     >>> sim = Simulator(Cluster.preset("tpu-v4", chips=8))                  # doctest: +SKIP
     >>> sim.submit(program, client="alice"); sim.run()                     # doctest: +SKIP
@@ -85,13 +96,18 @@ class Simulator:
     def __init__(self, cluster: Cluster, policy: sch.Policy | str = "fifo",
                  dispatch: DispatchMode | str = "parallel", gang: bool = True,
                  network_delay: Callable[[str, int], float] | None = None,
-                 depth: int = 32, program_ahead: bool = False, trace: Trace | None = None):
+                 depth: int = 32, program_ahead: bool = False, trace: Trace | None = None,
+                 controller: str = "single"):
+        if controller not in ("single", "multi"):
+            raise SimError(f"controller must be 'single' (Pathways) or 'multi' (multi-controller "
+                           f"JAX), got {controller!r}.")
         if not isinstance(cluster, Cluster):
             raise SimError(f"Simulator needs a Cluster, got {type(cluster).__name__}. Maybe "
                            "you want Simulator(Cluster.preset('tpu-v4', chips=2048)).")
         self.cluster = cluster
         self.dispatch = DispatchMode.parse(dispatch)
-        self.gang = bool(gang)
+        self.multi = controller == "multi"
+        self.gang = bool(gang) and not self.multi
         self.network_delay = network_delay or (lambda client, host: 0.0)
         self.schedulers = {i: sch.GangScheduler(cluster.island_devices(i), policy,
                                                 depth=depth, program_ahead=program_ahead)
@@ -106,6 +122,7 @@ class Simulator:
         self._pending: dict[int, list] = {}
         self._client_free: dict[str, float] = {}
         self._host_free = np.zeros(cluster.num_hosts)
+        self._host_client_free = np.zeros(cluster.num_hosts)  # controller="multi"
         self._chips = GangQueues(cluster.num_chips) if self.gang else OwnQueues(cluster.num_chips)
         n, h = cluster.num_chips, cluster.num_hosts
         self._ports = {"ici_out": np.zeros(n), "ici_in": np.zeros(n), "dcn_out": np.zeros(h),
@@ -115,8 +132,13 @@ class Simulator:
 
     # --- public ----------------------------------------------------------------------------
     def submit(self, program: SimProgram, client: str = "default", weight: float = 1.0,
-               priority: int = 0, at: float | None = None) -> SimRun:
-        """Submit ``program`` for ``client`` at virtual time ``at`` (default: now)."""
+               priority: int = 0, at: float | None = None,
+               after: SimRun | None = None) -> SimRun:
+        """Submit ``program`` for ``client`` at virtual time ``at`` (default: now).
+
+        ``after``: an earlier run, not yet started, whose last node the program's first nodes
+        (those with no inputs) read: a chain of programs, each consuming the previous one's
+        output future (the paper's OpByOp)."""
         if not isinstance(program, SimProgram):
             raise SimError(f"submit needs a SimProgram, got {type(program).__name__}. Maybe "
                            "you want from_graph(pw.program(f).trace(*args), cluster).")
@@ -124,6 +146,10 @@ class Simulator:
         at = self.now if at is None else float(at)
         if at < self.now:
             raise SimError(f"cannot submit at t={at} s: the clock is already at {self.now} s.")
+        if after is not None and (not isinstance(after, SimRun) or after.tasks[-1].launched
+                                  or after.tasks[-1].done):
+            raise SimError(f"after must be a SimRun of this simulator that has not started, got "
+                           f"{after!r}. Maybe you want to submit the whole chain before run().")
         run = SimRun(len(self.runs), program.name, client, at, remaining=len(program.nodes))
         self.runs.append(run)
         for node in program.nodes:
@@ -132,6 +158,9 @@ class Simulator:
             task = SimTask(len(self._tasks), run, node, devset, src, weight, priority)
             task.rendezvous = self.gang or node.collective
             task.producers = [run.tasks[i] for i in node.inputs]
+            if after is not None and not node.inputs:
+                task.producers.append(after.tasks[-1])
+                task.unlaunched = task.undone = task.unheard = 1
             for p in task.producers:
                 p.consumers.append(task)
             run.tasks.append(task)
@@ -155,8 +184,27 @@ class Simulator:
             stuck = [t for t in self._tasks.values() if not t.done]
             queues = self._chips.queues(stuck, self.cluster.num_chips)
             deadlock = find_deadlock(stuck, queues, self.now)
+            self._record_frozen(queues)
             raise DeadlockError(deadlock.message(), deadlock)
         return self.last_end
+
+    @property
+    def islands(self) -> tuple[SimIsland, ...]:
+        """The cluster's islands as the views read a controller's (``pw.ScheduleView(sim)``,
+        ``pw.TopologyView(sim)``)."""
+        return tuple(SimIsland(i, self.cluster.island_devices(i))
+                     for i in range(len(self.cluster.islands)))
+
+    @property
+    def host_of(self) -> np.ndarray:
+        """The host of every chip: the views can show a row per host."""
+        return self.cluster.host_of
+
+    @property
+    def next_time(self) -> float | None:
+        """When the next event happens (``None``: nothing left): ``run(until=next_time)``
+        advances one instant, for a caller that reacts between events (a client's window)."""
+        return self._heap[0][0] if self._heap else None
 
     # --- the clock -------------------------------------------------------------------------
     def _at(self, t: float, fn, arg) -> None:
@@ -171,6 +219,14 @@ class Simulator:
 
     # --- 1. the client ---------------------------------------------------------------------
     def _start_run(self, run: SimRun) -> None:
+        host = self.cluster.host
+        if not self.multi and (host.client_per_program or host.program_fanout_per_host):
+            hosts = set()
+            for task in run.tasks:
+                hosts.update(task.devset.hosts.tolist())
+            free = max(self._client_free.get(run.client, 0.0), self.now)
+            self._client_free[run.client] = (free + host.client_per_program
+                                             + host.program_fanout_per_host * len(hosts))
         for task in run.tasks:
             if self.dispatch is DispatchMode.PARALLEL or not task.producers:
                 self._prepare(task)
@@ -178,6 +234,15 @@ class Simulator:
     def _prepare(self, task: SimTask) -> None:
         """The client's host-side work for ``task``, then its messages leave."""
         host = self.cluster.host
+        if self.multi:  # each host dispatches its own chips, in the same order everywhere
+            if not task.is_compute:
+                self._at(self.now + host.client_per_node, self._issue, task)
+                return
+            for h in task.devset.hosts.tolist():
+                t = max(float(self._host_client_free[h]), self.now) + host.client_per_node
+                self._host_client_free[h] = t
+                self._at(t, self._host_receive, (task, h))
+            return
         client = task.run.client
         hosts = task.devset.nhosts + (task.src.nhosts if task.src else 0)
         done = (max(self._client_free.get(client, 0.0), self.now) + host.client_per_node
@@ -383,6 +448,24 @@ class Simulator:
 
     def _tell_scheduler(self, task: SimTask) -> None:
         self._post(task.island, sch.Finished(task.id, task.t_end - task.t_start))
+
+    def _record_frozen(self, queues) -> None:
+        """Deadlock: each computation stuck at the head of some chips' queues becomes a span
+        with status ``"deadlock"`` on those chips, from when it reached them until the clock
+        froze, so a schedule view shows where each chip stopped."""
+        heads: dict[int, list[int]] = {}
+        tasks = {}
+        for d, q in enumerate(queues):
+            if q:
+                heads.setdefault(q[0].id, []).append(d)
+                tasks[q[0].id] = q[0]
+        for tid, chips in heads.items():
+            task = tasks[tid]
+            node, run = task.node, task.run
+            since = task.t_start if task.t_start is not None else task.t_submit
+            self.trace.record(_COMPUTE, node.name, run.name, run.id, run.client, task.island,
+                              tuple(chips), task.t_submit, since, self.now, "deadlock", 0,
+                              None, None, (), None, node.id)
 
     def _record(self, task: SimTask) -> None:
         node, run = task.node, task.run

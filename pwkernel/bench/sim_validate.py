@@ -1,0 +1,210 @@
+"""The simulator against this machine: predict the local benchmarks' rows from a calibration.
+
+``predict(calibration, mode)`` simulates the workloads of three local benchmarks
+(``dispatch``, ``multitenancy``, ``parallel_dispatch``) in their ``mode``'s
+configuration on ``Cluster.from_calibration(calibration)``, with each computation's cost from
+XLA's cost analysis on the measured roofline; ``compare`` also runs the benchmarks and pairs
+each measured figure with its prediction. Nothing measured by the benchmarks goes into the
+prediction: only the calibration's figures (``sim_calibrate.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from ..backends.sim import Cluster, NodeKind, SimNode, SimProgram, Simulator, estimate
+
+F32 = jnp.float32
+
+
+def _cost(fn, shape: tuple, cal: Mapping, cluster: Cluster, devices: int, spec) -> float:
+    """XLA's cost on the calibrated roofline, the device time stretched by devices / cores
+    when the slice has more devices than this machine has cores (they share them)."""
+    c = estimate(fn, jax.ShapeDtypeStruct(shape, F32), cluster=cluster, mesh=(devices,),
+                 axis_names=("x",), in_specs=spec).seconds
+    launch = cluster.chip.launch_overhead
+    return (c - launch) * max(1.0, devices / cal.get("cores", devices)) + launch
+
+
+def _node(i: int, name: str, chips: tuple, seconds: float, inputs=()) -> SimNode:
+    return SimNode(i, name, chips, tuple(inputs), seconds)
+
+
+def _chain(name: str, chips: tuple, seconds: float, n: int) -> SimProgram:
+    return SimProgram(name, [_node(i, name, chips, seconds, (i - 1,) if i else ())
+                             for i in range(n)])
+
+
+def _programs(cluster: Cluster, program: SimProgram, count: int, multi: bool = False) -> float:
+    """``count`` runs of ``program``, each reading the one before; until the client has heard
+    the last one ended (``rpc_latency`` after it: the benchmark waits for the result)."""
+    sim = Simulator(cluster, controller="multi" if multi else "single")
+    previous = None
+    for _ in range(count):
+        previous = sim.submit(program, after=previous)
+    return sim.run() + (0.0 if multi else cluster.host.rpc_latency)
+
+
+def dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
+    """Steps per second of the dispatch benchmark's five variants, every slice and size."""
+    from . import dispatch as bench
+
+    cfg = bench.CONFIGS[mode]
+    pw = Cluster.from_calibration(cal)
+    jx = pw.with_host(client_per_node=cal["jax_dispatch"], host_per_node=0.0)
+    rows = []
+    for d in cfg["slices"]:
+        chips = tuple(range(d))
+        for size in cfg["sizes"]:
+            size = math.lcm(size, d)
+            n = bench._chain_length(cfg["chain"], size)
+            reps = max(1, min(cfg["fused_reps"], cfg["fused_reps"] * 4096 // size))
+            c = _cost(bench.step, (size,), cal, pw, d, P("x"))
+            fused = n * (c - pw.chip.launch_overhead) + pw.chip.launch_overhead
+            one = _chain("step", chips, c, 1)
+            loop = _chain("fused", chips, fused, 1)
+            rows.append({"devices": d, "size": size, "chain": n, "steps_per_s": {
+                "pw_opbyop": n / _programs(pw, one, n),
+                "pw_chained": n / _programs(pw, _chain("chain", chips, c, n), 1),
+                "pw_fused": n * reps / _programs(pw, loop, reps),
+                "jax_opbyop": n / _programs(jx, one, n, multi=True),
+                "jax_fused": n * reps / _programs(jx, loop, reps, multi=True)}})
+    return rows
+
+
+def multitenancy_rows(cal: Mapping, mode: str) -> list[dict]:
+    """Computations per second with 1, 2, 4 clients sharing one 4-device slice."""
+    from . import multitenancy as bench
+
+    cfg = bench.CONFIGS[mode]
+    cluster = Cluster.from_calibration(cal)
+    side = int(math.sqrt(cfg["size"]))
+    c = _cost(bench.work, (side, side), cal, cluster, 4, P())
+    program = _chain("tenant", (0, 1, 2, 3), c, cfg["steps"])
+    total = cfg["programs"] * max(cfg["clients"])
+    rows = []
+    for k in cfg["clients"]:
+        end = _windowed(cluster, program, [f"c{i}" for i in range(k)], total // k,
+                        cfg["window"])
+        rows.append({"clients": k, "computations_per_s": total * cfg["steps"] / end})
+    return rows
+
+
+def _windowed(cluster: Cluster, program: SimProgram, clients: list[str], programs: int,
+              window: int) -> float:
+    """Each client keeps at most ``window`` programs in flight, submitting the next once it
+    hears (``rpc_latency`` after the end) that its oldest is done, like the benchmark's
+    threads. Returns when the last program ended."""
+    sim = Simulator(cluster)
+    left = dict.fromkeys(clients, programs)
+    inflight: dict[str, list] = {c: [] for c in clients}
+
+    def top_up(c: str, at: float) -> None:
+        while left[c] and len(inflight[c]) < window:
+            inflight[c].append(sim.submit(program, client=c, at=at))
+            left[c] -= 1
+
+    for c in clients:
+        top_up(c, 0.0)
+    end = 0.0
+    while sim.next_time is not None:
+        end = sim.run(until=sim.next_time)
+        for c in clients:
+            while inflight[c] and inflight[c][0].t_done is not None:
+                inflight[c].pop(0)
+                top_up(c, sim.now + cluster.host.rpc_latency)
+    return end
+
+
+def parallel_dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
+    """Stages per second of the alternating-islands chain, parallel and sequential."""
+    from . import parallel_dispatch as bench
+
+    cfg = bench.CONFIGS[mode]
+    cluster = Cluster.from_calibration(cal)
+    per_island = cluster.islands[0] * cluster.chips_per_host
+    slices = [(0, 1), (per_island, per_island + 1)]
+    rows = []
+    for size in cfg["sizes"]:
+        c = _cost(bench.stage, (size,), cal, cluster, 2, P("x"))
+        nodes: list[SimNode] = []
+        for s in range(cfg["stages"]):
+            inputs = ()
+            if s:
+                nodes.append(SimNode(len(nodes), f"copy{s}", slices[s % 2], (len(nodes) - 1,),
+                                     kind=NodeKind.TRANSFER, nbytes=4 * size,
+                                     src_devices=slices[(s - 1) % 2]))
+                inputs = (len(nodes) - 1,)
+            nodes.append(_node(len(nodes), f"stage{s}", slices[s % 2], c, inputs))
+        program = SimProgram("alternating", nodes)
+        rate = {}
+        for mode_ in ("parallel", "sequential"):
+            sim = Simulator(cluster, dispatch=mode_)
+            sim.submit(program)
+            rate[mode_] = cfg["stages"] / sim.run()
+        rows.append({"size": size, "stages_per_s": rate})
+    return rows
+
+
+def _err(sim: float, real: float) -> float:
+    return 100 * (sim - real) / real if real else float("nan")
+
+
+def compare(cal: Mapping, mode: str = "quick") -> list[dict]:
+    """Run the three local benchmarks (``mode``; the Ray row left out) and pair each figure
+    with the simulator's prediction: rows of (benchmark, what, measured, simulated, error)."""
+    from . import dispatch, multitenancy, parallel_dispatch
+    from .harness import interleave, paired_ratio, summarize
+
+    out = []
+    real = dispatch.run(mode).rows
+    for r, s in zip(real, dispatch_rows(cal, mode), strict=True):
+        for v in ("pw_opbyop", "pw_chained", "pw_fused"):
+            m = r["steps_per_s"][v]["median"]
+            out.append({"benchmark": "dispatch", "what": f"{v}, {r['devices']} dev, size "
+                        f"{r['size']} (steps/s)", "measured": m,
+                        "simulated": s["steps_per_s"][v], "error_pct": _err(
+                            s["steps_per_s"][v], m)})
+    real = multitenancy.run(mode).rows
+    for r, s in zip(real, multitenancy_rows(cal, mode), strict=True):
+        m = r["computations_per_s"]["median"]
+        out.append({"benchmark": "multitenancy", "what": f"{r['clients']} clients "
+                    "(computations/s)", "measured": m, "simulated": s["computations_per_s"],
+                    "error_pct": _err(s["computations_per_s"], m)})
+    import pwkernel as pw
+
+    cfg = parallel_dispatch.CONFIGS[mode]
+    ctl = pw.Controller(islands=(4, 4))
+    try:
+        for size, s in zip(cfg["sizes"], parallel_dispatch_rows(cal, mode), strict=True):
+            samples = interleave(parallel_dispatch.variants(ctl, cfg["stages"], size,
+                                                            cfg["programs"]),
+                                 rounds=cfg["rounds"])
+            for v in ("parallel", "sequential"):
+                m = summarize(samples[v])["median"]
+                out.append({"benchmark": "parallel-dispatch", "what": f"{v}, size {size} "
+                            "(stages/s)", "measured": m, "simulated": s["stages_per_s"][v],
+                            "error_pct": _err(s["stages_per_s"][v], m)})
+            ratio = s["stages_per_s"]["parallel"] / s["stages_per_s"]["sequential"]
+            m = paired_ratio(samples, "parallel", "sequential")
+            out.append({"benchmark": "parallel-dispatch", "what": f"parallel / sequential, "
+                        f"size {size}", "measured": m, "simulated": ratio,
+                        "error_pct": _err(ratio, m)})
+    finally:
+        ctl.close()
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'benchmark':<18} {'what':<44} {'measured':>10} {'simulated':>10} {'error':>8}"]
+    for r in rows:
+        lines.append(f"{r['benchmark']:<18} {r['what']:<44} {r['measured']:>10.1f} "
+                     f"{r['simulated']:>10.1f} {r['error_pct']:>+7.1f}%")
+    within = sum(abs(r["error_pct"]) <= 25 for r in rows)
+    lines.append(f"{within} of {len(rows)} rows within 25 %")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""The views read a simulator's trace, and stay readable at 2048 chips: rows per host, group
+of hosts or island (with the device count), and drill-down to devices."""
+
+from __future__ import annotations
+
+import pytest
+
+import pwkernel as pw
+from pwkernel.backends.sim import Cluster, SimNode, SimProgram, Simulator
+from pwkernel.backends.sim.scale import pipeline
+from pwkernel.viz.columns import DeviceLayout
+
+
+@pytest.fixture(scope="module")
+def pod() -> Simulator:
+    """A TPU v4 pod of 2048 chips: 16-stage pipelines of 128 chips (with ICI transfers) and
+    a few SPMD steps on all 2048 chips."""
+    cluster = Cluster.preset("tpu-v4", chips=2048)
+    sim = Simulator(cluster)
+    sim.submit(pipeline(cluster, stages=16, microbatches=4), client="pipe")
+    chips = cluster.island_devices(0)
+    sim.submit(SimProgram("spmd", [SimNode(i, "step", chips, (i - 1,) if i else (), 1e-3)
+                                   for i in range(3)]), client="spmd")
+    sim.run()
+    return sim
+
+
+def test_layout_rows_per_device_host_group_or_island():
+    islands = [(0, tuple(range(8))), (1, tuple(range(8, 16)))]
+    by_host = DeviceLayout.grouped(islands, host_of=lambda d: d // 4, rows="host")
+    assert by_host.n_rows == 4
+    assert by_host.labels[0.0] == "island 0 · host 0 (4 devices)"
+    assert by_host.row(5) == by_host.row(7) == 1.0
+    by_island = DeviceLayout.grouped(islands, host_of=lambda d: d // 4, rows="island")
+    assert list(by_island.labels.values()) == ["island 0 · all (8 devices)",
+                                               "island 1 · all (8 devices)"]
+    assert DeviceLayout.grouped(islands, rows="auto").n_rows == 16  # 16 devices fit
+    # one bar per row an event touches, first device of the event on each row
+    assert by_host.shown((2, 3, 4, 9)) == (2, 4, 9)
+    assert by_host.pairs((0, 1, 2, 3), (8, 9, 10, 11)) == [(0, 8)]
+    with pytest.raises(ValueError, match="rows must be one of"):
+        DeviceLayout.grouped(islands, rows="chip")
+
+
+def test_a_2048_chip_schedule_is_drawn_per_group_of_hosts_and_drills_down(pod):
+    view = pw.ScheduleView(pod, live=False)
+    try:
+        layout = view.layout_rows
+        assert layout.n_rows <= 64
+        assert layout.labels[0.0] == "island 0 · hosts 0-7 (32 devices)"
+        bars = view.decoded()
+        computations = [e for e in pod.trace.events() if e.kind == "compute"]
+        # every computation is drawn, once per group of hosts it ran on (not once per chip)
+        assert set(bars["name"]) == {e.name for e in computations}
+        expected = sum(len({layout.rows[d] for d in e.devices}) for e in computations)
+        assert len(bars["index"]) == expected < sum(len(e.devices) for e in computations) // 8
+        spmd = [y for p, y in zip(bars["program"], view.source.data["y"], strict=True)
+                if p == "spmd"]
+        assert len(spmd) == 3 * 64  # three steps on all 64 rows
+        inner = view.drill(hosts=range(2))  # hosts 0 and 1: chips 0..7, a row each
+        try:
+            assert inner.layout_rows.n_rows == 8
+            assert inner.layout_rows.labels[0.0] == "island 0 · device 0"
+            shown = inner.decoded()
+            assert set(shown["device"]) == set(range(8))
+            assert {"spmd", "pipeline"} == set(shown["program"])
+            links = inner.decoded(inner.links)
+            assert all(d < 8 and s < 8 for s, d in zip(links["src_device"],
+                                                        links["dst_device"], strict=True))
+        finally:
+            inner.close()
+        with pytest.raises(ValueError, match="exactly one of"):
+            view.drill()
+    finally:
+        view.close()
+
+
+def test_topology_view_of_a_simulated_pod(pod):
+    view = pw.TopologyView(pod, live=False, window=pod.now)
+    try:
+        data = view.source.data
+        assert len(data["x"]) == view.layout_rows.n_rows <= 64
+        assert data["x"][0] == ("island 0", "hosts 0-7 (32 devices)")
+        assert all(0 < u <= 1 for u in data["utilization"])  # every row computed
+        assert "simulated" in view.islands.value
+    finally:
+        view.close()
