@@ -495,7 +495,8 @@ class Dispatcher:
         self._active_lock = threading.Lock()
 
     # --- submission ------------------------------------------------------------------------
-    def submit(self, graph: Graph, leaves: list, client: ClientSpec) -> list[Future]:
+    def submit(self, graph: Graph, leaves: list, client: ClientSpec,
+               mode: DispatchMode | None = None) -> list[Future]:
         run = ProgramRun(self, graph.name, client)
         vals: dict[int, Future] = {}
         for vid, leaf in zip(graph.inputs, leaves, strict=True):
@@ -520,7 +521,7 @@ class Dispatcher:
         with self._runs_lock:
             self.runs[run.id] = run
         self.began()
-        _soon(self._prepare, run.tasks, self.mode is DispatchMode.PARALLEL)
+        _soon(self._prepare, run.tasks, (mode or self.mode) is DispatchMode.PARALLEL)
         return outputs
 
     def _prepare(self, tasks: list[Task], parallel: bool) -> None:

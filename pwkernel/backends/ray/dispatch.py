@@ -403,14 +403,14 @@ class RayDispatcher(Dispatcher):
         _, key, blob = entry
         return key, (None if key in host.sent else blob)
 
-    def submit(self, graph, leaves, client):
+    def submit(self, graph, leaves, client, mode=None):
         """Parallel dispatch: every island holds its message until the whole program has been
         prepared, so each island gets the program's nodes in one message."""
         islands = list(self.islands.values())
         for isl in islands:
             isl.hold()
         try:
-            return super().submit(graph, leaves, client)
+            return super().submit(graph, leaves, client, mode)
         finally:
             for isl in islands:
                 isl.release()
