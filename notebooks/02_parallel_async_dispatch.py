@@ -147,8 +147,10 @@ print({m: f"{t * 1e3:.2f} ms" for m, t in shown.items()})
 # The views cannot measure the idle time between two computations here: a node launched ahead
 # *starts*, by the runtime's clock, when its producer ends (it was waiting on the device for that
 # data), so in parallel mode the spans touch by construction. What can be measured is the
-# wall-clock time of the whole chain, so that is the claim checked: stages per second in each
-# mode, rounds alternating the modes, the speedup being the harness's paired ratio.
+# wall-clock time of the whole chain: stages per second in each mode, rounds alternating the
+# modes, the speedup being the harness's paired ratio. It is printed, not asserted: on a shared
+# 2-core machine the ratio moves with the load (speed claims live in `python -m pwkernel.bench
+# parallel-dispatch`); the order checks above are what this notebook asserts.
 
 # %%
 def variant(mode):
@@ -158,7 +160,6 @@ same = interleave({m: variant(m) for m in local}, rounds=7)
 speedup = paired_ratio(same, "parallel", "sequential")
 print({k: f"{summarize(v)['median']:.0f} stages/s" for k, v in same.items()},
       f"parallel / sequential {speedup:.2f}")
-assert speedup > 1, f"running ahead on one slice should pay off ({speedup:.2f})"
 ctl.dispatch = "parallel"
 
 # %% [markdown]
