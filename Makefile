@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup lab test lint browser clean
+.PHONY: setup lab test lint browser notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,11 @@ test: setup browser
 	$(PY) -m pytest
 
 lint: setup
-	$(VENV)/bin/ruff check pwkernel tests
+	$(VENV)/bin/ruff check pwkernel tests notebooks
+
+# The tutorials' .ipynb files, generated from their sources notebooks/NN_*.py.
+notebooks: setup
+	$(PY) -m pwkernel.notebook.tutorials
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts

@@ -22,7 +22,6 @@
 # number is a prediction.
 
 # %%
-import jax
 import numpy as np
 
 import pwkernel as pw

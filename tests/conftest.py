@@ -10,6 +10,7 @@ import pytest
 jax.config.update("jax_num_cpu_devices", 8)
 
 import pwkernel as pw  # noqa: E402
+from pwkernel.bench.figure2 import Figure2, figure2  # noqa: E402
 
 
 @pytest.fixture
@@ -20,6 +21,13 @@ def ctl():
         yield controller
     finally:
         controller.close()
+
+
+@pytest.fixture
+def fig2(ctl) -> Figure2:
+    """The paper's Figure 2 program on ``ctl`` (``pwkernel.bench.figure2``): the one copy the
+    tests share; tests on another controller call ``figure2(other)`` from this module."""
+    return figure2(ctl)
 
 
 @pytest.fixture(scope="module")

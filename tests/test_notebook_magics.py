@@ -353,7 +353,7 @@ def test_help_comes_from_the_shared_specs(ip):
 
 
 def test_comm_protocol_replies():
-    ctl = extension.controller()
+    ctl = pw.controller()
     assert comm.reply(ctl, {"type": "status"})["data"]["policy"] == ctl.policy
     json.dumps(comm.reply(ctl, {"type": "status"}))
     assert comm.reply(ctl, {"type": "nope"})["type"] == "error"

@@ -2,13 +2,13 @@
 
 Each notebook asserts its own claims on the numbers it measures, so a test here fails when a
 cell raises: an assertion about the paper's effect, a runtime error, or a broken view. The
-committed notebooks must also be exactly what ``notebooks/_build.py`` writes (sources only,
-no outputs), so the reviewed code and the files agree.
+committed notebooks must also be exactly what their sources ``notebooks/NN_*.py`` give
+(``python -m pwkernel.notebook.tutorials``: sources only, no outputs), so the reviewed code and
+the files agree.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 
@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from pwkernel.notebook import kernelspec
+from pwkernel.notebook import kernelspec, tutorials
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CELL_TIMEOUT = 300       # seconds per cell: generous, a busy 2-core machine is slow
@@ -24,32 +24,8 @@ NOTEBOOK_BUDGET = 90     # seconds a notebook may take, kernel start included (e
                          # on an idle 2-core machine: the budget leaves room for a busy one)
 
 
-def _builder():
-    spec = importlib.util.spec_from_file_location("notebooks_build", NOTEBOOKS / "_build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BUILD = _builder()
-#: tutorials written as jupytext percent-format sources (``notebooks/NN_name.py``), their
-#: ``.ipynb`` generated from them (``jupytext``: no outputs, cell ids numbered in order)
-SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
-NAMES = list(BUILD.NOTEBOOKS) + [p.stem for p in SOURCES]
-
-
-def render(source: Path) -> str:
-    """The ``.ipynb`` text a percent-format source gives."""
-    import jupytext
-
-    nb = jupytext.read(source, fmt="py:percent")
-    nb.metadata = {"kernelspec": nb.metadata["kernelspec"]}
-    for i, cell in enumerate(nb.cells):
-        cell.id = f"cell-{i:02d}"
-        cell.metadata = {}
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    return nbformat.writes(nb) + "\n"
+SOURCES = tutorials.sources(NOTEBOOKS)
+NAMES = [p.stem for p in SOURCES]
 
 
 def _errors(nb) -> list[str]:
@@ -68,22 +44,26 @@ def _stdout(nb) -> str:
                    if o.output_type == "stream" and o.name == "stdout")
 
 
-def test_notebooks_from_sources_match_them():
-    assert SOURCES, "expected notebooks/08_pathways_at_scale_simulated.py"
-    for source in SOURCES:
-        target = source.with_suffix(".ipynb")
-        assert target.exists() and target.read_text() == render(source), (
-            f"{target.name} differs from {source.name}; regenerate it with jupytext "
-            "(tests/test_notebooks.py render)")
+def test_every_notebook_has_a_source():
+    assert len(NAMES) >= 9, f"expected the 9 tutorial sources in {NOTEBOOKS}, found {NAMES}"
+    orphans = {p.stem for p in NOTEBOOKS.glob("*.ipynb")} - set(NAMES)
+    assert not orphans, f"notebooks without a source NN_name.py: {sorted(orphans)}"
 
 
-def test_committed_notebooks_match_the_generator():
-    for name in BUILD.NOTEBOOKS:
-        path = NOTEBOOKS / f"{name}.ipynb"
-        assert path.exists(), f"{path.name} is missing; run .venv/bin/python notebooks/_build.py"
-        assert path.read_text() == BUILD.render(name), (
-            f"{path.name} differs from notebooks/_build.py; run .venv/bin/python "
-            "notebooks/_build.py (and keep outputs out of the committed files)")
+def test_committed_notebooks_match_their_sources():
+    assert tutorials.stale(NOTEBOOKS) == [], (
+        "a notebook differs from its source notebooks/NN_name.py: edit the source, then run "
+        "`make notebooks` (python -m pwkernel.notebook.tutorials)")
+
+
+def test_drift_is_caught(tmp_path):
+    source = SOURCES[0]
+    (tmp_path / source.name).write_text(source.read_text())
+    (tmp_path / source.with_suffix(".ipynb").name).write_text(tutorials.render(source))
+    assert tutorials.stale(tmp_path) == []
+    edited = source.read_text().replace("# %% [markdown]", "# %% [markdown]\n# edited", 1)
+    (tmp_path / source.name).write_text(edited)
+    assert tutorials.stale(tmp_path) == [source.with_suffix(".ipynb").name]
 
 
 @pytest.mark.parametrize("name", NAMES)

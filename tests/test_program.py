@@ -11,24 +11,10 @@ from jax.sharding import PartitionSpec as P
 import pwkernel as pw
 
 
-def figure2(ctl):
-    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-    a = pw.function(lambda x: x * 2, slice=s0, in_specs=P("x"), out_specs=P("x"))
-    b = pw.function(lambda x: x + 1, slice=s1)
-    c = pw.function(lambda x: x / 2, slice=s1)
-
-    @pw.program
-    def f(v):
-        x = a(v)
-        return b(x), a(c(x))
-
-    return f
-
-
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
-def test_figure2_program_in_both_dispatch_modes(ctl, mode):
+def test_figure2_program_in_both_dispatch_modes(ctl, fig2, mode):
     ctl.dispatch = mode
-    f = figure2(ctl)
+    f = fig2.f
     y, z = f(np.array([1.0, 2.0]))
     assert isinstance(y, pw.Future) and isinstance(z, pw.Future)
     assert y.shape == (2,) and y.dtype == np.float32 and y.sharding is not None
@@ -42,8 +28,8 @@ def test_figure2_program_in_both_dispatch_modes(ctl, mode):
     assert len(computes) == 4 and {e.island for e in computes} == {0, 1}
 
 
-def test_program_is_one_graph_with_inserted_transfers(ctl):
-    f = figure2(ctl)
+def test_program_is_one_graph_with_inserted_transfers(fig2):
+    f = fig2.f
     graph = f.trace(np.array([1.0, 2.0]))
     kinds = [type(n).__name__ for n in graph.nodes]
     assert kinds.count("ComputeNode") == 4

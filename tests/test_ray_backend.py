@@ -24,24 +24,10 @@ import ray
 
 import pwkernel as pw
 from pwkernel.backends.ray import RayIsland, RemoteBuffer
+from tests.conftest import figure2
 from tests.test_dispatch import overlapping_chain
 
 TIMEOUT = 120.0
-
-
-def figure2(ctl: pw.Controller):
-    """The paper's Figure 2 program on ``ctl``: a on island 0, b and c on island 1."""
-    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-    a = pw.function(lambda x: x * 2, slice=s0, name="a")
-    b = pw.function(lambda x: x + 1, slice=s1, name="b")
-    c = pw.function(lambda x: x / 2, slice=s1, name="c")
-
-    @pw.program
-    def f(v):
-        x = a(v)
-        return b(x), a(c(x))
-
-    return f, a
 
 
 def run_twice(f) -> list[np.ndarray]:
@@ -57,7 +43,7 @@ def run_twice(f) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def expected() -> list[np.ndarray]:
     with pw.Controller(islands=(4, 4)) as local:
-        f, _ = figure2(local)
+        f = figure2(local).f
         return run_twice(f)
 
 
@@ -115,7 +101,7 @@ def test_islands_are_actor_processes_on_a_private_cluster(rctl):
 def test_figure2_matches_the_local_backend(rctl, expected, mode):
     rctl.dispatch = mode
     start = rctl.trace.next_index
-    f, _ = figure2(rctl)
+    f = figure2(rctl).f
     got = run_twice(f)
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_array_equal(g, e)
@@ -136,7 +122,7 @@ def test_figure2_matches_the_local_backend(rctl, expected, mode):
 
 
 def test_parallel_dispatch_sends_each_island_a_program_in_one_message(rctl):
-    f, _ = figure2(rctl)
+    f = figure2(rctl).f
 
     def messages(mode: str) -> list[dict]:
         rctl.dispatch = mode
@@ -158,7 +144,7 @@ def test_parallel_dispatch_sends_each_island_a_program_in_one_message(rctl):
 
 
 def test_values_stay_on_islands_until_asked(rctl):
-    f, _ = figure2(rctl)
+    f = figure2(rctl).f
     y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
     assert y.wait(TIMEOUT) and z.wait(TIMEOUT)
     handle = y._buffer.value
@@ -174,7 +160,7 @@ def test_values_stay_on_islands_until_asked(rctl):
 
 
 def test_dropped_futures_free_island_buffers(rctl):
-    f, _ = figure2(rctl)
+    f = figure2(rctl).f
     y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
     assert y.run.wait(TIMEOUT)
     assert rctl._backend.buffers(0) and rctl._backend.buffers(1)
@@ -203,7 +189,8 @@ def test_overlapping_slices_keep_their_values_when_sources_are_freed(rctl, mode)
 
 def test_a_lost_island_fails_its_dependents_and_reattach_restores_it(rctl, expected):
     rctl.dispatch = "parallel"
-    f, a = figure2(rctl)
+    fig = figure2(rctl)
+    f, a = fig.f, fig.a
     s1 = rctl.slice(2, island=1)
     g = pw.function(lambda x: x - 1, slice=s1, name="g")
     kept = a(np.array([1.0, 2.0]))  # lives on island 0, never fetched
@@ -342,7 +329,7 @@ def test_joins_a_running_cluster_by_address_and_leaves_it_running():
         try:
             assert ctl._backend.status()["token_auth"] is True
             assert ray.get_runtime_context().gcs_address == f"127.0.0.1:{port}"
-            f, _ = figure2(ctl)
+            f = figure2(ctl).f
             y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
             np.testing.assert_array_equal(y.result(TIMEOUT), [3.0, 5.0, 7.0, 9.0])
             np.testing.assert_array_equal(z.result(TIMEOUT), [2.0, 4.0, 6.0, 8.0])

@@ -17,15 +17,14 @@ from pwkernel.backends.sim import (
     from_graph,
     xla_cost,
 )
-from tests.test_program import figure2
 
 
 def _shape(events):
     return sorted((e.kind, e.name, e.devices, e.link or "", e.nbytes) for e in events)
 
 
-def test_the_same_program_gives_the_same_graph_on_the_runtime_and_the_simulator(ctl):
-    f = figure2(ctl)
+def test_the_same_program_gives_the_same_graph_on_the_runtime_and_the_simulator(ctl, fig2):
+    f = fig2.f
     v = np.arange(8.0, dtype=np.float32)
     graph = f.trace(v)
     y, z = f(v)
@@ -64,8 +63,8 @@ def test_xla_costs_follow_the_slice_and_its_shardings(ctl):
     assert program.nodes[-1].seconds == pytest.approx(cost.seconds)
 
 
-def test_given_costs_and_device_maps(ctl):
-    f = figure2(ctl)
+def test_given_costs_and_device_maps(ctl, fig2):
+    f = fig2.f
     graph = f.trace(np.arange(4.0, dtype=np.float32))
     big = Cluster.preset("tpu-v4", chips=64, islands=2)  # islands of 32 chips
     # the host's device d -> chip d of island 0, or chip 32 + (d - 4) of island 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 
+from ..runtime.trace import Event
 from .harness import Result, check_mode, interleave, islands, paired_ratio, rate, summarize
 
 CONFIGS = {
@@ -126,16 +128,7 @@ def _shares(ctl: pw.Controller, cfg: dict) -> dict:
     for futs in outs.values():
         for f in futs:
             f.result(TIMEOUT)
-    events = [e for e in ctl.trace.events(since=start) if e.kind == "compute"
-              and e.client in names]
-    # The window in which every client was backlogged ends when the first one runs dry.
-    t_begin = min(e.t_start for e in events)
-    t_end = min(max(e.t_end for e in events if e.client == n) for n in names)
-    busy = dict.fromkeys(names, 0.0)
-    for e in events:
-        overlap = min(e.t_end, t_end) - max(e.t_start, t_begin)
-        if overlap > 0:
-            busy[e.client] += overlap * len(e.devices)
+    busy, t_begin, t_end = backlogged_device_time(ctl.trace.events(since=start), names)
     total = sum(busy.values())
     wsum = sum(weights)
     shares = {n: {"weight": w, "target_pct": 100 * w / wsum,
@@ -145,6 +138,22 @@ def _shares(ctl: pw.Controller, cfg: dict) -> dict:
     error = max(abs(s["achieved_pct"] - s["target_pct"]) for s in shares.values())
     return {"policy": "share", "window_s": t_end - t_begin, "clients": shares,
             "share_error_points": error}
+
+
+def backlogged_device_time(events: Iterable[Event], clients: Sequence[str],
+                           ) -> tuple[dict[str, float], float, float]:
+    """Device-seconds of computation per client while every client still had work queued:
+    from the first start to the moment the first client ran dry, which is when proportional
+    share applies. Returns (device-seconds per client, window start, window end)."""
+    events = [e for e in events if e.kind == "compute" and e.client in clients]
+    t_begin = min(e.t_start for e in events)
+    t_end = min(max(e.t_end for e in events if e.client == n) for n in clients)
+    busy = dict.fromkeys(clients, 0.0)
+    for e in events:
+        overlap = min(e.t_end, t_end) - max(e.t_start, t_begin)
+        if overlap > 0:
+            busy[e.client] += overlap * len(e.devices)
+    return busy, t_begin, t_end
 
 
 def run(mode: str = "quick") -> Result:

@@ -14,6 +14,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.utils.process import arg_split
 
+from ..runtime.dispatcher import DispatchMode
+from ..runtime.scheduler import Policy
+
 
 class _Parser(MagicArgumentParser):
     """A MagicArgumentParser whose errors name the command and point at its help."""
@@ -129,9 +132,9 @@ def line_parser() -> _Parser:
     r = sub.add_parser("release", help="give slice NAME back and remove the name")
     r.add_argument("name", type=_name, metavar="NAME")
     pol = sub.add_parser("policy", help="the gang scheduling policy of every island")
-    pol.add_argument("policy", choices=["fifo", "priority", "share"])
+    pol.add_argument("policy", choices=[p.value for p in Policy])
     d = sub.add_parser("dispatch", help="parallel (Pathways) or sequential (baseline) dispatch")
-    d.add_argument("mode", choices=["parallel", "sequential"])
+    d.add_argument("mode", choices=[m.value for m in DispatchMode])
     c = sub.add_parser("client", help="the client later cells submit as")
     c.add_argument("name", type=_client, metavar="NAME")
     c.add_argument("--weight", type=_weight, default=1.0, metavar="W")

@@ -25,8 +25,10 @@ anything else, or a bad field                   ``{"type": "error", "error": "<w
                                                 (what came is quoted cut short, never whole)
 ==============================================  ==================================================
 
-``data`` is ``Controller.status()`` made JSON-safe (device ids as string keys in ``memory``),
-plus ``protocol`` (this protocol's version), per-island ``programs_running``/``programs_queued``,
+``data`` is ``Controller.snapshot()`` made JSON-safe: ``policy``, ``dispatch``, ``closed``,
+``memory`` (device ids as string keys), ``islands`` (``id``, ``platform``, ``devices``, the
+``running``/``queued`` computations, ``lost``, ``programs_running``/``programs_queued``), plus
+``protocol`` (this protocol's version),
 ``devices`` (``id``, ``island``, ``memory`` bytes, ``utilization`` 0..1 over the last
 ``WINDOW`` seconds, ``busy``), ``runs`` (``id``, ``name``, ``client``, ``state`` "running" or
 "queued", ``islands``) and ``named_slices``: every slice of the controller (``name``: its
@@ -58,14 +60,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..runtime.dispatcher import DispatchMode
 from ..runtime.errors import PathwaysError
+from ..runtime.scheduler import Policy
+from ..runtime.snapshot import Snapshot
+from ..runtime.tasks import TaskState
+from . import state
 from .pushes import Updater
 
 TARGET = "pwkernel"
 PROTOCOL = 1
 WINDOW = 2.0  # seconds of history behind each device's utilization
-POLICIES = ("fifo", "priority", "share")
-DISPATCH = ("parallel", "sequential")
+POLICIES = tuple(p.value for p in Policy)  # the names come from the runtime's enums
+DISPATCH = tuple(d.value for d in DispatchMode)
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 10.0
 MAX_SUBSCRIBERS = 16  # comms served status pushes; one more drops the oldest subscription
 MAX_ID = 2**53  # ids and run ids: integers a JavaScript number holds exactly
@@ -189,50 +196,32 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def _runs(ctl) -> tuple[list[dict[str, Any]], list[tuple[float, tuple[int, ...]]]]:
-    """Active programs with the islands they run or wait on, and the running computations."""
-    runs, running = [], []
-    for run in ctl.runs():
-        on, waiting = set(), set()
-        for task in list(getattr(run, "tasks", None) or ()):
-            node = task.node
-            island = getattr(node, "island", getattr(node, "dst", None))
-            state = str(getattr(task, "state", ""))
-            if state == "running":
-                on.add(island)
-                if hasattr(node, "fn"):  # a computation, not a transfer
-                    running.append((task.t_launch, tuple(node.devices)))
-            elif state in ("waiting", "queued"):
-                waiting.add(island)
-        runs.append({"id": run.id, "name": str(run.name), "client": str(run.client),
-                     "state": "running" if on else "queued",
-                     "islands": sorted(i for i in on | waiting if i is not None),
-                     "running_on": sorted(i for i in on if i is not None)})
-    return runs, running
+def _runs(snap: Snapshot) -> list[dict[str, Any]]:
+    """Active programs with the islands they run or wait on."""
+    return [{"id": r.id, "name": r.name, "client": r.client, "state": r.state,
+             "islands": list(r.islands), "running_on": list(r.running_on)} for r in snap.runs]
 
 
-def _named_slices(ctl) -> list[dict[str, Any]]:
-    """Every slice of ``ctl``, named as the notebook knows it."""
-    from . import extension  # late: extension imports this module
+def _running(snap: Snapshot) -> list[tuple[float, tuple[int, ...]]]:
+    """(launch time, devices) of every computation running now."""
+    return [(n.t_launch, n.devices) for r in snap.runs for n in r.nodes
+            if n.compute and n.state is TaskState.RUNNING]
 
-    st = extension.state()
+
+def _named_slices(snap: Snapshot) -> list[dict[str, Any]]:
+    """Every slice, named as the notebook knows it."""
+    st = state.current()
     names = st.slice_names() if st is not None else {}
-    out = []
-    for vs in ctl.slices:
-        try:
-            out.append({"name": names.get(vs.id, f"#{vs.id}"), "island": vs.island.id,
-                        "devices": list(vs.device_ids), "shape": list(vs.shape),
-                        "axis_names": list(vs.axis_names),
-                        "axis_types": list(vs.axis_type_names)})
-        except Exception:  # noqa: BLE001 - released meanwhile (SliceError): not shown
-            continue
-    return out
+    return [{"name": names.get(vs.id, f"#{vs.id}"), "island": vs.island,
+             "devices": list(vs.device_ids), "shape": list(vs.shape),
+             "axis_names": list(vs.axis_names), "axis_types": list(vs.axis_types)}
+            for vs in snap.slices]
 
 
 def _not_started() -> dict[str, Any]:
     return {"type": "status", "data": {
         "started": False, "islands": [], "devices": [], "runs": [], "named_slices": [],
-        "slices": [], "programs": [], "memory": {}, "policy": "", "dispatch": "",
+        "memory": {}, "policy": "", "dispatch": "",
         "closed": False, "protocol": PROTOCOL}}
 
 
@@ -242,20 +231,25 @@ def status_message(ctl, util: Utilization | None = None) -> dict[str, Any]:
         return _not_started()
     if ctl.closed:
         return {"type": "status", "data": {"closed": True, "protocol": PROTOCOL}}
-    data = ctl.status()
-    runs, running = _runs(ctl)
+    snap = ctl.snapshot()
+    if snap.closed:  # closed between the two reads
+        return {"type": "status", "data": {"closed": True, "protocol": PROTOCOL}}
+    runs, running = _runs(snap), _running(snap)
     busy = {d for _, devices in running for d in devices}
     use = (util or Utilization()).sample(ctl.trace, running)
-    data["memory"] = {str(k): int(v) for k, v in data["memory"].items()}
-    for isl in data["islands"]:
-        isl["programs_running"] = sum(isl["id"] in r["running_on"] for r in runs)
-        isl["programs_queued"] = sum(isl["id"] in r["islands"] and isl["id"] not in r["running_on"]
-                                     for r in runs)
-    data["devices"] = [{"id": d, "island": isl["id"], "memory": data["memory"].get(str(d), 0),
-                        "utilization": round(use.get(d, 0.0), 4), "busy": d in busy}
-                       for isl in data["islands"] for d in isl["devices"]]
-    data["runs"] = runs
-    data["named_slices"] = _named_slices(ctl)
+    memory = {str(d): n for d, n in snap.memory.items()}
+    islands = [{"id": i.id, "platform": i.platform, "devices": list(i.device_ids),
+                "running": i.running, "queued": i.queued, "lost": i.lost,
+                "programs_running": sum(i.id in r["running_on"] for r in runs),
+                "programs_queued": sum(i.id in r["islands"] and i.id not in r["running_on"]
+                                       for r in runs)} for i in snap.islands]
+    data: dict[str, Any] = {
+        "islands": islands, "memory": memory, "policy": snap.policy, "dispatch": snap.dispatch,
+        "closed": False,
+        "devices": [{"id": d, "island": i.id, "memory": memory.get(str(d), 0),
+                     "utilization": round(use.get(d, 0.0), 4), "busy": d in busy}
+                    for i in snap.islands for d in i.device_ids],
+        "runs": runs, "named_slices": _named_slices(snap)}
     data["started"] = True
     data["protocol"] = PROTOCOL
     return {"type": "status", "data": data}

@@ -19,6 +19,9 @@ import numpy as np
 
 from ..runtime.objects import Future, FutureState
 from ..runtime.resources import VirtualSlice, describe_axis_types
+from ..runtime.snapshot import SliceView, Snapshot
+from ..runtime.units import device_ids, human_bytes, human_seconds
+from .state import current
 
 _TABLE = ('<table style="border-collapse:collapse;font-family:monospace;font-size:12px">'
           '{head}{rows}</table>')
@@ -41,25 +44,6 @@ def _text_table(title: str, header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(([title] if title else []) + lines)
 
 
-def _devices(ids) -> str:
-    ids = sorted(ids)
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"[{ids[0]}-{ids[-1]}]"
-    return str(list(ids))
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 # --- futures -------------------------------------------------------------------------------
 def future_fields(fut: Future) -> dict[str, str]:
     """What a Future shows: shape, dtype, sharding, state, where, elapsed, and a preview."""
@@ -72,13 +56,13 @@ def future_fields(fut: Future) -> dict[str, str]:
         layout = f"{spec} over {axes}" if spec is not None else type(sh).__name__
     where = "host"
     if sh is not None:
-        where = f"island {fut.island} devices {_devices(d.id for d in sh.device_set)}"
+        where = f"island {fut.island} devices {device_ids(d.id for d in sh.device_set)}"
     run = fut.run
     start = run.t_submit if run is not None else fut.t_created
     if fut.done():
-        elapsed = f"in {_ms(max(0.0, fut.t_done - start))}" if fut.t_done else ""
+        elapsed = f"in {human_seconds(max(0.0, fut.t_done - start))}" if fut.t_done else ""
     else:
-        elapsed = f"for {_ms(time.perf_counter() - start)}"
+        elapsed = f"for {human_seconds(time.perf_counter() - start)}"
     preview = ""
     if fut.state is FutureState.DONE:
         try:
@@ -103,9 +87,7 @@ def future_text(fut: Future) -> str:
 
 def _hosted():
     """The controller this kernel hosts, if it has started (never starts one)."""
-    from .extension import state
-
-    st = state()
+    st = current()
     return None if st is None else st.peek()
 
 
@@ -150,86 +132,82 @@ def array_html(arr) -> str | None:
         preview = "(deleted)"
     rows = [["type", f"{arr.dtype}[{dims}]"],
             ["sharding", str(spec) if spec is not None else type(sharding).__name__],
-            ["where", f"island {on.pop()} devices {_devices(ids)}"], ["value", preview]]
+            ["where", f"island {on.pop()} devices {device_ids(ids)}"], ["value", preview]]
     return _table("jax.Array", ["field", "value"], rows) + layout_html(arr.shape, sharding, ctl)
 
 
 # --- slices and controllers -----------------------------------------------------------------
-def _slice_row(vs: VirtualSlice, name: str = "") -> list[Any]:
-    if vs.released:
-        return [name or f"#{vs.id}", "released", "", "", ""]
+def _slice_row(vs: SliceView, name: str = "") -> list[Any]:
     dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))
-    return [name or f"#{vs.id}", dims, describe_axis_types(vs.axis_types), vs.island.id,
-            _devices(vs.device_ids)]
+    return [name or f"#{vs.id}", dims, describe_axis_types(vs.axis_types), vs.island,
+            device_ids(vs.device_ids)]
+
+
+def _virtual_slice_row(vs: VirtualSlice) -> list[Any]:
+    return [f"#{vs.id}", "released", "", "", ""] if vs.released else _slice_row(SliceView.of(vs))
 
 
 _SLICE_HEAD = ["slice", "mesh", "axis types", "island", "devices"]
 
 
 def slice_text(vs: VirtualSlice) -> str:
-    return _text_table(f"VirtualSlice {vs.id}", _SLICE_HEAD, [_slice_row(vs)])
+    return _text_table(f"VirtualSlice {vs.id}", _SLICE_HEAD, [_virtual_slice_row(vs)])
 
 
 def slice_html(vs: VirtualSlice) -> str:
-    return _table(f"VirtualSlice {vs.id}", _SLICE_HEAD, [_slice_row(vs)])
+    return _table(f"VirtualSlice {vs.id}", _SLICE_HEAD, [_virtual_slice_row(vs)])
 
 
-def _island_rows(ctl) -> list[list[Any]]:
-    if ctl.closed:
-        return []
-    st = {i["id"]: i for i in ctl.status()["islands"]}
-    rows = []
-    for isl in ctl.islands:
-        on = [vs for vs in ctl.slices if vs.island.id == isl.id]
-        rows.append([isl.id, isl.platform, _devices(isl.device_ids), len(on),
-                     st[isl.id]["running"], st[isl.id]["queued"]])
-    return rows
+def _island_rows(snap: Snapshot) -> list[list[Any]]:
+    return [[i.id, i.platform, device_ids(i.device_ids),
+             sum(vs.island == i.id for vs in snap.slices), i.running, i.queued]
+            for i in snap.islands]
 
 
 _ISLAND_HEAD = ["island", "platform", "devices", "slices", "running", "queued"]
 
 
 def controller_text(ctl) -> str:
-    if ctl.closed:
+    snap = ctl.snapshot()
+    if snap.closed:
         return "Controller(closed)"
-    title = f"Controller (policy {ctl.policy}, dispatch {ctl.dispatch})"
-    return _text_table(title, _ISLAND_HEAD, _island_rows(ctl))
+    title = f"Controller (policy {snap.policy}, dispatch {snap.dispatch})"
+    return _text_table(title, _ISLAND_HEAD, _island_rows(snap))
 
 
 def controller_html(ctl) -> str:
-    if ctl.closed:
+    snap = ctl.snapshot()
+    if snap.closed:
         return "<code>Controller(closed)</code>"
-    title = f"Controller (policy {ctl.policy}, dispatch {ctl.dispatch})"
-    return _table(title, _ISLAND_HEAD, _island_rows(ctl))
+    title = f"Controller (policy {snap.policy}, dispatch {snap.dispatch})"
+    return _table(title, _ISLAND_HEAD, _island_rows(snap))
 
 
 # --- %pathways status ----------------------------------------------------------------------
 class Status:
-    """A snapshot of the controller for ``%pathways status``: HTML or text."""
+    """What ``%pathways status`` shows of a controller's snapshot: HTML or text."""
 
     def __init__(self, ctl, names: dict[int, str] | None = None, client: str = "default"):
-        self.ctl = ctl
+        self.snapshot = ctl.snapshot()
         self.names = names or {}
         self.client = client
-        self.runs = [] if ctl.closed else ctl.runs()
-        self.memory = {} if ctl.closed else ctl.memory()
 
     def _sections(self) -> list[tuple[str, list[str], list[list[Any]]]]:
-        ctl = self.ctl
-        slices = [_slice_row(vs, self.names.get(vs.id, "")) for vs in ctl.slices]
-        progs = [[r.id, r.name, r.client, repr(r).rsplit(", ", 1)[-1].rstrip(")")]
-                 for r in self.runs]
-        mem = [[d.id, d.platform, _bytes(n)] for d, n in self.memory.items()]
+        snap = self.snapshot
+        slices = [_slice_row(vs, self.names.get(vs.id, "")) for vs in snap.slices]
+        progs = [[r.id, r.name, r.client, r.state] for r in snap.runs]
+        platform = {d: i.platform for i in snap.islands for d in i.device_ids}
+        mem = [[d, platform.get(d, ""), human_bytes(n)] for d, n in snap.memory.items()]
         return [
-            (f"Controller: policy {ctl.policy}, dispatch {ctl.dispatch}, client {self.client}",
-             _ISLAND_HEAD, _island_rows(ctl)),
+            (f"Controller: policy {snap.policy}, dispatch {snap.dispatch}, client {self.client}",
+             _ISLAND_HEAD, _island_rows(snap)),
             ("Slices", _SLICE_HEAD, slices),
             ("Programs (queued or running)", ["run", "program", "client", "state"], progs),
             ("Memory per device", ["device", "platform", "held"], mem),
         ]
 
     def __repr__(self) -> str:
-        if self.ctl.closed:
+        if self.snapshot.closed:
             return "Pathways controller: closed"
         parts = []
         for title, head, rows in self._sections():
@@ -240,7 +218,7 @@ class Status:
         p.text(repr(self))
 
     def _repr_html_(self) -> str:
-        if self.ctl.closed:
+        if self.snapshot.closed:
             return "<code>Pathways controller: closed</code>"
         return "".join(_table(t, h, r) if r else f"<p><b>{html.escape(t)}</b>: none</p>"
                        for t, h, r in self._sections())

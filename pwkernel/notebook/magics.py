@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..runtime.errors import CancelledError, PathwaysError
+from ..runtime.graph import ComputeNode
 from ..runtime.objects import Future
 from ..runtime.resources import VirtualSlice, describe_axis_types
 from ..runtime.tasks import ClientSpec
@@ -148,9 +149,8 @@ class PathwaysMagics(Magics):
             self.shell.user_ns.pop(name, None)
         if old is not None:
             old.close()
-        with process._lock:  # pw.controller() hands out the new one from now on
-            process._default = new
-        self.state.ctl, self.state._default = new, None
+        new.set_default()  # pw.controller() hands out the new one from now on
+        self.state.adopt(new)
         where = f" at {a.address}" if a.address else ""
         print(f"attached {a.backend}{where}: " + ", ".join(
             f"island {i.id}: {len(i.devices)} {i.platform}" for i in new.islands))
@@ -270,18 +270,12 @@ class PathwaysMagics(Magics):
         n = len(graph.outputs)
         extra = []
         if n == 0:  # keep one value so the run can be reached (waited on, cancelled)
-            produced = [v for node in graph.nodes for v in getattr(node, "outputs", ())]
+            produced = [v for node in graph.nodes if isinstance(node, ComputeNode)
+                        for v in node.outputs]
             extra = produced[-1:]
         submitted = dataclasses.replace(graph, outputs=list(graph.outputs) + extra)
-        mode = ctl.dispatch
         with _defer_interrupt():
-            if sequential:
-                ctl.dispatch = "sequential"
-            try:
-                futs = ctl.submit(submitted, leaves)
-            finally:
-                if sequential:
-                    ctl.dispatch = mode
+            futs = ctl.submit(submitted, leaves, dispatch="sequential" if sequential else None)
         run = futs[0].run
         results = jax.tree_util.tree_unflatten(graph.out_tree, futs[:n])
         return [results], run
@@ -359,7 +353,8 @@ PathwaysMagics.pathways_cell.__doc__ = (
 
 def _has_work(graph) -> bool:
     """True when the traced cell computes something: a node that produces values."""
-    return bool(graph.outputs) or any(getattr(node, "outputs", ()) for node in graph.nodes)
+    return bool(graph.outputs) or any(isinstance(node, ComputeNode) and node.outputs
+                                      for node in graph.nodes)
 
 
 class _Deadline:

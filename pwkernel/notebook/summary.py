@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .display import _devices, _ms
+from ..runtime.units import device_ids, human_seconds
 
 MAX_LINES = 12
 
@@ -28,12 +28,12 @@ def summary_text(ctl, run) -> str:
                        (("computation", kinds["compute"]), ("transfer", kinds["transfer"])) if n)
     span = max(e.t_end for e in events) - run.t_submit
     failed = sum(e.status != "ok" for e in events)
-    head = (f"{run.name} (run {run.id}, client {run.client}): {counts}, {_ms(span)} from "
+    head = (f"{run.name} (run {run.id}, client {run.client}): {counts}, {human_seconds(span)} from "
             f"submit to last end" + (f", {failed} failed" if failed else ""))
     # One line per (kind, name, place); repeated nodes (a loop in the cell) are summed.
     groups: dict[tuple, list] = defaultdict(list)
     for e in events:
-        where = (f"island {e.island} devices {_devices(e.devices)}" if e.kind == "compute" else
+        where = (f"island {e.island} devices {device_ids(e.devices)}" if e.kind == "compute" else
                  f"{'host' if e.src is None else f'island {e.src}'} -> island {e.dst} "
                  f"({e.link})")
         groups[(e.kind, e.name, where)].append(e)
@@ -42,8 +42,8 @@ def summary_text(ctl, run) -> str:
         busy = sum(e.duration for e in group)
         queued = sum(max(0.0, e.t_start - e.t_submit) for e in group)
         times = f" x{len(group)}" if len(group) > 1 else ""
-        lines.append(f"  {kind:<9} {name + times:<18} {where:<28} {_ms(busy):>9}  "
-                     f"queued {_ms(queued)}")
+        lines.append(f"  {kind:<9} {name + times:<18} {where:<28} {human_seconds(busy):>9}  "
+                     f"queued {human_seconds(queued)}")
     if len(groups) > MAX_LINES:
         lines.append(f"  ... {len(groups) - MAX_LINES} more (ctl.trace.events() has them all)")
     return "\n".join(lines)

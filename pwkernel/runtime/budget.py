@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .objects import BufferRecord
+from .units import human_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,26 +88,19 @@ def message(stuck: Waiting, victim: str, budget: int, in_use: Mapping[int, int],
             r = h.record
             by_owner.setdefault((r.program_id, r.program, r.client, h.pinned), []).append(n)
     owners = sorted(by_owner.items(), key=lambda kv: -sum(kv[1]))
-    lines = [f"  {_size(sum(ns))} in {len(ns)} buffer{'s' * (len(ns) != 1)} of program "
+    lines = [f"  {human_bytes(sum(ns))} in {len(ns)} buffer{'s' * (len(ns) != 1)} of program "
              f"{prog!r} (run {rid}, client {client!r}), "
              + ("held for its computations that have not run" if pinned
                 else "held only by your references")
              for (rid, prog, client, pinned), ns in owners]
     return (
-        f"{victim} was stopped: it cannot go on under the memory budget of {_size(budget)} "
+        f"{victim} was stopped: it cannot go on under the memory budget of {human_bytes(budget)} "
         f"per device. {stuck.name!r} (program {stuck.program!r}, run {stuck.run}, client "
-        f"{stuck.client!r}) on island {stuck.island} needs {_size(stuck.nbytes)} more on "
+        f"{stuck.client!r}) on island {stuck.island} needs {human_bytes(stuck.nbytes)} more on "
         f"devices {sorted(stuck.devices)}, and nothing is running that could free memory "
-        f"there. Held on device {device} ({_size(in_use.get(device, 0))} in use):\n"
+        f"there. Held on device {device} ({human_bytes(in_use.get(device, 0))} in use):\n"
         + "\n".join(lines or ["  (nothing)"])
         + "\nMaybe you want a larger memory_budget (pw.Controller(memory_budget=...)), or a "
         "program that keeps fewer values alive at once (e.g. consume each value before making "
         "the next)."
     )
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"

@@ -24,6 +24,7 @@ from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
 from .resources import Island, ResourceManager, VirtualSlice, islands_from_env
 from .scheduler import Policy
+from .snapshot import Snapshot, take
 from .tasks import ClientSpec, ProgramRun
 from .trace import Trace
 from .transfer import Link
@@ -164,9 +165,12 @@ class Controller:
         return _client.get() or ClientSpec()
 
     # --- programs --------------------------------------------------------------------------
-    def submit(self, graph: Graph, leaves: list) -> list[Future]:
-        """Submit a traced graph with its flattened arguments; returns the output futures."""
+    def submit(self, graph: Graph, leaves: list,
+               dispatch: DispatchMode | str | None = None) -> list[Future]:
+        """Submit a traced graph with its flattened arguments; returns the output futures.
+        ``dispatch``: this submission's mode (default: ``ctl.dispatch``)."""
         self._check_open()
+        mode = None if dispatch is None else DispatchMode.parse(dispatch)
         for leaf in leaves:
             if isinstance(leaf, Future) and leaf._store is not None and leaf._store is not \
                     self.store:
@@ -177,7 +181,7 @@ class Controller:
                         "made it.")
                 raise ProgramError("a future from another controller was passed to a program; "
                                    "pass fut.result() to move the value across.")
-        return self._dispatcher.submit(graph, leaves, self.current_client)
+        return self._dispatcher.submit(graph, leaves, self.current_client, mode)
 
     def runs(self) -> list[ProgramRun]:
         """Programs submitted and not yet finished."""
@@ -212,6 +216,10 @@ class Controller:
             "memory": {d.id: n for d, n in self.memory().items()},
             "policy": self.policy, "dispatch": self.dispatch, "closed": self.closed,
         }
+
+    def snapshot(self) -> Snapshot:
+        """Islands, slices, runs with their nodes, memory, queue depths: frozen records."""
+        return take(self)
 
     def _on_free(self, record: BufferRecord) -> None:
         if record.reserved and self.memory_budget is not None and record.island is not None \
@@ -248,6 +256,14 @@ class Controller:
         self.resources.release_all()
         _unregister(self)
 
+    def set_default(self) -> Controller:
+        """Make this the process-wide controller that ``pw.controller()`` returns."""
+        global _default
+        self._check_open()
+        with _lock:
+            _default = self
+        return self
+
     def __enter__(self) -> Controller:
         return self
 
@@ -281,6 +297,12 @@ def _unregister(ctl: Controller) -> None:
             _open.remove(ctl)
         if _default is ctl:
             _default = None
+
+
+def running_default() -> Controller | None:
+    """The process-wide controller if one is open; never starts one."""
+    with _lock:
+        return _default if _default is not None and not _default.closed else None
 
 
 def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:

@@ -90,9 +90,12 @@ class Dispatcher:
                     graph.plan = plan
         return plan
 
-    def submit(self, graph: Graph, leaves: list, client: ClientSpec) -> list[Future]:
+    def submit(self, graph: Graph, leaves: list, client: ClientSpec,
+               mode: DispatchMode | None = None) -> list[Future]:
+        """A run of ``graph`` on ``leaves`` for ``client``, in ``mode`` (default: the
+        dispatcher's); returns its output futures."""
         plan = graph.plan or self.plan(graph)
-        parallel = self.mode is DispatchMode.PARALLEL
+        parallel = (mode or self.mode) is DispatchMode.PARALLEL
         run = ProgramRun(self, plan, client, parallel)
         values, futures, t_done = run.values, run.futures, run.t_done
         pending: list[tuple[int, Future]] = []

@@ -124,25 +124,6 @@ class Graph:
         self.nodes.append(ComputeNode(len(self.nodes), name, fn, signature, tuple(inputs),
                                       tuple(outputs), island, tuple(devices)))
 
-    def consumers(self) -> dict[int, int]:
-        """How many nodes read each value (the graph's internal reference counts)."""
-        counts: dict[int, int] = {}
-        for node in self.nodes:
-            for v in (node.inputs if isinstance(node, ComputeNode) else (node.input,)):
-                counts[v] = counts.get(v, 0) + 1
-        return counts
-
-    def summary(self) -> str:
-        lines = [f"program {self.name}: {len(self.nodes)} nodes"]
-        for n in self.nodes:
-            if isinstance(n, ComputeNode):
-                lines.append(f"  [{n.id}] {n.name} on island {n.island} devices {list(n.devices)}"
-                             f" ({list(n.inputs)} -> {list(n.outputs)})")
-            else:
-                lines.append(f"  [{n.id}] transfer {n.link} {n.src}->{n.dst} "
-                             f"{n.nbytes} B ({n.input} -> {n.output})")
-        return "\n".join(lines)
-
 
 def _same_layout(a, b, shape) -> bool:
     if a == b:

@@ -98,7 +98,7 @@ class Executable:
     call: Any = None
 
 
-def _spec_leaves(specs, args: tuple) -> list[Any]:
+def spec_leaves(specs, args: tuple) -> list[Any]:
     """One PartitionSpec (or None) per flattened argument leaf."""
     nleaves = [len(jax.tree_util.tree_leaves(a)) for a in args]
     if specs is None or isinstance(specs, P):
@@ -199,7 +199,7 @@ class CompiledFunction:
         mesh = vs.mesh
         args = jax.tree_util.tree_unflatten(in_tree, [jax.ShapeDtypeStruct(s, d)
                                                      for s, d in in_avals])
-        specs = _spec_leaves(self.in_specs, args if isinstance(args, tuple) else (args,))
+        specs = spec_leaves(self.in_specs, args if isinstance(args, tuple) else (args,))
         in_shardings = []
         for i, ((shape, _), spec) in enumerate(zip(in_avals, specs, strict=True)):
             spec = _default_spec(shape, vs) if spec is None else spec
@@ -397,12 +397,14 @@ class Program:
                                "work in pw.function(fn, slice=...) and call that.")
         return graph
 
-    def __call__(self, *args):
+    def __call__(self, *args, dispatch: str | None = None):
+        """Submit the program on ``args``; ``dispatch="sequential"`` (or ``"parallel"``) for
+        this call only, else the controller's mode. Inside another program: inlined."""
         if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args)  # inside another trace: inline this program's calls
         leaves, tree = _flatten(args)
         graph = self._graph(tree, leaves)
-        futures = graph.controller.submit(graph, leaves)
+        futures = graph.controller.submit(graph, leaves, dispatch)
         return _unflatten(graph.out_tree, futures)
 
     def __repr__(self) -> str:

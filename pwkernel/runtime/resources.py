@@ -163,9 +163,10 @@ def default_axis_type(device: Any) -> AxisType:
     return jax.make_mesh((1,), ("x",), devices=[device]).axis_types[0]
 
 
-def describe_axis_types(types: Sequence[AxisType]) -> str:
-    """``"explicit"`` when every axis has one type, else ``"explicit,auto"``."""
-    names = [t.name.lower() for t in types]
+def describe_axis_types(types: Sequence[AxisType | str]) -> str:
+    """``"explicit"`` when every axis has one type, else ``"explicit,auto"`` (from the types
+    or their names)."""
+    names = [t if isinstance(t, str) else t.name.lower() for t in types]
     return names[0] if len(set(names)) == 1 else ",".join(names)
 
 

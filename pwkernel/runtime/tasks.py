@@ -380,15 +380,8 @@ class ProgramRun:
         dispatcher = self.dispatcher
         if ran:
             task.state = TaskState.DONE
-            trace = dispatcher.trace
-            if trace.enabled:
-                if node.is_compute:  # once per computation: plain strings, no enum lookups
-                    trace.record(_COMPUTE, node.name, self.name, self.id, self.client,
-                                 node.island, node.devices, task.t_submit, t_start, t_end,
-                                 "ok" if error is None else "error", 0, None, None, (), None,
-                                 node.node.id)
-                else:
-                    self.record(task, t_start, t_end, error)
+            if dispatcher.trace.enabled:
+                self.record(task, t_start, t_end, error)
         values, futures = self.values, self.futures
         spread, dropped = [], []
         with self._lock:
@@ -491,16 +484,10 @@ class ProgramRun:
 
     def record(self, task: Task, t_start: float, t_end: float, error) -> None:
         """Append the task's span to the trace (plain strings: this runs per computation)."""
-        node = task.node
-        g = node.node
-        status = "ok" if error is None else "error"
-        if node.is_compute:
-            self.dispatcher.trace.record(
-                _COMPUTE, node.name, self.name, self.id, self.client, node.island,
-                node.devices, task.t_submit, t_start, t_end, status, 0, None, None, (), None,
-                g.id)
-        else:
-            self.dispatcher.trace.record(
-                _TRANSFER, node.name, self.name, self.id, self.client, g.dst, node.devices,
-                task.t_submit, t_start, t_end, status, g.nbytes, g.src, g.dst, g.src_devices,
-                g.link, g.id)
+        node, g, status = task.node, task.node.node, "ok" if error is None else "error"
+        where = (0, None, None, (), None) if node.is_compute else (
+            g.nbytes, g.src, g.dst, g.src_devices, g.link)
+        self.dispatcher.trace.record(
+            _COMPUTE if node.is_compute else _TRANSFER, node.name, self.name, self.id,
+            self.client, node.island, node.devices, task.t_submit, t_start, t_end, status,
+            *where, g.id)

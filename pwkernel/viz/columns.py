@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..runtime.trace import Event, getter
+from ..runtime.units import human_bytes
 from .palette import COLORS, FAILED_COLOR, ColorRegistry, link_color
 
 BAR_COLUMNS: tuple[str, ...] = (
@@ -230,16 +231,6 @@ def _blocks(hosts: list[tuple[str, tuple[int, ...]]], rows: int) -> list:
     return out
 
 
-def human_bytes(n: float) -> str:
-    """``1536 -> '1.5 KiB'``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def human_rate(bytes_per_s: float | None) -> str:
     return "" if bytes_per_s is None else f"{human_bytes(bytes_per_s)}/s"
 
@@ -350,7 +341,7 @@ def length(columns: dict[str, Sequence]) -> int:
     return len(next(iter(columns.values()), []))
 
 
-def _merged_busy(spans: list[tuple[float, float]]) -> float:
+def merged_busy(spans: list[tuple[float, float]]) -> float:
     busy, end = 0.0, -math.inf
     for a, b in sorted(spans):
         if b <= end:
@@ -379,7 +370,7 @@ def utilization(events: Iterable[Event], device_ids: Sequence[int], start: float
         for d in e.devices:
             if d in wanted:
                 spans[d].append(span)
-    return {d: _merged_busy(spans[d]) / (end - start) for d in device_ids}
+    return {d: merged_busy(spans[d]) / (end - start) for d in device_ids}
 
 
 def client_share(events: Iterable[Event]) -> dict[str, float]:

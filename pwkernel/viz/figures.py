@@ -34,7 +34,7 @@ _LOOKUP_JS = """
 const text = names.get_column("text");
 return text != null && value >= 0 && value < text.length ? String(text[value]) : String(value);
 """
-# The same rule as ``columns.human_bytes``; NaN (unknown bandwidth) shows as blank.
+# The same rule as ``runtime.units.human_bytes``; NaN (unknown bandwidth) shows as blank.
 _BYTES_JS = """
 if (value == null || Number.isNaN(value)) return "";
 const units = ["B", "KiB", "MiB", "GiB"];

@@ -18,10 +18,10 @@ from bokeh.plotting import figure
 from bokeh.resources import INLINE
 
 from ..runtime.trace import Event
+from ..runtime.units import human_bytes
 from .columns import (
     DeviceLayout,
     client_share,
-    human_bytes,
     human_rate,
     newest,
     tail,
@@ -30,8 +30,8 @@ from .columns import (
 )
 from .encoding import Codebook, compute_arrays, link_arrays, transfer_arrays
 from .figures import legend_html, names_source, schedule_figure
+from .inputs import check_controller
 from .palette import COLORS
-from .schedule import _check_controller
 
 
 def _utilization_figure(events: Sequence[Event], layout: DeviceLayout, start: float, end: float):
@@ -92,7 +92,7 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
     ``max_rows`` caps the bars drawn in the schedule (the newest are kept); the utilization,
     transfer and share sections always use every event.
     """
-    _check_controller(ctl)
+    check_controller(ctl)
     if not isinstance(path, str | Path) or not str(path):
         raise TypeError(f"path must be a file path (str or pathlib.Path), got {path!r}; "
                         "e.g. pw.report(ctl, 'run.html').")

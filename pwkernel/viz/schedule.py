@@ -31,7 +31,9 @@ from .encoding import (
     transfer_arrays,
 )
 from .figures import COLOR_FIELDS, legend_html, names_source, schedule_figure, set_color_by
+from .inputs import check_controller
 from .palette import COLORS
+from .report import report
 from .updater import DEFAULT_INTERVAL, LiveUpdater
 
 FOLLOW, PAUSE = "follow live", "pause"
@@ -40,12 +42,6 @@ FOLLOW, PAUSE = "follow live", "pause"
 # collector would have to walk (see ``Trace``).
 _INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
 _PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
-
-
-def _check_controller(ctl) -> None:
-    if not (hasattr(ctl, "trace") and hasattr(ctl, "islands")):
-        raise TypeError(f"a view needs a pw.Controller, got {type(ctl).__name__}. "
-                        "Maybe you want pw.ScheduleView(pw.controller()).")
 
 
 def _names(value: Iterable[str] | str | None, what: str) -> tuple[str, ...]:
@@ -118,7 +114,7 @@ class ScheduleView(w.VBox):
                  interval: float = DEFAULT_INTERVAL,
                  trace_path: str | Path = "pwkernel-trace.json",
                  report_path: str | Path = "pwkernel-report.html"):
-        _check_controller(ctl)
+        check_controller(ctl)
         if not (isinstance(window, int | float) and window > 0):
             raise ValueError(f"window must be a positive number of seconds, got {window!r}.")
         if color_by not in COLOR_FIELDS:
@@ -388,8 +384,6 @@ class ScheduleView(w.VBox):
 
     def save_report(self, path: str | Path | None = None) -> Path:
         """Write a standalone HTML report of every event this view has seen."""
-        from .report import report
-
         out = report(self.ctl, path or self.report_path, events=self.history)
         self.message.value = f"report saved to <code>{out}</code>"
         return out

@@ -1,8 +1,8 @@
 """``pw.TopologyView``: islands and devices, which slices map where, and how busy they are.
 
 Per device: utilization over the last ``window`` seconds (from the trace) and memory held by
-live buffers (``ctl.memory()``); per island: computations queued and running in its gang
-scheduler (``ctl.status()``). It refreshes twice a second: these are snapshots, not a stream.
+live buffers; per island: computations queued and running in its gang scheduler. Everything
+but the trace comes from ``ctl.snapshot()``, twice a second: snapshots, not a stream.
 
 With more devices than fit (``rows="auto"``, as ``ScheduleView``), a bar stands for a host, a
 group of hosts or an island (its label gives the device count): its utilization is the
@@ -22,11 +22,13 @@ from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d
 from bokeh.plotting import figure
 
-from ..runtime.errors import SliceError
+from ..runtime.controller import Controller
+from ..runtime.snapshot import Snapshot
 from ..runtime.trace import Event
+from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
-from .columns import DeviceLayout, _merged_busy, human_bytes
-from .schedule import _check_controller
+from .columns import DeviceLayout, merged_busy
+from .inputs import check_controller
 from .updater import LiveUpdater
 
 TOPOLOGY_COLUMNS = ("x", "device", "island", "utilization", "util_text", "memory",
@@ -34,15 +36,12 @@ TOPOLOGY_COLUMNS = ("x", "device", "island", "utilization", "util_text", "memory
 _ISLAND_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00")
 
 
-def slice_map(ctl) -> dict[int, list[str]]:
+def slice_map(snap: Snapshot) -> dict[int, list[str]]:
     """Device id -> descriptions of the live slices mapped onto it."""
-    out: dict[int, list[str]] = {d.id: [] for d in ctl.devices}
-    for vs in ctl.slices:
-        try:
-            ids, shape = vs.device_ids, "x".join(map(str, vs.shape))
-        except SliceError:  # released while we looked
-            continue
-        for d in ids:
+    out: dict[int, list[str]] = {d: [] for i in snap.islands for d in i.device_ids}
+    for vs in snap.slices:
+        shape = "x".join(map(str, vs.shape))
+        for d in vs.device_ids:
             out.setdefault(d, []).append(f"slice {vs.id} ({shape})")
     return out
 
@@ -57,7 +56,7 @@ class TopologyView(w.VBox):
 
     def __init__(self, ctl, window: float = 10.0, *, live: bool = True, interval: float = 0.5,
                  rows: str = "auto"):
-        _check_controller(ctl)
+        check_controller(ctl)
         if not (isinstance(window, int | float) and window > 0):
             raise ValueError(f"window must be a positive number of seconds, got {window!r}.")
         self.ctl = ctl
@@ -111,10 +110,11 @@ class TopologyView(w.VBox):
             while self._recent and self._recent[0].t_end < start:
                 self._recent.popleft()
             util = self._row_utilization(start, now)
-            live = hasattr(self.ctl, "memory") and not getattr(self.ctl, "closed", False)
-            memory = {d.id: n for d, n in self.ctl.memory().items()} if live else {}
-            status = self.ctl.status() if live else None
-            slices = slice_map(self.ctl) if live else {}
+            # a simulator has no live buffers, queues or slices to report
+            snap = self.ctl.snapshot() if isinstance(self.ctl, Controller) else None
+            live = snap is not None and not snap.closed
+            memory = snap.memory if live else {}
+            slices = slice_map(snap) if live else {}
             layout = self.layout_rows
             members: dict[float, list[int]] = {}
             for d, y in layout.rows.items():
@@ -134,7 +134,7 @@ class TopologyView(w.VBox):
                 for k, v in row.items():
                     data[k].append(v)
             self.source.data = data
-            self.islands.value = (self._islands_html(status, slices) if live or
+            self.islands.value = (self._islands_html(snap, slices) if live or
                                   not isinstance(virtual, float) else
                                   f"<i>simulated: t = {now:.6g} s (virtual)</i>")
 
@@ -150,23 +150,23 @@ class TopologyView(w.VBox):
             span = (max(e.t_start, start), min(e.t_end, end))
             for d in layout.shown(e.devices):
                 spans.setdefault(layout.rows[d], []).append(span)
-        return {y: _merged_busy(v) / (end - start) for y, v in spans.items()}
+        return {y: merged_busy(v) / (end - start) for y, v in spans.items()}
 
-    def _islands_html(self, status: dict | None, slices: dict[int, list[str]]) -> str:
-        if status is None:
+    def _islands_html(self, snap: Snapshot | None, slices: dict[int, list[str]]) -> str:
+        if snap is None or snap.closed:
             return "<i>controller closed</i>"
         rows = []
-        for isl in status["islands"]:
-            mapped = sorted({s for d in isl["devices"] for s in slices.get(d, [])})
-            rows.append(f"<tr><td>island {isl['id']}</td><td>{isl['platform']}</td>"
-                        f"<td>{', '.join(map(str, isl['devices']))}</td>"
-                        f"<td>{isl['running']}</td><td>{isl['queued']}</td>"
+        for isl in snap.islands:
+            mapped = sorted({s for d in isl.device_ids for s in slices.get(d, [])})
+            rows.append(f"<tr><td>island {isl.id}</td><td>{isl.platform}</td>"
+                        f"<td>{', '.join(map(str, isl.device_ids))}</td>"
+                        f"<td>{isl.running}</td><td>{isl.queued}</td>"
                         f"<td>{'; '.join(mapped) or '—'}</td></tr>")
         head = ("<tr><th>island</th><th>platform</th><th>devices</th><th>running</th>"
                 "<th>queued</th><th>slices</th></tr>")
         return (f'<table style="font-size:12px">{head}{"".join(rows)}</table>'
-                f'<div style="font-size:11px;color:#555">policy {status["policy"]} · dispatch '
-                f'{status["dispatch"]} · {len(status["programs"])} programs running</div>')
+                f'<div style="font-size:11px;color:#555">policy {snap.policy} · dispatch '
+                f'{snap.dispatch} · {len(snap.runs)} programs running</div>')
 
     @property
     def updater(self) -> LiveUpdater | None:

@@ -94,10 +94,6 @@ class LiveUpdater:
     def resume(self) -> None:
         self._running.set()
 
-    @property
-    def paused(self) -> bool:
-        return not self._running.is_set()
-
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop the thread and wait for it (not when called from the thread itself)."""
         self._stop.set()

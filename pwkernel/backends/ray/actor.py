@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 _now = time.perf_counter
-_MAX_CONCURRENCY = 16  # actor threads: submit, poll, deliver and fetch calls run side by side
+MAX_CONCURRENCY = 16  # actor threads: submit, poll, deliver and fetch calls run side by side
 _LINGER = 0.002  # s a poll may wait after a record for the rest of its burst
 
 

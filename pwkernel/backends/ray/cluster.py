@@ -19,7 +19,7 @@ import time
 import ray
 
 from ...runtime.errors import DeviceSetupError
-from .actor import _MAX_CONCURRENCY, IslandActor
+from .actor import MAX_CONCURRENCY, IslandActor
 
 _lock = threading.Lock()
 _users = 0            # open controllers using the Ray connection
@@ -168,7 +168,7 @@ class IslandHost:
 
     def start(self) -> None:
         """Start (or restart) the actor and measure its clock offset."""
-        opts: dict = {"max_concurrency": _MAX_CONCURRENCY, "max_restarts": 0, "num_cpus": 0}
+        opts: dict = {"max_concurrency": MAX_CONCURRENCY, "max_restarts": 0, "num_cpus": 0}
         if self.platform == "gpu":
             opts["num_gpus"] = self.devices
         actor = ray.remote(IslandActor).options(**opts).remote(

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ...runtime.program import _spec_leaves
+from ...runtime.program import spec_leaves
 from .cluster import Cluster
 from .errors import SimError
 
@@ -107,7 +107,7 @@ def lower(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, in_specs=None,
     ``pw.function`` (default: replicated)."""
     args = tuple(args)
     leaves, tree = jax.tree_util.tree_flatten(args)
-    specs = _spec_leaves(in_specs, args)
+    specs = spec_leaves(in_specs, args)
     structs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype,
                                     sharding=NamedSharding(mesh, P() if s is None else s))
                for x, s in zip(leaves, specs, strict=True)]

@@ -95,7 +95,7 @@ def _steady_rate(sim: Simulator, per_run: int) -> float:
     return (len(ends) - 1 - skip) * per_run / span if span > 0 else float("inf")
 
 
-def _chain_of_programs(cluster: Cluster, hosts: int, seconds: float, n: int, multi: bool,
+def chain_of_programs(cluster: Cluster, hosts: int, seconds: float, n: int, multi: bool,
                        nodes: int = 1) -> float:
     chips = tuple(range(hosts * CHIPS_PER_HOST))
     sim = Simulator(cluster, controller="multi" if multi else "single")
@@ -117,11 +117,11 @@ def rates(params: dict[str, float], hosts: int, seconds: float | None = None,
         seconds = tiny_op_seconds(pw, hosts * CHIPS_PER_HOST)
     fused = seconds * CHAIN
     return Rates(
-        pw_opbyop=_chain_of_programs(pw, hosts, seconds, programs, False),
-        pw_chained=_chain_of_programs(pw, hosts, seconds, max(4, programs // 6), False, CHAIN),
-        pw_fused=_chain_of_programs(pw, hosts, fused, programs, False) * CHAIN,
-        jax_opbyop=_chain_of_programs(jx, hosts, seconds, programs, True),
-        jax_fused=_chain_of_programs(jx, hosts, fused, programs, True) * CHAIN)
+        pw_opbyop=chain_of_programs(pw, hosts, seconds, programs, False),
+        pw_chained=chain_of_programs(pw, hosts, seconds, max(4, programs // 6), False, CHAIN),
+        pw_fused=chain_of_programs(pw, hosts, fused, programs, False) * CHAIN,
+        jax_opbyop=chain_of_programs(jx, hosts, seconds, programs, True),
+        jax_fused=chain_of_programs(jx, hosts, fused, programs, True) * CHAIN)
 
 
 def break_even(params: dict[str, float], hosts: int, programs: int = 24,
@@ -131,8 +131,8 @@ def break_even(params: dict[str, float], hosts: int, programs: int = 24,
     pw, jx = pathways_cluster(params, hosts), jax_cluster(hosts)
 
     def matches(seconds: float) -> bool:
-        a = _chain_of_programs(pw, hosts, seconds, programs, False)
-        b = _chain_of_programs(jx, hosts, seconds, programs, True)
+        a = chain_of_programs(pw, hosts, seconds, programs, False)
+        b = chain_of_programs(jx, hosts, seconds, programs, True)
         return a >= MATCH * b
 
     for _ in range(steps):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .cluster import Cluster
 from .engine import Simulator
-from .paper_dispatch import CHIPS_PER_HOST, _chain_of_programs, pathways_cluster
+from .paper_dispatch import CHIPS_PER_HOST, chain_of_programs, pathways_cluster
 from .program import NodeKind, SimNode, SimProgram
 from .scale import pipeline
 
@@ -51,7 +51,7 @@ def multitenancy(params: dict, clients: int, hosts: int = 16, seconds: float = 1
     """``clients`` clients, each a chain of one-computation programs (OpByOp) on the same
     ``hosts`` hosts: their aggregate throughput over one dedicated client's."""
     cluster = pathways_cluster(params, hosts)
-    one = _chain_of_programs(cluster, hosts, seconds, programs, False)
+    one = chain_of_programs(cluster, hosts, seconds, programs, False)
     chips = tuple(range(hosts * CHIPS_PER_HOST))
     program = SimProgram("op", [SimNode(0, "op", chips, seconds=seconds, collective=True)])
     sim = Simulator(cluster)
