@@ -90,14 +90,14 @@ def measure(repeats: int = 5, n: int = 64) -> dict:
         tiny = jax.device_put(np.ones(256, np.float32), sh)
 
         jstep = jax.jit(step, in_shardings=sh, out_shardings=sh)
-        per_node = {}
+        per_node, per_program = {}, {}
         for d in (1, 2, 4):  # a node's cost grows with its devices: a + b x devices
-            per_node[d], op_node, parallel, sequential = _dispatch_costs(ctl, d, n, repeats)
-        fanout = _slope(per_node)
-        client_per_node = max(0.0, statistics.mean(per_node.values())
-                              - fanout * statistics.mean(per_node))
-        client_per_program = max(0.0, op_node - per_node[4])
-        rpc = max(0.0, (sequential - parallel) / n / 3)
+            per_node[d], per_call, sequential = _dispatch_costs(ctl, d, n, repeats)
+            per_program[d] = max(0.0, per_call - per_node[d])
+        client_per_node, fanout = fit_line(per_node)
+        client_per_program, program_fanout = fit_line(per_program)
+        rpc = max(0.0, (sequential - per_node[4]) / 3)
+        transfer = _transfer_costs(ctl, repeats, n)
 
         def jax_loop():
             x = tiny
@@ -107,53 +107,29 @@ def measure(repeats: int = 5, n: int = 64) -> dict:
 
         jax_dispatch = _median_seconds(jax_loop, repeats) / n
 
-        # device speed: one device alone (sim_validate shares the cores between devices)
-        width = 1
-        vs = ctl.slice(width, island=0)
-        sh = NamedSharding(vs.mesh, spec)
-        side = 512
-        rep = NamedSharding(vs.mesh, P())
-        a = jax.device_put(np.ones((width * side, side), np.float32), sh)
-        w = jax.device_put(np.ones((side, side), np.float32), rep)
-        mm = jax.jit(lambda x, w: x @ w, in_shardings=(sh, rep), out_shardings=sh)
-        mm_s = _median_seconds(lambda: mm(a, w).block_until_ready(), repeats)
-        peak_flops = _xla(lambda x, w: x @ w, (a, w), width, (spec, P())).flops / mm_s
-        big = jax.device_put(np.ones(width << 22, np.float32), sh)
-        ew = jax.jit(step, in_shardings=sh, out_shardings=sh)
-        ew_s = _median_seconds(lambda: ew(big).block_until_ready(), repeats)
-        memory_bandwidth = _xla(step, (big,), width, (spec,)).bytes_accessed / ew_s
-        loop = jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, v: step(v), x),
-                       in_shardings=sh, out_shardings=sh)
-        tiny = jax.device_put(np.ones(256, np.float32), sh)
-        launch = _median_seconds(lambda: loop(tiny).block_until_ready(), repeats) / n
-
-        # copies between devices and from the host
-        d0, d1 = jax.devices()[0], jax.devices()[1]
-        nbytes = 1 << 26
-        src = jax.device_put(np.ones(nbytes // 4, np.float32), d0)
-        copy_s = _median_seconds(lambda: jax.device_put(src, d1).block_until_ready(), repeats)
-        small = jax.device_put(np.ones(1, np.float32), d0)
-        ici_latency = _median_seconds(lambda: jax.device_put(small, d1).block_until_ready(),
-                                      repeats)
-        host = np.ones(nbytes // 4, np.float32)
-        h2d_s = _median_seconds(lambda: jax.device_put(host, d0).block_until_ready(), repeats)
+        # device speed: one device alone, then how many devices keep that speed at once
+        rates = _device_rates(ctl, repeats)
     finally:
         ctl.close()
-    copy_bw = nbytes / max(copy_s - ici_latency, 1e-9)
     return {
         "islands": [4, 4], "chips_per_host": 1, "fanout_per_host": fanout,
-        "peak_flops": peak_flops, "hbm_bytes": _memory_per_device(),
-        "memory_bandwidth": memory_bandwidth, "launch_overhead": launch,
-        "ici_bandwidth": copy_bw, "ici_latency": ici_latency,
-        "dcn_bandwidth": copy_bw, "dcn_latency": ici_latency,
+        "peak_flops": rates["peak_flops"], "hbm_bytes": _memory_per_device(),
+        "memory_bandwidth": rates["memory_bandwidth"], "launch_overhead": rates["launch"],
+        "ici_bandwidth": transfer["bandwidth"], "ici_latency": transfer["latency"],
+        "dcn_bandwidth": transfer["bandwidth"], "dcn_latency": transfer["latency"],
         "client_per_node": client_per_node, "rpc_latency": rpc,
-        "host_per_node": 0.0, "host_to_device": nbytes / h2d_s,
-        "client_per_program": client_per_program, "jax_dispatch": jax_dispatch,
+        "host_per_node": 0.0, "host_to_device": transfer["host_to_device"],
+        "client_per_program": client_per_program, "program_fanout_per_host": program_fanout,
+        "jax_dispatch": jax_dispatch,
+        "compute_parallelism": rates["compute_parallelism"],
+        "memory_parallelism": rates["memory_parallelism"],
         "measured": {"time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                      "loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count(),
-                     "per_node_by_devices_s": per_node, "opbyop_per_node_s": op_node,
-                     "chain_parallel_s": parallel, "chain_sequential_s": sequential,
-                     "chain": n},
+                     "per_node_by_devices_s": per_node,
+                     "per_program_by_devices_s": per_program,
+                     "sequential_per_node_s": sequential,
+                     "chain": n, "device_seconds": rates["seconds"],
+                     "transfer_s": transfer["seconds"]},
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count() or 1,
     }
@@ -185,24 +161,118 @@ def _dispatch_costs(ctl, devices: int, n: int, repeats: int) -> tuple:
             x = f(x)
         return x
 
-    def submit_seconds(make) -> float:
-        t0 = time.perf_counter()
-        out = make()
-        t = time.perf_counter() - t0
-        out.result().block_until_ready()
-        return t
+    def end_to_end(make) -> float:
+        return _median_seconds(lambda: make().result().block_until_ready(), repeats)
 
-    submit_seconds(lambda: chain(x0))  # compile and trace once
-    submit_seconds(opbyop)
-    chain_s = statistics.median(submit_seconds(lambda: chain(x0)) for _ in range(repeats))
-    op_s = statistics.median(submit_seconds(opbyop) for _ in range(repeats))
-    parallel = _median_seconds(lambda: chain(x0).result().block_until_ready(), repeats)
+    per_node = end_to_end(lambda: chain(x0)) / n
+    per_call = end_to_end(opbyop) / n
     ctl.dispatch = "sequential"
     try:
-        sequential = _median_seconds(lambda: chain(x0).result().block_until_ready(), repeats)
+        sequential = end_to_end(lambda: chain(x0)) / n
     finally:
         ctl.dispatch = "parallel"
-    return chain_s / n, op_s / n, parallel, sequential
+    return per_node, per_call, sequential
+
+
+def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 22,
+                  wide: int = 4) -> dict:
+    """The roofline's rates on one device alone (a matrix product, an elementwise step past
+    the caches, each its own call as the benchmarks make them), and how much faster the same
+    work runs split over ``wide`` devices (``*_parallelism``): the virtual devices share this
+    machine's cores, one device alone may already use several of them, and many devices at
+    once may contend (for memory, for page faults on fresh buffers)."""
+    one = _calls_on(ctl, 1, side, elements, repeats)
+    many = _calls_on(ctl, wide, side, elements, repeats)
+
+    def parallelism(kind: str) -> float:
+        return min(float(wide), max(1.0 / wide, one[kind] / many[kind]))
+
+    return {"peak_flops": one["matmul_flops"] / one["matmul"],
+            "memory_bandwidth": one["step_bytes"] / one["step"],
+            "launch": one["loop_step"],
+            "compute_parallelism": parallelism("matmul"),
+            "memory_parallelism": parallelism("step"),
+            "seconds": {"one device": one, f"{wide} devices": many}}
+
+
+def _calls_on(ctl, width: int, side: int, elements: int, repeats: int) -> dict:
+    """Seconds per call on a ``width``-device slice of the same whole work, split over its
+    devices: a ``side`` x ``side`` matrix product and the dispatch benchmark's step over
+    ``elements``; on one device also a ``fori_loop`` step of a tiny computation, and XLA's
+    flops and bytes of the two (what the simulator's roofline divides)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    vs = ctl.slice(width, island=0)
+    spec = P("x")
+    sh, rep = NamedSharding(vs.mesh, spec), NamedSharding(vs.mesh, P())
+    a = jax.device_put(np.ones((side, side), np.float32), sh)
+    w = jax.device_put(np.ones((side, side), np.float32), rep)
+    mm = jax.jit(lambda x, w: x @ w, in_shardings=(sh, rep), out_shardings=sh)
+    big = jax.device_put(np.ones(elements, np.float32), sh)
+    ew = jax.jit(step, in_shardings=sh, out_shardings=sh)
+    out = {"matmul": _median_seconds(lambda: mm(a, w).block_until_ready(), repeats),
+           "step": _median_seconds(lambda: ew(big).block_until_ready(), repeats)}
+    if width == 1:
+        loop = jax.jit(lambda x: jax.lax.fori_loop(0, 64, lambda i, v: step(v), x),
+                       in_shardings=sh, out_shardings=sh)
+        tiny = jax.device_put(np.ones(256, np.float32), sh)
+        out["loop_step"] = _median_seconds(lambda: loop(tiny).block_until_ready(),
+                                           repeats) / 64
+        out["matmul_flops"] = _xla(lambda x, w: x @ w, (a, w), width, (spec, P())).flops
+        out["step_bytes"] = _xla(step, (big,), width, (spec,)).bytes_accessed
+    return out
+
+
+def _transfer_costs(ctl, repeats: int, n: int, nbytes: int = 1 << 26) -> dict:
+    """A transfer as the local runtime makes it, between 2-device slices of the two islands.
+    Its whole cost (the node's host-side work and the copy) is what a traced chain whose steps
+    alternate between the islands takes beyond the same chain on one slice, per transfer.
+    The bandwidth: ``jax.device_put`` of ``nbytes`` onto the other island's sharding, never
+    aliased (the runtime's call), beyond a tiny one, per device (the simulator splits a copy's
+    bytes over its devices' ports); ``host_to_device`` likewise from NumPy."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import pwkernel as pw
+
+    slices = [ctl.slice(2, island=0), ctl.slice(2, island=1)]
+    src, dst = (NamedSharding(s.mesh, P("x")) for s in slices)
+    fns = [pw.function(step, slice=s, in_specs=P("x"), out_specs=P("x"), name=f"cal-t{i}")
+           for i, s in enumerate(slices)]
+
+    def chain_of(pick):
+        @pw.program(name="cal-transfers")
+        def chain(x):
+            for i in range(n):
+                x = fns[pick(i)](x)
+            return x
+        return chain
+
+    x0 = jax.device_put(np.ones(256, np.float32), src)
+    seconds = {}
+    for name, pick in (("one slice", lambda i: 0), ("alternating", lambda i: i % 2)):
+        chain = chain_of(pick)
+        seconds[name] = _median_seconds(
+            lambda chain=chain: chain(x0).result().block_until_ready(), repeats)
+    per_transfer = max(0.0, (seconds["alternating"] - seconds["one slice"]) / (n - 1))
+
+    def copy_seconds(x) -> float:
+        return _median_seconds(
+            lambda: jax.device_put(x, dst, may_alias=False).block_until_ready(), repeats)
+
+    host = np.ones(nbytes // 4, np.float32)
+    seconds["tiny copy"] = copy_seconds(x0)
+    seconds["large copy"] = copy_seconds(jax.device_put(host, src))
+    seconds["from host"] = _median_seconds(
+        lambda: jax.device_put(host, dst).block_until_ready(), repeats)
+    return {"latency": per_transfer,
+            "bandwidth": nbytes / 2 / max(seconds["large copy"] - seconds["tiny copy"], 1e-9),
+            "host_to_device": nbytes / 2 / seconds["from host"], "seconds": seconds}
 
 
 def _xla(fn, args, width: int, specs):
@@ -217,12 +287,26 @@ def _xla(fn, args, width: int, specs):
     return analyze(lower(fn, structs, mesh, specs), mesh)
 
 
-def _slope(points: dict[int, float]) -> float:
-    """Least-squares slope of y over x, at least 0."""
-    xs, ys = list(points), list(points.values())
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    return max(0.0, num / sum((x - mx) ** 2 for x in xs))
+def fit_line(points: dict[int, float]) -> tuple[float, float]:
+    """``a + b x`` through ``points`` (x: devices, y: seconds), both at least 0, fit on
+    relative error (weights 1 / y^2): the rates it predicts are then equally close at every
+    slice size, where an ordinary fit would favour the largest costs."""
+    import numpy as np
+
+    x = np.array(list(points), float)
+    y = np.maximum(np.array(list(points.values()), float), 1e-12)
+    w = 1 / y
+
+    def fit(design: np.ndarray) -> np.ndarray:
+        return np.linalg.lstsq(design * w[:, None], y * w, rcond=None)[0]
+
+    a, b = fit(np.stack([np.ones_like(x), x], 1))
+    if a >= 0 and b >= 0:
+        return float(a), float(b)
+    through_origin = (0.0, max(0.0, float(fit(x[:, None])[0])))
+    flat = (float(fit(np.ones((len(x), 1)))[0]), 0.0)
+    error = [float(np.sum(((c + s * x - y) * w) ** 2)) for c, s in (through_origin, flat)]
+    return through_origin if error[0] <= error[1] else flat
 
 
 def _memory_per_device() -> float:

@@ -22,22 +22,73 @@ from ..backends.sim import Cluster, NodeKind, SimNode, SimProgram, Simulator, es
 F32 = jnp.float32
 
 
-def _cost(fn, shape: tuple, cal: Mapping, cluster: Cluster, devices: int, spec) -> float:
-    """XLA's cost on the calibrated roofline, the device time stretched by devices / cores
-    when the slice has more devices than this machine has cores (they share them)."""
-    c = estimate(fn, jax.ShapeDtypeStruct(shape, F32), cluster=cluster, mesh=(devices,),
-                 axis_names=("x",), in_specs=spec).seconds
-    launch = cluster.chip.launch_overhead
-    return (c - launch) * max(1.0, devices / cal.get("cores", devices)) + launch
+class Machine:
+    """This machine in the simulator's terms, from a calibration alone.
+
+    The local runtime launches a computation on the thread that submitted it, and a small
+    computation has ended when its launch returns; a program's submission runs on that thread
+    too, just before its launches. So the host-side costs the calibration measured (per node
+    and per device, per program and per device a program reaches) happen one after another
+    with the computations, not ahead of them as a remote Pathways client's would: the model
+    charges them as device time of the node they launch (``launch``) and of a program's first
+    node (``program``), on a cluster whose client costs are zero. The devices share this
+    machine's cores: a computation's compute and memory traffic are stretched by devices /
+    the measured parallelism of each (``compute_parallelism``, ``memory_parallelism``; older
+    calibrations: the cores)."""
+
+    def __init__(self, cal: Mapping):
+        self.cal = cal
+        full = Cluster.from_calibration(cal)
+        self.host = full.host
+        self.cluster = full.with_host(client_per_node=0.0, fanout_per_host=0.0,
+                                      client_per_program=0.0, program_fanout_per_host=0.0)
+
+    def launch(self, devices: int) -> float:
+        """Host-side seconds per node on a slice of ``devices``: as measured on that slice size
+        where the calibration has one (one device takes XLA's inline path, more devices a
+        thread each: not a straight line), else the fitted line."""
+        return self._measured("per_node_by_devices_s", devices,
+                              self.host.client_per_node + self.host.fanout_per_host * devices)
+
+    def program(self, devices: int) -> float:
+        """Host-side seconds per program reaching ``devices``, likewise."""
+        return self._measured("per_program_by_devices_s", devices,
+                              self.host.client_per_program
+                              + self.host.program_fanout_per_host * devices)
+
+    def _measured(self, key: str, devices: int, line: float) -> float:
+        table = self.cal.get("measured", {}).get(key, {})
+        return float(table.get(devices, table.get(str(devices), line)))
+
+    def device_seconds(self, fn, shape: tuple, devices: int, spec) -> float:
+        """One step of ``fn`` on ``devices``: XLA's cost on the calibrated roofline, stretched
+        where the devices share the cores (no launch: ``launch`` adds it per computation)."""
+        c = estimate(fn, jax.ShapeDtypeStruct(shape, F32), cluster=self.cluster,
+                     mesh=(devices,), axis_names=("x",), in_specs=spec)
+        cores = self.cal.get("cores", devices)
+
+        def stretch(kind: str) -> float:  # devices / their speed-up over one device alone
+            if devices == 1:
+                return 1.0
+            return devices / min(devices, self.cal.get(f"{kind}_parallelism", cores))
+
+        return (max(c.compute_seconds * stretch("compute"), c.memory_seconds * stretch("memory"))
+                + self.cluster.chip.launch_overhead + c.collective_seconds)
+
+    def computation(self, fn, shape: tuple, devices: int, spec) -> float:
+        """A computation of one step, launched on its own."""
+        return self.launch(devices) + self.device_seconds(fn, shape, devices, spec)
 
 
 def _node(i: int, name: str, chips: tuple, seconds: float, inputs=()) -> SimNode:
     return SimNode(i, name, chips, tuple(inputs), seconds)
 
 
-def _chain(name: str, chips: tuple, seconds: float, n: int) -> SimProgram:
-    return SimProgram(name, [_node(i, name, chips, seconds, (i - 1,) if i else ())
-                             for i in range(n)])
+def _chain(name: str, chips: tuple, seconds: float, n: int, first: float = 0.0) -> SimProgram:
+    """``n`` nodes, each reading the one before; ``first``: added to the first node (the
+    program's submission, on this machine)."""
+    return SimProgram(name, [_node(i, name, chips, seconds + (0.0 if i else first),
+                                   (i - 1,) if i else ()) for i in range(n)])
 
 
 def _programs(cluster: Cluster, program: SimProgram, count: int, multi: bool = False) -> float:
@@ -55,7 +106,8 @@ def dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
     from . import dispatch as bench
 
     cfg = bench.CONFIGS[mode]
-    pw = Cluster.from_calibration(cal)
+    m = Machine(cal)
+    pw = m.cluster
     jx = pw.with_host(client_per_node=cal["jax_dispatch"], host_per_node=0.0)
     rows = []
     for d in cfg["slices"]:
@@ -64,16 +116,18 @@ def dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
             size = math.lcm(size, d)
             n = bench._chain_length(cfg["chain"], size)
             reps = max(1, min(cfg["fused_reps"], cfg["fused_reps"] * 4096 // size))
-            c = _cost(bench.step, (size,), cal, pw, d, P("x"))
-            fused = n * (c - pw.chip.launch_overhead) + pw.chip.launch_overhead
-            one = _chain("step", chips, c, 1)
-            loop = _chain("fused", chips, fused, 1)
+            c = m.device_seconds(bench.step, (size,), d, P("x"))
+            launch, program = m.launch(d), m.program(d)
+            one = _chain("step", chips, launch + c, 1, program)
+            loop = _chain("fused", chips, launch + n * c, 1, program)
             rows.append({"devices": d, "size": size, "chain": n, "steps_per_s": {
                 "pw_opbyop": n / _programs(pw, one, n),
-                "pw_chained": n / _programs(pw, _chain("chain", chips, c, n), 1),
+                "pw_chained": n / _programs(pw, _chain("chain", chips, launch + c, n,
+                                                       program), 1),
                 "pw_fused": n * reps / _programs(pw, loop, reps),
-                "jax_opbyop": n / _programs(jx, one, n, multi=True),
-                "jax_fused": n * reps / _programs(jx, loop, reps, multi=True)}})
+                "jax_opbyop": n / _programs(jx, _chain("step", chips, c, 1), n, multi=True),
+                "jax_fused": n * reps / _programs(jx, _chain("fused", chips, n * c, 1), reps,
+                                                  multi=True)}})
     return rows
 
 
@@ -82,14 +136,14 @@ def multitenancy_rows(cal: Mapping, mode: str) -> list[dict]:
     from . import multitenancy as bench
 
     cfg = bench.CONFIGS[mode]
-    cluster = Cluster.from_calibration(cal)
+    m = Machine(cal)
     side = int(math.sqrt(cfg["size"]))
-    c = _cost(bench.work, (side, side), cal, cluster, 4, P())
-    program = _chain("tenant", (0, 1, 2, 3), c, cfg["steps"])
+    c = m.computation(bench.work, (side, side), 4, P())
+    program = _chain("tenant", (0, 1, 2, 3), c, cfg["steps"], m.program(4))
     total = cfg["programs"] * max(cfg["clients"])
     rows = []
     for k in cfg["clients"]:
-        end = _windowed(cluster, program, [f"c{i}" for i in range(k)], total // k,
+        end = _windowed(m.cluster, program, [f"c{i}" for i in range(k)], total // k,
                         cfg["window"])
         rows.append({"clients": k, "computations_per_s": total * cfg["steps"] / end})
     return rows
@@ -126,12 +180,13 @@ def parallel_dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
     from . import parallel_dispatch as bench
 
     cfg = bench.CONFIGS[mode]
-    cluster = Cluster.from_calibration(cal)
+    m = Machine(cal)
+    cluster = m.cluster
     per_island = cluster.islands[0] * cluster.chips_per_host
     slices = [(0, 1), (per_island, per_island + 1)]
     rows = []
     for size in cfg["sizes"]:
-        c = _cost(bench.stage, (size,), cal, cluster, 2, P("x"))
+        c = m.computation(bench.stage, (size,), 2, P("x"))
         nodes: list[SimNode] = []
         for s in range(cfg["stages"]):
             inputs = ()
@@ -140,7 +195,8 @@ def parallel_dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
                                      kind=NodeKind.TRANSFER, nbytes=4 * size,
                                      src_devices=slices[(s - 1) % 2]))
                 inputs = (len(nodes) - 1,)
-            nodes.append(_node(len(nodes), f"stage{s}", slices[s % 2], c, inputs))
+            first = m.program(4) if not s else 0.0
+            nodes.append(_node(len(nodes), f"stage{s}", slices[s % 2], c + first, inputs))
         program = SimProgram("alternating", nodes)
         rate = {}
         for mode_ in ("parallel", "sequential"):

@@ -244,7 +244,8 @@ class Cluster:
         ici = Interconnect(data["ici_bandwidth"], data["ici_latency"])
         host = HostCosts(data["client_per_node"], data.get("fanout_per_host", 0.0),
                          data["rpc_latency"], data["host_per_node"], data["host_to_device"],
-                         client_per_program=data.get("client_per_program", 0.0))
+                         client_per_program=data.get("client_per_program", 0.0),
+                         program_fanout_per_host=data.get("program_fanout_per_host", 0.0))
         return cls(chip, tuple(data["islands"]), int(data["chips_per_host"]), ici,
                    Network(data["dcn_bandwidth"], data.get("dcn_latency", 0.0)), host,
                    name="this-machine", sources={"all": "measured by the calibration run"})
