@@ -28,7 +28,7 @@ from pwkernel.backends.sim import (
     abstract_mesh,
     estimate,
 )
-from pwkernel.backends.sim.scale import WORKLOADS, measure
+from pwkernel.backends.sim.scale import WORKLOADS, build, measure
 from pwkernel.runtime.scheduler import GangScheduler
 from pwkernel.runtime.trace import Event
 
@@ -276,3 +276,27 @@ def test_scale_benchmark_runs_both_workloads():
         row = measure(workload, computations=300)
         assert row["chips"] == 2048
         assert row["computations"] >= 256 and row["virtual_seconds"] > 0
+
+
+#: the 2048-chip scale workloads, 300 computations each: (when the last node ended, trace
+#: rows, SHA-256 of the rows). A change that only makes the engine faster must leave these
+#: exactly as they are; a deliberate change of the model updates them (and says so).
+PINNED = {
+    "spmd": (1.50268999999999, 300,
+             "742cb0e5f786623d7840aedb161269a1b3c59b859012bfb140b99881bf8b3b28"),
+    "pipelines": (0.07344976266666671, 496,
+                  "da8ca356d7feaa6aaed48c1ae7eab6e89b57fcc47c35872307227bb6dd7a3c92"),
+    "opbyop": (1.5355800000000126, 300,
+               "94ae95bd1dad180c64de8f1aa05a755692d9016753670fe08eb97358c6d0d06d"),
+}
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_the_scale_workloads_timelines_are_pinned(workload):
+    import hashlib
+
+    sim = build(workload, 300)
+    end = sim.run()
+    rows = sim.trace.rows()
+    digest = hashlib.sha256(repr(rows).encode()).hexdigest()
+    assert (end, len(rows), digest) == PINNED[workload]

@@ -60,9 +60,10 @@ def pipeline(cluster: Cluster, stages: int = 16, microbatches: int = 8,
 WORKLOADS = ("spmd", "pipelines", "opbyop")
 
 
-def measure(name: str, computations: int = 10_000) -> dict:
+def build(name: str, computations: int = 10_000) -> Simulator:
+    """The workload ``name`` submitted to a fresh simulator of a 2048-chip TPU v4 pod, not
+    yet run."""
     cluster = Cluster.preset("tpu-v4", chips=2048)
-    t0 = time.perf_counter()
     if name == "spmd":
         sim = Simulator(cluster)
         sim.submit(spmd(cluster, computations))
@@ -78,11 +79,17 @@ def measure(name: str, computations: int = 10_000) -> dict:
         for r in range(computations // per_run):
             client = f"client{r % 4}"
             sim.submit(prog, client=client, weight=float(2 ** (r % 4)))
+    return sim
+
+
+def measure(name: str, computations: int = 10_000) -> dict:
+    t0 = time.perf_counter()
+    sim = build(name, computations)
     built = time.perf_counter()
     virtual = sim.run()
     wall = time.perf_counter() - t0
     n = sum(1 for e in sim.trace.rows() if e[1] == "compute")
-    return {"workload": name, "chips": cluster.num_chips, "computations": n,
+    return {"workload": name, "chips": sim.cluster.num_chips, "computations": n,
             "events": len(sim.trace), "virtual_seconds": round(virtual, 6),
             "build_seconds": round(built - t0, 3), "wall_seconds": round(wall, 3)}
 
