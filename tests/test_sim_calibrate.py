@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from pwkernel.backends.sim import CALIBRATION_KEYS, Cluster, SimError
 from pwkernel.bench import sim_calibrate as calibrate
@@ -23,6 +24,10 @@ def test_calibration_writes_what_the_preset_reads(measured, tmp_path, monkeypatc
                 "jax_dispatch"):
         assert math.isfinite(measured[key]) and measured[key] > 0, (key, measured[key])
     assert measured["measured"]["per_node_by_devices_s"].keys() == {1, 2, 4}
+    assert measured["measured"]["per_program_by_devices_s"].keys() == {1, 2, 4}
+    assert 0 < measured["compute_parallelism"] <= 4 and 0 < measured["memory_parallelism"] <= 4
+    # a transfer between the islands costs something on the runtime's own path
+    assert measured["dcn_latency"] > 0 and measured["dcn_bandwidth"] > 0
     path = calibrate.write(measured, tmp_path / "cal.json")
     monkeypatch.setenv("PWKERNEL_SIM_CALIBRATION", str(path))
     cluster = Cluster.preset("this-machine")
@@ -49,7 +54,68 @@ def test_the_calibrated_simulator_predicts_every_local_benchmark_row(measured):
     tenants = validate.multitenancy_rows(measured, "tiny")
     assert [r["clients"] for r in tenants] == [1, 2]
     stages = validate.parallel_dispatch_rows(measured, "tiny")[0]["stages_per_s"]
-    assert stages["parallel"] > stages["sequential"]
+    assert stages["parallel"] >= stages["sequential"]  # sequential adds the hand-offs
     table = validate.table([{"benchmark": "dispatch", "what": "x", "measured": 100.0,
                              "simulated": 120.0, "error_pct": 20.0}])
     assert "1 of 1 rows within 25 %" in table
+
+
+def test_fit_line_fits_relative_error_and_keeps_both_terms_non_negative():
+    assert calibrate.fit_line({1: 5.0, 2: 8.0, 4: 14.0}) == pytest.approx((2.0, 3.0))
+    # the line through both would start at -2: through the origin instead, on relative error
+    # (b minimises ((b - 1) / 1)^2 + ((2b - 4) / 4)^2: b = 1.5 / 1.25)
+    assert calibrate.fit_line({1: 1.0, 2: 4.0}) == pytest.approx((0.0, 1.2))
+    # falling costs: flat, at the weighted mean (weights 1 / y^2)
+    a, b = calibrate.fit_line({1: 5.0, 2: 3.0, 4: 1.0})
+    assert b == 0 and a == pytest.approx((1 / 5 + 1 / 3 + 1) / (1 / 25 + 1 / 9 + 1))
+
+
+def _cal(**extra) -> dict:
+    """A calibration with round numbers (what ``sim_calibrate`` writes, by hand)."""
+    cal = {"islands": [4, 4], "chips_per_host": 1, "peak_flops": 5e10, "hbm_bytes": 8e9,
+           "memory_bandwidth": 1e10, "launch_overhead": 0.0, "ici_bandwidth": 5e9,
+           "ici_latency": 2e-6, "dcn_bandwidth": 1e9, "dcn_latency": 50e-6,
+           "client_per_node": 5e-6, "fanout_per_host": 10e-6, "rpc_latency": 1e-6,
+           "host_per_node": 0.0, "host_to_device": 5e9, "client_per_program": 3e-6,
+           "program_fanout_per_host": 4e-6, "jax_dispatch": 5e-6, "cores": 2,
+           "compute_parallelism": 2.0, "memory_parallelism": 2.0,
+           "measured": {"per_node_by_devices_s": {"1": 20e-6},
+                        "per_program_by_devices_s": {"1": 10e-6}}}
+    cal.update(extra)
+    return cal
+
+
+def test_this_machine_launches_in_line_with_its_computations():
+    """The local runtime launches on the submitting thread: a chain's host-side work and its
+    computations add up (they do not overlap as a remote client's would)."""
+    from pwkernel.bench import dispatch as bench
+
+    m = validate.Machine(_cal())
+    assert m.launch(1) == 20e-6 and m.program(1) == 10e-6  # measured on that slice size
+    assert m.launch(2) == pytest.approx(5e-6 + 2 * 10e-6)   # else the fitted line
+    assert m.program(4) == pytest.approx(3e-6 + 4 * 4e-6)
+    assert m.cluster.host.client_per_node == 0 and m.cluster.host.client_per_program == 0
+    row = validate.dispatch_rows(_cal(), "tiny")[0]
+    assert (row["devices"], row["size"], row["chain"]) == (1, 256, 8)
+    c = m.device_seconds(bench.step, (256,), 1, P("x"))
+    hops = 3 * 1e-6  # to the scheduler, to the host, the end heard by the client
+    rates = row["steps_per_s"]
+    assert rates["pw_chained"] == pytest.approx(8 / (hops + 10e-6 + 8 * (20e-6 + c)))
+    assert rates["pw_opbyop"] == pytest.approx(8 / (hops + 8 * (10e-6 + 20e-6 + c)))
+
+
+def test_devices_sharing_the_cores_stretch_by_the_measured_parallelism():
+    from pwkernel.bench import multitenancy as bench
+
+    def busy(parallelism: float) -> float:
+        m = validate.Machine(_cal(compute_parallelism=parallelism))
+        return m.device_seconds(bench.work, (256, 256), 4, P())
+
+    # a product of 256 x 256 matrices is compute-bound here: 4 devices at a speed-up of 2
+    # take twice what they take at a speed-up of 4 (their own speed: no stretch)
+    assert busy(2.0) == pytest.approx(2 * busy(4.0))
+    assert busy(0.5) == pytest.approx(8 * busy(4.0))  # contention: slower than one device
+    one = validate.Machine(_cal(compute_parallelism=0.5))
+    alone = validate.Machine(_cal(compute_parallelism=4.0))
+    assert one.device_seconds(bench.work, (256, 256), 1, P()) == pytest.approx(
+        alone.device_seconds(bench.work, (256, 256), 1, P()))  # one device: as measured
