@@ -123,6 +123,7 @@ def measure(repeats: int = 5, n: int = 64) -> dict:
         "jax_dispatch": jax_dispatch,
         "compute_parallelism": rates["compute_parallelism"],
         "memory_parallelism": rates["memory_parallelism"],
+        "fresh_output_s_per_byte": rates["fresh_output_s_per_byte"],
         "measured": {"time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                      "loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count(),
                      "per_node_by_devices_s": per_node,
@@ -174,32 +175,40 @@ def _dispatch_costs(ctl, devices: int, n: int, repeats: int) -> tuple:
     return per_node, per_call, sequential
 
 
-def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 22,
+def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 21,
                   wide: int = 4) -> dict:
-    """The roofline's rates on one device alone (a matrix product, an elementwise step past
-    the caches, each its own call as the benchmarks make them), and how much faster the same
-    work runs split over ``wide`` devices (``*_parallelism``): the virtual devices share this
-    machine's cores, one device alone may already use several of them, and many devices at
-    once may contend (for memory, for page faults on fresh buffers)."""
+    """The roofline's rates on one device alone: a matrix product, and the dispatch
+    benchmark's step as one step of a ``fori_loop`` (the device's own speed, past the caches,
+    at a size no benchmark row uses); what a step launched on its own costs beyond that, per
+    byte of its fresh output (``fresh_output_s_per_byte``, per slice size: a chain of calls writes
+    every output into new pages); and how much faster the same work runs split over ``wide``
+    devices (``*_parallelism``): the virtual devices share this machine's cores, one device
+    alone may already use several of them, and many at once may contend."""
     one = _calls_on(ctl, 1, side, elements, repeats)
     many = _calls_on(ctl, wide, side, elements, repeats)
 
     def parallelism(kind: str) -> float:
         return min(float(wide), max(1.0 / wide, one[kind] / many[kind]))
 
+    def fresh(calls: dict, width: int) -> float:  # seconds per byte of a device's output
+        return max(0.0, calls["call"] - calls["loop"]) / (4 * elements / width)
+
     return {"peak_flops": one["matmul_flops"] / one["matmul"],
-            "memory_bandwidth": one["step_bytes"] / one["step"],
-            "launch": one["loop_step"],
+            "memory_bandwidth": one["step_bytes"] / one["loop"],
+            "launch": one["tiny_loop"],
             "compute_parallelism": parallelism("matmul"),
-            "memory_parallelism": parallelism("step"),
+            "memory_parallelism": parallelism("loop"),
+            "fresh_output_s_per_byte": {1: fresh(one, 1), wide: fresh(many, wide)},
             "seconds": {"one device": one, f"{wide} devices": many}}
 
 
-def _calls_on(ctl, width: int, side: int, elements: int, repeats: int) -> dict:
-    """Seconds per call on a ``width``-device slice of the same whole work, split over its
-    devices: a ``side`` x ``side`` matrix product and the dispatch benchmark's step over
-    ``elements``; on one device also a ``fori_loop`` step of a tiny computation, and XLA's
-    flops and bytes of the two (what the simulator's roofline divides)."""
+def _calls_on(ctl, width: int, side: int, elements: int, repeats: int, n: int = 8) -> dict:
+    """Seconds on a ``width``-device slice for the same whole work split over its devices: a
+    ``side`` x ``side`` matrix product; the dispatch benchmark's step over ``elements``, per
+    step of a ``fori_loop`` of ``n`` and per call of a chain of ``n`` jitted calls (each
+    reading the one before, as the benchmarks run them); on one device also a ``fori_loop``
+    step of a tiny computation, and XLA's flops and bytes of the two (what the simulator's
+    roofline divides)."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -213,13 +222,25 @@ def _calls_on(ctl, width: int, side: int, elements: int, repeats: int) -> dict:
     mm = jax.jit(lambda x, w: x @ w, in_shardings=(sh, rep), out_shardings=sh)
     big = jax.device_put(np.ones(elements, np.float32), sh)
     ew = jax.jit(step, in_shardings=sh, out_shardings=sh)
-    out = {"matmul": _median_seconds(lambda: mm(a, w).block_until_ready(), repeats),
-           "step": _median_seconds(lambda: ew(big).block_until_ready(), repeats)}
-    if width == 1:
-        loop = jax.jit(lambda x: jax.lax.fori_loop(0, 64, lambda i, v: step(v), x),
+
+    def loop_of(steps: int):
+        return jax.jit(lambda x: jax.lax.fori_loop(0, steps, lambda i, v: step(v), x),
                        in_shardings=sh, out_shardings=sh)
+
+    def chain() -> None:
+        x = big
+        for _ in range(n):
+            x = ew(x)
+        x.block_until_ready()
+
+    loop = loop_of(n)
+    out = {"matmul": _median_seconds(lambda: mm(a, w).block_until_ready(), repeats),
+           "loop": _median_seconds(lambda: loop(big).block_until_ready(), repeats) / n,
+           "call": _median_seconds(chain, repeats) / n}
+    if width == 1:
+        tiny_loop = loop_of(64)
         tiny = jax.device_put(np.ones(256, np.float32), sh)
-        out["loop_step"] = _median_seconds(lambda: loop(tiny).block_until_ready(),
+        out["tiny_loop"] = _median_seconds(lambda: tiny_loop(tiny).block_until_ready(),
                                            repeats) / 64
         out["matmul_flops"] = _xla(lambda x, w: x @ w, (a, w), width, (spec, P())).flops
         out["step_bytes"] = _xla(step, (big,), width, (spec,)).bytes_accessed

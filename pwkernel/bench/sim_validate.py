@@ -61,8 +61,8 @@ class Machine:
         return float(table.get(devices, table.get(str(devices), line)))
 
     def device_seconds(self, fn, shape: tuple, devices: int, spec) -> float:
-        """One step of ``fn`` on ``devices``: XLA's cost on the calibrated roofline, stretched
-        where the devices share the cores (no launch: ``launch`` adds it per computation)."""
+        """One step of ``fn`` on ``devices`` as the devices run it (inside a loop, say): XLA's
+        cost on the calibrated roofline, stretched where the devices share the cores."""
         c = estimate(fn, jax.ShapeDtypeStruct(shape, F32), cluster=self.cluster,
                      mesh=(devices,), axis_names=("x",), in_specs=spec)
         cores = self.cal.get("cores", devices)
@@ -75,9 +75,24 @@ class Machine:
         return (max(c.compute_seconds * stretch("compute"), c.memory_seconds * stretch("memory"))
                 + self.cluster.chip.launch_overhead + c.collective_seconds)
 
-    def computation(self, fn, shape: tuple, devices: int, spec) -> float:
-        """A computation of one step, launched on its own."""
-        return self.launch(devices) + self.device_seconds(fn, shape, devices, spec)
+    def fresh_output(self, devices: int, nbytes: float) -> float:
+        """Seconds to write ``nbytes`` of a launched computation's output per device into new
+        pages: measured on 1 and 4 devices, linear in between (0 for older calibrations)."""
+        table = {int(k): v for k, v in self.cal.get("fresh_output_s_per_byte", {}).items()}
+        if not table:
+            return 0.0
+        lo, hi = min(table), max(table)
+        d = min(max(devices, lo), hi)
+        per_byte = table[lo] if hi == lo else (
+            table[lo] + (table[hi] - table[lo]) * (d - lo) / (hi - lo))
+        return per_byte * nbytes
+
+    def computation(self, fn, shape: tuple, devices: int, spec, out_bytes: float,
+                    steps: int = 1) -> float:
+        """A computation launched on its own (``steps`` of ``fn`` in a loop, ``out_bytes`` of
+        output per device): its launch, its steps, its fresh output."""
+        return (self.launch(devices) + steps * self.device_seconds(fn, shape, devices, spec)
+                + self.fresh_output(devices, out_bytes))
 
 
 def _node(i: int, name: str, chips: tuple, seconds: float, inputs=()) -> SimNode:
@@ -117,13 +132,14 @@ def dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
             n = bench._chain_length(cfg["chain"], size)
             reps = max(1, min(cfg["fused_reps"], cfg["fused_reps"] * 4096 // size))
             c = m.device_seconds(bench.step, (size,), d, P("x"))
-            launch, program = m.launch(d), m.program(d)
-            one = _chain("step", chips, launch + c, 1, program)
-            loop = _chain("fused", chips, launch + n * c, 1, program)
+            step = m.computation(bench.step, (size,), d, P("x"), 4 * size / d)
+            fused = m.computation(bench.step, (size,), d, P("x"), 4 * size / d, steps=n)
+            program = m.program(d)
+            one = _chain("step", chips, step, 1, program)
+            loop = _chain("fused", chips, fused, 1, program)
             rows.append({"devices": d, "size": size, "chain": n, "steps_per_s": {
                 "pw_opbyop": n / _programs(pw, one, n),
-                "pw_chained": n / _programs(pw, _chain("chain", chips, launch + c, n,
-                                                       program), 1),
+                "pw_chained": n / _programs(pw, _chain("chain", chips, step, n, program), 1),
                 "pw_fused": n * reps / _programs(pw, loop, reps),
                 "jax_opbyop": n / _programs(jx, _chain("step", chips, c, 1), n, multi=True),
                 "jax_fused": n * reps / _programs(jx, _chain("fused", chips, n * c, 1), reps,
@@ -138,7 +154,7 @@ def multitenancy_rows(cal: Mapping, mode: str) -> list[dict]:
     cfg = bench.CONFIGS[mode]
     m = Machine(cal)
     side = int(math.sqrt(cfg["size"]))
-    c = m.computation(bench.work, (side, side), 4, P())
+    c = m.computation(bench.work, (side, side), 4, P(), 4 * side * side)
     program = _chain("tenant", (0, 1, 2, 3), c, cfg["steps"], m.program(4))
     total = cfg["programs"] * max(cfg["clients"])
     rows = []
@@ -186,7 +202,7 @@ def parallel_dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
     slices = [(0, 1), (per_island, per_island + 1)]
     rows = []
     for size in cfg["sizes"]:
-        c = m.computation(bench.stage, (size,), 2, P("x"))
+        c = m.computation(bench.stage, (size,), 2, P("x"), 4 * size / 2)
         nodes: list[SimNode] = []
         for s in range(cfg["stages"]):
             inputs = ()
