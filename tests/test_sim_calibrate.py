@@ -55,9 +55,12 @@ def test_the_calibrated_simulator_predicts_every_local_benchmark_row(measured):
     assert [r["clients"] for r in tenants] == [1, 2]
     stages = validate.parallel_dispatch_rows(measured, "tiny")[0]["stages_per_s"]
     assert stages["parallel"] >= stages["sequential"]  # sequential adds the hand-offs
-    table = validate.table([{"benchmark": "dispatch", "what": "x", "measured": 100.0,
-                             "simulated": 120.0, "error_pct": 20.0}])
-    assert "1 of 1 rows within 25 %" in table
+    rows = [validate._row("dispatch", "x", {"median": 100.0, "min": 90.0, "max": 130.0}, 120.0),
+            validate._row("parallel-dispatch", "ratio", 2.0, 1.0)]
+    assert rows[0]["error_pct"] == pytest.approx(20.0) and rows[1]["error_pct"] == -50.0
+    table = validate.table(rows)
+    assert "-10..+30 %" in table  # the measured rounds' spread against their median
+    assert "1 of 2 rows within 25 %; 1 predictions inside their row's measured min..max" in table
 
 
 def test_fit_line_fits_relative_error_and_keeps_both_terms_non_negative():

@@ -4,32 +4,37 @@
 
 Runs the local runtime (``pw.Controller(islands=(4, 4))`` on 8 virtual CPU devices) and JAX
 itself, measures the costs the simulator's cluster model needs, and writes them (the keys of
-``CALIBRATION_KEYS`` plus ``client_per_program`` and ``jax_dispatch``) to the file
+``CALIBRATION_KEYS`` and ``EXTRA_KEYS``, with the raw timings under ``measured``) to the file
 ``Cluster.preset("this-machine")`` reads (``$PWKERNEL_SIM_CALIBRATION`` or
 ``~/.cache/pwkernel/sim-calibration.json``). ``--compare`` then runs the local benchmarks and
 the simulator's predictions of them side by side (``sim_validate.py``).
 
 What is measured, and how (medians of a few repeats; every figure is this machine's):
 
-- ``client_per_node``, ``fanout_per_host``: submitting a traced chain of tiny computations,
-  per node, on slices of 1, 2 and 4 devices, fit as ``a + b x devices`` (each virtual device
-  is a "host" of one chip here, so ``b`` is the per-host fan-out). ``parallel`` dispatch
-  launches on the submitting thread, so this includes the launch, and ``host_per_node`` is 0
-  (there is no separate host executor here);
-- ``jax_dispatch``: one jitted call of the same computation, dispatched in a loop (the
-  multi-controller JAX model's per-call cost);
-- ``client_per_program``: OpByOp submission per call less the chain's per node (4 devices);
-- ``rpc_latency``: a third of what ``sequential`` dispatch adds per node of a chain (the end
-  heard, the node submitted, launched: three hand-offs between threads);
-- ``peak_flops``, ``memory_bandwidth``, ``launch_overhead``: XLA's own flops and bytes
-  accessed (the figures the simulator's roofline divides) of a matrix product and of an
-  elementwise computation over their measured time, on one device alone, at the benchmarks'
-  largest size (4 Mi elements, past the caches); the launch overhead is a ``fori_loop`` step
-  of a tiny computation.
-  The 8 virtual devices share this machine's ``cores`` (recorded too): ``sim_validate``
-  stretches a computation on d devices by d / cores when d is larger;
-- ``ici_bandwidth``, ``ici_latency``, ``dcn_bandwidth``: copies between devices (islands here
-  are in one process, so DCN is the same copy); ``host_to_device``: ``device_put`` from NumPy.
+- ``client_per_node``, ``fanout_per_host``: a traced chain of 64 tiny steps, end to end, per
+  node, on slices of 1, 2 and 4 devices (``measured.per_node_by_devices_s``), fit as
+  ``a + b x devices`` on relative error (each virtual device is a "host" of one chip here).
+  Launches run on the submitting thread, so this includes them: ``host_per_node`` is 0;
+- ``client_per_program``, ``program_fanout_per_host``: the same steps OpByOp (each its own
+  program) beyond the chain, per call, likewise by slice size and fit;
+- ``rpc_latency``: a third of what ``sequential`` dispatch adds per node of the chain on 4
+  devices (the end heard, the node submitted, launched: three hand-offs);
+- ``jax_dispatch``: one jitted call of the same step in a loop (multi-controller JAX);
+- ``peak_flops``: XLA's flops of a 512 x 512 matrix product over its time on one device;
+  ``memory_bandwidth``: XLA's bytes accessed by the dispatch benchmark's step over 2 Mi
+  elements (past the caches, no benchmark row's size) over one step of a ``fori_loop`` on
+  one device; ``launch_overhead``: a ``fori_loop`` step of a tiny computation;
+- ``compute_parallelism``, ``memory_parallelism``: how much faster the same matrix product,
+  and the same loop of steps, run split over 4 devices than on one (the 8 virtual devices
+  share this machine's ``cores``: one device alone already uses more than one, and devices
+  running at once contend); ``fresh_output_s_per_byte``: what a chain of jitted calls of the
+  step costs beyond the loop's steps, per byte of each call's output, on 1 and 4 devices
+  (every call writes its output into new pages);
+- ``dcn_latency`` (and ``ici_latency``): a transfer's whole cost as the runtime makes it, the
+  time a traced chain alternating between 2-device slices of the two islands takes beyond
+  the same chain on one slice, per transfer; ``dcn_bandwidth`` (and ``ici_bandwidth``):
+  ``jax.device_put`` of 64 MiB onto the other island's sharding, never aliased (the
+  runtime's call), per device; ``host_to_device``: the same from NumPy.
 
 The layout is the local controller's: two islands of 4 devices, each device its own host.
 """
@@ -48,7 +53,9 @@ from ..backends.sim.errors import SimError
 from .dispatch import step  # the dispatch benchmark's computation: measured as it predicts
 
 DEFAULT_PATH = Path.home() / ".cache/pwkernel/sim-calibration.json"
-EXTRA_KEYS = ("client_per_program", "jax_dispatch")
+EXTRA_KEYS = ("fanout_per_host", "dcn_latency", "client_per_program",
+              "program_fanout_per_host", "jax_dispatch", "compute_parallelism",
+              "memory_parallelism", "fresh_output_s_per_byte", "cores")
 
 
 def calibration_path(path: str | Path | None = None) -> Path:

@@ -1,11 +1,13 @@
 """The simulator against this machine: predict the local benchmarks' rows from a calibration.
 
-``predict(calibration, mode)`` simulates the workloads of three local benchmarks
-(``dispatch``, ``multitenancy``, ``parallel_dispatch``) in their ``mode``'s
-configuration on ``Cluster.from_calibration(calibration)``, with each computation's cost from
-XLA's cost analysis on the measured roofline; ``compare`` also runs the benchmarks and pairs
-each measured figure with its prediction. Nothing measured by the benchmarks goes into the
-prediction: only the calibration's figures (``sim_calibrate.py``).
+``dispatch_rows``, ``multitenancy_rows`` and ``parallel_dispatch_rows`` simulate, from a
+calibration alone, the workloads of three local benchmarks
+(``dispatch``, ``multitenancy``, ``parallel_dispatch``) in their ``mode``'s configuration on
+the ``this-machine`` cluster (``Machine``: ``Cluster.from_calibration`` with the launching
+thread's costs charged in line with the computations, see its docstring), with each
+computation's cost from XLA's cost analysis on the measured roofline; ``compare`` also runs
+the benchmarks and pairs each measured figure with its prediction. Nothing measured by the
+benchmarks goes into the prediction: only the calibration's figures (``sim_calibrate.py``).
 """
 
 from __future__ import annotations
@@ -223,13 +225,21 @@ def parallel_dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
     return rows
 
 
-def _err(sim: float, real: float) -> float:
-    return 100 * (sim - real) / real if real else float("nan")
+def _row(benchmark: str, what: str, measured: Mapping | float, simulated: float) -> dict:
+    """A table row; ``measured``: the benchmark's summary (median, min, max over its rounds)
+    or one figure (a paired ratio)."""
+    m = measured if isinstance(measured, Mapping) else {"median": measured}
+    real = m["median"]
+    return {"benchmark": benchmark, "what": what, "measured": real,
+            "measured_min": m.get("min", real), "measured_max": m.get("max", real),
+            "simulated": simulated,
+            "error_pct": 100 * (simulated - real) / real if real else float("nan")}
 
 
 def compare(cal: Mapping, mode: str = "quick") -> list[dict]:
     """Run the three local benchmarks (``mode``; the Ray row left out) and pair each figure
-    with the simulator's prediction: rows of (benchmark, what, measured, simulated, error)."""
+    with the simulator's prediction: rows of (benchmark, what, measured with its rounds' min
+    and max, simulated, error)."""
     from . import dispatch, multitenancy, parallel_dispatch
     from .harness import interleave, paired_ratio, summarize
 
@@ -237,17 +247,12 @@ def compare(cal: Mapping, mode: str = "quick") -> list[dict]:
     real = dispatch.run(mode).rows
     for r, s in zip(real, dispatch_rows(cal, mode), strict=True):
         for v in ("pw_opbyop", "pw_chained", "pw_fused"):
-            m = r["steps_per_s"][v]["median"]
-            out.append({"benchmark": "dispatch", "what": f"{v}, {r['devices']} dev, size "
-                        f"{r['size']} (steps/s)", "measured": m,
-                        "simulated": s["steps_per_s"][v], "error_pct": _err(
-                            s["steps_per_s"][v], m)})
+            out.append(_row("dispatch", f"{v}, {r['devices']} dev, size {r['size']} (steps/s)",
+                            r["steps_per_s"][v], s["steps_per_s"][v]))
     real = multitenancy.run(mode).rows
     for r, s in zip(real, multitenancy_rows(cal, mode), strict=True):
-        m = r["computations_per_s"]["median"]
-        out.append({"benchmark": "multitenancy", "what": f"{r['clients']} clients "
-                    "(computations/s)", "measured": m, "simulated": s["computations_per_s"],
-                    "error_pct": _err(s["computations_per_s"], m)})
+        out.append(_row("multitenancy", f"{r['clients']} clients (computations/s)",
+                        r["computations_per_s"], s["computations_per_s"]))
     import pwkernel as pw
 
     cfg = parallel_dispatch.CONFIGS[mode]
@@ -258,25 +263,31 @@ def compare(cal: Mapping, mode: str = "quick") -> list[dict]:
                                                             cfg["programs"]),
                                  rounds=cfg["rounds"])
             for v in ("parallel", "sequential"):
-                m = summarize(samples[v])["median"]
-                out.append({"benchmark": "parallel-dispatch", "what": f"{v}, size {size} "
-                            "(stages/s)", "measured": m, "simulated": s["stages_per_s"][v],
-                            "error_pct": _err(s["stages_per_s"][v], m)})
-            ratio = s["stages_per_s"]["parallel"] / s["stages_per_s"]["sequential"]
-            m = paired_ratio(samples, "parallel", "sequential")
-            out.append({"benchmark": "parallel-dispatch", "what": f"parallel / sequential, "
-                        f"size {size}", "measured": m, "simulated": ratio,
-                        "error_pct": _err(ratio, m)})
+                out.append(_row("parallel-dispatch", f"{v}, size {size} (stages/s)",
+                                summarize(samples[v]), s["stages_per_s"][v]))
+            out.append(_row("parallel-dispatch", f"parallel / sequential, size {size}",
+                            paired_ratio(samples, "parallel", "sequential"),
+                            s["stages_per_s"]["parallel"] / s["stages_per_s"]["sequential"]))
     finally:
         ctl.close()
     return out
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'benchmark':<18} {'what':<44} {'measured':>10} {'simulated':>10} {'error':>8}"]
+    """The comparison as text, with each measured figure's spread over its rounds (min and
+    max against the median) and a count of the rows within 25 %."""
+    lines = [f"{'benchmark':<18} {'what':<44} {'measured':>10} {'rounds':>13} "
+             f"{'simulated':>10} {'error':>8}"]
     for r in rows:
-        lines.append(f"{r['benchmark']:<18} {r['what']:<44} {r['measured']:>10.1f} "
+        real = r["measured"]
+        lo, hi = r.get("measured_min", real), r.get("measured_max", real)
+        spread = (f"{100 * (lo - real) / real:+.0f}..{100 * (hi - real) / real:+.0f} %"
+                  if real and (lo, hi) != (real, real) else "")
+        lines.append(f"{r['benchmark']:<18} {r['what']:<44} {real:>10.1f} {spread:>13} "
                      f"{r['simulated']:>10.1f} {r['error_pct']:>+7.1f}%")
     within = sum(abs(r["error_pct"]) <= 25 for r in rows)
-    lines.append(f"{within} of {len(rows)} rows within 25 %")
+    inside = sum(r.get("measured_min", r["measured"]) <= r["simulated"]
+                 <= r.get("measured_max", r["measured"]) for r in rows)
+    lines.append(f"{within} of {len(rows)} rows within 25 %; {inside} predictions inside their "
+                 "row's measured min..max")
     return "\n".join(lines)
