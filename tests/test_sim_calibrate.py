@@ -26,8 +26,11 @@ def test_calibration_writes_what_the_preset_reads(measured, tmp_path, monkeypatc
     assert measured["measured"]["per_node_by_devices_s"].keys() == {1, 2, 4}
     assert measured["measured"]["per_program_by_devices_s"].keys() == {1, 2, 4}
     assert 0 < measured["compute_parallelism"] <= 4 and 0 < measured["memory_parallelism"] <= 4
-    # a transfer between the islands costs something on the runtime's own path
-    assert measured["dcn_latency"] > 0 and measured["dcn_bandwidth"] > 0
+    # a transfer between the islands, timed on the runtime's own path (a chain alternating
+    # between them against one on a single slice; noise may bring the difference to 0)
+    transfers = measured["measured"]["transfer_s"]
+    assert transfers["alternating"] > 0 and transfers["one slice"] > 0
+    assert measured["dcn_latency"] >= 0 and measured["dcn_bandwidth"] > 0
     path = calibrate.write(measured, tmp_path / "cal.json")
     monkeypatch.setenv("PWKERNEL_SIM_CALIBRATION", str(path))
     cluster = Cluster.preset("this-machine")
