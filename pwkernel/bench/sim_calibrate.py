@@ -9,7 +9,9 @@ itself, measures the costs the simulator's cluster model needs, and writes them 
 ``~/.cache/pwkernel/sim-calibration.json``). ``--compare`` then runs the local benchmarks and
 the simulator's predictions of them side by side (``sim_validate.py``).
 
-What is measured, and how (medians of a few repeats; every figure is this machine's):
+What is measured, and how (medians of 7 repeats; where a figure is the difference of two
+timings, they run in interleaved rounds and the difference is taken within a round; every
+figure is this machine's):
 
 - ``client_per_node``, ``fanout_per_host``: a traced chain of 64 tiny steps, end to end, per
   node, on slices of 1, 2 and 4 devices (``measured.per_node_by_devices_s``), fit as
@@ -24,12 +26,13 @@ What is measured, and how (medians of a few repeats; every figure is this machin
   ``memory_bandwidth``: XLA's bytes accessed by the dispatch benchmark's step over 2 Mi
   elements (past the caches, no benchmark row's size) over one step of a ``fori_loop`` on
   one device; ``launch_overhead``: a ``fori_loop`` step of a tiny computation;
-- ``compute_parallelism``, ``memory_parallelism``: how much faster the same matrix product,
-  and the same loop of steps, run split over 4 devices than on one (the 8 virtual devices
-  share this machine's ``cores``: one device alone already uses more than one, and devices
-  running at once contend); ``fresh_output_s_per_byte``: what a chain of jitted calls of the
-  step costs beyond the loop's steps, per byte of each call's output, on 1 and 4 devices
-  (every call writes its output into new pages);
+- ``compute_parallelism``, ``memory_parallelism``: how many devices' worth of one device's
+  speed the machine gives when 4 devices each run the same matrix product, or the same loop
+  of steps, at once (the 8 virtual devices share this machine's ``cores``: one device alone
+  already uses more than one, and devices running at once contend);
+  ``fresh_output_s_per_byte``: what a chain of jitted calls of the step costs beyond the
+  loop's steps, per byte of each call's output, on 1 and 4 devices (every call writes its
+  output into new pages);
 - ``dcn_latency`` (and ``ici_latency``): a transfer's whole cost as the runtime makes it, the
   time a traced chain alternating between 2-device slices of the two islands takes beyond
   the same chain on one slice, per transfer; ``dcn_bandwidth`` (and ``ici_bandwidth``):
@@ -76,7 +79,26 @@ def _median_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def measure(repeats: int = 5, n: int = 64) -> dict:
+def _rounds(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each call in ``repeats`` interleaved rounds (after a warm one), so that a
+    difference between two of them is taken within a round, seconds apart."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(repeats):
+        for k in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+            t0 = time.perf_counter()
+            fns[k]()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def _median_gap(times: dict[str, list[float]], a: str, b: str) -> float:
+    """The median over rounds of ``a``'s time less ``b``'s."""
+    return statistics.median(x - y for x, y in zip(times[a], times[b], strict=True))
+
+
+def measure(repeats: int = 7, n: int = 64) -> dict:
     """Measure this machine (needs JAX with 8 CPU devices). Returns the calibration dict."""
     import jax
     import numpy as np
@@ -99,11 +121,11 @@ def measure(repeats: int = 5, n: int = 64) -> dict:
         jstep = jax.jit(step, in_shardings=sh, out_shardings=sh)
         per_node, per_program = {}, {}
         for d in (1, 2, 4):  # a node's cost grows with its devices: a + b x devices
-            per_node[d], per_call, sequential = _dispatch_costs(ctl, d, n, repeats)
-            per_program[d] = max(0.0, per_call - per_node[d])
+            per_node[d], program, sequential = _dispatch_costs(ctl, d, n, repeats)
+            per_program[d] = max(0.0, program)
         client_per_node, fanout = fit_line(per_node)
         client_per_program, program_fanout = fit_line(per_program)
-        rpc = max(0.0, (sequential - per_node[4]) / 3)
+        rpc = max(0.0, sequential / 3)  # on 4 devices, the last measured
         transfer = _transfer_costs(ctl, repeats, n)
 
         def jax_loop():
@@ -135,7 +157,7 @@ def measure(repeats: int = 5, n: int = 64) -> dict:
                      "loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count(),
                      "per_node_by_devices_s": per_node,
                      "per_program_by_devices_s": per_program,
-                     "sequential_per_node_s": sequential,
+                     "sequential_extra_per_node_s": sequential,
                      "chain": n, "device_seconds": rates["seconds"],
                      "transfer_s": transfer["seconds"]},
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -144,8 +166,9 @@ def measure(repeats: int = 5, n: int = 64) -> dict:
 
 
 def _dispatch_costs(ctl, devices: int, n: int, repeats: int) -> tuple:
-    """On a slice of ``devices``: submitting a traced chain of ``n`` tiny steps, per node;
-    submitting them OpByOp, per call; a chain's end-to-end time, parallel and sequential."""
+    """On a slice of ``devices``, a traced chain of ``n`` tiny steps end to end, per node;
+    what running them OpByOp (each its own program) adds per call; what ``sequential``
+    dispatch adds per node (rounds interleaved, differences taken within a round)."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -169,17 +192,19 @@ def _dispatch_costs(ctl, devices: int, n: int, repeats: int) -> tuple:
             x = f(x)
         return x
 
-    def end_to_end(make) -> float:
-        return _median_seconds(lambda: make().result().block_until_ready(), repeats)
+    def end_to_end(make, mode: str = "parallel") -> Callable[[], object]:
+        def run() -> None:
+            ctl.dispatch = mode
+            try:
+                make().result().block_until_ready()
+            finally:
+                ctl.dispatch = "parallel"
+        return run
 
-    per_node = end_to_end(lambda: chain(x0)) / n
-    per_call = end_to_end(opbyop) / n
-    ctl.dispatch = "sequential"
-    try:
-        sequential = end_to_end(lambda: chain(x0)) / n
-    finally:
-        ctl.dispatch = "parallel"
-    return per_node, per_call, sequential
+    times = _rounds({"chain": end_to_end(lambda: chain(x0)), "opbyop": end_to_end(opbyop),
+                     "sequential": end_to_end(lambda: chain(x0), "sequential")}, repeats)
+    return (statistics.median(times["chain"]) / n, _median_gap(times, "opbyop", "chain") / n,
+            _median_gap(times, "sequential", "chain") / n)
 
 
 def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 21,
@@ -187,35 +212,34 @@ def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 21,
     """The roofline's rates on one device alone: a matrix product, and the dispatch
     benchmark's step as one step of a ``fori_loop`` (the device's own speed, past the caches,
     at a size no benchmark row uses); what a step launched on its own costs beyond that, per
-    byte of its fresh output (``fresh_output_s_per_byte``, per slice size: a chain of calls writes
-    every output into new pages); and how much faster the same work runs split over ``wide``
-    devices (``*_parallelism``): the virtual devices share this machine's cores, one device
-    alone may already use several of them, and many at once may contend."""
+    byte of its fresh output (``fresh_output_s_per_byte``, on 1 and ``wide`` devices: a chain
+    of calls writes every output into new pages); and how many devices' worth of that speed
+    the machine gives when ``wide`` devices each do the same work at once
+    (``*_parallelism``): the virtual devices share this machine's cores, one device alone may
+    already use several of them, and devices running at once contend."""
     one = _calls_on(ctl, 1, side, elements, repeats)
     many = _calls_on(ctl, wide, side, elements, repeats)
 
     def parallelism(kind: str) -> float:
-        return min(float(wide), max(1.0 / wide, one[kind] / many[kind]))
-
-    def fresh(calls: dict, width: int) -> float:  # seconds per byte of a device's output
-        return max(0.0, calls["call"] - calls["loop"]) / (4 * elements / width)
+        return min(float(wide), max(1.0 / wide, wide * one[kind] / many[kind]))
 
     return {"peak_flops": one["matmul_flops"] / one["matmul"],
             "memory_bandwidth": one["step_bytes"] / one["loop"],
             "launch": one["tiny_loop"],
             "compute_parallelism": parallelism("matmul"),
             "memory_parallelism": parallelism("loop"),
-            "fresh_output_s_per_byte": {1: fresh(one, 1), wide: fresh(many, wide)},
+            "fresh_output_s_per_byte": {1: one["fresh"], wide: many["fresh"]},
             "seconds": {"one device": one, f"{wide} devices": many}}
 
 
 def _calls_on(ctl, width: int, side: int, elements: int, repeats: int, n: int = 8) -> dict:
-    """Seconds on a ``width``-device slice for the same whole work split over its devices: a
-    ``side`` x ``side`` matrix product; the dispatch benchmark's step over ``elements``, per
-    step of a ``fori_loop`` of ``n`` and per call of a chain of ``n`` jitted calls (each
-    reading the one before, as the benchmarks run them); on one device also a ``fori_loop``
-    step of a tiny computation, and XLA's flops and bytes of the two (what the simulator's
-    roofline divides)."""
+    """Seconds on a ``width``-device slice, each device with the same work: a ``side`` x
+    ``side`` matrix product; the dispatch benchmark's step over ``elements``, per step of a
+    ``fori_loop`` of ``n`` and per call of a chain of ``n`` jitted calls (each reading the one
+    before, as the benchmarks run them), and the median gap between the two per byte of a
+    device's output (``fresh``); on one device also a ``fori_loop`` step of a tiny
+    computation, and XLA's flops and bytes of the two (what the simulator's roofline
+    divides)."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -224,10 +248,10 @@ def _calls_on(ctl, width: int, side: int, elements: int, repeats: int, n: int = 
     vs = ctl.slice(width, island=0)
     spec = P("x")
     sh, rep = NamedSharding(vs.mesh, spec), NamedSharding(vs.mesh, P())
-    a = jax.device_put(np.ones((side, side), np.float32), sh)
+    a = jax.device_put(np.ones((width * side, side), np.float32), sh)
     w = jax.device_put(np.ones((side, side), np.float32), rep)
     mm = jax.jit(lambda x, w: x @ w, in_shardings=(sh, rep), out_shardings=sh)
-    big = jax.device_put(np.ones(elements, np.float32), sh)
+    big = jax.device_put(np.ones(width * elements, np.float32), sh)
     ew = jax.jit(step, in_shardings=sh, out_shardings=sh)
 
     def loop_of(steps: int):
@@ -241,9 +265,11 @@ def _calls_on(ctl, width: int, side: int, elements: int, repeats: int, n: int = 
         x.block_until_ready()
 
     loop = loop_of(n)
+    times = _rounds({"loop": lambda: loop(big).block_until_ready(), "call": chain}, repeats)
     out = {"matmul": _median_seconds(lambda: mm(a, w).block_until_ready(), repeats),
-           "loop": _median_seconds(lambda: loop(big).block_until_ready(), repeats) / n,
-           "call": _median_seconds(chain, repeats) / n}
+           "loop": statistics.median(times["loop"]) / n,
+           "call": statistics.median(times["call"]) / n,
+           "fresh": max(0.0, _median_gap(times, "call", "loop") / n) / (4 * elements)}
     if width == 1:
         tiny_loop = loop_of(64)
         tiny = jax.device_put(np.ones(256, np.float32), sh)
@@ -282,12 +308,11 @@ def _transfer_costs(ctl, repeats: int, n: int, nbytes: int = 1 << 26) -> dict:
         return chain
 
     x0 = jax.device_put(np.ones(256, np.float32), src)
-    seconds = {}
-    for name, pick in (("one slice", lambda i: 0), ("alternating", lambda i: i % 2)):
-        chain = chain_of(pick)
-        seconds[name] = _median_seconds(
-            lambda chain=chain: chain(x0).result().block_until_ready(), repeats)
-    per_transfer = max(0.0, (seconds["alternating"] - seconds["one slice"]) / (n - 1))
+    chains = {"one slice": chain_of(lambda i: 0), "alternating": chain_of(lambda i: i % 2)}
+    times = _rounds({k: (lambda c=c: c(x0).result().block_until_ready())
+                     for k, c in chains.items()}, repeats)
+    seconds = {k: statistics.median(v) for k, v in times.items()}
+    per_transfer = max(0.0, _median_gap(times, "alternating", "one slice") / (n - 1))
 
     def copy_seconds(x) -> float:
         return _median_seconds(
