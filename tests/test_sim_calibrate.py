@@ -125,3 +125,18 @@ def test_devices_sharing_the_cores_stretch_by_the_measured_parallelism():
     alone = validate.Machine(_cal(compute_parallelism=4.0))
     assert one.device_seconds(bench.work, (256, 256), 1, P()) == pytest.approx(
         alone.device_seconds(bench.work, (256, 256), 1, P()))  # one device: as measured
+
+
+def test_large_outputs_of_launched_computations_pay_for_fresh_pages():
+    from pwkernel.bench import dispatch as bench
+
+    m = validate.Machine(_cal(fresh_output_s_per_byte=1e-10, fresh_output_bytes=8 << 20))
+    spec = P("x")
+    for size, fresh in ((1 << 20, 0.0), (1 << 22, 1e-10 * (4 << 22))):  # 4 MiB, 16 MiB out
+        alone = m.launch(1) + m.device_seconds(bench.step, (size,), 1, spec)
+        assert m.computation(bench.step, (size,), 1, spec, 4 * size) == pytest.approx(
+            alone + fresh)
+    # a fused loop of 8 steps writes one output
+    loop = m.computation(bench.step, (1 << 22,), 1, spec, 4 << 22, steps=8)
+    assert loop == pytest.approx(m.launch(1) + 8 * m.device_seconds(bench.step, (1 << 22,), 1,
+                                                                    spec) + 1e-10 * (4 << 22))

@@ -31,8 +31,8 @@ figure is this machine's):
   of steps, at once (the 8 virtual devices share this machine's ``cores``: one device alone
   already uses more than one, and devices running at once contend);
   ``fresh_output_s_per_byte``: what a chain of jitted calls of the step costs beyond the
-  loop's steps, per byte of each call's output, on 1 and 4 devices (every call writes its
-  output into new pages);
+  loop's steps on one device, per byte of each call's output of ``fresh_output_bytes`` (8
+  MiB: buffers that large get new pages from the system on every call);
 - ``dcn_latency`` (and ``ici_latency``): a transfer's whole cost as the runtime makes it, the
   time a traced chain alternating between 2-device slices of the two islands takes beyond
   the same chain on one slice, per transfer; ``dcn_bandwidth`` (and ``ici_bandwidth``):
@@ -153,6 +153,7 @@ def measure(repeats: int = 7, n: int = 64) -> dict:
         "compute_parallelism": rates["compute_parallelism"],
         "memory_parallelism": rates["memory_parallelism"],
         "fresh_output_s_per_byte": rates["fresh_output_s_per_byte"],
+        "fresh_output_bytes": rates["fresh_output_bytes"],
         "measured": {"time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                      "loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count(),
                      "per_node_by_devices_s": per_node,
@@ -212,9 +213,9 @@ def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 21,
     """The roofline's rates on one device alone: a matrix product, and the dispatch
     benchmark's step as one step of a ``fori_loop`` (the device's own speed, past the caches,
     at a size no benchmark row uses); what a step launched on its own costs beyond that, per
-    byte of its fresh output (``fresh_output_s_per_byte``, on 1 and ``wide`` devices: a chain
-    of calls writes every output into new pages); and how many devices' worth of that speed
-    the machine gives when ``wide`` devices each do the same work at once
+    byte of its output (``fresh_output_s_per_byte``, for outputs of ``fresh_output_bytes``: a
+    chain of such calls writes every output into new pages); and how many devices' worth
+    of that speed the machine gives when ``wide`` devices each do the same work at once
     (``*_parallelism``): the virtual devices share this machine's cores, one device alone may
     already use several of them, and devices running at once contend."""
     one = _calls_on(ctl, 1, side, elements, repeats)
@@ -228,7 +229,8 @@ def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 21,
             "launch": one["tiny_loop"],
             "compute_parallelism": parallelism("matmul"),
             "memory_parallelism": parallelism("loop"),
-            "fresh_output_s_per_byte": {1: one["fresh"], wide: many["fresh"]},
+            "fresh_output_s_per_byte": one["fresh"],
+            "fresh_output_bytes": 4 * elements,
             "seconds": {"one device": one, f"{wide} devices": many}}
 
 

@@ -36,7 +36,9 @@ class Machine:
     node (``program``), on a cluster whose client costs are zero. The devices share this
     machine's cores: a computation's compute and memory traffic are stretched by devices /
     the measured parallelism of each (``compute_parallelism``, ``memory_parallelism``; older
-    calibrations: the cores)."""
+    calibrations: the cores). A computation launched on its own writes its output into new
+    buffers; those of 8 MiB and more get fresh pages from the system on every call, which
+    costs ``fresh_output_s_per_byte`` (a loop inside one computation reuses its buffers)."""
 
     def __init__(self, cal: Mapping):
         self.cal = cal
@@ -77,24 +79,21 @@ class Machine:
         return (max(c.compute_seconds * stretch("compute"), c.memory_seconds * stretch("memory"))
                 + self.cluster.chip.launch_overhead + c.collective_seconds)
 
-    def fresh_output(self, devices: int, nbytes: float) -> float:
-        """Seconds to write ``nbytes`` of a launched computation's output per device into new
-        pages: measured on 1 and 4 devices, linear in between (0 for older calibrations)."""
-        table = {int(k): v for k, v in self.cal.get("fresh_output_s_per_byte", {}).items()}
-        if not table:
+    def fresh_output(self, nbytes: float) -> float:
+        """Seconds to write ``nbytes`` of a launched computation's output (per device) into new
+        pages: at the calibration's rate per byte for outputs at least as large as the one it
+        measured (smaller buffers are recycled by the allocator: the 1 Mi element rows show
+        no such cost), else 0; 0 for older calibrations."""
+        if nbytes < self.cal.get("fresh_output_bytes", float("inf")):
             return 0.0
-        lo, hi = min(table), max(table)
-        d = min(max(devices, lo), hi)
-        per_byte = table[lo] if hi == lo else (
-            table[lo] + (table[hi] - table[lo]) * (d - lo) / (hi - lo))
-        return per_byte * nbytes
+        return self.cal.get("fresh_output_s_per_byte", 0.0) * nbytes
 
     def computation(self, fn, shape: tuple, devices: int, spec, out_bytes: float,
                     steps: int = 1) -> float:
         """A computation launched on its own (``steps`` of ``fn`` in a loop, ``out_bytes`` of
-        output per device): its launch, its steps, its fresh output."""
+        output per device): its launch, its steps, its output's fresh pages."""
         return (self.launch(devices) + steps * self.device_seconds(fn, shape, devices, spec)
-                + self.fresh_output(devices, out_bytes))
+                + self.fresh_output(out_bytes))
 
 
 def _node(i: int, name: str, chips: tuple, seconds: float, inputs=()) -> SimNode:
