@@ -98,6 +98,12 @@ def test_this_machine_launches_in_line_with_its_computations():
 
     m = validate.Machine(_cal())
     assert m.launch(1) == 20e-6 and m.program(1) == 10e-6  # measured on that slice size
+    # on one device a step with more output than the tiny one ends through another thread
+    cal = _cal(inline_output_bytes=1024)
+    cal["measured"]["per_node_async_1_device_s"] = 45e-6
+    slow = validate.Machine(cal)
+    assert slow.launch(1, 1024) == 20e-6 and slow.launch(1, 4096) == 45e-6
+    assert slow.launch(2, 4096) == m.launch(2)  # more devices: every launch waits
     assert m.launch(2) == pytest.approx(5e-6 + 2 * 10e-6)   # else the fitted line
     assert m.program(4) == pytest.approx(3e-6 + 4 * 4e-6)
     assert m.cluster.host.client_per_node == 0 and m.cluster.host.client_per_program == 0

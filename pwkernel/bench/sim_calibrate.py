@@ -21,6 +21,10 @@ figure is this machine's):
   program) beyond the chain, per call, likewise by slice size and fit;
 - ``rpc_latency``: a third of what ``sequential`` dispatch adds per node of the chain on 4
   devices (the end heard, the node submitted, launched: three hand-offs);
+- ``measured.per_node_async_1_device_s``: on one device only the tiny step (up to
+  ``inline_output_bytes`` of output) ends inside its launch; a chain of 32 Ki element steps,
+  beyond their ``fori_loop``, per node, is the cost when the end comes back through another
+  thread (on 2 and 4 devices every launch waits for its computation);
 - ``jax_dispatch``: one jitted call of the same step in a loop (multi-controller JAX);
 - ``peak_flops``: XLA's flops of a 512 x 512 matrix product over its time on one device;
   ``memory_bandwidth``: XLA's bytes accessed by the dispatch benchmark's step over 2 Mi
@@ -127,6 +131,7 @@ def measure(repeats: int = 7, n: int = 64) -> dict:
         client_per_program, program_fanout = fit_line(per_program)
         rpc = max(0.0, sequential / 3)  # on 4 devices, the last measured
         transfer = _transfer_costs(ctl, repeats, n)
+        per_node_async = _async_launch(ctl, n, repeats)
 
         def jax_loop():
             x = tiny
@@ -154,10 +159,12 @@ def measure(repeats: int = 7, n: int = 64) -> dict:
         "memory_parallelism": rates["memory_parallelism"],
         "fresh_output_s_per_byte": rates["fresh_output_s_per_byte"],
         "fresh_output_bytes": rates["fresh_output_bytes"],
+        "inline_output_bytes": 4 * 256,
         "measured": {"time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                      "loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count(),
                      "per_node_by_devices_s": per_node,
                      "per_program_by_devices_s": per_program,
+                     "per_node_async_1_device_s": per_node_async,
                      "sequential_extra_per_node_s": sequential,
                      "chain": n, "device_seconds": rates["seconds"],
                      "transfer_s": transfer["seconds"]},
@@ -206,6 +213,37 @@ def _dispatch_costs(ctl, devices: int, n: int, repeats: int) -> tuple:
                      "sequential": end_to_end(lambda: chain(x0), "sequential")}, repeats)
     return (statistics.median(times["chain"]) / n, _median_gap(times, "opbyop", "chain") / n,
             _median_gap(times, "sequential", "chain") / n)
+
+
+def _async_launch(ctl, n: int, repeats: int, size: int = 1 << 15) -> float:
+    """On one device, the tiny step's output is ready when its launch returns (XLA runs it
+    inline) and the runtime sees its end on the launching thread; a larger one (``size``
+    elements, no benchmark row's size) runs asynchronously and its end comes back through
+    another thread. Its per-node cost beyond its own device time: a traced chain of ``n``
+    such steps against a ``fori_loop`` of them, within interleaved rounds."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import pwkernel as pw
+
+    vs = ctl.slice(1, island=0)
+    sh = NamedSharding(vs.mesh, P("x"))
+    x0 = jax.device_put(np.ones(size, np.float32), sh)
+    f = pw.function(step, slice=vs, in_specs=P("x"), out_specs=P("x"), name="cal-async")
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, v: step(v), x),
+                   in_shardings=sh, out_shardings=sh)
+
+    @pw.program(name="cal-async-chain")
+    def chain(x):
+        for _ in range(n):
+            x = f(x)
+        return x
+
+    times = _rounds({"chain": lambda: chain(x0).result().block_until_ready(),
+                     "loop": lambda: loop(x0).block_until_ready()}, repeats)
+    return max(0.0, _median_gap(times, "chain", "loop") / n)
 
 
 def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 21,

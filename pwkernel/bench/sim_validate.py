@@ -47,10 +47,16 @@ class Machine:
         self.cluster = full.with_host(client_per_node=0.0, fanout_per_host=0.0,
                                       client_per_program=0.0, program_fanout_per_host=0.0)
 
-    def launch(self, devices: int) -> float:
+    def launch(self, devices: int, out_bytes: float = 0.0) -> float:
         """Host-side seconds per node on a slice of ``devices``: as measured on that slice size
         where the calibration has one (one device takes XLA's inline path, more devices a
-        thread each: not a straight line), else the fitted line."""
+        thread each: not a straight line), else the fitted line. On one device, a computation
+        with more output than the tiny step's (``inline_output_bytes``) runs asynchronously:
+        its end comes back through another thread (``per_node_async_1_device_s``)."""
+        measured = self.cal.get("measured", {})
+        if (devices == 1 and out_bytes > self.cal.get("inline_output_bytes", float("inf"))
+                and "per_node_async_1_device_s" in measured):
+            return float(measured["per_node_async_1_device_s"])
         return self._measured("per_node_by_devices_s", devices,
                               self.host.client_per_node + self.host.fanout_per_host * devices)
 
@@ -92,7 +98,8 @@ class Machine:
                     steps: int = 1) -> float:
         """A computation launched on its own (``steps`` of ``fn`` in a loop, ``out_bytes`` of
         output per device): its launch, its steps, its output's fresh pages."""
-        return (self.launch(devices) + steps * self.device_seconds(fn, shape, devices, spec)
+        return (self.launch(devices, out_bytes)
+                + steps * self.device_seconds(fn, shape, devices, spec)
                 + self.fresh_output(out_bytes))
 
 
