@@ -229,3 +229,12 @@ def test_bad_input_is_refused_with_the_fix():
         with pytest.raises(ValueError, match="reattach"):
             ctl.reattach(0)
     assert pw.sim is sim
+
+
+def test_the_scale_benchmark_runs_small():
+    from pwkernel.bench import sim_controller
+
+    out = sim_controller.run(computations=200, chips=64)
+    assert out["events"] == 201 and out["virtual_s"] > 200 * 1e-4  # the steps, and an upload
+    with pytest.raises(ValueError, match="multiple of 100"):
+        sim_controller.run(computations=150)

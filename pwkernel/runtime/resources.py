@@ -163,9 +163,15 @@ AXIS_TYPES = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 
 def default_axis_type(device: Any) -> AxisType:
     """The axis type ``jax.make_mesh`` gives in the installed JAX (``Explicit`` today)."""
-    if not isinstance(device, jax.Device):  # a simulated chip: ask with a host device
-        device = jax.devices("cpu")[0]
+    if not isinstance(device, jax.Device):  # a simulated chip: ask without starting JAX's
+        device = _StandIn()                 # backend (it must keep its device count open)
     return jax.make_mesh((1,), ("x",), devices=[device]).axis_types[0]
+
+
+class _StandIn:
+    """A device as ``jax.make_mesh`` looks at one with no topology (no JAX backend needed)."""
+
+    id, platform, device_kind, process_index = 0, "cpu", "stand-in", 0
 
 
 def describe_axis_types(types: Sequence[AxisType | str]) -> str:

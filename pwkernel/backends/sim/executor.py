@@ -52,9 +52,10 @@ import numpy as np
 
 from ...runtime.errors import NoValueError
 from ...runtime.executor import NoGroup
-from ...runtime.resources import Island
+from ...runtime.resources import Island, islands_from_env
 from ...runtime.tasks import Task, TaskState
 from ...runtime.trace import LinkKind
+from ..local.devices import DEFAULT_ISLANDS, request_host_devices
 from .cluster import Cluster
 from .cost import analyze, roofline
 from .errors import SimError
@@ -147,6 +148,10 @@ class SimExecutor(NoGroup):
                 raise ValueError(f"islands={tuple(islands)} but the cluster has islands of "
                                  f"{list(per_island)} chips; drop islands= (the cluster "
                                  "decides them).")
+        # Lowering (even on an abstract mesh) starts JAX's CPU backend: let it start with the
+        # devices the local backend's default islands need, so the same process can still
+        # attach local islands afterwards.
+        request_host_devices(sum(islands_from_env() or DEFAULT_ISLANDS))
         self.cluster = cluster
         self.host_of = cluster.host_of
         host = cluster.host
