@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -57,6 +58,35 @@ def test_a_chain_runs_on_the_hand_worked_timeline():
                               "b": (1225.0, 2225.0)}
         assert out.t_done == pytest.approx(2225 * US)
         assert ctl.executor.now() == pytest.approx(2325 * US)  # b's end reached the scheduler
+
+
+def test_a_copy_over_dcn_lands_before_its_consumer_is_launched():
+    two = sim.Cluster(TINY.chip, (1, 1), 2, TINY.ici, sim.Network(1e9, 10 * US), TINY.host)
+    with pw.Controller(backend="sim", cluster=two) as ctl:
+        a = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=0), name="a", sim_cost=1e-3)
+        b = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1), name="b", sim_cost=1e-3)
+
+        @pw.program
+        def across(v):
+            return b(a(v))
+
+        across(np.zeros(1000, np.float32)).wait(timeout=10)
+        # 4000 B: 4 us of one host's PCIe, then 10 us + 4 us over DCN once a has ended;
+        # b is launched only when the copy has landed (at 1239 us), 100 us to its host + 5
+        assert spans(ctl) == {"host:host->0": (110.0, 114.0), "a": (225.0, 1225.0),
+                              "dcn:0->1": (1225.0, 1239.0), "b": (1344.0, 2344.0)}
+
+
+def test_a_collective_costs_its_ring_on_the_interconnect():
+    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+        total = jax.shard_map(lambda b: jax.lax.psum(b, "x"), in_specs=P("x"), out_specs=P())
+        f = pw.function(total, slice=ctl.slice(4), in_specs=P("x"), out_specs=P(), name="psum")
+        f(np.ones(4096, np.float32)).wait(timeout=10)
+        start, end = spans(ctl)["psum"]
+        # an all-reduce of 4 KiB per chip over 4 chips on a switch: two rounds of 3/4 of the
+        # bytes at 10 GB/s and 3 steps of 1 us; plus 8 KiB of memory traffic at 100 GB/s
+        ring = 2 * (0.75 * 4096 / 1e10 + 3 * 1e-6)
+        assert (end - start) * US == pytest.approx(ring + 8192 / 1e11, abs=1e-9)
 
 
 def test_sequential_dispatch_pays_a_round_trip_per_node():

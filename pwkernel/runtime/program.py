@@ -220,8 +220,9 @@ class CompiledFunction:
         structs = [jax.ShapeDtypeStruct(s, d, sharding=sh)
                    for (s, d), sh in zip(in_avals, in_shardings, strict=True)]
         try:
-            out_struct = jax.eval_shape(lambda *a: self.fn(*jax.tree_util.tree_unflatten(
-                in_tree, a)), *structs)
+            with _traced_on(vs):
+                out_struct = jax.eval_shape(lambda *a: self.fn(*jax.tree_util.tree_unflatten(
+                    in_tree, a)), *structs)
         except Exception as e:
             raise ProgramError(f"{self.name} could not be traced for inputs "
                                f"{[(s, str(d)) for s, d in in_avals]}: {e}") from e
@@ -240,7 +241,8 @@ class CompiledFunction:
                                          out_leaves, out_tree)
         jitted = jax.jit(flat, in_shardings=tuple(in_shardings),
                          out_shardings=tuple(out_shardings))
-        compiled = jitted.lower(*structs).compile()
+        with _traced_on(vs):
+            compiled = jitted.lower(*structs).compile()
         out_shardings = [given if given is not None else made for given, made in
                          zip(out_shardings, compiled.output_shardings, strict=True)]
         out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
@@ -312,6 +314,15 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
+
+
+def _traced_on(vs: VirtualSlice):
+    """The slice's mesh as the ambient mesh while a function is traced, as ``jax.set_mesh``
+    makes it in plain JAX: ``jax.shard_map`` and ``jax.sharding.reshard`` find it there. A
+    simulated slice's chips exist only as its abstract mesh."""
+    if vs.island.simulated:
+        return jax.sharding.use_abstract_mesh(vs.mesh.abstract_mesh)
+    return jax.set_mesh(vs.mesh)
 
 
 def _is_duration(cost) -> bool:
