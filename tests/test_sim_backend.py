@@ -119,6 +119,13 @@ def test_futures_have_shapes_shardings_and_times_but_no_values():
         assert ctl.memory()[ctl.islands[1].devices[0]] == 4096 // 4 * 4096 * 2
 
 
+def test_a_real_array_is_uploaded_to_simulated_chips():
+    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+        f = pw.function(lambda x: x * 2, slice=ctl.slice(4), name="double")
+        f(jnp.ones(8)).wait(timeout=10)   # on this process's CPU device 0, not on chip 0
+        assert [e.name for e in ctl.trace.events()] == ["host:host->0", "double"]
+
+
 def test_the_same_program_gives_the_same_graph_on_real_and_simulated_islands():
     def fig2(ctl):
         s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)

@@ -272,11 +272,12 @@ class ResourceManager:
         for vs in list(self._slices.values()):
             self._release(vs)
 
-    def island_of(self, device_ids: Sequence[int]) -> Island | None:
-        """The island holding all of ``device_ids``, or None."""
-        ids = set(device_ids)
+    def island_of(self, devices) -> Island | None:
+        """The island holding all of ``devices`` (device objects: an array on other devices
+        with the same ids, e.g. real ones beside a simulated cluster, is on none), or None."""
+        wanted = set(devices)
         for isl in self.islands:
-            if ids <= set(isl.device_ids):
+            if wanted <= set(isl.devices):
                 return isl
         return None
 
