@@ -222,7 +222,7 @@ def test_a_2048_chip_pod_shows_in_the_views_report_and_trace(tmp_path):
     with pw.Controller(backend="sim", cluster=cluster) as ctl:
         pod = ctl.slice((512, 4), axis_names=("data", "model"))
         step = pw.function(lambda x: jnp.tanh(x) * 2, slice=pod, in_specs=P("data", "model"),
-                           name="step")
+                           name="step", sim_cost=0.1)
 
         @pw.program
         def train(x):
@@ -235,7 +235,8 @@ def test_a_2048_chip_pod_shows_in_the_views_report_and_trace(tmp_path):
         view = pw.ScheduleView(ctl, live=False)
         assert view.layout_rows.n_rows <= 64  # not 2048 rows: groups of hosts
         assert set(view.decoded()["name"]) == {"step"}
-        pw.TopologyView(ctl)
+        topo = pw.TopologyView(ctl, window=1.0, live=False)  # the last virtual second
+        assert min(topo.source.data["utilization"]) > 0.3  # 0.4 s of steps in it
         report = pw.report(ctl, tmp_path / "report.html")
         assert "step" in report.read_text()
         saved = ctl.trace.save(tmp_path / "trace.json")
