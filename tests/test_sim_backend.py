@@ -90,12 +90,12 @@ def test_a_collective_costs_its_ring_on_the_interconnect():
 
 
 def test_sequential_dispatch_pays_a_round_trip_per_node():
-    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+    with pw.Controller(backend="sim", cluster=TINY.with_host(client_per_program=50 * US)) as ctl:
         chain(ctl, dispatch="sequential").wait(timeout=10)
-        # the client starts a node's work only once it has heard its inputs exist: a at
-        # 112 us (the upload's end), b at 1427 us (a's end + 100 us)
-        assert spans(ctl) == {"host:host->0": (110.0, 112.0), "a": (327.0, 1327.0),
-                              "b": (1642.0, 2642.0)}
+        # 50 us for the program, then the client starts a node's work only once it has heard
+        # its inputs exist: a at 162 us (the upload's end), b at 1477 us (a's end + 100 us)
+        assert spans(ctl) == {"host:host->0": (160.0, 162.0), "a": (377.0, 1377.0),
+                              "b": (1692.0, 2692.0)}
 
 
 def test_futures_have_shapes_shardings_and_times_but_no_values():

@@ -250,20 +250,20 @@ class SimExecutor(NoGroup):
         return known[1]
 
     def submitted(self, run) -> None:
-        """Parallel dispatch: the client does the whole program's host-side work now."""
-        if not run.parallel:
-            return
+        """The client's work for a program, now: once per program, and with parallel dispatch
+        every node's (sequential dispatch does a node's once its inputs exist)."""
         host = self.cluster.host
-        seconds, hosts, every = run.plan.backend["sim"]
+        _, hosts, every = run.plan.backend["sim"]
         with self._cv:
             t = (max(self._client_free.get(run.client, 0.0), self._now)
                  + host.client_per_program + host.program_fanout_per_host * every)
-            done = []
-            for n in hosts:
-                t += self._per_node + self._fanout * n
-                done.append(t)
+            if run.parallel:
+                done = []
+                for n in hosts:
+                    t += self._per_node + self._fanout * n
+                    done.append(t)
+                self._planned[run] = done
             self._client_free[run.client] = t
-            self._planned[run] = done
 
     def _decided(self, task: Task) -> float:
         """When the node's scheduler (or, for a copy, its hosts) has heard of it."""
