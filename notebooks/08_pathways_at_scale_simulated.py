@@ -109,22 +109,7 @@ spmd_step = elapsed([spmd(*placed)])
 
 stages = [big.slice(128, axis_types="auto") for _ in range(S)]
 assert len({d for vs in stages for d in vs.device_ids}) == 2048, "one set of chips per stage"
-stage_fns = [pw.function(pl.stage_fn(s == 0, s == S - 1, cfg.heads), slice=vs,
-                         in_specs=(P(), P("x"), P("x")) if s == S - 1 else (P(), P("x")),
-                         out_specs=P("x"), name=f"stage{s}") for s, vs in enumerate(stages)]
-
-
-@pw.program(name="gpipe")
-def gpipe(ps, microbatches):
-    losses = []
-    for t in microbatches:
-        h = stage_fns[0](ps[0], t)
-        for s in range(1, S - 1):
-            h = stage_fns[s](ps[s], h)
-        losses.append(stage_fns[-1](ps[-1], h, t))
-    return losses
-
-
+gpipe = pl.gpipe_program(pl.stage_functions(cfg, stages))   # tutorial 04's program
 stage_params = [put(vs, p, P()) for vs, p in zip(stages, pl.split_params(params, S),
                                                   strict=True)]
 micro = [put(stages[0], t, P("x")) for t in np.split(tokens, M)]

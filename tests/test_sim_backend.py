@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 from pwkernel.backends import sim
+from pwkernel.bench.figure2 import INPUT, figure2
 from pwkernel.runtime import scheduler as sch
 from pwkernel.runtime.graph import ComputeNode
 
@@ -128,17 +129,7 @@ def test_a_real_array_is_uploaded_to_simulated_chips():
 
 def test_the_same_program_gives_the_same_graph_on_real_and_simulated_islands():
     def fig2(ctl):
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        a = pw.function(lambda x: x * 2, slice=s0, name="a")
-        b = pw.function(lambda x: x + 1, slice=s1, name="b")
-        c = pw.function(lambda x: x / 2, slice=s1, name="c")
-
-        @pw.program
-        def f(v):
-            x = a(v)
-            return b(x), a(c(x))
-
-        return f.trace(np.array([1.0, 2.0], np.float32))
+        return figure2(ctl).f.trace(INPUT)
 
     def shape(graph):
         return [(type(n).__name__, n.name, n.island if isinstance(n, ComputeNode) else n.dst,
