@@ -50,8 +50,15 @@ def test_on_many_hosts_the_schedulers_fan_out_bounds_chained_but_not_fused():
     assert r.pw_chained < pd.MATCH * r.jax_opbyop
 
 
-def test_what_if_refits_with_an_assumption_changed_and_restores_it():
-    before = dict(pd.ASSUMED), pd.CHAIN
-    with pytest.raises(SimError, match="what_if can change"):
+def test_an_assumption_changed_reaches_every_cluster_and_an_unknown_one_is_refused():
+    changed = {"scheduler_per_host": 2 * US, "jax_dispatch": 50 * US, "chain": 4}
+    assert pd.pathways_cluster(P, 2, "tpu-v3", changed).host.scheduler_per_host == 2 * US
+    assert pd.jax_cluster(2, "tpu-v3", changed).host.client_per_node == 50 * US
+    r = pd.rates(P, 2, programs=12, assumed=changed)
+    # JAX: 50 us per call; Pathways Chained: programs of 4 nodes, the client's
+    # (1310 + 2 x 69.4) / 4 = 362 us per node
+    assert 1 / r.jax_opbyop == pytest.approx(50 * US, rel=0.02)
+    assert 1 / r.pw_chained == pytest.approx((1310 + 2 * 69.4) / 4 * US, rel=0.02)
+    assert pd.ASSUMED["scheduler_per_host"][0] == 1 * US and pd.CHAIN == 128  # untouched
+    with pytest.raises(SimError, match="no assumption .'not_a_cost'.*Maybe you want"):
         pd.what_if(programs=4, not_a_cost=1.0)
-    assert (dict(pd.ASSUMED), pd.CHAIN) == before

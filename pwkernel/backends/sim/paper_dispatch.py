@@ -30,7 +30,7 @@ compared in hosts at 8 cores per host (the 16-host reading).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .cluster import Cluster
@@ -72,21 +72,34 @@ FITTED = ("client_per_program", "program_fanout_per_host")
 START = {"client_per_program": 1e-3, "program_fanout_per_host": 50e-6}
 
 
-def pathways_cluster(params: dict[str, float], hosts: int = 512,
-                     hardware: str = "tpu-v4") -> Cluster:
-    """An island of ``hosts`` hosts of ``hardware`` (a TPU preset) with the assumed and the
-    given control-plane costs."""
+def assumptions(changed: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The values of ``ASSUMED`` and ``chain`` (``CHAIN``), with ``changed`` put in."""
+    values = {k: v for k, (v, _) in ASSUMED.items()} | {"chain": CHAIN}
+    unknown = sorted(set(changed or ()) - set(values))
+    if unknown:
+        raise SimError(f"the paper's dispatch model has no assumption {unknown}; expected some "
+                       f"of {sorted(values)}. Maybe you want what_if(scheduler_per_host=2e-6).")
+    return values | dict(changed or {})
+
+
+def pathways_cluster(params: dict[str, float], hosts: int = 512, hardware: str = "tpu-v4",
+                     assumed: Mapping[str, float] | None = None) -> Cluster:
+    """An island of ``hosts`` hosts of ``hardware`` (a TPU preset) with the assumed
+    control-plane costs (``assumed`` changes some) and the given ones."""
     base = Cluster.preset(hardware, chips=hosts * CHIPS_PER_HOST)
-    fixed = {k: v for k, (v, _) in ASSUMED.items() if k != "jax_dispatch"}
+    values = assumptions(assumed)
+    fixed = {k: values[k] for k in ASSUMED if k != "jax_dispatch"}
     return base.with_host(**{**fixed, **params})
 
 
-def jax_cluster(hosts: int = 512, hardware: str = "tpu-v4") -> Cluster:
+def jax_cluster(hosts: int = 512, hardware: str = "tpu-v4",
+                assumed: Mapping[str, float] | None = None) -> Cluster:
     """The same island as multi-controller JAX sees it: a host's dispatch costs
     ``jax_dispatch`` (``client_per_node`` in ``controller="multi"``); no scheduler."""
     base = Cluster.preset(hardware, chips=hosts * CHIPS_PER_HOST)
-    return base.with_host(client_per_node=ASSUMED["jax_dispatch"][0],
-                          host_per_node=ASSUMED["host_per_node"][0])
+    values = assumptions(assumed)
+    return base.with_host(client_per_node=values["jax_dispatch"],
+                          host_per_node=values["host_per_node"])
 
 
 def tiny_op_seconds(cluster: Cluster, chips: int) -> float:
@@ -128,28 +141,33 @@ def chain_of_programs(cluster: Cluster, hosts: int, seconds: float, n: int, mult
 
 
 def rates(params: dict[str, float], hosts: int, seconds: float | None = None,
-          programs: int = 24, hardware: str = SWEEP_HARDWARE) -> Rates:
+          programs: int = 24, hardware: str = SWEEP_HARDWARE,
+          assumed: Mapping[str, float] | None = None) -> Rates:
     """Every way's throughput at ``hosts`` hosts of ``hardware`` for computations of
     ``seconds`` (default: the micro-benchmark's tiny computation)."""
-    pw, jx = pathways_cluster(params, hosts, hardware), jax_cluster(hosts, hardware)
+    pw = pathways_cluster(params, hosts, hardware, assumed)
+    jx = jax_cluster(hosts, hardware, assumed)
+    chain = int(assumptions(assumed)["chain"])
     if seconds is None:
         seconds = tiny_op_seconds(pw, hosts * CHIPS_PER_HOST)
-    fused = seconds * CHAIN
+    fused = seconds * chain
     return Rates(
         pw_opbyop=chain_of_programs(pw, hosts, seconds, programs, False),
-        pw_chained=chain_of_programs(pw, hosts, seconds, max(4, programs // 6), False, CHAIN),
-        pw_fused=chain_of_programs(pw, hosts, fused, programs, False) * CHAIN,
+        pw_chained=chain_of_programs(pw, hosts, seconds, max(4, programs // 6), False, chain),
+        pw_fused=chain_of_programs(pw, hosts, fused, programs, False) * chain,
         jax_opbyop=chain_of_programs(jx, hosts, seconds, programs, True),
-        jax_fused=chain_of_programs(jx, hosts, fused, programs, True) * CHAIN)
+        jax_fused=chain_of_programs(jx, hosts, fused, programs, True) * chain)
 
 
 def break_even(params: dict[str, float], hosts: int, programs: int = 24,
-               lo: float = 1e-5, hi: float = 0.5, steps: int = 22) -> float:
+               lo: float = 1e-5, hi: float = 0.5, steps: int = 22,
+               assumed: Mapping[str, float] | None = None) -> float:
     """The smallest computation (seconds) at which Pathways OpByOp reaches ``MATCH`` of
     multi-controller JAX's throughput at ``hosts`` hosts (of ``HARDWARE[hosts]``, default
     TPU v4): bisection in log space."""
     hardware = HARDWARE.get(hosts, "tpu-v4")
-    pw, jx = pathways_cluster(params, hosts, hardware), jax_cluster(hosts, hardware)
+    pw = pathways_cluster(params, hosts, hardware, assumed)
+    jx = jax_cluster(hosts, hardware, assumed)
 
     def matches(seconds: float) -> bool:
         a = chain_of_programs(pw, hosts, seconds, programs, False)
@@ -162,15 +180,17 @@ def break_even(params: dict[str, float], hosts: int, programs: int = 24,
     return hi
 
 
-def fit(programs: int = 24, iterations: int = 3) -> dict:
+def fit(programs: int = 24, iterations: int = 3,
+        assumed: Mapping[str, float] | None = None) -> dict:
     """Fit ``FITTED`` so the simulated break-even points are the paper's: Newton steps with a
     Jacobian by finite differences (each column one more pair of bisections). Returns the
-    fitted values, the simulated break-even points and the iterations taken."""
+    fitted values, the simulated break-even points and the iterations taken. ``assumed``:
+    some assumptions changed (``assumptions``)."""
     hosts = sorted(BREAK_EVEN)
     theta = dict(START)
 
     def simulate(p: dict) -> list[float]:
-        return [break_even(p, h, programs) for h in hosts]
+        return [break_even(p, h, programs, assumed=assumed) for h in hosts]
 
     for it in range(iterations):
         now = simulate(theta)
@@ -195,51 +215,38 @@ def fit(programs: int = 24, iterations: int = 3) -> dict:
             "iterations": iterations}
 
 
-def crossover(params: dict[str, float], ok, hosts=SWEEP_HOSTS, programs: int = 24) -> int:
+def crossover(params: dict[str, float], ok, hosts=SWEEP_HOSTS, programs: int = 24,
+              assumed: Mapping[str, float] | None = None) -> int:
     """The paper's "matches JAX up to N cores", in hosts: the last of ``hosts`` (ascending) in
     the first unbroken run at which ``ok(rates)`` holds (0: it never holds). A small slice
     where it does not hold yet (the client's per-program cost longer than a Fused
     computation there) does not end the run; the first miss after a hold does."""
     last = 0
     for h in sorted(hosts):
-        if ok(rates(params, h, programs=programs)):
+        if ok(rates(params, h, programs=programs, assumed=assumed)):
             last = h
         elif last:
             break
     return last
 
 
-def crossovers(params: dict[str, float], programs: int = 24,
-               hosts=SWEEP_HOSTS) -> tuple[int, int]:
+def crossovers(params: dict[str, float], programs: int = 24, hosts=SWEEP_HOSTS,
+               assumed: Mapping[str, float] | None = None) -> tuple[int, int]:
     """(Fused matches JAX Fused up to, Chained matches JAX OpByOp up to), in hosts."""
-    fused = crossover(params, lambda r: r.pw_fused >= MATCH * r.jax_fused, hosts, programs)
-    chained = crossover(params, lambda r: r.pw_chained >= MATCH * r.jax_opbyop, hosts, programs)
+    fused = crossover(params, lambda r: r.pw_fused >= MATCH * r.jax_fused, hosts, programs,
+                      assumed)
+    chained = crossover(params, lambda r: r.pw_chained >= MATCH * r.jax_opbyop, hosts,
+                        programs, assumed)
     return fused, chained
 
 
-@contextmanager
-def _assuming(chain: int | None = None, **values: float):
-    global CHAIN
-    saved, saved_chain = dict(ASSUMED), CHAIN
-    try:
-        for k, v in values.items():
-            if k not in ASSUMED:
-                raise SimError(f"what_if can change {sorted(ASSUMED)} and chain, got {k!r}.")
-            ASSUMED[k] = (v, ASSUMED[k][1])
-        CHAIN = saved_chain if chain is None else chain
-        yield
-    finally:
-        ASSUMED.clear()
-        ASSUMED.update(saved)
-        CHAIN = saved_chain
-
-
-def what_if(programs: int = 24, chain: int | None = None, **assumed: float) -> dict:
-    """The crossovers with some assumptions changed (``chain``: computations per Chained
-    program and per Fused computation; any key of ``ASSUMED``, in seconds): the fit is made
-    again with them, so the break-even points stay the paper's. Shows how far each predicted
-    crossover leans on an assumption the fit cannot see."""
-    with _assuming(chain, **assumed):
-        fitted = fit(programs=programs)
-        fused, chained = crossovers(fitted["params"], programs)
-    return {"fused": fused, "chained": chained, "params": fitted["params"]}
+def what_if(programs: int = 24, **changed: float) -> dict:
+    """The crossovers with some assumptions changed (any key of ``ASSUMED``, in seconds, or
+    ``chain``: computations per Chained program and per Fused computation), the fit made again
+    with them so the break-even points stay the paper's: how far each predicted crossover
+    leans on an assumption the fit cannot see."""
+    assumptions(changed)  # a clear error before minutes of work
+    fitted = fit(programs=programs, assumed=changed)
+    fused, chained = crossovers(fitted["params"], programs, assumed=changed)
+    return {"fused": fused, "chained": chained, "params": fitted["params"],
+            "simulated": fitted["simulated"]}
