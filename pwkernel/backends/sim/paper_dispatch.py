@@ -21,11 +21,11 @@ on. Two of the control plane's costs are fit, ``client_per_program`` and
 the others keep their stated assumptions (``ASSUMED``). Everything else the ``sim-paper``
 benchmark prints is a prediction with these fitted values.
 
-The paper counts "128 TPUs" at 16 hosts and "2048 TPUs" at 512 hosts (8 and 4 per host). The
-model depends on hosts, not on chips (the client's fan-out is per host; the collective of a
-scalar takes microseconds): both points are simulated as TPU v4 hosts of 4 chips (16 hosts =
-64 chips, read as 128 TensorCores; 512 hosts = 2048 chips). The hosts-sweep crossovers are
-compared in hosts at 8 cores per host (the 16-host reading).
+The paper counts "128 TPUs" at 16 hosts and "2048 TPUs" at 512 hosts: 8 per host (TPU v3, 4
+chips of 2 TensorCores) and 4 per host (TPU v4, one device per chip; a v3 pod ends at 256
+hosts). Each point runs on that hardware (``HARDWARE``), and the Chained/Fused sweep, whose
+counts are cores, on TPU v3 at 8 cores per host (``SWEEP_HARDWARE``). ``what_if`` makes the
+fit again with an assumption changed, to show what a predicted crossover leans on.
 """
 
 from __future__ import annotations
