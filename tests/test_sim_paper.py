@@ -62,3 +62,15 @@ def test_an_assumption_changed_reaches_every_cluster_and_an_unknown_one_is_refus
     assert pd.ASSUMED["scheduler_per_host"][0] == 1 * US and pd.CHAIN == 128  # untouched
     with pytest.raises(SimError, match="no assumption .'not_a_cost'.*Maybe you want"):
         pd.what_if(programs=4, not_a_cost=1.0)
+
+
+def test_up_to_is_the_first_unbroken_run_where_it_holds():
+    def answers(*seq):
+        it = iter(seq)
+        return lambda rates: next(it)
+
+    hosts = (2, 4, 8, 16)
+    # not yet at 2, holds at 4, misses at 8: "up to 4", whatever 16 does
+    assert pd.crossover(P, answers(False, True, False, True), hosts, programs=4) == 4
+    assert pd.crossover(P, answers(True, True, True, True), hosts, programs=4) == 16
+    assert pd.crossover(P, answers(False, False, False, False), hosts, programs=4) == 0
