@@ -31,11 +31,14 @@ from .errors import DeviceSetupError, SliceError
 
 @dataclass(frozen=True)
 class Island:
-    """A group of devices joined by a fast interconnect. ``devices`` are JAX devices."""
+    """A group of devices joined by a fast interconnect. ``devices`` are JAX devices, or
+    stand-ins of a simulated cluster (``simulated``: functions placed there are lowered for
+    its chips, never compiled or run)."""
 
     id: int
     devices: tuple[Any, ...]
     platform: str
+    simulated: bool = False
 
     @property
     def device_ids(self) -> tuple[int, ...]:
@@ -160,6 +163,8 @@ AXIS_TYPES = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 
 def default_axis_type(device: Any) -> AxisType:
     """The axis type ``jax.make_mesh`` gives in the installed JAX (``Explicit`` today)."""
+    if not isinstance(device, jax.Device):  # a simulated chip: ask with a host device
+        device = jax.devices("cpu")[0]
     return jax.make_mesh((1,), ("x",), devices=[device]).axis_types[0]
 
 

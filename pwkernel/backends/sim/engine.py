@@ -41,8 +41,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ... import DispatchMode
 from ...runtime import scheduler as sch
+from ...runtime.dispatcher import DispatchMode
 from ...runtime.trace import EventKind, LinkKind, Trace
 from .chips import GangQueues, OwnQueues
 from .cluster import Cluster
