@@ -164,7 +164,9 @@ print(h, h.sharding.spec, f"{pw.controller().executor.now() * 1e3:.3f} ms (virtu
 # pays a cost per program and a message per host; multi-controller JAX dispatches on every
 # host at once. The smallest computation at which Pathways keeps up (95 % of JAX's
 # throughput) grows with the hosts. Two control-plane costs are fit on the paper's two points
-# (16 and 512 hosts); the other points of the curve follow from the model.
+# (16 and 512 hosts); the other points of the curve follow from the model. The paper's counts
+# imply its hardware: 128 TPU cores at 16 hosts are TPU v3 hosts (8 cores each), 2048 at 512
+# hosts are TPU v4 hosts (4 chips each), so the 16-host point runs on v3, the others on v4.
 
 # %%
 from pwkernel.backends.sim import paper_dispatch as pd
@@ -235,8 +237,9 @@ assert [r["kind"] for r in rows].count("fit") == 2
 # Nothing on this machine's devices: these are simulated times on a virtual clock. The
 # break-even points are fit (two parameters); the rest are predictions from published chip
 # figures and stated assumptions (`docs/simulator.md` lists them, with what the model
-# ignores). Where a prediction misses the paper (the hosts-sweep crossovers do), the table
-# says so rather than tuning it away.
+# ignores). The hosts-sweep crossovers also rest on figures the paper does not give (the
+# chain's length, the scheduler's work per host, JAX's cost per call): `docs/simulator.md`
+# shows how far they move when one of those changes, rather than tuning them to the paper.
 
 # %%
 for r in rows:

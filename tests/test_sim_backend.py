@@ -61,6 +61,15 @@ def test_a_chain_runs_on_the_hand_worked_timeline():
         assert ctl.executor.now() == pytest.approx(2325 * US)  # b's end reached the scheduler
 
 
+def test_the_scheduler_sends_each_launch_to_each_host_in_turn():
+    with pw.Controller(backend="sim", cluster=TINY.with_host(scheduler_per_host=7 * US)) as ctl:
+        chain(ctl).wait(timeout=10)
+        # a's launch leaves the scheduler after 2 hosts x 7 us (at 134 us), b's after a's
+        # (at 148 us); each reaches its hosts 100 us later and takes 5 us there
+        assert spans(ctl) == {"host:host->0": (110.0, 112.0), "a": (239.0, 1239.0),
+                              "b": (1239.0, 2239.0)}
+
+
 def test_a_copy_over_dcn_lands_before_its_consumer_is_launched():
     two = sim.Cluster(TINY.chip, (1, 1), 2, TINY.ici, sim.Network(1e9, 10 * US), TINY.host)
     with pw.Controller(backend="sim", cluster=two) as ctl:

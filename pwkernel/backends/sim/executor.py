@@ -22,8 +22,9 @@ thread submitting and waiting, every run is the same.
    host it touches; once per program ``client_per_program``, ``program_fanout_per_host``): for
    a whole program when it is submitted with parallel dispatch, for each node when its inputs
    exist with sequential dispatch; ``rpc_latency`` later the island's scheduler has it;
-2. the scheduler's launch decision reaches each host ``rpc_latency`` later, where the host
-   executor takes ``host_per_node``, one computation after another;
+2. the scheduler sends its launch decision to each host of the computation, one after another
+   on its one thread (``scheduler_per_host`` each), which reaches the host ``rpc_latency``
+   later, where the host executor takes ``host_per_node``, one computation after another;
 3. the chips run computations in launch order; one starts when all its hosts have it, all its
    chips are free (a gang) and its inputs exist, and runs for its cost: XLA's cost analysis of
    its lowered function on the chip's roofline plus its collectives on the interconnect model
@@ -167,6 +168,7 @@ class SimExecutor(NoGroup):
         self._cv = threading.Condition(threading.RLock())
         self._chip_free = np.zeros(cluster.num_chips)
         self._host_free = np.zeros(cluster.num_hosts)
+        self._scheduler_free = [0.0] * len(cluster.islands)  # each island scheduler's thread
         n, h = cluster.num_chips, cluster.num_hosts
         self._ports = {"ici_out": np.zeros(n), "ici_in": np.zeros(n), "dcn_out": np.zeros(h),
                        "dcn_in": np.zeros(h), "pcie": np.zeros(h)}
@@ -292,7 +294,12 @@ class SimExecutor(NoGroup):
                 node, run = task.node, task.run
                 ds = self._devset(node.devices)
                 task.t_launch = self._now
-                arrive = np.maximum(self._host_free[ds.hosts], self._decided(task) + self._rpc)
+                sent = self._decided(task)
+                if host.scheduler_per_host:  # its thread sends the launch to each host
+                    sent = max(self._scheduler_free[island], sent) + (
+                        host.scheduler_per_host * ds.nhosts)
+                    self._scheduler_free[island] = sent
+                arrive = np.maximum(self._host_free[ds.hosts], sent + self._rpc)
                 arrive += host.host_per_node
                 self._host_free[ds.hosts] = arrive
                 start = max(float(arrive.max()), float(self._chip_free[ds.idx].max()),
