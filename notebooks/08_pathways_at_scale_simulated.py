@@ -17,31 +17,40 @@
 #
 # The other tutorials show every mechanism on eight virtual CPU devices, where the speed needs
 # real chips. Here the same programs and the same `GangScheduler` run on a *simulated* cluster
-# (`pwkernel.backends.sim`, see `docs/simulator.md`): a virtual clock, published chip figures,
-# and control-plane costs of which two are fit on the paper's break-even points; every other
+# (`pw.sim`, see `docs/simulator.md`): a virtual clock, published chip figures, and
+# control-plane costs of which two are fit on the paper's break-even points; every other
 # number is a prediction.
+#
+# `pw.Controller(backend="sim", cluster=...)` is the whole runtime (`pw.function`,
+# `@pw.program`, `%%pathways`, clients, policies, views, reports) with a simulated executor:
+# functions are lowered for the simulated chips and never run, a computation's time comes from
+# XLA's cost analysis on the chip's roofline, and the virtual clock moves while you wait for a
+# future. Futures have shapes, shardings and times, but no values.
 
 # %%
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
-from pwkernel.backends import sim
+from pwkernel.bench import pipeline as pl
 
-ctl = pw.controller()          # the real runtime, to trace programs
+sim = pw.sim
 pod = sim.Cluster.preset("tpu-v4", chips=2048)
 print(pod.num_chips, "chips on", pod.num_hosts, "hosts; torus", pod.ici.torus)
 
 # %% [markdown]
-# ## Figure 2 on a simulated TPU pod
+# ## Figure 2 on two simulated TPU pods
 #
-# The paper's example program is traced by the real runtime (`f.trace`): one graph of three
-# computations and the transfers between the two islands. `from_graph` turns it into a
-# simulated program node for node, each computation's cost from XLA's cost analysis on the
-# TPU v4 roofline. Its devices go onto two islands of a pod split in two, so the copies cross
-# DCN.
+# The paper's example program, written exactly as in tutorial 00, on a controller whose two
+# islands are two simulated pods of 256 chips joined by DCN: the copies between `a` and `b`,
+# `c` cross the network.
 
 # %%
-s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+two_pods = pw.Controller(backend="sim", cluster=sim.Cluster.preset("tpu-v4", chips=512,
+                                                                   islands=2))
+s0, s1 = two_pods.slice(2, island=0), two_pods.slice(2, island=1)
 a = pw.function(lambda x: x * 2, slice=s0, name="a")
 b = pw.function(lambda x: x + 1, slice=s1, name="b")
 c = pw.function(lambda x: x / 2, slice=s1, name="c")
@@ -53,34 +62,61 @@ def f(v):
     return b(x), a(c(x))
 
 
-graph = f.trace(np.array([1.0, 2.0], np.float32))
-two_pods = sim.Cluster.preset("tpu-v4", chips=512, islands=2)
-chips = {d: (d if d < 4 else d - 4 + 256) for d in range(8)}  # island 1 starts at chip 256
-fig2 = sim.from_graph(graph, two_pods, devices=chips)
-s = sim.Simulator(two_pods)
-s.submit(fig2)
-print(f"Figure 2 on the simulated pods: {s.run() * 1e6:.1f} us (virtual)")
-print([(e.name, e.link) for e in s.trace.events() if e.kind == "transfer"])
-pw.ScheduleView(s, live=False)
+y, z = f(np.array([1.0, 2.0], np.float32))
+z.wait()                                   # the virtual clock runs until z exists
+print(y)
+print(f"Figure 2 on the simulated pods: {two_pods.executor.now() * 1e6:.1f} us (virtual)")
+print([(e.name, e.link) for e in two_pods.trace.events() if e.kind == "transfer"])
+try:
+    y.result()
+except pw.NoValueError as e:
+    print("no values in a simulation:", str(e)[:72], "...")
+pw.ScheduleView(two_pods, live=False)
 
 # %% [markdown]
-# ## A pipeline on the pod, and the same picture at 2048 chips
+# ## Tutorial 04's pipeline on a 2048-chip pod
 #
-# Sixteen stages of 128 chips, four microbatches, activations copied between stages over ICI,
-# beside an SPMD step on all 2048 chips. 2048 rows would not fit: the schedule shows a row per
-# group of hosts (with its device count); `view.drill(hosts=...)` opens some hosts, a row per
-# chip.
+# The same model code as tutorial 04 (`pwkernel.bench.pipeline`), wider and deeper, on one
+# simulated pod: SPMD on all 2048 chips, then GPipe with 16 stages of 128 chips and 16
+# microbatches. Parameters and tokens are placed first (`put`), so the times below are steps.
+# 2048 rows would not fit the schedule: it shows a row per group of hosts (with its device
+# count); `view.drill(hosts=...)` opens some hosts, a row per chip.
 
 # %%
-from pwkernel.backends.sim.scale import pipeline
+big = pw.Controller(backend="sim", cluster=pod)
+S, M = 16, 16
+cfg = pl.ModelConfig(vocab=256, width=256, heads=4, layers=16, seq=64, batch=128 * M)
+params = pl.init_params(cfg)
+tokens = np.random.default_rng(1).integers(0, cfg.vocab, (cfg.batch, cfg.seq), dtype=np.int32)
 
-big = sim.Simulator(pod)
-big.submit(pipeline(pod, stages=16, microbatches=4), client="pipeline")
-big.submit(sim.SimProgram("spmd", [sim.SimNode(i, "step", pod.island_devices(0),
-                                               (i - 1,) if i else (), 2e-3) for i in range(4)]),
-           client="spmd")
-print(f"{big.run() * 1e3:.2f} ms simulated, {len(big.trace)} events")
-view = pw.ScheduleView(big, live=False, color_by="client")
+
+def put(vs, tree, spec):
+    """Place a pytree on a slice (a one-node program), returning futures."""
+    return pw.function(lambda t: t, slice=vs, in_specs=spec, out_specs=spec, name="put")(tree)
+
+
+def elapsed(futures) -> float:
+    big.wait()
+    return max(f.t_done for f in futures) - futures[0].run.t_submit
+
+
+everything = big.slice(2048, axis_types="auto")
+spmd = pw.function(pl.stage_fn(True, True, cfg.heads), slice=everything,
+                   in_specs=(P(), P("x")), out_specs=P("x"), name="spmd")
+placed = put(everything, params, P()), put(everything, tokens, P("x"))
+big.wait()                                 # parameters and tokens are on the chips
+spmd_step = elapsed([spmd(*placed)])
+
+stages = [big.slice(128, axis_types="auto") for _ in range(S)]
+assert len({d for vs in stages for d in vs.device_ids}) == 2048, "one set of chips per stage"
+gpipe = pl.gpipe_program(pl.stage_functions(cfg, stages))   # tutorial 04's program
+stage_params = [put(vs, p, P()) for vs, p in zip(stages, pl.split_params(params, S),
+                                                  strict=True)]
+micro = [put(stages[0], t, P("x")) for t in np.split(tokens, M)]
+big.wait()
+pipe_step = elapsed(gpipe(stage_params, micro))
+print(f"SPMD step {spmd_step * 1e3:.3f} ms, GPipe step {pipe_step * 1e3:.3f} ms (virtual)")
+view = pw.ScheduleView(big, live=False, programs=["gpipe"])
 print(view.layout_rows.n_rows, "rows, e.g.", view.layout_rows.labels[0.0])
 view
 
@@ -90,13 +126,47 @@ assert inner.layout_rows.n_rows == 16
 inner
 
 # %% [markdown]
+# A model this small (width 256) does microseconds of work per stage and microbatch, so the
+# GPipe step is bound by the controller, not the chips: every one of its computations and
+# copies costs the client host-side work and messages to the hosts it touches, which SPMD's
+# single computation pays once. That is the paper's point about small computations, and the
+# break-even section below measures where computations become large enough. The paper's 3B
+# decoder, modelled with the simulator's own workload description, is in the table at the end.
+
+# %%
+gp = [e for e in big.trace.events() if e.program == "gpipe"]
+busy = sum(e.t_end - e.t_start for e in gp if e.kind == "compute") / S
+print(f"GPipe: {len(gp)} nodes; each stage's chips busy {busy * 1e3:.3f} ms of the "
+      f"{pipe_step * 1e3:.3f} ms step")
+#
+# `%%pathways` cells work the same way: `%pathways attach sim --preset tpu-v4` hosts a
+# simulated pod in this kernel (and `%pathways attach local` brings the CPU devices back).
+
+# %%
+# %pathways attach sim --preset tpu-v4 --islands 1024,1024
+
+# %%
+# %%pathways --devices 512
+x = jax.sharding.reshard(jnp.ones((8192, 8192), jnp.bfloat16), P("x"))
+w = jnp.ones((8192, 8192), jnp.bfloat16)
+h = jnp.tanh(x @ w)
+
+# %%
+print(h, h.sharding.spec, f"{pw.controller().executor.now() * 1e3:.3f} ms (virtual)")
+
+# %%
+# %pathways attach local --islands 4,4
+
+# %% [markdown]
 # ## The dispatch break-even point against hosts
 #
 # OpByOp: every computation its own program, each reading the one before. Pathways' client
 # pays a cost per program and a message per host; multi-controller JAX dispatches on every
 # host at once. The smallest computation at which Pathways keeps up (95 % of JAX's
 # throughput) grows with the hosts. Two control-plane costs are fit on the paper's two points
-# (16 and 512 hosts); the other points of the curve follow from the model.
+# (16 and 512 hosts); the other points of the curve follow from the model. The paper's counts
+# imply its hardware: 128 TPU cores at 16 hosts are TPU v3 hosts (8 cores each), 2048 at 512
+# hosts are TPU v4 hosts (4 chips each), so the 16-host point runs on v3, the others on v4.
 
 # %%
 from pwkernel.backends.sim import paper_dispatch as pd
@@ -112,7 +182,9 @@ assert list(curve.values()) == sorted(curve.values())  # more hosts, larger brea
 # %% [markdown]
 # ## The deadlock demonstrator
 #
-# Without a gang scheduler (`gang=False`) each chip runs work in the order its host received
+# This part uses the simulator's own engine (`sim.Simulator`), which runs plain program
+# graphs (`sim.SimProgram`) and can do what a controller never does: run without a gang
+# scheduler. Without one (`gang=False`) each chip runs work in the order its host received
 # it. Two clients each submit a program with a collective on chips 0 and 1; alice sits next to
 # host 0, bob next to host 1. The chips receive the two programs in opposite orders and wait
 # for each other forever: the simulator finds the circle and names it. The trace keeps the
@@ -165,8 +237,9 @@ assert [r["kind"] for r in rows].count("fit") == 2
 # Nothing on this machine's devices: these are simulated times on a virtual clock. The
 # break-even points are fit (two parameters); the rest are predictions from published chip
 # figures and stated assumptions (`docs/simulator.md` lists them, with what the model
-# ignores). Where a prediction misses the paper (the hosts-sweep crossovers do), the table
-# says so rather than tuning it away.
+# ignores). The hosts-sweep crossovers also rest on figures the paper does not give (the
+# chain's length, the scheduler's work per host, JAX's cost per call): `docs/simulator.md`
+# shows how far they move when one of those changes, rather than tuning them to the paper.
 
 # %%
 for r in rows:

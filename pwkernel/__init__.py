@@ -16,7 +16,7 @@
 >>> ctl.close()
 """
 
-from . import backends  # noqa: F401 - registers the backends by name (local, ray)
+from . import backends  # noqa: F401 - registers the backends by name (local, ray, sim)
 from .runtime.controller import Controller, controller
 from .runtime.dispatcher import DispatchMode
 from .runtime.errors import (
@@ -25,6 +25,7 @@ from .runtime.errors import (
     DeviceSetupError,
     IslandLostError,
     MemoryBudgetError,
+    NoValueError,
     PathwaysError,
     ProgramError,
     SliceError,
@@ -50,6 +51,10 @@ def __getattr__(name: str):
         from . import viz
 
         return getattr(viz, name)
+    if name == "sim":  # the simulator (pw.sim.Cluster, ...), loaded when first asked for
+        from .backends import sim
+
+        return sim
     raise AttributeError(f"module 'pwkernel' has no attribute {name!r}")
 
 
@@ -70,7 +75,7 @@ __all__ = [
     "INFERRED", "CancelledError", "ClientSpec", "CompiledFunction", "Controller",
     "ControllerClosedError", "DeviceSetupError", "DispatchMode", "Event", "Executor", "Future",
     "FutureState", "GangScheduler", "Island", "IslandLostError", "Link", "MemoryBudgetError",
-    "PathwaysError", "Policy", "Program", "ProgramError",
+    "NoValueError", "PathwaysError", "Policy", "Program", "ProgramError",
     "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice", "controller", "function",
-    "program", "ScheduleView", "TopologyView", "report",
+    "program", "ScheduleView", "TopologyView", "report", "sim",
 ]

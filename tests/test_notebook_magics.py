@@ -373,3 +373,28 @@ def test_comm_lists_every_slice_with_axis_types(ip):
     assert len(slices) == len(ctl.slices) == 3 and len(anonymous) == 1
     assert comm.reply(None, {"type": "policy", "policy": "fifo"})["error"].startswith(
         "the controller has not started yet")
+
+
+def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys):
+    run(ip, "%pathways attach sim --preset tpu-v4 --islands 1024,1024")
+    ctl = extension.state().ctl
+    assert ctl.backend == "sim" and [len(i.devices) for i in ctl.islands] == [1024, 1024]
+    assert "island 1: 1024 sim" in capsys.readouterr().out
+    run(ip, "x = np.ones((8192, 512), np.float32)\nw = np.ones((512, 512), np.float32)")
+    run(ip, "%%pathways --devices 256\ny = jnp.tanh(x @ w)\ntotal = y.sum()")
+    y = ip.user_ns["y"]
+    assert y.done() and y.shape == (8192, 512) and len(y.sharding.device_set) == 256
+    assert ctl.executor.now() > 0  # the cell waited: the virtual clock moved
+    shown = run(ip, "y")
+    fmt = ip.display_formatter.formatters["text/plain"]
+    assert "simulated: shape and times only" in fmt(shown)
+    with pytest.raises(pw.NoValueError, match="simulated controller"):
+        run(ip, "total.result()")
+    status = repr(ip.run_line_magic("pathways", "status"))
+    assert "[0-255]" in status and status.count("\n") < 40  # memory rows grouped, not 2048
+    with pytest.raises(UsageError, match="takes no --preset"):
+        run(ip, "%pathways attach local --preset tpu-v4")
+    with pytest.raises(UsageError, match="islands of a preset are equal"):
+        run(ip, "%pathways attach sim --islands 1024,512")
+    run(ip, "%pathways attach local --islands 4,4")
+    assert extension.state().ctl.backend == "local"

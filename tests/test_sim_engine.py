@@ -93,6 +93,24 @@ def test_per_program_client_costs_come_before_the_programs_nodes():
     assert spans(sim) == {"a": (20, 32, 132), "b": (22, 132, 332)}
 
 
+def test_the_scheduler_sends_each_launch_to_each_host_one_after_another():
+    sim = Simulator(toy(islands=(2,)).with_host(scheduler_per_host=3 * US))
+    chips = (0, 1, 2, 3)  # two hosts
+    sim.submit(SimProgram("chain", [SimNode(0, "a", chips, seconds=1 * US),
+                                    SimNode(1, "b", chips, (0,), 1 * US)]))
+    sim.run()
+    # a: client 1 + 1 x 2 hosts -> scheduler at 13; its thread sends 2 launches (3 each):
+    #    gone at 19, hosts at 29, enqueued at 31, runs to 32.
+    # b: client done at 6 -> scheduler at 16, launched behind a, but the thread is busy
+    #    until 19: gone at 25, hosts at 35, enqueued at 37 (without the cost: 28).
+    assert spans(sim) == {"a": (13, 31, 32), "b": (16, 37, 38)}
+    multi = Simulator(toy(islands=(2,)).with_host(scheduler_per_host=3 * US),
+                      controller="multi")  # no scheduler: no such cost
+    multi.submit(one("c", 1 * US, chips))
+    multi.run()
+    assert spans(multi)["c"][1] == 3
+
+
 def test_multi_controller_hosts_dispatch_their_own_chips_with_no_client_hop():
     sim = Simulator(toy(islands=(2,)), controller="multi")  # chips 0, 1 on host 0; 2, 3 on 1
     chips = (0, 1, 2, 3)

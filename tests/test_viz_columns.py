@@ -111,14 +111,19 @@ def test_select_by_program_and_client(events):
 
 def test_colours_are_stable_and_colour_blind_safe(ctl, events):
     layout = C.DeviceLayout.from_controller(ctl)
-    first = C.rectangles(events, layout, 0.0)
-    again = C.rectangles(list(reversed(events)), layout, 0.0)
+    colors = ColorRegistry()  # not the process-wide one: other tests' programs took colours
+    first = C.rectangles(events, layout, 0.0, colors)
+    again = C.rectangles(list(reversed(events)), layout, 0.0, colors)
     by_program = dict(zip(first["program"], first["c_program"], strict=True))
     assert by_program == dict(zip(again["program"], again["c_program"], strict=True))
     assert by_program["fig2"] != by_program["local"]
     assert set(OKABE_ITO) <= set(Colorblind8)
     assert set(by_program.values()) <= set(OKABE_ITO)
-    assert COLORS.assigned("program")["fig2"] == by_program["fig2"]
+    assert colors.assigned("program")["fig2"] == by_program["fig2"]
+    # the views' default is the process-wide registry, which keeps its colours
+    shared = C.rectangles(events, layout, 0.0)
+    assert COLORS.assigned("program")["fig2"] == shared["c_program"][shared["program"].index(
+        "fig2")]
 
 
 def test_colour_registry_order_and_wrap():

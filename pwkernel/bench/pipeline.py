@@ -140,6 +140,32 @@ def spmd_rate(ctl: pw.Controller, cfg: ModelConfig, devices: int, params: dict, 
     return lambda: rate(once, batches * cfg.batch * cfg.seq)
 
 
+def stage_functions(cfg: ModelConfig, slices) -> list[pw.CompiledFunction]:
+    """One compiled function per pipeline stage, each on its slice (batch sharded over it)."""
+    last = len(slices) - 1
+    return [pw.function(stage_fn(s == 0, s == last, cfg.heads), slice=vs,
+                        in_specs=(P(), P("x"), P("x")) if 0 < s == last else (P(), P("x")),
+                        out_specs=P("x"), name=f"stage{s}") for s, vs in enumerate(slices)]
+
+
+def gpipe_program(fns: list[pw.CompiledFunction], name: str = "gpipe") -> pw.Program:
+    """GPipe as one program: every stage on every microbatch, microbatch-major (the gang
+    scheduler overlaps the stages on their own devices). Takes the stages' parameters and the
+    microbatches; returns each microbatch's per-sequence losses."""
+
+    @pw.program(name=name)
+    def gpipe(ps, ts):
+        losses = []
+        for t in ts:
+            h = fns[0](ps[0], t)
+            for s in range(1, len(fns) - 1):
+                h = fns[s](ps[s], h)
+            losses.append(fns[-1](ps[-1], h, t))
+        return losses
+
+    return gpipe
+
+
 def pipelined_rate(ctl: pw.Controller, cfg: ModelConfig, devices: int, stages: int, micro: int,
                params: dict, tokens, batches):
     per = devices // stages
@@ -147,23 +173,11 @@ def pipelined_rate(ctl: pw.Controller, cfg: ModelConfig, devices: int, stages: i
     if len({d for vs in slices for d in vs.device_ids}) != devices:
         raise RuntimeError("pipeline stages did not get disjoint slices; expected the resource "
                            f"manager to spread {stages} slices over {devices} devices.")
-    fns = [pw.function(stage_fn(s == 0, s == stages - 1, cfg.heads), slice=vs,
-                       in_specs=(P(), P("x"), P("x")) if 0 < s == stages - 1 else (P(), P("x")),
-                       out_specs=P("x"), name=f"stage{s}") for s, vs in enumerate(slices)]
+    gpipe = gpipe_program(stage_functions(cfg, slices), name=f"gpipe{stages}")
     params_on = [_on(vs, p, P()) for vs, p in zip(slices, split_params(params, stages),
                                                    strict=True)]
     mb = np.split(tokens, micro)
     toks = [_on(slices[0], t, P("x")) for t in mb]
-
-    @pw.program(name=f"gpipe{stages}")
-    def gpipe(ps, ts):
-        losses = []
-        for t in ts:  # microbatch-major: the scheduler overlaps stages on their own devices
-            h = fns[0](ps[0], t)
-            for s in range(1, stages - 1):
-                h = fns[s](ps[s], h)
-            losses.append(fns[-1](ps[-1], h, t))
-        return losses
 
     def once():
         outs = [gpipe(params_on, toks) for _ in range(batches)]

@@ -6,9 +6,10 @@ break-even points only (``pwkernel.backends.sim.paper_dispatch.fit``); every oth
 prediction with those values, and the table says which is which. Figures the paper states only
 as a direction ("sequential is always slower") are checked as such (error column: ``holds``).
 
-The simulated cluster is a TPU v4 island (4 chips per host; PAPER.md leaves open whether "2.3 ms
-at 16 hosts (128 TPUs)" counts 8 cores or 4 chips per host: the model depends on hosts, and the
-sweep's "cores" are read as 8 per host, the 16-host reading). See docs/simulator.md.
+The simulated hardware is the one the paper's counts imply (``paper_dispatch.HARDWARE``): the
+break-even point at 16 hosts ("128 TPUs": 8 TensorCores per host) on TPU v3, the one at 512
+hosts ("2048 TPUs": 4 per host) on TPU v4, and the hosts sweep of Chained and Fused, whose
+counts are cores, on TPU v3 at 8 cores per host. See docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from ..backends.sim import paper_dispatch as pd
 from ..backends.sim import paper_workloads as pwl
 from .harness import Result, check_mode
 
-CONFIG = {"tiny": {"programs": 12, "hosts": (2, 4, 8, 16, 32, 64, 128)},
-          "quick": {"programs": 24, "hosts": (2, 4, 8, 16, 32, 64, 128, 256, 512)},
-          "full": {"programs": 40, "hosts": (2, 4, 8, 16, 32, 64, 128, 256, 512)}}
-CORES_PER_HOST = 8
+CONFIG = {"tiny": {"programs": 12, "hosts": pd.SWEEP_HOSTS},
+          "quick": {"programs": 24, "hosts": pd.SWEEP_HOSTS},
+          "full": {"programs": 40, "hosts": pd.SWEEP_HOSTS}}
+CORES_PER_HOST = pd.CORES_PER_HOST
 PIPELINE = {4: 133.7 / 125.7, 8: 132.7 / 125.7, 16: 131.4 / 125.7}
 SHARES = {"w1": 100 / 15, "w2": 200 / 15, "w4": 400 / 15, "w8": 800 / 15}
 
@@ -34,6 +35,15 @@ def _row(result: str, paper, simulated, kind: str, unit: str = "", error=None) -
             "error_pct": error, "kind": kind}
 
 
+def _crossover_row(result: str, cores: int, hosts: int) -> dict:
+    """A crossover read off a sweep of powers of two: its error is the factor between the
+    simulated and the paper's host counts (within target: at most 2, one step of the sweep)."""
+    paper = cores / CORES_PER_HOST
+    factor = max(hosts / paper, paper / hosts) if hosts else float("inf")
+    return _row(result, paper, hosts, "prediction", "hosts",
+                f"x{factor:.2f}" + (" low" if hosts < paper else ""))
+
+
 def rows(mode: str = "quick", fitted: dict | None = None) -> tuple[list[dict], dict]:
     """Every row of the table, and the fit (``fitted``: a ``paper_dispatch.fit()`` already
     made, to reuse)."""
@@ -43,12 +53,9 @@ def rows(mode: str = "quick", fitted: dict | None = None) -> tuple[list[dict], d
     out = [_row(f"dispatch break-even at {h} hosts", pd.BREAK_EVEN[h] * 1e3,
                 fitted["simulated"][h] * 1e3, "fit", "ms") for h in sorted(pd.BREAK_EVEN)]
     hosts = cfg["hosts"]
-    fused = pd.crossover(p, lambda r: r.pw_fused >= pd.MATCH * r.jax_fused, hosts)
-    chained = pd.crossover(p, lambda r: r.pw_chained >= pd.MATCH * r.jax_opbyop, hosts)
-    out += [_row("Fused matches JAX Fused up to (hosts)", 1000 / CORES_PER_HOST, fused,
-                 "prediction", "hosts"),
-            _row("Chained matches JAX OpByOp up to (hosts)", 256 / CORES_PER_HOST, chained,
-                 "prediction", "hosts")]
+    fused, chained = pd.crossovers(p, cfg["programs"], hosts)
+    out += [_crossover_row("Fused matches JAX Fused up to (hosts)", 1000, fused),
+            _crossover_row("Chained matches JAX OpByOp up to (hosts)", 256, chained)]
     ratio = pwl.parallel_vs_sequential(p)
     out.append(_row("parallel / sequential dispatch, pipeline of small stages", "> 1",
                     ratio, "prediction", "x", "holds" if ratio > 1 else "fails"))
@@ -94,8 +101,9 @@ def run(mode: str = "quick") -> Result:
         "fit: " + ", ".join(f"{k} = {v * 1e6:.1f} us" for k, v in fitted["params"].items())
         + f" on the two break-even points ({pd.MATCH:.0%} of JAX's throughput); assumed: "
         + ", ".join(f"{k} = {v * 1e6:g} us" for k, (v, _) in pd.ASSUMED.items()),
-        "cluster: TPU v4, 4 chips per host; the paper's '128 TPUs at 16 hosts' read as "
-        f"TensorCores (2 per chip); sweep crossovers in hosts at {CORES_PER_HOST} cores per host",
+        "hardware: break-even at 16 hosts on TPU v3 ('128 TPUs': 8 cores per host), at 512 "
+        "hosts on TPU v4 ('2048 TPUs': 4 per host); the Chained/Fused sweep on TPU v3, "
+        f"crossovers in hosts at {CORES_PER_HOST} cores per host",
         f"Chained and Fused run {pd.CHAIN} computations per program (assumed)",
         "every row but the two 'fit' rows is a prediction; paper figures from PAPER.md "
         "(secondary sources for all but the abstract's)",

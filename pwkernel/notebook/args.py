@@ -144,11 +144,15 @@ def line_parser() -> _Parser:
     t.add_argument("path", nargs="?", default=None, metavar="PATH")
     sub.add_parser("reset", help="cancel every queued computation and release magic slices")
     at = sub.add_parser("attach", help="host the islands elsewhere, e.g. %%pathways attach ray "
-                                       "--address auto --islands 4,4")
-    at.add_argument("backend", choices=["ray", "local"])
+                                       "--address auto --islands 4,4, or simulate them: "
+                                       "%%pathways attach sim --preset tpu-v4 --islands 2048")
+    at.add_argument("backend", choices=["ray", "local", "sim"])
     at.add_argument("--address", default=None, metavar="A",
                     help="a running Ray cluster ('auto' or host:port); default: a local one")
     at.add_argument("--islands", type=_sizes, default=None, metavar="4,4")
+    at.add_argument("--preset", default=None, metavar="NAME",
+                    help="sim: the simulated machine (tpu-v3, tpu-v4, a100, h100, h200, "
+                         "this-machine; default tpu-v4); --islands then counts its chips")
     return p
 
 

@@ -165,7 +165,8 @@ class Utilization:
     def sample(self, trace, running: list[tuple[float, tuple[int, ...]]],
                now: float | None = None) -> dict[int, float]:
         """``trace``: the controller's ``Trace``; ``running``: (start, devices) of computations
-        launched and not finished; ``now``: a ``time.perf_counter()`` reading."""
+        launched and not finished; ``now``: a reading of the controller's clock (the trace's;
+        default ``time.perf_counter()``, the local and Ray backends' clock)."""
         now = time.perf_counter() if now is None else now
         start = now - self.window
         if trace is not self._trace:  # a new controller (the old one was closed): start over
@@ -236,7 +237,7 @@ def status_message(ctl, util: Utilization | None = None) -> dict[str, Any]:
         return {"type": "status", "data": {"closed": True, "protocol": PROTOCOL}}
     runs, running = _runs(snap), _running(snap)
     busy = {d for _, devices in running for d in devices}
-    use = (util or Utilization()).sample(ctl.trace, running)
+    use = (util or Utilization()).sample(ctl.trace, running, ctl.executor.now())
     memory = {str(d): n for d, n in snap.memory.items()}
     islands = [{"id": i.id, "platform": i.platform, "devices": list(i.device_ids),
                 "running": i.running, "queued": i.queued, "lost": i.lost,

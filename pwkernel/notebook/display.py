@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..runtime.errors import NoValueError
 from ..runtime.objects import Future, FutureState
 from ..runtime.resources import VirtualSlice, describe_axis_types
 from ..runtime.snapshot import SliceView, Snapshot
@@ -62,12 +63,15 @@ def future_fields(fut: Future) -> dict[str, str]:
     if fut.done():
         elapsed = f"in {human_seconds(max(0.0, fut.t_done - start))}" if fut.t_done else ""
     else:
-        elapsed = f"for {human_seconds(time.perf_counter() - start)}"
+        clock = run.dispatcher.now if run is not None else time.perf_counter
+        elapsed = f"for {human_seconds(max(0.0, clock() - start))}"
     preview = ""
     if fut.state is FutureState.DONE:
         try:
             preview = np.array2string(np.asarray(fut.result(0)), threshold=8, edgeitems=2,
                                       precision=4)
+        except NoValueError:
+            preview = "(simulated: shape and times only, no values)"
         except Exception:  # closed controller: nothing to show
             preview = "(freed)"
     elif fut.state in (FutureState.FAILED, FutureState.CANCELLED):
@@ -183,6 +187,23 @@ def controller_html(ctl) -> str:
     return _table(title, _ISLAND_HEAD, _island_rows(snap))
 
 
+def _memory_rows(snap: Snapshot, most: int = 64) -> list[list[Any]]:
+    """A row per device; past ``most`` devices (a simulated pod), consecutive devices of one
+    platform holding the same bytes share a row (``[0-1023]``)."""
+    platform = {d: i.platform for i in snap.islands for d in i.device_ids}
+    rows = [[d, platform.get(d, ""), human_bytes(n)] for d, n in snap.memory.items()]
+    if len(rows) <= most:
+        return rows
+    groups: list[list[Any]] = []
+    for d, where, held in rows:
+        last = groups[-1] if groups else None
+        if last and last[1] == where and last[2] == held and last[0][-1] == d - 1:
+            last[0].append(d)
+        else:
+            groups.append([[d], where, held])
+    return [[device_ids(ids), where, held] for ids, where, held in groups]
+
+
 # --- %pathways status ----------------------------------------------------------------------
 class Status:
     """What ``%pathways status`` shows of a controller's snapshot: HTML or text."""
@@ -196,14 +217,12 @@ class Status:
         snap = self.snapshot
         slices = [_slice_row(vs, self.names.get(vs.id, "")) for vs in snap.slices]
         progs = [[r.id, r.name, r.client, r.state] for r in snap.runs]
-        platform = {d: i.platform for i in snap.islands for d in i.device_ids}
-        mem = [[d, platform.get(d, ""), human_bytes(n)] for d, n in snap.memory.items()]
         return [
             (f"Controller: policy {snap.policy}, dispatch {snap.dispatch}, client {self.client}",
              _ISLAND_HEAD, _island_rows(snap)),
             ("Slices", _SLICE_HEAD, slices),
             ("Programs (queued or running)", ["run", "program", "client", "state"], progs),
-            ("Memory per device", ["device", "platform", "held"], mem),
+            ("Memory per device", ["device", "platform", "held"], _memory_rows(snap)),
         ]
 
     def __repr__(self) -> str:

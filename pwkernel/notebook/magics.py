@@ -138,11 +138,18 @@ class PathwaysMagics(Magics):
         if a.backend == "local" and a.address is not None:
             raise UsageError("%pathways attach local takes no --address; use "
                              "%pathways attach ray --address A for a Ray cluster.")
+        if a.backend != "sim" and a.preset is not None:
+            raise UsageError(f"%pathways attach {a.backend} takes no --preset; it names a "
+                             "simulated machine: %pathways attach sim --preset tpu-v4.")
         old = self.state.peek()  # None: not started yet, nothing to replace
         islands = a.islands or (tuple(len(i.devices) for i in old.islands) if old is not None
                                 else process.local.islands_from_env())
+        if a.backend == "sim":  # a preset's machine, or islands of those chip counts
+            islands = a.islands
         try:
-            new = process.Controller(islands, backend=a.backend, ray_address=a.address)
+            new = process.Controller(islands, backend=a.backend, ray_address=a.address,
+                                     cluster=(a.preset or "tpu-v4") if a.backend == "sim"
+                                     else None)
         except (PathwaysError, ValueError) as e:
             raise UsageError(f"%pathways attach {a.backend}: {e}") from None
         for name in self.state.release_all():
@@ -305,6 +312,8 @@ class PathwaysMagics(Magics):
         __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
         resolved = _all_resolved(outputs)
+        if run.dispatcher.virtual:  # a simulated clock: the cell's program runs to its end
+            run.wait(timeout)       # while this thread waits (no real time passes)
         try:
             while True:
                 left = None if deadline is None else deadline - time.monotonic()

@@ -48,12 +48,18 @@ class Controller:
     cluster at ``ray_address`` (``"auto"``, ``"host:port"``), or on a local cluster started
     for it (``None``); see docs/ray.md. ``ctl.reattach(island)`` replaces a lost island.
     ``backend`` may also be an executor object (``pw.Executor``), which brings its islands.
+
+    ``backend="sim"`` runs the same programs on a simulated ``cluster``
+    (``pw.sim.Cluster.preset("tpu-v4", chips=2048)``; default: a TPU v4 cluster shaped like
+    ``islands``), through the same gang schedulers, on a virtual clock that moves while you
+    wait (``fut.wait()``, ``ctl.wait()``); futures have shapes, shardings and times but no
+    values (docs/simulator.md).
     """
 
     def __init__(self, islands: Sequence[int] | None = (4, 4), policy: Policy | str = "fifo",
                  dispatch: DispatchMode | str = "parallel", memory_budget: int | None = None,
                  dcn: Link | None = None, backend: str | Executor = "local",
-                 ray_address: str | None = None):
+                 ray_address: str | None = None, cluster: Any = None):
         policy = Policy.parse(policy)
         mode = DispatchMode.parse(dispatch)
         if memory_budget is not None and not memory_budget > 0:
@@ -65,7 +71,12 @@ class Controller:
         self.closed = False
         self.memory_budget = memory_budget
         self.dcn = dcn
-        self._backend = executors.create(backend, islands, dcn=dcn, ray_address=ray_address)
+        if cluster is not None and backend != "sim":
+            raise ValueError("cluster= describes a simulated cluster; pass backend='sim' with "
+                             "it, e.g. pw.Controller(backend='sim', cluster=pw.sim.Cluster."
+                             "preset('tpu-v4', chips=2048)).")
+        self._backend = executors.create(backend, islands, dcn=dcn, ray_address=ray_address,
+                                         cluster=cluster)
         self._islands = tuple(self._backend.islands)
         if not isinstance(backend, str) and islands not in (None, (4, 4)) and tuple(
                 islands) != tuple(len(i.devices) for i in self._islands):
@@ -85,6 +96,12 @@ class Controller:
     def backend(self) -> str:
         """The backend's name (``"local"``, ``"ray"``, ...)."""
         return self._backend.name
+
+    @property
+    def host_of(self) -> Any:
+        """The host of each device id (indexable), where the backend knows hosts (the
+        simulator: views then show a row per host), else None."""
+        return getattr(self._backend, "host_of", None)
 
     @property
     def executor(self) -> Executor:

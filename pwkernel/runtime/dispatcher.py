@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from enum import StrEnum
 
 import jax
@@ -35,7 +34,6 @@ from .plan import Plan, build
 from .tasks import ClientSpec, ProgramRun, Task, TaskState, later, soon
 from .trace import Trace
 
-_now = time.perf_counter
 _PENDING = FutureState.PENDING
 
 
@@ -59,6 +57,11 @@ class Dispatcher:
                  mode: DispatchMode = DispatchMode.PARALLEL, policy="fifo",
                  memory_budget: int | None = None):
         self.executor = executor
+        self.now = executor.now  # the clock of every time the runtime keeps
+        # A virtual clock (the simulator) moves only when the runtime waits, so host-side
+        # work happens in the thread that causes it: no dispatcher thread for sequential runs.
+        self.virtual = bool(getattr(executor, "virtual", False))
+        self._submitted = getattr(executor, "submitted", None)  # optional: a run starts
         self.store = store
         self.trace = trace
         self.mode = DispatchMode.parse(mode)
@@ -133,6 +136,8 @@ class Dispatcher:
                 futures[slot] = fut
             outputs.append(fut)
         self.runs[run.id] = run  # one dict operation: atomic without a lock
+        if self._submitted is not None:
+            self._submitted(run)
         start = self._start_parallel if parallel else self._start_sequential
         self.began()
         try:
@@ -225,6 +230,10 @@ class Dispatcher:
 
     # --- sequential dispatch: the client prepares a node once its inputs exist -------------
     def _sequential(self, task: Task) -> None:
+        if self.virtual:
+            self.began()
+            self._prepare(task)
+            return
         if self._thread is None:
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._serve, name="pw-dispatch", daemon=True)
@@ -234,25 +243,29 @@ class Dispatcher:
 
     def _serve(self) -> None:
         while (task := self._queue.get()) is not None:
-            run, node = task.run, task.node
-            try:
-                if not task.is_compute:
-                    self._admit(task)
-                    continue
-                with run._lock:
-                    if task.state is not TaskState.WAITING:
-                        continue
-                    task.state = TaskState.QUEUED
-                exe = node.fn.executable(node.node.signature)  # the host-side work, now
-                client = run.client_spec
-                self.islands[node.island].submit(task, sch.Submit(
-                    task.id, node.devices, client.name, client.weight, client.priority,
-                    node.spec.cost_key, exe.memory, True, (), run.id))
-            except BaseException as e:  # noqa: BLE001
-                run.fail(task, e)
-            finally:
-                self.settled()
-            task = run = None  # an idle dispatcher keeps no run alive
+            self._prepare(task)
+            task = None  # an idle dispatcher keeps no run alive
+
+    def _prepare(self, task: Task) -> None:
+        """The client's host-side work for one node whose inputs exist, then its submission."""
+        run, node = task.run, task.node
+        try:
+            if not task.is_compute:
+                self._admit(task)
+                return
+            with run._lock:
+                if task.state is not TaskState.WAITING:
+                    return
+                task.state = TaskState.QUEUED
+            exe = node.fn.executable(node.node.signature)  # the host-side work, now
+            client = run.client_spec
+            self.islands[node.island].submit(task, sch.Submit(
+                task.id, node.devices, client.name, client.weight, client.priority,
+                node.spec.cost_key, exe.memory, True, (), run.id))
+        except BaseException as e:  # noqa: BLE001
+            run.fail(task, e)
+        finally:
+            self.settled()
 
     # --- transfers -------------------------------------------------------------------------
     def _admit(self, task: Task) -> None:
@@ -284,7 +297,7 @@ class Dispatcher:
                 return
             task.state = TaskState.RUNNING
         self.began()
-        task.t_submit = task.t_launch = _now()
+        task.t_submit = task.t_launch = self.now()
         error = task.input_error()
         if error is not None:
             run.ended(task, task.t_launch, task.t_launch, error)

@@ -38,3 +38,8 @@ class CancelledError(PathwaysError, RuntimeError):
 class IslandLostError(PathwaysError, RuntimeError):
     """An island's process died (Ray backend): its buffers are gone, and computations that
     needed them fail. ``ctl.reattach(island)`` starts a replacement."""
+
+
+class NoValueError(PathwaysError, RuntimeError):
+    """A future of a simulated controller (``backend="sim"``) was asked for its value: a
+    simulation knows shapes, dtypes, shardings and times, and computes nothing."""

@@ -2,10 +2,10 @@
 
 The runtime decides (traces programs, plans them, gang-schedules them per island, keeps futures
 and the trace); an executor runs what was decided, where its islands live: this process's JAX
-devices (``backends/local``), Ray actors (``backends/ray``), or a simulated cluster. The runtime
-talks to islands only through this interface and never imports a backend: ``pwkernel.backends``
-registers its backends here by name, and ``pw.Controller(backend=...)`` takes such a name or an
-object that implements ``Executor``.
+devices (``backends/local``), Ray actors (``backends/ray``), or a simulated cluster
+(``backends/sim``). The runtime talks to islands only through this interface and never imports
+a backend: ``pwkernel.backends`` registers its backends here by name, and
+``pw.Controller(backend=...)`` takes such a name or an object that implements ``Executor``.
 
 The contract, per task (``runtime.tasks.Task``):
 
@@ -23,6 +23,16 @@ The contract, per task (``runtime.tasks.Task``):
 
 Nothing here assumes that one controller owns an island: each task carries its own run, which
 is where its end is reported.
+
+Optional members, looked up by the runtime with ``getattr``:
+
+- ``expedite(task, timeout)``: a thread is about to wait for ``task``'s outputs;
+- ``submitted(run)``: a program run was just submitted (before any of its tasks launch);
+- ``virtual = True``: time is a virtual clock that moves only while someone waits (the
+  simulator): the runtime then does a sequential run's host-side work in the thread that
+  causes it (no dispatcher thread), calls ``expedite`` for any task not yet done, and
+  ``settle(predicate, timeout)`` when it waits for a whole run: the executor moves its clock
+  until ``predicate()`` holds.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class Graph:
         for vid in self.inputs:
             spec = self.values[vid]
             if spec.sharding is not None:
-                isl = island_of([d.id for d in spec.sharding.device_set])
+                isl = island_of(spec.sharding.device_set)
                 self.values[vid] = ValueSpec(vid, spec.shape, spec.dtype, spec.sharding,
                                              None if isl is None else isl.id)
 

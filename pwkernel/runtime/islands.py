@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from . import budget
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
     from .executor import Executor
     from .resources import Island
 
-_now = time.perf_counter
 _log = logging.getLogger("pwkernel")
 
 
@@ -53,7 +51,7 @@ class IslandQueue:
     def submit_program(self, tasks: list[Task], event: sch.SubmitProgram,
                        ready: list[Task]) -> None:
         """A run's computations on this island, with those whose inputs are already there."""
-        t, queued, mine = _now(), TaskState.QUEUED, self._tasks
+        t, queued, mine = self.executor.now(), TaskState.QUEUED, self._tasks
         with self._lock:
             for task in tasks:
                 task.state = queued
@@ -68,7 +66,7 @@ class IslandQueue:
     def submit(self, task: Task, event: sch.Submit) -> None:
         """One computation whose inputs exist (sequential dispatch)."""
         with self._lock:
-            task.t_submit = _now()
+            task.t_submit = self.executor.now()
             self._tasks[task.id] = task
         self.post(event)
 

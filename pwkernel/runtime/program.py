@@ -96,6 +96,9 @@ class Executable:
     # How launches call it: the compiled executable itself (C++ dispatch after its first call;
     # unlike the jit object it never traces again, whatever mesh is ambient in that thread)
     call: Any = None
+    # On a simulated island: the function lowered for its chips (never compiled), which the
+    # simulator's cost model reads
+    lowered: Any = None
 
 
 def spec_leaves(specs, args: tuple) -> list[Any]:
@@ -163,9 +166,13 @@ class CompiledFunction:
     """
 
     def __init__(self, fn: Callable, slice: VirtualSlice, in_specs=None, out_specs=None,
-                 name: str | None = None):
+                 name: str | None = None, sim_cost=None):
         if not callable(fn):
             raise ProgramError(f"pw.function needs a callable, got {type(fn).__name__}.")
+        if sim_cost is not None and not _is_duration(sim_cost):
+            raise ProgramError(
+                f"sim_cost must be seconds >= 0 (or a pw.sim.Cost), the duration of one call "
+                f"on a simulated cluster, got {sim_cost!r}. Maybe you want sim_cost=1e-3.")
         if not isinstance(slice, VirtualSlice):
             raise SliceError(
                 f"pw.function needs slice= a VirtualSlice (from ctl.slice(...)), got "
@@ -173,6 +180,7 @@ class CompiledFunction:
             )
         self.fn, self.slice = fn, slice
         self.in_specs, self.out_specs = in_specs, out_specs
+        self.sim_cost = sim_cost
         self.name = name or getattr(fn, "__name__", "fn")
         if self.name == "<lambda>":
             self.name = "lambda"
@@ -212,8 +220,9 @@ class CompiledFunction:
         structs = [jax.ShapeDtypeStruct(s, d, sharding=sh)
                    for (s, d), sh in zip(in_avals, in_shardings, strict=True)]
         try:
-            out_struct = jax.eval_shape(lambda *a: self.fn(*jax.tree_util.tree_unflatten(
-                in_tree, a)), *structs)
+            with _traced_on(vs):
+                out_struct = jax.eval_shape(lambda *a: self.fn(*jax.tree_util.tree_unflatten(
+                    in_tree, a)), *structs)
         except Exception as e:
             raise ProgramError(f"{self.name} could not be traced for inputs "
                                f"{[(s, str(d)) for s, d in in_avals]}: {e}") from e
@@ -227,9 +236,13 @@ class CompiledFunction:
             spec = _default_spec(o.shape, vs) if spec is None else spec
             _check_spec(spec, o.shape, mesh, f"{self.name}: output {i} out_specs")
             out_shardings.append(NamedSharding(mesh, spec))
+        if vs.island.simulated:
+            return self._lower_simulated(flat, structs, in_shardings, out_shardings,
+                                         out_leaves, out_tree)
         jitted = jax.jit(flat, in_shardings=tuple(in_shardings),
                          out_shardings=tuple(out_shardings))
-        compiled = jitted.lower(*structs).compile()
+        with _traced_on(vs):
+            compiled = jitted.lower(*structs).compile()
         out_shardings = [given if given is not None else made for given, made in
                          zip(out_shardings, compiled.output_shardings, strict=True)]
         out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
@@ -242,6 +255,39 @@ class CompiledFunction:
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
                           tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous,
                           compiled)
+
+    def _lower_simulated(self, flat, structs, in_shardings, out_shardings, out_leaves,
+                         out_tree) -> Executable:
+        """A simulated slice's specialization: lowered on the abstract mesh of its chips (no
+        devices needed), for the simulator's cost model; nothing is compiled. Inferred output
+        layouts are what JAX's types say (explicit axes), else replicated."""
+        mesh = self.slice.mesh
+        am = mesh.abstract_mesh
+        out_shardings = [given if given is not None else NamedSharding(
+            mesh, getattr(o.sharding, "spec", None) or P())
+            for given, o in zip(out_shardings, out_leaves, strict=True)]
+        lowered = None
+        try:
+            with jax.sharding.use_abstract_mesh(am):
+                args = [jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                             sharding=NamedSharding(am, sh.spec))
+                        for a, sh in zip(structs, in_shardings, strict=True)]
+                lowered = jax.jit(flat, out_shardings=tuple(
+                    NamedSharding(am, sh.spec) for sh in out_shardings)).trace(*args).lower(
+                        lowering_platforms=("tpu",))
+        except Exception as e:
+            if self.sim_cost is None:
+                raise ProgramError(
+                    f"{self.name} could not be lowered for the simulated chips ({e}), so its "
+                    "cost cannot be estimated. Give its duration: pw.function(..., "
+                    "sim_cost=seconds).") from e
+        out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
+                           for o, sh in zip(out_leaves, out_shardings, strict=True))
+        return Executable(None, tuple(in_shardings),
+                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
+                          tuple(out_shardings), out_tree,
+                          sum(max(n.values()) for n in out_nbytes), out_nbytes, True, None,
+                          lowered)
 
     def _out_spec_leaves(self, out_struct, n: int) -> list[Any]:
         if self.out_specs is None or isinstance(self.out_specs, P | Inferred):
@@ -268,6 +314,21 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
+
+
+def _traced_on(vs: VirtualSlice):
+    """The slice's mesh as the ambient mesh while a function is traced, as ``jax.set_mesh``
+    makes it in plain JAX: ``jax.shard_map`` and ``jax.sharding.reshard`` find it there. A
+    simulated slice's chips exist only as its abstract mesh."""
+    if vs.island.simulated:
+        return jax.sharding.use_abstract_mesh(vs.mesh.abstract_mesh)
+    return jax.set_mesh(vs.mesh)
+
+
+def _is_duration(cost) -> bool:
+    seconds = getattr(cost, "seconds", cost)
+    return (isinstance(seconds, int | float) and not isinstance(seconds, bool)
+            and 0 <= seconds < math.inf)
 
 
 def _record_call(graph: Graph, fn: CompiledFunction, args: tuple):
@@ -419,14 +480,17 @@ def program(fn: Callable | None = None, *, name: str | None = None):
 
 
 def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, out_specs=None,
-             name: str | None = None):
+             name: str | None = None, sim_cost=None):
     """A compiled function on ``slice``; usable as ``pw.function(fn, slice=s)`` or a decorator.
 
     ``in_specs``/``out_specs``: a ``PartitionSpec`` for every array, or one entry per argument
     (output). Default: shard the leading axis over the slice when it divides, else replicate.
     ``out_specs=pw.INFERRED`` (for all outputs or some): the layout JAX gives them, as in a
     plain ``jax.jit`` over the slice's mesh.
+
+    ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
+    (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.
     """
     if fn is None:
-        return lambda f: CompiledFunction(f, slice, in_specs, out_specs, name)
-    return CompiledFunction(fn, slice, in_specs, out_specs, name)
+        return lambda f: CompiledFunction(f, slice, in_specs, out_specs, name, sim_cost)
+    return CompiledFunction(fn, slice, in_specs, out_specs, name, sim_cost)

@@ -31,11 +31,14 @@ from .errors import DeviceSetupError, SliceError
 
 @dataclass(frozen=True)
 class Island:
-    """A group of devices joined by a fast interconnect. ``devices`` are JAX devices."""
+    """A group of devices joined by a fast interconnect. ``devices`` are JAX devices, or
+    stand-ins of a simulated cluster (``simulated``: functions placed there are lowered for
+    its chips, never compiled or run)."""
 
     id: int
     devices: tuple[Any, ...]
     platform: str
+    simulated: bool = False
 
     @property
     def device_ids(self) -> tuple[int, ...]:
@@ -160,7 +163,15 @@ AXIS_TYPES = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 
 def default_axis_type(device: Any) -> AxisType:
     """The axis type ``jax.make_mesh`` gives in the installed JAX (``Explicit`` today)."""
+    if not isinstance(device, jax.Device):  # a simulated chip: ask without starting JAX's
+        device = _StandIn()                 # backend (it must keep its device count open)
     return jax.make_mesh((1,), ("x",), devices=[device]).axis_types[0]
+
+
+class _StandIn:
+    """A device as ``jax.make_mesh`` looks at one with no topology (no JAX backend needed)."""
+
+    id, platform, device_kind, process_index = 0, "cpu", "stand-in", 0
 
 
 def describe_axis_types(types: Sequence[AxisType | str]) -> str:
@@ -261,11 +272,12 @@ class ResourceManager:
         for vs in list(self._slices.values()):
             self._release(vs)
 
-    def island_of(self, device_ids: Sequence[int]) -> Island | None:
-        """The island holding all of ``device_ids``, or None."""
-        ids = set(device_ids)
+    def island_of(self, devices) -> Island | None:
+        """The island holding all of ``devices`` (device objects: an array on other devices
+        with the same ids, e.g. real ones beside a simulated cluster, is on none), or None."""
+        wanted = set(devices)
         for isl in self.islands:
-            if ids <= set(isl.device_ids):
+            if wanted <= set(isl.devices):
                 return isl
         return None
 

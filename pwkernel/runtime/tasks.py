@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
     from .plan import Plan, PlanNode
 
-_now = time.perf_counter
 _local = threading.local()
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
 
@@ -121,7 +119,8 @@ class Task:
         end itself (``Executor.expedite``, optional) rather than hand it over."""
         run = self.run
         expedite = getattr(run.dispatcher.executor, "expedite", None)
-        if expedite is not None and self.state is TaskState.RUNNING:
+        if expedite is not None and (self.state is TaskState.RUNNING or (
+                run.dispatcher.virtual and self.state is not TaskState.DONE)):
             expedite(self, timeout)
 
     def ended(self, t_start: float, t_end: float, error: BaseException | None = None,
@@ -156,7 +155,7 @@ class ProgramRun:
         self.waiting = list(plan.external if parallel else plan.n_inputs)
         base = self.base
         self.tasks = [Task(base + p.index, p, self) for p in plan.nodes]
-        self.t_submit = _now()
+        self.t_submit = dispatcher.now()
         self._remaining = self._unended = len(self.tasks)
         self._lock = threading.Lock()
         self._changed: threading.Condition | None = None  # made when someone waits on a value
@@ -177,6 +176,8 @@ class ProgramRun:
         """Wait until every node has finished, failed or been cancelled."""
         if self._finished:
             return True
+        if self.dispatcher.virtual:  # a simulated clock moves while someone waits
+            self.dispatcher.executor.settle(self.done, timeout)
         with self._lock:
             if self._finished:
                 return True
@@ -372,7 +373,7 @@ class ProgramRun:
                         return
                     task.state = TaskState.CANCELLED
         task.state = TaskState.CANCELLED
-        t = _now()
+        t = self.dispatcher.now()
         self._end(task, False, error, t, t)
 
     def _end(self, task: Task, ran: bool, error, t_start: float, t_end: float) -> None:
@@ -402,8 +403,6 @@ class ProgramRun:
                 queue.finished(task, t_end - t_start)  # ends are known by then)
             if error is not None:  # the memory its outputs reserved (under a budget)
                 queue.release_memory(node.devices, node.memory)
-            if dispatcher.memory_budget is not None:
-                dispatcher.settled()
         if dropped:
             self._free(dropped)
         if futures:
@@ -437,6 +436,8 @@ class ProgramRun:
                 done = self._done
             if done is not None:
                 done.set()
+        if ran and dispatcher.memory_budget is not None:  # in flight until its frees are
+            dispatcher.settled()  # done: an idle check must not count what it is freeing
 
     def _spread(self, slot: int, error: BaseException) -> None:
         """Every task reading ``slot`` that has not started fails with ``error``."""

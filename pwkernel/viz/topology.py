@@ -104,8 +104,10 @@ class TopologyView(w.VBox):
                     self._cursor = e.index + 1
                     if e.kind == "compute":
                         self._recent.append(e)
-            virtual = getattr(self.ctl, "now", None)  # a simulator's clock
-            now = virtual if isinstance(virtual, float) else time.perf_counter()
+            if isinstance(self.ctl, Controller):  # its executor's clock is its trace's
+                now = self.ctl.executor.now()
+            else:  # a Simulator: its virtual clock
+                now = float(getattr(self.ctl, "now", time.perf_counter()))
             start = now - self.window_s
             while self._recent and self._recent[0].t_end < start:
                 self._recent.popleft()
@@ -134,8 +136,7 @@ class TopologyView(w.VBox):
                 for k, v in row.items():
                     data[k].append(v)
             self.source.data = data
-            self.islands.value = (self._islands_html(snap, slices) if live or
-                                  not isinstance(virtual, float) else
+            self.islands.value = (self._islands_html(snap, slices) if live else
                                   f"<i>simulated: t = {now:.6g} s (virtual)</i>")
 
     def _row_utilization(self, start: float, end: float) -> dict[float, float]:

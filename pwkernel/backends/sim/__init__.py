@@ -1,5 +1,10 @@
 """The Pathways simulator: the same programs and the same ``GangScheduler`` on a simulated
-cluster, on a virtual clock (``docs/simulator.md``).
+cluster, on a virtual clock (``docs/simulator.md``); ``pw.sim`` is this package.
+
+Two ways in: ``pw.Controller(backend="sim", cluster=Cluster.preset(...))`` runs the whole
+runtime (``pw.function``, ``@pw.program``, ``%%pathways``, clients, policies, views, reports)
+with a simulated executor (``executor.py``); ``Simulator`` runs ``SimProgram``s (plain
+graphs, at 2048 chips and beyond, with the deadlock demonstrator and multi-controller JAX).
 
 >>> from pwkernel.backends import sim
 >>> cluster = sim.Cluster.preset("tpu-v4", chips=8)
@@ -15,11 +20,13 @@ from .cost import Analysis, Collective, Cost, abstract_mesh, analyze, estimate, 
 from .deadlock import Deadlock, Wait
 from .engine import SimRun, Simulator
 from .errors import DeadlockError, SimError
+from .executor import SimDevice, SimExecutor, SimValue
 from .program import NodeKind, SimNode, SimProgram, from_graph, xla_cost
 
 __all__ = [
     "CALIBRATION_KEYS", "PRESETS", "Analysis", "Chip", "Cluster", "Collective", "Cost",
     "Deadlock", "DeadlockError", "HostCosts", "Interconnect", "Network", "NodeKind", "SimError",
-    "SimNode", "SimProgram", "SimRun", "Simulator", "Wait", "abstract_mesh", "analyze",
+    "SimDevice", "SimExecutor", "SimNode", "SimProgram", "SimRun", "SimValue",
+    "Simulator", "Wait", "abstract_mesh", "analyze",
     "estimate", "from_graph", "lower", "roofline", "xla_cost",
 ]

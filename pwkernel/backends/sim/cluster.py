@@ -125,6 +125,8 @@ class HostCosts:
     - ``client_per_program``: the client's work to submit one program (once per run).
     - ``program_fanout_per_host``: the client's one message per host a program runs on (once
       per run: a program's nodes travel to each host together).
+    - ``scheduler_per_host``: an island scheduler's work per host of each computation it
+      launches (the launch it sends that host, the end it hears back), on its one thread.
     """
 
     client_per_node: float
@@ -134,10 +136,11 @@ class HostCosts:
     host_to_device: float
     client_per_program: float = 0.0
     program_fanout_per_host: float = 0.0
+    scheduler_per_host: float = 0.0
 
     def __post_init__(self) -> None:
         _non_negative(self, "client_per_node", "fanout_per_host", "rpc_latency", "host_per_node",
-                      "client_per_program", "program_fanout_per_host")
+                      "client_per_program", "program_fanout_per_host", "scheduler_per_host")
         _positive(self, "host_to_device")
 
 

@@ -14,9 +14,10 @@ What happens to a node (``docs/simulator.md`` has the picture and every paramete
    (``Submit``); it is ``Ready`` once its inputs are launched (parallel: the control plane
    runs ahead of the data) or at once (sequential). Events that reach an island at the same
    instant go to ``handle`` together.
-3. **Hosts.** A ``Launch`` reaches each host of the computation ``rpc_latency`` later; the host
-   executor takes ``host_per_node`` per computation, one after another; the computation is
-   then queued on its chips, in launch order.
+3. **Hosts.** The scheduler sends a ``Launch`` to each host of the computation, one after
+   another on its one thread (``scheduler_per_host`` each), which reaches the host
+   ``rpc_latency`` later; the host executor takes ``host_per_node`` per computation, one
+   after another; the computation is then queued on its chips, in launch order.
 4. **Chips.** Each chip runs its queue in order. A computation starts when it is at the head of
    all its chips' queues (a gang), has arrived on every host, and its inputs exist; it runs
    for its cost. ``Finished`` reaches the scheduler ``rpc_latency`` after the end.
@@ -40,8 +41,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ... import DispatchMode
 from ...runtime import scheduler as sch
+from ...runtime.dispatcher import DispatchMode
 from ...runtime.trace import EventKind, LinkKind, Trace
 from .chips import GangQueues, OwnQueues
 from .cluster import Cluster
@@ -123,6 +124,7 @@ class Simulator:
         self._client_free: dict[str, float] = {}
         self._host_free = np.zeros(cluster.num_hosts)
         self._host_client_free = np.zeros(cluster.num_hosts)  # controller="multi"
+        self._scheduler_free = [0.0] * len(cluster.islands)  # each scheduler's one thread
         self._chips = GangQueues(cluster.num_chips) if self.gang else OwnQueues(cluster.num_chips)
         n, h = cluster.num_chips, cluster.num_hosts
         self._ports = {"ici_out": np.zeros(n), "ici_in": np.zeros(n), "dcn_out": np.zeros(h),
@@ -321,7 +323,12 @@ class Simulator:
         hosts have enqueued it."""
         host = self.cluster.host
         hosts = task.devset.hosts
-        free = np.maximum(self._host_free[hosts], self.now + host.rpc_latency)
+        sent = self.now
+        if host.scheduler_per_host:  # the scheduler's thread sends one launch per host
+            sent = max(self._scheduler_free[task.island], sent)
+            sent += host.scheduler_per_host * len(hosts)
+            self._scheduler_free[task.island] = sent
+        free = np.maximum(self._host_free[hosts], sent + host.rpc_latency)
         free += host.host_per_node
         self._host_free[hosts] = free
         task.launched = True

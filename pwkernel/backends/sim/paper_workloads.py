@@ -18,6 +18,8 @@ attention) and communication the cluster's ICI/DCN model.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .cluster import Cluster
 from .engine import Simulator
 from .paper_dispatch import CHIPS_PER_HOST, chain_of_programs, pathways_cluster
@@ -177,10 +179,7 @@ def two_islands(params: dict, model: str = "64b", hosts_per_island: int = 128) -
     m = MODEL[model]
     chips = 2 * hosts_per_island * CHIPS_PER_HOST
     one = pathways_cluster(params, hosts=2 * hosts_per_island)
-    two = Cluster.preset("tpu-v4", chips=chips, islands=2).with_host(
-        **{k: getattr(one.host, k) for k in ("client_per_node", "fanout_per_host", "rpc_latency",
-                                             "host_per_node", "client_per_program",
-                                             "program_fanout_per_host")})
+    two = replace(Cluster.preset("tpu-v4", chips=chips, islands=2), host=one.host)
     compute = 6 * m["params"] * m["batch_tokens"] / chips / one.chip.peak_flops
     grads = m["params"] * BF16
     # one island: both halves' gradients meet over ICI (an all-reduce over pairs of chips)

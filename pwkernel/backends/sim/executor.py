@@ -1,0 +1,387 @@
+"""The simulated executor: ``pw.Controller(backend="sim", cluster=...)``.
+
+The whole runtime runs as it does on real devices (tracing, plans, parallel or sequential
+dispatch, one ``GangScheduler`` per island fed by the runtime's own ``IslandQueue``, futures,
+the object store, the memory budget, the trace); only the executor differs. Its islands are
+the simulated cluster's chips (``SimDevice`` stand-ins in real ``jax.sharding.Mesh``es, so
+shardings, shard shapes and bytes are JAX's own), functions placed there are lowered on the
+abstract mesh of their chips and never compiled, and nothing runs: a launch computes when the
+computation would start and end on the cluster model, and the end is reported to the runtime
+when the virtual clock gets there.
+
+**The clock** moves only while someone waits (``fut.wait()``, ``fut.result()``,
+``ctl.wait()``, ``run.wait()``, ``ctl.close()``, or ``ctl.executor.advance(seconds)``): the
+waiting thread takes the next event off a heap ordered by (time, sequence), reports that end
+(which tells the island's scheduler, whose decisions launch more work, adding events), and so
+on until what it waits for is done. Submissions happen at the clock's current time. With one
+thread submitting and waiting, every run is the same.
+
+**The model** (the simulator's, ``engine.py``, with the same parameters; ``docs/simulator.md``):
+
+1. the client does a node's host-side work (``client_per_node``, ``fanout_per_host`` for each
+   host it touches; once per program ``client_per_program``, ``program_fanout_per_host``): for
+   a whole program when it is submitted with parallel dispatch, for each node when its inputs
+   exist with sequential dispatch; ``rpc_latency`` later the island's scheduler has it;
+2. the scheduler sends its launch decision to each host of the computation, one after another
+   on its one thread (``scheduler_per_host`` each), which reaches the host ``rpc_latency``
+   later, where the host executor takes ``host_per_node``, one computation after another;
+3. the chips run computations in launch order; one starts when all its hosts have it, all its
+   chips are free (a gang) and its inputs exist, and runs for its cost: XLA's cost analysis of
+   its lowered function on the chip's roofline plus its collectives on the interconnect model
+   (``cost.py``), or the function's ``sim_cost``;
+4. its end reaches the scheduler (and the client) ``rpc_latency`` after it happens;
+5. transfers take ``latency + bytes / bandwidth`` on their links (ICI ports of the chips, DCN
+   ports of the hosts, the hosts' PCIe for uploads), one after another on a shared port.
+
+Because chips take work in launch order, a computation's start and end are known the moment it
+is launched (everything before it on its chips, and its inputs, were launched before it); the
+scheduler still learns of the end only when the clock reaches it, so busy devices, policies and
+memory budgets act as they do on real devices.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...runtime.errors import NoValueError
+from ...runtime.executor import NoGroup
+from ...runtime.resources import Island, islands_from_env
+from ...runtime.tasks import Task, TaskState
+from ...runtime.trace import LinkKind
+from ..local.devices import DEFAULT_ISLANDS, request_host_devices
+from .cluster import Cluster
+from .cost import analyze, roofline
+from .errors import SimError
+from .tasks import DeviceSet
+
+_DCN, _ICI = LinkKind.DCN.value, LinkKind.ICI.value
+_OVER = (TaskState.DONE, TaskState.CANCELLED)
+_NAP = 0.05  # s a waiting thread sleeps when only another thread can add work
+
+
+@dataclass(frozen=True, slots=True)
+class SimDevice:
+    """A simulated chip as slices and meshes see it: ``id`` is its chip number in the cluster
+    (``Cluster.island_devices``), ``host`` its host. ``platform``/``device_kind`` name the
+    chip for JAX's abstract mesh (functions are lowered for TPUs whatever the chip)."""
+
+    id: int
+    host: int
+    island: int
+    device_kind: str
+    platform: str = "tpu"
+
+    @property
+    def process_index(self) -> int:
+        return self.host
+
+    def __repr__(self) -> str:
+        return f"SimDevice(id={self.id}, host={self.host})"
+
+
+class SimValue:
+    """What a future of a simulated run holds: a value's shape, dtype and sharding, and when
+    it exists on the virtual clock (``ready``). There are no numbers in it."""
+
+    __slots__ = ("shape", "dtype", "sharding", "ready")
+
+    def __init__(self, shape, dtype, sharding, ready: float):
+        self.shape, self.dtype, self.sharding, self.ready = shape, dtype, sharding, ready
+
+    def __repr__(self) -> str:
+        return f"SimValue(shape={self.shape}, dtype={self.dtype}, ready={self.ready:.6g} s)"
+
+
+def preset_cluster(name: str, islands: Sequence[int] | None) -> Cluster:
+    """The preset ``name`` with islands of the given chip counts (equal; ``None``: the
+    preset's own machine, one island)."""
+    if islands is None:
+        return Cluster.preset(name)
+    sizes = tuple(islands)
+    if len(set(sizes)) != 1:
+        raise SimError(f"the simulated islands of a preset are equal; islands={sizes} are not. "
+                       f"Maybe you want islands={(max(sizes),) * len(sizes)}, or a "
+                       "pw.sim.Cluster(...) with hosts per island.")
+    return Cluster.preset(name, chips=sum(sizes), islands=len(sizes))
+
+
+class SimExecutor(NoGroup):
+    """Islands of a simulated ``cluster`` (``backend="sim"``; see the module docstring):
+    a ``Cluster``, or a preset's name (default ``"tpu-v4"``) whose islands have the chip
+    counts ``islands`` gives.
+
+    >>> ctl = pw.Controller(backend="sim",
+    ...                     cluster=pw.sim.Cluster.preset("tpu-v4", chips=2048))  # doctest: +SKIP
+    >>> ctl.executor.now()                                                         # doctest: +SKIP
+    0.0
+    """
+
+    name = "sim"
+    program_ahead = False
+    virtual = True  # the runtime does its host-side work in the thread that causes it
+
+    def __init__(self, islands: Sequence[int] | None = None,
+                 cluster: Cluster | str | None = None,
+                 dcn=None, ray_address: str | None = None):
+        if dcn is not None:
+            raise ValueError("dcn= emulates a network for the local backend; a simulated "
+                             "cluster brings its own (cluster.dcn). Drop dcn=.")
+        if ray_address is not None:
+            raise ValueError("ray_address is only for backend='ray'; backend='sim' runs "
+                             "nothing anywhere. Drop ray_address=.")
+        if cluster is None or isinstance(cluster, str):
+            cluster = preset_cluster(cluster or "tpu-v4", islands)
+        elif not isinstance(cluster, Cluster):
+            raise SimError(f"cluster must be a pw.sim.Cluster or a preset's name, got "
+                           f"{type(cluster).__name__}. Maybe you want "
+                           "pw.sim.Cluster.preset('tpu-v4', chips=2048) or 'tpu-v4'.")
+        else:
+            per_island = tuple(h * cluster.chips_per_host for h in cluster.islands)
+            if islands is not None and tuple(islands) not in ((4, 4), per_island):
+                raise ValueError(f"islands={tuple(islands)} but the cluster has islands of "
+                                 f"{list(per_island)} chips; drop islands= (the cluster "
+                                 "decides them).")
+        # Lowering (even on an abstract mesh) starts JAX's CPU backend: let it start with the
+        # devices the local backend's default islands need, so the same process can still
+        # attach local islands afterwards.
+        request_host_devices(sum(islands_from_env() or DEFAULT_ISLANDS))
+        self.cluster = cluster
+        self.host_of = cluster.host_of
+        host = cluster.host
+        self._rpc, self._per_node, self._fanout = (host.rpc_latency, host.client_per_node,
+                                                   host.fanout_per_host)
+        self.islands: tuple[Island, ...] = tuple(
+            Island(i, tuple(SimDevice(d, int(cluster.host_of[d]), i, cluster.chip.name)
+                            for d in cluster.island_devices(i)), "sim", simulated=True)
+            for i in range(len(cluster.islands)))
+        self._now = 0.0
+        self._heap: list = []
+        self._seq = 0
+        self._cv = threading.Condition(threading.RLock())
+        self._chip_free = np.zeros(cluster.num_chips)
+        self._host_free = np.zeros(cluster.num_hosts)
+        self._scheduler_free = [0.0] * len(cluster.islands)  # each island scheduler's thread
+        n, h = cluster.num_chips, cluster.num_hosts
+        self._ports = {"ici_out": np.zeros(n), "ici_in": np.zeros(n), "dcn_out": np.zeros(h),
+                       "dcn_in": np.zeros(h), "pcie": np.zeros(h)}
+        self._client_free: dict[str, float] = {}
+        self._devsets: dict[tuple[int, ...], DeviceSet] = {}
+        self._costs: dict[int, tuple[Any, float]] = {}  # id(executable) -> (it, seconds)
+        self._planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run -> times
+
+    # --- the clock -------------------------------------------------------------------------
+    def now(self) -> float:
+        """The virtual clock, in seconds since the controller started."""
+        return self._now
+
+    def _at(self, t: float, fn: Callable, arg) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn, arg))
+
+    def _step(self) -> None:
+        t, _, fn, arg = heapq.heappop(self._heap)
+        if t > self._now:
+            self._now = t
+        fn(arg)
+
+    def settle(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Move the clock, event by event, until ``predicate()`` holds; False if it still
+        does not after ``timeout`` seconds of real time spent waiting for other threads (an
+        empty heap: only another thread's submission or free can add work)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while not predicate():
+                if self._heap:
+                    self._step()
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(_NAP if left is None else min(left, _NAP))
+        return True
+
+    def expedite(self, task: Task, timeout: float | None = None) -> None:
+        """Someone waits for ``task``: run the clock until it has ended."""
+        self.settle(lambda: task.state in _OVER, timeout)
+
+    def advance(self, seconds: float) -> float:
+        """Let ``seconds`` of virtual time pass (what ends meanwhile ends, what it launches
+        is launched); returns the clock. Submissions after it happen at the new time."""
+        if not isinstance(seconds, int | float) or not seconds >= 0:
+            raise SimError(f"advance takes seconds >= 0, got {seconds!r}.")
+        with self._cv:
+            until = self._now + seconds
+            while self._heap and self._heap[0][0] <= until:
+                self._step()
+            self._now = until
+            return until
+
+    # --- host-side work --------------------------------------------------------------------
+    def prepare(self, plan) -> None:
+        """Each computation's duration, once per plan: its function's ``sim_cost``, else XLA's
+        cost analysis of its lowered executable on the cluster (cached per executable)."""
+        seconds = [0.0] * len(plan.nodes)
+        for p in plan.nodes:
+            if p.is_compute:
+                seconds[p.index] = self._cost(p)
+        hosts = [self._devset(p.devices).nhosts + (
+            0 if p.is_compute or not p.node.src_devices
+            else self._devset(p.node.src_devices).nhosts) for p in plan.nodes]
+        every = np.unique(np.concatenate([self._devset(p.devices).hosts for p in plan.nodes]))
+        plan.backend["sim"] = (seconds, hosts, len(every))
+
+    def _cost(self, p) -> float:
+        exe = p.exe
+        known = self._costs.get(id(exe))
+        if known is None:
+            given = p.fn.sim_cost
+            if given is not None:
+                value = float(getattr(given, "seconds", given))
+            else:
+                mesh = p.fn.slice.mesh.abstract_mesh
+                value = roofline(analyze(exe.lowered, mesh), self.cluster).seconds
+            known = self._costs[id(exe)] = (exe, value)
+        return known[1]
+
+    def submitted(self, run) -> None:
+        """The client's work for a program, now: once per program, and with parallel dispatch
+        every node's (sequential dispatch does a node's once its inputs exist)."""
+        host = self.cluster.host
+        _, hosts, every = run.plan.backend["sim"]
+        with self._cv:
+            t = (max(self._client_free.get(run.client, 0.0), self._now)
+                 + host.client_per_program + host.program_fanout_per_host * every)
+            if run.parallel:
+                done = []
+                for n in hosts:
+                    t += self._per_node + self._fanout * n
+                    done.append(t)
+                self._planned[run] = done
+            self._client_free[run.client] = t
+
+    def _decided(self, task: Task) -> float:
+        """When the node's scheduler (or, for a copy, its hosts) has heard of it."""
+        run = task.run
+        done = self._planned.get(run)
+        if done is not None:
+            t = done[task.node.index]
+        else:  # sequential: the client works on a node once its inputs exist
+            n = run.plan.backend["sim"][1][task.node.index]
+            t = max(self._client_free.get(run.client, 0.0), self._now) + (
+                self._per_node + self._fanout * n)
+            self._client_free[run.client] = t
+        return max(self._now, t + self._rpc)
+
+    def _devset(self, devices: tuple[int, ...]) -> DeviceSet:
+        ds = self._devsets.get(devices)
+        if ds is None:
+            ds = self._devsets[devices] = DeviceSet.of(devices, self.cluster)
+        return ds
+
+    # --- computations ----------------------------------------------------------------------
+    def launch(self, island: int, tasks: Sequence[Task]) -> None:
+        host = self.cluster.host
+        with self._cv:
+            for task in tasks:
+                node, run = task.node, task.run
+                ds = self._devset(node.devices)
+                task.t_launch = self._now
+                sent = self._decided(task)
+                if host.scheduler_per_host:  # its thread sends the launch to each host
+                    sent = max(self._scheduler_free[island], sent) + (
+                        host.scheduler_per_host * ds.nhosts)
+                    self._scheduler_free[island] = sent
+                arrive = np.maximum(self._host_free[ds.hosts], sent + self._rpc)
+                arrive += host.host_per_node
+                self._host_free[ds.hosts] = arrive
+                start = max(float(arrive.max()), float(self._chip_free[ds.idx].max()),
+                            _ready(task.inputs()))
+                end = start + run.plan.backend["sim"][0][node.index]
+                self._chip_free[ds.idx] = end
+                outs = _values(run, node, end)
+                task.launched(outs)
+                self._at(end + self._rpc, _report, (task, start, end, outs))
+            self._cv.notify_all()
+
+    # --- transfers -------------------------------------------------------------------------
+    def transfer(self, task: Task) -> None:
+        node = task.node
+        g = node.node
+        with self._cv:
+            issued = self._decided(task)
+            ports, busy, latency = self._links(g)
+            start = max([issued, _ready(task.inputs())]
+                        + [float(self._ports[p][i].max()) for p, i in ports])
+            for p, i in ports:
+                self._ports[p][i] = start + busy
+            end = start + latency + busy
+            outs = _values(task.run, node, end)
+            if g.link != _DCN:  # consumers may queue behind a copy inside an island
+                task.launched(outs)
+            self._at(end, _report, (task, start, end, outs))
+            self._cv.notify_all()
+
+    def _links(self, g) -> tuple[list, float, float]:
+        """The ports a copy holds, for how long, and its latency (as ``engine.py``)."""
+        c, dst = self.cluster, self._devset(g.devices)
+        if g.link == _ICI:
+            src = self._devset(g.src_devices)
+            lanes = max(1, min(len(src.idx), len(dst.idx)))
+            return ([("ici_out", src.idx), ("ici_in", dst.idx)],
+                    g.nbytes / lanes / c.ici.link_bandwidth, c.ici.latency)
+        if g.link == _DCN:
+            src = self._devset(g.src_devices)
+            lanes = max(1, min(src.nhosts, dst.nhosts))
+            return ([("dcn_out", src.hosts), ("dcn_in", dst.hosts)],
+                    g.nbytes / lanes / c.dcn.bandwidth_per_host, c.dcn.latency)
+        return [("pcie", dst.hosts)], g.nbytes / dst.nhosts / c.host.host_to_device, 0.0
+
+    # --- the rest of the interface ---------------------------------------------------------
+    def fetch(self, value, sharding) -> Any:
+        if isinstance(value, SimValue):
+            raise NoValueError(
+                f"this future comes from a simulated controller (backend='sim'): it has shape "
+                f"{value.shape}, dtype {value.dtype} and sharding {value.sharding}, and existed "
+                f"at t={value.ready * 1e3:.4g} ms on the virtual clock, but no value: a "
+                "simulation computes nothing. Use fut.shape / fut.dtype / fut.sharding, "
+                "fut.t_done, ctl.trace or pw.report(ctl); run on a real backend for values.")
+        return value  # a value the program was given (it returns its argument)
+
+    def status(self, island: int) -> dict[str, Any]:
+        return {"simulated": self.cluster.name, "clock_s": self._now}
+
+    def reattach(self, island: int) -> Island:
+        raise ValueError("reattach() is for backend='ray': a simulated island cannot be lost.")
+
+    def close(self) -> None:
+        """Run the clock until everything launched has ended."""
+        self.settle(lambda: not self._heap)
+
+
+def _report(arg) -> None:
+    task, start, end, outs = arg
+    task.ended(start, end, None, outs)
+
+
+def _ready(values) -> float:
+    """When the last of ``values`` exists (host values exist from the start)."""
+    latest = 0.0
+    for v in values:
+        t = getattr(v, "ready", 0.0)
+        if t > latest:
+            latest = t
+    return latest
+
+
+def _values(run, node, ready: float) -> list[SimValue]:
+    specs = run.plan.graph.values
+    return [SimValue(spec.shape, spec.dtype, spec.sharding, ready)
+            for spec in (specs[s] for s in node.outputs)]
