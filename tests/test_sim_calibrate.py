@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -131,6 +132,35 @@ def test_devices_sharing_the_cores_stretch_by_the_measured_parallelism():
     alone = validate.Machine(_cal(compute_parallelism=4.0))
     assert one.device_seconds(bench.work, (256, 256), 1, P()) == pytest.approx(
         alone.device_seconds(bench.work, (256, 256), 1, P()))  # one device: as measured
+
+
+def test_compute_runs_at_the_rate_measured_for_products_of_its_size():
+    from pwkernel.bench import multitenancy as bench
+
+    rates = [[1e6, 1e9, 1.0], [1e8, 1e11, 2.0]]   # small products slow, large ones fast
+    assert validate.matmul_rate(rates, 1e7) == pytest.approx((1e9 + 0.5 * 99e9, 1.5))
+    assert validate.matmul_rate(rates, 1e4) == (1e9, 1.0)     # beyond the sizes: the nearest
+    assert validate.matmul_rate(rates, 1e10) == (1e11, 2.0)
+    sized = validate.Machine(_cal(matmul_rates=[[2.0 * 256**3, 1e10, 1.0]]))
+    one_peak = validate.Machine(_cal())                  # 5e10 FLOP/s, parallelism 2
+    flops = estimate_flops(bench.work)
+    # one device: XLA's flops at the rate measured for that size, not at the single peak
+    assert sized.device_seconds(bench.work, (256, 256), 1, P()) == pytest.approx(flops / 1e10)
+    assert one_peak.device_seconds(bench.work, (256, 256), 1, P()) < 0.3 * \
+        sized.device_seconds(bench.work, (256, 256), 1, P())
+    # four devices at that size's parallelism (1): four times one device's time
+    assert sized.device_seconds(bench.work, (256, 256), 4, P()) == pytest.approx(
+        4 * sized.device_seconds(bench.work, (256, 256), 1, P()))
+
+
+def estimate_flops(fn) -> float:
+    import jax
+
+    from pwkernel.backends.sim.cost import abstract_mesh, analyze, lower
+
+    mesh = abstract_mesh((1,), ("x",))
+    x = jax.ShapeDtypeStruct((256, 256), np.float32)
+    return analyze(lower(fn, (x,), mesh, (P(),)), mesh).flops
 
 
 def test_large_outputs_of_launched_computations_pay_for_fresh_pages():

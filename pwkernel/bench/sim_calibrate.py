@@ -30,6 +30,8 @@ figure is this machine's):
   ``memory_bandwidth``: XLA's bytes accessed by the dispatch benchmark's step over 2 Mi
   elements (past the caches, no benchmark row's size) over one step of a ``fori_loop`` on
   one device; ``launch_overhead``: a ``fori_loop`` step of a tiny computation;
+- ``matmul_rates``: by matrix size (128 to 1024), XLA's flops of one product, the FLOP/s
+  of one device alone and its parallelism at 4 devices, from ``fori_loop`` steps;
 - ``compute_parallelism``, ``memory_parallelism``: how many devices' worth of one device's
   speed the machine gives when 4 devices each run the same matrix product, or the same loop
   of steps, at once (the 8 virtual devices share this machine's ``cores``: one device alone
@@ -143,6 +145,7 @@ def measure(repeats: int = 7, n: int = 64) -> dict:
 
         # device speed: one device alone, then how many devices keep that speed at once
         rates = _device_rates(ctl, repeats)
+        matmuls = _matmul_rates(ctl, repeats)
     finally:
         ctl.close()
     return {
@@ -157,6 +160,7 @@ def measure(repeats: int = 7, n: int = 64) -> dict:
         "jax_dispatch": jax_dispatch,
         "compute_parallelism": rates["compute_parallelism"],
         "memory_parallelism": rates["memory_parallelism"],
+        "matmul_rates": matmuls,
         "fresh_output_s_per_byte": rates["fresh_output_s_per_byte"],
         "fresh_output_bytes": rates["fresh_output_bytes"],
         "inline_output_bytes": 4 * 256,
@@ -270,6 +274,41 @@ def _device_rates(ctl, repeats: int, side: int = 512, elements: int = 1 << 21,
             "fresh_output_s_per_byte": one["fresh"],
             "fresh_output_bytes": 4 * elements,
             "seconds": {"one device": one, f"{wide} devices": many}}
+
+
+MATMUL_SIDES = (128, 256, 512, 1024)
+
+
+def _matmul_rates(ctl, repeats: int, sides=MATMUL_SIDES, wide: int = 4,
+                  steps: int = 8) -> list[list[float]]:
+    """How fast this machine multiplies matrices, by size: for each ``side``, [XLA's flops of
+    one ``side`` x ``side`` product, FLOP/s of one device alone, devices' worth of that speed
+    when ``wide`` devices each do the same at once]. Timed as steps of a ``fori_loop`` (no
+    launch in it). Small products run far below a large one's rate on a CPU, which a single
+    peak figure cannot say."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    out = []
+    for side in sides:
+        per_step = {}
+        for width in (1, wide):
+            vs = ctl.slice(width, island=0)
+            sh, rep = NamedSharding(vs.mesh, P("x")), NamedSharding(vs.mesh, P())
+            a = jax.device_put(np.ones((width * side, side), np.float32), sh)
+            w = jax.device_put(np.full((side, side), 1.0 / side, np.float32), rep)
+            loop = jax.jit(lambda x, w: jax.lax.fori_loop(0, steps, lambda i, v: v @ w, x),
+                           in_shardings=(sh, rep), out_shardings=sh)
+            per_step[width] = _median_seconds(
+                lambda f=loop, x=a, m=w: f(x, m).block_until_ready(), repeats) / steps
+            vs.release()
+        one = jax.ShapeDtypeStruct((side, side), np.float32)
+        flops = _xla(lambda x, w: x @ w, (one, one), 1, (P(), P())).flops
+        out.append([flops, flops / per_step[1],
+                    min(float(wide), max(1.0 / wide, wide * per_step[1] / per_step[wide]))])
+    return out
 
 
 def _calls_on(ctl, width: int, side: int, elements: int, repeats: int, n: int = 8) -> dict:

@@ -24,6 +24,20 @@ from ..backends.sim import Cluster, NodeKind, SimNode, SimProgram, Simulator, es
 F32 = jnp.float32
 
 
+def matmul_rate(rates, flops: float) -> tuple[float, float]:
+    """(FLOP/s of one device, parallelism) for a computation of ``flops`` per device, from the
+    calibration's ``matmul_rates`` ([flops, rate, parallelism] by size): interpolated on log
+    flops between the measured sizes, the nearest size's outside them."""
+    points = sorted(rates)
+    if flops <= points[0][0]:
+        return points[0][1], points[0][2]
+    for (f0, r0, p0), (f1, r1, p1) in zip(points, points[1:], strict=False):
+        if flops <= f1:
+            t = math.log(flops / f0) / math.log(f1 / f0)
+            return r0 + t * (r1 - r0), p0 + t * (p1 - p0)
+    return points[-1][1], points[-1][2]
+
+
 class Machine:
     """This machine in the simulator's terms, from a calibration alone.
 
@@ -36,9 +50,11 @@ class Machine:
     node (``program``), on a cluster whose client costs are zero. The devices share this
     machine's cores: a computation's compute and memory traffic are stretched by devices /
     the measured parallelism of each (``compute_parallelism``, ``memory_parallelism``; older
-    calibrations: the cores). A computation launched on its own writes its output into new
-    buffers; those of 8 MiB and more get fresh pages from the system on every call, which
-    costs ``fresh_output_s_per_byte`` (a loop inside one computation reuses its buffers)."""
+    calibrations: the cores); compute runs at the rate and parallelism measured for matrix
+    products of about its flops per device (``matmul_rates``), where the calibration has
+    them. A computation launched on its own writes its output into new buffers; those of 8 MiB
+    and more get fresh pages from the system on every call, which costs
+    ``fresh_output_s_per_byte`` (a loop inside one computation reuses its buffers)."""
 
     def __init__(self, cal: Mapping):
         self.cal = cal
@@ -82,7 +98,12 @@ class Machine:
                 return 1.0
             return devices / min(devices, self.cal.get(f"{kind}_parallelism", cores))
 
-        return (max(c.compute_seconds * stretch("compute"), c.memory_seconds * stretch("memory"))
+        compute = c.compute_seconds * stretch("compute")
+        rates = self.cal.get("matmul_rates")
+        if rates and c.flops > 0:  # the rate measured for products of about this size
+            rate, parallel = matmul_rate(rates, c.flops)
+            compute = c.flops / rate * (devices / min(devices, parallel) if devices > 1 else 1)
+        return (max(compute, c.memory_seconds * stretch("memory"))
                 + self.cluster.chip.launch_overhead + c.collective_seconds)
 
     def fresh_output(self, nbytes: float) -> float:
