@@ -177,7 +177,7 @@ class ProgramRun:
         if self._finished:
             return True
         if self.dispatcher.virtual:  # a simulated clock moves while someone waits
-            self.dispatcher.executor.settle(self.done, timeout)
+            return self.dispatcher.executor.settle(self.done, timeout)
         with self._lock:
             if self._finished:
                 return True
