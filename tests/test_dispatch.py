@@ -192,6 +192,7 @@ def test_object_store_returns_to_zero_when_futures_are_dropped(ctl):
     b = pw.function(lambda x: x + 1, slice=s1)
     y, z = pw.program(lambda v: (b(a(v)), a(b(v))))(np.ones(8, np.float32))
     y.result(timeout=60), z.result(timeout=60)
+    assert ctl.wait(60)  # the run's own bookkeeping (it lets go of its futures) is over too
     held = ctl.memory()
     assert sum(held.values()) == 2 * 8 * 4  # only the two outputs are alive: 32 B each
     assert {r.program for r in ctl.store.records()} == {"<lambda>"}
