@@ -10,6 +10,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { KernelLink } from './connection';
+import { deviceCells } from './groups';
 import {
   applyReply,
   cancelRequest,
@@ -335,25 +336,26 @@ export class PathwaysPanel extends Widget {
     this._islands.replaceChildren(
       ...status.islands.map(isl => {
         const grid = h('div', { class: 'pw-grid' });
-        for (const id of isl.devices) {
-          const d = byId.get(id);
-          const pct = Math.round((d?.utilization ?? 0) * 100);
+        // a cell per device, or per run of devices on a large (simulated) island
+        for (const cell of deviceCells(isl.devices, byId)) {
+          const pct = Math.round(cell.utilization * 100);
           const bar = h('div', { class: 'pw-bar' });
           bar.style.height = `${pct}%`;
+          const what = cell.devices.length === 1 ? 'device' : 'devices';
           grid.append(
             h(
               'div',
               {
                 class: 'pw-device',
-                'data-device': String(id),
-                'data-busy': String(d?.busy ?? false),
-                title: `device ${id}: ${pct}% busy over the last 2 s, ` +
-                  `${formatBytes(d?.memory ?? 0)} held`
+                'data-device': cell.label,
+                'data-busy': String(cell.busy),
+                title: `${what} ${cell.label}: ${pct}% busy over the last 2 s, ` +
+                  `${formatBytes(cell.memory)} held`
               },
               bar,
-              h('span', { class: 'pw-dev-id' }, `${id}`),
+              h('span', { class: 'pw-dev-id' }, cell.label),
               h('span', { class: 'pw-dev-util' }, `${pct}%`),
-              h('span', { class: 'pw-dev-mem' }, formatBytes(d?.memory ?? 0))
+              h('span', { class: 'pw-dev-mem' }, formatBytes(cell.memory))
             )
           );
         }

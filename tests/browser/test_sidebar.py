@@ -221,6 +221,17 @@ def test_sidebar_follows_the_kernel(tmp_path):
             assert palette.get_by_text(label).count() == 1
         page.keyboard.press("Escape")
 
+        # the same kernel on a simulated pod: 2 x 1024 devices, 64 cells per island
+        with kernel_client(lab, "sidebar.ipynb") as client:
+            run_code(client, "get_ipython().run_line_magic('pathways', "
+                             "'attach sim --preset tpu-v4 --islands 1024,1024')")
+        page.wait_for_function(
+            f"document.querySelectorAll('{SIDEBAR} .pw-island[data-island=\"0\"] "
+            ".pw-device').length === 64", timeout=MS)
+        pod = sidebar.locator('.pw-island[data-island="0"]')
+        assert pod.locator(".pw-device").first.get_attribute("data-device") == "0-15"
+        assert "sim · 1024 devices" in pod.inner_text()
+
         # back to the plain Python kernel: load pwkernel there
         page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="plain.ipynb").click()
         load.wait_for(state="visible", timeout=KERNEL_START_MS)
