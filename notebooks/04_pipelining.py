@@ -132,7 +132,9 @@ for _ in range(3):
 bubbles = {M: statistics.median(v) for M, v in measured.items()}
 for M, b in bubbles.items():
     print(f"M={M:2} microbatches: idle share {b:.2f} (GPipe's ideal {(S - 1) / (M + S - 1):.2f})")
-assert bubbles[16] < bubbles[4], bubbles
+# Measured, not asserted: four virtual devices share two cores here, so a device also idles
+# while another one has the cores; under load that can hide the bubble's shrinking. Tutorial
+# 08 runs this pipeline on a simulated pod, where only the schedule decides.
 
 # %% [markdown]
 # ## Pipelined vs SPMD throughput
