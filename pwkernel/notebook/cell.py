@@ -240,11 +240,7 @@ def ambient_mesh(vs: VirtualSlice | None) -> Iterator[None]:
     if vs is None:
         yield
         return
-    if vs.island.simulated:  # stand-in devices: JAX may see only their abstract mesh
-        with jax.sharding.use_abstract_mesh(vs.mesh.abstract_mesh):
-            yield
-        return
-    with jax.set_mesh(vs.mesh):
+    with vs.ambient():
         yield
 
 

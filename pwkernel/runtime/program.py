@@ -220,7 +220,7 @@ class CompiledFunction:
         structs = [jax.ShapeDtypeStruct(s, d, sharding=sh)
                    for (s, d), sh in zip(in_avals, in_shardings, strict=True)]
         try:
-            with _traced_on(vs):
+            with vs.ambient():
                 out_struct = jax.eval_shape(lambda *a: self.fn(*jax.tree_util.tree_unflatten(
                     in_tree, a)), *structs)
         except Exception as e:
@@ -241,7 +241,7 @@ class CompiledFunction:
                                          out_leaves, out_tree)
         jitted = jax.jit(flat, in_shardings=tuple(in_shardings),
                          out_shardings=tuple(out_shardings))
-        with _traced_on(vs):
+        with vs.ambient():
             compiled = jitted.lower(*structs).compile()
         out_shardings = [given if given is not None else made for given, made in
                          zip(out_shardings, compiled.output_shardings, strict=True)]
@@ -261,14 +261,15 @@ class CompiledFunction:
         """A simulated slice's specialization: lowered on the abstract mesh of its chips (no
         devices needed), for the simulator's cost model; nothing is compiled. Inferred output
         layouts are what JAX's types say (explicit axes), else replicated."""
-        mesh = self.slice.mesh
+        vs = self.slice
+        mesh = vs.mesh
         am = mesh.abstract_mesh
         out_shardings = [given if given is not None else NamedSharding(
             mesh, getattr(o.sharding, "spec", None) or P())
             for given, o in zip(out_shardings, out_leaves, strict=True)]
         lowered = None
         try:
-            with jax.sharding.use_abstract_mesh(am):
+            with vs.ambient():
                 args = [jax.ShapeDtypeStruct(a.shape, a.dtype,
                                              sharding=NamedSharding(am, sh.spec))
                         for a, sh in zip(structs, in_shardings, strict=True)]
@@ -314,15 +315,6 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
-
-
-def _traced_on(vs: VirtualSlice):
-    """The slice's mesh as the ambient mesh while a function is traced, as ``jax.set_mesh``
-    makes it in plain JAX: ``jax.shard_map`` and ``jax.sharding.reshard`` find it there. A
-    simulated slice's chips exist only as its abstract mesh."""
-    if vs.island.simulated:
-        return jax.sharding.use_abstract_mesh(vs.mesh.abstract_mesh)
-    return jax.set_mesh(vs.mesh)
 
 
 def _is_duration(cost) -> bool:

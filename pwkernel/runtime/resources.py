@@ -14,6 +14,7 @@ tutorials make.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -124,6 +125,14 @@ class VirtualSlice:
             self._mesh = Mesh(grid, self.axis_names, axis_types=self.axis_types)
         return self._mesh
 
+    def ambient(self) -> contextlib.AbstractContextManager:
+        """The slice's mesh as the ambient mesh (``with vs.ambient(): ...``), as
+        ``jax.set_mesh`` makes it in plain JAX: ``jax.shard_map`` and ``jax.sharding.reshard``
+        find it there. A simulated slice's chips exist only as its abstract mesh."""
+        if self.island.simulated:
+            return jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh)
+        return jax.set_mesh(self.mesh)
+
     @property
     def axis_type_names(self) -> tuple[str, ...]:
         """The axis types in words: ``("explicit", "explicit")``."""
@@ -163,15 +172,9 @@ AXIS_TYPES = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 
 def default_axis_type(device: Any) -> AxisType:
     """The axis type ``jax.make_mesh`` gives in the installed JAX (``Explicit`` today)."""
-    if not isinstance(device, jax.Device):  # a simulated chip: ask without starting JAX's
-        device = _StandIn()                 # backend (it must keep its device count open)
+    if not isinstance(device, jax.Device):  # a simulated chip: ask with a host device
+        device = jax.devices("cpu")[0]
     return jax.make_mesh((1,), ("x",), devices=[device]).axis_types[0]
-
-
-class _StandIn:
-    """A device as ``jax.make_mesh`` looks at one with no topology (no JAX backend needed)."""
-
-    id, platform, device_kind, process_index = 0, "cpu", "stand-in", 0
 
 
 def describe_axis_types(types: Sequence[AxisType | str]) -> str:
