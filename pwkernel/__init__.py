@@ -17,7 +17,7 @@
 """
 
 from . import backends  # noqa: F401 - registers the backends by name (local, ray, sim)
-from .runtime.controller import Controller, controller
+from .runtime.controller import Controller, SharedDevicesWarning, controller
 from .runtime.dispatcher import DispatchMode
 from .runtime.errors import (
     CancelledError,
@@ -33,7 +33,7 @@ from .runtime.errors import (
 )
 from .runtime.executor import Executor
 from .runtime.objects import Future, FutureState
-from .runtime.program import INFERRED, CompiledFunction, Program, function, program
+from .runtime.program import BATCH, INFERRED, CompiledFunction, Program, function, program
 from .runtime.resources import Island, VirtualSlice
 from .runtime.scheduler import GangScheduler, Policy
 from .runtime.tasks import ClientSpec, ProgramRun
@@ -55,6 +55,10 @@ def __getattr__(name: str):
         from .backends import sim
 
         return sim
+    if name == "train":  # training on pw.function/@pw.program (pw.train.Pipeline, ...)
+        from . import train
+
+        return train
     raise AttributeError(f"module 'pwkernel' has no attribute {name!r}")
 
 
@@ -72,10 +76,10 @@ def unload_ipython_extension(ipython) -> None:
     unload(ipython)
 
 __all__ = [
-    "INFERRED", "CancelledError", "ClientSpec", "CompiledFunction", "Controller",
+    "BATCH", "INFERRED", "CancelledError", "ClientSpec", "CompiledFunction", "Controller",
     "ControllerClosedError", "DeviceSetupError", "DispatchMode", "Event", "Executor", "Future",
     "FutureState", "GangScheduler", "Island", "IslandLostError", "Link", "MemoryBudgetError",
-    "NoValueError", "PathwaysError", "Policy", "Program", "ProgramError",
+    "NoValueError", "PathwaysError", "Policy", "Program", "ProgramError", "SharedDevicesWarning",
     "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice", "controller", "function",
     "program", "ScheduleView", "TopologyView", "report", "sim",
 ]

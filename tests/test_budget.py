@@ -217,3 +217,88 @@ def test_the_youngest_program_holding_the_memory_is_stopped():
     assert budget.stuck([head], 128, in_use, two, {3}) == (head, 3)
     text = budget.message(head, "program 'p' (run 5)", 128, in_use, two)
     assert "128 B per device" in text and "48 B in 1 buffer of program 'p' (run 3" in text
+
+
+# --- many clients under a tight budget -----------------------------------------------------
+def test_four_clients_on_overlapping_slices_under_a_tight_budget_all_end():
+    # The issue's livelock: with several clients, a memory check re-queued itself behind
+    # another queued check (and that one behind it), so the thread that ran them spun at
+    # 100 % CPU and its own result(timeout=) never returned. Each program must end: done
+    # with the right value, or failed with a MemoryBudgetError.
+    ctl = pw.Controller(islands=(4, 4), memory_budget=70)   # bytes per device: two 32 B values
+    hung: list[str] = []
+    try:
+        s_a, s_b, s_c = ctl.slice(2, island=0), ctl.slice(4, island=0), ctl.slice(1, island=0)
+        double = pw.function(lambda x: x * 2, slice=s_a, name="double")
+        inc = pw.function(lambda x: x + 1, slice=s_b, name="inc")
+        add3 = pw.function(lambda a, b, c: a + b + c, slice=s_c, name="add3")
+
+        @pw.program(name="chain")
+        def chain(v):
+            return inc(double(v))
+
+        @pw.program(name="fan")
+        def fan(v):                 # three 32 B values alive at once on s_c: over 70 B
+            return add3(double(v), inc(v), inc(double(v)))
+
+        outcomes: dict[tuple[int, str], object] = {}
+
+        def client(c: int) -> None:
+            with ctl.client(f"c{c}"):
+                x = np.arange(8, dtype=np.float32) + c
+                outs = [("chain", chain(x)), ("fan", fan(x))]
+            while outs:
+                # each result is taken and its future dropped at once, here, in the client's
+                # thread (a finished value the user keeps would be waited for, by design)
+                name, out = outs.pop(0)
+                try:
+                    outcomes[c, name] = np.asarray(out.result(timeout=60))
+                except BaseException as e:  # noqa: BLE001 - checked below
+                    outcomes[c, name] = e
+                del out
+
+        threads = [threading.Thread(target=client, args=(c,), name=f"client{c}", daemon=True)
+                   for c in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        hung = [t.name for t in threads if t.is_alive()]
+        assert not hung, f"{hung} never ended under memory_budget=70"
+        assert len(outcomes) == 8, outcomes
+        for (c, name), got in outcomes.items():
+            if isinstance(got, BaseException):
+                assert isinstance(got, pw.MemoryBudgetError), (c, name, got)
+            else:
+                x = np.arange(8, dtype=np.float32) + c
+                want = x * 2 + 1 if name == "chain" else x * 2 + (x + 1) + (x * 2 + 1)
+                np.testing.assert_array_equal(got, want)
+        # three 32 B values at once on add3's one device can never fit 70 B
+        assert all(isinstance(outcomes[c, "fan"], pw.MemoryBudgetError) for c in range(4))
+        assert_all_memory_returned(ctl)
+    finally:
+        if not hung:  # a spinning thread would keep close() waiting: leave it to the process
+            ctl.close()
+
+
+def test_a_check_queued_behind_itself_runs_once_the_queue_empties():
+    # The trampoline under the livelock, without threads: two of the same check queued, each
+    # re-queues itself behind the queue's other work (``later``). The copy already queued is
+    # the one that runs; the queue empties.
+    from pwkernel.runtime.tasks import later, soon
+
+    calls: list[str] = []
+
+    def check() -> None:
+        calls.append("looked")
+        assert len(calls) < 100, "the check kept re-queueing itself behind its own copy"
+        if later(check):
+            return
+        calls.append("ran")
+
+    def two_checks() -> None:
+        soon(check)
+        soon(check)
+
+    soon(two_checks)
+    assert calls == ["looked", "looked", "ran"]

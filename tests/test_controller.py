@@ -130,9 +130,9 @@ def test_policy_and_dispatch_switch_at_run_time(ctl):
 
 def test_jax_arrays_already_on_the_slice_are_used_in_place(ctl):
     s = ctl.slice(2, island=1)
-    f = pw.function(lambda x: x + 1, slice=s)
-    x = jax.device_put(np.zeros(4, np.float32), f.executable(
-        (jax.tree_util.tree_structure((0,)), (((4,), np.dtype("float32")),))).in_shardings[0])
+    f = pw.function(lambda x: x + 1, slice=s, in_specs=pw.BATCH)
+    x = jax.device_put(np.zeros(4, np.float32), jax.sharding.NamedSharding(
+        s.mesh, jax.sharding.PartitionSpec("x")))
     assert f(x).result(timeout=60).tolist() == [1.0] * 4
     assert [e.kind for e in ctl.trace.events()] == ["compute"]
 

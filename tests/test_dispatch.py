@@ -64,7 +64,7 @@ def launch_beside_a_running_gate(ctl, log: LaunchLog):
     launches it at once (the gate opens at that launch, or once the call returns)."""
     quad, pair = ctl.slice(4, island=0), ctl.slice(2, island=0)
     entered, release = threading.Event(), threading.Event()
-    held = pw.function(gate(entered, release, quad.mesh), slice=quad,
+    held = pw.function(gate(entered, release, quad.mesh), slice=quad, in_specs=pw.BATCH,
                        name="gate")(np.ones(4, np.float32))
     assert entered.wait(30)
     log.on_launch = lambda task: release.set()
@@ -194,11 +194,12 @@ def test_object_store_returns_to_zero_when_futures_are_dropped(ctl):
     y.result(timeout=60), z.result(timeout=60)
     assert ctl.wait(60)  # the run's own bookkeeping (it lets go of its futures) is over too
     held = ctl.memory()
-    assert sum(held.values()) == 2 * 8 * 4  # only the two outputs are alive: 32 B each
+    # only the two outputs are alive: 32 B each, replicated on their slice's two devices
+    assert sum(held.values()) == 2 * 2 * 8 * 4
     assert {r.program for r in ctl.store.records()} == {"<lambda>"}
     del y
     gc.collect()
-    assert sum(ctl.memory().values()) == 8 * 4
+    assert sum(ctl.memory().values()) == 2 * 8 * 4
     del z
     gc.collect()
     assert sum(ctl.memory().values()) == 0
@@ -267,7 +268,7 @@ def test_share_policy_on_the_real_runtime(ctl):
     # an input already on the slice: no transfers, so every queued computation is ready at once
     x = work(np.ones((192, 192), np.float32) / 192).result(timeout=60)
     entered, release = threading.Event(), threading.Event()
-    gate_fn = pw.function(gate(entered, release, s.mesh), slice=s)
+    gate_fn = pw.function(gate(entered, release, s.mesh), slice=s, in_specs=pw.BATCH)
     blocker = gate_fn(np.ones(4, np.float32))  # hold the island while every client queues up
     assert entered.wait(30)
     weights = {"w1": 1, "w2": 2, "w4": 4, "w8": 8}
@@ -375,7 +376,8 @@ def test_a_plan_is_made_once_per_input_signature_and_runs_keep_few_objects(ctl):
     assert plan is not None and [n.is_compute for n in plan.nodes] == [False, True, True, True]
     # a run held back behind a gate: what it keeps while it waits
     entered, release = threading.Event(), threading.Event()
-    held = pw.function(gate(entered, release, s.mesh), slice=s, name="gate")(x)
+    held = pw.function(gate(entered, release, s.mesh), slice=s, in_specs=pw.BATCH,
+                       name="gate")(x)
     assert entered.wait(30)
     second = prog(x)
     assert prog.trace(x).plan is plan  # the same plan: no host-side work per node again

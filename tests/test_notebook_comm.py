@@ -72,6 +72,20 @@ def test_trace_writes_only_new_json_files_in_the_notebook_directory(ctl, tmp_pat
     assert ask("runs/a.json")["path"] == str(sub.resolve() / "a.json")
 
 
+
+@pytest.mark.parametrize("path, needle", [
+    (".json", "hidden"), ("runs/.json", "hidden"), (".cache/t.json", "hidden"),
+    ("runs/../.t.json", "hidden"),
+    ("t\x00.json", "NUL byte"), ("\x00/../x.json", "NUL byte"),
+])
+def test_trace_refuses_hidden_files_and_nul_bytes_in_one_line(ctl, tmp_path, path, needle):
+    (tmp_path / "runs").mkdir()
+    out = comm.reply(ctl, {"type": "trace", "path": path}, root=tmp_path)
+    assert out["type"] == "error" and needle in out["error"], out
+    assert "\n" not in out["error"] and "Pass a file name such as 'trace.json'" in out["error"]
+    assert sorted(os.listdir(tmp_path)) == ["runs"] and os.listdir(tmp_path / "runs") == []
+
+
 # --- one updater thread, however many subscribe --------------------------------------------
 def test_one_updater_serves_every_subscribed_comm_and_caps_them(ctl):
     sent: dict[int, list[dict]] = {}

@@ -178,6 +178,7 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
     ("%pathways policy lifo", "invalid choice"),
     ("%pathways dispatch fast", "invalid choice"),
     ("%pathways trace save", "needs a PATH"),
+    ("%pathways trace save .json", "the path names no file"),
     ("%pathways frobnicate", "invalid choice"),
 ])
 def test_bad_input_is_a_short_usage_error(ip, cell, fix):

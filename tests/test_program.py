@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
@@ -59,11 +60,19 @@ def test_compiled_once_per_signature(ctl):
     assert len(f._cache) == 2
 
 
-def test_default_specs_shard_leading_axis_when_it_divides(ctl):
+def test_defaults_replicate_host_values_and_keep_placed_shardings(ctl):
+    """As jax.jit under jax.set_mesh: a host value is replicated, an array on the slice's
+    mesh keeps its sharding, and pw.BATCH is the one word for sharding the batch."""
     s = ctl.slice(4, island=0)
-    f = pw.function(lambda x: x, slice=s)
-    assert f(np.ones((8, 3))).result().sharding.spec == P("x")
-    assert f(np.ones((6, 3))).result().sharding.spec == P()
+    f = pw.function(lambda x: x * 1, slice=s)
+    assert f(np.ones((8, 3))).result().sharding.spec in (P(), P(None, None))
+    kept = pw.function(lambda x: x * 1, slice=s)(jax.device_put(
+        np.ones((8, 4)), NamedSharding(s.mesh, P(None, "x"))))
+    assert kept.sharding.spec == P(None, "x") == kept.result().sharding.spec
+    batch = pw.function(lambda x: x * 1, slice=s, in_specs=pw.BATCH)
+    assert batch(np.ones((8, 3))).result().sharding.spec == P("x", None)
+    with pytest.raises(pw.SpecError, match="pw.BATCH.*not divisible by 4"):
+        batch(np.ones((6, 3)))
 
 
 def test_pytrees_and_multiple_outputs(ctl):

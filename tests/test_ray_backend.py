@@ -187,6 +187,18 @@ def test_overlapping_slices_keep_their_values_when_sources_are_freed(rctl, mode)
     rctl.dispatch = "parallel"
 
 
+def test_host_callbacks_are_refused_at_submit_with_what_to_do(rctl):
+    s = rctl.slice(2, island=0)
+    negate = pw.function(lambda x: jax.pure_callback(
+        np.negative, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s, name="negate")
+    with pytest.raises(pw.ProgramError, match=r"negate calls host callbacks \(jax.pure_callback\), "
+                       "which cannot be exported to Ray islands") as info:
+        negate(np.ones(4, np.float32))
+    assert ".result()" in str(info.value) and "backend='local'" in str(info.value)
+    double = pw.function(lambda x: x * 2, slice=s)  # the controller carries on
+    assert double(np.ones(4, np.float32)).result(TIMEOUT).tolist() == [2.0] * 4
+
+
 def test_a_lost_island_fails_its_dependents_and_reattach_restores_it(rctl, expected):
     rctl.dispatch = "parallel"
     fig = figure2(rctl)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
@@ -114,7 +115,8 @@ def test_futures_have_shapes_shardings_and_times_but_no_values():
         s = ctl.slice(4, island=1)
         f = pw.function(lambda x, w: x @ w, slice=s, in_specs=(P("x"), P()))
         y = f(np.ones((4096, 4096), jnp.bfloat16), np.ones((4096, 4096), jnp.bfloat16))
-        assert (y.shape, y.dtype, y.sharding.spec) == ((4096, 4096), jnp.bfloat16, P("x"))
+        assert (y.shape, y.dtype) == ((4096, 4096), jnp.bfloat16)
+        assert y.sharding.is_equivalent_to(NamedSharding(s.mesh, P("x")), 2)  # as JAX types it
         assert sorted(d.id for d in y.sharding.device_set) == list(ctl.islands[1].device_ids)
         with pytest.raises(pw.NoValueError, match=r"shape \(4096, 4096\).*no value"):
             y.result()
@@ -134,6 +136,33 @@ def test_a_real_array_is_uploaded_to_simulated_chips():
         f = pw.function(lambda x: x * 2, slice=ctl.slice(4), name="double")
         f(jnp.ones(8)).wait(timeout=10)   # on this process's CPU device 0, not on chip 0
         assert [e.name for e in ctl.trace.events()] == ["host:host->0", "double"]
+
+
+def test_a_program_whose_values_do_not_fit_a_chips_hbm_is_refused():
+    # TINY's chips have 1 GB of HBM. A 4 GiB value replicated on 4 chips is 4 GiB on each
+    # (it used to "run"); a 1 GiB one sharded over the 4 is 256 MiB each and fits.
+    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+        s = ctl.slice(4)
+        big = pw.function(lambda x: jnp.zeros((1 << 30,), jnp.float32) + x.sum(), slice=s,
+                          in_specs=P(), out_specs=P(), name="big", sim_cost=1e-3)
+        with pytest.raises(sim.SimError) as info:
+            big(np.zeros(4, np.float32))
+        text = str(info.value)
+        assert "'big'" in text and "4.0 GiB on chip 0" in text, text
+        assert "Chip.hbm_bytes" in text and "at most 1000000000 B" in text, text
+        assert "\n" not in text
+        sharded = pw.function(lambda x: jnp.zeros((1 << 28,), jnp.float32) + x.sum(), slice=s,
+                              in_specs=P(), out_specs=P("x"), name="sharded", sim_cost=1e-3)
+        sharded(np.zeros(4, np.float32)).wait(timeout=10)  # 256 MiB each: fits
+        assert not ctl.runs()
+        # an argument too large to upload is refused the same way, before anything runs:
+        # 2 GiB (one float32 broadcast: nothing is allocated), replicated on each chip
+        copy = pw.function(lambda x: x.sum(), slice=s, in_specs=P(), out_specs=P(), name="copy",
+                           sim_cost=1e-3)
+        with pytest.raises(sim.SimError, match=r"'host:host->0' puts 2.0 GiB on chip 0, "
+                                               r"more than its Chip.hbm_bytes"):
+            copy(np.broadcast_to(np.float32(0), (1 << 29,)))
+        assert not ctl.runs()
 
 
 def test_the_same_program_gives_the_same_graph_on_real_and_simulated_islands():

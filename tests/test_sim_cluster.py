@@ -84,3 +84,62 @@ def test_this_machine_comes_from_a_calibration_run(tmp_path, monkeypatch):
     assert Cluster.preset("this-machine").chip.peak_flops == 5e10
     with pytest.raises(SimError, match="lacks \\['rpc_latency'\\]"):
         Cluster.from_calibration({k: v for k, v in _calibration().items() if k != "rpc_latency"})
+
+
+def _toy(chip: dict | None = None, host: dict | None = None, **fields) -> Cluster:
+    from pwkernel.backends.sim import Chip, HostCosts, Interconnect, Network
+
+    parts = {"chip": Chip(**{"name": "toy", "peak_flops": 1e12, "hbm_bytes": 1e9,
+                             "hbm_bandwidth": 1e11, **(chip or {})}),
+             "islands": (2,), "chips_per_host": 2, "ici": Interconnect(1e10, 1e-6),
+             "dcn": Network(1e9, 1e-5),
+             "host": HostCosts(**{"client_per_node": 1e-5, "fanout_per_host": 0.0,
+                                  "rpc_latency": 1e-4, "host_per_node": 5e-6,
+                                  "host_to_device": 1e9, **(host or {})})}
+    return Cluster(**(parts | fields))
+
+
+@pytest.mark.parametrize("build, field, valid", [
+    # NaN passed every "< 0" check (virtual time became 0.0), inf every "> 0" one
+    (lambda: _toy(chip={"launch_overhead": float("nan")}), "Chip.launch_overhead",
+     "a finite number >= 0"),
+    (lambda: _toy(chip={"launch_overhead": float("inf")}), "Chip.launch_overhead",
+     "a finite number >= 0"),
+    (lambda: _toy(chip={"peak_flops": float("inf")}), "Chip.peak_flops", "a finite number > 0"),
+    (lambda: _toy(chip={"peak_flops_f32": float("nan")}), "Chip.peak_flops_f32",
+     "a finite number > 0"),
+    (lambda: _toy(host={"rpc_latency": float("nan")}), "HostCosts.rpc_latency",
+     "a finite number >= 0"),
+    (lambda: _toy().with_host(rpc_latency=float("nan")), "HostCosts.rpc_latency",
+     "a finite number >= 0"),
+    (lambda: _toy().with_host(client_per_node=True), "HostCosts.client_per_node",
+     "a finite number >= 0"),
+    (lambda: _toy(chips_per_host=True), "chips_per_host", "an int >= 1"),
+    (lambda: _toy(islands=(True,)), "islands", "each an int >= 1"),
+])
+def test_impossible_numbers_are_refused_naming_the_field_and_its_range(build, field, valid):
+    with pytest.raises(SimError) as info:
+        build()
+    text = str(info.value)
+    assert field in text and valid in text, text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("torus", [(0, 2), (-2,), (2.0, 2), (True, 4)])
+def test_a_torus_needs_positive_whole_dimensions(torus):
+    from pwkernel.backends.sim import Interconnect
+
+    with pytest.raises(SimError, match=r"Interconnect.torus must be .*each an int >= 1") as info:
+        Interconnect(1e10, 1e-6, torus=torus)
+    assert "\n" not in str(info.value)
+
+
+def test_a_torus_holds_exactly_the_chips_of_each_island():
+    from pwkernel.backends.sim import Interconnect
+
+    # 2 hosts x 2 chips per island: a 2 x 2 torus fits, 2 x 4 (or 3) does not
+    assert _toy(ici=Interconnect(1e10, 1e-6, torus=(2, 2))).ici.torus == (2, 2)
+    with pytest.raises(SimError, match=r"torus \(2, 4\) has 8 chips but island 0 has 4 "
+                                       r".* Maybe you want torus=\(2, 2\)") as info:
+        _toy(ici=Interconnect(1e10, 1e-6, torus=(2, 4)))
+    assert "\n" not in str(info.value)

@@ -276,6 +276,22 @@ def test_runs_report_their_times_and_bad_input_is_refused_clearly():
         Simulator(toy(), dispatch="eager")
 
 
+def test_a_transfer_larger_than_its_chips_hbm_is_refused():
+    # the toy chip has 1 GB of HBM: 3 GB onto two chips is at least 1.5 GB on one of them
+    sim = Simulator(toy())
+    big = SimProgram("big", [SimNode(0, "upload", (0, 1), kind=NodeKind.TRANSFER,
+                                     nbytes=3_000_000_000)])
+    with pytest.raises(SimError, match=r"program 'big': 'upload' moves 2.8 GiB onto 2 chips, "
+                                       r"at least 1.4 GiB on each, more than Chip.hbm_bytes "
+                                       r"\(valid: at most 1000000000 B") as info:
+        sim.submit(big)
+    assert "\n" not in str(info.value)
+    fits = SimProgram("fits", [SimNode(0, "upload", (0, 1), kind=NodeKind.TRANSFER,
+                                       nbytes=2_000_000_000)])
+    sim.submit(fits)  # 1 GB each, sharded: fits
+    sim.run()
+
+
 def test_the_same_inputs_give_the_same_timeline():
     def once():
         sim = Simulator(toy(islands=(2,)), policy="share")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import numpy as np
+import pytest
 
 import pwkernel as pw
+from pwkernel.runtime.trace import Trace
 
 
 def run_figure2(ctl):
@@ -43,6 +46,20 @@ def test_chrome_trace_has_a_track_per_device_and_transfer_flows(ctl, tmp_path):
     assert len(flows) == 2 and flows[0]["id"] == flows[1]["id"]
     names = [e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"]
     assert "island 0" in names and "device 4" in names
+
+
+
+@pytest.mark.parametrize("name, needle", [
+    (".json", "names no file"), ("", "names no file"), ("runs/", "is a directory"),
+    ("t\x00.json", "NUL byte"),
+])
+def test_save_refuses_a_path_that_names_no_file_in_one_line(tmp_path, name, needle):
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ValueError) as info:
+        Trace().save(tmp_path / name if name else name)
+    text = str(info.value)
+    assert needle in text and "such as 'run.json'" in text and "\n" not in text, text
+    assert sorted(os.listdir(tmp_path)) == ["runs"]
 
 
 def test_clear_and_disable(ctl):

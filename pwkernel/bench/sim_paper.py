@@ -9,7 +9,8 @@ as a direction ("sequential is always slower") are checked as such (error column
 The simulated hardware is the one the paper's counts imply (``paper_dispatch.HARDWARE``): the
 break-even point at 16 hosts ("128 TPUs": 8 TensorCores per host) on TPU v3, the one at 512
 hosts ("2048 TPUs": 4 per host) on TPU v4, and the hosts sweep of Chained and Fused, whose
-counts are cores, on TPU v3 at 8 cores per host. See docs/simulator.md.
+counts are cores, on TPU v3 at 8 cores per host; the pipelining rows on 64 TPU v3 chips (the
+paper's "128 cores"). See docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -105,12 +106,20 @@ def run(mode: str = "quick") -> Result:
         "hosts on TPU v4 ('2048 TPUs': 4 per host); the Chained/Fused sweep on TPU v3, "
         f"crossovers in hosts at {CORES_PER_HOST} cores per host",
         f"Chained and Fused run {pd.CHAIN} computations per program (assumed)",
+        "pipelining: training steps (forward, backward, gradient accumulation, all-reduce, "
+        f"Adafactor update) on {pwl.PIPELINE_HOSTS * pd.CHIPS_PER_HOST} TPU v3 chips (the "
+        "paper's 128 cores); SPMD on GSPMD's 2-D split, data x model = "
+        f"{' x '.join(map(str, pwl.SPMD_MESH))} chips (Lingvo's v3-128 mesh [8, 16] cores), "
+        "GPipe data parallel inside each stage; SPMD simulated at "
+        f"{pwl.MODEL['3b']['batch_tokens'] / pwl.step_seconds(fitted['params']) / 1e3:.0f}k "
+        "tokens/s against the paper's 125.7k (matrix units at peak)",
         "every row but the two 'fit' rows is a prediction; paper figures from PAPER.md "
         "(secondary sources for all but the abstract's)",
     ]
     res = Result("sim-paper", mode, {"programs": CONFIG[mode]["programs"],
                                      "assumed": {k: v for k, (v, _) in pd.ASSUMED.items()},
-                                     "models": pwl.MODEL, "chain": pd.CHAIN},
+                                     "models": pwl.MODEL, "chain": pd.CHAIN,
+                                     "spmd_mesh": pwl.SPMD_MESH},
                  out, {"sim_breakeven_error_pct": fit_err,
                        "sim_prediction_error_pct": max(ratios) if ratios else None,
                        "sim_share_error": max(shares) if shares else None}, notes)

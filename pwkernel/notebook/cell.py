@@ -17,8 +17,12 @@ Then, in one of two ways:
   the plain cell under ``jax.set_mesh(<the slice's mesh>)``: arrays and futures already on the
   slice's mesh keep their shardings, and every output is laid out as JAX lays it out
   (``pw.INFERRED``: its type on explicit axes, the compiler's propagation on auto axes). Only
-  inputs not on the slice's mesh (NumPy arrays, arrays elsewhere) are placed by pwkernel: see
-  ``input_spec``.
+  inputs not on the slice's mesh (NumPy arrays, arrays elsewhere) are placed by pwkernel: they
+  are replicated, as ``jax.jit`` types a host value (``pw.function``'s default).
+
+Inputs are the cell's free names that hold arrays, futures, or any pytree of them (flax
+parameters, optax state, dicts): state bound by one cell flows into the next on the devices.
+A cell whose Python needs a value is split first (``segments.py``).
 
 Names the cell binds to arrays come back as futures; plain Python values stay plain.
 ``jax.debug.print`` calls written in the cell print into the cell that ran them, even after it
@@ -69,6 +73,18 @@ def _is_array(value: Any) -> bool:
     # them as constants, as a plain jax.jit does.
     return isinstance(value, Future | jax.Array | np.ndarray) and not jax.dtypes.issubdtype(
         value.dtype, jax.dtypes.extended)
+
+
+def is_state(value: Any) -> bool:
+    """An input of the cell: an array or future, or any pytree of them (flax parameters,
+    optax state, dicts, lists, registered dataclasses), moved on the devices, never copied
+    to the host."""
+    if _is_array(value):
+        return True
+    if isinstance(value, str | bytes | int | float | complex | type) or callable(value):
+        return False
+    leaves = jax.tree_util.tree_leaves(value)
+    return bool(leaves) and leaves[0] is not value and all(_is_array(x) for x in leaves)
 
 
 class _Bound(ast.NodeVisitor):
@@ -173,7 +189,7 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         bound.visit(node)
     loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
               and isinstance(n.ctx, ast.Load)}
-    params = sorted(n for n in loaded if n in user_ns and _is_array(user_ns[n]))
+    params = sorted(n for n in loaded if n in user_ns and is_state(user_ns[n]))
     # Plain values the cell both reads and rebinds are locals of the function: seed them.
     statics = {n: user_ns[n] for n in bound.names if n in loaded and n in user_ns
                and n not in params}
@@ -244,22 +260,6 @@ def ambient_mesh(vs: VirtualSlice | None) -> Iterator[None]:
         yield
 
 
-def input_spec(value: Any, vs: VirtualSlice) -> P | None:
-    """Where the cell takes an input: an array already on ``vs``'s mesh (the same devices in
-    the same grid, the same axis names) keeps its ``PartitionSpec``. Anything else (host
-    arrays, arrays elsewhere) is replicated on a slice with explicit axes, as JAX types a host
-    value; on an all-auto slice it gets the default placement (None: the leading axis sharded
-    over the slice when it divides), which the compiler may change."""
-    sharding = getattr(value, "sharding", None)
-    if isinstance(sharding, NamedSharding):
-        mesh, want = sharding.mesh, vs.mesh
-        if (tuple(mesh.axis_names) == tuple(want.axis_names)
-                and mesh.devices.shape == want.devices.shape
-                and [d.id for d in mesh.devices.flat] == [d.id for d in want.devices.flat]):
-            return sharding.spec
-    return None if all(t == AxisType.Auto for t in vs.axis_types) else P()
-
-
 def build_program(plan: CellPlan, vs: VirtualSlice | None, name: str,
                   plain: dict[str, Any], inputs: list[Any]) -> Program:
     """The cell as a ``Program``: traced over its compiled functions, or ONE function on ``vs``
@@ -277,8 +277,7 @@ def build_program(plan: CellPlan, vs: VirtualSlice | None, name: str,
     # jit once so the cell's Python runs once although the runtime traces it twice (shapes,
     # then lowering): the second trace hits jit's cache.
     body = jax.jit(lambda *args: split_outputs(plan.fn(*args), plain))
-    compiled = pw_function(body, slice=vs, name=name, out_specs=INFERRED,
-                           in_specs=tuple(input_spec(v, vs) for v in inputs))
+    compiled = pw_function(body, slice=vs, name=name, out_specs=INFERRED)
     return pw_program(lambda *args: compiled(*args), name=name)
 
 
@@ -307,6 +306,10 @@ def user_error(exc: BaseException, filename: str) -> BaseException:
     """``exc`` with a traceback of the user's frames only: the cell's line first, then the
     user's functions it called. A runtime error that wraps the user's own error (a function
     that could not be traced) gives way to that error, its message kept as a note."""
+    if isinstance(exc, UnboundLocalError):  # a name read before the cell assigns it: at a
+        name = str(exc).split("'")[1] if "'" in str(exc) else "?"  # notebook's top level
+        exc = NameError(f"name {name!r} is not defined", name=name).with_traceback(
+            exc.__traceback__)  # that is a NameError
     frames = _user_frames(exc.__traceback__)
     cause = exc.__cause__
     if cause is not None and not isinstance(exc, UsageError):

@@ -296,16 +296,24 @@ def _act(ctl, msg: dict[str, Any], conn: Connection | None, root: Path | None) -
 
 def save_trace(ctl, name: str | None, root: Path) -> Path:
     """Write the trace to a NEW .json file in ``root`` (the notebook's directory): never over
-    a file that exists, never outside ``root``. Without ``name``: a time-stamped one."""
+    a file that exists, never outside ``root``, never hidden (no part of the path may start
+    with '.'). Without ``name``: a time-stamped one."""
     root = Path(root).resolve()
     if name is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         name = next(n for n in (f"pwkernel-trace-{stamp}{f'-{i}' if i else ''}.json"
                                 for i in itertools.count()) if not (root / n).exists())
+    if "\0" in name:  # (the OS would refuse it with a bare "embedded null byte")
+        raise RequestError(f"the trace path {_clip(name)} has a NUL byte, which no file name "
+                           "may hold. Pass a file name such as 'trace.json'.")
     path = (root / os.path.expanduser(name)).resolve()
     if path.parent != root and root not in path.parents:
         raise RequestError(f"the trace goes in the notebook's directory {str(root)!r}; "
                            f"{_clip(name)} is outside it. Pass a file name such as 'trace.json'.")
+    if any(part.startswith(".") for part in path.relative_to(root).parts):
+        raise RequestError(f"the trace path {_clip(name)} names a hidden file or folder (one "
+                           "that starts with '.'), which the file browser would not show. Pass "
+                           "a file name such as 'trace.json'.")
     try:
         with open(path, "x") as f:  # "x": refuse a file that exists (no overwriting)
             json.dump(ctl.trace.to_chrome(), f)

@@ -24,6 +24,7 @@ from ..runtime.resources import VirtualSlice, describe_axis_types
 from ..runtime.tasks import ClientSpec
 from . import args as specs
 from . import cell as cells
+from . import segments
 from .display import Status
 from .output import CellOutput
 from .summary import summary_text
@@ -57,6 +58,7 @@ class PathwaysMagics(Magics):
     def __init__(self, shell, state):
         super().__init__(shell)
         self.state = state
+        self._submitted = 0  # programs the cells submitted (a split cell may submit none)
 
     @property
     def ctl(self):
@@ -118,6 +120,8 @@ class PathwaysMagics(Magics):
         n = len(self.ctl.trace)
         try:
             path = self.ctl.trace.save(a.path)
+        except ValueError as e:  # a path that names no file: the message says why, and the fix
+            raise UsageError(f"%pathways trace save: {e}") from None
         except OSError as e:
             raise UsageError(f"%pathways trace save: cannot write {a.path!r} ({e}).") from None
         print(f"wrote {n} events to {path} (open it in https://ui.perfetto.dev)")
@@ -203,15 +207,49 @@ class PathwaysMagics(Magics):
         return self.state.default_slice(), None
 
     def _run_cell(self, a, line: str, cell: str, ctl, vs, temporary):
+        """The cell as one program, or split where its Python needs values (segments.py)."""
         __tracebackhide__ = True
         shell = self.shell
-        count = shell.execution_count
-        name = f"cell[{count}]"
         source = f"%%pathways {line}\n{cell}"
+        count = _cell_number(shell, source)
+        name = f"cell[{count}]"
         filename = shell.compile.cache(source, count, raw_code=source)
+        body = shell.transform_cell(cell)
+        try:
+            parts = segments.segments(body)
+        except SyntaxError:
+            parts = [segments.Segment(True, 1, len(body.splitlines()))]  # analyse() says why
+        if len(parts) == 1 and parts[0].program:
+            return self._run_program(a, body, name, filename, ctl, vs, temporary, True)
+        value, submitted = None, self._submitted
+        for k, part in enumerate(parts):
+            last = k == len(parts) - 1
+            text = part.source(body)
+            if part.program:
+                value = self._run_program(a, text, f"{name}.{k}", filename, ctl, vs, temporary,
+                                          last, quiet=True)
+            else:
+                value = self._run_plain(text, filename, vs, last)
+        if self._submitted == submitted:
+            print(f"({name}: no array work in this cell; it ran as plain Python)")
+        return value
+
+    def _run_plain(self, text: str, filename: str, vs, last: bool):
+        __tracebackhide__ = True
+        try:
+            return segments.run_plain(text, self.shell.user_ns, filename, 1, vs, last)
+        except (UsageError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            raise cells.user_error(e, filename) from None
+
+    def _run_program(self, a, body: str, name: str, filename: str, ctl, vs, temporary,
+                     last: bool, quiet: bool = False):
+        """``body`` (the cell, or one segment of it) as ONE program on the slice."""
+        __tracebackhide__ = True
+        shell = self.shell
         out = CellOutput(name)
-        plan = cells.analyse(shell.transform_cell(cell), shell.user_ns, filename, 1,
-                             out.debug_print)
+        plan = cells.analyse(body, shell.user_ns, filename, 1, out.debug_print)
         plain: dict[str, Any] = {}
         inputs = [shell.user_ns[p] for p in plan.params]
         program = cells.build_program(plan, vs, name, plain, inputs)
@@ -223,18 +261,22 @@ class PathwaysMagics(Magics):
                 graph = program.trace(*inputs)
                 if not _has_work(graph):  # tracing ran the cell's Python: that was all of it
                     self._bind(plain, None)
-                    print(f"({name}: no array work in this cell; it ran as plain Python)")
+                    if not quiet:
+                        print(f"({name}: no array work in this cell; it ran as plain Python)")
                     return self._last(plan, plain, None)
                 futures, run = self._submit(ctl, graph, inputs, a.sequential)
+                self._submitted += 1
         except (UsageError, KeyboardInterrupt):
             raise
         except Exception as e:
+            if segments.needs_value(e):  # its Python needs a value: run it as plain Python
+                return self._run_plain(body, filename, vs, last)
             raise cells.user_error(e, filename) from None
         if temporary is not None:
             self.state.temporary.append((run, temporary))
         results = futures[0] if futures else {}
         view = self._show(a, ctl, run)
-        if a.no_block:
+        if a.no_block and last:
             if getattr(shell, "kernel", None) is not None:
                 out.detach()
             self.state.watch(out)
@@ -436,3 +478,12 @@ def _when_done(run, results, callback) -> None:
             callback(f"failed: {bad[0].exception(0)}")
 
     _after_all(futs, ended)
+
+
+def _cell_number(shell, source: str) -> int:
+    """The number the notebook shows for the running cell (``In [N]``): IPython has already
+    counted it when it keeps history, so a cell stored under N runs with the count at N+1."""
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
+    if history and history[-1].rstrip("\n") == source.rstrip("\n"):
+        return len(history) - 1
+    return shell.execution_count

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from jax.sharding import AxisType
 
 from . import executor as executors
@@ -60,6 +62,13 @@ class Controller:
                  dispatch: DispatchMode | str = "parallel", memory_budget: int | None = None,
                  dcn: Link | None = None, backend: str | Executor = "local",
                  ray_address: str | None = None, cluster: Any = None):
+        if islands is not None and (isinstance(islands, str | bytes) or not isinstance(
+                islands, Sequence) or not islands or not all(
+                isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0
+                for n in islands)):
+            raise ValueError(f"islands must be a sequence of positive device counts (one per "
+                             f"island) or None, got {islands!r}. Maybe you want "
+                             "islands=(4, 4).")
         policy = Policy.parse(policy)
         mode = DispatchMode.parse(dispatch)
         if memory_budget is not None and not memory_budget > 0:
@@ -124,14 +133,15 @@ class Controller:
     def slice(self, shape: int | Sequence[int], island: int | None = None,
               axis_names: Sequence[str] | None = None,
               axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
-              ) -> VirtualSlice:
+              devices: Sequence[int] | None = None) -> VirtualSlice:
         """A virtual slice of ``shape`` (int or mesh shape) on ``island`` (or the least
         loaded one). Slices may share devices; the gang scheduler time-multiplexes them.
 
         ``axis_types``: ``"explicit"`` or ``"auto"`` (or ``jax.sharding.AxisType`` values),
         one for all axes or one per axis; default: what ``jax.make_mesh`` gives (explicit).
+        ``devices``: the device ids to place it on, in mesh order (default: the least loaded).
         """
-        return self.resources.allocate(shape, island, axis_names, axis_types)
+        return self.resources.allocate(shape, island, axis_names, axis_types, devices)
 
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
         """Move ``vs`` to other devices; its functions are lowered again on next use."""
@@ -302,9 +312,25 @@ _default: Controller | None = None
 _open: list[Controller] = []
 
 
+class SharedDevicesWarning(UserWarning):
+    """Two open controllers hold the same local devices: each has its own gang scheduler, so
+    their computations are not ordered together (collectives on both may deadlock)."""
+
+
 def _register(ctl: Controller) -> None:
     with _lock:
+        mine = set(ctl.devices) if ctl.backend == "local" else set()
+        shared = [other for other in _open if not other.closed and other.backend == "local"
+                  and mine & set(other.devices)]
         _open.append(ctl)
+    if shared:
+        ids = sorted(d.id for d in mine & set(shared[0].devices))
+        warnings.warn(
+            f"another open controller already holds devices {ids}; this one shares them "
+            "with its own gang scheduler, so their computations are not ordered together "
+            "(collectives from both may deadlock). Maybe you want pw.controller() (the "
+            "process-wide one), or to close the other first (ctl.close()).",
+            SharedDevicesWarning, stacklevel=3)
 
 
 def _unregister(ctl: Controller) -> None:

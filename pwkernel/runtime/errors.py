@@ -43,3 +43,9 @@ class IslandLostError(PathwaysError, RuntimeError):
 class NoValueError(PathwaysError, RuntimeError):
     """A future of a simulated controller (``backend="sim"``) was asked for its value: a
     simulation knows shapes, dtypes, shardings and times, and computes nothing."""
+
+
+class NeedsValueError(ProgramError):
+    """Python asked for the value of something a program has not computed yet, while the
+    program was traced (``float(v)``, ``if v:``): a ``%%pathways`` cell runs that statement
+    as plain Python instead."""

@@ -57,6 +57,10 @@ class TransferNode:
     devices: tuple[int, ...]
     link: LinkKind | str
     nbytes: int
+    # jax.device_put may hand back the source's own buffer where a device holds the same block
+    # in both layouts (even with may_alias=False): the executor must copy, since the runtime
+    # frees this node's output and the source may be the user's
+    shares_buffers: bool = False
 
 
 Node = ComputeNode | TransferNode
@@ -115,14 +119,26 @@ class Graph:
             link = LinkKind.ICI.value if spec.island == island else LinkKind.DCN.value
             src, src_devices = spec.island, tuple(sorted(d.id for d in spec.sharding.device_set))
         name = f"{link}:{'host' if src is None else src}->{island}"
+        shares = src is not None and _shares_blocks(spec.sharding, sharding, spec.shape)
         self.nodes.append(TransferNode(len(self.nodes), name, value, out.id, src, island,
-                                       src_devices, devices, link, spec.nbytes))
+                                       src_devices, devices, link, spec.nbytes, shares))
         self._transfers[key] = out.id
         return out.id
 
     def add_compute(self, name: str, fn, signature, inputs, outputs, island, devices) -> None:
         self.nodes.append(ComputeNode(len(self.nodes), name, fn, signature, tuple(inputs),
                                       tuple(outputs), island, tuple(devices)))
+
+
+def _shares_blocks(a, b, shape) -> bool:
+    """Some device holds the same block of the array in layout ``a`` and in layout ``b``."""
+    if a.device_set.isdisjoint(b.device_set):
+        return False
+    try:
+        ia, ib = a.devices_indices_map(shape), b.devices_indices_map(shape)
+    except Exception:  # a layout JAX cannot index: assume the worst
+        return True
+    return any(ia[d] == ib[d] for d in ia.keys() & ib.keys())
 
 
 def _same_layout(a, b, shape) -> bool:

@@ -174,9 +174,62 @@ class Future:
         self.add_done_callback(wake)
         return waiter.__await__()
 
+    # --- values on demand: where Python needs the value, wait for it (as jax.Array does) ---
     def __array__(self, dtype=None, copy=None):
         out = np.asarray(self.result())
         return out.astype(dtype) if dtype is not None else out
+
+    def __jax_array__(self):
+        return self.result()
+
+    def item(self, *args):
+        return self.result().item(*args)
+
+    def tolist(self):
+        return self.result().tolist()
+
+    def __float__(self) -> float:
+        return float(self.result())
+
+    def __int__(self) -> int:
+        return int(self.result())
+
+    def __index__(self) -> int:
+        return self.result().__index__()
+
+    def __complex__(self) -> complex:
+        return complex(self.result())
+
+    def __bool__(self) -> bool:
+        return bool(self.result())
+
+    def __format__(self, spec: str) -> str:
+        return format(self.result(), spec) if spec else repr(self)
+
+    def __lt__(self, other):
+        return self.result() < other
+
+    def __le__(self, other):
+        return self.result() <= other
+
+    def __gt__(self, other):
+        return self.result() > other
+
+    def __ge__(self, other):
+        return self.result() >= other
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d (scalar) Future")
+        return self.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
 
     def __repr__(self) -> str:
         return (f"Future(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "

@@ -13,7 +13,6 @@ called outside a program is a one-node program.
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 import threading
@@ -26,25 +25,31 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .errors import ProgramError, SliceError, SpecError
+from . import callbacks
+from .arguments import Arguments
+from .errors import NeedsValueError, ProgramError, SliceError, SpecError
 from .graph import Graph
 from .objects import Future, shard_bytes
 from .resources import VirtualSlice
+from .specs import (
+    BATCH,
+    INFERRED,
+    Batch,
+    Inferred,
+    batch_spec,
+    check_spec,
+    check_specs_arg,
+    on_mesh,
+    prefix_leaves,
+    spec_leaves,
+    tracing_error,
+)
+
+__all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Inferred",
+           "Program", "Value", "function", "program", "spec_leaves"]
 
 _tracing = threading.local()
 _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
-
-
-class Inferred(enum.Enum):
-    """``out_specs=pw.INFERRED``: an output is laid out as JAX lays it out in a plain
-    ``jax.jit`` over the slice's mesh: by its type on explicit axes (sharding in types), by
-    the compiler's sharding propagation on auto axes. Read back from the compiled executable,
-    so it is still known before anything runs."""
-
-    INFERRED = "inferred"
-
-
-INFERRED = Inferred.INFERRED
 _NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
 
 
@@ -67,7 +72,7 @@ class Value:
         return len(self.shape)
 
     def _refuse(self, *_, **__):
-        raise ProgramError(
+        raise NeedsValueError(
             f"inside @pw.program, values (here one of shape {self.shape}) are futures of "
             "computations that have not run yet; only compiled functions can operate on them. "
             "Maybe you want to put this operation inside a pw.function."
@@ -99,74 +104,25 @@ class Executable:
     # On a simulated island: the function lowered for its chips (never compiled), which the
     # simulator's cost model reads
     lowered: Any = None
-
-
-def spec_leaves(specs, args: tuple) -> list[Any]:
-    """One PartitionSpec (or None) per flattened argument leaf."""
-    nleaves = [len(jax.tree_util.tree_leaves(a)) for a in args]
-    if specs is None or isinstance(specs, P):
-        return [specs] * sum(nleaves)
-    if not isinstance(specs, tuple | list) or len(specs) != len(args):
-        raise SpecError(
-            f"in_specs must be one PartitionSpec, or a tuple with one entry per argument "
-            f"({len(args)} here), got {specs!r}. Maybe you want in_specs=P('x')."
-        )
-    out: list[Any] = []
-    for spec, n in zip(specs, nleaves, strict=True):
-        if spec is None or isinstance(spec, P):
-            out.extend([spec] * n)
-            continue
-        leaves = jax.tree_util.tree_leaves(spec, is_leaf=lambda s: s is None or isinstance(s, P))
-        if len(leaves) != n:
-            raise SpecError(f"in_specs entry {spec!r} has {len(leaves)} leaves but its argument "
-                            f"has {n}; give one PartitionSpec per array, or one for all.")
-        out.extend(leaves)
-    return out
-
-
-def _default_spec(shape: tuple[int, ...], vs: VirtualSlice) -> P:
-    # Shard the leading axis over the whole slice when it divides; otherwise replicate.
-    if shape and shape[0] % vs.size == 0 and vs.size > 1:
-        names = vs.axis_names
-        return P(names[0] if len(names) == 1 else tuple(names))
-    return P()
-
-
-def _check_spec(spec: P, shape: tuple[int, ...], mesh, what: str) -> None:
-    if len(spec) > len(shape):
-        raise SpecError(f"{what}: {spec} names {len(spec)} dimensions but the array has shape "
-                        f"{shape} ({len(shape)} dimensions). Maybe you want P() (replicate).")
-    used: set[str] = set()
-    for dim, entry in enumerate(spec):
-        if entry is None:
-            continue
-        names = (entry,) if isinstance(entry, str) else tuple(entry)
-        for name in names:
-            if name not in mesh.shape:
-                raise SpecError(f"{what}: {spec} uses mesh axis {name!r}, but the slice's mesh "
-                                f"has axes {tuple(mesh.axis_names)}.")
-            if name in used:
-                raise SpecError(f"{what}: {spec} uses mesh axis {name!r} twice.")
-            used.add(name)
-        size = math.prod(mesh.shape[n] for n in names)
-        if shape[dim] % size:
-            raise SpecError(
-                f"{what}: {spec} shards dimension {dim} (size {shape[dim]}) over mesh axis "
-                f"{'x'.join(names)} of size {size}, and {shape[dim]} is not divisible by {size}."
-                f" Maybe you want P() to replicate it, or a size that is a multiple of {size}."
-            )
+    # The body over flat input leaves (static arguments bound), and those inputs' types with
+    # their shardings: what a backend that compiles elsewhere exports or lowers
+    flat: Any = None
+    structs: tuple[jax.ShapeDtypeStruct, ...] = ()
 
 
 class CompiledFunction:
-    """A function compiled for a virtual slice: ``jax.jit`` with shardings over its mesh.
+    """``jax.jit`` placed on a virtual slice: the same call conventions (positional and keyword
+    arguments, pytrees, static and donated arguments), values and shardings as ``jax.jit``
+    under ``jax.set_mesh(slice.mesh)``.
 
-    >>> double = pw.function(lambda x: x * 2, slice=s0, in_specs=P("x"))   # doctest: +SKIP
+    >>> double = pw.function(lambda x: x * 2, slice=s0)                    # doctest: +SKIP
     >>> double(np.arange(4.0)).result()                                    # doctest: +SKIP
     Array([0., 2., 4., 6.], dtype=float32)
     """
 
     def __init__(self, fn: Callable, slice: VirtualSlice, in_specs=None, out_specs=None,
-                 name: str | None = None, sim_cost=None):
+                 name: str | None = None, sim_cost=None, static_argnums=None,
+                 static_argnames=None, donate_argnums=None, donate_argnames=None):
         if not callable(fn):
             raise ProgramError(f"pw.function needs a callable, got {type(fn).__name__}.")
         if sim_cost is not None and not _is_duration(sim_cost):
@@ -178,13 +134,20 @@ class CompiledFunction:
                 f"pw.function needs slice= a VirtualSlice (from ctl.slice(...)), got "
                 f"{type(slice).__name__}. Maybe you want slice=ctl.slice(2)."
             )
+        if name is not None and not isinstance(name, str):
+            raise ProgramError(f"pw.function's name must be a str, got {type(name).__name__}.")
+        check_specs_arg("in_specs", in_specs)
+        check_specs_arg("out_specs", out_specs)
         self.fn, self.slice = fn, slice
         self.in_specs, self.out_specs = in_specs, out_specs
         self.sim_cost = sim_cost
         self.name = name or getattr(fn, "__name__", "fn")
         if self.name == "<lambda>":
             self.name = "lambda"
+        self.arguments = Arguments(fn, self.name, static_argnums, static_argnames,
+                                   donate_argnums, donate_argnames)
         self._cache: dict[Any, Executable] = {}
+        self._programs: dict[Any, Program] = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn, updated=())
 
@@ -193,7 +156,8 @@ class CompiledFunction:
         return self.slice._manager.controller
 
     def executable(self, signature) -> Executable:
-        """The compiled specialization for ``signature`` ((tree, ((shape, dtype), ...)))."""
+        """The compiled specialization for ``signature`` ((tree, ((shape, dtype, sharding),
+        ...), static key))."""
         key = (self.slice.version, signature)
         exe = self._cache.get(key)
         if exe is None:
@@ -202,47 +166,73 @@ class CompiledFunction:
                 self._cache[key] = exe
         return exe
 
-    def _compile(self, in_tree, in_avals) -> Executable:
+    def _in_shardings(self, args, kwargs, in_avals) -> tuple[list, list[str]]:
+        """Each input leaf's sharding, and who chose it (for errors)."""
         vs = self.slice
         mesh = vs.mesh
-        args = jax.tree_util.tree_unflatten(in_tree, [jax.ShapeDtypeStruct(s, d)
-                                                     for s, d in in_avals])
-        specs = spec_leaves(self.in_specs, args if isinstance(args, tuple) else (args,))
-        in_shardings = []
-        for i, ((shape, _), spec) in enumerate(zip(in_avals, specs, strict=True)):
-            spec = _default_spec(shape, vs) if spec is None else spec
-            _check_spec(spec, shape, mesh, f"{self.name}: input {i} in_specs")
-            in_shardings.append(NamedSharding(mesh, spec))
+        given = spec_leaves(self.in_specs, args) if self.in_specs is not None else None
+        nkw = len(in_avals) - (len(given) if given is not None else 0)
+        given = (given or [None] * len(in_avals)) + [None] * (nkw if given else 0)
+        shardings, why = [], []
+        for i, ((shape, _, placed), spec) in enumerate(zip(in_avals, given, strict=True)):
+            what = f"{self.name}: input {i} in_specs"
+            if spec is None or spec is INFERRED:
+                kept = on_mesh(placed, mesh)
+                spec = placed.spec if kept else P()
+                why.append("kept from the argument" if kept else "pwkernel's default: replicated")
+            elif spec is BATCH:
+                spec = batch_spec(shape, vs, what)
+                why.append("in_specs=pw.BATCH")
+            else:
+                why.append("your in_specs")
+            check_spec(spec, shape, mesh, what)
+            shardings.append(NamedSharding(mesh, spec))
+        return shardings, why
+
+    def _compile(self, in_tree, in_avals, statics) -> Executable:
+        vs = self.slice
+        mesh = vs.mesh
+        dyn, kwargs = _unflatten(in_tree, [jax.ShapeDtypeStruct(s, d) for s, d, _ in in_avals])
+        in_shardings, why = self._in_shardings(dyn, kwargs, in_avals)
+        rebuild, fn = self.arguments.rebuild, self.fn
 
         def flat(*leaves):
-            return tuple(jax.tree_util.tree_leaves(self.fn(*jax.tree_util.tree_unflatten(in_tree,
-                                                                                  leaves))))
-        structs = [jax.ShapeDtypeStruct(s, d, sharding=sh)
-                   for (s, d), sh in zip(in_avals, in_shardings, strict=True)]
+            a, k = _unflatten(in_tree, leaves)
+            full, kw = rebuild(a, k, statics)
+            return tuple(jax.tree_util.tree_leaves(fn(*full, **kw)))
+
+        def body(*leaves):
+            a, k = _unflatten(in_tree, leaves)
+            full, kw = rebuild(a, k, statics)
+            return fn(*full, **kw)
+
+        structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh)
+                        for (s, d, _), sh in zip(in_avals, in_shardings, strict=True))
         try:
             with vs.ambient():
-                out_struct = jax.eval_shape(lambda *a: self.fn(*jax.tree_util.tree_unflatten(
-                    in_tree, a)), *structs)
+                out_struct = jax.eval_shape(body, *structs)
         except Exception as e:
-            raise ProgramError(f"{self.name} could not be traced for inputs "
-                               f"{[(s, str(d)) for s, d in in_avals]}: {e}") from e
+            raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_struct)
-        out_specs = self._out_spec_leaves(out_struct, len(out_leaves))
+        out_specs = self._out_spec_leaves(out_struct)
         out_shardings = []
         for i, (o, spec) in enumerate(zip(out_leaves, out_specs, strict=True)):
-            if spec is INFERRED:
+            if spec is None or spec is INFERRED:
                 out_shardings.append(None)  # jit: left to JAX, read back once compiled
                 continue
-            spec = _default_spec(o.shape, vs) if spec is None else spec
-            _check_spec(spec, o.shape, mesh, f"{self.name}: output {i} out_specs")
+            spec = batch_spec(o.shape, vs, f"{self.name}: output {i}") if spec is BATCH else spec
+            check_spec(spec, o.shape, mesh, f"{self.name}: output {i} out_specs")
             out_shardings.append(NamedSharding(mesh, spec))
         if vs.island.simulated:
             return self._lower_simulated(flat, structs, in_shardings, out_shardings,
                                          out_leaves, out_tree)
-        jitted = jax.jit(flat, in_shardings=tuple(in_shardings),
-                         out_shardings=tuple(out_shardings))
-        with vs.ambient():
-            compiled = jitted.lower(*structs).compile()
+        donated = self.arguments.donated_leaves(dyn, kwargs, statics)
+        try:
+            with vs.ambient():
+                compiled, call = callbacks.compile_guarded(
+                    flat, structs, in_shardings, out_shardings, mesh, self.name, donated)
+        except Exception as e:
+            raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
         out_shardings = [given if given is not None else made for given, made in
                          zip(out_shardings, compiled.output_shardings, strict=True)]
         out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
@@ -254,7 +244,7 @@ class CompiledFunction:
         return Executable(compiled, tuple(in_shardings),
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
                           tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous,
-                          compiled)
+                          call, None, flat, structs)
 
     def _lower_simulated(self, flat, structs, in_shardings, out_shardings, out_leaves,
                          out_tree) -> Executable:
@@ -288,30 +278,30 @@ class CompiledFunction:
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
                           tuple(out_shardings), out_tree,
                           sum(max(n.values()) for n in out_nbytes), out_nbytes, True, None,
-                          lowered)
+                          lowered, flat, tuple(structs))
 
-    def _out_spec_leaves(self, out_struct, n: int) -> list[Any]:
-        if self.out_specs is None or isinstance(self.out_specs, P | Inferred):
-            return [self.out_specs] * n
-        leaves = jax.tree_util.tree_leaves(
-            self.out_specs, is_leaf=lambda s: s is None or isinstance(s, P | Inferred))
-        if len(leaves) != n:
-            raise SpecError(f"{self.name}: out_specs {self.out_specs!r} has {len(leaves)} "
-                            f"entries but the function returns {n} arrays.")
-        return leaves
+    def _out_spec_leaves(self, out_struct) -> list[Any]:
+        """One spec per output leaf: ``out_specs`` is a pytree prefix of the result."""
+        try:
+            return prefix_leaves(self.out_specs, out_struct, f"{self.name}: out_specs")
+        except SpecError:
+            n = len(jax.tree_util.tree_leaves(out_struct))
+            raise SpecError(
+                f"{self.name}: out_specs {self.out_specs!r} does not match the function's "
+                f"result ({jax.tree_util.tree_structure(out_struct)}, {n} arrays): give one "
+                "spec for the whole result, or a pytree prefix of it, e.g. one spec per "
+                "element of a returned tuple.") from None
 
-    def __call__(self, *args):
-        graph = getattr(_tracing, "graph", None)
+    def __call__(self, *args, **kwargs):
+        dyn, dkw, statics = self.arguments.split(args, kwargs)
+        graph = _current_graph()
         if graph is not None:
-            return _record_call(graph, self, args)
-        return self._program_wrapper(*args)
-
-    @functools.cached_property
-    def _program_wrapper(self) -> Program:
-        return Program(lambda *a: self(*a), name=self.name)
-
-    def _as_program(self) -> Program:
-        return self._program_wrapper
+            return _record_call(graph, self, dyn, dkw, statics)
+        program = self._programs.get(statics)
+        if program is None:  # one one-node program per static key (its graph cache is its own)
+            program = self._programs[statics] = Program(
+                lambda a, k: _record_call(_current_graph(), self, a, k, statics), name=self.name)
+        return program(dyn, dkw)
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
@@ -323,7 +313,7 @@ def _is_duration(cost) -> bool:
             and 0 <= seconds < math.inf)
 
 
-def _record_call(graph: Graph, fn: CompiledFunction, args: tuple):
+def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, statics):
     """Add one compute node (and the transfers its inputs need) to the graph being traced."""
     vs = fn.slice
     island, devices = vs.island.id, vs.device_ids
@@ -333,10 +323,11 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple):
     elif graph.controller is not ctl:
         raise ProgramError(f"{fn.name} belongs to another controller than the functions called "
                            "before it; a program runs on one controller.")
-    leaves, in_tree = jax.tree_util.tree_flatten(args)
+    leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
     vids = [_as_value_id(graph, leaf, fn) for leaf in leaves]
-    avals = tuple((graph.values[v].shape, graph.values[v].dtype) for v in vids)
-    signature = (in_tree, avals)
+    values = graph.values
+    avals = tuple((values[v].shape, values[v].dtype, values[v].sharding) for v in vids)
+    signature = (in_tree, avals, statics)
     exe = fn.executable(signature)
     inputs = [graph.placed(v, sh, island, devices)
               for v, sh in zip(vids, exe.in_shardings, strict=True)]
@@ -357,6 +348,13 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
             f"{fn.name} got a Future while a program was being traced; pass futures as "
             "arguments of the program instead of capturing them."
         )
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+        # a placed array captured while tracing: a constant that keeps its layout
+        isl = graph.controller.resources.island_of(leaf.sharding.device_set)
+        spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
+                               None if isl is None else isl.id)
+        graph.consts[spec.id] = leaf
+        return spec.id
     try:
         arr = np.asarray(leaf)
     except Exception:
@@ -364,7 +362,7 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
     if arr is None or arr.dtype.kind not in _NUMERIC:
         raise ProgramError(f"{fn.name} got an argument of type {type(leaf).__name__}; compiled "
                            "functions take arrays, scalars and pytrees of them. Maybe you want "
-                           "functools.partial for static arguments.")
+                           "static_argnums=... (or static_argnames=...) for that argument.")
     arr = _canonical(arr)
     spec = graph.new_value(arr.shape, arr.dtype)
     graph.consts[spec.id] = arr
@@ -411,9 +409,9 @@ class Program:
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn, updated=())
 
-    def trace(self, *args) -> Graph:
+    def trace(self, *args, **kwargs) -> Graph:
         """The graph for these arguments (traced now, or from the cache)."""
-        leaves, tree = jax.tree_util.tree_flatten(args)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         return self._graph(tree, leaves)
 
     def _graph(self, tree, leaves) -> Graph:
@@ -434,9 +432,10 @@ class Program:
             spec = graph.new_value(shape, dtype, sharding if kind == "dev" else None)
             graph.inputs.append(spec.id)
             values.append(Value(graph, spec.id))
+        args, kwargs = jax.tree_util.tree_unflatten(tree, values)
         _tracing.graph = graph
         try:
-            result = self.fn(*jax.tree_util.tree_unflatten(tree, values))
+            result = self.fn(*args, **kwargs)
         finally:
             _tracing.graph = None
         out_leaves, graph.out_tree = jax.tree_util.tree_flatten(result)
@@ -450,12 +449,13 @@ class Program:
                                "work in pw.function(fn, slice=...) and call that.")
         return graph
 
-    def __call__(self, *args, dispatch: str | None = None):
-        """Submit the program on ``args``; ``dispatch="sequential"`` (or ``"parallel"``) for
-        this call only, else the controller's mode. Inside another program: inlined."""
+    def __call__(self, *args, dispatch: str | None = None, **kwargs):
+        """Submit the program on ``args`` and ``kwargs``; ``dispatch="sequential"`` (or
+        ``"parallel"``) for this call only, else the controller's mode. Inside another
+        program: inlined."""
         if getattr(_tracing, "graph", None) is not None:
-            return self.fn(*args)  # inside another trace: inline this program's calls
-        leaves, tree = _flatten(args)
+            return self.fn(*args, **kwargs)  # inside another trace: inline this program's calls
+        leaves, tree = _flatten((args, kwargs))
         graph = self._graph(tree, leaves)
         futures = graph.controller.submit(graph, leaves, dispatch)
         return _unflatten(graph.out_tree, futures)
@@ -472,17 +472,25 @@ def program(fn: Callable | None = None, *, name: str | None = None):
 
 
 def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, out_specs=None,
-             name: str | None = None, sim_cost=None):
-    """A compiled function on ``slice``; usable as ``pw.function(fn, slice=s)`` or a decorator.
+             static_argnums=None, static_argnames=None, donate_argnums=None,
+             donate_argnames=None, name: str | None = None, sim_cost=None):
+    """``jax.jit`` placed on ``slice``; usable as ``pw.function(fn, slice=s)`` or a decorator.
 
-    ``in_specs``/``out_specs``: a ``PartitionSpec`` for every array, or one entry per argument
-    (output). Default: shard the leading axis over the slice when it divides, else replicate.
-    ``out_specs=pw.INFERRED`` (for all outputs or some): the layout JAX gives them, as in a
-    plain ``jax.jit`` over the slice's mesh.
+    Calls as ``jax.jit`` does (positional and keyword arguments, pytrees, ``static_argnums``/
+    ``static_argnames``, ``donate_argnums``/``donate_argnames``) with the values and shardings
+    of ``jax.jit`` under ``jax.set_mesh(slice.mesh)``. Inputs: an array or future already on the
+    slice's mesh keeps its sharding; anything else is replicated. Outputs: laid out as JAX lays
+    them out (``pw.INFERRED``).
+
+    ``in_specs``: one spec for every input, or one pytree prefix per positional argument
+    (keyword arguments take the default), each a ``PartitionSpec``, ``pw.BATCH`` (the leading
+    axis over the whole slice: data parallelism) or None (the default). ``out_specs``: a
+    pytree prefix of the result (``PartitionSpec``, ``pw.BATCH``, ``pw.INFERRED``).
 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
     (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.
     """
-    if fn is None:
-        return lambda f: CompiledFunction(f, slice, in_specs, out_specs, name, sim_cost)
-    return CompiledFunction(fn, slice, in_specs, out_specs, name, sim_cost)
+    def make(f):
+        return CompiledFunction(f, slice, in_specs, out_specs, name, sim_cost, static_argnums,
+                                static_argnames, donate_argnums, donate_argnames)
+    return make if fn is None else make(fn)

@@ -50,8 +50,14 @@ class Island:
 
 
 def _normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
-    if not dims or any(not isinstance(d, int | np.integer) or d < 1 for d in dims):
+    if isinstance(shape, int | np.integer):
+        dims: tuple = (shape,)
+    elif isinstance(shape, Sequence) and not isinstance(shape, str | bytes):
+        dims = tuple(shape)
+    else:
+        dims = ()
+    if not dims or any(not isinstance(d, int | np.integer) or isinstance(d, bool) or d < 1
+                       for d in dims):
         raise SliceError(
             f"a slice shape must be a positive int or a tuple of positive ints, got {shape!r}. "
             "Maybe you want ctl.slice(2) or ctl.slice((2, 2))."
@@ -231,14 +237,18 @@ class ResourceManager:
     def allocate(self, shape: int | Sequence[int], island: int | None = None,
                  axis_names: Sequence[str] | None = None,
                  axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
-                 ) -> VirtualSlice:
+                 devices: Sequence[int] | None = None) -> VirtualSlice:
         self._check_open()
         dims = _normalize_shape(shape)
         names = self._axis_names(dims, axis_names)
         types = _axis_types(dims, axis_types, self.islands[0].devices[0])
         with self._lock:
-            target = self._choose_island(math.prod(dims), island)
-            devices = self._choose_devices(target, math.prod(dims))
+            if devices is None:
+                target = self._choose_island(math.prod(dims), island)
+                chosen = self._choose_devices(target, math.prod(dims))
+            else:
+                target, chosen = self._given_devices(dims, devices, island)
+            devices = chosen
             vs = VirtualSlice(self, dims, names, target, devices, types)
             self._slices[vs.id] = vs
             for d in devices:
@@ -294,6 +304,22 @@ class ResourceManager:
                 f"shape {dims} once. Maybe you want axis_names={_default_axis_names(len(dims))}."
             )
         return names
+
+    def _given_devices(self, dims: tuple[int, ...], ids, island: int | None):
+        """The island and devices named by ``ids`` (device ids, in mesh order)."""
+        ids = list(ids) if isinstance(ids, Sequence) and not isinstance(ids, str) else None
+        if (ids is None or len(ids) != math.prod(dims) or len(set(ids)) != len(ids)
+                or not all(isinstance(i, int | np.integer) for i in ids)):
+            raise SliceError(f"devices= must list {math.prod(dims)} distinct device ids for a "
+                             f"slice of shape {dims}, got {ids!r}. Maybe you want "
+                             f"devices={list(self.islands[0].device_ids[:math.prod(dims)])}.")
+        for isl in self.islands if island is None else (self.island(island),):
+            by_id = {d.id: d for d in isl.devices}
+            if all(i in by_id for i in ids):
+                return isl, tuple(by_id[i] for i in ids)
+        raise SliceError(f"devices {ids} are not all on one island"
+                         + ("" if island is None else f" (island {island})") + "; islands: "
+                         + ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands))
 
     def _choose_island(self, size: int, island: int | None) -> Island:
         if island is not None:

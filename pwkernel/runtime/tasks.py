@@ -68,10 +68,13 @@ def soon(fn, *args) -> None:
 
 
 def later(fn, *args) -> bool:
-    """Inside a ``soon`` loop with work queued: queue ``fn(*args)`` after it (True)."""
+    """Inside a ``soon`` loop with work queued: make sure ``fn(*args)`` runs after it (True).
+    A call already queued is not queued twice, so two copies of one (the memory check) cannot
+    re-queue behind each other forever: the queue empties and the last copy runs."""
     pending = getattr(_local, "pending", None)
     if pending:
-        pending.append((fn, args))
+        if (fn, args) not in pending:
+            pending.append((fn, args))
         return True
     return False
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import os
 import threading
 from enum import StrEnum
 from pathlib import Path
@@ -212,7 +213,27 @@ class Trace:
         return {"traceEvents": out, "displayTimeUnit": "ms"}
 
     def save(self, path: str | Path) -> Path:
-        """Write Chrome-trace JSON (open it in https://ui.perfetto.dev or chrome://tracing)."""
-        path = Path(path)
+        """Write Chrome-trace JSON (open it in https://ui.perfetto.dev or chrome://tracing).
+
+        A ``ValueError`` (one line, before anything is written) for a path that names no file
+        (``""``, ``".json"``, a directory) or holds a NUL byte; ``OSError`` as ``open`` gives
+        it for one that cannot be written."""
+        path = _file_path(path)
         path.write_text(json.dumps(self.to_chrome()))
         return path
+
+
+def _file_path(path: str | Path) -> Path:
+    """``path`` as a file a trace can be written to, or a ``ValueError`` that says why not."""
+    text = os.fspath(path)
+    why = None
+    if "\0" in text:
+        why = "has a NUL byte, which no file name may hold"
+    elif Path(text).name in ("", ".", "..") or Path(text).name.lower() == ".json":
+        why = "names no file (a name is needed before '.json')"
+    elif Path(text).is_dir():
+        why = "is a directory"
+    if why is not None:
+        raise ValueError(f"trace.save({text[:120]!r}): the path {why}. Pass a file name such as "
+                         "'run.json'.")
+    return Path(text)

@@ -31,6 +31,7 @@ from typing import Any
 
 import jax
 
+from ...runtime.callbacks import failure
 from ...runtime.executor import NoGroup
 from ...runtime.resources import Island
 from ...runtime.tasks import Task
@@ -119,7 +120,8 @@ class LocalBackend(NoGroup):
                         earliest = t
                 else:
                     t_end = _now()
-                    run.ended(task, site.span(devices, earliest, t_end), t_end, None, outs)
+                    run.ended(task, site.span(devices, earliest, t_end), t_end,
+                              failure(outs), outs)  # (a host callback's exception, if any)
                     return
         site.watch(task, outs, None)  # queued before any consumer can be launched behind it
         run.launched(task, outs)
@@ -138,10 +140,13 @@ class LocalBackend(NoGroup):
     def transfer(self, task: Task) -> None:
         node = task.node
         try:
-            # A copy, never an alias: where source and destination shards share a device
-            # (overlapping slices), an alias would die when the source's buffer is freed.
             out = jax.device_put(task.run.values[node.inputs[0]], node.sharding,
                                  may_alias=False)
+            if node.node.shares_buffers:
+                # JAX reuses the source's buffer where a device holds the same block in both
+                # layouts, whatever may_alias says; the runtime frees this output after its
+                # last reader, and the source may be the user's: copy those (async).
+                out = out.copy()
         except BaseException as e:  # noqa: BLE001
             self.transfers.submit(self._land, task, None, e)
             return
@@ -237,6 +242,8 @@ class _Site:
                 jax.block_until_ready(outs)
             except BaseException as e:  # noqa: BLE001
                 error = e
+            else:  # what a host callback raised (its outputs are ready: it has run)
+                error = failure(outs)
         t_inputs = task.inputs_ended(None if wait_inputs else 0.0) or 0.0
         t_end = _now() if t_ready is None else max(t_ready, t_inputs)
         t_start = self.span(task.node.devices, max(task.t_launch, t_inputs), t_end)

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError
 from ...runtime.resources import Island
 from ...runtime.tasks import Task
@@ -157,23 +158,21 @@ class RayBackend:
         with self._export_lock:
             entry = self._exports.get(id(exe))
             if entry is None:
-                in_tree, in_avals = node.node.signature
-                fn = node.fn.fn
-
-                def flat(*leaves):
-                    return tuple(jax.tree_util.tree_leaves(
-                        fn(*jax.tree_util.tree_unflatten(in_tree, leaves))))
-
-                jitted = jax.jit(flat, in_shardings=exe.in_shardings,
+                jitted = jax.jit(exe.flat, in_shardings=exe.in_shardings,
                                  out_shardings=exe.out_shardings)
-                structs = [jax.ShapeDtypeStruct(s, d, sharding=sh)
-                           for (s, d), sh in zip(in_avals, exe.in_shardings, strict=True)]
+                structs = exe.structs
                 platform = "cuda" if host.platform == "gpu" else "cpu"
                 # Traced again here: under the slice's mesh, as when it was compiled (a
                 # %%pathways cell's P(...) and out_sharding= refer to it).
                 with jax.set_mesh(node.fn.slice.mesh):
-                    blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
-                                 .serialize())
+                    try:
+                        blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
+                                     .serialize())
+                    except Exception as e:  # host callbacks fail in several ways in there
+                        hosts = callbacks.found(jitted.trace(*structs).jaxpr)
+                        if hosts:
+                            raise callbacks.not_exportable(node.name, hosts) from e
+                        raise
                 entry = self._exports[id(exe)] = (exe, f"{node.name}-{id(exe):x}", blob)
         _, key, blob = entry
         return key, (None if key in host.sent else blob)

@@ -47,6 +47,8 @@ class Chip:
     def __post_init__(self) -> None:
         _positive(self, "peak_flops", "hbm_bytes", "hbm_bandwidth")
         _non_negative(self, "launch_overhead")
+        if self.peak_flops_f32 is not None:
+            _positive(self, "peak_flops_f32")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,14 @@ class Interconnect:
     def __post_init__(self) -> None:
         _positive(self, "link_bandwidth")
         _non_negative(self, "latency", "scaleout_bandwidth", "scaleout_latency")
+        torus = self.torus
+        if not isinstance(torus, tuple | list) or not all(_whole(d, 1) for d in torus):
+            raise SimError(f"Interconnect.torus must be a tuple of torus dimensions, each an int "
+                           f">= 1 (or () for a switch), got {torus!r}.")
+        object.__setattr__(self, "torus", tuple(torus))
+        if not _whole(self.chips_per_switch, 0):
+            raise SimError(f"Interconnect.chips_per_switch must be an int >= 0 (0: no limit), "
+                           f"got {self.chips_per_switch!r}.")
 
     def group_links(self, n: int) -> tuple[float, float, int]:
         """(bytes/s per chip, seconds per step, ring steps) for a collective over ``n`` chips.
@@ -162,14 +172,27 @@ class Cluster:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        islands = (self.islands,) if isinstance(self.islands, int) else tuple(self.islands)
-        if not islands or any(not isinstance(h, int) or h < 1 for h in islands):
-            raise SimError(f"Cluster islands must be a tuple of host counts (each >= 1), got "
-                           f"{self.islands!r}. Maybe you want islands=(4,) for one island of "
-                           "4 hosts.")
-        if not isinstance(self.chips_per_host, int) or self.chips_per_host < 1:
-            raise SimError(f"chips_per_host must be an int >= 1, got {self.chips_per_host!r}.")
+        islands = self.islands
+        islands = (islands,) if isinstance(islands, int) and not isinstance(islands, bool) \
+            else tuple(islands)
+        if not islands or not all(_whole(h, 1) for h in islands):
+            raise SimError(f"Cluster islands must be a tuple of host counts, each an int >= 1, "
+                           f"got {self.islands!r}. Maybe you want islands=(4,) for one island "
+                           "of 4 hosts.")
+        if not _whole(self.chips_per_host, 1):
+            raise SimError(f"Cluster chips_per_host must be an int >= 1, got "
+                           f"{self.chips_per_host!r}.")
         object.__setattr__(self, "islands", islands)
+        torus = getattr(self.ici, "torus", ())
+        if torus:  # a torus is an island's chips: every island must fill it exactly
+            size = math.prod(torus)
+            for i, hosts in enumerate(islands):
+                chips = hosts * self.chips_per_host
+                if chips != size:
+                    raise SimError(
+                        f"Cluster ici.torus {torus} has {size} chips but island {i} has "
+                        f"{chips} ({hosts} hosts x {self.chips_per_host}). Maybe you want "
+                        f"torus={torus_dims(chips, len(torus))}, or torus=() for a switch.")
 
     # --- layout ----------------------------------------------------------------------------
     @property
@@ -262,18 +285,28 @@ CALIBRATION_KEYS = (
 )
 
 
+def _finite(v) -> bool:
+    """A real number a clock can add: not a bool, NaN or an infinity (NaN passes every
+    comparison's ``not``, an infinity every ``> 0``; either poisons virtual time)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
 def _positive(obj, *names: str) -> None:
     for n in names:
         v = getattr(obj, n)
-        if not isinstance(v, int | float) or not v > 0:
-            raise SimError(f"{type(obj).__name__}.{n} must be a number > 0, got {v!r}.")
+        if not (_finite(v) and v > 0):
+            raise SimError(f"{type(obj).__name__}.{n} must be a finite number > 0, got {v!r}.")
 
 
 def _non_negative(obj, *names: str) -> None:
     for n in names:
         v = getattr(obj, n)
-        if not isinstance(v, int | float) or v < 0:
-            raise SimError(f"{type(obj).__name__}.{n} must be a number >= 0, got {v!r}.")
+        if not (_finite(v) and v >= 0):
+            raise SimError(f"{type(obj).__name__}.{n} must be a finite number >= 0, got {v!r}.")
 
 
 def _number(value) -> float:

@@ -56,6 +56,7 @@ from ...runtime.executor import NoGroup
 from ...runtime.resources import Island, islands_from_env
 from ...runtime.tasks import Task, TaskState
 from ...runtime.trace import LinkKind
+from ...runtime.units import human_bytes
 from ..local.devices import DEFAULT_ISLANDS, request_host_devices
 from .cluster import Cluster
 from .cost import analyze, roofline
@@ -227,7 +228,9 @@ class SimExecutor(NoGroup):
     # --- host-side work --------------------------------------------------------------------
     def prepare(self, plan) -> None:
         """Each computation's duration, once per plan: its function's ``sim_cost``, else XLA's
-        cost analysis of its lowered executable on the cluster (cached per executable)."""
+        cost analysis of its lowered executable on the cluster (cached per executable).
+        First, every node's outputs must fit a chip's HBM (``SimError`` if not)."""
+        check_hbm(plan, self.cluster)
         seconds = [0.0] * len(plan.nodes)
         for p in plan.nodes:
             if p.is_compute:
@@ -364,6 +367,25 @@ class SimExecutor(NoGroup):
     def close(self) -> None:
         """Run the clock until everything launched has ended."""
         self.settle(lambda: not self._heap)
+
+
+def check_hbm(plan, cluster: Cluster) -> None:
+    """Refuse a plan with a node whose outputs alone take more than a chip's HBM on one of its
+    chips: no order of work, no memory budget, could ever place them."""
+    hbm = cluster.chip.hbm_bytes
+    for p in plan.nodes:
+        per_chip: dict[int, int] = {}
+        for nbytes in p.out_nbytes:
+            for d, n in nbytes.items():
+                per_chip[d] = per_chip.get(d, 0) + n
+        over = [d for d, n in per_chip.items() if n > hbm]
+        if over:
+            d = min(over, key=lambda d: (-per_chip[d], d))
+            raise SimError(
+                f"program {plan.graph.name!r}: {p.name!r} puts {human_bytes(per_chip[d])} on "
+                f"chip {d}, more than its Chip.hbm_bytes (valid: at most {hbm:.0f} B, "
+                f"{human_bytes(hbm)}, on cluster {cluster.name!r}). Maybe you want its values "
+                "sharded over more chips (in_specs=/out_specs=), or a chip with more HBM.")
 
 
 def _report(arg) -> None:

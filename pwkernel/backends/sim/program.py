@@ -19,6 +19,7 @@ from enum import StrEnum
 import jax
 
 from ...runtime.graph import ComputeNode, Graph, TransferNode
+from ...runtime.units import human_bytes
 from .cluster import Cluster
 from .cost import Cost, abstract_mesh, analyze, lower, roofline
 from .errors import SimError
@@ -78,9 +79,15 @@ class SimProgram:
 
     def check(self, cluster: Cluster) -> None:
         """Raise ``SimError`` unless every node fits ``cluster`` (chips exist; a computation
-        on one island)."""
-        n_chips = cluster.num_chips
+        on one island; a transfer's bytes, spread over its chips, fit their HBM)."""
+        n_chips, hbm = cluster.num_chips, cluster.chip.hbm_bytes
         for n in self.nodes:
+            if n.kind is NodeKind.TRANSFER and n.nbytes / len(n.devices) > hbm:
+                raise SimError(
+                    f"program {self.name!r}: {n.name!r} moves {human_bytes(n.nbytes)} onto "
+                    f"{len(n.devices)} chips, at least {human_bytes(n.nbytes / len(n.devices))} "
+                    f"on each, more than Chip.hbm_bytes (valid: at most {hbm:.0f} B per chip, "
+                    f"{human_bytes(hbm)}). Maybe you want it spread over more chips.")
             bad = [d for d in (*n.devices, *n.src_devices) if not 0 <= d < n_chips]
             if bad:
                 raise SimError(f"program {self.name!r}: node {n.id} ({n.name}) uses chips {bad}, "
@@ -144,28 +151,13 @@ def xla_cost(cluster: Cluster) -> CostFn:
         if key not in cache:
             exe = fn.executable(node.signature)
             mesh = abstract_mesh(tuple(fn.slice.shape), tuple(fn.slice.axis_names))
-            in_tree, avals = node.signature
-            args = jax.tree_util.tree_unflatten(
-                in_tree, [jax.ShapeDtypeStruct(s, d) for s, d in avals])
-            args = args if isinstance(args, tuple) else (args,)
-            in_specs = tuple(_per_argument([sh.spec for sh in exe.in_shardings], args))
-            out_specs = jax.tree_util.tree_unflatten(
-                exe.out_tree, [sh.spec for sh in exe.out_shardings])
-            lowered = lower(fn.fn, args, mesh, in_specs, out_specs)
+            args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exe.structs]
+            lowered = lower(exe.flat, args, mesh, tuple(sh.spec for sh in exe.in_shardings),
+                            tuple(sh.spec for sh in exe.out_shardings))
             cache[key] = (fn, roofline(analyze(lowered, mesh), cluster))
         return cache[key][1]
 
     return cost
-
-
-def _per_argument(leaf_specs: list, args: tuple) -> list:
-    """Leaf specs regrouped as one pytree of specs per argument (``lower``'s ``in_specs``)."""
-    out, i = [], 0
-    for a in args:
-        leaves, tree = jax.tree_util.tree_flatten(a)
-        out.append(jax.tree_util.tree_unflatten(tree, leaf_specs[i:i + len(leaves)]))
-        i += len(leaves)
-    return out
 
 
 def _chip_map(devices) -> Callable[[int], int]:

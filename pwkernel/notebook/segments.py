@@ -1,0 +1,126 @@
+"""Values on demand in a ``%%pathways`` cell: where the cell's Python needs a value.
+
+A cell is one program only while its Python never looks at an array's value: JAX traces it, and
+a traced value has no value yet. A cell that prints a loss, converts it (``float(loss)``,
+``.item()``, ``np.asarray``), formats it in an f-string or branches on it (``if loss < t:``)
+is split at its top-level statements:
+
+- runs of statements that only build array work stay ONE program each, on the cell's slice;
+- a statement whose Python needs a value runs as plain Python under ``jax.set_mesh(slice)``,
+  exactly as the same cell runs without the magic. The futures it reads are replaced by their
+  values first (the wait happens there, where Python needs the value, as JAX's own
+  asynchronous dispatch waits on ``float(x)``); the arrays it makes stay on the slice's devices.
+
+The split is read from the code (``segments``). A program segment whose tracing still needs a
+value (a helper function that calls ``float`` on its argument, say) runs as plain Python too
+(``needs_value`` recognises JAX's errors for that); its Python has then run once already while
+it was traced.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import Any
+
+import jax
+
+from ..runtime.errors import NeedsValueError
+from ..runtime.objects import Future
+from .cell import ambient_mesh
+
+_CONVERT = {"print", "float", "int", "bool", "complex", "str", "repr", "format", "display"}
+_METHODS = {"item", "tolist", "block_until_ready", "__array__"}
+_NUMPY = {"np", "numpy", "onp"}
+_VALUE_ERRORS = tuple(getattr(jax.errors, n) for n in (
+    "ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
+    "TracerArrayConversionError") if hasattr(jax.errors, n))
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Top-level statements ``first``..``last`` (1-based lines of the cell body)."""
+
+    program: bool  # True: one program; False: plain Python that needs values
+    first: int
+    last: int
+
+    def source(self, body: str) -> str:
+        """The segment's lines, padded so that its line numbers are the cell's."""
+        lines = body.splitlines()
+        return "\n" * (self.first - 1) + "\n".join(lines[self.first - 1:self.last]) + "\n"
+
+
+def _needs_value(stmt: ast.stmt) -> bool:
+    """Whether Python reads an array's value in this statement (outside nested functions)."""
+    todo: list[ast.AST] = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        if isinstance(node, ast.If | ast.While | ast.Assert | ast.IfExp | ast.JoinedStr):
+            return True
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Name) and f.id in _CONVERT:
+                return True
+            if isinstance(f, ast.Attribute) and (f.attr in _METHODS or (
+                    f.attr in ("asarray", "array") and isinstance(f.value, ast.Name)
+                    and f.value.id in _NUMPY)):
+                return True
+        todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def segments(body: str) -> list[Segment]:
+    """The cell body's statements grouped: runs of array work, and statements that need
+    values (a cell without any is one program segment)."""
+    tree = ast.parse(body)
+    out: list[Segment] = []
+    for stmt in tree.body:
+        program = not _needs_value(stmt)
+        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
+        last = stmt.end_lineno or stmt.lineno
+        if out and out[-1].program and program:
+            out[-1] = Segment(True, out[-1].first, last)
+        else:
+            out.append(Segment(program, first, last))
+    return out or [Segment(True, 1, 1)]
+
+
+def needs_value(error: BaseException) -> bool:
+    """``error`` (or what it wraps) says the traced Python needed a concrete value."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, _VALUE_ERRORS + (NeedsValueError,)):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _values(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: x.result() if isinstance(x, Future) else x, tree)
+
+
+def run_plain(source: str, user_ns: dict[str, Any], filename: str, line_offset: int, vs,
+              want_value: bool) -> Any:
+    """Run ``source`` as plain Python under the slice's mesh, the futures it reads replaced by
+    their values in the user's namespace; returns its last expression's value if asked."""
+    tree = ast.parse(source)
+    ast.increment_lineno(tree, line_offset)
+    last = None
+    if want_value and tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    if last is not None:
+        loaded |= {n.id for n in ast.walk(last) if isinstance(n, ast.Name)}
+    for name in loaded:
+        value = user_ns.get(name)
+        if value is not None and any(isinstance(x, Future)
+                                     for x in jax.tree_util.tree_leaves(value)):
+            user_ns[name] = _values(value)
+    with ambient_mesh(vs):
+        exec(compile(tree, filename, "exec"), user_ns)  # noqa: S102 - the user's own cell
+        if last is not None:
+            return eval(compile(last, filename, "eval"), user_ns)  # noqa: S307
+    return None

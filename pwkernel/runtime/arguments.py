@@ -1,0 +1,110 @@
+"""How a compiled function's arguments are read: static, dynamic and donated ones.
+
+``pw.function`` takes the call conventions of ``jax.jit``: positional and keyword arguments,
+pytrees, ``static_argnums``/``static_argnames`` (hashable values that are part of the
+compilation key, not arrays) and ``donate_argnums``/``donate_argnames`` (inputs whose buffers the
+computation may reuse for its outputs: the user asked to give them away).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+
+import jax
+
+from .errors import ProgramError
+
+
+class Arguments:
+    """How a function's arguments split into static and dynamic ones, and which are donated,
+    as ``jax.jit`` reads ``static_argnums``/``static_argnames`` and ``donate_argnums``/
+    ``donate_argnames`` (a name also covers its position in the signature, and back)."""
+
+    def __init__(self, fn: Callable, name: str, static_argnums, static_argnames,
+                 donate_argnums, donate_argnames):
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                            p.POSITIONAL_OR_KEYWORD)]
+        self.name = name
+        self.static_nums, self.static_names = _both(
+            name, "static", static_argnums, static_argnames, positional)
+        self.donate_nums, self.donate_names = _both(
+            name, "donate", donate_argnums, donate_argnames, positional)
+        both = self.static_nums & self.donate_nums
+        if both:
+            raise ProgramError(f"{name}: argument {min(both)} is both static and donated; a "
+                               "static argument is not an array, so it cannot be donated.")
+
+    def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
+        """``(dynamic positional, dynamic keyword, static key)``; the key is hashable."""
+        nums, names = self.static_nums, self.static_names
+        if not nums and not names:
+            return args, kwargs, (len(args), (), ())
+        dyn = tuple(a for i, a in enumerate(args) if i not in nums)
+        spos = tuple((i, args[i]) for i in sorted(nums) if i < len(args))
+        skw = tuple(sorted((k, v) for k, v in kwargs.items() if k in names))
+        dkw = {k: v for k, v in kwargs.items() if k not in names}
+        key = (len(args), spos, skw)
+        try:
+            hash(key)
+        except TypeError:
+            bad = next(v for _, v in spos + skw if not _hashable(v))
+            raise ProgramError(
+                f"{self.name}: a static argument must be hashable (it is part of the "
+                f"compilation key, as in jax.jit), got a {type(bad).__name__}. Maybe you want "
+                "a tuple instead of a list, or to pass it as an array argument.") from None
+        return dyn, dkw, key
+
+    def rebuild(self, dyn: Sequence, kwargs: dict, key: tuple) -> tuple[list, dict]:
+        """The full call from the dynamic arguments and the static key."""
+        nargs, spos, skw = key
+        args, it, statics = [], iter(dyn), dict(spos)
+        for i in range(nargs):
+            args.append(statics[i] if i in statics else next(it))
+        return args, {**kwargs, **dict(skw)}
+
+    def donated_leaves(self, dyn: tuple, kwargs: dict, key: tuple) -> tuple[int, ...]:
+        """Flat leaf indices of the donated arguments (in the (positional, keyword) tree)."""
+        if not self.donate_nums and not self.donate_names:
+            return ()
+        nargs, spos, _ = key
+        positions = [i for i in range(nargs) if i not in dict(spos)]
+        out, at = [], 0
+        for pos, arg in zip(positions, dyn, strict=True):
+            n = len(jax.tree_util.tree_leaves(arg))
+            if pos in self.donate_nums:
+                out.extend(range(at, at + n))
+            at += n
+        for k in sorted(kwargs):  # dicts flatten in key order
+            n = len(jax.tree_util.tree_leaves(kwargs[k]))
+            if k in self.donate_names:
+                out.extend(range(at, at + n))
+            at += n
+        return tuple(out)
+
+
+def _hashable(v) -> bool:
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
+def _both(fn_name: str, what: str, nums, names, positional: list[str]):
+    """``(positions, names)`` of ``what`` arguments, each completed from the other."""
+    nums = () if nums is None else (nums,) if isinstance(nums, int) else tuple(nums)
+    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in nums):
+        raise ProgramError(f"{fn_name}: {what}_argnums must be non-negative ints (positions of "
+                           f"arguments), got {nums!r}. Maybe you want {what}_argnums=(1,).")
+    if not all(isinstance(n, str) for n in names):
+        raise ProgramError(f"{fn_name}: {what}_argnames must be argument names (str), got "
+                           f"{names!r}. Maybe you want {what}_argnames=('n',).")
+    nums_set = set(nums) | {positional.index(n) for n in names if n in positional}
+    names_set = set(names) | {positional[i] for i in nums if i < len(positional)}
+    return frozenset(nums_set), frozenset(names_set)

@@ -1,0 +1,173 @@
+"""Where a compiled function's inputs and outputs live: partition specs, their defaults, checks.
+
+``pw.function`` follows ``jax.jit`` under ``jax.set_mesh(slice.mesh)``: an argument already laid
+out on the slice's mesh keeps its sharding; anything else (a host value, an array elsewhere) is
+placed as ``jax.jit`` types a host value, replicated; outputs are laid out as JAX lays them out
+(``INFERRED``). Specs are pytree prefixes, as ``jax.jit``'s shardings are: one spec for a whole
+argument or output pytree, or a pytree of specs down to the leaves. Two named choices:
+
+- ``pw.INFERRED``: an output laid out as a plain ``jax.jit`` lays it out (the default);
+- ``pw.BATCH``: an array's leading axis sharded over every axis of the slice (data parallelism
+  in one word), e.g. ``in_specs=(pw.BATCH, P())`` for a batch and replicated weights.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .errors import ProgramError, SpecError
+
+
+class Inferred(enum.Enum):
+    """``out_specs=pw.INFERRED``: an output is laid out as JAX lays it out in a plain
+    ``jax.jit`` over the slice's mesh: by its type on explicit axes (sharding in types), by
+    the compiler's sharding propagation on auto axes. Read back from the compiled executable,
+    so it is still known before anything runs."""
+
+    INFERRED = "inferred"
+
+
+class Batch(enum.Enum):
+    """``pw.BATCH``: shard the array's leading axis over all of the slice's axes."""
+
+    BATCH = "batch"
+
+
+INFERRED = Inferred.INFERRED
+BATCH = Batch.BATCH
+
+
+def is_spec(s: Any) -> bool:
+    """A leaf of a spec pytree: a PartitionSpec, a named choice, or None (the default)."""
+    return s is None or isinstance(s, P | Inferred | Batch)
+
+
+def spec_leaves(specs, args: tuple) -> list[Any]:
+    """One spec (or None) per flattened leaf of ``args``: ``specs`` is one spec for all, or a
+    tuple with one pytree prefix per argument (``jax.jit``'s ``in_shardings`` rule)."""
+    if is_spec(specs):
+        return [specs] * len(jax.tree_util.tree_leaves(args))
+    if not isinstance(specs, tuple | list) or len(specs) != len(args):
+        raise SpecError(
+            f"in_specs must be one PartitionSpec, or a tuple with one entry per positional "
+            f"argument ({len(args)} here), got {specs!r}. Maybe you want in_specs=P() "
+            "(replicate) or in_specs=pw.BATCH (shard the leading axis).")
+    return [leaf for spec, arg in zip(specs, args, strict=True)
+            for leaf in prefix_leaves(spec, arg, "in_specs entry")]
+
+
+def prefix_leaves(spec, tree, what: str) -> list[Any]:
+    """``spec`` (a pytree prefix of ``tree``) broadcast to one spec per leaf of ``tree``."""
+    if is_spec(spec):
+        return [spec] * len(jax.tree_util.tree_leaves(tree))
+    try:
+        full = jax.tree.broadcast(spec, tree, is_leaf=is_spec)
+    except Exception:
+        n = len(jax.tree_util.tree_leaves(tree))
+        raise SpecError(
+            f"{what} {spec!r} is not a pytree prefix of the value it describes "
+            f"({jax.tree_util.tree_structure(tree)}, {n} arrays). Give one spec for the whole "
+            "value (e.g. P()), or a pytree of specs with the value's structure.") from None
+    return jax.tree_util.tree_leaves(full, is_leaf=is_spec)
+
+
+def on_mesh(sharding, mesh) -> bool:
+    """``sharding`` is a NamedSharding over ``mesh``'s devices, grid and axis names."""
+    if not isinstance(sharding, NamedSharding):
+        return False
+    have = sharding.mesh
+    return (tuple(have.axis_names) == tuple(mesh.axis_names)
+            and have.devices.shape == mesh.devices.shape
+            and [d.id for d in have.devices.flat] == [d.id for d in mesh.devices.flat])
+
+
+def placed_spec(sharding, mesh) -> P:
+    """The default for an input: its own spec when it is on the slice's mesh, else replicated
+    (as ``jax.jit`` types a host value)."""
+    return sharding.spec if on_mesh(sharding, mesh) else P()
+
+
+def batch_spec(shape: tuple[int, ...], vs, what: str) -> P:
+    """``pw.BATCH`` for an array of ``shape`` on slice ``vs``: the leading axis over every axis
+    of the slice; a scalar is replicated."""
+    if not shape or vs.size == 1:
+        return P()
+    if shape[0] % vs.size:
+        raise SpecError(f"{what}: pw.BATCH shards the leading axis (size {shape[0]}) over the "
+                        f"slice's {vs.size} devices, and {shape[0]} is not divisible by "
+                        f"{vs.size}. Maybe you want a batch that is a multiple of {vs.size}, "
+                        "or P() to replicate this argument.")
+    names = vs.axis_names
+    return P(names[0] if len(names) == 1 else tuple(names))
+
+
+def check_spec(spec: P, shape: tuple[int, ...], mesh, what: str) -> None:
+    """Refuse a spec that does not fit ``shape`` on ``mesh``, naming the fix."""
+    if len(spec) > len(shape):
+        raise SpecError(f"{what}: {spec} names {len(spec)} dimensions but the array has shape "
+                        f"{shape} ({len(shape)} dimensions). Maybe you want P() (replicate).")
+    used: set[str] = set()
+    for dim, entry in enumerate(spec):
+        if entry is None or entry is P.UNCONSTRAINED:
+            continue
+        names = (entry,) if isinstance(entry, str) else tuple(entry)
+        for name in names:
+            if name not in mesh.shape:
+                raise SpecError(f"{what}: {spec} uses mesh axis {name!r}, but the slice's mesh "
+                                f"has axes {tuple(mesh.axis_names)}.")
+            if name in used:
+                raise SpecError(f"{what}: {spec} uses mesh axis {name!r} twice.")
+            used.add(name)
+        size = math.prod(mesh.shape[n] for n in names)
+        if shape[dim] % size:
+            raise SpecError(
+                f"{what}: {spec} shards dimension {dim} (size {shape[dim]}) over mesh axis "
+                f"{'x'.join(names)} of size {size}, and {shape[dim]} is not divisible by {size}."
+                f" Maybe you want P() to replicate it, or a size that is a multiple of {size}."
+            )
+
+
+def describe(shape, dtype, spec, chosen_by: str) -> str:
+    """``f32[8,8] P('x',) (kept from the argument)``: one input, for error messages."""
+    name = getattr(jax.numpy.dtype(dtype), "name", str(dtype)) if dtype is not None else "?"
+    short = {"float32": "f32", "float64": "f64", "int32": "i32", "uint32": "u32",
+             "bfloat16": "bf16", "float16": "f16", "bool": "bool", "int64": "i64"}
+    return f"{short.get(name, name)}[{','.join(map(str, shape))}] {spec} ({chosen_by})"
+
+
+def check_specs_arg(what: str, specs) -> None:
+    leaves = jax.tree_util.tree_leaves(specs, is_leaf=is_spec)
+    bad = [x for x in leaves if not is_spec(x)]
+    if bad:
+        raise SpecError(f"{what} must be PartitionSpecs (P(...)), pw.BATCH, pw.INFERRED or None, "
+                        f"or pytrees of them; got {type(bad[0]).__name__} {bad[0]!r}. Maybe you "
+                        f"want {what}=P() (replicate) or {what}=P('x').")
+
+
+def tracing_error(name: str, e: Exception, in_avals, in_shardings, why) -> ProgramError:
+    """One pwkernel line on top of JAX's error: which function, how its inputs were laid
+    out and who chose that, and the likely fix."""
+    cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    inputs = [describe(s, d, sh.spec, w)
+              for (s, d, _), sh, w in zip(in_avals, in_shardings, why, strict=True)]
+    shown = "; ".join(inputs[:4]) + (f"; ... ({len(inputs)} inputs)" if len(inputs) > 4
+                                     else "")
+    kind = type(e).__name__
+    if "Concretization" in kind or "TracerBool" in kind or "TracerInteger" in kind:
+        fix = ("Python needs a concrete value while JAX traces this function: use "
+               "jnp.where / jax.lax.cond for data-dependent choices, or mark that argument "
+               "static (static_argnums=... / static_argnames=...).")
+    elif "shard" in str(e).lower():
+        fix = ("Maybe you want in_specs=pw.BATCH (the leading axis sharded over the "
+               "slice) or in_specs=P(...) for the layout the function expects, P() to "
+               "replicate, or jax.sharding.reshard(x, P(...)) inside the function.")
+    else:
+        fix = "(JAX raised it while tracing the function: its error is the cause, below.)"
+    return ProgramError(f"{name} could not be traced: {kind}: {cause}\n  inputs: "
+                        f"{shown}\n  {fix}")

@@ -1,0 +1,269 @@
+"""Pipelined training: a model's stages on their own slices, one training step as ONE program.
+
+Each stage gets compiled functions on its slice (``pw.function``): a forward and a backward
+(``stage.py``: ``jax.vjp``, its residuals returned as values that stay on the stage's devices),
+an optimizer update, and an init. ``Pipeline.step`` is a ``@pw.program``: it cuts the batch
+into M microbatches and calls every stage's forward and backward on every microbatch, in the
+order of its ``schedule`` (``schedule.py``), then each stage's update. The runtime inserts the
+transfers between stage slices (activations forward, cotangents back, on one island or across
+two); each island's gang scheduler runs the calls.
+
+**Why a token.** A gang scheduler launches, among the computations that are *ready*, the
+earliest submitted. The order of calls alone would not make a stage run its work in the
+schedule's order: in 1F1B, stage 0's second backward waits for stage 1, while its next forward
+only needs the batch, so it would run first, and stage 0 would do every forward before any
+backward (GPipe's memory). So each stage's calls pass a scalar token from one to the next:
+a call is ready only once the call before it on that stage was launched, and each stage runs
+exactly its order (``tests/test_train.py`` reads the order back from the trace).
+
+**Memory.** A microbatch's residuals live from its forward to its backward on that stage.
+Gradients are summed into one accumulator per stage (each freed after the backward that adds
+to it). The updates take the parameters and optimizer state with ``donate_argnums``: the new
+state reuses the old one's buffers, so memory stays flat from step to step and the state given
+to ``step`` is consumed (as ``jax.jit`` with ``donate_argnums`` consumes it); ``step`` first
+waits until that state exists (``state.ready_to_donate`` says why). Every update
+waits for the step's loss and for the last call of every stage (a barrier of scalars), so a
+failure anywhere in the forwards or backwards fails the whole step before any update consumes
+anything: the state given to the failed step is still valid.
+
+>>> pipe = Pipeline(stages, [ctl.slice(2, island=0), ctl.slice(2, island=1)],   # doctest: +SKIP
+...                 loss=cross_entropy, optimizer=optax.adam(1e-3), microbatches=4)
+>>> state = pipe.init(0)                                                     # doctest: +SKIP
+>>> state, loss = pipe.step(state, (tokens, targets))                        # doctest: +SKIP
+>>> float(loss)                                                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ..runtime.program import BATCH, CompiledFunction, Program, function, program
+from ..runtime.resources import VirtualSlice
+from ..runtime.specs import batch_spec
+from .schedule import Kind, Schedule, call_name, order
+from .stage import Stage, backward, forward, residual_bytes
+from .state import (
+    TrainState,
+    apply_optimizer,
+    check_stages,
+    init_stage,
+    raise_if_not_finite,
+    ready_to_donate,
+    split_batch,
+    stage_keys,
+)
+
+
+class Microbatches(tuple):
+    """A batch already cut into microbatches and placed (``Pipeline.place``): ``(xs, ys)``."""
+
+
+class Pipeline:
+    """Train ``stages`` pipelined over ``slices`` (one slice per stage, on any islands).
+
+    ``loss(outputs, targets) -> scalar``: the mean loss of a microbatch (the last stage's
+    outputs against its targets). ``optimizer``: an optax transformation, applied per stage
+    (so an optimizer that looks at all parameters at once, such as
+    ``optax.clip_by_global_norm``, sees one stage's). ``schedule``: ``"gpipe"`` or ``"1f1b"``
+    (``pw.train.Schedule``); ``microbatches``: M, the number each batch is cut into.
+    ``check_finite``: a loss that is NaN or infinite fails the step (``FloatingPointError``)
+    before any update is applied. Each stage's slice holds its parameters replicated and its
+    microbatches sharded over its devices (data parallelism inside the stage).
+
+    Trace names: ``s1.fwd[m2]``, ``s1.bwd[m2]``, ``s1.update``, ``s1.init``, ``loss``; the step
+    program is ``{name}.{schedule}``.
+    """
+
+    def __init__(self, stages: Sequence[Stage], slices: Sequence[VirtualSlice], *,
+                 loss: Callable, optimizer: optax.GradientTransformation,
+                 schedule: Schedule | str = Schedule.ONE_F_ONE_B, microbatches: int = 4,
+                 check_finite: bool = False, name: str = "pipeline"):
+        check_stages(stages, slices)
+        if not isinstance(microbatches, int) or microbatches < 1:
+            raise ValueError(f"microbatches must be a positive int, got {microbatches!r}.")
+        self.stages, self.slices = list(stages), list(slices)
+        self.loss, self.optimizer = loss, optimizer
+        self.schedule = Schedule.parse(schedule)
+        self.microbatches, self.check_finite, self.name = microbatches, check_finite, name
+        #: bytes of one microbatch's residuals per stage (known after the first step)
+        self.residual_bytes: list[int] | None = None
+        S, M = len(self.stages), microbatches
+        self._fwd, self._bwd, self._update, self._init = [], [], [], []
+        for s, (st, vs) in enumerate(zip(self.stages, self.slices, strict=True)):
+            last = s == S - 1
+            head = loss if last else None
+            out_spec = P() if last else BATCH
+            self._fwd.append(function(
+                forward(st.apply, head, s > 0), slice=vs, in_specs=(None, BATCH, BATCH, None),
+                out_specs=(out_spec, None, P()), name=call_name(s, Kind.FWD)))
+            self._bwd.append(function(
+                backward(st.apply, head, s > 0, 1.0 / M), slice=vs,
+                in_specs=(None, BATCH, BATCH, None, BATCH, None, None),
+                out_specs=(P(), BATCH, P()), name=call_name(s, Kind.BWD)))
+            self._update.append(function(
+                _update(optimizer), slice=vs, out_specs=P(), donate_argnums=(0, 1),
+                name=call_name(s, Kind.UPDATE)))
+            self._init.append(function(init_stage(st.init, optimizer), slice=vs,
+                                       out_specs=P(), name=f"s{s}.init"))
+        self._mean = function(_mean_loss(M, check_finite), slice=self.slices[-1],
+                              out_specs=P(), name="loss")
+        self._named: dict[tuple[int, Kind, int], CompiledFunction] = {}
+        self._programs: dict[Schedule, Program] = {}
+        self._tokens: list[jax.Array] | None = None
+        self._init_program = program(self._init_all, name=f"{name}.init")
+
+    # --- the public surface ----------------------------------------------------------------
+    def init(self, key) -> TrainState:
+        """Each stage's parameters and optimizer state, made on its slice (futures):
+        ``stage.init`` with one key per stage split from ``key`` (an int seed or a key)."""
+        keys = stage_keys(key, len(self.stages))
+        return self._init_program([keys[s] for s in range(len(self.stages))])
+
+    def place(self, batch) -> Microbatches:
+        """``batch = (inputs, targets)`` cut into microbatches and put on the stages that read
+        them (inputs on the first stage's slice, targets on the last's, sharded over each
+        slice's devices), ahead of ``step``: what a data loader would do."""
+        xs, ys = self._split(batch)
+        put = _placer(self.slices[0]), _placer(self.slices[-1])
+        return Microbatches(([put[0](x) for x in xs], [put[1](y) for y in ys]))
+
+    def step(self, state: TrainState, batch, schedule: Schedule | str | None = None
+             ) -> tuple[TrainState, Any]:
+        """One training step as one program: returns ``(new_state, loss)`` as futures at once
+        (the mean loss over the batch's examples). ``state`` is consumed (donated); keep the
+        returned one. ``batch``: ``(inputs, targets)`` with a leading batch axis, or
+        ``place(batch)``. ``schedule``: this step's schedule instead of the pipeline's."""
+        if not isinstance(state, TrainState):
+            raise TypeError(f"step takes the TrainState that init() or step() returned, got "
+                            f"{type(state).__name__}.")
+        xs, ys = batch if isinstance(batch, Microbatches) else self._split(batch)
+        ready_to_donate(state)
+        if self.residual_bytes is None:
+            self.residual_bytes = self._residual_bytes(state.params, xs[0], ys[0])
+        run = self.program(self.schedule if schedule is None else schedule)
+        return run(list(state.params), list(state.opt_state), list(xs), list(ys))
+
+    def program(self, schedule: Schedule | str | None = None) -> Program:
+        """The step's ``@pw.program`` for ``schedule``: ``(params, opt_state, xs, ys) ->
+        (TrainState, loss)`` over lists (one entry per stage, per microbatch)."""
+        schedule = Schedule.parse(self.schedule if schedule is None else schedule)
+        prog = self._programs.get(schedule)
+        if prog is None:
+            def step(params, opt_state, xs, ys, _schedule=schedule):
+                return self._trace_step(_schedule, params, opt_state, xs, ys)
+            prog = self._programs[schedule] = program(
+                step, name=f"{self.name}.{schedule.value}")
+        return prog
+
+    # --- what the step program calls -------------------------------------------------------
+    def _trace_step(self, schedule: Schedule, params, opt_state, xs, ys):
+        S, M = len(self.stages), self.microbatches
+        if len(xs) != M or len(ys) != M:
+            raise ValueError(f"expected {M} microbatches, got {len(xs)} inputs and {len(ys)} "
+                             "targets.")
+        tokens = list(self._stage_tokens())
+        acts: dict[tuple[int, int], Any] = {}   # stage s's output of microbatch m
+        douts: dict[tuple[int, int], Any] = {}  # the cotangent of that output
+        res: dict[tuple[int, int], Any] = {}
+        grads: list[Any] = [None] * S
+        losses: list[Any] = [None] * M
+        for s, kind, m in order(schedule, S, M):
+            x = xs[m] if s == 0 else acts[s - 1, m]
+            y = ys[m] if s == S - 1 else None
+            if kind is Kind.FWD:
+                out, res[s, m], tokens[s] = self._call(s, kind, m)(params[s], x, y, tokens[s])
+                if s == S - 1:
+                    losses[m] = out
+                else:
+                    acts[s, m] = out
+            else:
+                dout = None if s == S - 1 else douts.pop((s, m))
+                grads[s], dx, tokens[s] = self._call(s, kind, m)(
+                    params[s], x, y, res.pop((s, m)), dout, grads[s], tokens[s])
+                if s > 0:
+                    douts[s - 1, m] = dx
+        loss = self._mean(losses)
+        barrier = (loss, *tokens)
+        new = [self._update[s](params[s], opt_state[s], grads[s], barrier) for s in range(S)]
+        return TrainState([p for p, _ in new], [o for _, o in new]), loss
+
+    def _call(self, stage: int, kind: Kind, microbatch: int) -> CompiledFunction:
+        """The stage's forward or backward under its own trace name (``s1.fwd[m2]``): a copy
+        of the compiled function that shares its executables, so naming costs no compile."""
+        key = (stage, kind, microbatch)
+        fn = self._named.get(key)
+        if fn is None:
+            base = (self._fwd if kind is Kind.FWD else self._bwd)[stage]
+            fn = self._named[key] = copy.copy(base)
+            fn.name = call_name(stage, kind, microbatch)
+        return fn
+
+    def _init_all(self, keys):
+        made = [init(k) for init, k in zip(self._init, keys, strict=True)]
+        return TrainState([p for p, _ in made], [o for _, o in made])
+
+    def _stage_tokens(self) -> list[jax.Array]:
+        if self._tokens is None:  # each stage's first token: a constant on its slice
+            self._tokens = [jax.device_put(np.int32(0), NamedSharding(vs.mesh, P()))
+                            for vs in self.slices]
+        return self._tokens
+
+    def _split(self, batch) -> tuple[list, list]:
+        if not isinstance(batch, tuple | list) or len(batch) != 2:
+            raise TypeError(f"a batch is (inputs, targets), got {type(batch).__name__}. Maybe "
+                            "you want pipe.step(state, (x, y)).")
+        xs = split_batch(batch[0], self.microbatches, "inputs")
+        ys = split_batch(batch[1], self.microbatches, "targets")
+        return xs, ys
+
+    def _residual_bytes(self, params, x, y) -> list[int]:
+        out, h = [], _struct(x)
+        for s, st in enumerate(self.stages):
+            last = s == len(self.stages) - 1
+            p = _struct(params[s])
+            out.append(residual_bytes(st.apply, self.loss if last else None, s > 0, p, h,
+                                      _struct(y) if last else None))
+            if not last:
+                h = jax.eval_shape(st.apply, p, h)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"pw.train.Pipeline({len(self.stages)} stages, schedule={self.schedule.value!r}"
+                f", microbatches={self.microbatches})")
+
+
+def _update(optimizer):
+    def update(params, opt_state, grads, barrier):
+        del barrier  # only orders the update after the whole step (see the module's doc)
+        return apply_optimizer(optimizer, params, opt_state, grads)
+    return update
+
+
+def _mean_loss(microbatches: int, check_finite: bool):
+    def mean(losses):
+        value = sum(losses[1:], losses[0]) / microbatches
+        if check_finite:
+            jax.debug.callback(raise_if_not_finite, value)
+        return value
+    return mean
+
+
+def _placer(vs: VirtualSlice):
+    """Puts a pytree on ``vs`` as ``in_specs=pw.BATCH`` lays it out."""
+    def put(tree):
+        return jax.tree.map(lambda a: jax.device_put(a, NamedSharding(
+            vs.mesh, batch_spec(np.shape(a), vs, "a microbatch"))), tree)
+    return put
+
+
+def _struct(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+        np.shape(a), a.dtype if hasattr(a, "dtype") else np.result_type(a)), tree)

@@ -1,0 +1,131 @@
+"""A model split into stages, and what each stage's forward and backward compute.
+
+A ``Stage`` is a group of layers: ``init(key) -> params`` and ``apply(params, x) -> y``. The
+last stage's output goes into the loss, ``loss(outputs, targets) -> scalar`` (the mean over
+the microbatch's examples).
+
+A stage's **forward** is ``jax.vjp`` of its ``apply`` (the last stage's: of apply + loss): it
+returns its output and the vjp's *residuals*, the arrays the backward needs, as outputs of the
+computation (so, in a program, values that live on the stage's devices until the backward
+reads them). Residuals that are the forward's own inputs (the parameters, the input
+activation) are not returned again: the backward reads those inputs itself, so they are not
+copied once per microbatch. The **backward** traces the same vjp again (to know the structure
+of its backward pass), puts the forward's residuals in place of the ones it computed, and
+calls it; the compiler drops the recomputed forward, which nothing reads (checked in
+tests/test_train.py with XLA's cost analysis). It adds the parameter gradients into the
+accumulator it is given and returns the input's cotangent for the stage before.
+
+Every forward and backward also takes and returns a scalar *token*: the step program threads it
+through each stage's calls to fix the order they run in (``pipeline.py``).
+
+>>> import jax.numpy as jnp
+>>> st = Stage(init=lambda key: {"w": jnp.ones((2, 2))}, apply=lambda p, x: x @ p["w"])
+>>> y, res, token = forward(st.apply)(st.init(None), jnp.ones((1, 2)), None, jnp.int32(0))
+>>> y.tolist(), [r.shape for r in res], int(token)
+([[2.0, 2.0]], [], 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+_flatten, _unflatten, _leaves = (jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten,
+                                 jax.tree_util.tree_leaves)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: ``init(key) -> params`` (``key``: a ``jax.random.PRNGKey``) and
+    ``apply(params, x) -> y``, both plain JAX. ``name`` is for people (reprs, docs)."""
+
+    init: Callable[[Any], Any]
+    apply: Callable[[Any, Any], Any]
+    name: str = ""
+
+
+def model_loss(stages: Sequence[Stage], loss: Callable) -> Callable:
+    """The whole model's loss, ``f(params_list, x, y)``: every stage in turn, then ``loss``."""
+    applies = [s.apply for s in stages]
+
+    def full(params, x, y):
+        for apply, p in zip(applies, params, strict=True):
+            x = apply(p, x)
+        return loss(x, y)
+    return full
+
+
+def _target(apply: Callable, loss: Callable | None, wrt_input: bool, x, y) -> tuple:
+    """The function the vjp is taken of, and its primal arguments."""
+    if loss is None:
+        f = apply
+    else:
+        def f(p, h):
+            return loss(apply(p, h), y)
+    if wrt_input:
+        return f, (x,)
+    return (lambda p: f(p, x)), ()
+
+
+def _vjp(apply, loss, wrt_input: bool, params, x, y):
+    """``jax.vjp`` of the stage, and where each leaf of its residual pytree comes from: the
+    index of the stage's input leaf it is (the same traced array), or -1 for a residual."""
+    f, extra = _target(apply, loss, wrt_input, x, y)
+    out, vjp = jax.vjp(f, params, *extra)
+    leaves, tree = _flatten(vjp)
+    inputs = {id(leaf): i for i, leaf in enumerate(_leaves((params, x, y)))}
+    where = [inputs.get(id(leaf), -1) for leaf in leaves]
+    return out, leaves, tree, where
+
+
+def forward(apply: Callable, loss: Callable | None = None,
+            wrt_input: bool = False) -> Callable:
+    """A stage's forward: ``fwd(params, x, y, token) -> (out, residuals, token + 1)``.
+
+    ``loss`` is given for the last stage (``out`` is then the microbatch's loss and ``y`` its
+    targets; elsewhere ``y`` is None). ``wrt_input``: the backward will also need the
+    cotangent of ``x`` (every stage but the first)."""
+    def fwd(params, x, y, token):
+        out, leaves, _, where = _vjp(apply, loss, wrt_input, params, x, y)
+        return out, [leaf for leaf, w in zip(leaves, where, strict=True) if w < 0], token + 1
+    return fwd
+
+
+def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = False,
+             scale: float = 1.0) -> Callable:
+    """A stage's backward: ``bwd(params, x, y, residuals, dout, acc, token) -> (grads, dx,
+    token + 1)``. ``grads`` are this microbatch's parameter gradients plus ``acc`` (None for
+    the stage's first backward of the step); ``dx`` is ``()`` unless ``wrt_input``. The last
+    stage (``loss`` given) takes ``dout=None`` and seeds its loss's cotangent with ``scale``
+    (1/M: the step's loss is the mean of its M microbatches' losses)."""
+    def bwd(params, x, y, residuals, dout, acc, token):
+        out, leaves, tree, where = _vjp(apply, loss, wrt_input, params, x, y)
+        opaque = sum(w < 0 for w in where)
+        if opaque != len(residuals):
+            raise ValueError(f"the stage's backward traced {opaque} residuals but its forward "
+                             f"returned {len(residuals)}; the stage's apply must trace the same "
+                             "way every time (no Python randomness or global state).")
+        inputs, given = _leaves((params, x, y)), iter(residuals)
+        vjp = _unflatten(tree, [inputs[w] if w >= 0 else next(given) for w in where])
+        if dout is None:
+            dout = jnp.full(jnp.shape(out), scale, jnp.result_type(out))
+        cts = vjp(dout)
+        grads = cts[0] if acc is None else jax.tree.map(jnp.add, acc, cts[0])
+        return grads, (cts[1] if wrt_input else ()), token + 1
+    return bwd
+
+
+def residual_bytes(apply: Callable, loss: Callable | None, wrt_input: bool, params, x,
+                   y=None) -> int:
+    """Bytes of one microbatch's residuals on a stage (the forward's returned residuals plus,
+    after the first stage, the input activation kept for the backward; all shards together),
+    from shapes alone (``jax.eval_shape``: nothing runs)."""
+    def probe(params, x, y):
+        _, leaves, _, where = _vjp(apply, loss, wrt_input, params, x, y)
+        return [leaf for leaf, w in zip(leaves, where, strict=True) if w < 0]
+    shapes = jax.eval_shape(probe, params, x, y)
+    return sum(s.size * s.dtype.itemsize for s in _leaves((shapes, x if wrt_input else ())))

@@ -1,0 +1,131 @@
+"""What a training step carries from one step to the next, and the pieces every trainer shares.
+
+``TrainState`` holds, per stage, the parameters and the optimizer state (a list with one
+entry per stage, also for SPMD training, so that a pipeline and SPMD training of the same
+model have states of the same shape). Its leaves are ``pw.Future``s while a step runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+from ..runtime.objects import Future
+
+
+class TrainState(NamedTuple):
+    """Per stage: ``params[s]`` and ``opt_state[s]`` (pytrees; futures while a step runs)."""
+
+    params: list[Any]
+    opt_state: list[Any]
+
+
+def stage_keys(key, stages: int) -> np.ndarray:
+    """One raw ``uint32[2]`` PRNG key per stage from ``key`` (an int seed, a raw key or a
+    typed ``jax.random.key``): the same split for every trainer, so a pipeline and SPMD
+    training of the same stages start from the same parameters."""
+    if isinstance(key, int | np.integer):
+        key = jax.random.PRNGKey(int(key))
+    elif jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return np.asarray(jax.random.split(np.asarray(key, np.uint32), stages))
+
+
+def init_stage(init, optimizer: optax.GradientTransformation):
+    """``key -> (params, opt_state)`` for one stage."""
+    def init_both(key):
+        params = init(key)
+        return params, optimizer.init(params)
+    return init_both
+
+
+def apply_optimizer(optimizer: optax.GradientTransformation, params, opt_state, grads):
+    """One optax step: ``(params, opt_state)`` after ``grads``."""
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def raise_if_not_finite(loss) -> None:
+    """A host check (run with ``jax.debug.callback``): a loss that is NaN or infinite fails
+    the computation that checks it, and with it every update of the step, before any of them
+    consumes (donates) the state it was given."""
+    value = np.asarray(loss)
+    if not np.all(np.isfinite(value)):
+        raise FloatingPointError(
+            f"the step's loss is {value.tolist()}: not finite, so this step's updates were not "
+            "applied and the state it was given is still valid. Maybe you want a smaller "
+            "learning rate, or to look at this batch.")
+
+
+def wait(tree, timeout: float | None = None) -> Any:
+    """Wait for every future in ``tree``; returns ``tree``. Raises the first failure (as
+    ``Future.result`` does) or ``TimeoutError``."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, Future):
+            if not leaf.wait(timeout):
+                raise TimeoutError(f"a training future ({leaf.name}) was not ready after "
+                                   f"{timeout} s; see ctl.status().")
+            if leaf.exception() is not None:
+                raise leaf.exception()
+    return tree
+
+
+def ready_to_donate(state: TrainState) -> None:
+    """Wait until ``state`` (what a step will donate) has been computed; refuse a failed one.
+
+    Why wait: pwkernel's local executor sees a computation end by waiting on all its outputs;
+    when a later computation, launched ahead, has already donated one of those outputs, that
+    wait fails ("called on deleted or donated buffer") and the producer is reported failed
+    (see docs/training.md, "Known runtime limits"). So a state is donated only once it exists:
+    the host waits for the previous step before submitting the next. Inside a step nothing is
+    donated for the same reason (the gradient accumulators are freed after their last reader).
+    """
+    for leaf in jax.tree_util.tree_leaves(state):
+        if isinstance(leaf, Future):
+            leaf.wait()
+            if leaf.exception() is not None:
+                raise ValueError(
+                    "this state comes from a step that failed "
+                    f"({type(leaf.exception()).__name__}: {leaf.exception()}); nothing of the "
+                    "state given to that step was consumed. Maybe you want to pass that state "
+                    "(the one before the failed step) instead.") from leaf.exception()
+
+
+def fetch(tree) -> Any:
+    """``tree`` with every future replaced by its value (``jax.Array``), e.g. to compare a
+    state with plain JAX's or to save it."""
+    return jax.tree.map(lambda x: x.result() if isinstance(x, Future) else x, tree)
+
+
+def split_batch(batch, microbatches: int, what: str = "batch") -> list:
+    """``batch`` (a pytree of arrays with a leading batch axis) cut into ``microbatches``
+    equal parts along that axis (host arrays: NumPy views; others: sliced by JAX)."""
+    leaves, tree = jax.tree_util.tree_flatten(batch)
+    if not leaves:
+        raise ValueError(f"the {what} has no arrays; expected (inputs, targets).")
+    sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
+    size = sizes.pop() if len(sizes) == 1 else None
+    if size is None or size % microbatches:
+        raise ValueError(f"the {what}'s arrays must share one leading (batch) axis divisible by "
+                         f"microbatches={microbatches}; got leading sizes "
+                         f"{[np.shape(x)[:1] for x in leaves]}. Maybe you want a batch of "
+                         f"{microbatches * max(1, (size or 0) // microbatches)} examples.")
+    per = size // microbatches
+    return [jax.tree_util.tree_unflatten(tree, [leaf[m * per:(m + 1) * per] for leaf in leaves])
+            for m in range(microbatches)]
+
+
+def check_stages(stages: Sequence, slices: Sequence | None = None) -> None:
+    from .stage import Stage
+
+    if not stages or not all(isinstance(s, Stage) for s in stages):
+        raise TypeError(f"stages must be a non-empty list of pw.train.Stage(init, apply), got "
+                        f"{[type(s).__name__ for s in stages] if stages else stages!r}.")
+    if slices is not None and len(slices) != len(stages):
+        raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, "
+                         f"{len(slices)} slices. Maybe you want "
+                         f"slices=[ctl.slice(1) for _ in range({len(stages)})].")

@@ -1,0 +1,112 @@
+"""A small decoder-only Transformer in plain JAX, split into pipeline stages by layers.
+
+Token embedding, ``layers`` pre-norm blocks (causal self-attention, then an MLP), a final norm
+and a language-model head. The first stage holds the embedding, the last the norm and head;
+the blocks are dealt evenly. The embedding is a one-hot matmul (not a gather): its sharding is
+unambiguous on explicit mesh axes, with the batch sharded over a slice.
+
+>>> cfg = Config(vocab=32, width=16, heads=2, layers=2, seq=8)
+>>> stages = split(cfg, 2)
+>>> x, y = batch(cfg, 4, seed=0)
+>>> x.shape, y.shape, len(stages)
+((4, 8), (4, 8), 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .stage import Stage
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int = 256
+    width: int = 128
+    heads: int = 4
+    layers: int = 4
+    seq: int = 64
+
+
+def _norm(x, scale):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def block(p: dict, h, heads: int):
+    """One pre-norm decoder block: causal self-attention, then a GELU MLP."""
+    b, t, d = h.shape
+    q, k, v = jnp.split(_norm(h, p["ln1"]) @ p["qkv"], 3, axis=-1)
+
+    def heads_first(a):
+        return a.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3)
+
+    q, k, v = heads_first(q), heads_first(k), heads_first(v)
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads)
+    mask = jnp.tril(jnp.ones((t, t), bool))
+    att = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1) @ v
+    h = h + att.transpose(0, 2, 1, 3).reshape(b, t, d) @ p["out"]
+    return h + jax.nn.gelu(_norm(h, p["ln2"]) @ p["up"]) @ p["down"]
+
+
+def _dense(key, n_in: int, n_out: int):
+    return jax.random.normal(key, (n_in, n_out), jnp.float32) / np.sqrt(n_in)
+
+
+def init_block(key, d: int) -> dict:
+    k = jax.random.split(key, 4)
+    return {"ln1": jnp.ones(d), "qkv": _dense(k[0], d, 3 * d), "out": _dense(k[1], d, d),
+            "ln2": jnp.ones(d), "up": _dense(k[2], d, 4 * d), "down": _dense(k[3], 4 * d, d)}
+
+
+def split(cfg: Config, stages: int) -> list[Stage]:
+    """The model as ``stages`` stages of ``cfg.layers / stages`` blocks each."""
+    if stages < 1 or cfg.layers % stages:
+        raise ValueError(f"{cfg.layers} layers do not split into {stages} equal stages; use a "
+                         f"number of stages that divides {cfg.layers}.")
+    if cfg.width % cfg.heads:
+        raise ValueError(f"width {cfg.width} is not divisible by heads {cfg.heads}.")
+    per = cfg.layers // stages
+    return [_stage(cfg, per, s == 0, s == stages - 1, f"stage{s}") for s in range(stages)]
+
+
+def _stage(cfg: Config, blocks: int, first: bool, last: bool, name: str) -> Stage:
+    d = cfg.width
+
+    def init(key):
+        k = jax.random.split(key, blocks + 2)
+        p = {"blocks": [init_block(k[i], d) for i in range(blocks)]}
+        if first:
+            p["embed"] = jax.random.normal(k[-2], (cfg.vocab, d), jnp.float32) * 0.02
+        if last:
+            p["ln_f"] = jnp.ones(d)
+            p["head"] = _dense(k[-1], d, cfg.vocab)
+        return p
+
+    def apply(p, h):
+        if first:
+            h = jax.nn.one_hot(h, cfg.vocab, dtype=p["embed"].dtype) @ p["embed"]
+        for bp in p["blocks"]:
+            h = block(bp, h, cfg.heads)
+        if last:
+            h = _norm(h, p["ln_f"]) @ p["head"]
+        return h
+
+    return Stage(init, apply, name)
+
+
+def cross_entropy(logits, targets):
+    """The mean next-token cross-entropy of a microbatch (``targets``: token ids)."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.sum(jax.nn.one_hot(targets, logits.shape[-1], dtype=logp.dtype) * logp, -1)
+    return -jnp.mean(picked)
+
+
+def batch(cfg: Config, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``size`` random sequences: inputs and next-token targets, ``int32[size, seq]`` each."""
+    tokens = np.random.default_rng(seed).integers(0, cfg.vocab, (size, cfg.seq + 1),
+                                                  dtype=np.int32)
+    return tokens[:, :-1], tokens[:, 1:]

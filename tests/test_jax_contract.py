@@ -1,0 +1,133 @@
+"""pw.function is jax.jit placed on a slice: call conventions, defaults, donation, errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pwkernel as pw
+
+
+def test_keyword_static_and_pytree_arguments(ctl):
+    s = ctl.slice(2)
+
+    def f(x, n, *, scale=1.0, tree=None):
+        return {"y": x * scale * n, "t": jax.tree.map(lambda a: a + n, tree)}
+
+    pf = pw.function(f, slice=s, static_argnums=1)
+    jf = jax.jit(f, static_argnums=1)
+    x = np.arange(4.0, dtype=np.float32)
+    tree = {"a": np.ones(2, np.float32), "b": (np.zeros(3, np.float32),)}
+    got = jax.tree.map(lambda v: v.result(60), pf(x, 3, scale=2.0, tree=tree))
+    want = jf(x, 3, scale=2.0, tree=tree)
+    jax.tree.map(np.testing.assert_allclose, got, want)
+    named = pw.function(lambda x, n: x * n, slice=s, static_argnames="n")
+    assert named(x, n=5).result(60).tolist() == (x * 5).tolist()
+    assert len(named._cache) == 1 and named(x, n=5) is not None and len(named._cache) == 1
+    named(x, n=6).result(60)
+    assert len(named._cache) == 2  # a static value is part of the compilation key
+    with pytest.raises(pw.ProgramError, match="hashable.*tuple instead of a list"):
+        named(x, n=[1, 2])
+
+
+def test_out_specs_are_pytree_prefixes(ctl):
+    s = ctl.slice(2)
+
+    def step(params, x):
+        return jax.tree.map(lambda p: p - x.mean(), params), params, x.sum()
+
+    params = {f"w{i}": np.ones((4, 2), np.float32) for i in range(6)}
+    f = pw.function(step, slice=s, out_specs=(P(), P(), P()))  # one per returned element
+    new, old, total = f(params, np.arange(4.0, dtype=np.float32))
+    assert total.result(60) == 6.0 and set(new) == set(params)
+    with pytest.raises(pw.SpecError, match="pytree prefix of it"):
+        pw.function(step, slice=s, out_specs=(P(), P()))(params, np.ones(4, np.float32))
+
+
+def test_donation_only_when_asked(ctl):
+    s = ctl.slice(2)
+    x = jax.device_put(jnp.ones(8), NamedSharding(s.mesh, P()))
+    keep = pw.function(lambda a: a + 1, slice=s)
+    keep(x).result(60)
+    assert not x.is_deleted()
+    give = pw.function(lambda a: a + 1, slice=s, donate_argnums=0)
+    assert give(x).result(60).tolist() == [2.0] * 8
+    assert x.is_deleted()  # the user asked for it
+    y = jax.device_put(jnp.ones(8), NamedSharding(s.mesh, P()))
+    pw.function(lambda a, b: a + b, slice=s, donate_argnames="b")(y, b=y * 1).result(60)
+    assert not y.is_deleted()
+
+
+def test_user_jax_arrays_survive_every_call(ctl):
+    """The arrays a flax model's init or jnp.ones gives, passed as they are: alive after."""
+    s = ctl.slice(4)
+    key = jax.random.PRNGKey(0)
+    w = jnp.ones((8, 8))
+    f = pw.function(lambda k, w, x: jax.random.normal(k, x.shape) + x @ w, slice=s)
+    f(key, w, np.ones((4, 8), np.float32)).result(60)
+    np.asarray(key), np.asarray(w)  # neither was deleted
+
+
+def test_plain_code_that_used_to_fail_under_the_defaults(ctl):
+    s = ctl.slice(2)
+    x = np.arange(64, dtype=np.float32).reshape(8, 8) / 64
+    fn = lambda x: jnp.tanh(x @ x.T) @ x  # noqa: E731
+    got = pw.function(fn, slice=s)(x).result(60)
+    np.testing.assert_allclose(got, jax.jit(fn)(x), rtol=1e-5)
+    with jax.set_mesh(s.mesh):
+        want = jax.jit(fn)(x)
+    assert got.sharding.is_equivalent_to(want.sharding, 2)
+
+
+def test_tracing_errors_name_the_inputs_who_chose_them_and_the_fix(ctl):
+    s = ctl.slice(2)
+    bad = pw.function(lambda x: float(x.sum()), slice=s, name="needs_value")
+    with pytest.raises(pw.ProgramError) as info:
+        bad(np.ones(4, np.float32))
+    text = str(info.value)
+    assert "needs_value could not be traced" in text
+    assert "f32[4] P() (pwkernel's default: replicated)" in text
+    assert "static_argnums" in text and text.count("\n") <= 3
+    sharded = jax.device_put(np.ones((4, 4), np.float32), NamedSharding(s.mesh, P("x")))
+    with pytest.raises(pw.ProgramError, match=r"kept from the argument"):
+        pw.function(lambda x: float(x.sum()), slice=s)(sharded)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda ctl: ctl.slice(2.0), "positive int or a tuple of positive ints, got 2.0"),
+    (lambda ctl: ctl.slice("2"), "positive int or a tuple"),
+    (lambda ctl: ctl.slice(2, devices=[0, 0]), "distinct device ids"),
+    (lambda ctl: ctl.slice(2, devices=[0, 5]), "not all on one island"),
+    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), in_specs="x"),
+     "in_specs must be PartitionSpecs"),
+    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), static_argnums="0"),
+     "static_argnums must be non-negative ints"),
+    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), name=3), "name must be a str"),
+    (lambda ctl: pw.Controller(islands=4), "islands must be a sequence of positive"),
+    (lambda ctl: pw.Controller(islands="4,4"), "Maybe you want islands=\\(4, 4\\)"),
+])
+def test_bad_arguments_get_one_line_that_names_the_expected_types(ctl, call, match):
+    with pytest.raises((pw.PathwaysError, ValueError, TypeError), match=match) as info:
+        call(ctl)
+    assert "\n" not in str(info.value)
+
+
+def test_slice_on_chosen_devices(ctl):
+    s = ctl.slice(2, devices=[5, 7])
+    assert s.island.id == 1 and s.device_ids == (5, 7)
+
+
+def test_a_second_controller_over_live_devices_warns(ctl):
+    with pytest.warns(pw.SharedDevicesWarning, match="already holds devices"):
+        other = pw.Controller(islands=(4, 4))
+    other.close()
+    ctl.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pw.Controller(islands=(4, 4)).close()  # the first one is closed: nothing shared

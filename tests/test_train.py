@@ -1,0 +1,295 @@
+"""pw.train: pipelined and SPMD training on pw.function / @pw.program, against plain JAX.
+
+Every comparison is with a training loop written here in plain JAX and optax (``jax.jit``,
+the whole batch at once), from the same initial parameters. Orders and memory are read back
+from the trace; nothing waits on time, only on futures.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import pwkernel as pw
+from pwkernel.train import schedule as sched
+from pwkernel.train import transformer as T
+from pwkernel.train.measure import steps
+
+CFG = T.Config(vocab=32, width=16, heads=2, layers=2, seq=8)
+BATCH = 8
+M = 4
+STEPS = 5
+RTOL = 1e-4  # float32: microbatch sums and XLA's fusion change the rounding, not the math
+LR = 1e-2
+
+
+def optimizer():
+    # SGD with momentum, not Adam: Adam's steps do not change when every gradient is scaled
+    # by the same factor, so it would hide a gradient off by a factor (1/M missing).
+    return optax.sgd(0.3, momentum=0.9)
+
+
+def batches(n: int = STEPS):
+    return [T.batch(CFG, BATCH, seed=i) for i in range(n)]
+
+
+def plain_jax_losses(stages, params, data, opt=None, loss=T.cross_entropy):
+    """The reference: full-batch training in plain JAX + optax, one optimizer over all
+    stages' parameters."""
+    full = pw.train.model_loss(stages, loss)
+    opt = optimizer() if opt is None else opt
+
+    @jax.jit
+    def step(params, opt_state, x, y):
+        value, grads = jax.value_and_grad(full)(params, x, y)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    opt_state, out = opt.init(params), []
+    for x, y in data:
+        params, opt_state, value = step(params, opt_state, x, y)
+        out.append(float(value))
+    return out, params
+
+
+@pytest.fixture(scope="module")
+def tctl():
+    ctl = pw.Controller(islands=(4, 4))
+    try:
+        yield ctl
+    finally:
+        ctl.close()
+
+
+@pytest.fixture(scope="module")
+def stages():
+    return T.split(CFG, 2)
+
+
+@pytest.fixture(scope="module")
+def pipe(tctl, stages):
+    """Two stages, one device each, on two islands (activations cross the DCN)."""
+    return pw.train.Pipeline(stages, [tctl.slice(1, island=0), tctl.slice(1, island=1)],
+                             loss=T.cross_entropy, optimizer=optimizer(), microbatches=M)
+
+
+@pytest.fixture(scope="module")
+def reference(pipe, stages):
+    params = jax.device_get(pw.train.fetch(pipe.init(0).params))
+    return plain_jax_losses(stages, params, batches())
+
+
+def run_steps(trainer, data, **kw):
+    state, out = trainer.init(0), []
+    for batch in data:
+        state, loss = trainer.step(state, batch, **kw)
+        out.append(float(loss))
+    return out, state
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipelined_training_equals_plain_jax_step_by_step(pipe, reference, schedule):
+    losses, state = run_steps(pipe, batches(), schedule=schedule)
+    want, want_params = reference
+    np.testing.assert_allclose(losses, want, rtol=RTOL)
+    assert losses[-1] < losses[0]  # it trains
+    got = jax.device_get(pw.train.fetch(state.params))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5),
+                 got, want_params)
+
+
+def test_spmd_training_equals_plain_jax_step_by_step(tctl, stages, reference):
+    spmd = pw.train.SPMD(stages, tctl.slice(4, island=0), loss=T.cross_entropy,
+                         optimizer=optimizer())
+    losses, _ = run_steps(spmd, batches())
+    np.testing.assert_allclose(losses, reference[0], rtol=RTOL)
+    k = tctl.trace.next_index
+    state, loss = spmd.step(spmd.init(0), batches(1)[0])
+    pw.train.wait((state, loss))
+    [event] = [e for e in tctl.trace.events(since=k) if e.name == "spmd.step"]
+    assert len(event.devices) == 4  # one computation on the whole slice
+
+
+def test_data_parallel_stages_equal_plain_jax(tctl, stages):
+    """Each stage on two devices (microbatches sharded over them), the stages on two islands,
+    on default (explicit-axis) slices."""
+    slices = [tctl.slice(2, island=0), tctl.slice(2, island=1)]
+    dp = pw.train.Pipeline(stages, slices, loss=T.cross_entropy, optimizer=optimizer(),
+                           microbatches=2, name="dp")
+    params = jax.device_get(pw.train.fetch(dp.init(0).params))
+    want, _ = plain_jax_losses(stages, params, batches(3))
+    k = tctl.trace.next_index
+    losses, _ = run_steps(dp, batches(3))
+    np.testing.assert_allclose(losses, want, rtol=RTOL)
+    fwd = [e for e in tctl.trace.events(since=k) if e.name.startswith("s1.fwd")]
+    assert fwd and all(e.devices == slices[1].device_ids for e in fwd)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_each_stage_runs_its_schedule_order(tctl, pipe, schedule):
+    """Read back from the trace: each stage's devices ran exactly the schedule's order (the
+    tokens make it so; by readiness alone, 1F1B's stage 0 would run its forwards first)."""
+    state = pw.train.wait(pipe.init(0))
+    k = tctl.trace.next_index
+    pw.train.wait(pipe.step(state, batches(1)[0], schedule=schedule))
+    tctl.wait()
+    seen = pw.train.stage_order_seen(tctl.trace.events(since=k))
+    assert seen == {s: sched.stage_order(schedule, s, 2, M) for s in range(2)}
+
+
+def test_1f1b_holds_fewer_residuals_than_gpipe(tctl, pipe):
+    state = pipe.init(0)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        k = tctl.trace.next_index
+        state, loss = pw.train.wait(pipe.step(state, batches(1)[0], schedule=schedule))
+        tctl.wait()
+        peaks[schedule] = pw.train.peak_residuals(tctl.trace.events(since=k),
+                                                  pipe.residual_bytes)
+    r0, r1 = pipe.residual_bytes
+    assert r0 > 0 and r1 > 0
+    assert peaks["gpipe"] == [M * r0, M * r1]  # every microbatch's, until the backwards
+    assert peaks["1f1b"] == [2 * r0, 1 * r1]   # stage s holds S - s microbatches' at most
+
+
+def test_trace_names_tell_forward_backward_and_update_apart(tctl, pipe):
+    k = tctl.trace.next_index
+    pw.train.wait(pipe.step(pipe.init(0), batches(1)[0]))
+    tctl.wait()
+    [run] = steps(tctl.trace.events(since=k), program="pipeline.1f1b")
+    names = {e.name for e in run}
+    assert {f"s{s}.{kind}[m{m}]" for s in range(2) for kind in ("fwd", "bwd")
+            for m in range(M)} | {"s0.update", "s1.update", "loss"} == names
+    assert 0.0 < pw.train.bubble(run) < 1.0
+
+
+def test_bubble_is_the_idle_share_of_device_time():
+    from pwkernel.runtime.trace import Event
+
+    def ev(i, name, device, t0, t1):
+        return Event(i, "compute", name, "p", 1, "c", 0, (device,), 0.0, t0, t1)
+
+    # two devices over [0, 4]: device 0 busy [0,1] and [1,3] (3 s), device 1 busy [1,2] (1 s)
+    events = [ev(0, "a", 0, 0, 1), ev(1, "b", 0, 1, 3), ev(2, "c", 1, 1, 2),
+              ev(3, "d", 1, 3.5, 4), Event(4, "transfer", "t", "p", 1, "c", 0, (1,), 0, 0, 4)]
+    assert pw.train.bubble(events) == pytest.approx(1 - (3 + 1.5) / 8)
+    with pytest.raises(ValueError, match="at least one computation"):
+        pw.train.bubble([])
+
+
+def test_memory_stays_flat_and_the_state_is_donated(tctl, pipe):
+    state = pw.train.wait(pipe.init(0))
+    data, held = batches(2), []
+    for i in range(20):
+        old = state
+        state, loss = pipe.step(old, data[i % 2])
+        pw.train.wait((state, loss))
+        tctl.wait()
+        if i == 0:  # donated: the previous state's buffers now belong to the new state
+            assert all(leaf.result().is_deleted() for leaf in jax.tree_util.tree_leaves(old))
+        del old
+        held.append(sum(tctl.memory().values()))
+    assert len(set(held)) == 1, held
+    kept = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves((state, loss)))
+    assert held[0] == kept  # parameters, momenta and the loss: nothing else is left behind
+
+
+def mlp_stages():
+    def layer(n_in, n_out):
+        return pw.train.Stage(
+            init=lambda key: {"w": jax.random.normal(key, (n_in, n_out)) / np.sqrt(n_in)},
+            apply=lambda p, x: jnp.tanh(x @ p["w"]))
+    return [layer(4, 8), layer(8, 1)]
+
+
+def mse(out, y):
+    return jnp.mean((out - y) ** 2)
+
+
+def test_a_failed_step_fails_its_futures_and_the_next_step_runs(tctl):
+    stages = mlp_stages()
+    pipe = pw.train.Pipeline(stages, [tctl.slice(1, island=0), tctl.slice(1, island=1)],
+                             loss=mse, optimizer=optax.adam(LR), microbatches=2,
+                             check_finite=True, name="nan")
+    rng = np.random.default_rng(0)
+    good = [(rng.standard_normal((4, 4), np.float32), rng.standard_normal((4, 1), np.float32))
+            for _ in range(2)]
+    bad = (good[0][0].copy(), good[0][1])
+    bad[0][3, 0] = np.nan  # one example of the second microbatch
+    state0 = pw.train.wait(pipe.init(0))
+    params0 = jax.device_get(pw.train.fetch(state0.params))
+    state1, loss1 = pipe.step(state0, good[0])
+    pw.train.wait((state1, loss1))
+    failed, loss_bad = pipe.step(state1, bad)
+    with pytest.raises(FloatingPointError, match="not finite"):
+        loss_bad.result(timeout=60)
+    assert all(isinstance(f.exception(timeout=60), FloatingPointError)
+               for f in jax.tree_util.tree_leaves(failed))
+    with pytest.raises(ValueError, match="comes from a step that failed"):
+        pipe.step(failed, good[1])
+    state2, loss2 = pipe.step(state1, good[1])  # nothing of state1 was consumed
+    want, _ = plain_jax_losses(stages, params0, good, optax.adam(LR), loss=mse)
+    np.testing.assert_allclose([float(loss1), float(loss2)], want, rtol=RTOL)
+
+
+def test_the_backward_does_not_compute_the_forward_again(stages):
+    """The backward re-traces the vjp for its structure only: XLA drops that forward."""
+    st = stages[1]
+    p = st.init(jax.random.PRNGKey(0))
+    h = jnp.ones((2, CFG.seq, CFG.width))
+    y = jnp.zeros((2, CFG.seq), jnp.int32)
+    fwd = pw.train.forward(st.apply, T.cross_entropy, wrt_input=True)
+    bwd = pw.train.backward(st.apply, T.cross_entropy, wrt_input=True)
+    _, res, _ = fwd(p, h, y, jnp.int32(0))
+
+    def flops(f, *args):
+        return jax.jit(f).lower(*args).compile().cost_analysis()["flops"]
+
+    def from_scratch(p, h, y):
+        return jax.grad(lambda p, h: T.cross_entropy(st.apply(p, h), y), argnums=(0, 1))(p, h)
+
+    f_fwd, f_bwd = flops(fwd, p, h, y, jnp.int32(0)), flops(
+        bwd, p, h, y, res, None, None, jnp.int32(0))
+    f_both = flops(from_scratch, p, h, y)
+    assert f_bwd < f_both - 0.8 * f_fwd, (f_fwd, f_bwd, f_both)
+    grads, dh, _ = bwd(p, h, y, res, None, None, jnp.int32(0))
+    want = from_scratch(p, h, y)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 (grads, dh), want)
+
+
+def test_schedules_as_data():
+    g = sched.stage_order("gpipe", 0, 3, 4)
+    assert [c.kind.value for c in g] == ["fwd"] * 4 + ["bwd"] * 4
+    one = [sched.stage_order("1f1b", s, 3, 4) for s in range(3)]
+    assert [sched.in_flight(c) for c in one] == [3, 2, 1]
+    assert [c.name for c in one[2]] == ["s2.fwd[m0]", "s2.bwd[m0]", "s2.fwd[m1]",
+                                        "s2.bwd[m1]", "s2.fwd[m2]", "s2.bwd[m2]",
+                                        "s2.fwd[m3]", "s2.bwd[m3]"]
+    for schedule in ("gpipe", "1f1b"):
+        calls = sched.order(schedule, 3, 4)
+        assert sorted(calls) == sorted(c for s in range(3)
+                                       for c in sched.stage_order(schedule, s, 3, 4))
+        for s in range(3):  # the merged order keeps each stage's order
+            assert [c for c in calls if c.stage == s] == sched.stage_order(schedule, s, 3, 4)
+    assert sched.parse_name("s1.bwd[m2]") == sched.Call(1, sched.Kind.BWD, 2)
+    assert sched.parse_name("ici:0->0") is None
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        sched.Schedule.parse("pipedream")
+
+
+def test_bad_input_gets_errors_that_name_the_fix(tctl, stages):
+    s = [tctl.slice(1, island=0)]
+    with pytest.raises(ValueError, match="one slice per stage"):
+        pw.train.Pipeline(stages, s, loss=T.cross_entropy, optimizer=optax.sgd(0.1))
+    with pytest.raises(TypeError, match="pw.train.Stage"):
+        pw.train.SPMD([lambda p, x: x], s[0], loss=T.cross_entropy, optimizer=optax.sgd(0.1))
+    pipe = pw.train.Pipeline(stages, s * 2, loss=T.cross_entropy, optimizer=optax.sgd(0.1),
+                             microbatches=3, name="bad")
+    with pytest.raises(ValueError, match="divisible by microbatches=3"):
+        pipe.step(pw.train.TrainState([], []), T.batch(CFG, 8))
+    with pytest.raises(ValueError, match="do not split into 3 equal stages"):
+        T.split(CFG, 3)
