@@ -55,8 +55,8 @@ def __getattr__(name: str):
         from .backends import sim
 
         return sim
-    if name == "train":  # training on pw.function/@pw.program (pw.train.Pipeline, ...)
-        from . import train
+    if name == "train":  # training on pw.function/@pw.program (pw.train.Pipeline, ...);
+        import pwkernel.train as train  # not `from . import train`: that asks here again
 
         return train
     raise AttributeError(f"module 'pwkernel' has no attribute {name!r}")

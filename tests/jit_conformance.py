@@ -118,13 +118,9 @@ def compare(call, reference):
                          "KNOWN_BUGS in tests/jit_conformance.py")"""
 
 # pwkernel bugs the notebook shows: (call, slice, inputs) -> what goes wrong. Each must still
-# fail (the notebook says "known bug:"); take it out when it is fixed.
-KNOWN_BUGS = {
-    # A cell takes a pytree of arrays as an input, but one with a non-array leaf (here the
-    # NamedTuple's np.int32 step) is captured as a constant, and on auto axes a captured array
-    # loses its layout: P() where the plain cell (and jax.jit of the call) keeps P('x').
-    ("namedtuple_in_out(state)", "1-D auto", "placed"): "captured pytree loses its layout",
-}
+# fail (the notebook says "known bug:"); take it out when it is fixed. None today (a pytree
+# mixing arrays and plain values, e.g. a NamedTuple with an np.int32 step, is an input now).
+KNOWN_BUGS: dict = {}
 
 INPUTS = """\
 WHERE, HOW = {where!r}, {how!r}

@@ -26,6 +26,8 @@ EXPECTED = {
     "dcn": {"two_islands_vs_one"},
     "tracing": {"tracing_overhead", "tracing_and_view_cpu"},
     "sim-paper": {"sim_breakeven_error_pct", "sim_prediction_error_pct", "sim_share_error"},
+    "train": {"train_spmd_vs_jax", "train_pipeline_vs_spmd", "train_two_islands_vs_one",
+              "train_1f1b_vs_gpipe_peak_memory"},
 }
 
 
@@ -94,6 +96,24 @@ def test_tracing_reports_the_live_view_row():
     result = runner.run_one("tracing", "tiny")
     live = [r for r in result.rows if r["variant"] == "trace_on+live_view"]
     assert live and (live[0]["status"] == "ok" or live[0]["status"].startswith("not available"))
+
+
+def test_train_reports_both_memory_measures_and_every_comparison():
+    result = runner.run_one("train", "tiny")
+    memory = result.extra["memory"]
+    for schedule in ("gpipe", "1f1b"):
+        assert memory[schedule]["sampled"] > 0 and memory[schedule]["sampled_parallel"] > 0
+        assert 0 < memory[schedule]["bubble"] < 1
+    # the trace-derived peak is the schedule's: stage 0 holds M microbatches' residuals under
+    # GPipe, 2 (the number of stages) under 1F1B
+    r0, r1 = memory["residual_bytes_per_microbatch"]
+    m = memory["microbatches"]
+    assert memory["gpipe"]["trace"] == m * max(r0, r1)
+    assert memory["1f1b"]["trace"] == max(2 * r0, r1)
+    assert {r["comparison"] for r in result.rows} == {
+        "train_spmd_vs_jax", "train_pipeline_vs_spmd", "train_two_islands_vs_one"}
+    assert all(r["jax_step_ms"] > 0 for r in result.rows if r["comparison"] ==
+               "train_spmd_vs_jax")
 
 
 def test_cli_writes_json_with_every_ratio_key_and_a_plot(tmp_path: Path):

@@ -40,7 +40,7 @@ def fan_in(s0):
     """The issue's reproduction: five 1 MiB-per-device values on ``s0`` (2 devices) feed one
     consumer, so under a 4 MiB budget they can never all be alive at once."""
     make = pw.function(lambda x: jnp.broadcast_to(x[:, None], (512, 1024)) * 2.0,
-                       slice=s0, name="make")
+                       slice=s0, in_specs=pw.BATCH, name="make")
     add5 = pw.function(lambda a, b, c, d, e: a + b + c + d + e, slice=s0, name="add5")
 
     @pw.program
@@ -77,7 +77,7 @@ def test_a_program_that_fits_only_after_its_values_are_consumed_finishes():
     with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
         s0 = ctl.slice(2, island=0)
         make = pw.function(lambda x: jnp.broadcast_to(x[:, None], (512, 1024)) * 2.0,
-                           slice=s0, name="make")
+                           slice=s0, in_specs=pw.BATCH, name="make")
         total = pw.function(lambda a: a.sum(0), slice=s0, name="total")
 
         @pw.program
@@ -94,14 +94,14 @@ def test_a_program_that_fits_only_after_its_values_are_consumed_finishes():
 def test_uploads_count_against_the_budget_like_computation_outputs():
     with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
         s0 = ctl.slice(2, island=0)
-        first = pw.function(lambda x: x[:2], slice=s0)
+        first = pw.function(lambda x: x[:2], slice=s0, in_specs=pw.BATCH)
         # 16 MiB on two devices is 8 MiB each: refused at once, nothing placed
         with pytest.raises(pw.MemoryBudgetError, match=r"copy host.*needs 8388608 bytes per "
                                                        r"device but the memory budget is 4194304"):
             first(np.ones(4 * MiB, np.float32)).result(timeout=60)
         assert not any(ctl.memory().values())
         # a 1.5 MiB-per-device upload is counted where computation outputs are
-        keep = pw.function(lambda x: x * 1, slice=s0, name="keep")
+        keep = pw.function(lambda x: x * 1, slice=s0, in_specs=pw.BATCH, name="keep")
         arg = np.ones(3 * MiB // 4, np.float32)                  # 3 MiB: 1.5 MiB per device
         d0 = s0.device_ids[0]
         held = keep(arg)                                         # upload + output: 3 MiB

@@ -1,4 +1,5 @@
-"""The docs run verbatim: every fenced code block of README.md and docs/magics.md.
+"""The docs run verbatim: every fenced code block of README.md, docs/magics.md and
+docs/training.md.
 
 How a block is read (the rule for whoever edits these pages):
 
@@ -37,7 +38,7 @@ from nbclient import NotebookClient
 from pwkernel.notebook import kernelspec
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ("README.md", "docs/magics.md")
+PAGES = ("README.md", "docs/magics.md", "docs/training.md")
 LANGUAGES = ("python", "bash", "text")
 TIMEOUT = 300  # seconds for one script, or one notebook cell (a busy 2-core machine is slow)
 

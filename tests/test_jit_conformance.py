@@ -6,8 +6,7 @@ Each function runs on host (NumPy) inputs, which both replicate, and on inputs a
 out on the slice's mesh (``P("x")`` on the leading axis, where it divides): jax.Arrays, and
 pw.Futures, which both keep their sharding. Where JAX refuses a function (a sharding-in-types
 error on explicit axes), pw.function refuses it with a ProgramError that carries JAX's cause;
-``JAX_REFUSES`` lists those, so a change on either side shows up here. ``KNOWN_BUGS`` are
-pwkernel's, each a strict xfail whose reason is its minimal repro.
+``JAX_REFUSES`` lists those, so a change on either side shows up here.
 """
 
 from __future__ import annotations
@@ -57,12 +56,6 @@ JAX_REFUSES = {
                           else (refused, ("1d-explicit", "2d-explicit"))]
     for where in wheres for how in (PLACED, FUTURES)
     if (where, how) in VARIANTS}
-
-# pwkernel bugs, each with its minimal repro in the message.
-_WEAK = ("pw.function drops the weak type of a Python scalar argument: jax.jit(lambda x, s: "
-         "x.astype(jnp.bfloat16) * s)(x, 2.5) is bfloat16, pw.function's is float32 "
-         "(program.py _as_value_id/leaf_placement: np.asarray + canonicalize_dtype)")
-KNOWN_BUGS = {name: _WEAK for name in ("scaled_bf16", "int8_plus", "doubled_scalar")}
 
 DATA = ("x", "v", "y", "i", "i8", "tree", "pair", "state")  # not weights, states or keys
 
@@ -115,14 +108,7 @@ def _params() -> list:
     out = []
     for case in CASES:
         for where, how in VARIANTS:
-            marks = ()
-            if case.name in KNOWN_BUGS:  # a dtype bug, the same on every slice: shown once
-                if (where, how) != VARIANTS[0]:
-                    continue
-                marks = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                          reason=KNOWN_BUGS[case.name])
-            out.append(pytest.param(case, where, how, id=f"{case.name}-{where}-{how}",
-                                    marks=marks))
+            out.append(pytest.param(case, where, how, id=f"{case.name}-{where}-{how}"))
     return out
 
 
@@ -182,4 +168,4 @@ def test_the_table_covers_the_issue():
     """At least 30 functions, and the known refusals and bugs name real cases."""
     names = {case.name for case in CASES}
     assert len(names) == len(CASES) >= 30
-    assert set(_REFUSED) <= names and set(KNOWN_BUGS) <= names
+    assert set(_REFUSED) <= names

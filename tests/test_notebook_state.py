@@ -163,3 +163,15 @@ def test_users_arrays_given_to_a_cell_are_not_deleted(ip):
     run(ip, "%%pathways --slice s\nb = a * 2\n")
     np.testing.assert_allclose(np.asarray(ip.user_ns["b"]), np.arange(4.0) * 2)
     np.testing.assert_allclose(np.asarray(ip.user_ns["a"]), np.arange(4.0))
+
+
+def test_pytrees_mixing_arrays_and_plain_values(ip):
+    """The arrays of a pytree are inputs (their layouts kept, futures included); its plain
+    values stay plain Python, as in the cell without the magic."""
+    run(ip, "import jax, jax.numpy as jnp, numpy as np")
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nf = jnp.arange(4.0) * 1\n")
+    run(ip, "later = (f, 3, 'tag')")
+    run(ip, "%%pathways --slice s\nout = later[0] + later[1]\nrep = jnp.ones(later[1])\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["out"]), np.arange(4.0) + 3)
+    assert np.asarray(ip.user_ns["rep"]).shape == (3,)  # used as a shape: a Python int

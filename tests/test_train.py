@@ -7,6 +7,9 @@ from the trace; nothing waits on time, only on futures.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,7 +90,7 @@ def run_steps(trainer, data, **kw):
     for batch in data:
         state, loss = trainer.step(state, batch, **kw)
         out.append(float(loss))
-    return out, state
+    return out, pw.train.wait(state)  # nothing of these steps left running for the next test
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -106,6 +109,7 @@ def test_spmd_training_equals_plain_jax_step_by_step(tctl, stages, reference):
                          optimizer=optimizer())
     losses, _ = run_steps(spmd, batches())
     np.testing.assert_allclose(losses, reference[0], rtol=RTOL)
+    tctl.wait()
     k = tctl.trace.next_index
     state, loss = spmd.step(spmd.init(0), batches(1)[0])
     pw.train.wait((state, loss))
@@ -121,6 +125,7 @@ def test_data_parallel_stages_equal_plain_jax(tctl, stages):
                            microbatches=2, name="dp")
     params = jax.device_get(pw.train.fetch(dp.init(0).params))
     want, _ = plain_jax_losses(stages, params, batches(3))
+    tctl.wait()
     k = tctl.trace.next_index
     losses, _ = run_steps(dp, batches(3))
     np.testing.assert_allclose(losses, want, rtol=RTOL)
@@ -133,17 +138,21 @@ def test_each_stage_runs_its_schedule_order(tctl, pipe, schedule):
     """Read back from the trace: each stage's devices ran exactly the schedule's order (the
     tokens make it so; by readiness alone, 1F1B's stage 0 would run its forwards first)."""
     state = pw.train.wait(pipe.init(0))
+    tctl.wait()  # the trace from k on holds this step's calls only
     k = tctl.trace.next_index
     pw.train.wait(pipe.step(state, batches(1)[0], schedule=schedule))
     tctl.wait()
-    seen = pw.train.stage_order_seen(tctl.trace.events(since=k))
-    assert seen == {s: sched.stage_order(schedule, s, 2, M) for s in range(2)}
+    events = tctl.trace.events(since=k)
+    seen = pw.train.stage_order_seen(events)
+    assert seen == {s: sched.stage_order(schedule, s, 2, M) for s in range(2)}, [
+        (e.name, e.devices, e.t_start, e.t_end) for e in events]
 
 
 def test_1f1b_holds_fewer_residuals_than_gpipe(tctl, pipe):
-    state = pipe.init(0)
+    state = pw.train.wait(pipe.init(0))
     peaks = {}
     for schedule in ("gpipe", "1f1b"):
+        tctl.wait()
         k = tctl.trace.next_index
         state, loss = pw.train.wait(pipe.step(state, batches(1)[0], schedule=schedule))
         tctl.wait()
@@ -156,6 +165,7 @@ def test_1f1b_holds_fewer_residuals_than_gpipe(tctl, pipe):
 
 
 def test_trace_names_tell_forward_backward_and_update_apart(tctl, pipe):
+    tctl.wait()
     k = tctl.trace.next_index
     pw.train.wait(pipe.step(pipe.init(0), batches(1)[0]))
     tctl.wait()
@@ -279,6 +289,13 @@ def test_schedules_as_data():
     assert sched.parse_name("ici:0->0") is None
     with pytest.raises(ValueError, match="schedule must be one of"):
         sched.Schedule.parse("pipedream")
+
+
+def test_pw_train_loads_on_first_use_in_a_fresh_process():
+    code = "import pwkernel as pw; print(pw.train.Pipeline.__name__, pw.train.Schedule('1f1b'))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["Pipeline", "1f1b"], proc.stderr
 
 
 def test_bad_input_gets_errors_that_name_the_fix(tctl, stages):

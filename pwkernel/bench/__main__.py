@@ -1,6 +1,7 @@
 """``python -m pwkernel.bench NAME [--quick|--tiny] [--json PATH] [--plot PATH]``.
 
-NAME: dispatch, parallel-dispatch, pipeline, multitenancy, dcn, tracing, sim-paper, or all.
+NAME: dispatch, parallel-dispatch, pipeline, multitenancy, dcn, tracing, sim-paper, train, or
+all.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "dcn": "dcn",
     "tracing": "tracing",
     "sim-paper": "sim_paper",  # the paper's results on the simulator (no devices used)
+    "train": "train",  # training through pw.train: SPMD vs jax.jit, pipelines, 1F1B memory
 }
 
 

@@ -35,7 +35,7 @@ import ast
 import contextlib
 import dataclasses
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,14 @@ class CellPlan:
     uses_pw: bool              # the cell calls compiled functions or programs
     filename: str
     last_name: str | None = None  # the cell ends with a bare name: show that value
+    # inputs whose pytrees also hold plain values (ints, strings): those stay plain, only the
+    # arrays are passed in (name -> (treedef, leaves with None where an array goes))
+    mixed: dict[str, tuple[Any, list[Any]]] = dataclasses.field(default_factory=dict)
+
+    def inputs(self, user_ns: dict[str, Any]) -> list[Any]:
+        """The values passed for ``params``: each input, or the arrays of a mixed one."""
+        return [[x for x in jax.tree_util.tree_leaves(user_ns[p]) if _is_array(x)]
+                if p in self.mixed else user_ns[p] for p in self.params]
 
 
 def _is_array(value: Any) -> bool:
@@ -76,15 +84,28 @@ def _is_array(value: Any) -> bool:
 
 
 def is_state(value: Any) -> bool:
-    """An input of the cell: an array or future, or any pytree of them (flax parameters,
+    """An input of the cell: an array or future, or any pytree holding them (flax parameters,
     optax state, dicts, lists, registered dataclasses), moved on the devices, never copied
-    to the host."""
+    to the host. Plain leaves beside the arrays stay plain (``_mixed``)."""
     if _is_array(value):
         return True
     if isinstance(value, str | bytes | int | float | complex | type) or callable(value):
         return False
     leaves = jax.tree_util.tree_leaves(value)
-    return bool(leaves) and leaves[0] is not value and all(_is_array(x) for x in leaves)
+    return bool(leaves) and leaves[0] is not value and any(_is_array(x) for x in leaves)
+
+
+def _mixed(value: Any) -> tuple[Any, list[Any]] | None:
+    """``(treedef, plain leaves with None for arrays)`` when ``value`` mixes both."""
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    if all(_is_array(x) for x in leaves):
+        return None
+    return tree, [None if _is_array(x) else x for x in leaves]
+
+
+def _rebuild(tree, plain: list[Any], arrays: Sequence[Any]) -> Any:
+    it = iter(arrays)
+    return jax.tree_util.tree_unflatten(tree, [next(it) if x is None else x for x in plain])
 
 
 class _Bound(ast.NodeVisitor):
@@ -196,7 +217,14 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
     uses_pw = any(isinstance(user_ns.get(n), CompiledFunction | Program) for n in loaded)
     outputs = list(bound.names)
     fn = _build(tree, params, statics, outputs, user_ns, filename, line_offset, printer)
-    return CellPlan(fn, params, outputs, uses_pw, filename, last_name)
+    mixed = {n: m for n in params if (m := _mixed(user_ns[n])) is not None}
+    if mixed:
+        inner = fn
+
+        def fn(*args):
+            return inner(*[_rebuild(*mixed[p], a) if p in mixed else a
+                           for p, a in zip(params, args, strict=True)])
+    return CellPlan(fn, params, outputs, uses_pw, filename, last_name, mixed)
 
 
 def _build(tree: ast.Module, params: list[str], statics: dict[str, Any], outputs: list[str],

@@ -11,12 +11,14 @@ import contextlib
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from ..runtime.controller import SharedDevicesWarning
 from ..runtime.errors import CancelledError, PathwaysError
 from ..runtime.graph import ComputeNode
 from ..runtime.objects import Future
@@ -151,9 +153,11 @@ class PathwaysMagics(Magics):
         if a.backend == "sim":  # a preset's machine, or islands of those chip counts
             islands = a.islands
         try:
-            new = process.Controller(islands, backend=a.backend, ray_address=a.address,
-                                     cluster=(a.preset or "tpu-v4") if a.backend == "sim"
-                                     else None)
+            with warnings.catch_warnings():  # the old controller closes right after
+                warnings.simplefilter("ignore", SharedDevicesWarning)
+                new = process.Controller(islands, backend=a.backend, ray_address=a.address,
+                                         cluster=(a.preset or "tpu-v4") if a.backend == "sim"
+                                         else None)
         except (PathwaysError, ValueError) as e:
             raise UsageError(f"%pathways attach {a.backend}: {e}") from None
         for name in self.state.release_all():
@@ -251,7 +255,7 @@ class PathwaysMagics(Magics):
         out = CellOutput(name)
         plan = cells.analyse(body, shell.user_ns, filename, 1, out.debug_print)
         plain: dict[str, Any] = {}
-        inputs = [shell.user_ns[p] for p in plan.params]
+        inputs = plan.inputs(shell.user_ns)
         program = cells.build_program(plan, vs, name, plain, inputs)
         client = self._client(a)
         try:

@@ -20,7 +20,7 @@ from jax.sharding import AxisType
 
 from . import executor as executors
 from .dispatcher import Dispatcher, DispatchMode
-from .errors import ControllerClosedError, ProgramError, SliceError
+from .errors import ControllerClosedError, DeviceSetupError, ProgramError, SliceError
 from .executor import Executor
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
@@ -66,9 +66,9 @@ class Controller:
                 islands, Sequence) or not islands or not all(
                 isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0
                 for n in islands)):
-            raise ValueError(f"islands must be a sequence of positive device counts (one per "
-                             f"island) or None, got {islands!r}. Maybe you want "
-                             "islands=(4, 4).")
+            raise DeviceSetupError(f"islands must be a sequence of positive device counts (one "
+                                   f"per island) or None, got {islands!r}. Maybe you want "
+                                   "islands=(4, 4).")
         policy = Policy.parse(policy)
         mode = DispatchMode.parse(dispatch)
         if memory_budget is not None and not memory_budget > 0:

@@ -124,7 +124,7 @@ class Dispatcher:
             t_done[slot] = 0.0
         outputs = []
         tasks, store = run.tasks, self.store
-        for slot, src, shape, dtype, sharding, island, name in plan.made:
+        for slot, src, shape, dtype, sharding, island, name, weak in plan.made:
             fut = futures.get(slot)
             if fut is None:
                 if src < 0:  # the program returns an argument or a constant as it is
@@ -133,6 +133,8 @@ class Dispatcher:
                     fut = Future(shape, dtype, sharding, name=name, island=island, run=run,
                                  store=store)
                     fut.producer = tasks[src]
+                    if weak:
+                        fut.weak_type = True
                 futures[slot] = fut
             outputs.append(fut)
         self.runs[run.id] = run  # one dict operation: atomic without a lock

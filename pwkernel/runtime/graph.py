@@ -27,6 +27,7 @@ class ValueSpec:
     dtype: np.dtype
     sharding: Any = None          # None: the value lives on the host
     island: int | None = None     # None: host, or devices outside every island
+    weak: bool = False            # weakly typed (a Python scalar, as JAX types it)
 
     @property
     def nbytes(self) -> int:
@@ -92,15 +93,16 @@ class Graph:
             if spec.sharding is not None:
                 isl = island_of(spec.sharding.device_set)
                 self.values[vid] = ValueSpec(vid, spec.shape, spec.dtype, spec.sharding,
-                                             None if isl is None else isl.id)
+                                             None if isl is None else isl.id, spec.weak)
 
     def stale(self) -> bool:
         """True when the graph must be traced again (controller closed, or slices moved)."""
         ctl = self.controller
         return ctl is None or ctl.closed or ctl.resources.epoch != self.epoch
 
-    def new_value(self, shape, dtype, sharding=None, island=None) -> ValueSpec:
-        spec = ValueSpec(len(self.values), tuple(shape), np.dtype(dtype), sharding, island)
+    def new_value(self, shape, dtype, sharding=None, island=None, weak=False) -> ValueSpec:
+        spec = ValueSpec(len(self.values), tuple(shape), np.dtype(dtype), sharding, island,
+                         weak)
         self.values[spec.id] = spec
         return spec
 
@@ -112,7 +114,7 @@ class Graph:
         key = (value, sharding)
         if key in self._transfers:
             return self._transfers[key]
-        out = self.new_value(spec.shape, spec.dtype, sharding, island)
+        out = self.new_value(spec.shape, spec.dtype, sharding, island, spec.weak)
         if spec.sharding is None or spec.island is None:
             link, src, src_devices = "host", None, ()
         else:

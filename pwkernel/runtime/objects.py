@@ -62,7 +62,7 @@ class Future:
 
     __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "producer", "_store",
                  "_buffer", "_state", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks",
-                 "_launched", "_lock", "t_created", "t_done", "__weakref__")
+                 "_launched", "_lock", "t_created", "t_done", "weak_type", "__weakref__")
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
@@ -85,6 +85,7 @@ class Future:
         self._lock = threading.Lock()
         self.t_created = time.perf_counter()
         self.t_done = 0.0
+        self.weak_type = False  # a weakly typed value (from Python scalars), as JAX types it
 
     # --- the concurrent.futures-like surface -----------------------------------------------
     @property

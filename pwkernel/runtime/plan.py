@@ -93,7 +93,7 @@ class Plan:
     backend: dict[str, Any]               # what the executor prepared (e.g. exports)
     sources: tuple[int, ...] = ()         # argument and constant slots
     made: tuple[tuple, ...] = ()          # per output: slot, producer, shape, dtype, sharding,
-                                          # island, name (what its Future is made of)
+                                          # island, name, weak (what its Future is made of)
 
 
 def build(graph: Graph) -> Plan:
@@ -157,7 +157,7 @@ def build(graph: Graph) -> Plan:
                 tuple(p.external for p in nodes), tuple(p.n_inputs for p in nodes), {},
                 tuple(graph.inputs) + tuple(graph.consts), tuple(
                     (s, producer[s], v.shape, v.dtype, v.sharding, v.island,
-                     nodes[producer[s]].name if producer[s] >= 0 else "")
+                     nodes[producer[s]].name if producer[s] >= 0 else "", v.weak)
                     for s in graph.outputs for v in (graph.values[s],)))
 
 

@@ -17,7 +17,6 @@ import functools
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -28,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 from . import callbacks
 from .arguments import Arguments
 from .errors import NeedsValueError, ProgramError, SliceError, SpecError
+from .executable import Executable
 from .graph import Graph
 from .objects import Future, shard_bytes
 from .resources import VirtualSlice
@@ -39,6 +39,7 @@ from .specs import (
     batch_spec,
     check_spec,
     check_specs_arg,
+    is_spec,
     on_mesh,
     prefix_leaves,
     spec_leaves,
@@ -84,30 +85,6 @@ class Value:
 
     def __repr__(self) -> str:
         return f"Value(shape={self.shape}, dtype={self.dtype})"
-
-
-@dataclass(frozen=True)
-class Executable:
-    """One compiled specialization of a compiled function, and what it needs and makes."""
-
-    compiled: Any
-    in_shardings: tuple[Any, ...]
-    out_shapes: tuple[jax.ShapeDtypeStruct, ...]
-    out_shardings: tuple[Any, ...]
-    out_tree: Any
-    memory: int  # output bytes on each of the slice's devices
-    out_nbytes: tuple[dict[int, int], ...]  # per output: bytes on each device
-    asynchronous: bool = True  # launching returns at once (no host callbacks inside)
-    # How launches call it: the compiled executable itself (C++ dispatch after its first call;
-    # unlike the jit object it never traces again, whatever mesh is ambient in that thread)
-    call: Any = None
-    # On a simulated island: the function lowered for its chips (never compiled), which the
-    # simulator's cost model reads
-    lowered: Any = None
-    # The body over flat input leaves (static arguments bound), and those inputs' types with
-    # their shardings: what a backend that compiles elsewhere exports or lowers
-    flat: Any = None
-    structs: tuple[jax.ShapeDtypeStruct, ...] = ()
 
 
 class CompiledFunction:
@@ -170,11 +147,14 @@ class CompiledFunction:
         """Each input leaf's sharding, and who chose it (for errors)."""
         vs = self.slice
         mesh = vs.mesh
-        given = spec_leaves(self.in_specs, args) if self.in_specs is not None else None
-        nkw = len(in_avals) - (len(given) if given is not None else 0)
-        given = (given or [None] * len(in_avals)) + [None] * (nkw if given else 0)
+        n, specs = len(in_avals), self.in_specs
+        if specs is None or is_spec(specs):  # one spec (or the default) for every input
+            given = [specs] * n
+        else:  # one per positional argument; keyword arguments take the default
+            given = spec_leaves(specs, args)
+            given += [None] * (n - len(given))
         shardings, why = [], []
-        for i, ((shape, _, placed), spec) in enumerate(zip(in_avals, given, strict=True)):
+        for i, ((shape, _, placed, _), spec) in enumerate(zip(in_avals, given, strict=True)):
             what = f"{self.name}: input {i} in_specs"
             if spec is None or spec is INFERRED:
                 kept = on_mesh(placed, mesh)
@@ -192,22 +172,21 @@ class CompiledFunction:
     def _compile(self, in_tree, in_avals, statics) -> Executable:
         vs = self.slice
         mesh = vs.mesh
-        dyn, kwargs = _unflatten(in_tree, [jax.ShapeDtypeStruct(s, d) for s, d, _ in in_avals])
+        dyn, kwargs = _unflatten(in_tree, [jax.ShapeDtypeStruct(s, d, weak_type=w)
+                                           for s, d, _, w in in_avals])
         in_shardings, why = self._in_shardings(dyn, kwargs, in_avals)
         rebuild, fn = self.arguments.rebuild, self.fn
 
-        def flat(*leaves):
-            a, k = _unflatten(in_tree, leaves)
-            full, kw = rebuild(a, k, statics)
-            return tuple(jax.tree_util.tree_leaves(fn(*full, **kw)))
-
-        def body(*leaves):
+        def body(*leaves):  # the user's function over the flat dynamic leaves
             a, k = _unflatten(in_tree, leaves)
             full, kw = rebuild(a, k, statics)
             return fn(*full, **kw)
 
-        structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh)
-                        for (s, d, _), sh in zip(in_avals, in_shardings, strict=True))
+        def flat(*leaves):
+            return tuple(jax.tree_util.tree_leaves(body(*leaves)))
+
+        structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh, weak_type=w)
+                        for (s, d, _, w), sh in zip(in_avals, in_shardings, strict=True))
         try:
             with vs.ambient():
                 out_struct = jax.eval_shape(body, *structs)
@@ -242,7 +221,8 @@ class CompiledFunction:
         # are launched by the island's workers, never by the thread that submits.
         asynchronous = "callback" not in compiled.as_text()
         return Executable(compiled, tuple(in_shardings),
-                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
+                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
+                                for o in out_leaves),
                           tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous,
                           call, None, flat, structs)
 
@@ -275,7 +255,8 @@ class CompiledFunction:
         out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
                            for o, sh in zip(out_leaves, out_shardings, strict=True))
         return Executable(None, tuple(in_shardings),
-                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in out_leaves),
+                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
+                                for o in out_leaves),
                           tuple(out_shardings), out_tree,
                           sum(max(n.values()) for n in out_nbytes), out_nbytes, True, None,
                           lowered, flat, tuple(structs))
@@ -326,12 +307,13 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
     vids = [_as_value_id(graph, leaf, fn) for leaf in leaves]
     values = graph.values
-    avals = tuple((values[v].shape, values[v].dtype, values[v].sharding) for v in vids)
+    avals = tuple((values[v].shape, values[v].dtype, values[v].sharding, values[v].weak)
+                  for v in vids)
     signature = (in_tree, avals, statics)
     exe = fn.executable(signature)
     inputs = [graph.placed(v, sh, island, devices)
               for v, sh in zip(vids, exe.in_shardings, strict=True)]
-    outs = [graph.new_value(o.shape, o.dtype, sh, island)
+    outs = [graph.new_value(o.shape, o.dtype, sh, island, o.weak_type)
             for o, sh in zip(exe.out_shapes, exe.out_shardings, strict=True)]
     graph.add_compute(fn.name, fn, signature, inputs, [o.id for o in outs], island, devices)
     return jax.tree_util.tree_unflatten(exe.out_tree, [Value(graph, o.id) for o in outs])
@@ -352,7 +334,7 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
         # a placed array captured while tracing: a constant that keeps its layout
         isl = graph.controller.resources.island_of(leaf.sharding.device_set)
         spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
-                               None if isl is None else isl.id)
+                               None if isl is None else isl.id, leaf.weak_type)
         graph.consts[spec.id] = leaf
         return spec.id
     try:
@@ -364,7 +346,7 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
                            "functions take arrays, scalars and pytrees of them. Maybe you want "
                            "static_argnums=... (or static_argnames=...) for that argument.")
     arr = _canonical(arr)
-    spec = graph.new_value(arr.shape, arr.dtype)
+    spec = graph.new_value(arr.shape, arr.dtype, weak=_is_weak(leaf))
     graph.consts[spec.id] = arr
     return spec.id
 
@@ -376,11 +358,12 @@ def _canonical(arr: np.ndarray) -> np.ndarray:
 
 
 def leaf_placement(leaf) -> tuple:
-    """A program argument's part of the cache key: how it is laid out now."""
+    """A program argument's part of the cache key: how it is laid out now, and whether it is
+    weakly typed (a Python scalar, as ``jax.jit`` types it)."""
     if isinstance(leaf, Future):
-        return ("dev", leaf.shape, leaf.dtype, leaf.sharding)
+        return ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     if isinstance(leaf, jax.Array):
-        return ("dev", leaf.shape, leaf.dtype, leaf.sharding)
+        return ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     try:
         arr = np.asarray(leaf)
     except Exception:
@@ -388,8 +371,12 @@ def leaf_placement(leaf) -> tuple:
     if arr.dtype.kind not in _NUMERIC:
         raise ProgramError(f"a program got an argument of type {type(leaf).__name__}; programs "
                            "take arrays, scalars, futures and pytrees of them. Maybe you want "
-                           "functools.partial for static arguments.")
-    return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None)
+                           "static_argnums=... (or functools.partial) for static arguments.")
+    return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, _is_weak(leaf))
+
+
+def _is_weak(leaf) -> bool:
+    return type(leaf) in (int, float, complex)
 
 
 class Program:
@@ -428,8 +415,8 @@ class Program:
         tree, placement = key
         graph = Graph(self.name)
         values = []
-        for kind, shape, dtype, sharding in placement:
-            spec = graph.new_value(shape, dtype, sharding if kind == "dev" else None)
+        for kind, shape, dtype, sharding, weak in placement:
+            spec = graph.new_value(shape, dtype, sharding if kind == "dev" else None, weak=weak)
             graph.inputs.append(spec.id)
             values.append(Value(graph, spec.id))
         args, kwargs = jax.tree_util.tree_unflatten(tree, values)

@@ -155,7 +155,7 @@ def tracing_error(name: str, e: Exception, in_avals, in_shardings, why) -> Progr
     out and who chose that, and the likely fix."""
     cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     inputs = [describe(s, d, sh.spec, w)
-              for (s, d, _), sh, w in zip(in_avals, in_shardings, why, strict=True)]
+              for (s, d, _, _), sh, w in zip(in_avals, in_shardings, why, strict=True)]
     shown = "; ".join(inputs[:4]) + (f"; ... ({len(inputs)} inputs)" if len(inputs) > 4
                                      else "")
     kind = type(e).__name__

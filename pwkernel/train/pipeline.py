@@ -17,14 +17,15 @@ a call is ready only once the call before it on that stage was launched, and eac
 exactly its order (``tests/test_train.py`` reads the order back from the trace).
 
 **Memory.** A microbatch's residuals live from its forward to its backward on that stage.
-Gradients are summed into one accumulator per stage (each freed after the backward that adds
-to it). The updates take the parameters and optimizer state with ``donate_argnums``: the new
-state reuses the old one's buffers, so memory stays flat from step to step and the state given
-to ``step`` is consumed (as ``jax.jit`` with ``donate_argnums`` consumes it); ``step`` first
-waits until that state exists (``state.ready_to_donate`` says why). Every update
-waits for the step's loss and for the last call of every stage (a barrier of scalars), so a
-failure anywhere in the forwards or backwards fails the whole step before any update consumes
-anything: the state given to the failed step is still valid.
+Gradients are summed into one accumulator per stage, each freed after the backward that adds
+to it (a flag tells the step's first backward there is nothing to add yet, so one compiled
+backward serves all). The updates take the parameters and optimizer state with
+``donate_argnums``: the new state reuses the old one's buffers, so memory stays flat from step
+to step and the state given to ``step`` is consumed (as ``jax.jit`` with ``donate_argnums``
+consumes it); ``step`` first waits until that state exists (``state.ready_to_donate`` says
+why). Every update waits for the step's loss and for the last call of every stage (a barrier
+of scalars), so a failure anywhere in the forwards or backwards fails the whole step before
+any update consumes anything: the state given to the failed step is still valid.
 
 >>> pipe = Pipeline(stages, [ctl.slice(2, island=0), ctl.slice(2, island=1)],   # doctest: +SKIP
 ...                 loss=cross_entropy, optimizer=optax.adam(1e-3), microbatches=4)
@@ -106,7 +107,7 @@ class Pipeline:
                 out_specs=(out_spec, None, P()), name=call_name(s, Kind.FWD)))
             self._bwd.append(function(
                 backward(st.apply, head, s > 0, 1.0 / M), slice=vs,
-                in_specs=(None, BATCH, BATCH, None, BATCH, None, None),
+                in_specs=(None, BATCH, BATCH, None, BATCH, None, None, None),
                 out_specs=(P(), BATCH, P()), name=call_name(s, Kind.BWD)))
             self._update.append(function(
                 _update(optimizer), slice=vs, out_specs=P(), donate_argnums=(0, 1),
@@ -118,6 +119,7 @@ class Pipeline:
         self._named: dict[tuple[int, Kind, int], CompiledFunction] = {}
         self._programs: dict[Schedule, Program] = {}
         self._tokens: list[jax.Array] | None = None
+        self._flags: tuple[list[jax.Array], list[jax.Array]] = ([], [])
         self._init_program = program(self._init_all, name=f"{name}.init")
 
     # --- the public surface ----------------------------------------------------------------
@@ -135,12 +137,17 @@ class Pipeline:
         put = _placer(self.slices[0]), _placer(self.slices[-1])
         return Microbatches(([put[0](x) for x in xs], [put[1](y) for y in ys]))
 
-    def step(self, state: TrainState, batch, schedule: Schedule | str | None = None
-             ) -> tuple[TrainState, Any]:
+    def step(self, state: TrainState, batch, schedule: Schedule | str | None = None,
+             dispatch: str | None = None) -> tuple[TrainState, Any]:
         """One training step as one program: returns ``(new_state, loss)`` as futures at once
         (the mean loss over the batch's examples). ``state`` is consumed (donated); keep the
         returned one. ``batch``: ``(inputs, targets)`` with a leading batch axis, or
-        ``place(batch)``. ``schedule``: this step's schedule instead of the pipeline's."""
+        ``place(batch)``. ``schedule``: this step's schedule instead of the pipeline's;
+        ``dispatch``: ``"parallel"`` or ``"sequential"`` for this step (default: the
+        controller's). Under parallel dispatch the runtime launches a step's calls ahead of
+        their data, and a launched call's outputs count in ``ctl.memory()`` at once, so
+        1F1B's smaller set of live residuals shows in the trace, not in ``ctl.memory()``;
+        under sequential dispatch it shows in both (docs/training.md)."""
         if not isinstance(state, TrainState):
             raise TypeError(f"step takes the TrainState that init() or step() returned, got "
                             f"{type(state).__name__}.")
@@ -149,7 +156,8 @@ class Pipeline:
         if self.residual_bytes is None:
             self.residual_bytes = self._residual_bytes(state.params, xs[0], ys[0])
         run = self.program(self.schedule if schedule is None else schedule)
-        return run(list(state.params), list(state.opt_state), list(xs), list(ys))
+        return run(list(state.params), list(state.opt_state), list(xs), list(ys),
+                   dispatch=dispatch)
 
     def program(self, schedule: Schedule | str | None = None) -> Program:
         """The step's ``@pw.program`` for ``schedule``: ``(params, opt_state, xs, ys) ->
@@ -170,6 +178,7 @@ class Pipeline:
             raise ValueError(f"expected {M} microbatches, got {len(xs)} inputs and {len(ys)} "
                              "targets.")
         tokens = list(self._stage_tokens())
+        first, later = self._flags
         acts: dict[tuple[int, int], Any] = {}   # stage s's output of microbatch m
         douts: dict[tuple[int, int], Any] = {}  # the cotangent of that output
         res: dict[tuple[int, int], Any] = {}
@@ -186,8 +195,9 @@ class Pipeline:
                     acts[s, m] = out
             else:
                 dout = None if s == S - 1 else douts.pop((s, m))
+                acc, flag = (params[s], first[s]) if grads[s] is None else (grads[s], later[s])
                 grads[s], dx, tokens[s] = self._call(s, kind, m)(
-                    params[s], x, y, res.pop((s, m)), dout, grads[s], tokens[s])
+                    params[s], x, y, res.pop((s, m)), dout, acc, tokens[s], flag)
                 if s > 0:
                     douts[s - 1, m] = dx
         loss = self._mean(losses)
@@ -211,9 +221,12 @@ class Pipeline:
         return TrainState([p for p, _ in made], [o for _, o in made])
 
     def _stage_tokens(self) -> list[jax.Array]:
-        if self._tokens is None:  # each stage's first token: a constant on its slice
-            self._tokens = [jax.device_put(np.int32(0), NamedSharding(vs.mesh, P()))
-                            for vs in self.slices]
+        if self._tokens is None:  # constants on each stage's slice: its first token, and the
+            # backward's flag (True: the first backward of the step, nothing to add yet)
+            def put(v):
+                return [jax.device_put(v, NamedSharding(vs.mesh, P())) for vs in self.slices]
+            self._tokens = put(np.int32(0))
+            self._flags = (put(np.bool_(True)), put(np.bool_(False)))
         return self._tokens
 
     def _split(self, batch) -> tuple[list, list]:

@@ -7,9 +7,10 @@ all-reduce is the compiler's. It is the same step as ``train_step`` under plain 
 (which ``pwkernel.bench.train`` runs beside it), and the same model and state layout as a
 ``Pipeline`` of the same stages.
 
->>> spmd = SPMD(stages, ctl.slice(4), loss=cross_entropy, optimizer=optax.adam(1e-3))  # doctest: +SKIP
->>> state = spmd.init(0)                                                       # doctest: +SKIP
->>> state, loss = spmd.step(state, (tokens, targets))                          # doctest: +SKIP
+>>> spmd = SPMD(stages, ctl.slice(4), loss=cross_entropy,                # doctest: +SKIP
+...             optimizer=optax.adam(1e-3))
+>>> state = spmd.init(0)                                                  # doctest: +SKIP
+>>> state, loss = spmd.step(state, (tokens, targets))                     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class SPMD:
         self.name = name
         self._step = function(train_step(self.stages, loss, optimizer, check_finite),
                               slice=slice, in_specs=(None, BATCH, BATCH), out_specs=P(),
-                              donate_argnums=(0,), name=f"{name}.step")
+                              name=f"{name}.step")
         self._init = function(init_state(self.stages, optimizer), slice=slice, out_specs=P(),
                               name=f"{name}.init")
 

@@ -97,12 +97,14 @@ def forward(apply: Callable, loss: Callable | None = None,
 
 def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = False,
              scale: float = 1.0) -> Callable:
-    """A stage's backward: ``bwd(params, x, y, residuals, dout, acc, token) -> (grads, dx,
-    token + 1)``. ``grads`` are this microbatch's parameter gradients plus ``acc`` (None for
-    the stage's first backward of the step); ``dx`` is ``()`` unless ``wrt_input``. The last
-    stage (``loss`` given) takes ``dout=None`` and seeds its loss's cotangent with ``scale``
-    (1/M: the step's loss is the mean of its M microbatches' losses)."""
-    def bwd(params, x, y, residuals, dout, acc, token):
+    """A stage's backward: ``bwd(params, x, y, residuals, dout, acc, token, first=None) ->
+    (grads, dx, token + 1)``. ``grads`` are this microbatch's parameter gradients plus ``acc``
+    (the running sum; None: nothing to add). ``first``: a bool scalar; when True, ``acc`` is
+    ignored (it only has the gradients' shapes: the pipeline passes the parameters), so one
+    compiled backward serves the first microbatch and the others. ``dx`` is ``()`` unless
+    ``wrt_input``. The last stage (``loss`` given) takes ``dout=None`` and seeds its loss's
+    cotangent with ``scale`` (1/M: the step's loss is the mean of its M microbatches')."""
+    def bwd(params, x, y, residuals, dout, acc, token, first=None):
         out, leaves, tree, where = _vjp(apply, loss, wrt_input, params, x, y)
         opaque = sum(w < 0 for w in where)
         if opaque != len(residuals):
@@ -114,7 +116,11 @@ def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = Fa
         if dout is None:
             dout = jnp.full(jnp.shape(out), scale, jnp.result_type(out))
         cts = vjp(dout)
-        grads = cts[0] if acc is None else jax.tree.map(jnp.add, acc, cts[0])
+        grads = cts[0]
+        if acc is not None:
+            def add(a, g):
+                return a + g if first is None else jnp.where(first, g, a + g)
+            grads = jax.tree.map(add, acc, grads)
         return grads, (cts[1] if wrt_input else ()), token + 1
     return bwd
 

@@ -52,14 +52,16 @@ def block(p: dict, h, heads: int):
     return h + jax.nn.gelu(_norm(h, p["ln2"]) @ p["up"]) @ p["down"]
 
 
-def _dense(key, n_in: int, n_out: int):
-    return jax.random.normal(key, (n_in, n_out), jnp.float32) / np.sqrt(n_in)
-
-
 def init_block(key, d: int) -> dict:
-    k = jax.random.split(key, 4)
-    return {"ln1": jnp.ones(d), "qkv": _dense(k[0], d, 3 * d), "out": _dense(k[1], d, d),
-            "ln2": jnp.ones(d), "up": _dense(k[2], d, 4 * d), "down": _dense(k[3], 4 * d, d)}
+    """One block's parameters: its four matrices cut from one normal draw (one random call
+    per block keeps the init's compile short), each scaled by 1/sqrt(fan-in)."""
+    shapes = {"qkv": (d, 3 * d), "out": (d, d), "up": (d, 4 * d), "down": (4 * d, d)}
+    flat = jax.random.normal(key, (sum(a * b for a, b in shapes.values()),), jnp.float32)
+    p, at = {"ln1": jnp.ones(d), "ln2": jnp.ones(d)}, 0
+    for name, (n_in, n_out) in shapes.items():
+        p[name] = flat[at:at + n_in * n_out].reshape(n_in, n_out) / np.sqrt(n_in)
+        at += n_in * n_out
+    return p
 
 
 def split(cfg: Config, stages: int) -> list[Stage]:
@@ -83,7 +85,7 @@ def _stage(cfg: Config, blocks: int, first: bool, last: bool, name: str) -> Stag
             p["embed"] = jax.random.normal(k[-2], (cfg.vocab, d), jnp.float32) * 0.02
         if last:
             p["ln_f"] = jnp.ones(d)
-            p["head"] = _dense(k[-1], d, cfg.vocab)
+            p["head"] = jax.random.normal(k[-1], (d, cfg.vocab), jnp.float32) / np.sqrt(d)
         return p
 
     def apply(p, h):

@@ -1,0 +1,33 @@
+"""One compiled specialization of a ``pw.function``: what a backend launches, and what it needs
+and makes (the dispatcher prepares plans from it, before anything runs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+
+@dataclass(frozen=True)
+class Executable:
+    """One compiled specialization of a compiled function, and what it needs and makes."""
+
+    compiled: Any
+    in_shardings: tuple[Any, ...]
+    out_shapes: tuple[jax.ShapeDtypeStruct, ...]
+    out_shardings: tuple[Any, ...]
+    out_tree: Any
+    memory: int  # output bytes on each of the slice's devices
+    out_nbytes: tuple[dict[int, int], ...]  # per output: bytes on each device
+    asynchronous: bool = True  # launching returns at once (no host callbacks inside)
+    # How launches call it: the compiled executable itself (C++ dispatch after its first call;
+    # unlike the jit object it never traces again, whatever mesh is ambient in that thread)
+    call: Any = None
+    # On a simulated island: the function lowered for its chips (never compiled), which the
+    # simulator's cost model reads
+    lowered: Any = None
+    # The body over flat input leaves (static arguments bound), and those inputs' types with
+    # their shardings: what a backend that compiles elsewhere exports or lowers
+    flat: Any = None
+    structs: tuple[jax.ShapeDtypeStruct, ...] = ()
