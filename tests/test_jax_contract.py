@@ -131,3 +131,26 @@ def test_a_second_controller_over_live_devices_warns(ctl):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pw.Controller(islands=(4, 4)).close()  # the first one is closed: nothing shared
+
+
+def test_a_chain_of_donating_calls_runs_ahead_and_ends(ctl):
+    """Each call donates the state the previous one is still computing (as a jax.jit loop with
+    donate_argnums does): every launch ends, with jax.jit's values."""
+    s = ctl.slice(2)
+    fn = lambda w: jnp.tanh(w @ w) + 0.5  # noqa: E731
+    step = pw.function(fn, slice=s, donate_argnums=0)
+    w = pw.function(lambda w: w * 1, slice=s)(np.full((64, 64), 1 / 64, np.float32))
+    want = np.full((64, 64), 1 / 64, np.float32)
+    for _ in range(20):
+        w = step(w)
+        want = jax.jit(fn)(want)
+    np.testing.assert_allclose(np.asarray(w.result(60)), np.asarray(want), rtol=1e-5)
+    assert ctl.wait(60)
+
+
+def test_out_specs_over_a_result_with_none(ctl):
+    f = pw.function(lambda x: (x * 2, None, {"a": x}), slice=ctl.slice(2),
+                    out_specs=(P(), None, P()))
+    y, nothing, d = f(np.ones(4, np.float32))
+    assert nothing is None and y.result(60).tolist() == [2.0] * 4
+    assert d["a"].result(60).tolist() == [1.0] * 4

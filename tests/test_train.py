@@ -111,10 +111,12 @@ def test_spmd_training_equals_plain_jax_step_by_step(tctl, stages, reference):
     np.testing.assert_allclose(losses, reference[0], rtol=RTOL)
     tctl.wait()
     k = tctl.trace.next_index
-    state, loss = spmd.step(spmd.init(0), batches(1)[0])
+    old = pw.train.wait(spmd.init(0))
+    state, loss = spmd.step(old, batches(1)[0])
     pw.train.wait((state, loss))
     [event] = [e for e in tctl.trace.events(since=k) if e.name == "spmd.step"]
     assert len(event.devices) == 4  # one computation on the whole slice
+    assert all(leaf.result().is_deleted() for leaf in jax.tree_util.tree_leaves(old))  # donated
 
 
 def test_data_parallel_stages_equal_plain_jax(tctl, stages):
@@ -217,6 +219,25 @@ def mlp_stages():
 
 def mse(out, y):
     return jnp.mean((out - y) ** 2)
+
+
+def test_steps_issued_back_to_back_donate_safely(tctl):
+    """Steps long enough to be still running when the next is submitted: each donates the
+    state the one before is still computing (see state.ready_to_donate for the runtime limit
+    this waits around)."""
+    def layer(n):
+        return pw.train.Stage(init=lambda key: {"w": jax.random.normal(key, (n, n)) / n},
+                              apply=lambda p, x: jnp.tanh(x @ p["w"]))
+    spmd = pw.train.SPMD([layer(384), layer(384)], tctl.slice(1, island=1), loss=mse,
+                         optimizer=optax.sgd(0.1), name="chain")
+    rng = np.random.default_rng(0)
+    batch = (rng.standard_normal((384, 384), np.float32),
+             rng.standard_normal((384, 384), np.float32))
+    state, losses = spmd.init(0), []
+    for _ in range(6):
+        state, loss = spmd.step(state, batch)
+        losses.append(loss)
+    assert all(np.isfinite(float(loss)) for loss in losses)
 
 
 def test_a_failed_step_fails_its_futures_and_the_next_step_runs(tctl):

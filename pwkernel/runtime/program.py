@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Infe
 
 _tracing = threading.local()
 _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
+_HOST_CALLBACK = re.compile(r'custom_call_target="[^"]*python[^"]*callback')
 _NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
 
 
@@ -219,7 +221,9 @@ class CompiledFunction:
         memory = sum(max(n.values()) for n in out_nbytes)
         # A computation that calls back into Python may run in the launching thread: those
         # are launched by the island's workers, never by the thread that submits.
-        asynchronous = "callback" not in compiled.as_text()
+        # (read from the HLO's custom calls: a plain substring would also match metadata,
+        # such as a source file named callbacks.py)
+        asynchronous = not _HOST_CALLBACK.search(compiled.as_text())
         return Executable(compiled, tuple(in_shardings),
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
                                 for o in out_leaves),

@@ -74,7 +74,8 @@ def prefix_leaves(spec, tree, what: str) -> list[Any]:
             f"{what} {spec!r} is not a pytree prefix of the value it describes "
             f"({jax.tree_util.tree_structure(tree)}, {n} arrays). Give one spec for the whole "
             "value (e.g. P()), or a pytree of specs with the value's structure.") from None
-    return jax.tree_util.tree_leaves(full, is_leaf=is_spec)
+    # (read at the value's leaves: a None spec where the value has no array stays out)
+    return jax.tree_util.tree_structure(tree).flatten_up_to(full)
 
 
 def on_mesh(sharding, mesh) -> bool:

@@ -78,7 +78,7 @@ class SPMD:
         self.name = name
         self._step = function(train_step(self.stages, loss, optimizer, check_finite),
                               slice=slice, in_specs=(None, BATCH, BATCH), out_specs=P(),
-                              name=f"{name}.step")
+                              donate_argnums=(0,), name=f"{name}.step")
         self._init = function(init_state(self.stages, optimizer), slice=slice, out_specs=P(),
                               name=f"{name}.init")
 

@@ -188,6 +188,24 @@ class LocalBackend(NoGroup):
         self.transfers.shutdown()
 
 
+def _ready(outs) -> bool:
+    """Every output is computed, or was donated already (see ``_block``)."""
+    return all(out.is_deleted() or out.is_ready() for out in outs)
+
+
+def _block(outs) -> None:
+    """Wait for the outputs that still exist. One a later launch was given (donated) is no
+    longer this computation's to wait on: that launch waits for it, and ends after it."""
+    for _ in range(len(outs) + 1):  # each retry follows one more output donated meanwhile
+        left = [out for out in outs if not out.is_deleted()]
+        try:
+            jax.block_until_ready(left)
+            return
+        except Exception:
+            if not any(out.is_deleted() for out in left):
+                raise  # the computation's own error
+
+
 class _Site:
     """One island's threads: workers for computations that may run synchronously, and one
     watcher per device set."""
@@ -239,7 +257,7 @@ class _Site:
         (``t_ready``, or now), not before its producers' ends (seen first)."""
         if error is None:
             try:
-                jax.block_until_ready(outs)
+                _block(outs)
             except BaseException as e:  # noqa: BLE001
                 error = e
             else:  # what a host callback raised (its outputs are ready: it has run)
@@ -301,10 +319,8 @@ class _Watcher:
                 while queue:
                     entry = queue[0]
                     task, outs, error, t_ready = entry
-                    if error is None and t_ready is None:
-                        for out in outs:
-                            if not out.is_ready():
-                                return False
+                    if error is None and t_ready is None and not _ready(outs):
+                        return False
                     if task.inputs_ended() is None:
                         return False
                     with self._changed:
@@ -340,7 +356,7 @@ class _Watcher:
                 entry = queue[0]
             if entry[2] is None:  # wait for the data without holding up a helper
                 try:
-                    jax.block_until_ready(entry[1])
+                    _block(entry[1])
                 except BaseException:  # noqa: BLE001 - observe() reports it
                     pass
             if entry[3] is None:
