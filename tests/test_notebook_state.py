@@ -9,6 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import pwkernel as pw
+from tests.test_notebook_magics import run
 
 SETUP = """
 import jax, jax.numpy as jnp, numpy as np, optax
@@ -53,15 +54,6 @@ def ip(capsys):
         for name in [n for n, v in shell.user_ns.items()
                      if any(isinstance(x, pw.Future) for x in jax.tree_util.tree_leaves(v))]:
             del shell.user_ns[name]
-
-
-def run(ip, source: str):
-    result = ip.run_cell(source)
-    if result.error_before_exec is not None:
-        raise result.error_before_exec
-    if result.error_in_exec is not None:
-        raise result.error_in_exec
-    return result.result
 
 
 def _jit_losses(steps: int) -> list[float]:

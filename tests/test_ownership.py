@@ -43,12 +43,17 @@ def test_users_single_device_array_survives_a_replicated_input(ctl):
     np.testing.assert_allclose(np.asarray(x), np.arange(8.0))
 
 
-def test_future_on_one_device_read_replicated_later(ctl):
+def _one_then_two(ctl):
+    """``make`` on device 0 alone, ``use`` replicated on devices 0 and 3."""
     devices = ctl.islands[0].devices
     one = ctl.slice(1, devices=[devices[0].id])
     both = ctl.slice(2, devices=[devices[0].id, devices[3].id])
-    make = pw.function(lambda x: x + 1, slice=one, in_specs=P(), out_specs=P())
-    use = pw.function(lambda x: x * 3, slice=both, in_specs=P(), out_specs=P())
+    return (pw.function(lambda x: x + 1, slice=one, in_specs=P(), out_specs=P()),
+            pw.function(lambda x: x * 3, slice=both, in_specs=P(), out_specs=P()))
+
+
+def test_future_on_one_device_read_replicated_later(ctl):
+    make, use = _one_then_two(ctl)
     y = make(np.ones(4, np.float32))
     z = use(y)
     z.result(60)
@@ -57,11 +62,7 @@ def test_future_on_one_device_read_replicated_later(ctl):
 
 
 def test_programs_own_output_read_replicated_by_another_node(ctl):
-    devices = ctl.islands[0].devices
-    one = ctl.slice(1, devices=[devices[0].id])
-    both = ctl.slice(2, devices=[devices[0].id, devices[3].id])
-    make = pw.function(lambda x: x + 1, slice=one, in_specs=P(), out_specs=P())
-    use = pw.function(lambda x: x * 3, slice=both, in_specs=P(), out_specs=P())
+    make, use = _one_then_two(ctl)
 
     @pw.program
     def f(v):

@@ -31,3 +31,4 @@ class Executable:
     # their shardings: what a backend that compiles elsewhere exports or lowers
     flat: Any = None
     structs: tuple[jax.ShapeDtypeStruct, ...] = ()
+    donated: tuple[int, ...] = ()  # input leaves the computation consumes (donate_argnums)

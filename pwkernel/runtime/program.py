@@ -228,7 +228,7 @@ class CompiledFunction:
                           tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
                                 for o in out_leaves),
                           tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous,
-                          call, None, flat, structs)
+                          call, None, flat, structs, donated)
 
     def _lower_simulated(self, flat, structs, in_shardings, out_shardings, out_leaves,
                          out_tree) -> Executable:

@@ -93,6 +93,8 @@ class LocalBackend(NoGroup):
     def _launch(self, site: _Site, task: Task) -> None:
         node, run = task.node, task.run
         values = run.values
+        if node.exe.donated:
+            _donatable(values, node)
         t_launch = task.t_launch = _now()
         try:
             outs = node.call(*[values[s] for s in node.inputs])
@@ -186,6 +188,20 @@ class LocalBackend(NoGroup):
         for site in self._sites.values():
             site.close()
         self.transfers.shutdown()
+
+
+def _donatable(values, node) -> None:
+    """Wait until the inputs a launch donates are computed. Donating a buffer still being
+    computed deletes it under the watcher that waits for its producer's end (a crash in
+    XLA's client when the two race), so a donating launch waits here for its producers, as a
+    consumer queued behind them on the same devices would."""
+    for i in node.exe.donated:
+        value = values[node.inputs[i]]
+        if isinstance(value, jax.Array) and not value.is_deleted():
+            try:
+                value.block_until_ready()
+            except Exception:  # noqa: BLE001 - the launch itself reports a failed input
+                pass
 
 
 def _ready(outs) -> bool:
