@@ -167,7 +167,20 @@ class LocalBackend(NoGroup):
                 out.block_until_ready()
             except BaseException as e:  # noqa: BLE001
                 error = e
-        begin = max(task.t_launch, task.inputs_ended(None))
+        t_inputs = task.inputs_ended()
+        if t_inputs is None:
+            # The source's end is not reported yet, and its watcher may itself wait for copies
+            # queued behind this one: waiting here could take every transfer worker. Its own
+            # thread waits instead (it ends when the source's end is reported).
+            threading.Thread(target=self._landed, args=(task, out, error, None), daemon=True,
+                             name="pw-transfer-wait").start()
+            return
+        self._landed(task, out, error, t_inputs)
+
+    def _landed(self, task: Task, out, error, t_inputs: float | None) -> None:
+        if t_inputs is None:
+            t_inputs = task.inputs_ended(None)
+        begin = max(task.t_launch, t_inputs)
         g = task.node.node
         if error is None:
             self.transfers.hold(g.link, g.src, g.dst, g.nbytes, begin)
@@ -312,6 +325,10 @@ class _Watcher:
         self.last_launch = 0.0  # when work was last launched here, and by which thread
         self.last_launcher: int | None = None
         self._asleep = False  # waiting without a timeout: a put must wake it
+        # the entry this thread waits on outside the reporting lock: no helper reports it
+        # meanwhile (once reported, its readers may end and free its outputs, and a buffer
+        # deleted under that wait crashes XLA's client)
+        self._waiting: list | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -335,6 +352,8 @@ class _Watcher:
                 while queue:
                     entry = queue[0]
                     task, outs, error, t_ready = entry
+                    if entry is self._waiting:
+                        return False  # the watcher waits on it: it reports it
                     if error is None and t_ready is None and not _ready(outs):
                         return False
                     if task.inputs_ended() is None:
@@ -370,11 +389,14 @@ class _Watcher:
                 if not queue:
                     return
                 entry = queue[0]
+                self._waiting = entry
             if entry[2] is None:  # wait for the data without holding up a helper
                 try:
                     _block(entry[1])
                 except BaseException:  # noqa: BLE001 - observe() reports it
                     pass
+            with self._changed:
+                self._waiting = None
             if entry[3] is None:
                 entry[3] = _now()  # seen ready now (a helper may report it with this time)
             with self._changed:  # another thread still launching here reports it at its
