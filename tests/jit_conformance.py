@@ -25,29 +25,12 @@ if not __package__:  # run as a script: make the tests package importable
     sys.path.insert(0, str(HERE.parent))
 
 from tests import jit_cases  # noqa: E402
-from tests.sharding_conformance import KERNELSPEC, _indent  # noqa: E402
+from tests.sharding_conformance import HEAD, KERNELSPEC, _indent  # noqa: E402
 
 PATH = HERE / "jit_conformance.ipynb"
 
-SETUP = """\
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-
-import pwkernel as pw
-
-ctl = pw.controller()
-assert len(ctl.islands[0].devices) >= 8, "run with PWKERNEL_ISLANDS=8"
-SLICES = {
-    "2-D explicit": ctl.slice((4, 2), island=0, axis_names=("x", "y")),
-    "2-D auto": ctl.slice((4, 2), island=0, axis_names=("x", "y"), axis_types="auto"),
-    "1-D explicit": ctl.slice(8, island=0),
-    "1-D auto": ctl.slice(8, island=0, axis_types="auto"),
-}
+SETUP = HEAD + """
 DATA = ("x", "v", "y", "i", "i8", "tree", "pair", "state")  # not weights, states or keys
-CHECKED = []
 
 
 def placed(values, mesh):

@@ -20,7 +20,8 @@ import nbformat
 PATH = Path(__file__).resolve().parent / "sharding_conformance.ipynb"
 KERNELSPEC = {"name": "pwkernel", "display_name": "Pathways (JAX)", "language": "python"}
 
-SETUP = """\
+# The head both conformance notebooks start with (tests/jit_conformance.py takes it too).
+HEAD = """\
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +38,9 @@ SLICES = {
     "1-D explicit": ctl.slice(8, island=0),
     "1-D auto": ctl.slice(8, island=0, axis_types="auto"),
 }
-CHECKED = []
+CHECKED = []"""
+
+SETUP = HEAD + """
 
 
 def grab(*names):
