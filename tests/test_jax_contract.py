@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import jax
@@ -145,6 +146,34 @@ def test_a_chain_of_donating_calls_runs_ahead_and_ends(ctl):
         w = step(w)
         want = jax.jit(fn)(want)
     np.testing.assert_allclose(np.asarray(w.result(60)), np.asarray(want), rtol=1e-5)
+    assert ctl.wait(60)
+
+
+def test_a_donating_call_behind_a_failing_host_callback_consumes_nothing(ctl):
+    """A host callback's failure is known only when its computation ends (its outputs are
+    ready before): a call that donates must not consume its inputs before then."""
+    s = ctl.slice(2)
+    go = threading.Event()
+
+    def check(v):
+        go.wait(60)  # the donating call is submitted before this check fails
+        if not np.all(np.isfinite(v)):
+            raise FloatingPointError("not finite")
+        return v
+
+    checked = pw.function(lambda x: jax.pure_callback(
+        check, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s)
+    update = pw.function(lambda w, g: w - g, slice=s, donate_argnums=0)
+    w = pw.function(lambda w: w * 1, slice=s)(np.ones(4, np.float32))
+    w.result(60)
+    bad = np.array([1.0, np.nan, 0.0, 0.0], np.float32)
+    failed = update(w, checked(bad))
+    go.set()
+    with pytest.raises(FloatingPointError, match="not finite"):
+        failed.result(60)
+    assert not w.result(60).is_deleted()  # nothing of w was donated
+    np.testing.assert_array_equal(np.asarray(update(w, checked(np.ones(4, np.float32)))
+                                             .result(60)), np.zeros(4, np.float32))
     assert ctl.wait(60)
 
 

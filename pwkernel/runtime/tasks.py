@@ -276,10 +276,15 @@ class ProgramRun:
             self.dispatcher.arrived(self, slot)
 
     def after(self, task: Task) -> tuple[int, ...]:
-        """The computations on ``task``'s island, still running, whose outputs it reads
-        (through transfers, and through arguments made by other runs): it may queue behind
-        them on its devices."""
-        island, out, todo = task.node.island, [], []
+        """The computations on ``task``'s island, still running, whose outputs it reads: it
+        may queue behind them on its devices."""
+        island = task.node.island
+        return tuple(t.id for t in self.producers(task) if t.node.island == island)
+
+    def producers(self, task: Task):
+        """The computations not yet ended whose outputs ``task`` reads, on any island (through
+        transfers, and through arguments made by other runs)."""
+        todo: list[Task] = []
         for s in task.node.distinct:
             self._producers(s, todo)
         while todo:
@@ -287,12 +292,10 @@ class ProgramRun:
             if t.state is TaskState.DONE:
                 continue
             if t.node.is_compute:
-                if t.node.island == island:
-                    out.append(t.id)
+                yield t
             else:
                 for s in t.node.distinct:
                     t.run._producers(s, todo)
-        return tuple(out)
 
     def internal_bytes(self) -> list[dict[int, int]]:
         """Bytes on each device of every value it keeps that is not a future (alive until

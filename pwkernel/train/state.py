@@ -75,24 +75,22 @@ def wait(tree, timeout: float | None = None) -> Any:
 
 
 def ready_to_donate(state: TrainState) -> None:
-    """Wait until ``state`` (what a step will donate) has been computed; refuse a failed one.
+    """Refuse a state that comes from a failed step, without waiting for a running one.
 
-    Why wait: pwkernel's local executor sees a computation end by waiting on all its outputs;
-    when a later computation, launched ahead, has already donated one of those outputs, that
-    wait fails ("called on deleted or donated buffer") and the producer is reported failed
-    (see docs/training.md, "Known runtime limits"). So a state is donated only once it exists:
-    the host waits for the previous step before submitting the next. Inside a step nothing is
-    donated for the same reason (the gradient accumulators are freed after their last reader).
+    A step is submitted while the one before it still runs (as ``jax.jit`` with
+    ``donate_argnums`` enqueues behind its producer): the runtime launches the donating call
+    once the state it donates is computed, so the host's work for the next step (tracing
+    nothing new, planning, scheduling) overlaps the device's work for this one. A state whose
+    step has already failed is refused here with an error that says what to pass instead; one
+    whose step fails later fails this step's futures with the same error.
     """
     for leaf in jax.tree_util.tree_leaves(state):
-        if isinstance(leaf, Future):
-            leaf.wait()
-            if leaf.exception() is not None:
-                raise ValueError(
-                    "this state comes from a step that failed "
-                    f"({type(leaf.exception()).__name__}: {leaf.exception()}); nothing of the "
-                    "state given to that step was consumed. Maybe you want to pass that state "
-                    "(the one before the failed step) instead.") from leaf.exception()
+        if isinstance(leaf, Future) and leaf.done() and leaf.exception() is not None:
+            raise ValueError(
+                "this state comes from a step that failed "
+                f"({type(leaf.exception()).__name__}: {leaf.exception()}); nothing of the "
+                "state given to that step was consumed. Maybe you want to pass that state "
+                "(the one before the failed step) instead.") from leaf.exception()
 
 
 def fetch(tree) -> Any:

@@ -85,16 +85,20 @@ class LocalBackend(NoGroup):
     def launch(self, island: int, tasks: Sequence[Task]) -> None:
         site = self._sites[island]
         for task in tasks:
-            if task.node.asynchronous:
+            node = task.node
+            if node.asynchronous and not (node.exe.donated and task.inputs_ended() is None):
                 self._launch(site, task)
-            else:
+            else:  # (a donating launch whose inputs have not all ended waits there)
                 site.spawn(self._launch, site, task)
 
     def _launch(self, site: _Site, task: Task) -> None:
         node, run = task.node, task.run
-        values = run.values
         if node.exe.donated:
-            _donatable(values, node)
+            error = _donatable(task)
+            if error is not None:  # nothing donated: the inputs stay valid
+                site.watch(task, None, error)
+                return
+        values = run.values
         t_launch = task.t_launch = _now()
         try:
             outs = node.call(*[values[s] for s in node.inputs])
@@ -203,18 +207,20 @@ class LocalBackend(NoGroup):
         self.transfers.shutdown()
 
 
-def _donatable(values, node) -> None:
-    """Wait until the inputs a launch donates are computed. Donating a buffer still being
-    computed deletes it under the watcher that waits for its producer's end (a crash in
-    XLA's client when the two race), so a donating launch waits here for its producers, as a
-    consumer queued behind them on the same devices would."""
-    for i in node.exe.donated:
-        value = values[node.inputs[i]]
-        if isinstance(value, jax.Array) and not value.is_deleted():
-            try:
-                value.block_until_ready()
-            except Exception:  # noqa: BLE001 - the launch itself reports a failed input
-                pass
+def _donatable(task: Task) -> BaseException | None:
+    """Wait until every input of a donating launch has ended; returns an input's error.
+
+    Donating consumes a buffer at the launch. Two things must be over by then: every other
+    thread's use of it (the watcher that waits for its producer's end: XLA's client fails or
+    aborts when a buffer is donated while another thread blocks on it), and its producer's
+    chance to fail (a host callback's error is known only at its computation's end, after its
+    outputs are ready: runtime/callbacks.py). A launch that has to wait here runs on a worker
+    thread, never on a watcher that may itself have to report the end it waits for."""
+    if task.inputs_ended() is None:
+        for producer in task.run.producers(task):
+            producer.expedite()  # its watcher reports it at once
+        task.inputs_ended(None)
+    return task.input_error()
 
 
 def _ready(outs) -> bool:
