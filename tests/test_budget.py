@@ -285,7 +285,7 @@ def test_a_check_queued_behind_itself_runs_once_the_queue_empties():
     # The trampoline under the livelock, without threads: two of the same check queued, each
     # re-queues itself behind the queue's other work (``later``). The copy already queued is
     # the one that runs; the queue empties.
-    from pwkernel.runtime.tasks import later, soon
+    from pwkernel.runtime.deferred import later, soon
 
     calls: list[str] = []
 

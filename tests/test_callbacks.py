@@ -144,9 +144,11 @@ def test_a_result_of_the_wrong_shape_fails_the_launch_with_the_fix():
 def test_bodies_without_callbacks_compile_as_before():
     mesh = _mesh()
     compiled, call = compile_body(lambda x, m: x * x.sum(), mesh)
-    assert call is compiled  # no token, no wrapper: the compiled executable itself
+    assert type(call).__name__ == "FencedCall" and call.compiled is compiled  # no token
     outs, error = launch(call, mesh, 1.0)
     assert error is None and np.asarray(outs[0]).tolist() == [8.0] * 8
+    assert len(outs) == 1 and outs.launch is None  # the fence is not among the outputs
+    assert outs.fence.shape == () and outs.fence.is_ready()
 
 
 def test_host_callbacks_are_named_for_backends_that_export():

@@ -149,6 +149,30 @@ def test_a_chain_of_donating_calls_runs_ahead_and_ends(ctl):
     assert ctl.wait(60)
 
 
+def test_a_donating_call_is_launched_behind_its_running_producer(ctl):
+    """As jax.jit enqueues a call that donates a value still being computed, so does
+    pw.function: the submitting thread launches it at once (its end is watched on a fence,
+    not on the buffer it donates), long before its producer ends."""
+    s = ctl.slice(2)
+
+    def heavy(w):
+        for _ in range(12):
+            w = jnp.tanh(w @ w)
+        return w
+
+    slow = pw.function(heavy, slice=s)
+    step = pw.function(lambda w: w * 0.5, slice=s, donate_argnums=0)
+    w0 = np.full((1024, 1024), 1 / 1024, np.float32)
+    slow(w0).result(60)  # compiled
+    step(slow(w0)).result(60)
+    produced = slow(w0)
+    consumed = step(produced)
+    assert consumed.producer.has_outputs and not produced.done()  # launched, producer running
+    np.testing.assert_allclose(np.asarray(consumed.result(60)),
+                               np.asarray(jax.jit(heavy)(w0)) * 0.5, rtol=1e-5)
+    assert ctl.wait(60)
+
+
 def test_a_donating_call_behind_a_failing_host_callback_consumes_nothing(ctl):
     """A host callback's failure is known only when its computation ends (its outputs are
     ready before): a call that donates must not consume its inputs before then."""

@@ -7,8 +7,9 @@ the whole process about a minute later (exit 134): in a notebook, the user's ker
 pwkernel promises that a failing computation fails its futures and the controller carries on,
 so ``compile_guarded`` (what ``pw.function`` compiles with) makes every host callback safe:
 
-- The body is traced once (``jax.jit(...).trace``, the trace a plain compile makes anyway).
-  Without host callbacks it is compiled as it is, and nothing here costs anything at a launch.
+- The body is traced once (``jax.jit(...).trace``, the trace a plain compile makes anyway),
+  with one more output, a one-byte ``fence`` (see ``LaunchOutputs``): what the executor
+  waits on to see the launch end. Without host callbacks it is compiled as it is.
 - With them, the traced jaxpr is rewritten: the ``callback`` parameter of each callback
   equation, in sub-jaxprs too (``jit``, ``scan``, ``while``, ``cond``, ``shard_map``,
   ``checkpoint``, ``custom_jvp``/``custom_vjp``, whose rules are dropped: nothing
@@ -52,6 +53,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jcore
 from jax._src.sharding_impls import UNSPECIFIED
@@ -82,26 +84,48 @@ class Launch:
 
 
 class LaunchOutputs(tuple):
-    """A guarded launch's outputs (a tuple, as the compiled call returns them), carrying its
-    ``Launch`` record for ``failure``."""
+    """A launch's outputs (a tuple, as the compiled call returns them), with its ``fence``
+    (a one-byte output made with them, which nobody else sees: it is ready once the whole
+    computation has run, and waiting on it never touches a buffer a later launch may donate)
+    and, for a guarded launch, its ``Launch`` record for ``failure``."""
 
-    def __new__(cls, outs, launch: Launch):
+    def __new__(cls, outs, launch: Launch | None, fence=None):
         self = super().__new__(cls, outs)
-        self.launch = launch
+        self.launch, self.fence = launch, fence
         return self
 
 
 # A pytree like the tuple it is (jax.block_until_ready(outs) waits for its arrays).
-jax.tree_util.register_pytree_node(LaunchOutputs, lambda t: (tuple(t), t.launch),
-                                   lambda launch, outs: LaunchOutputs(outs, launch))
+jax.tree_util.register_pytree_node(
+    LaunchOutputs, lambda t: (tuple(t), (t.launch, t.fence)),
+    lambda aux, outs: LaunchOutputs(outs, *aux))
 
 
 def failure(outs) -> BaseException | None:
     """The exception a launch's host callbacks raised, if any: ask once ``outs`` (what the
     launch returned) are ready. None for launches of executables without host callbacks."""
-    if type(outs) is LaunchOutputs:
+    if type(outs) is LaunchOutputs and outs.launch is not None:
         return outs.launch.error
     return None
+
+
+def fence(outs):
+    """What to wait on for a launch's end: its fence, or (no fence) its outputs."""
+    return outs.fence if type(outs) is LaunchOutputs and outs.fence is not None else outs
+
+
+class FencedCall:
+    """Calls an executable compiled by ``compile_guarded`` without host callbacks: its last
+    output is the fence."""
+
+    __slots__ = ("compiled",)
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __call__(self, *values) -> LaunchOutputs:
+        *outs, last = self.compiled(*values)
+        return LaunchOutputs(outs, None, last)
 
 
 class GuardedCall:
@@ -117,7 +141,8 @@ class GuardedCall:
         key = next(_ids) & 0xFFFFFFFF
         _live[key] = launch  # (kept alive by the outputs, dropped with them)
         token = jax.device_put(np.uint32(key), self.sharding)
-        return LaunchOutputs(self.compiled(*values, token), launch)
+        *outs, last = self.compiled(*values, token)
+        return LaunchOutputs(outs, launch, last)
 
 
 def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
@@ -128,13 +153,18 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
     rewritten body (see the module docstring). Call it under the mesh ``flat`` is traced
     under; ``name`` (the function's) is what a callback's error names."""
     donate = tuple(donate_argnums)
-    traced = jax.jit(flat, in_shardings=tuple(in_shardings), out_shardings=tuple(out_shardings),
+    token = NamedSharding(mesh, P())
+    outs = (*out_shardings, token)  # the fence last (see LaunchOutputs)
+
+    def fenced(*leaves):
+        return (*flat(*leaves), jnp.zeros((), jnp.uint8))
+
+    traced = jax.jit(fenced, in_shardings=tuple(in_shardings), out_shardings=outs,
                      donate_argnums=donate).trace(*structs)
     closed = traced.jaxpr
     if not _Rewriter().has_callbacks(closed.jaxpr):
         compiled = traced.lower().compile()
-        return compiled, compiled
-    token = NamedSharding(mesh, P())
+        return compiled, FencedCall(compiled)
 
     def guarded(*args):
         *leaves, tok = args
@@ -142,8 +172,8 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
         jaxpr = _Rewriter(name).jaxpr(closed.jaxpr, var, len(closed.jaxpr.invars))
         return tuple(core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr, closed.consts))(*leaves, tok))
 
-    jitted = jax.jit(guarded, in_shardings=(*in_shardings, token),
-                     out_shardings=tuple(out_shardings), donate_argnums=donate)
+    jitted = jax.jit(guarded, in_shardings=(*in_shardings, token), out_shardings=outs,
+                     donate_argnums=donate)
     compiled = jitted.lower(*structs, jax.ShapeDtypeStruct((), np.uint32, sharding=token)
                             ).compile()
     return compiled, GuardedCall(compiled, token)

@@ -31,7 +31,8 @@ from .graph import Graph
 from .islands import IslandQueue
 from .objects import Future, FutureState, ObjectStore, resolved
 from .plan import Plan, build
-from .tasks import ClientSpec, ProgramRun, Task, TaskState, later, soon
+from .deferred import later, soon
+from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
 
 _PENDING = FutureState.PENDING
@@ -188,10 +189,12 @@ class Dispatcher:
                 self._admit(task)
         for slot, error in failed:
             run._spread(slot, error)
-        for slot, fut in pending:
-            fut._on_launch(lambda f, s=slot: None if f._error is not None
-                           else run.input_arrived(s, f._peek()))
-            fut._hook(lambda f, s=slot: run.input_ended(f, s))
+        for group in _by_producer(pending):
+            launched, ended = _once_all(group, run.inputs_arrived), _once_all(
+                group, run.inputs_ended)
+            for _, fut in group:
+                fut._on_launch(launched)
+                fut._hook(ended)
 
     def _start_sequential(self, run: ProgramRun, pending: list) -> None:
         plan = run.plan
@@ -203,24 +206,24 @@ class Dispatcher:
                 self._sequential(task)
         for slot, error in list(run.errors.items()):
             run._spread(slot, error)
-        for slot, fut in pending:
-            fut._hook(lambda f, s=slot: run.input_ended(f, s))
+        for group in _by_producer(pending):
+            ended = _once_all(group, run.inputs_ended)
+            for _, fut in group:
+                fut._hook(ended)
 
-    def arrived(self, run: ProgramRun, slot: int) -> None:
-        """A value of ``run`` is there: launched (parallel) or resolved (sequential). Count it
-        for the nodes that wait for it; those it completes go on."""
-        if run.parallel:
-            consumers = run.plan.notify[slot]
-        else:
-            consumers = run.plan.consumers[slot]
+    def arrived(self, run: ProgramRun, *slots: int) -> None:
+        """Values of ``run`` are there: launched (parallel) or resolved (sequential). Count
+        them for the nodes that wait for them; those they complete go on."""
+        readers = run.plan.notify if run.parallel else run.plan.consumers
         waiting, tasks, go = run.waiting, run.tasks, []
-        if not tasks:
+        if not tasks or not slots:
             return  # the run is over (its consumers failed or were cancelled)
         with run._lock:
-            for c in consumers:
-                waiting[c] -= 1
-                if not waiting[c]:
-                    go.append(tasks[c])
+            for slot in slots:
+                for c in readers[slot]:
+                    waiting[c] -= 1
+                    if not waiting[c]:
+                        go.append(tasks[c])
         for task in go:
             if not run.parallel:
                 self._sequential(task)
@@ -373,3 +376,24 @@ class Dispatcher:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+
+
+def _by_producer(pending: list) -> list[list]:
+    """Pending arguments ``(slot, future)`` grouped by the task that makes them: a state of
+    many leaves is one group, watched as one (its futures launch and resolve together)."""
+    groups: dict[int, list] = {}
+    for slot, fut in pending:
+        key = id(fut) if fut.producer is None else id(fut.producer)
+        groups.setdefault(key, []).append((slot, fut))
+    return list(groups.values())
+
+
+def _once_all(group: list, fn):
+    """A hook for each future of ``group`` that calls ``fn(group)`` once, when the last of
+    them fires (``list.pop`` is atomic: exactly one caller takes 0)."""
+    left = list(range(len(group)))
+
+    def fire(_fut) -> None:
+        if left.pop() == 0:
+            fn(group)
+    return fire

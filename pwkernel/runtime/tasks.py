@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from .errors import CancelledError
+from .deferred import soon
 from .objects import Future
 from .trace import EventKind
 
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
     from .plan import Plan, PlanNode
 
-_local = threading.local()
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
 
 
@@ -49,34 +49,6 @@ class ClientSpec:
     name: str = "default"
     weight: float = 1.0
     priority: int = 0
-
-
-def soon(fn, *args) -> None:
-    """Run ``fn(*args)`` now, or after the current one if this thread is already inside one:
-    failures cascading down long chains stay flat instead of recursing."""
-    pending = getattr(_local, "pending", None)
-    if pending is not None:
-        pending.append((fn, args))
-        return
-    _local.pending = pending = [(fn, args)]
-    try:
-        while pending:
-            f, a = pending.pop(0)
-            f(*a)
-    finally:
-        _local.pending = None
-
-
-def later(fn, *args) -> bool:
-    """Inside a ``soon`` loop with work queued: make sure ``fn(*args)`` runs after it (True).
-    A call already queued is not queued twice, so two copies of one (the memory check) cannot
-    re-queue behind each other forever: the queue empties and the last copy runs."""
-    pending = getattr(_local, "pending", None)
-    if pending:
-        if (fn, args) not in pending:
-            pending.append((fn, args))
-        return True
-    return False
 
 
 class Task:
@@ -249,31 +221,41 @@ class ProgramRun:
                 self._waiters -= 1
         return max((t_done[s] for s in slots), default=0.0) if ok else None
 
-    def input_arrived(self, slot: int, value) -> None:
-        """A program argument given as a future was launched (or resolved)."""
+    def inputs_arrived(self, group) -> None:
+        """Program arguments given as futures, ``(slot, future)`` pairs, were launched (or
+        resolved)."""
         with self._lock:
-            if self.values is None or self.values[slot] is not None:
+            values = self.values
+            if values is None:
                 return
-            self.values[slot] = value
-        self.dispatcher.arrived(self, slot)
+            came = []
+            for slot, fut in group:
+                if fut._error is None and values[slot] is None:
+                    values[slot] = fut._peek()
+                    came.append(slot)
+        self.dispatcher.arrived(self, *came)
 
-    def input_ended(self, fut: Future, slot: int) -> None:
-        """A program argument given as a future resolved: its end time, or its error."""
-        error = fut._error
+    def inputs_ended(self, group) -> None:
+        """Program arguments given as futures, ``(slot, future)`` pairs, resolved: their end
+        times, or their errors."""
+        failed = []
         with self._lock:
-            if self.values is None:
+            values, errors, t_done = self.values, self.errors, self.t_done
+            if values is None:
                 return
-            if error is not None:
-                self.errors[slot] = error
-            elif self.values[slot] is None:
-                self.values[slot] = fut._peek()
-            self.t_done[slot] = fut.t_done
+            for slot, fut in group:
+                if fut._error is not None:
+                    errors[slot] = fut._error
+                    failed.append(slot)
+                elif values[slot] is None:
+                    values[slot] = fut._peek()
+                t_done[slot] = fut.t_done
             if self._waiters:
                 self._changed.notify_all()
-        if error is not None:
-            self._spread(slot, error)
-        elif not self.parallel:
-            self.dispatcher.arrived(self, slot)
+        for slot in failed:
+            self._spread(slot, errors[slot])
+        if not self.parallel:
+            self.dispatcher.arrived(self, *(s for s, f in group if f._error is None))
 
     def after(self, task: Task) -> tuple[int, ...]:
         """The computations on ``task``'s island, still running, whose outputs it reads: it
@@ -285,17 +267,17 @@ class ProgramRun:
         """The computations not yet ended whose outputs ``task`` reads, on any island (through
         transfers, and through arguments made by other runs)."""
         todo: list[Task] = []
-        for s in task.node.distinct:
-            self._producers(s, todo)
+        self._producers(task.node.distinct, todo)
+        seen: set[int] = set()
         while todo:
             t = todo.pop()
-            if t.state is TaskState.DONE:
+            if t.state is TaskState.DONE or t.id in seen:
                 continue
+            seen.add(t.id)
             if t.node.is_compute:
                 yield t
             else:
-                for s in t.node.distinct:
-                    t.run._producers(s, todo)
+                t.run._producers(t.node.distinct, todo)
 
     def internal_bytes(self) -> list[dict[int, int]]:
         """Bytes on each device of every value it keeps that is not a future (alive until
@@ -310,15 +292,20 @@ class ProgramRun:
                 out.append(node.out_nbytes[node.outputs.index(s)])
         return out
 
-    def _producers(self, slot: int, out: list) -> None:
-        p = self.plan.producer[slot]
-        if p >= 0:
-            if self.tasks:
-                out.append(self.tasks[p])
-        else:
-            fut = self.futures.get(slot)
-            if fut is not None and fut.producer is not None and not fut.done():
-                out.append(fut.producer)
+    def _producers(self, slots, out: list) -> None:
+        """Append the tasks that make ``slots`` (each once in a row: a state of many leaves
+        has one producer for all of them)."""
+        producer, tasks, futures, last = self.plan.producer, self.tasks, self.futures, None
+        for s in slots:
+            p = producer[s]
+            if p >= 0:
+                t = tasks[p] if tasks else None
+            else:
+                fut = futures.get(s)
+                t = None if fut is None or fut.done() else fut.producer
+            if t is not None and t is not last:
+                out.append(t)
+                last = t
 
     # --- a task's life ---------------------------------------------------------------------
     def launched(self, task: Task, values) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 
-from ...runtime.callbacks import failure
+from ...runtime.callbacks import failure, fence
 from ...runtime.executor import NoGroup
 from ...runtime.resources import Island
 from ...runtime.tasks import Task
@@ -86,15 +86,16 @@ class LocalBackend(NoGroup):
         site = self._sites[island]
         for task in tasks:
             node = task.node
-            if node.asynchronous and not (node.exe.donated and task.inputs_ended() is None):
+            waits = node.exe.donated and _waits(task)
+            if node.asynchronous and not waits:
                 self._launch(site, task)
-            else:  # (a donating launch whose inputs have not all ended waits there)
-                site.spawn(self._launch, site, task)
+            else:  # (a donating launch that waits for its inputs' ends waits there)
+                site.spawn(self._launch, site, task, waits)
 
-    def _launch(self, site: _Site, task: Task) -> None:
+    def _launch(self, site: _Site, task: Task, waits: bool = False) -> None:
         node, run = task.node, task.run
         if node.exe.donated:
-            error = _donatable(task)
+            error = _donatable(task, waits)
             if error is not None:  # nothing donated: the inputs stay valid
                 site.watch(task, None, error)
                 return
@@ -113,10 +114,7 @@ class LocalBackend(NoGroup):
                                   or watcher.help()):
             # Seen to end now, with no hand-off, if the outputs are ready already and the
             # inputs' ends are known (nothing launched before it here is still watched).
-            for out in outs:
-                if not out.is_ready():
-                    break
-            else:
+            if _ready(outs):
                 t_done, earliest = run.t_done, t_launch
                 for s in node.inputs:
                     t = t_done[s]
@@ -207,30 +205,58 @@ class LocalBackend(NoGroup):
         self.transfers.shutdown()
 
 
-def _donatable(task: Task) -> BaseException | None:
-    """Wait until every input of a donating launch has ended; returns an input's error.
+def _donatable(task: Task, waits: bool) -> BaseException | None:
+    """Wait, if need be, before a launch that donates (consumes) its inputs; returns an input's
+    error, and then nothing is donated.
 
-    Donating consumes a buffer at the launch. Two things must be over by then: every other
-    thread's use of it (the watcher that waits for its producer's end: XLA's client fails or
-    aborts when a buffer is donated while another thread blocks on it), and its producer's
-    chance to fail (a host callback's error is known only at its computation's end, after its
-    outputs are ready: runtime/callbacks.py). A launch that has to wait here runs on a worker
-    thread, never on a watcher that may itself have to report the end it waits for."""
-    if task.inputs_ended() is None:
+    A computation's end is watched on its fence (``runtime/callbacks.py``), never on the
+    buffers a consumer may donate, so donating a value still being computed is safe, and a
+    donating launch goes at once, behind its producers, as under ``jax.jit``. It waits for its
+    inputs' ends in two cases: an input's producer has host callbacks (its failure is known
+    only at its end, after its outputs are ready) or a donated input comes from a transfer (a
+    transfer thread waits on that very buffer). Such a launch runs on a worker thread, never on
+    a watcher that may itself have to report the end it waits for."""
+    if waits:
         for producer in task.run.producers(task):
             producer.expedite()  # its watcher reports it at once
         task.inputs_ended(None)
     return task.input_error()
 
 
+def _waits(task: Task) -> bool:
+    """Whether a donating launch must wait for its inputs' ends (see ``_donatable``)."""
+    if task.inputs_ended() is not None:
+        return False
+    run, node = task.run, task.node
+    for t in run.producers(task):
+        if not t.node.asynchronous:
+            return True
+    t_done, plan = run.t_done, run.plan
+    for i in node.exe.donated:
+        s = node.inputs[i]
+        p = plan.producer[s]
+        if t_done[s] is None and p >= 0 and not plan.nodes[p].is_compute:
+            return True
+    return False
+
+
 def _ready(outs) -> bool:
-    """Every output is computed, or was donated already (see ``_block``)."""
+    """The launch has run: its fence is ready (or, without one, every output that still exists
+    is: see ``_block``)."""
+    f = fence(outs)
+    if f is not outs:
+        return f.is_ready()
     return all(out.is_deleted() or out.is_ready() for out in outs)
 
 
 def _block(outs) -> None:
-    """Wait for the outputs that still exist. One a later launch was given (donated) is no
-    longer this computation's to wait on: that launch waits for it, and ends after it."""
+    """Wait until the launch has run: on its fence, or (no fence) on the outputs that still
+    exist. One a later launch was given (donated) is no longer this computation's to wait on:
+    that launch waits for it, and ends after it."""
+    f = fence(outs)
+    if f is not outs:
+        f.block_until_ready()
+        return
     for _ in range(len(outs) + 1):  # each retry follows one more output donated meanwhile
         left = [out for out in outs if not out.is_deleted()]
         try:
