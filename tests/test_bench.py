@@ -19,7 +19,9 @@ from pwkernel.bench.harness import TARGETS
 
 EXPECTED = {
     "dispatch": {"opbyop_vs_jax", "chained_vs_jax_opbyop", "fused_vs_jax_fused",
-                 "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us"},
+                 "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us",
+                 "chained_vs_jax_at_1ms", "opbyop_vs_jax_at_1ms", "host_cpu_growth",
+                 "cpu_chained_vs_jax_call", "cpu_opbyop_vs_jax_call"},
     "parallel-dispatch": {"parallel_vs_sequential"},
     "pipeline": {"pipeline_vs_spmd"},
     "multitenancy": {"multitenant_vs_single", "share_error"},
@@ -49,7 +51,7 @@ def test_benchmark_runs_tiny(name):
     json.dumps(payload, default=str)  # the payload is JSON-serializable
 
 
-def test_dispatch_rows_have_every_variant_and_slice():
+def test_dispatch_rows_have_every_variant_and_slice_and_the_steps_sweep():
     result = runner.run_one("dispatch", "tiny")
     assert {r["devices"] for r in result.rows} == {1, 2}
     for row in result.rows:
@@ -57,6 +59,22 @@ def test_dispatch_rows_have_every_variant_and_slice():
                                            "pw_fused", "jax_fused"}
         assert all(s["median"] > 0 for s in row["steps_per_s"].values())
     assert set(result.extra["by_devices"]["opbyop_vs_jax"]) == {"1", "2"}
+    # the steps sweep (issue 25): every way, both slices, and its keys finite and positive
+    steps = result.extra["steps"]["rows"]
+    assert {r["devices"] for r in steps} == {1, 2}  # tiny: one step size on 1 and 2 devices
+    for row in steps:
+        assert set(row["steps_per_s"]) == set(row["cpu_us_per_step"]) == {
+            "pw_opbyop", "pw_chained", "jax_opbyop"}
+        assert all(s["median"] > 0 for s in row["steps_per_s"].values())
+        assert all(s["median"] > 0 for s in row["cpu_us_per_step"].values())
+        assert row["jax_step_ms"] > 0 and row["batch"] % (8 * row["devices"]) == 0
+    for key in ("chained_vs_jax_at_1ms", "opbyop_vs_jax_at_1ms", "host_cpu_growth",
+                "cpu_chained_vs_jax_call", "cpu_opbyop_vs_jax_call"):
+        value = result.ratios[key]
+        assert _finite(value) and value > 0, (key, value)
+    cpu = result.extra["cpu_us_per_node"]
+    assert result.ratios["cpu_opbyop_vs_jax_call"] == pytest.approx(
+        cpu["pw_opbyop"] / cpu["jax_opbyop"], rel=1e-2)
 
 
 def test_multitenancy_shares_cover_every_weight():

@@ -31,7 +31,8 @@ def test_islands_none_on_cpu_is_the_default_two_by_four():
     ctl = pw.Controller(islands=None)
     try:
         assert [len(i.devices) for i in ctl.islands] == [4, 4]
-        assert "2" not in repr(ctl) or "policy='fifo'" in repr(ctl)
+        assert repr(ctl) == ("Controller(islands={0: 4 cpu, 1: 4 cpu}, policy='fifo', "
+                             "dispatch='parallel')")
     finally:
         ctl.close()
 
@@ -147,12 +148,37 @@ def test_a_backend_is_a_name_or_an_executor_object():
         assert [len(i.devices) for i in ctl.islands] == [2, 2]
         f = pw.function(lambda x: x * 3, slice=ctl.slice(2, island=1))
         assert f(np.ones(2, np.float32)).result(timeout=60).tolist() == [3.0, 3.0]
-    with pytest.raises(ValueError, match=r"islands=\(4, 2\) but the executor object brings"):
+    with pytest.raises(ValueError, match=r"islands=\(4, 2\) but the executor object LocalBa"):
         pw.Controller(islands=(4, 2), backend=LocalBackend(islands=(2, 2)))
     with pytest.raises(TypeError, match="lacks"):
         pw.Controller(backend=object())
     with pytest.raises(ValueError, match="unknown backend 'nope'.*'local'"):
         pw.Controller(backend="nope")
+
+
+def test_islands_given_with_an_executor_object_must_match_its_islands():
+    # Issue 24: islands=(4, 4) (the default's value, given on purpose) used to be ignored.
+    from pwkernel.backends.local import LocalBackend
+
+    two = LocalBackend(islands=(2, 2))
+    try:
+        with pytest.raises(ValueError) as info:
+            pw.Controller(islands=(4, 4), backend=two)
+    finally:
+        two.close()
+    text = str(info.value)
+    assert text.startswith("islands=(4, 4) but the executor object LocalBackend brings "
+                           "islands of (2, 2) devices, and an executor object's own islands "
+                           "win"), text
+    assert "LocalBackend(islands=(4, 4))" in text and "backend='local', islands=(4, 4)" \
+        in text and "\n" not in text
+    for same in ({}, {"islands": (2, 2)}, {"islands": None}):  # left out, or no conflict
+        with pw.Controller(backend=LocalBackend(islands=(2, 2)), **same) as ctl:
+            assert [len(i.devices) for i in ctl.islands] == [2, 2], same
+    with pw.Controller(islands=(2, 2)) as ctl:  # by name: islands= is what it builds
+        assert [len(i.devices) for i in ctl.islands] == [2, 2]
+    with pw.Controller() as ctl:
+        assert [len(i.devices) for i in ctl.islands] == list(pw.backends.local.DEFAULT_ISLANDS)
 
 
 def test_the_runtime_imports_no_backend():

@@ -144,9 +144,9 @@ class SubshellComm(CommClient):
 
 TICKS = """\
 import threading, jax, numpy as np, pwkernel as pw
-never = threading.Event()
+held = threading.Event()
 def slow(v):
-    never.wait(0.05)          # one step: 50 ms of a 300-step cell
+    held.wait(120)            # each step holds its device until the test lets go
     return v
 tick = pw.function(lambda v: jax.pure_callback(slow, jax.ShapeDtypeStruct(v.shape, v.dtype), v),
                    slice=pw.controller().slice(1, island=0))
@@ -164,6 +164,10 @@ def _reply_to(kc, msg_id: str, timeout: float) -> dict:
 
 
 def test_sidebar_cancel_is_answered_while_a_cell_blocks(kernel):
+    # The cell's first step holds its device until the test lets go, so the cell cannot end
+    # by itself: answers that come back were given while it blocked, and its end after the
+    # cancel did not wait for the step already running. (How fast the kernel answers is a
+    # latency figure for a benchmark, not a rule for a test.)
     c = SubshellComm(kernel, "pw-cancel-test")
     c.open({"interval": 0.1})  # pushes on: they publish from the updater thread
     assert c.next(lambda d: d["type"] == "status")["data"]["protocol"] == comm.PROTOCOL
@@ -175,23 +179,21 @@ def test_sidebar_cancel_is_answered_while_a_cell_blocks(kernel):
         r["name"].startswith("cell[") and r["state"] == "running" for r in d["data"]["runs"]))
     (run,) = [r for r in pushed["data"]["runs"] if r["name"].startswith("cell[")]
 
-    t0 = time.monotonic()
     c.request({"type": "status", "id": 1})
-    status = c.next(lambda d: d.get("id") == 1, timeout=10)
-    assert [r["id"] for r in status["data"]["runs"]] == [run["id"]]
+    status = c.next(lambda d: d.get("id") == 1)
+    assert [r["id"] for r in status["data"]["runs"]] == [run["id"]]  # the cell still runs
     c.request({"type": "cancel", "run": run["id"], "id": 2})
-    cancelled = c.next(lambda d: d.get("id") == 2, timeout=10)
-    answered = time.monotonic() - t0
-    assert cancelled["type"] == "cancel" and cancelled["cancelled"] > 200, cancelled
-    assert answered < 1.0, f"the kernel took {answered:.2f} s to answer while busy"
+    cancelled = c.next(lambda d: d.get("id") == 2)
+    # every step but the one holding its device was still queued: all of them cancelled
+    assert cancelled["type"] == "cancel" and cancelled["cancelled"] == 299, cancelled
 
-    reply = _reply_to(kernel, cell, timeout=60)["content"]
-    ended = time.monotonic() - t0
+    reply = _reply_to(kernel, cell, timeout=60)["content"]  # while the first step holds
     assert reply["status"] == "error" and reply["ename"] == "CancelledError", reply
     assert "cancelled from the Pathways sidebar" in reply["evalue"]
-    assert ended < answered + 1.0, f"the cell ended {ended - answered:.2f} s after the cancel"
     c.close()
-    assert run_code(kernel, "print(pw.controller().runs())").strip() == "[]"
+    assert run_code(kernel, "print(len(pw.controller().runs()))").strip() == "1"  # it holds
+    assert run_code(kernel, "held.set()\nassert pw.controller().wait(60)\n"
+                            "print(pw.controller().runs())").strip() == "[]"
 
 
 NASTY = [

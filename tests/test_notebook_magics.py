@@ -376,6 +376,22 @@ def test_comm_lists_every_slice_with_axis_types(ip):
         "the controller has not started yet")
 
 
+def test_attach_local_as_the_first_magic_starts_the_controller(ip, capsys, monkeypatch):
+    """``%pathways attach local`` before any other %pathways: no controller to replace, so its
+    islands come from PWKERNEL_ISLANDS (issue 24: this raised AttributeError)."""
+    from pwkernel.runtime.controller import running_default
+
+    if (other := running_default()) is not None:  # a fresh kernel has none
+        other.close()
+    assert extension.state().peek() is None
+    monkeypatch.setenv("PWKERNEL_ISLANDS", "2,2")
+    run(ip, "%pathways attach local")
+    ctl = extension.state().ctl
+    assert ctl is pw.controller() and ctl.backend == "local" and not ctl.closed
+    assert [len(i.devices) for i in ctl.islands] == [2, 2]
+    assert "attached local: island 0: 2 cpu, island 1: 2 cpu" in capsys.readouterr().out
+
+
 def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys):
     run(ip, "%pathways attach sim --preset tpu-v4 --islands 1024,1024")
     ctl = extension.state().ctl

@@ -9,7 +9,6 @@ the files agree.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import nbformat
@@ -19,9 +18,8 @@ from nbclient import NotebookClient
 from pwkernel.notebook import kernelspec, tutorials
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-CELL_TIMEOUT = 300       # seconds per cell: generous, a busy 2-core machine is slow
-NOTEBOOK_BUDGET = 90     # seconds a notebook may take, kernel start included (each takes 2-15 s
-                         # on an idle 2-core machine: the budget leaves room for a busy one)
+CELL_TIMEOUT = 300  # seconds per cell before nbclient gives up on a hung one (not a budget:
+                    # how long a tutorial takes is measured by a benchmark, not a test)
 
 
 SOURCES = tutorials.sources(NOTEBOOKS)
@@ -83,15 +81,10 @@ def test_notebook_runs(name, kernel_env, tmp_path):
     client = NotebookClient(nb, kernel_name=kernelspec.NAME, timeout=CELL_TIMEOUT,
                             startup_timeout=120, allow_errors=True,
                             resources={"metadata": {"path": str(tmp_path)}})
-    t0 = time.perf_counter()
     client.execute()
-    seconds = time.perf_counter() - t0
     errors = _errors(nb)
     assert not errors, "\n\n".join(errors)
     # Every notebook ends by printing what it measured.
     assert nb.cells[-1].outputs and any(o.output_type == "stream"
                                         for o in nb.cells[-1].outputs), "no closing summary"
-    print(f"{name}: {seconds:.1f} s (budget {NOTEBOOK_BUDGET} s)\n{_stdout(nb)[-1500:]}")
-    assert seconds <= NOTEBOOK_BUDGET, (
-        f"{name} took {seconds:.0f} s, over its budget of {NOTEBOOK_BUDGET} s: a tutorial is "
-        "meant to run in a minute or so; make its workload smaller")
+    print(f"{name}:\n{_stdout(nb)[-1500:]}")

@@ -151,10 +151,14 @@ def test_a_program_whose_values_do_not_fit_a_chips_hbm_is_refused():
         assert "'big'" in text and "4.0 GiB on chip 0" in text, text
         assert "Chip.hbm_bytes" in text and "at most 1000000000 B" in text, text
         assert "\n" not in text
+        assert not ctl.trace.events() and not ctl.runs()  # refused before anything ran
         sharded = pw.function(lambda x: jnp.zeros((1 << 28,), jnp.float32) + x.sum(), slice=s,
                               in_specs=P(), out_specs=P("x"), name="sharded", sim_cost=1e-3)
-        sharded(np.zeros(4, np.float32)).wait(timeout=10)  # 256 MiB each: fits
-        assert not ctl.runs()
+        fits = sharded(np.zeros(4, np.float32))  # 256 MiB each: fits
+        assert fits.exception(timeout=10) is None and not ctl.runs()
+        assert [e.name for e in ctl.trace.events() if e.kind == "compute"] == ["sharded"]
+        assert {ctl.memory()[d] for d in s.devices} == {1 << 28}  # its quarter on each chip
+        ran = len(ctl.trace.events())
         # an argument too large to upload is refused the same way, before anything runs:
         # 2 GiB (one float32 broadcast: nothing is allocated), replicated on each chip
         copy = pw.function(lambda x: x.sum(), slice=s, in_specs=P(), out_specs=P(), name="copy",
@@ -162,7 +166,7 @@ def test_a_program_whose_values_do_not_fit_a_chips_hbm_is_refused():
         with pytest.raises(sim.SimError, match=r"'host:host->0' puts 2.0 GiB on chip 0, "
                                                r"more than its Chip.hbm_bytes"):
             copy(np.broadcast_to(np.float32(0), (1 << 29,)))
-        assert not ctl.runs()
+        assert len(ctl.trace.events()) == ran and not ctl.runs()
 
 
 def test_the_same_program_gives_the_same_graph_on_real_and_simulated_islands():

@@ -223,8 +223,7 @@ def mse(out, y):
 
 def test_steps_issued_back_to_back_donate_safely(tctl):
     """Steps long enough to be still running when the next is submitted: each donates the
-    state the one before is still computing (see state.ready_to_donate for the runtime limit
-    this waits around)."""
+    state the one before is still computing (the runtime launches it behind its producer)."""
     def layer(n):
         return pw.train.Stage(init=lambda key: {"w": jax.random.normal(key, (n, n)) / n},
                               apply=lambda p, x: jnp.tanh(x @ p["w"]))
@@ -331,3 +330,55 @@ def test_bad_input_gets_errors_that_name_the_fix(tctl, stages):
         pipe.step(pw.train.TrainState([], []), T.batch(CFG, 8))
     with pytest.raises(ValueError, match="do not split into 3 equal stages"):
         T.split(CFG, 3)
+
+
+@pytest.fixture(scope="module")
+def sim_ctl():
+    """A simulated TPU v4 pod of 2 islands x 16 chips (backend="sim": a virtual clock)."""
+    ctl = pw.Controller(backend="sim",
+                        cluster=pw.sim.Cluster.preset("tpu-v4", chips=32, islands=2))
+    try:
+        yield ctl
+    finally:
+        ctl.close()
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipeline_steps_on_a_simulated_pod(sim_ctl, schedule):
+    """The same Pipeline on simulated slices (4 stages of 4 chips over 2 islands): the step
+    completes on the virtual clock, each stage runs its schedule's order and then its update,
+    and the trace gives the bubble and the residuals alive (deterministic: virtual time)."""
+    S, M2 = 4, 8
+    cfg = T.Config(vocab=256, width=512, heads=8, layers=S, seq=128)
+    pipe = pw.train.Pipeline(T.split(cfg, S), [sim_ctl.slice(4, island=i) for i in (0, 0, 1, 1)],
+                             loss=T.cross_entropy, optimizer=optax.adam(LR), schedule=schedule,
+                             microbatches=M2, check_finite=True, name=f"sim{schedule}")
+    placed = pipe.place(T.batch(cfg, 4 * M2))     # futures on the simulated slices
+    state = pipe.init(0)
+    sim_ctl.wait()
+    k, t0 = sim_ctl.trace.next_index, sim_ctl.executor.now()
+    state, loss = pw.train.wait(pipe.step(state, placed))
+    sim_ctl.wait()
+    assert sim_ctl.executor.now() > t0 and loss.shape == () and loss.t_done > t0
+    with pytest.raises(pw.NoValueError, match="simulated"):
+        loss.result()                              # a simulation computes no values
+    [run] = steps(sim_ctl.trace.events(since=k), program=f"sim{schedule}.{schedule}")
+    assert pw.train.stage_order_seen(run) == {
+        s: sched.stage_order(schedule, s, S, M2) for s in range(S)}
+    for s in range(S):                             # each update after every call of the step
+        update = [e for e in run if e.name == f"s{s}.update"]
+        assert len(update) == 1
+        assert update[0].t_start >= max(e.t_end for e in run if e.name.startswith("s")
+                                        and not e.name.endswith("update"))
+    assert 0.0 < pw.train.bubble(run) < 1.0
+    live = pw.train.peak_residuals(run, [1] * S)   # microbatches' residuals alive per stage
+    assert live == ([M2] * S if schedule == "gpipe" else [S - s for s in range(S)])
+    assert pipe.step(state, placed)[1].wait(60)    # the next step takes the returned state
+
+
+def test_spmd_steps_on_a_simulated_slice(sim_ctl):
+    spmd = pw.train.SPMD(T.split(CFG, 2), sim_ctl.slice(8, island=1), loss=T.cross_entropy,
+                         optimizer=optax.adam(LR), check_finite=True, name="simspmd")
+    state, loss = pw.train.wait(spmd.step(spmd.init(0), spmd.place(T.batch(CFG, 16))))
+    assert loss.shape == () and [e.name for e in sim_ctl.trace.events()
+                                 if e.program == "simspmd.step"] == ["simspmd.step"]

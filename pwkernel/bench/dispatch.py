@@ -16,14 +16,21 @@ smallest computation at which Pathways matches JAX".
 >>> from pwkernel.bench import dispatch
 >>> result = dispatch.run("tiny")          # doctest: +SKIP
 >>> sorted(result.ratios)                  # doctest: +SKIP
-['breakeven_us', 'chained_vs_jax_opbyop', 'cpu_us_per_node_chained', 'cpu_us_per_node_opbyop',
- 'fused_vs_jax_fused', 'opbyop_vs_jax']
+['breakeven_us', 'chained_vs_jax_at_1ms', 'chained_vs_jax_opbyop', 'cpu_chained_vs_jax_call',
+ 'cpu_opbyop_vs_jax_call', 'cpu_us_per_node_chained', 'cpu_us_per_node_opbyop',
+ 'fused_vs_jax_fused', 'host_cpu_growth', 'opbyop_vs_jax', 'opbyop_vs_jax_at_1ms']
 
 Beside the ratios, the cost of the controller itself: ``cpu_us_per_node_opbyop`` and
 ``cpu_us_per_node_chained`` are the process CPU time (every thread) per computation at the
 smallest size on a 1-device slice, and ``breakeven_us`` is the smallest computation, in
 microseconds of its own run time, at which Chained reaches 95% of JAX OpByOp and Fused 95% of
-JAX Fused (whichever is larger; worst of the multi-device slices).
+JAX Fused (whichever is larger; worst of the multi-device slices). ``cpu_chained_vs_jax_call``
+and ``cpu_opbyop_vs_jax_call`` are those CPU figures over bare JAX OpByOp's own, same run.
+
+Then the steps sweep (``dispatch_steps``, in ``extra["steps"]``): a real step calibrated to
+take about 1, 3 and 10 ms under JAX, run OpByOp, Chained and as JAX OpByOp, with steps per
+second and process CPU per step: ``chained_vs_jax_at_1ms``, ``opbyop_vs_jax_at_1ms`` and
+``host_cpu_growth`` (whether the controller's CPU per computation grows with the work).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 
+from . import dispatch_steps
+from .dispatch_steps import chains, jax_chain
 from .harness import Result, check_mode, interleave, islands, paired_ratio, rate, summarize
 
 VARIANTS = ("pw_opbyop", "jax_opbyop", "pw_chained", "pw_fused", "jax_fused")
@@ -83,26 +92,7 @@ def variants(ctl: pw.Controller, devices: int, size: int, n: int, reps: int) -> 
     pw_loop = pw.function(_fused(n), slice=vs, in_specs=spec, out_specs=spec, name="fused")
     jax_loop = jax.jit(_fused(n), in_shardings=sharding, out_shardings=sharding)
 
-    @pw.program(name="chain")
-    def chain(x):
-        for _ in range(n):
-            x = pw_step(x)
-        return x
-
-    def pw_opbyop():
-        x = x0
-        for _ in range(n):
-            x = pw_step(x)
-        x.result().block_until_ready()
-
-    def jax_opbyop():
-        x = x0
-        for _ in range(n):
-            x = jax_step(x)
-        x.block_until_ready()
-
-    def pw_chained():
-        chain(x0).result().block_until_ready()
+    ways = chains(pw_step, jax_step, x0, n)
 
     def pw_fused():
         x = x0
@@ -110,16 +100,12 @@ def variants(ctl: pw.Controller, devices: int, size: int, n: int, reps: int) -> 
             x = pw_loop(x)
         x.result().block_until_ready()
 
-    def jax_fused():
-        x = x0
-        for _ in range(reps):
-            x = jax_loop(x)
-        x.block_until_ready()
+    jax_fused = jax_chain(jax_loop, x0, reps)
 
     return {
-        "pw_opbyop": lambda: rate(pw_opbyop, n),
-        "jax_opbyop": lambda: rate(jax_opbyop, n),
-        "pw_chained": lambda: rate(pw_chained, n),
+        "pw_opbyop": lambda: rate(ways["pw_opbyop"], n),
+        "jax_opbyop": lambda: rate(ways["jax_opbyop"], n),
+        "pw_chained": lambda: rate(ways["pw_chained"], n),
         "pw_fused": lambda: rate(pw_fused, n * reps),
         "jax_fused": lambda: rate(jax_fused, n * reps),
     }
@@ -201,6 +187,7 @@ def run(mode: str = "quick") -> Result:
                 })
         smallest = min(cfg["sizes"])
         cpu = cpu_per_node(ctl, smallest, cfg["chain"], cfg["cpu_repeats"], cfg["rounds"])
+        steps_rows, steps_ratios = dispatch_steps.sweep(ctl, mode)
     finally:
         ctl.close()
     ratios, by_devices = _headline(rows, cfg)
@@ -208,6 +195,9 @@ def run(mode: str = "quick") -> Result:
     ratios["breakeven_us"], how = breakeven(rows, multi)
     ratios["cpu_us_per_node_opbyop"] = cpu["pw_opbyop"]
     ratios["cpu_us_per_node_chained"] = cpu["pw_chained"]
+    ratios.update(steps_ratios)
+    ratios["cpu_chained_vs_jax_call"] = round(cpu["pw_chained"] / cpu["jax_opbyop"], 3)
+    ratios["cpu_opbyop_vs_jax_call"] = round(cpu["pw_opbyop"] / cpu["jax_opbyop"], 3)
     match = {str(d): {"opbyop": _smallest_match(rows, d, "opbyop_vs_jax"),
                       "chained": _smallest_match(rows, d, "chained_vs_jax_opbyop")}
              for d in cfg["slices"]}
@@ -221,11 +211,14 @@ def run(mode: str = "quick") -> Result:
         "breakeven_us: where Chained and Fused reach 95% of JAX and stay there, worst "
         "multi-device slice; None when the sweep never got there (breakeven, extra, has "
         "each slice's, with the largest computation measured when not reached).",
+        *dispatch_steps.NOTES,
     ]
+    steps = {"config": dispatch_steps.STEPS_CONFIGS[mode], "rows": steps_rows}
     return Result("dispatch", mode, cfg, rows, ratios, notes,
                   time.perf_counter() - t0).with_extra(by_devices=by_devices,
                                                        smallest_match=match,
-                                                       cpu_us_per_node=cpu, breakeven=how)
+                                                       cpu_us_per_node=cpu, breakeven=how,
+                                                       steps=steps)
 
 
 def _headline(rows: list[dict], cfg: dict) -> tuple[dict, dict]:

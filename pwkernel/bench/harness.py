@@ -44,6 +44,11 @@ TARGETS: dict[str, float] = {
     "cpu_us_per_node_opbyop": 25.0,   # process CPU us per computation (issue 13)
     "cpu_us_per_node_chained": 15.0,
     "breakeven_us": 100.0,        # us of a computation's own run time to reach 95% of JAX
+    "chained_vs_jax_at_1ms": 0.98,     # dispatch steps sweep: a ~1 ms real step (issue 25)
+    "opbyop_vs_jax_at_1ms": 0.95,
+    "host_cpu_growth": 2.0,            # host CPU per computation above JAX's, 10 ms over 1 ms
+    "cpu_chained_vs_jax_call": 3.0,    # cpu_us_per_node_chained over bare JAX's CPU per call
+    "cpu_opbyop_vs_jax_call": 5.0,
     "sim_breakeven_error_pct": 15.0,   # sim-paper: the fitted break-even points, |error| %
     "sim_prediction_error_pct": 10.0,  # sim-paper: the worst predicted ratio, |error| %
     "sim_share_error": 5.0,            # sim-paper: 1:2:4:8 shares, percentage points
@@ -54,17 +59,15 @@ TARGETS: dict[str, float] = {
 }
 LOWER_IS_BETTER = ("share_error", "tracing_overhead", "tracing_and_view_cpu",
                    "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us",
+                   "host_cpu_growth", "cpu_chained_vs_jax_call", "cpu_opbyop_vs_jax_call",
                    "sim_breakeven_error_pct", "sim_prediction_error_pct", "sim_share_error",
                    "train_1f1b_vs_gpipe_peak_memory")
-
-
-DEFAULT_ISLANDS = (4, 4)
 
 
 def islands() -> tuple[int, ...]:
     """The islands the benchmarks build their controllers with: ``PWKERNEL_BENCH_ISLANDS``
     ("1" on a machine with one GPU; ``--islands`` on the command line), else (4, 4)."""
-    from ..runtime.resources import islands_from_env
+    from ..runtime.resources import DEFAULT_ISLANDS, islands_from_env
 
     return islands_from_env("PWKERNEL_BENCH_ISLANDS") or DEFAULT_ISLANDS
 

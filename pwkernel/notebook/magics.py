@@ -22,7 +22,7 @@ from ..runtime.controller import SharedDevicesWarning
 from ..runtime.errors import CancelledError, PathwaysError
 from ..runtime.graph import ComputeNode
 from ..runtime.objects import Future
-from ..runtime.resources import VirtualSlice, describe_axis_types
+from ..runtime.resources import VirtualSlice, describe_axis_types, islands_from_env
 from ..runtime.tasks import ClientSpec
 from . import args as specs
 from . import cell as cells
@@ -149,7 +149,7 @@ class PathwaysMagics(Magics):
                              "simulated machine: %pathways attach sim --preset tpu-v4.")
         old = self.state.peek()  # None: not started yet, nothing to replace
         islands = a.islands or (tuple(len(i.devices) for i in old.islands) if old is not None
-                                else process.local.islands_from_env())
+                                else islands_from_env())
         if a.backend == "sim":  # a preset's machine, or islands of those chip counts
             islands = a.islands
         try:

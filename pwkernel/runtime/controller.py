@@ -24,12 +24,24 @@ from .errors import ControllerClosedError, DeviceSetupError, ProgramError, Slice
 from .executor import Executor
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
-from .resources import Island, ResourceManager, VirtualSlice, islands_from_env
+from .resources import DEFAULT_ISLANDS, Island, ResourceManager, VirtualSlice, islands_from_env
 from .scheduler import Policy
 from .snapshot import Snapshot, take
 from .tasks import ClientSpec, ProgramRun
 from .trace import Trace
 from .transfer import Link
+
+
+class _NotGiven:
+    """``islands`` left out: ``DEFAULT_ISLANDS`` for a backend made by name, the islands an
+    executor object brings for one passed in (a sentinel, so that an explicit (4, 4) is told
+    apart from the default)."""
+
+    def __repr__(self) -> str:
+        return f"{DEFAULT_ISLANDS} (or the executor object's islands)"
+
+
+_NOT_GIVEN: Any = _NotGiven()
 
 _client: contextvars.ContextVar[ClientSpec | None] = contextvars.ContextVar("pw_client",
                                                                              default=None)
@@ -49,7 +61,8 @@ class Controller:
     ``backend="ray"`` runs each island in a Ray actor (its own process and devices) on the
     cluster at ``ray_address`` (``"auto"``, ``"host:port"``), or on a local cluster started
     for it (``None``); see docs/ray.md. ``ctl.reattach(island)`` replaces a lost island.
-    ``backend`` may also be an executor object (``pw.Executor``), which brings its islands.
+    ``backend`` may also be an executor object (``pw.Executor``), which brings its islands:
+    leave ``islands`` out then (an ``islands=`` that differs is an error, not ignored).
 
     ``backend="sim"`` runs the same programs on a simulated ``cluster``
     (``pw.sim.Cluster.preset("tpu-v4", chips=2048)``; default: a TPU v4 cluster shaped like
@@ -58,10 +71,13 @@ class Controller:
     values (docs/simulator.md).
     """
 
-    def __init__(self, islands: Sequence[int] | None = (4, 4), policy: Policy | str = "fifo",
+    def __init__(self, islands: Sequence[int] | None = _NOT_GIVEN, policy: Policy | str = "fifo",
                  dispatch: DispatchMode | str = "parallel", memory_budget: int | None = None,
                  dcn: Link | None = None, backend: str | Executor = "local",
                  ray_address: str | None = None, cluster: Any = None):
+        given = islands is not _NOT_GIVEN
+        if not given:
+            islands = DEFAULT_ISLANDS if isinstance(backend, str) else None
         if islands is not None and (isinstance(islands, str | bytes) or not isinstance(
                 islands, Sequence) or not islands or not all(
                 isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0
@@ -87,11 +103,17 @@ class Controller:
         self._backend = executors.create(backend, islands, dcn=dcn, ray_address=ray_address,
                                          cluster=cluster)
         self._islands = tuple(self._backend.islands)
-        if not isinstance(backend, str) and islands not in (None, (4, 4)) and tuple(
-                islands) != tuple(len(i.devices) for i in self._islands):
-            raise ValueError(f"islands={tuple(islands)} but the executor object brings islands "
-                             f"of {[len(i.devices) for i in self._islands]} devices; drop "
-                             "islands= (the executor decides them).")
+        brought = tuple(len(i.devices) for i in self._islands)
+        if given and islands is not None and not isinstance(backend, str) and tuple(
+                islands) != brought:
+            kind, asked = type(backend).__name__, tuple(islands)
+            named = getattr(backend, "name", None)
+            named = named if named in executors.backends() else "local"
+            raise ValueError(
+                f"islands={asked} but the executor object {kind} brings islands of {brought} "
+                f"devices, and an executor object's own islands win; give the islands to the "
+                f"backend ({kind}(islands={asked})) and drop islands=, or pass the backend by "
+                f"name (backend={named!r}, islands={asked}).")
         self.resources = ResourceManager(self._islands, self._check_open)
         self.resources.controller = self
         self.trace = Trace()

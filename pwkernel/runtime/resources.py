@@ -29,6 +29,11 @@ from jax.sharding import AxisType, Mesh
 
 from .errors import DeviceSetupError, SliceError
 
+# The islands a controller gets when nothing names them (pw.Controller(), a backend made by
+# name): 2 islands x 4 devices, the host CPU split into 8 on a machine without accelerators.
+# The one definition; the backends import it.
+DEFAULT_ISLANDS: tuple[int, ...] = (4, 4)
+
 
 @dataclass(frozen=True)
 class Island:

@@ -14,7 +14,16 @@ schedule's order: in 1F1B, stage 0's second backward waits for stage 1, while it
 only needs the batch, so it would run first, and stage 0 would do every forward before any
 backward (GPipe's memory). So each stage's calls pass a scalar token from one to the next:
 a call is ready only once the call before it on that stage was launched, and each stage runs
-exactly its order (``tests/test_train.py`` reads the order back from the trace).
+exactly its order (``tests/test_train.py`` reads the order back from the trace). Each stage's
+first token and the backward's flags (below) are made once per pipeline on the stage's slice
+and passed to every step program as arguments (``Pipeline.constants``): no upload per step.
+
+**On a simulated cluster** (``backend="sim"``) the same object runs the same programs: every
+stage call is lowered for the simulated chips and timed by the simulator's cost model (XLA's
+cost analysis on the chip's roofline), the schedule, tokens and transfers are the runtime's
+own, and the trace's times are virtual. Nothing is computed: the loss and the state are
+futures with shapes and times only (``.result()`` raises ``pw.NoValueError``), and
+``check_finite`` has nothing to check there (it is ignored).
 
 **Memory.** A microbatch's residuals live from its forward to its backward on that stage.
 Gradients are summed into one accumulator per stage, each freed after the backward that adds
@@ -22,10 +31,11 @@ to it (a flag tells the step's first backward there is nothing to add yet, so on
 backward serves all). The updates take the parameters and optimizer state with
 ``donate_argnums``: the new state reuses the old one's buffers, so memory stays flat from step
 to step and the state given to ``step`` is consumed (as ``jax.jit`` with ``donate_argnums``
-consumes it); ``step`` first waits until that state exists (``state.ready_to_donate`` says
-why). Every update waits for the step's loss and for the last call of every stage (a barrier
-of scalars), so a failure anywhere in the forwards or backwards fails the whole step before
-any update consumes anything: the state given to the failed step is still valid.
+consumes it); ``step`` does not wait for it (the runtime launches the next step's updates
+behind this step's). Every update waits for the step's loss and for stage 0's last token
+(a barrier of two scalars: that token depends on every call of every stage), so a failure
+anywhere in the forwards or backwards fails the whole step before any update consumes
+anything: the state given to the failed step is still valid.
 
 >>> pipe = Pipeline(stages, [ctl.slice(2, island=0), ctl.slice(2, island=1)],   # doctest: +SKIP
 ...                 loss=cross_entropy, optimizer=optax.adam(1e-3), microbatches=4)
@@ -48,16 +58,17 @@ from jax.sharding import PartitionSpec as P
 
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
-from ..runtime.specs import batch_spec
 from .schedule import Kind, Schedule, call_name, order
 from .stage import Stage, backward, forward, residual_bytes
 from .state import (
+    Placer,
     TrainState,
     apply_optimizer,
     check_stages,
     init_stage,
     raise_if_not_finite,
     ready_to_donate,
+    simulated,
     split_batch,
     stage_keys,
 )
@@ -77,7 +88,9 @@ class Pipeline:
     (``pw.train.Schedule``); ``microbatches``: M, the number each batch is cut into.
     ``check_finite``: a loss that is NaN or infinite fails the step (``FloatingPointError``)
     before any update is applied. Each stage's slice holds its parameters replicated and its
-    microbatches sharded over its devices (data parallelism inside the stage).
+    microbatches sharded over its devices (data parallelism inside the stage). The slices
+    may be simulated (``backend="sim"``): the same steps, timed by the cost model, without
+    values (see the module's doc).
 
     Trace names: ``s1.fwd[m2]``, ``s1.bwd[m2]``, ``s1.update``, ``s1.init``, ``loss``; the step
     program is ``{name}.{schedule}``.
@@ -114,13 +127,14 @@ class Pipeline:
                 name=call_name(s, Kind.UPDATE)))
             self._init.append(function(init_stage(st.init, optimizer), slice=vs,
                                        out_specs=P(), name=f"s{s}.init"))
-        self._mean = function(_mean_loss(M, check_finite), slice=self.slices[-1],
-                              out_specs=P(), name="loss")
+        self._mean = function(
+            _mean_loss(M, check_finite and not simulated(self.slices[-1])),
+            slice=self.slices[-1], out_specs=P(), name="loss")
         self._named: dict[tuple[int, Kind, int], CompiledFunction] = {}
         self._programs: dict[Schedule, Program] = {}
-        self._tokens: list[jax.Array] | None = None
-        self._flags: tuple[list[jax.Array], list[jax.Array]] = ([], [])
         self._init_program = program(self._init_all, name=f"{name}.init")
+        self._consts: list[tuple[Any, Any, Any]] | None = None
+        self._placers: tuple[Placer, Placer] | None = None
 
     # --- the public surface ----------------------------------------------------------------
     def init(self, key) -> TrainState:
@@ -132,10 +146,14 @@ class Pipeline:
     def place(self, batch) -> Microbatches:
         """``batch = (inputs, targets)`` cut into microbatches and put on the stages that read
         them (inputs on the first stage's slice, targets on the last's, sharded over each
-        slice's devices), ahead of ``step``: what a data loader would do."""
+        slice's devices), ahead of ``step``: what a data loader would do. On simulated
+        slices the microbatches are futures, uploaded on the virtual clock (``Placer``)."""
         xs, ys = self._split(batch)
-        put = _placer(self.slices[0]), _placer(self.slices[-1])
-        return Microbatches(([put[0](x) for x in xs], [put[1](y) for y in ys]))
+        if self._placers is None:
+            self._placers = (Placer(self.slices[0], "a microbatch"),
+                             Placer(self.slices[-1], "a microbatch"))
+        put_x, put_y = self._placers
+        return Microbatches((list(put_x(list(xs))), list(put_y(list(ys)))))
 
     def step(self, state: TrainState, batch, schedule: Schedule | str | None = None,
              dispatch: str | None = None) -> tuple[TrainState, Any]:
@@ -157,28 +175,49 @@ class Pipeline:
             self.residual_bytes = self._residual_bytes(state.params, xs[0], ys[0])
         run = self.program(self.schedule if schedule is None else schedule)
         return run(list(state.params), list(state.opt_state), list(xs), list(ys),
-                   dispatch=dispatch)
+                   self.constants(), dispatch=dispatch)
 
     def program(self, schedule: Schedule | str | None = None) -> Program:
-        """The step's ``@pw.program`` for ``schedule``: ``(params, opt_state, xs, ys) ->
-        (TrainState, loss)`` over lists (one entry per stage, per microbatch)."""
+        """The step's ``@pw.program`` for ``schedule``: ``(params, opt_state, xs, ys,
+        constants) -> (TrainState, loss)`` over lists (one entry per stage, per microbatch;
+        ``constants``: ``self.constants()``)."""
         schedule = Schedule.parse(self.schedule if schedule is None else schedule)
         prog = self._programs.get(schedule)
         if prog is None:
-            def step(params, opt_state, xs, ys, _schedule=schedule):
-                return self._trace_step(_schedule, params, opt_state, xs, ys)
+            def step(params, opt_state, xs, ys, constants, _schedule=schedule):
+                return self._trace_step(_schedule, params, opt_state, xs, ys, constants)
             prog = self._programs[schedule] = program(
                 step, name=f"{self.name}.{schedule.value}")
         return prog
 
+    def constants(self) -> list[tuple[Any, Any, Any]]:
+        """Per stage, on its slice: its first token (``int32`` 0) and the backward's flags
+        (``True``: the step's first backward, nothing to add yet; ``False``), made once per
+        pipeline on first use: ``jax.device_put`` there (no compile), or, on simulated slices,
+        whose devices take no arrays, futures of a tiny function on each (``s1.consts``, in
+        the program ``{name}.consts``)."""
+        if self._consts is None:
+            if any(simulated(vs) for vs in self.slices):
+                made = [function(_stage_constants, slice=vs, out_specs=P(),
+                                 name=f"s{s}.consts") for s, vs in enumerate(self.slices)]
+                consts = program(lambda: [f() for f in made], name=f"{self.name}.consts")()
+            else:
+                consts = [jax.device_put(_stage_constants(), NamedSharding(vs.mesh, P()))
+                          for vs in self.slices]
+            self._consts = [tuple(c) for c in consts]
+        return self._consts
+
     # --- what the step program calls -------------------------------------------------------
-    def _trace_step(self, schedule: Schedule, params, opt_state, xs, ys):
+    def _trace_step(self, schedule: Schedule, params, opt_state, xs, ys, constants):
         S, M = len(self.stages), self.microbatches
         if len(xs) != M or len(ys) != M:
             raise ValueError(f"expected {M} microbatches, got {len(xs)} inputs and {len(ys)} "
                              "targets.")
-        tokens = list(self._stage_tokens())
-        first, later = self._flags
+        if len(constants) != S:
+            raise ValueError(f"expected {S} stages' constants, got {len(constants)}. Maybe "
+                             "you want pipe.constants().")
+        tokens = [c[0] for c in constants]
+        first, later = [c[1] for c in constants], [c[2] for c in constants]
         acts: dict[tuple[int, int], Any] = {}   # stage s's output of microbatch m
         douts: dict[tuple[int, int], Any] = {}  # the cotangent of that output
         res: dict[tuple[int, int], Any] = {}
@@ -201,7 +240,10 @@ class Pipeline:
                 if s > 0:
                     douts[s - 1, m] = dx
         loss = self._mean(losses)
-        barrier = (loss, *tokens)
+        # Stage 0's last token depends on every call of every stage: each stage's calls chain
+        # through its tokens and end with its last microbatch's backward, which reads the next
+        # stage's. So (loss, that token) is the whole step's barrier, in two scalars.
+        barrier = (loss, tokens[0])
         new = [self._update[s](params[s], opt_state[s], grads[s], barrier) for s in range(S)]
         return TrainState([p for p, _ in new], [o for _, o in new]), loss
 
@@ -219,15 +261,6 @@ class Pipeline:
     def _init_all(self, keys):
         made = [init(k) for init, k in zip(self._init, keys, strict=True)]
         return TrainState([p for p, _ in made], [o for _, o in made])
-
-    def _stage_tokens(self) -> list[jax.Array]:
-        if self._tokens is None:  # constants on each stage's slice: its first token, and the
-            # backward's flag (True: the first backward of the step, nothing to add yet)
-            def put(v):
-                return [jax.device_put(v, NamedSharding(vs.mesh, P())) for vs in self.slices]
-            self._tokens = put(np.int32(0))
-            self._flags = (put(np.bool_(True)), put(np.bool_(False)))
-        return self._tokens
 
     def _split(self, batch) -> tuple[list, list]:
         if not isinstance(batch, tuple | list) or len(batch) != 2:
@@ -269,12 +302,9 @@ def _mean_loss(microbatches: int, check_finite: bool):
     return mean
 
 
-def _placer(vs: VirtualSlice):
-    """Puts a pytree on ``vs`` as ``in_specs=pw.BATCH`` lays it out."""
-    def put(tree):
-        return jax.tree.map(lambda a: jax.device_put(a, NamedSharding(
-            vs.mesh, batch_spec(np.shape(a), vs, "a microbatch"))), tree)
-    return put
+def _stage_constants():
+    """A stage's first token and its backward's two flags (``Pipeline.constants``)."""
+    return np.int32(0), np.bool_(True), np.bool_(False)
 
 
 def _struct(tree):

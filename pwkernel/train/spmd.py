@@ -5,7 +5,8 @@ parameters and optimizer state replicated on the slice and donated from step to 
 batch's leading axis sharded over the slice's devices (``in_specs=pw.BATCH``); the gradients'
 all-reduce is the compiler's. It is the same step as ``train_step`` under plain ``jax.jit``
 (which ``pwkernel.bench.train`` runs beside it), and the same model and state layout as a
-``Pipeline`` of the same stages.
+``Pipeline`` of the same stages. On a simulated slice (``backend="sim"``) the step is timed
+by the simulator's cost model and computes nothing (``pipeline.py``'s doc says what that gives).
 
 >>> spmd = SPMD(stages, ctl.slice(4), loss=cross_entropy,                # doctest: +SKIP
 ...             optimizer=optax.adam(1e-3))
@@ -19,22 +20,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 import optax
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
-from ..runtime.specs import batch_spec
 from .stage import Stage, model_loss
 from .state import (
+    Placer,
     TrainState,
     apply_optimizer,
     check_stages,
     init_stage,
     raise_if_not_finite,
     ready_to_donate,
+    simulated,
     stage_keys,
 )
 
@@ -76,11 +76,13 @@ class SPMD:
         check_stages(stages)
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
         self.name = name
-        self._step = function(train_step(self.stages, loss, optimizer, check_finite),
+        check = check_finite and not simulated(slice)  # no values to check on a simulation
+        self._step = function(train_step(self.stages, loss, optimizer, check),
                               slice=slice, in_specs=(None, BATCH, BATCH), out_specs=P(),
                               donate_argnums=(0,), name=f"{name}.step")
         self._init = function(init_state(self.stages, optimizer), slice=slice, out_specs=P(),
                               name=f"{name}.init")
+        self._placer: Placer | None = None
 
     def init(self, key) -> TrainState:
         """Parameters and optimizer state on the slice, replicated (futures); the same values
@@ -89,9 +91,9 @@ class SPMD:
 
     def place(self, batch):
         """``batch`` put on the slice, sharded as ``step`` reads it (ahead of time)."""
-        vs = self.slice
-        return jax.tree.map(lambda a: jax.device_put(a, NamedSharding(
-            vs.mesh, batch_spec(np.shape(a), vs, "the batch"))), tuple(batch))
+        if self._placer is None:
+            self._placer = Placer(self.slice, "the batch")
+        return tuple(self._placer(tuple(batch)))
 
     def step(self, state: TrainState, batch) -> tuple[TrainState, Any]:
         """One step: ``(new_state, loss)`` as futures at once; ``state`` is consumed

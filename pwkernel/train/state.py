@@ -13,8 +13,12 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
 
 from ..runtime.objects import Future
+from ..runtime.program import BATCH, function
+from ..runtime.resources import VirtualSlice
+from ..runtime.specs import batch_spec
 
 
 class TrainState(NamedTuple):
@@ -127,3 +131,29 @@ def check_stages(stages: Sequence, slices: Sequence | None = None) -> None:
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, "
                          f"{len(slices)} slices. Maybe you want "
                          f"slices=[ctl.slice(1) for _ in range({len(stages)})].")
+
+
+def simulated(vs: VirtualSlice) -> bool:
+    """The slice is on a simulated cluster (``backend="sim"``): its devices hold no arrays,
+    functions placed there are lowered for the cost model and never run."""
+    return bool(getattr(vs.island, "simulated", False))
+
+
+class Placer:
+    """Puts a pytree on ``vs`` as ``in_specs=pw.BATCH`` lays it out, ahead of a step (what a
+    data loader would do). On real devices: ``jax.device_put`` (``jax.Array``s). A simulated
+    slice's devices take no arrays, so there it is an identity ``pw.function`` on the slice
+    (trace name ``place``): the upload happens now on the virtual clock, and the values are
+    futures the step reads where they are."""
+
+    def __init__(self, vs: VirtualSlice, what: str):
+        self.vs, self.what = vs, what
+        self._identity = function(lambda tree: tree, slice=vs, in_specs=BATCH,
+                                  out_specs=BATCH, name="place") if simulated(vs) else None
+
+    def __call__(self, tree):
+        if self._identity is not None:
+            return self._identity(tree)
+        vs = self.vs
+        return jax.tree.map(lambda a: jax.device_put(a, NamedSharding(
+            vs.mesh, batch_spec(np.shape(a), vs, self.what))), tree)

@@ -13,9 +13,7 @@ from collections.abc import Sequence
 import jax
 
 from ...runtime.errors import DeviceSetupError
-from ...runtime.resources import Island
-
-DEFAULT_ISLANDS = (4, 4)
+from ...runtime.resources import DEFAULT_ISLANDS, Island
 
 
 def _backends_initialized() -> bool:

@@ -33,7 +33,7 @@ import jax
 
 from ...runtime.callbacks import failure, fence
 from ...runtime.executor import NoGroup
-from ...runtime.resources import Island
+from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
 from ...runtime.trace import LinkKind
 from ...runtime.transfer import Link, TransferEngine
@@ -64,7 +64,7 @@ class LocalBackend(NoGroup):
     name = "local"
     program_ahead = False
 
-    def __init__(self, islands: Sequence[int] | None = (4, 4), dcn: Link | None = None,
+    def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS, dcn: Link | None = None,
                  ray_address: str | None = None):
         if ray_address is not None:
             raise ValueError("ray_address is only for backend='ray'; e.g. "

@@ -34,14 +34,12 @@ import numpy as np
 
 from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError
-from ...runtime.resources import Island
+from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
 from ..local import request_host_devices
 from . import cluster
 from .cluster import IslandHost
 from .island import RaySite, RemoteBuffer, host_lost, layout
-
-DEFAULT_ISLANDS = (4, 4)
 
 
 class RayIsland(Island):

@@ -53,11 +53,11 @@ import numpy as np
 
 from ...runtime.errors import NoValueError
 from ...runtime.executor import NoGroup
-from ...runtime.resources import Island, islands_from_env
+from ...runtime.resources import DEFAULT_ISLANDS, Island, islands_from_env
 from ...runtime.tasks import Task, TaskState
 from ...runtime.trace import LinkKind
 from ...runtime.units import human_bytes
-from ..local.devices import DEFAULT_ISLANDS, request_host_devices
+from ..local.devices import request_host_devices
 from .cluster import Cluster
 from .cost import analyze, roofline
 from .errors import SimError
@@ -146,7 +146,7 @@ class SimExecutor(NoGroup):
                            "pw.sim.Cluster.preset('tpu-v4', chips=2048) or 'tpu-v4'.")
         else:
             per_island = tuple(h * cluster.chips_per_host for h in cluster.islands)
-            if islands is not None and tuple(islands) not in ((4, 4), per_island):
+            if islands is not None and tuple(islands) not in (DEFAULT_ISLANDS, per_island):
                 raise ValueError(f"islands={tuple(islands)} but the cluster has islands of "
                                  f"{list(per_island)} chips; drop islands= (the cluster "
                                  "decides them).")
