@@ -38,6 +38,13 @@ def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
     return {d.id: per for d in sharding.device_set}
 
 
+class _Ref(weakref.ref):
+    """The store's weak reference to a future, with the key and buffer it stands for (one
+    object per live buffer: the store's bookkeeping allocates little)."""
+
+    __slots__ = ("key", "buf")
+
+
 @dataclass(slots=True)
 class _Buffer:
     """What the store keeps for a live value: the array, and whether the user took it."""
@@ -347,8 +354,8 @@ class ObjectStore:
         self._lock = threading.RLock()
         self._keys = itertools.count()
         self._on_free = on_free
-        self._watch: dict[int, tuple[weakref.ref, _Buffer]] = {}  # key -> (future, buffer)
-        self._keys_of: dict[weakref.ref, int] = {}
+        self._watch: dict[int, _Ref] = {}  # key -> the future's weak reference (and buffer)
+        self._on_drop = self._dropped  # bound once, not per buffer
         self.closed = False
 
     def add(self, fut: Future, value, reserved: bool = False,
@@ -362,18 +369,16 @@ class ObjectStore:
             record = BufferRecord(nbytes, "", -1, "default", fut.island, reserved)
         else:
             record = BufferRecord(nbytes, run.name, run.id, run.client, fut.island, reserved)
-        ref = weakref.ref(fut, self._dropped)
+        ref = _Ref(fut, self._on_drop)
+        ref.key, ref.buf = key, buf
         with self._lock:
             self._records[key] = record
-            self._watch[key] = (ref, buf)
-            self._keys_of[ref] = key
+            self._watch[key] = ref
         return buf
 
-    def _dropped(self, ref: weakref.ref) -> None:
+    def _dropped(self, ref: _Ref) -> None:
         """The last reference to a future went (a weakref callback)."""
-        key = self._keys_of.pop(ref, None)
-        if key is not None:
-            self._free(key)
+        self._free(ref.key)
 
     def fetch(self, fut: Future, buf: _Buffer):
         """The value of ``fut`` for the user (``Future.result()``)."""
@@ -388,8 +393,8 @@ class ObjectStore:
     def _free(self, key: int) -> None:
         with self._lock:
             record = self._records.get(key)
-            ref, buf = self._watch.pop(key, (None, None))
-            self._keys_of.pop(ref, None)
+            ref = self._watch.pop(key, None)
+        buf = None if ref is None else ref.buf
         if record is None or buf is None:
             return  # freed already (or being freed by another thread)
         if not buf.exported and hasattr(buf.value, "delete"):
@@ -421,7 +426,7 @@ class ObjectStore:
         """Each live buffer's record with its future (None once it is being freed). The
         caller holds those futures: it should drop the list outside its own locks."""
         with self._lock:
-            return [(self._records[k], ref()) for k, (ref, _) in self._watch.items()
+            return [(self._records[k], ref()) for k, ref in self._watch.items()
                     if k in self._records]
 
     def close(self) -> None:

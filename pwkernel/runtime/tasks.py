@@ -263,21 +263,22 @@ class ProgramRun:
         island = task.node.island
         return tuple(t.id for t in self.producers(task) if t.node.island == island)
 
-    def producers(self, task: Task):
-        """The computations not yet ended whose outputs ``task`` reads, on any island (through
-        transfers, and through arguments made by other runs)."""
+    def producers(self, task: Task, running: bool = True):
+        """The computations whose outputs ``task`` reads, on any island (through transfers,
+        and through arguments made by other runs): not yet ended, or (``running=False``) also
+        those that have (one may be DONE before its outputs' errors are recorded)."""
         todo: list[Task] = []
-        self._producers(task.node.distinct, todo)
+        self._producers(task.node.distinct, todo, running)
         seen: set[int] = set()
         while todo:
             t = todo.pop()
-            if t.state is TaskState.DONE or t.id in seen:
+            if (running and t.state is TaskState.DONE) or t.id in seen:
                 continue
             seen.add(t.id)
             if t.node.is_compute:
                 yield t
             else:
-                t.run._producers(t.node.distinct, todo)
+                t.run._producers(t.node.distinct, todo, running)
 
     def internal_bytes(self) -> list[dict[int, int]]:
         """Bytes on each device of every value it keeps that is not a future (alive until
@@ -292,7 +293,7 @@ class ProgramRun:
                 out.append(node.out_nbytes[node.outputs.index(s)])
         return out
 
-    def _producers(self, slots, out: list) -> None:
+    def _producers(self, slots, out: list, running: bool = True) -> None:
         """Append the tasks that make ``slots`` (each once in a row: a state of many leaves
         has one producer for all of them)."""
         producer, tasks, futures, last = self.plan.producer, self.tasks, self.futures, None
@@ -302,7 +303,7 @@ class ProgramRun:
                 t = tasks[p] if tasks else None
             else:
                 fut = futures.get(s)
-                t = None if fut is None or fut.done() else fut.producer
+                t = None if fut is None or (running and fut.done()) else fut.producer
             if t is not None and t is not last:
                 out.append(t)
                 last = t

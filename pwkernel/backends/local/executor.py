@@ -228,7 +228,7 @@ def _waits(task: Task) -> bool:
     if task.inputs_ended() is not None:
         return False
     run, node = task.run, task.node
-    for t in run.producers(task):
+    for t in run.producers(task, running=False):  # (DONE, its error maybe not yet recorded)
         if not t.node.asynchronous:
             return True
     t_done, plan = run.t_done, run.plan
