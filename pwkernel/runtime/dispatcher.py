@@ -26,12 +26,12 @@ import jax
 import numpy as np
 
 from . import scheduler as sch
+from .deferred import later, soon
 from .executor import Executor, NoGroup
 from .graph import Graph
 from .islands import IslandQueue
 from .objects import Future, FutureState, ObjectStore, resolved
 from .plan import Plan, build
-from .deferred import later, soon
 from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from .errors import CancelledError
 from .deferred import soon
+from .errors import CancelledError
 from .objects import Future
 from .trace import EventKind
 
