@@ -231,12 +231,14 @@ def _waits(task: Task) -> bool:
     for t in run.producers(task, running=False):  # (DONE, its error maybe not yet recorded)
         if not t.node.asynchronous:
             return True
-    t_done, plan = run.t_done, run.plan
+    t_done, producer, tasks = run.t_done, run.plan.producer, run.tasks
     for i in node.exe.donated:
         s = node.inputs[i]
-        p = plan.producer[s]
-        if t_done[s] is None and p >= 0 and not plan.nodes[p].is_compute:
-            return True
+        if t_done[s] is None:  # made by a copy (of this run, or of the run it comes from)?
+            p = producer[s]
+            maker = tasks[p] if p >= 0 else getattr(run.futures.get(s), "producer", None)
+            if maker is not None and not maker.node.is_compute:
+                return True
     return False
 
 
