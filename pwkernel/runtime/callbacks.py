@@ -89,7 +89,7 @@ class LaunchOutputs(tuple):
     computation has run, and waiting on it never touches a buffer a later launch may donate)
     and, for a guarded launch, its ``Launch`` record for ``failure``."""
 
-    def __new__(cls, outs, launch: Launch | None, fence=None):
+    def __new__(cls, outs, launch: Launch | None, fence):
         self = super().__new__(cls, outs)
         self.launch, self.fence = launch, fence
         return self
@@ -107,11 +107,6 @@ def failure(outs) -> BaseException | None:
     if type(outs) is LaunchOutputs and outs.launch is not None:
         return outs.launch.error
     return None
-
-
-def fence(outs):
-    """What to wait on for a launch's end: its fence, or (no fence) its outputs."""
-    return outs.fence if type(outs) is LaunchOutputs and outs.fence is not None else outs
 
 
 class FencedCall:

@@ -215,7 +215,8 @@ class CompiledFunction:
         except Exception as e:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
         out_shardings = [given if given is not None else made for given, made in
-                         zip(out_shardings, compiled.output_shardings[:-1], strict=True)]
+                         zip(out_shardings, compiled.output_shardings[:-1],  # (the last: the fence)
+                             strict=True)]
         out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
                            for o, sh in zip(out_leaves, out_shardings, strict=True))
         memory = sum(max(n.values()) for n in out_nbytes)

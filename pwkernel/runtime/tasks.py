@@ -244,8 +244,9 @@ class ProgramRun:
             if values is None:
                 return
             for slot, fut in group:
-                if fut._error is not None:
-                    errors[slot] = fut._error
+                error = fut._error
+                if error is not None:
+                    errors[slot] = error
                     failed.append(slot)
                 elif values[slot] is None:
                     values[slot] = fut._peek()
@@ -255,7 +256,7 @@ class ProgramRun:
         for slot in failed:
             self._spread(slot, errors[slot])
         if not self.parallel:
-            self.dispatcher.arrived(self, *(s for s, f in group if f._error is None))
+            self.dispatcher.arrived(self, *(s for s, _ in group if s not in failed))
 
     def after(self, task: Task) -> tuple[int, ...]:
         """The computations on ``task``'s island, still running, whose outputs it reads: it

@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 
-from ...runtime.callbacks import failure, fence
+from ...runtime.callbacks import failure
 from ...runtime.executor import NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
@@ -243,30 +243,14 @@ def _waits(task: Task) -> bool:
 
 
 def _ready(outs) -> bool:
-    """The launch has run: its fence is ready (or, without one, every output that still exists
-    is: see ``_block``)."""
-    f = fence(outs)
-    if f is not outs:
-        return f.is_ready()
-    return all(out.is_deleted() or out.is_ready() for out in outs)
+    """The launch has run: its fence is ready (see ``LaunchOutputs``)."""
+    return outs.fence.is_ready()
 
 
 def _block(outs) -> None:
-    """Wait until the launch has run: on its fence, or (no fence) on the outputs that still
-    exist. One a later launch was given (donated) is no longer this computation's to wait on:
-    that launch waits for it, and ends after it."""
-    f = fence(outs)
-    if f is not outs:
-        f.block_until_ready()
-        return
-    for _ in range(len(outs) + 1):  # each retry follows one more output donated meanwhile
-        left = [out for out in outs if not out.is_deleted()]
-        try:
-            jax.block_until_ready(left)
-            return
-        except Exception:
-            if not any(out.is_deleted() for out in left):
-                raise  # the computation's own error
+    """Wait until the launch has run, on its fence: never on an output, which a later launch
+    may have been given (donated) meanwhile."""
+    outs.fence.block_until_ready()
 
 
 class _Site:
