@@ -38,8 +38,9 @@ class CellTimeout(PathwaysError, TimeoutError):
 
 @contextlib.contextmanager
 def _defer_interrupt() -> Iterator[list]:
-    """Hold SIGINT while the runtime is mid-submission, then raise it: a program is either
-    submitted whole (and can be cancelled) or not at all."""
+    """Hold SIGINT while the runtime is mid-submission: a program is either submitted whole
+    (and can be cancelled) or not at all. The caller reads the list: non-empty, a Ctrl-C came
+    meanwhile (see ``_interrupted``)."""
     if threading.current_thread() is not threading.main_thread():
         yield []
         return
@@ -49,8 +50,13 @@ def _defer_interrupt() -> Iterator[list]:
         yield caught
     finally:
         signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
+
+
+def _interrupted(what: str, run) -> KeyboardInterrupt:
+    """Cancel ``run`` after a Ctrl-C; the error the cell raises."""
+    run.cancel("interrupted")
+    return KeyboardInterrupt(f"{what} interrupted: cancelled the queued computations of program "
+                             f"{run.name!r}; the kernel is ready for the next cell.")
 
 
 @magics_class
@@ -327,9 +333,11 @@ class PathwaysMagics(Magics):
                         for v in node.outputs]
             extra = produced[-1:]
         submitted = dataclasses.replace(graph, outputs=list(graph.outputs) + extra)
-        with _defer_interrupt():
+        with _defer_interrupt() as caught:
             futs = ctl.submit(submitted, leaves, dispatch="sequential" if sequential else None)
         run = futs[0].run
+        if caught:  # a Ctrl-C while submitting: the program went whole, and is cancelled now
+            raise _interrupted(graph.name, run)
         results = jax.tree_util.tree_unflatten(graph.out_tree, futs[:n])
         return [results], run
 
@@ -376,10 +384,7 @@ class PathwaysMagics(Magics):
                 (run if resolved.is_set() else resolved).wait(
                     0.5 if left is None else min(left, 0.5))
         except KeyboardInterrupt:
-            run.cancel("interrupted")
-            raise KeyboardInterrupt(
-                f"{name} interrupted: cancelled the queued computations of program "
-                f"{run.name!r}; the kernel is ready for the next cell.") from None
+            raise _interrupted(name, run) from None
 
     def _bind(self, plain: dict[str, Any], results: Any) -> None:
         ns = self.shell.user_ns
