@@ -108,7 +108,11 @@ def test_interrupt_cancels_the_cell_and_the_kernel_survives(kernel_env):
         "    return jax.lax.fori_loop(0, 40, lambda i, a: jnp.tanh(a @ m), v)\n"
         "st = pw.function(start, slice=s0); h = pw.function(heavy, slice=s0)\n"
         "x = np.ones((256, 256), np.float32)",
-        "%%pathways\ny = st(x)\nfor _ in range(2000):\n    y = h(y)",
+        # sequential: each step is launched once the one before it ended, so the interrupt
+        # (sent when the first step prints) always finds most of them queued; in parallel
+        # dispatch all 2000 may be launched into XLA before it arrives, and launched work
+        # cannot be recalled, only waited for
+        "%%pathways --sequential\ny = st(x)\nfor _ in range(2000):\n    y = h(y)",
         "ok = ctl.wait(120)\n"
         "print('after', ok, ctl.runs(), len([e for e in ctl.trace.events() "
         "if e.name == 'heavy']) < 2000)",
