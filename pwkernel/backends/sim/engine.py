@@ -34,7 +34,6 @@ opposite orders, each waits for the other forever: ``run`` finds the cycle and r
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -49,7 +48,8 @@ from .cluster import Cluster
 from .deadlock import find_deadlock
 from .errors import DeadlockError, SimError
 from .program import SimProgram
-from .tasks import DeviceSet, SimTask
+from .tasks import SimTask
+from .timing import Timing
 
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
 
@@ -114,21 +114,11 @@ class Simulator:
                                                 depth=depth, program_ahead=program_ahead)
                            for i in range(len(cluster.islands))}
         self.trace = Trace() if trace is None else trace
-        self.now = 0.0
+        self.timing = Timing(cluster)  # the clock, the client, hosts, schedulers and ports
         self.runs: list[SimRun] = []
-        self._heap: list = []
-        self._seq = 0
         self._tasks: dict[int, SimTask] = {}
-        self._devsets: dict[tuple[int, ...], DeviceSet] = {}
         self._pending: dict[int, list] = {}
-        self._client_free: dict[str, float] = {}
-        self._host_free = np.zeros(cluster.num_hosts)
-        self._host_client_free = np.zeros(cluster.num_hosts)  # controller="multi"
-        self._scheduler_free = [0.0] * len(cluster.islands)  # each scheduler's one thread
         self._chips = GangQueues(cluster.num_chips) if self.gang else OwnQueues(cluster.num_chips)
-        n, h = cluster.num_chips, cluster.num_hosts
-        self._ports = {"ici_out": np.zeros(n), "ici_in": np.zeros(n), "dcn_out": np.zeros(h),
-                       "dcn_in": np.zeros(h), "pcie": np.zeros(h)}
         self.unfinished = 0
         self.last_end = 0.0  # when the last node ended
 
@@ -154,9 +144,10 @@ class Simulator:
                            f"{after!r}. Maybe you want to submit the whole chain before run().")
         run = SimRun(len(self.runs), program.name, client, at, remaining=len(program.nodes))
         self.runs.append(run)
+        devset_of = self.timing.devset
         for node in program.nodes:
-            devset = self._devset(node.devices)
-            src = self._devset(node.src_devices) if node.src_devices else None
+            devset = devset_of(node.devices)
+            src = devset_of(node.src_devices) if node.src_devices else None
             task = SimTask(len(self._tasks), run, node, devset, src, weight, priority)
             task.rendezvous = self.gang or node.collective
             task.producers = [run.tasks[i] for i in node.inputs]
@@ -168,20 +159,19 @@ class Simulator:
             run.tasks.append(task)
             self._tasks[task.id] = task
         self.unfinished += len(program.nodes)
-        self._at(at, self._start_run, run)
+        self.timing.at(at, self._start_run, run)
         return run
 
     def run(self, until: float | None = None) -> float:
         """Run until nothing is left to do (or the clock passes ``until``); returns when the
         last node ended. Raises ``DeadlockError`` when chips wait on each other in a circle."""
-        heap = self._heap
+        timing = self.timing
+        heap, step = timing.heap, timing.step
         while heap:
             if until is not None and heap[0][0] > until:
-                self.now = until
+                timing.now = until
                 return self.last_end
-            t, _, fn, arg = heapq.heappop(heap)
-            self.now = t
-            fn(arg)
+            step()
         if self.unfinished:
             stuck = [t for t in self._tasks.values() if not t.done]
             queues = self._chips.queues(stuck, self.cluster.num_chips)
@@ -203,21 +193,15 @@ class Simulator:
         return self.cluster.host_of
 
     @property
+    def now(self) -> float:
+        """The virtual clock, in seconds."""
+        return self.timing.now
+
+    @property
     def next_time(self) -> float | None:
         """When the next event happens (``None``: nothing left): ``run(until=next_time)``
         advances one instant, for a caller that reacts between events (a client's window)."""
-        return self._heap[0][0] if self._heap else None
-
-    # --- the clock -------------------------------------------------------------------------
-    def _at(self, t: float, fn, arg) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, fn, arg))
-
-    def _devset(self, devices: tuple[int, ...]) -> DeviceSet:
-        ds = self._devsets.get(devices)
-        if ds is None:
-            ds = self._devsets[devices] = DeviceSet.of(devices, self.cluster)
-        return ds
+        return self.timing.next_time
 
     # --- 1. the client ---------------------------------------------------------------------
     def _start_run(self, run: SimRun) -> None:
@@ -226,40 +210,33 @@ class Simulator:
             hosts = set()
             for task in run.tasks:
                 hosts.update(task.devset.hosts.tolist())
-            free = max(self._client_free.get(run.client, 0.0), self.now)
-            self._client_free[run.client] = (free + host.client_per_program
-                                             + host.program_fanout_per_host * len(hosts))
+            self.timing.program_work(run.client, len(hosts))
         for task in run.tasks:
             if self.dispatch is DispatchMode.PARALLEL or not task.producers:
                 self._prepare(task)
 
     def _prepare(self, task: SimTask) -> None:
         """The client's host-side work for ``task``, then its messages leave."""
-        host = self.cluster.host
+        host, timing = self.cluster.host, self.timing
         if self.multi:  # each host dispatches its own chips, in the same order everywhere
             if not task.is_compute:
-                self._at(self.now + host.client_per_node, self._issue, task)
+                timing.at(timing.now + host.client_per_node, self._issue, task)
                 return
             for h in task.devset.hosts.tolist():
-                t = max(float(self._host_client_free[h]), self.now) + host.client_per_node
-                self._host_client_free[h] = t
-                self._at(t, self._host_receive, (task, h))
+                timing.at(timing.host_dispatch(h), self._host_receive, (task, h))
             return
         client = task.run.client
-        hosts = task.devset.nhosts + (task.src.nhosts if task.src else 0)
-        done = (max(self._client_free.get(client, 0.0), self.now) + host.client_per_node
-                + host.fanout_per_host * hosts)
-        self._client_free[client] = done
+        done = timing.node_work(client, task.devset.nhosts + (task.src.nhosts if task.src else 0))
         if not task.is_compute:
-            self._at(done + host.rpc_latency, self._issue, task)
+            timing.at(done + host.rpc_latency, self._issue, task)
         elif self.gang:  # to the island's scheduler, which sits with its first host
             first = sum(self.cluster.islands[:task.island])
             delay = host.rpc_latency + self.network_delay(client, first)
-            self._at(done + delay, self._submit, task)
+            timing.at(done + delay, self._submit, task)
         else:  # no scheduler: straight to each host
             for h in task.devset.hosts.tolist():
                 delay = host.rpc_latency + self.network_delay(client, h)
-                self._at(done + delay, self._host_receive, (task, h))
+                timing.at(done + delay, self._host_receive, (task, h))
 
     def _heard(self, task: SimTask) -> None:
         """Sequential dispatch: the client hears that ``task`` ended."""
@@ -270,7 +247,7 @@ class Simulator:
 
     # --- 2. the island's gang scheduler ----------------------------------------------------
     def _submit(self, task: SimTask) -> None:
-        task.t_submit = self.now
+        task.t_submit = self.timing.now
         task.submitted = True
         ready = self.dispatch is DispatchMode.SEQUENTIAL or task.unlaunched == 0
         node = task.node
@@ -282,7 +259,7 @@ class Simulator:
         pending = self._pending.get(island)
         if pending is None:
             self._pending[island] = [event]
-            self._at(self.now, self._flush, island)
+            self.timing.at(self.timing.now, self._flush, island)
         else:
             pending.append(event)
 
@@ -321,33 +298,22 @@ class Simulator:
     def _launch(self, task: SimTask) -> None:
         """A launch decision: queue it on its chips now (launch order); it may start once its
         hosts have enqueued it."""
-        host = self.cluster.host
-        hosts = task.devset.hosts
-        sent = self.now
-        if host.scheduler_per_host:  # the scheduler's thread sends one launch per host
-            sent = max(self._scheduler_free[task.island], sent)
-            sent += host.scheduler_per_host * len(hosts)
-            self._scheduler_free[task.island] = sent
-        free = np.maximum(self._host_free[hosts], sent + host.rpc_latency)
-        free += host.host_per_node
-        self._host_free[hosts] = free
+        timing = self.timing
+        arrived = timing.send_launch(task.island, timing.now, task.devset.hosts)
         task.launched = True
         task.unarrived = 1
         self._chips.enqueue(task)
-        self._at(float(free.max()), self._arrived, task)
+        timing.at(arrived, self._arrived, task)
         self._input_launched(task)
 
     def _host_receive(self, arg) -> None:
         """``gang=False``: host ``h`` takes the computation and queues it on its chips."""
-        task, h = arg
-        t = max(self._host_free[h], self.now) + self.cluster.host.host_per_node
-        self._host_free[h] = t
-        self._at(t, self._host_enqueued, arg)
+        self.timing.at(self.timing.host_take(arg[1]), self._host_enqueued, arg)
 
     def _host_enqueued(self, arg) -> None:
         task, h = arg
         if not task.launched:
-            task.launched, task.t_submit = True, self.now
+            task.launched, task.t_submit = True, self.timing.now
             task.unarrived = 0
             self._input_launched(task)
         self._chips.enqueue(task, task.devset.on_host(h))
@@ -360,16 +326,18 @@ class Simulator:
     def _try_start(self, task: SimTask) -> None:
         if task.unarrived or task.undone:
             return
+        timing = self.timing
+        now = timing.now
         if not task.rendezvous:  # gang=False, no collective: each chip runs its own shard
             for d in task.at_head:
                 if task.t_start is None:
-                    task.t_start = self.now
-                self._at(self.now + task.node.seconds, self._shard_end, (task, d))
+                    task.t_start = now
+                timing.at(now + task.node.seconds, self._shard_end, (task, d))
             task.at_head = []
         elif not task.running and task.blockers == 0:
             task.running = 1
-            task.t_start = self.now
-            self._at(self.now + task.node.seconds, self._compute_end, task)
+            task.t_start = now
+            timing.at(now + task.node.seconds, self._compute_end, task)
 
     def _shard_end(self, arg) -> None:
         task, d = arg
@@ -386,7 +354,7 @@ class Simulator:
 
     # --- 5. transfers ----------------------------------------------------------------------
     def _issue(self, task: SimTask) -> None:
-        task.t_submit = self.now
+        task.t_submit = self.timing.now
         task.submitted = True
         self._maybe_issue(task)
 
@@ -403,30 +371,11 @@ class Simulator:
         if task.undone or not task.launched or task.running:
             return
         task.running = 1
-        start, seconds = self._claim_links(task)
+        timing = self.timing
+        start, seconds = timing.claim(task.link, task.node.nbytes, task.devset, task.src,
+                                      timing.now)
         task.t_start = start
-        self._at(start + seconds, self._transfer_end, task)
-
-    def _claim_links(self, task: SimTask) -> tuple[float, float]:
-        """FIFO sharing: the transfer waits until every port it uses is free, then holds them
-        for its bytes' time (the latency overlaps with the next transfer)."""
-        c, node = self.cluster, task.node
-        dst, src = task.devset, task.src
-        if task.link == LinkKind.ICI:
-            ports = [("ici_out", src.idx), ("ici_in", dst.idx)]
-            lanes = max(1, min(len(src.idx), len(dst.idx)))
-            busy, latency = node.nbytes / lanes / c.ici.link_bandwidth, c.ici.latency
-        elif task.link == LinkKind.DCN:
-            ports = [("dcn_out", src.hosts), ("dcn_in", dst.hosts)]
-            lanes = max(1, min(src.nhosts, dst.nhosts))
-            busy, latency = node.nbytes / lanes / c.dcn.bandwidth_per_host, c.dcn.latency
-        else:
-            ports = [("pcie", dst.hosts)]
-            busy, latency = node.nbytes / dst.nhosts / c.host.host_to_device, 0.0
-        start = max([self.now] + [float(self._ports[p][i].max()) for p, i in ports])
-        for p, i in ports:
-            self._ports[p][i] = start + busy
-        return start, latency + busy
+        timing.at(start + seconds, self._transfer_end, task)
 
     def _transfer_end(self, task: SimTask) -> None:
         if task.link == LinkKind.DCN:  # a copy over DCN is launched once it has landed
@@ -435,14 +384,16 @@ class Simulator:
 
     # --- the end of a node -----------------------------------------------------------------
     def _finish(self, task: SimTask) -> None:
+        timing = self.timing
+        now = timing.now
         task.done = True
-        task.t_end = self.last_end = self.now
+        task.t_end = self.last_end = now
         self._record(task)
-        host = self.cluster.host
+        heard = now + self.cluster.host.rpc_latency
         if task.is_compute and self.gang:
-            self._at(self.now + host.rpc_latency, self._tell_scheduler, task)
+            timing.at(heard, self._tell_scheduler, task)
         if self.dispatch is DispatchMode.SEQUENTIAL:
-            self._at(self.now + host.rpc_latency, self._heard, task)
+            timing.at(heard, self._heard, task)
         for c in task.consumers:
             c.undone -= 1
             if c.undone == 0:
@@ -451,7 +402,7 @@ class Simulator:
         run.remaining -= 1
         self.unfinished -= 1
         if run.remaining == 0:
-            run.t_done = self.now
+            run.t_done = now
 
     def _tell_scheduler(self, task: SimTask) -> None:
         self._post(task.island, sch.Finished(task.id, task.t_end - task.t_start))

@@ -41,7 +41,6 @@ memory budgets act as they do on real devices.
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 import weakref
@@ -61,9 +60,9 @@ from ..local.devices import request_host_devices
 from .cluster import Cluster
 from .cost import analyze, roofline
 from .errors import SimError
-from .tasks import DeviceSet
+from .timing import Timing
 
-_DCN, _ICI = LinkKind.DCN.value, LinkKind.ICI.value
+_DCN = LinkKind.DCN.value
 _OVER = (TaskState.DONE, TaskState.CANCELLED)
 _NAP = 0.05  # s a waiting thread sleeps when only another thread can add work
 
@@ -156,52 +155,30 @@ class SimExecutor(NoGroup):
         request_host_devices(sum(islands_from_env() or DEFAULT_ISLANDS))
         self.cluster = cluster
         self.host_of = cluster.host_of
-        host = cluster.host
-        self._rpc, self._per_node, self._fanout = (host.rpc_latency, host.client_per_node,
-                                                   host.fanout_per_host)
+        self.timing = Timing(cluster)  # the clock, the client, hosts, schedulers, chips, ports
         self.islands: tuple[Island, ...] = tuple(
             Island(i, tuple(SimDevice(d, int(cluster.host_of[d]), i, cluster.chip.name)
                             for d in cluster.island_devices(i)), "sim", simulated=True)
             for i in range(len(cluster.islands)))
-        self._now = 0.0
-        self._heap: list = []
-        self._seq = 0
         self._cv = threading.Condition(threading.RLock())
-        self._chip_free = np.zeros(cluster.num_chips)
-        self._host_free = np.zeros(cluster.num_hosts)
-        self._scheduler_free = [0.0] * len(cluster.islands)  # each island scheduler's thread
-        n, h = cluster.num_chips, cluster.num_hosts
-        self._ports = {"ici_out": np.zeros(n), "ici_in": np.zeros(n), "dcn_out": np.zeros(h),
-                       "dcn_in": np.zeros(h), "pcie": np.zeros(h)}
-        self._client_free: dict[str, float] = {}
-        self._devsets: dict[tuple[int, ...], DeviceSet] = {}
         self._costs: dict[int, tuple[Any, float]] = {}  # id(executable) -> (it, seconds)
         self._planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run -> times
 
     # --- the clock -------------------------------------------------------------------------
     def now(self) -> float:
         """The virtual clock, in seconds since the controller started."""
-        return self._now
-
-    def _at(self, t: float, fn: Callable, arg) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, fn, arg))
-
-    def _step(self) -> None:
-        t, _, fn, arg = heapq.heappop(self._heap)
-        if t > self._now:
-            self._now = t
-        fn(arg)
+        return self.timing.now
 
     def settle(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
         """Move the clock, event by event, until ``predicate()`` holds; False if it still
         does not after ``timeout`` seconds of real time spent waiting for other threads (an
         empty heap: only another thread's submission or free can add work)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        timing = self.timing
         with self._cv:
             while not predicate():
-                if self._heap:
-                    self._step()
+                if timing.heap:
+                    timing.step()
                     continue
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -218,11 +195,12 @@ class SimExecutor(NoGroup):
         is launched); returns the clock. Submissions after it happen at the new time."""
         if not isinstance(seconds, int | float) or not seconds >= 0:
             raise SimError(f"advance takes seconds >= 0, got {seconds!r}.")
+        timing = self.timing
         with self._cv:
-            until = self._now + seconds
-            while self._heap and self._heap[0][0] <= until:
-                self._step()
-            self._now = until
+            until = timing.now + seconds
+            while timing.heap and timing.heap[0][0] <= until:
+                timing.step()
+            timing.now = until
             return until
 
     # --- host-side work --------------------------------------------------------------------
@@ -235,10 +213,11 @@ class SimExecutor(NoGroup):
         for p in plan.nodes:
             if p.is_compute:
                 seconds[p.index] = self._cost(p)
-        hosts = [self._devset(p.devices).nhosts + (
+        devset = self.timing.devset
+        hosts = [devset(p.devices).nhosts + (
             0 if p.is_compute or not p.node.src_devices
-            else self._devset(p.node.src_devices).nhosts) for p in plan.nodes]
-        every = np.unique(np.concatenate([self._devset(p.devices).hosts for p in plan.nodes]))
+            else devset(p.node.src_devices).nhosts) for p in plan.nodes]
+        every = np.unique(np.concatenate([devset(p.devices).hosts for p in plan.nodes]))
         plan.backend["sim"] = (seconds, hosts, len(every))
 
     def _cost(self, p) -> float:
@@ -257,95 +236,57 @@ class SimExecutor(NoGroup):
     def submitted(self, run) -> None:
         """The client's work for a program, now: once per program, and with parallel dispatch
         every node's (sequential dispatch does a node's once its inputs exist)."""
-        host = self.cluster.host
         _, hosts, every = run.plan.backend["sim"]
+        timing = self.timing
         with self._cv:
-            t = (max(self._client_free.get(run.client, 0.0), self._now)
-                 + host.client_per_program + host.program_fanout_per_host * every)
+            timing.program_work(run.client, every)
             if run.parallel:
-                done = []
-                for n in hosts:
-                    t += self._per_node + self._fanout * n
-                    done.append(t)
-                self._planned[run] = done
-            self._client_free[run.client] = t
+                self._planned[run] = [timing.node_work(run.client, n) for n in hosts]
 
     def _decided(self, task: Task) -> float:
         """When the node's scheduler (or, for a copy, its hosts) has heard of it."""
-        run = task.run
+        run, timing = task.run, self.timing
         done = self._planned.get(run)
         if done is not None:
             t = done[task.node.index]
         else:  # sequential: the client works on a node once its inputs exist
-            n = run.plan.backend["sim"][1][task.node.index]
-            t = max(self._client_free.get(run.client, 0.0), self._now) + (
-                self._per_node + self._fanout * n)
-            self._client_free[run.client] = t
-        return max(self._now, t + self._rpc)
-
-    def _devset(self, devices: tuple[int, ...]) -> DeviceSet:
-        ds = self._devsets.get(devices)
-        if ds is None:
-            ds = self._devsets[devices] = DeviceSet.of(devices, self.cluster)
-        return ds
+            t = timing.node_work(run.client, run.plan.backend["sim"][1][task.node.index])
+        return max(timing.now, t + timing.host.rpc_latency)
 
     # --- computations ----------------------------------------------------------------------
     def launch(self, island: int, tasks: Sequence[Task]) -> None:
-        host = self.cluster.host
+        timing = self.timing
+        rpc = timing.host.rpc_latency
         with self._cv:
             for task in tasks:
                 node, run = task.node, task.run
-                ds = self._devset(node.devices)
-                task.t_launch = self._now
-                sent = self._decided(task)
-                if host.scheduler_per_host:  # its thread sends the launch to each host
-                    sent = max(self._scheduler_free[island], sent) + (
-                        host.scheduler_per_host * ds.nhosts)
-                    self._scheduler_free[island] = sent
-                arrive = np.maximum(self._host_free[ds.hosts], sent + self._rpc)
-                arrive += host.host_per_node
-                self._host_free[ds.hosts] = arrive
-                start = max(float(arrive.max()), float(self._chip_free[ds.idx].max()),
-                            _ready(task.inputs()))
-                end = start + run.plan.backend["sim"][0][node.index]
-                self._chip_free[ds.idx] = end
+                ds = timing.devset(node.devices)
+                task.t_launch = timing.now
+                arrived = timing.send_launch(island, self._decided(task), ds.hosts)
+                seconds = run.plan.backend["sim"][0][node.index]
+                start = timing.run_on_chips(ds, max(arrived, _ready(task.inputs())), seconds)
+                end = start + seconds
                 outs = _values(run, node, end)
                 task.launched(outs)
-                self._at(end + self._rpc, _report, (task, start, end, outs))
+                timing.at(end + rpc, _report, (task, start, end, outs))
             self._cv.notify_all()
 
     # --- transfers -------------------------------------------------------------------------
     def transfer(self, task: Task) -> None:
         node = task.node
         g = node.node
+        timing = self.timing
         with self._cv:
-            issued = self._decided(task)
-            ports, busy, latency = self._links(g)
-            start = max([issued, _ready(task.inputs())]
-                        + [float(self._ports[p][i].max()) for p, i in ports])
-            for p, i in ports:
-                self._ports[p][i] = start + busy
-            end = start + latency + busy
+            earliest = max(self._decided(task), _ready(task.inputs()))
+            src = timing.devset(g.src_devices) if g.src_devices else None
+            start, seconds = timing.claim(g.link, g.nbytes, timing.devset(g.devices), src,
+                                          earliest)
+            end = start + seconds
             outs = _values(task.run, node, end)
             if g.link != _DCN:  # consumers may queue behind a copy inside an island
                 task.launched(outs)
-            self._at(end, _report, (task, start, end, outs))
+            timing.at(end, _report, (task, start, end, outs))
             self._cv.notify_all()
-
-    def _links(self, g) -> tuple[list, float, float]:
-        """The ports a copy holds, for how long, and its latency (as ``engine.py``)."""
-        c, dst = self.cluster, self._devset(g.devices)
-        if g.link == _ICI:
-            src = self._devset(g.src_devices)
-            lanes = max(1, min(len(src.idx), len(dst.idx)))
-            return ([("ici_out", src.idx), ("ici_in", dst.idx)],
-                    g.nbytes / lanes / c.ici.link_bandwidth, c.ici.latency)
-        if g.link == _DCN:
-            src = self._devset(g.src_devices)
-            lanes = max(1, min(src.nhosts, dst.nhosts))
-            return ([("dcn_out", src.hosts), ("dcn_in", dst.hosts)],
-                    g.nbytes / lanes / c.dcn.bandwidth_per_host, c.dcn.latency)
-        return [("pcie", dst.hosts)], g.nbytes / dst.nhosts / c.host.host_to_device, 0.0
 
     # --- the rest of the interface ---------------------------------------------------------
     def fetch(self, value, sharding) -> Any:
@@ -359,14 +300,14 @@ class SimExecutor(NoGroup):
         return value  # a value the program was given (it returns its argument)
 
     def status(self, island: int) -> dict[str, Any]:
-        return {"simulated": self.cluster.name, "clock_s": self._now}
+        return {"simulated": self.cluster.name, "clock_s": self.timing.now}
 
     def reattach(self, island: int) -> Island:
         raise ValueError("reattach() is for backend='ray': a simulated island cannot be lost.")
 
     def close(self) -> None:
         """Run the clock until everything launched has ended."""
-        self.settle(lambda: not self._heap)
+        self.settle(lambda: not self.timing.heap)
 
 
 def check_hbm(plan, cluster: Cluster) -> None:
