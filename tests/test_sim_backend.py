@@ -189,10 +189,22 @@ def test_the_same_program_gives_the_same_graph_on_real_and_simulated_islands():
         assert values(g_real) == values(g_sim)
 
 
-def test_the_islands_are_driven_by_the_runtimes_own_gang_schedulers():
+def test_the_islands_are_driven_by_the_runtimes_own_gang_schedulers(monkeypatch):
+    decided = []  # (scheduler class, launches) per handle() that launched something
+    handle = sch.GangScheduler.handle
+
+    def spy(self, *events):
+        out = handle(self, *events)
+        if any(isinstance(d, sch.Launch) for d in out):
+            decided.append((type(self), sum(isinstance(d, sch.Launch) for d in out)))
+        return out
+
+    monkeypatch.setattr(sch.GangScheduler, "handle", spy)
     with pw.Controller(backend="sim", cluster=TINY) as ctl:
-        for queue in ctl._dispatcher.islands.values():
-            assert type(queue.scheduler) is sch.GangScheduler
+        chain(ctl).wait()
+        # both computations were launched by the runtime's own class, nothing else
+        assert {c for c, _ in decided} == {sch.GangScheduler}
+        assert sum(n for _, n in decided) == 2
         assert not any(isinstance(v, type) and issubclass(v, sch.GangScheduler) and
                        v is not sch.GangScheduler for v in vars(sim).values())
 

@@ -59,8 +59,8 @@ def test_the_calibrated_simulator_predicts_every_local_benchmark_row(measured):
     assert [r["clients"] for r in tenants] == [1, 2]
     stages = validate.parallel_dispatch_rows(measured, "tiny")[0]["stages_per_s"]
     assert stages["parallel"] >= stages["sequential"]  # sequential adds the hand-offs
-    rows = [validate._row("dispatch", "x", {"median": 100.0, "min": 90.0, "max": 130.0}, 120.0),
-            validate._row("parallel-dispatch", "ratio", 2.0, 1.0)]
+    rows = [validate.row("dispatch", "x", {"median": 100.0, "min": 90.0, "max": 130.0}, 120.0),
+            validate.row("parallel-dispatch", "ratio", 2.0, 1.0)]
     assert rows[0]["error_pct"] == pytest.approx(20.0) and rows[1]["error_pct"] == -50.0
     table = validate.table(rows)
     assert "-10..+30 %" in table  # the measured rounds' spread against their median

@@ -103,8 +103,8 @@ def test_a_layers_flops_are_what_xla_counts_forward_and_for_training():
     forward = estimate(layer, *args, cluster=v3).flops
     training = estimate(jax.grad(loss, argnums=(0, 1, 2, 3, 4)), *args, cluster=v3).flops
     # XLA adds the elementwise work (softmax, gelu, the residuals): under 1 %
-    assert forward == pytest.approx(pwl._layer_flops(m, b * s), rel=0.01)
-    assert training == pytest.approx(3 * pwl._layer_flops(m, b * s), rel=0.01)
+    assert forward == pytest.approx(pwl.layer_flops(m, b * s), rel=0.01)
+    assert training == pytest.approx(3 * pwl.layer_flops(m, b * s), rel=0.01)
 
 
 def test_the_spmd_steps_collectives_are_the_2d_splits_per_layer_all_gathers_and_reduce_scatters():

@@ -252,7 +252,7 @@ def parallel_dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
     return rows
 
 
-def _row(benchmark: str, what: str, measured: Mapping | float, simulated: float) -> dict:
+def row(benchmark: str, what: str, measured: Mapping | float, simulated: float) -> dict:
     """A table row; ``measured``: the benchmark's summary (median, min, max over its rounds)
     or one figure (a paired ratio)."""
     m = measured if isinstance(measured, Mapping) else {"median": measured}
@@ -274,11 +274,11 @@ def compare(cal: Mapping, mode: str = "quick") -> list[dict]:
     real = dispatch.run(mode).rows
     for r, s in zip(real, dispatch_rows(cal, mode), strict=True):
         for v in ("pw_opbyop", "pw_chained", "pw_fused"):
-            out.append(_row("dispatch", f"{v}, {r['devices']} dev, size {r['size']} (steps/s)",
+            out.append(row("dispatch", f"{v}, {r['devices']} dev, size {r['size']} (steps/s)",
                             r["steps_per_s"][v], s["steps_per_s"][v]))
     real = multitenancy.run(mode).rows
     for r, s in zip(real, multitenancy_rows(cal, mode), strict=True):
-        out.append(_row("multitenancy", f"{r['clients']} clients (computations/s)",
+        out.append(row("multitenancy", f"{r['clients']} clients (computations/s)",
                         r["computations_per_s"], s["computations_per_s"]))
     import pwkernel as pw
 
@@ -290,9 +290,9 @@ def compare(cal: Mapping, mode: str = "quick") -> list[dict]:
                                                             cfg["programs"]),
                                  rounds=cfg["rounds"])
             for v in ("parallel", "sequential"):
-                out.append(_row("parallel-dispatch", f"{v}, size {size} (stages/s)",
+                out.append(row("parallel-dispatch", f"{v}, size {size} (stages/s)",
                                 summarize(samples[v]), s["stages_per_s"][v]))
-            out.append(_row("parallel-dispatch", f"parallel / sequential, size {size}",
+            out.append(row("parallel-dispatch", f"parallel / sequential, size {size}",
                             paired_ratio(samples, "parallel", "sequential"),
                             s["stages_per_s"]["parallel"] / s["stages_per_s"]["sequential"]))
     finally:

@@ -111,7 +111,7 @@ UPDATE_BYTES = 20
 F32 = 4
 
 
-def _layer_flops(m: dict, tokens: float) -> float:
+def layer_flops(m: dict, tokens: float) -> float:
     """One layer's forward over ``tokens`` tokens: 2 x 12 d^2 per token for its matrices
     (QKV 3d^2, output d^2, feed-forward 2 x 4d^2) and 4 x seq x d for the attention scores and
     their product with V (dense: the causal mask saves nothing on a TPU's matrix unit)."""
@@ -165,7 +165,7 @@ def spmd_parts(cluster: Cluster, m: dict, mesh: tuple[int, int] = SPMD_MESH) -> 
                                                                      model)] * 2
     fwd_c = ([ag_w] + act_c) * L
     bwd_c = ([ag_w, Collective("reduce_scatter", int(layer_w * F32), data)] + act_c) * L
-    flops = _layer_flops(m, tokens) / model * L
+    flops = layer_flops(m, tokens) / model * L
     fwd_b = (_layer_bytes(m, tokens, model) + layer_w * BF16) * L
     bwd_b = (2 * _layer_bytes(m, tokens, model) + layer_w * (BF16 + F32)) * L
     ici = cluster.ici
@@ -196,7 +196,7 @@ def gpipe_parts(cluster: Cluster, m: dict, stages: int, micro: int) -> dict:
     layers = m["layers"] // stages
     tokens = m["batch_tokens"] / micro / width  # one chip's share of a microbatch
     params = _params(m) / stages
-    flops = _layer_flops(m, tokens) * layers
+    flops = layer_flops(m, tokens) * layers
     act = _layer_bytes(m, tokens, 1) * layers
     return {"forward": _seconds(cluster, flops, act + params * BF16),
             "backward": _seconds(cluster, 2 * flops, 2 * act + params * (BF16 + 2 * F32)),
