@@ -1,0 +1,95 @@
+"""One timing model (``backends/sim/timing.py``) under both simulators: the engine
+(``Simulator``, plain graphs) and the simulated executor (``pw.Controller(backend="sim")``) give
+the same program the same timeline, so a change to the model is made once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from pwkernel.backends import sim
+from pwkernel.backends.sim.timing import Timing
+
+US = 1e-6
+# Two islands of 2 hosts x 2 chips; every host-side cost non-zero and distinct, so a cost
+# charged twice, or missed, by one simulator shows.
+TWO = sim.Cluster(sim.Chip("test chip", 1e12, 1e9, 1e11), (2, 2), 2,
+                  sim.Interconnect(1e10, 1e-6), sim.Network(1e9, 1e-5),
+                  sim.HostCosts(client_per_node=10 * US, fanout_per_host=3 * US,
+                                rpc_latency=100 * US, host_per_node=5 * US,
+                                host_to_device=1e9, client_per_program=7 * US,
+                                program_fanout_per_host=2 * US, scheduler_per_host=1 * US))
+
+
+def both(dispatch: str) -> tuple[dict, dict]:
+    """name -> (start, end) in us of an upload, two steps on island 0, a copy over DCN and a
+    step on island 1: through the whole runtime, and through the engine (``from_graph``)."""
+    with pw.Controller(backend="sim", cluster=TWO, dispatch=dispatch) as ctl:
+        s0, s1 = ctl.slice(4, island=0), ctl.slice(4, island=1)
+        a = pw.function(lambda x: x + 1, slice=s0, name="a", sim_cost=1e-3)
+        b = pw.function(lambda x: x * 2, slice=s0, name="b", sim_cost=2e-3)
+        c = pw.function(lambda x: x - 1, slice=s1, name="c", sim_cost=1e-3)
+
+        @pw.program
+        def f(v):
+            return c(b(a(v)))
+
+        x = np.zeros(1000, np.float32)
+        graph = f.trace(x)
+        assert f(x).wait(timeout=10)
+        executor = {e.name: (e.t_start / US, e.t_end / US) for e in ctl.trace.events()}
+    engine = sim.Simulator(TWO, dispatch=dispatch)
+    engine.submit(sim.from_graph(graph, TWO, cost=lambda node: node.fn.sim_cost))
+    engine.run()
+    return executor, {e.name: (e.t_start / US, e.t_end / US) for e in engine.trace.events()}
+
+
+def test_parallel_dispatch_gives_the_same_timeline_in_both_simulators():
+    executor, engine = both("parallel")
+    assert set(executor) == {"host:host->0", "a", "b", "dcn:0->1", "c"} == set(engine)
+    for name, (start, end) in executor.items():
+        assert engine[name] == (pytest.approx(start, abs=1e-6), pytest.approx(end, abs=1e-6))
+    # worked out by hand: the program (7 + 2 x 2 hosts us), then each node's client work
+    # (10 + 3 us per host); a's launch leaves the scheduler 2 x 1 us after it arrives, reaches
+    # its hosts 100 us later, 5 us there; b runs behind a; the copy (12 us) after b; c is
+    # launched once the copy has landed, 1 + 100 + 5 us later
+    assert executor["a"] == pytest.approx((254.0, 1254.0))
+    assert executor["c"] == pytest.approx((3373.0, 4373.0))
+
+
+def test_sequential_dispatch_differs_only_in_when_a_copys_end_is_heard():
+    """The one difference (``docs/simulator.md``): with sequential dispatch the engine's client
+    hears of a copy's end ``rpc_latency`` after it, the runtime's dispatcher at once."""
+    executor, engine = both("sequential")
+    copies_before = {"host:host->0": 0, "a": 1, "b": 1, "dcn:0->1": 1, "c": 2}
+    for name, (start, end) in executor.items():
+        shift = 100.0 * copies_before[name]
+        assert engine[name] == (pytest.approx(start + shift), pytest.approx(end + shift))
+
+
+def test_a_shared_port_takes_one_copy_after_another_and_the_latency_overlaps():
+    t = Timing(TWO)
+    src, dst = t.devset((0, 1)), t.devset((2, 3))
+    # 2e4 B over 2 lanes of 10 GB/s: the ports are busy 1 us, the copy takes 1 + 1 us
+    assert t.claim("ici", 2e4, dst, src, 0.0) == pytest.approx((0.0, 2 * US))
+    assert t.claim("ici", 2e4, dst, src, 0.0) == pytest.approx((1 * US, 2 * US))
+    # another island's chips use other ports; a DCN copy holds its hosts' DCN ports
+    assert t.claim("ici", 2e4, t.devset((6, 7)), t.devset((4, 5)), 0.0)[0] == 0.0
+    start, seconds = t.claim("dcn", 1e3, t.devset((4,)), src, 0.0)
+    assert (start, seconds) == pytest.approx((0.0, 10 * US + 1 * US))
+
+
+def test_the_clock_takes_events_in_time_then_creation_order_and_never_goes_back():
+    t = Timing(TWO)
+    seen = []
+    t.at(2.0, seen.append, "late")
+    t.at(1.0, seen.append, "first")
+    t.at(1.0, seen.append, "second")
+    t.now = 1.5
+    t.at(1.5, seen.append, "now")
+    times = []
+    while t.heap:
+        t.step()
+        times.append(t.now)
+    assert seen == ["first", "second", "now", "late"] and times == [1.5, 1.5, 1.5, 2.0]
