@@ -2,7 +2,9 @@
 ``GangScheduler`` (one per island; imported and driven, never copied).
 
 A deterministic discrete-event simulation: events sit in one heap ordered by (time, sequence
-number), so equal times keep the order they were created in and every run is the same.
+number), so equal times keep the order they were created in and every run is the same. The
+clock and every cost below are the timing model's (``timing.py``, shared with the simulated
+executor); this module decides when each is asked for.
 
 What happens to a node (``docs/simulator.md`` has the picture and every parameter):
 

@@ -16,22 +16,12 @@ waiting thread takes the next event off a heap ordered by (time, sequence), repo
 on until what it waits for is done. Submissions happen at the clock's current time. With one
 thread submitting and waiting, every run is the same.
 
-**The model** (the simulator's, ``engine.py``, with the same parameters; ``docs/simulator.md``):
-
-1. the client does a node's host-side work (``client_per_node``, ``fanout_per_host`` for each
-   host it touches; once per program ``client_per_program``, ``program_fanout_per_host``): for
-   a whole program when it is submitted with parallel dispatch, for each node when its inputs
-   exist with sequential dispatch; ``rpc_latency`` later the island's scheduler has it;
-2. the scheduler sends its launch decision to each host of the computation, one after another
-   on its one thread (``scheduler_per_host`` each), which reaches the host ``rpc_latency``
-   later, where the host executor takes ``host_per_node``, one computation after another;
-3. the chips run computations in launch order; one starts when all its hosts have it, all its
-   chips are free (a gang) and its inputs exist, and runs for its cost: XLA's cost analysis of
-   its lowered function on the chip's roofline plus its collectives on the interconnect model
-   (``cost.py``), or the function's ``sim_cost``;
-4. its end reaches the scheduler (and the client) ``rpc_latency`` after it happens;
-5. transfers take ``latency + bytes / bandwidth`` on their links (ICI ports of the chips, DCN
-   ports of the hosts, the hosts' PCIe for uploads), one after another on a shared port.
+**The model** is ``timing.py``'s, the one the engine uses too (``docs/simulator.md``). Here
+the client does a node's host-side work for a whole program when it is submitted with
+parallel dispatch, for each node when its inputs exist with sequential dispatch; a
+computation's duration is XLA's cost analysis of its lowered function on the chip's roofline
+plus its collectives (``cost.py``), or the function's ``sim_cost``; its end reaches the
+scheduler (and the client) ``rpc_latency`` after it happens, a copy's when it happens.
 
 Because chips take work in launch order, a computation's start and end are known the moment it
 is launched (everything before it on its chips, and its inputs, were launched before it); the
