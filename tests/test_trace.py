@@ -49,6 +49,25 @@ def test_chrome_trace_has_a_track_per_device_and_transfer_flows(ctl, tmp_path):
 
 
 
+def test_record_takes_the_event_fields_by_name_with_defaults_for_a_computation():
+    trace = Trace()
+    trace.record(kind="compute", name="f", program="p", program_id=3, client="alice",
+                 island=1, devices=(4, 5), t_submit=1.0, t_start=2.0, t_end=3.5)
+    trace.record(kind="transfer", name="t", program="p", program_id=3, client="alice",
+                 island=1, devices=(4,), t_submit=3.5, t_start=3.5, t_end=4.0, nbytes=8,
+                 src=0, dst=1, src_devices=(0,), link="dcn", node_id=7)
+    compute, transfer = trace.events()
+    assert compute == pw.runtime.trace.Event(0, "compute", "f", "p", 3, "alice", 1, (4, 5),
+                                             1.0, 2.0, 3.5)  # status "ok", no transfer part
+    assert (transfer.index, transfer.src, transfer.dst, transfer.link, transfer.node_id,
+            transfer.bandwidth) == (1, 0, 1, "dcn", 7, 16.0)
+
+
+def test_record_refuses_fields_by_position():
+    with pytest.raises(TypeError):
+        Trace().record("compute", "f", "p", 0, "default", 0, (0,), 0.0, 0.0, 1.0)
+
+
 @pytest.mark.parametrize("name, needle", [
     (".json", "names no file"), ("", "names no file"), ("runs/", "is a directory"),
     ("t\x00.json", "NUL byte"),

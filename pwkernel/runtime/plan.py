@@ -141,8 +141,9 @@ def build(graph: Graph) -> Plan:
         p.foreign = compute and any(argument[slot] for slot in distinct)
         if compute:
             after = _island_ancestors(nodes, producer, distinct, p.island)
-            p.spec = NodeSpec(index, frozenset(p.devices), cost_key(node.fn, node.signature),
-                              p.memory, tuple(waits), tuple(after), p.external > 0)
+            p.spec = NodeSpec(index=index, devices=frozenset(p.devices),
+                              cost_key=cost_key(node.fn, node.signature), memory=p.memory,
+                              waits=tuple(waits), after=tuple(after), external=p.external > 0)
         nodes.append(p)
     for p in nodes:
         p.notifies = any(notify[s] for s in p.outputs)

@@ -120,12 +120,22 @@ class Trace:
         self._changed = threading.Condition(self._lock)
         self._waiters = 0
 
-    def record(self, *fields) -> None:
-        """Append one event: the fields of ``Event`` after ``index``, in order."""
+    def record(self, *, kind: str, name: str, program: str, program_id: int, client: str,
+               island: int, devices: tuple[int, ...], t_submit: float, t_start: float,
+               t_end: float, status: str = "ok", nbytes: int = 0, src: int | None = None,
+               dst: int | None = None, src_devices: tuple[int, ...] = (),
+               link: str | None = None, node_id: int = -1) -> None:
+        """Append one event, its ``Event`` fields by name (the log numbers it: ``index``).
+
+        A computation needs no more than the ten fields up to ``t_end`` (``status`` is
+        ``"ok"`` unless given); a transfer also says ``nbytes``, ``src``, ``dst``,
+        ``src_devices`` and ``link``."""
         if not self.enabled:
             return
         with self._lock:
-            self._raw.append((self._next, *fields))
+            self._raw.append((self._next, kind, name, program, program_id, client, island,
+                              devices, t_submit, t_start, t_end, status, nbytes, src, dst,
+                              src_devices, link, node_id))
             self._next += 1
             if self._waiters:
                 self._changed.notify_all()
