@@ -442,8 +442,13 @@ def _route_as_sent(comm) -> None:
     behind the running cell. This comm waits for no reply, so the frontend's choice stands
     (JupyterLab sends comm messages to a subshell of their own; JEP 91).
     """
-    if hasattr(comm, "_reply_subshell_for"):
-        comm._reply_subshell_for = lambda data, default: default
+    if hasattr(comm, _ROUTE_HOOK):
+        setattr(comm, _ROUTE_HOOK, lambda data, default: default)
+
+
+# ipykernel 7's routing hook: its kernel looks the method up by this name (``getattr``) on the
+# comm a message is for; a comm without it keeps the sender's subshell (ipykernel < 7).
+_ROUTE_HOOK = "_reply_subshell_for"
 
 
 def register(ip, get_controller: Callable[[], Any]) -> bool:
