@@ -3,10 +3,11 @@
 A ``Plan`` is built the first time a graph is submitted and kept on it (graphs are cached per
 input signature, and traced again when slices move, so the plan follows). It holds, per node,
 everything a run needs and nothing a run changes: the executable with its fastest call path
-(the ``jax.jit`` object, whose C++ dispatch is what bare JAX pays), the value slots it reads and
-writes, its device set and bytes, the scheduler's static part of it (``NodeSpec``), and who must
-be told when its outputs exist. A run of a cached plan is then a few lists (values, times,
-counters), one small ``Task`` per node and one scheduler event per island.
+(``Executable.call``: the compiled executable itself, whose C++ dispatch is what bare JAX pays,
+and which never traces again), the value slots it reads and writes, its device set and bytes,
+the scheduler's static part of it (``NodeSpec``), and who must be told when its outputs exist.
+A run of a cached plan is then a few lists (values, times, counters), one small ``Task`` per
+node and one scheduler event per island.
 
 Readiness is split by who can see it cheapest. A computation reading a computation of the same
 program on the same island becomes ready when that producer is *launched*, inside the gang
