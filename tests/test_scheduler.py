@@ -37,6 +37,17 @@ def test_fifo_launches_in_submission_order_one_gang_at_a_time():
     assert s.running == (2,) and s.queued == ()
 
 
+def test_events_are_built_by_keyword_and_carry_one_client_spec():
+    with pytest.raises(TypeError):
+        Submit(0, ALL)  # field order is no part of the API
+    alice = ClientSpec("alice", weight=2.0, priority=1)
+    ev = Submit(task=0, devices=ALL, client=alice)
+    assert ev.client is alice and Submit(task=1, devices=ALL).client == ClientSpec()
+    from pwkernel.runtime.scheduler import Finished  # the event's old name
+
+    assert Finished is Ended
+
+
 def test_disjoint_gangs_run_together_and_waiting_tasks_do_not_block():
     s = GangScheduler(ALL)
     out = s.handle(Submit(task=0, devices=(0, 1)), Submit(task=1, devices=(2, 3), ready=True),

@@ -296,7 +296,7 @@ class PathwaysMagics(Magics):
                 deadline.finish(status) if deadline else status))
             return self._last(plan, plain, results)
         try:
-            self._wait(run, a.timeout, name, _leaves(results))
+            self._wait(ctl, run, a.timeout, name, _leaves(results))
             errors = [f.exception(0) for f in _leaves(results) if f.exception(0) is not None]
             if errors:
                 raise errors[0]
@@ -360,14 +360,15 @@ class PathwaysMagics(Magics):
         display(view)
         return view
 
-    def _wait(self, run, timeout: float | None, name: str, outputs: list[Future]) -> None:
+    def _wait(self, ctl, run, timeout: float | None, name: str,
+              outputs: list[Future]) -> None:
         """Until the program ends, or an output failed (a cancel from the sidebar, say): then
         the cell fails at once, and computations already launched end on their own."""
         __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
         resolved = _all_resolved(outputs)
-        if run.dispatcher.virtual:  # a simulated clock: the cell's program runs to its end
-            run.wait(timeout)       # while this thread waits (no real time passes)
+        if getattr(ctl.executor, "virtual", False):  # a simulated clock: the cell's program
+            run.wait(timeout)  # runs to its end while this thread waits (no real time passes)
         try:
             while True:
                 left = None if deadline is None else deadline - time.monotonic()

@@ -52,7 +52,6 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
-    DEFAULT_CLIENT,
     Cancel,
     ClientSpec,
     Ended,
