@@ -101,7 +101,7 @@ assert hung == {0: [], 1: []} and fine == {0: ["A", "B"], 1: ["A", "B"]}
 # ## The gang scheduler gives one order
 #
 # `pwkernel.runtime.scheduler.GangScheduler` is the real island scheduler as a pure state
-# machine: events in (`Submit`, `Finished`, ...), decisions out (`Launch`). It gives all devices
+# machine: events in (`Submit`, `Ended`, ...), decisions out (`Launch`). It gives all devices
 # of a computation to it together and emits launches in **one sequence**, so every device sees
 # the computations in the same order, whatever order they arrived in.
 #
@@ -113,11 +113,11 @@ assert hung == {0: [], 1: []} and fine == {0: ["A", "B"], 1: ["A", "B"]}
 # found a device busy.
 
 # %%
-from pwkernel.runtime.scheduler import Finished, GangScheduler, Launch, Submit
+from pwkernel.runtime.scheduler import Ended, GangScheduler, Launch, Submit
 
 
 def gang_order(arrivals, members, devices, scheduler=GangScheduler):
-    # Feed the computations to one scheduler in arrival order; finish the oldest running one
+    # Feed the computations to one scheduler in arrival order; end the oldest running one
     # until all ran. Returns each device's queue (read off the single launch sequence) and
     # how many launches found one of their devices busy with another computation.
     gs = scheduler(devices=devices)
@@ -135,12 +135,12 @@ def gang_order(arrivals, members, devices, scheduler=GangScheduler):
             order.append(t)
             running.append(t)
 
-    launched(gs.handle(*[Submit(ids[c], members[c], ready=True) for c in arrivals]))
+    launched(gs.handle(*[Submit(task=ids[c], devices=members[c], ready=True) for c in arrivals]))
     while running:
         t = running.pop(0)
         for d in members[names[t]]:
             on[d].discard(t)
-        launched(gs.handle(Finished(t, 0.001)))
+        launched(gs.handle(Ended(task=t, seconds=0.001)))
     return {d: [names[t] for t in order if d in members[names[t]]] for d in devices}, busy_launches
 
 queues, busy = gang_order(["B", "A"], members, devices=(0, 1))

@@ -31,12 +31,13 @@ from .runtime.errors import (
     SliceError,
     SpecError,
 )
+from .runtime.events import ClientSpec
 from .runtime.executor import Executor
 from .runtime.objects import Future, FutureState
 from .runtime.program import BATCH, INFERRED, CompiledFunction, Program, function, program
 from .runtime.resources import Island, VirtualSlice
 from .runtime.scheduler import GangScheduler, Policy
-from .runtime.tasks import ClientSpec, ProgramRun
+from .runtime.tasks import ProgramRun
 from .runtime.trace import Event, Trace
 from .runtime.transfer import Link
 

@@ -6,7 +6,7 @@ construction), so these checks read the scheduler's own decisions instead. ``Lau
 records, per scheduler, every ``handle()`` call's events and decisions, in the order the
 scheduler saw them; ``violations`` replays them and reports every computation launched onto a
 device while a computation that is not its ancestor was still running there (between
-``Finished`` events), which is exactly what gang scheduling forbids. Pure Python: no JAX.
+``Ended`` events), which is exactly what gang scheduling forbids. Pure Python: no JAX.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pwkernel.runtime.scheduler import (
-    Finished,
+    Ended,
     GangScheduler,
     Launch,
     Ready,
@@ -96,7 +96,7 @@ def _replay(calls) -> list[str]:
                     after[t] = tuple(ev.base + a for a in spec.after)
             elif isinstance(ev, Ready) and ev.after:
                 after[ev.task] = tuple(ev.after)
-            elif isinstance(ev, Finished):
+            elif isinstance(ev, Ended):
                 for d in devices.get(ev.task, ()):
                     running.get(d, set()).discard(ev.task)
         for decision in decisions:

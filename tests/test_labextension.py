@@ -207,8 +207,10 @@ def test_cancel_a_running_program_by_run_id(ctl):
 def test_utilization_counts_finished_and_running_work():
     trace = Trace()
     for t0, t1, devices in [(0.0, 1.0, (0,)), (9.0, 9.5, (0, 1)), (9.2, 9.8, (0,))]:
-        trace.record("compute", "f", "p", 0, "default", 0, devices, t0, t0, t1)
-    trace.record("transfer", "t", "p", 0, "default", 0, (3,), 9.0, 9.0, 10.0)
+        trace.record(kind="compute", name="f", program="p", program_id=0, client="default",
+                     island=0, devices=devices, t_submit=t0, t_start=t0, t_end=t1)
+    trace.record(kind="transfer", name="t", program="p", program_id=0, client="default",
+                 island=0, devices=(3,), t_submit=9.0, t_start=9.0, t_end=10.0)
     util = comm.Utilization(window=2.0)
     use = util.sample(trace, running=[(9.5, (2,))], now=10.0)
     # device 0: [9.0, 9.8] (overlaps merged) = 0.8 s of 2 s; devices 1 and 2: 0.5 s;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
-from pwkernel.runtime.trace import Trace
+from pwkernel.runtime.trace import Event, Trace
 
 
 def run_figure2(ctl):
@@ -47,6 +48,31 @@ def test_chrome_trace_has_a_track_per_device_and_transfer_flows(ctl, tmp_path):
     names = [e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"]
     assert "island 0" in names and "device 4" in names
 
+
+
+def test_record_takes_the_event_fields_by_name_with_defaults_for_a_computation():
+    trace = Trace()
+    trace.record(kind="compute", name="f", program="p", program_id=3, client="alice",
+                 island=1, devices=(4, 5), t_submit=1.0, t_start=2.0, t_end=3.5)
+    trace.record(kind="transfer", name="t", program="p", program_id=3, client="alice",
+                 island=1, devices=(4,), t_submit=3.5, t_start=3.5, t_end=4.0, nbytes=8,
+                 src=0, dst=1, src_devices=(0,), link="dcn", node_id=7)
+    compute, transfer = trace.events()
+    # status "ok", no transfer part:
+    assert compute == Event(0, "compute", "f", "p", 3, "alice", 1, (4, 5), 1.0, 2.0, 3.5)
+    assert (transfer.index, transfer.src, transfer.dst, transfer.link, transfer.node_id,
+            transfer.bandwidth) == (1, 0, 1, "dcn", 7, 16.0)
+
+
+def test_record_names_every_event_field_in_order():
+    # record stores one tuple in the Event's field order: its keywords must be those fields
+    names = [n for n in inspect.signature(Trace.record).parameters if n != "self"]
+    assert names == list(Event._fields[1:])
+
+
+def test_record_refuses_fields_by_position():
+    with pytest.raises(TypeError):
+        Trace().record("compute", "f", "p", 0, "default", 0, (0,), 0.0, 0.0, 1.0)
 
 
 @pytest.mark.parametrize("name, needle", [

@@ -307,7 +307,7 @@ def test_a_hundred_thousand_events(ctl, programs):
     for i in range(100_000):
         start = template.t_start + i * 1e-3
         moved = template._replace(t_start=start, t_end=start + 5e-4)
-        ctl.trace.record(*(getattr(moved, n) for n in names))  # Event's fields, in order
+        ctl.trace.record(**{n: getattr(moved, n) for n in names})  # Event's fields
     v = pw.ScheduleView(ctl, live=False, max_rows=10_000)
     try:
         assert len(v.history) == ctl.trace.next_index

@@ -69,7 +69,7 @@ def step(x):
     return jnp.tanh(x) * 0.5 + x * 0.5
 
 
-def _chain_length(base: int, size: int) -> int:
+def chain_length(base: int, size: int) -> int:
     # Large computations get shorter chains so that every size costs about the same time.
     return max(min(base, 8), min(base, int(base * 4096 / size)))
 
@@ -172,7 +172,7 @@ def run(mode: str = "quick") -> Result:
         for devices in cfg["slices"]:
             for size in cfg["sizes"]:
                 size = math.lcm(size, devices)
-                n = _chain_length(cfg["chain"], size)
+                n = chain_length(cfg["chain"], size)
                 reps = max(1, min(cfg["fused_reps"], cfg["fused_reps"] * 4096 // size))
                 samples = interleave(variants(ctl, devices, size, n, reps),
                                      rounds=cfg["rounds"])

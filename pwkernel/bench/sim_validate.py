@@ -158,7 +158,7 @@ def dispatch_rows(cal: Mapping, mode: str) -> list[dict]:
         chips = tuple(range(d))
         for size in cfg["sizes"]:
             size = math.lcm(size, d)
-            n = bench._chain_length(cfg["chain"], size)
+            n = bench.chain_length(cfg["chain"], size)
             reps = max(1, min(cfg["fused_reps"], cfg["fused_reps"] * 4096 // size))
             c = m.device_seconds(bench.step, (size,), d, P("x"))
             step = m.computation(bench.step, (size,), d, P("x"), 4 * size / d)

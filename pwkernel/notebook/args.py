@@ -25,6 +25,13 @@ class _Parser(MagicArgumentParser):
         kwargs.setdefault("add_help", False)
         super().__init__(*args, **kwargs)
         self.hint, self.label = hint, label
+        self.subcommands: dict[str, argparse.ArgumentParser] = {}  # name -> its parser
+
+    def add_subparsers(self, **kwargs):
+        # argparse keeps its subparsers only in private fields: remember them here
+        action = super().add_subparsers(**kwargs)
+        self.subcommands = action.choices
+        return action
 
     def error(self, message: str):
         raise UsageError(f"{self.label}: {message}. See {self.hint} for the accepted arguments.")
@@ -217,10 +224,8 @@ def parse_cell(line: str) -> argparse.Namespace:
 def help_text(parser: _Parser) -> str:
     """The help of a parser and its subcommands, for the magics' docstrings."""
     text = parser.format_help()
-    for action in parser._actions:  # argparse keeps subparsers only here
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                usage = sub.format_usage().replace("usage: ", "").strip()
-                text += f"\n{name}:\n  {usage}\n"
+    for name, sub in parser.subcommands.items():
+        usage = sub.format_usage().replace("usage: ", "").strip()
+        text += f"\n{name}:\n  {usage}\n"
     return text
 

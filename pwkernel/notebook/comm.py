@@ -153,7 +153,7 @@ def validate(data: Any) -> dict[str, Any]:
 
 # --- the status snapshot -------------------------------------------------------------------
 class Utilization:
-    """Busy fraction of each device over the last ``window`` seconds: finished computations
+    """Busy fraction of each device over the last ``window`` seconds: ended computations
     from the trace (read incrementally) plus computations running now."""
 
     def __init__(self, window: float = WINDOW):
@@ -165,7 +165,7 @@ class Utilization:
     def sample(self, trace, running: list[tuple[float, tuple[int, ...]]],
                now: float | None = None) -> dict[int, float]:
         """``trace``: the controller's ``Trace``; ``running``: (start, devices) of computations
-        launched and not finished; ``now``: a reading of the controller's clock (the trace's;
+        launched and not ended; ``now``: a reading of the controller's clock (the trace's;
         default ``time.perf_counter()``, the local and Ray backends' clock)."""
         now = time.perf_counter() if now is None else now
         start = now - self.window
@@ -286,7 +286,7 @@ def _act(ctl, msg: dict[str, Any], conn: Connection | None, root: Path | None) -
         match = [r for r in runs if r.id == msg["run"]]
         if not match:
             raise RequestError(f"no active program with run id {msg['run']}; active run ids: "
-                               f"{_clip([r.id for r in runs])} (it may have finished already).")
+                               f"{_clip([r.id for r in runs])} (it may have ended already).")
         cancelled = match[0].cancel(CANCEL_REASON)
         return {"type": "cancel", "run": msg["run"], "cancelled": int(cancelled)}
     # trace
@@ -442,8 +442,13 @@ def _route_as_sent(comm) -> None:
     behind the running cell. This comm waits for no reply, so the frontend's choice stands
     (JupyterLab sends comm messages to a subshell of their own; JEP 91).
     """
-    if hasattr(comm, "_reply_subshell_for"):
-        comm._reply_subshell_for = lambda data, default: default
+    if hasattr(comm, _ROUTE_HOOK):
+        setattr(comm, _ROUTE_HOOK, lambda data, default: default)
+
+
+# ipykernel 7's routing hook: its kernel looks the method up by this name (``getattr``) on the
+# comm a message is for; a comm without it keeps the sender's subshell (ipykernel < 7).
+_ROUTE_HOOK = "_reply_subshell_for"
 
 
 def register(ip, get_controller: Callable[[], Any]) -> bool:

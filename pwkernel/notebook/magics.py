@@ -20,10 +20,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..runtime.controller import SharedDevicesWarning
 from ..runtime.errors import CancelledError, PathwaysError
+from ..runtime.events import ClientSpec
 from ..runtime.graph import ComputeNode
 from ..runtime.objects import Future
 from ..runtime.resources import VirtualSlice, describe_axis_types, islands_from_env
-from ..runtime.tasks import ClientSpec
 from . import args as specs
 from . import cell as cells
 from . import segments
@@ -117,7 +117,7 @@ class PathwaysMagics(Magics):
         print(f"dispatch: {self.ctl.dispatch}")
 
     def _cmd_client(self, a) -> None:
-        self.state.client = ClientSpec(a.name, a.weight, a.priority)
+        self.state.client = ClientSpec(name=a.name, weight=a.weight, priority=a.priority)
         print(f"client: {a.name} (weight {a.weight:g}, priority {a.priority}) for later cells")
 
     def _cmd_trace(self, a) -> None:
@@ -296,7 +296,7 @@ class PathwaysMagics(Magics):
                 deadline.finish(status) if deadline else status))
             return self._last(plan, plain, results)
         try:
-            self._wait(run, a.timeout, name, _leaves(results))
+            self._wait(ctl, run, a.timeout, name, _leaves(results))
             errors = [f.exception(0) for f in _leaves(results) if f.exception(0) is not None]
             if errors:
                 raise errors[0]
@@ -314,10 +314,10 @@ class PathwaysMagics(Magics):
         if a.client is None and a.weight is None and a.priority is None:
             return base
         same = a.client is None or a.client == base.name
-        return ClientSpec(a.client or base.name,
-                          a.weight if a.weight is not None else (base.weight if same else 1.0),
-                          a.priority if a.priority is not None else (base.priority if same
-                                                                     else 0))
+        return ClientSpec(
+            name=a.client or base.name,
+            weight=a.weight if a.weight is not None else (base.weight if same else 1.0),
+            priority=a.priority if a.priority is not None else (base.priority if same else 0))
 
     def _submit(self, ctl, graph, inputs, sequential: bool):
         """Submit the whole cell at once; returns (output pytree in a list, the run)."""
@@ -360,22 +360,23 @@ class PathwaysMagics(Magics):
         display(view)
         return view
 
-    def _wait(self, run, timeout: float | None, name: str, outputs: list[Future]) -> None:
+    def _wait(self, ctl, run, timeout: float | None, name: str,
+              outputs: list[Future]) -> None:
         """Until the program ends, or an output failed (a cancel from the sidebar, say): then
-        the cell fails at once, and computations already launched finish on their own."""
+        the cell fails at once, and computations already launched end on their own."""
         __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
         resolved = _all_resolved(outputs)
-        if run.dispatcher.virtual:  # a simulated clock: the cell's program runs to its end
-            run.wait(timeout)       # while this thread waits (no real time passes)
+        if getattr(ctl.executor, "virtual", False):  # a simulated clock: the cell's program
+            run.wait(timeout)  # runs to its end while this thread waits (no real time passes)
         try:
             while True:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     run.cancel(f"timed out after {timeout:g} s")
                     raise CellTimeout(
-                        f"{name} did not finish within --timeout {timeout:g} s; cancelled its "
-                        "queued computations (one already running finishes first). "
+                        f"{name} did not end within --timeout {timeout:g} s; cancelled its "
+                        "queued computations (one already running ends first). "
                         "Raise --timeout, or use a bigger slice.") from None
                 if run.done() or (resolved.is_set() and any(
                         f.exception(0) is not None for f in outputs)):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.controller import Controller, controller, running_default
+from ..runtime.events import ClientSpec
 from ..runtime.resources import VirtualSlice
-from ..runtime.tasks import ClientSpec
 from .output import CellOutput
 
 

@@ -1,17 +1,18 @@
-"""The memory budget: who holds the memory a waiting computation needs, and whether waiting can
-ever end.
+"""The memory budget: whose buffers take the memory a waiting computation needs, and whether
+waiting can ever end.
 
 A computation (or copy) that does not fit the budget waits for buffers to be freed. Buffers are
 freed in two ways: the runtime frees a value once the computations reading it have run, and the
-user frees what only they hold (``del fut``). So when nothing is running or in flight anywhere,
-a computation at the head of its devices' queue can still start only if it would fit once every
-buffer *only the user* holds were gone. If even that would not make room, the memory is held by
-values that wait for work that cannot run: the programs involved are stuck, and the runtime
-fails one of them with a ``MemoryBudgetError`` that says who holds what.
+user frees what only they reference (``del fut``). So when nothing is running or in flight
+anywhere, a computation at the head of its devices' queue can still start only if it would fit
+once every buffer *only the user* references were gone. If even that would not make room, the
+memory is pinned by values that wait for work that cannot run: the programs involved are stuck,
+and the runtime fails one of them with a ``MemoryBudgetError`` that says whose buffers take
+what.
 
-A buffer is held by the runtime ("pinned") while its program is still running (its values are
-the program's own, outputs included) or while a queued computation or copy of any program reads
-it. Everything else is held by the user alone.
+A live buffer is pinned by the runtime while its program is still running (its values are the
+program's own, outputs included) or while a queued computation or copy of any program reads
+it. Everything else only the user can free.
 
 This module is pure: the dispatcher gathers the facts under its locks and asks ``stuck``.
 """
@@ -39,18 +40,21 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
-    """A live buffer on the island, and whether only the runtime can free it."""
+class LiveBuffer:
+    """A live buffer on the island, and whether it is pinned (only the runtime can free it)."""
 
     record: BufferRecord
     pinned: bool
 
 
+Held = LiveBuffer  # its name before the glossary (docs/architecture.md) kept "hold" for islands
+
+
 def fits_once_user_frees(w: Waiting, budget: int, in_use: Mapping[int, int],
-                         held: Iterable[Held]) -> bool:
-    """Would ``w`` fit if the user dropped every buffer that only they hold?"""
+                         live: Iterable[LiveBuffer]) -> bool:
+    """Would ``w`` fit if the user dropped every buffer that only they reference?"""
     freeable = dict.fromkeys(w.devices, 0)
-    for h in held:
+    for h in live:
         if h.record.reserved and not h.pinned:
             for d, n in h.record.nbytes.items():
                 if d in freeable:
@@ -58,31 +62,31 @@ def fits_once_user_frees(w: Waiting, budget: int, in_use: Mapping[int, int],
     return all(in_use.get(d, 0) - freeable[d] + w.nbytes <= budget for d in w.devices)
 
 
-def stuck(waiting: list[Waiting], budget: int, in_use: Mapping[int, int], held: list[Held],
+def stuck(waiting: list[Waiting], budget: int, in_use: Mapping[int, int], live: list[LiveBuffer],
           queued_runs: Iterable[int]) -> tuple[Waiting, int] | None:
     """When nothing runs or is in flight anywhere: the first waiting computation that cannot
-    start even once the user frees what they hold, and the program run to fail for it; None
+    start even once the user frees what they reference, and the program run to fail for it; None
     when each could (that is back-pressure, and it waits).
 
-    The run chosen is the youngest of those that hold pinned memory on the stuck computation's
+    The run chosen is the youngest of those that pin memory on the stuck computation's
     devices and have work queued on the island (failing it frees that memory); when none
     does, the stuck computation's own run."""
     for w in waiting:
-        if not fits_once_user_frees(w, budget, in_use, held):
-            holders = {h.record.program_id for h in held
+        if not fits_once_user_frees(w, budget, in_use, live):
+            pinning = {h.record.program_id for h in live
                        if h.pinned and w.devices & h.record.nbytes.keys()}
-            candidates = holders & set(queued_runs)
+            candidates = pinning & set(queued_runs)
             return w, (max(candidates) if candidates else w.run)
     return None
 
 
 def message(stuck: Waiting, victim: str, budget: int, in_use: Mapping[int, int],
-            held: list[Held]) -> str:
-    """What the ``MemoryBudgetError`` says: the budget, what waits, what is held and by whom.
+            live: list[LiveBuffer]) -> str:
+    """What the ``MemoryBudgetError`` says: the budget, what waits, and whose buffers take what.
     ``victim``: the program stopped, in words."""
     device = max(sorted(stuck.devices), key=lambda d: in_use.get(d, 0))
     by_owner: dict[tuple, list[int]] = {}
-    for h in held:
+    for h in live:
         n = h.record.nbytes.get(device)
         if n and h.record.reserved:
             r = h.record

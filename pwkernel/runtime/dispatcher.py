@@ -173,8 +173,8 @@ class Dispatcher:
                 self.islands[island].hold()
         try:
             for island, specs in plan.islands.items():
-                event = sch.SubmitProgram(run.base, specs, client.name, client.weight,
-                                          client.priority, run.id)
+                event = sch.SubmitProgram(base=run.base, nodes=specs, client=client,
+                                          group=run.id)
                 self.islands[island].submit_program(
                     [tasks[s.index] for s in specs], event,
                     [t for t in ready if t.node.is_compute and t.node.island == island]
@@ -265,8 +265,8 @@ class Dispatcher:
             exe = node.fn.executable(node.node.signature)  # the host-side work, now
             client = run.client_spec
             self.islands[node.island].submit(task, sch.Submit(
-                task.id, node.devices, client.name, client.weight, client.priority,
-                node.spec.cost_key, exe.memory, True, (), run.id))
+                task=task.id, devices=node.devices, client=client, cost_key=node.spec.cost_key,
+                memory=exe.memory, ready=True, group=run.id))
         except BaseException as e:  # noqa: BLE001
             run.fail(task, e)
         finally:
@@ -285,9 +285,8 @@ class Dispatcher:
             if task.state is not TaskState.WAITING:
                 return
             task.state = TaskState.QUEUED
-        queue.submit(task, sch.Submit(task.id, node.devices, client.name, client.weight,
-                                      client.priority, memory=node.memory, ready=True,
-                                      group=run.id, copy=True))
+        queue.submit(task, sch.Submit(task=task.id, devices=node.devices, client=client,
+                                      memory=node.memory, ready=True, group=run.id, copy=True))
 
     def copy(self, task: Task) -> None:
         """The destination's scheduler admitted this copy (it is RUNNING already)."""

@@ -2,7 +2,13 @@
 
 Events and decisions are small slotted dataclasses, values by convention: they are not
 ``frozen`` because a frozen dataclass's ``__init__`` costs two to three times more, and the
-runtime makes three or four of them per computation. ``runtime.scheduler`` re-exports them all.
+runtime makes three or four of them per computation. Their fields are keyword-only, so no
+caller depends on the fields' order: ``Submit(task=3, devices=(0, 1), ready=True)``.
+``runtime.scheduler`` re-exports them all.
+
+Who submits is one ``ClientSpec`` (name, weight, priority), carried whole by ``Submit`` and
+``SubmitProgram``: the controller's ``ctl.client(...)`` block makes it, a run keeps it, and
+the scheduler reads it here.
 """
 
 from __future__ import annotations
@@ -28,16 +34,27 @@ class Policy(StrEnum):
             ) from None
 
 
+@dataclass(frozen=True)
+class ClientSpec:
+    """Who submits work: the client's ``name``, its ``weight`` under the ``share`` policy and
+    its ``priority`` under ``priority`` (``with ctl.client("alice", weight=2): ...``)."""
+
+    name: str = "default"
+    weight: float = 1.0
+    priority: int = 0
+
+
+DEFAULT_CLIENT = ClientSpec()
+
+
 # --- events (in) ---------------------------------------------------------------------------
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Submit:
     """A computation joins the island's queue. ``memory`` is bytes it adds on each device."""
 
     task: int
     devices: tuple[int, ...]
-    client: str = "default"
-    weight: float = 1.0
-    priority: int = 0
+    client: ClientSpec = DEFAULT_CLIENT
     cost_key: Hashable = None
     memory: int = 0
     ready: bool = False
@@ -46,7 +63,7 @@ class Submit:
     copy: bool = False  # a copy onto the island: it needs only ``memory`` (see the module doc)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class NodeSpec:
     """The part of one computation of a program that is the same for every run of it.
 
@@ -65,19 +82,17 @@ class NodeSpec:
     external: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SubmitProgram:
     """All of one program run's computations on this island, in program (topological) order."""
 
     base: int
     nodes: tuple[NodeSpec, ...]
-    client: str = "default"
-    weight: float = 1.0
-    priority: int = 0
+    client: ClientSpec = DEFAULT_CLIENT
     group: Hashable = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Ready:
     """All inputs of ``task`` exist, or are being computed by ``after`` (in-flight tasks of
     this island it may queue behind)."""
@@ -86,39 +101,44 @@ class Ready:
     after: tuple[int, ...] = ()
 
 
-@dataclass(slots=True)
-class Finished:
-    """``task`` completed (or failed) after running ``seconds`` on its devices."""
+@dataclass(slots=True, kw_only=True)
+class Ended:
+    """``task`` ended (completed or failed) after running ``seconds`` on its devices."""
 
     task: int
     seconds: float = 0.0
 
 
-@dataclass(slots=True)
+Finished = Ended  # the event's name before the glossary (docs/architecture.md) said "end"
+
+
+@dataclass(slots=True, kw_only=True)
 class Cancel:
     """Drop ``task`` if it has not started; a running computation cannot be preempted."""
 
     task: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class MemoryFreed:
+    """``nbytes`` of ``device``'s memory were given back (a value freed)."""
+
     device: int
     nbytes: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SetPolicy:
     policy: Policy
 
 
 # --- decisions (out) -----------------------------------------------------------------------
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Launch:
     task: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Reject:
     task: int
     reason: str

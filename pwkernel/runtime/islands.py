@@ -58,8 +58,8 @@ class IslandQueue:
                 task.t_submit = t
                 mine[task.id] = task
         if ready:
-            self.post(event, *[sch.Ready(task.id, task.run.after(task) if task.node.foreign
-                                         else ()) for task in ready])
+            self.post(event, *[sch.Ready(task=task.id, after=task.run.after(task)
+                                         if task.node.foreign else ()) for task in ready])
         else:
             self.post(event)
 
@@ -71,10 +71,11 @@ class IslandQueue:
         self.post(event)
 
     def ready(self, task: Task) -> None:
-        self.post(sch.Ready(task.id, task.run.after(task) if task.node.foreign else ()))
+        self.post(sch.Ready(task=task.id,
+                            after=task.run.after(task) if task.node.foreign else ()))
 
     def finished(self, task: Task, seconds: float) -> None:
-        self.post(sch.Finished(task.id, seconds))
+        self.post(sch.Ended(task=task.id, seconds=seconds))
 
     def cancel(self, *tasks: Task) -> list[Task]:
         """Drop those of ``tasks`` not yet launched, all in one step of the scheduler (so
@@ -86,15 +87,15 @@ class IslandQueue:
                     task.state = TaskState.CANCELLED
                     dropped.append(task)
         if dropped:
-            self.post(*[sch.Cancel(task.id) for task in dropped])
+            self.post(*[sch.Cancel(task=task.id) for task in dropped])
         return dropped
 
     def release_memory(self, devices, nbytes: int) -> None:
         if nbytes and self.scheduler.memory_budget is not None:
-            self.post(*(sch.MemoryFreed(d, nbytes) for d in devices))
+            self.post(*(sch.MemoryFreed(device=d, nbytes=nbytes) for d in devices))
 
     def set_policy(self, policy: sch.Policy) -> None:
-        self.post(sch.SetPolicy(policy))
+        self.post(sch.SetPolicy(policy=policy))
 
     # --- the one place decisions are taken -------------------------------------------------
     def post(self, *events) -> None:

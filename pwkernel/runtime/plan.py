@@ -3,10 +3,11 @@
 A ``Plan`` is built the first time a graph is submitted and kept on it (graphs are cached per
 input signature, and traced again when slices move, so the plan follows). It holds, per node,
 everything a run needs and nothing a run changes: the executable with its fastest call path
-(the ``jax.jit`` object, whose C++ dispatch is what bare JAX pays), the value slots it reads and
-writes, its device set and bytes, the scheduler's static part of it (``NodeSpec``), and who must
-be told when its outputs exist. A run of a cached plan is then a few lists (values, times,
-counters), one small ``Task`` per node and one scheduler event per island.
+(``Executable.call``: the compiled executable itself, whose C++ dispatch is what bare JAX pays,
+and which never traces again), the value slots it reads and writes, its device set and bytes,
+the scheduler's static part of it (``NodeSpec``), and who must be told when its outputs exist.
+A run of a cached plan is then a few lists (values, times, counters), one small ``Task`` per
+node and one scheduler event per island.
 
 Readiness is split by who can see it cheapest. A computation reading a computation of the same
 program on the same island becomes ready when that producer is *launched*, inside the gang
@@ -141,8 +142,9 @@ def build(graph: Graph) -> Plan:
         p.foreign = compute and any(argument[slot] for slot in distinct)
         if compute:
             after = _island_ancestors(nodes, producer, distinct, p.island)
-            p.spec = NodeSpec(index, frozenset(p.devices), cost_key(node.fn, node.signature),
-                              p.memory, tuple(waits), tuple(after), p.external > 0)
+            p.spec = NodeSpec(index=index, devices=frozenset(p.devices),
+                              cost_key=cost_key(node.fn, node.signature), memory=p.memory,
+                              waits=tuple(waits), after=tuple(after), external=p.external > 0)
         nodes.append(p)
     for p in nodes:
         p.notifies = any(notify[s] for s in p.outputs)

@@ -114,13 +114,18 @@ class VirtualSlice:
         return math.prod(self.shape)
 
     @property
+    def controller(self) -> Any:
+        """The controller whose devices the slice is on (None for a bare manager)."""
+        return self._manager.controller
+
+    @property
     def island(self) -> Island:
-        self._check()
+        self.check_usable()
         return self._island
 
     @property
     def devices(self) -> tuple[Any, ...]:
-        self._check()
+        self.check_usable()
         return self._devices
 
     @property
@@ -130,7 +135,7 @@ class VirtualSlice:
     @property
     def mesh(self) -> Mesh:
         """A ``jax.sharding.Mesh`` over the physical devices the slice is mapped to now."""
-        self._check()
+        self.check_usable()
         if self._mesh is None:
             grid = np.array(self._devices, dtype=object).reshape(self.shape)
             self._mesh = Mesh(grid, self.axis_names, axis_types=self.axis_types)
@@ -149,12 +154,15 @@ class VirtualSlice:
         """The axis types in words: ``("explicit", "explicit")``."""
         return tuple(t.name.lower() for t in self.axis_types)
 
-    def _move(self, island: Island, devices: tuple[Any, ...]) -> None:
+    def moved(self, island: Island, devices: tuple[Any, ...]) -> None:
+        """The slice now lives on ``devices`` of ``island`` (its manager's ``remap`` says so;
+        users call ``ctl.remap``): its mesh is built again and its ``version`` counts up."""
         self._island, self._devices, self._mesh = island, devices, None
         self.version += 1
 
-    def _check(self) -> None:
-        self._manager._check_open()
+    def check_usable(self) -> None:
+        """Raise ``SliceError`` once the slice is released (or its controller closed)."""
+        self._manager.check_open()
         if self.released:
             raise SliceError(
                 f"slice {self.id} was released and can no longer be used; "
@@ -164,7 +172,7 @@ class VirtualSlice:
     def release(self) -> None:
         """Give the slice back; functions placed on it raise ``SliceError`` from now on."""
         if not self.released:
-            self._manager._release(self)
+            self._manager.release(self)
 
     def __repr__(self) -> str:
         if self.released:
@@ -221,9 +229,11 @@ class ResourceManager:
     def __init__(self, islands: Sequence[Island], check_open=lambda: None):
         self.islands = tuple(islands)
         self._slices: dict[int, VirtualSlice] = {}
+        self._held: dict[int, tuple[Any, ...]] = {}  # slice id -> the devices it is on
         self._load: dict[int, int] = {d.id: 0 for isl in self.islands for d in isl.devices}
         self._lock = threading.Lock()
-        self._check_open = check_open
+        self.check_open = check_open  # raises once the controller is closed
+        self.controller: Any = None  # the controller that owns it sets this
         self.epoch = 0  # bumped on every remap: traced programs are lowered again
 
     @property
@@ -243,7 +253,7 @@ class ResourceManager:
                  axis_names: Sequence[str] | None = None,
                  axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
                  devices: Sequence[int] | None = None) -> VirtualSlice:
-        self._check_open()
+        self.check_open()
         dims = _normalize_shape(shape)
         names = self._axis_names(dims, axis_names)
         types = _axis_types(dims, axis_types, self.islands[0].devices[0])
@@ -256,39 +266,42 @@ class ResourceManager:
             devices = chosen
             vs = VirtualSlice(self, dims, names, target, devices, types)
             self._slices[vs.id] = vs
+            self._held[vs.id] = devices
             for d in devices:
                 self._load[d.id] += 1
         return vs
 
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
         """Move ``vs`` to other physical devices (on ``island``, or the least loaded one)."""
-        vs._check()
+        old = vs.devices  # (raises SliceError once it is released)
         with self._lock:
-            for d in vs._devices:
+            for d in old:
                 self._load[d.id] -= 1
             try:
                 target = self._choose_island(vs.size, island)
             except SliceError:
-                for d in vs._devices:
+                for d in old:
                     self._load[d.id] += 1
                 raise
             devices = self._choose_devices(target, vs.size)
             for d in devices:
                 self._load[d.id] += 1
-            vs._move(target, devices)
+            vs.moved(target, devices)
+            self._held[vs.id] = devices
             self.epoch += 1
         return vs
 
-    def _release(self, vs: VirtualSlice) -> None:
+    def release(self, vs: VirtualSlice) -> None:
+        """Give ``vs`` back (``vs.release()`` calls this): its devices' load goes down."""
         with self._lock:
             if self._slices.pop(vs.id, None) is not None:
-                for d in vs._devices:
+                for d in self._held.pop(vs.id):
                     self._load[d.id] -= 1
             vs.released = True
 
     def release_all(self) -> None:
         for vs in list(self._slices.values()):
-            self._release(vs)
+            self.release(vs)
 
     def island_of(self, devices) -> Island | None:
         """The island holding all of ``devices`` (device objects: an array on other devices

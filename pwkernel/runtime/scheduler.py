@@ -20,7 +20,7 @@ order:
 - ``share``: proportional share of device time between clients by ``weight`` (stride
   scheduling: each client has a pass value advanced by device-seconds / weight; the lowest pass
   goes next). A launch is charged an estimate (the last durations of the same computation) and
-  corrected when it finishes.
+  corrected when it ends.
 
 A ready computation that cannot start (its devices are busy, or its outputs would exceed the
 memory budget) reserves its devices: later computations may use other devices (backfill) but
@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 
 from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
     Cancel,
+    ClientSpec,
+    Ended,
     Finished,
     Launch,
     MemoryFreed,
@@ -107,7 +109,7 @@ class GangScheduler:
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _ready: dict[int, _Task] = field(default_factory=dict)  # ready, not yet launched
     _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
-    _running: set[int] = field(default_factory=set)  # launched, not finished
+    _running: set[int] = field(default_factory=set)  # launched, not ended
     _memory: dict[int, int] = field(default_factory=dict)
     _clients: dict[str, _Client] = field(default_factory=dict)
     _estimates: dict[Hashable, float] = field(default_factory=dict)
@@ -127,8 +129,8 @@ class GangScheduler:
         changed = False  # could anything launch now that could not before?
         for event in events:
             kind = type(event)  # by frequency; exact types: events are final dataclasses
-            if kind is Finished:
-                self._finish(event.task, event.seconds)
+            if kind is Ended:
+                self._end(event.task, event.seconds)
                 changed = True
             elif kind is Ready:
                 task = self._tasks.get(event.task)
@@ -164,7 +166,7 @@ class GangScheduler:
     # --- queries ---------------------------------------------------------------------------
     @property
     def running(self) -> tuple[int, ...]:
-        """Launched and not yet finished, oldest first."""
+        """Launched and not yet ended, oldest first."""
         return tuple(sorted(self._running, key=lambda t: self._tasks[t].seq))
 
     @property
@@ -201,12 +203,12 @@ class GangScheduler:
         return {n: (c.device_seconds / total if total else 0.0) for n, c in self._clients.items()}
 
     # --- transitions -----------------------------------------------------------------------
-    def _client(self, name: str, weight: float) -> _Client:
-        client = self._clients.get(name)
+    def _client(self, spec: ClientSpec) -> _Client:
+        client = self._clients.get(spec.name)
         if client is None:
-            client = self._clients[name] = _Client()
-        if weight != client.weight:
-            client.weight = max(float(weight), 1e-9)
+            client = self._clients[spec.name] = _Client()
+        if spec.weight != client.weight:
+            client.weight = max(float(spec.weight), 1e-9)
         if client.active == 0:  # a client returning from idle starts at the current time
             client.passes = max(client.passes, self._vtime)
         return client
@@ -217,12 +219,13 @@ class GangScheduler:
             return None
         if not devices or not devices <= self._device_set:
             unknown = sorted(devices - self._device_set)
-            return Reject(task, f"devices {unknown or '[]'} are not on this island "
-                                f"(its devices: {list(self.devices)})")
+            return Reject(task=task, reason=f"devices {unknown or '[]'} are not on this "
+                                            f"island (its devices: {list(self.devices)})")
         if self.memory_budget is not None and memory > self.memory_budget:
-            return Reject(task, f"needs {memory} bytes per device but the memory budget "
-                                f"is {self.memory_budget}; raise memory_budget or split "
-                                "the work into smaller pieces")
+            return Reject(task=task, reason=f"needs {memory} bytes per device but the memory "
+                                            f"budget is {self.memory_budget}; raise "
+                                            "memory_budget or split the work into smaller "
+                                            "pieces")
         return None
 
     def _submit(self, ev: Submit, out: list) -> bool:
@@ -231,9 +234,10 @@ class GangScheduler:
         if refused is not None:
             out.append(refused)
             return False
-        client = self._client(ev.client, ev.weight)
+        spec = ev.client
+        client = self._client(spec)
         client.active += 1
-        task = _Task(ev.task, self._seq, devices, ev.client, ev.priority, ev.cost_key,
+        task = _Task(ev.task, self._seq, devices, spec.name, spec.priority, ev.cost_key,
                      ev.memory, tuple(ev.after), ev.group, copy=ev.copy)
         self._seq += 1
         self._tasks[ev.task] = task
@@ -244,7 +248,9 @@ class GangScheduler:
         return False
 
     def _submit_program(self, ev: SubmitProgram, out: list) -> bool:
-        client = self._client(ev.client, ev.weight)
+        who = ev.client
+        client = self._client(who)
+        name, priority = who.name, who.priority
         tasks, base, seq, ready = self._tasks, ev.base, self._seq, False
         island, budget = self._device_set, self.memory_budget
         for spec in ev.nodes:
@@ -255,7 +261,7 @@ class GangScheduler:
                 out.append(self._refuse(tid, spec.devices, spec.memory))
                 continue
             after = spec.after
-            task = _Task(tid, seq, spec.devices, ev.client, ev.priority, spec.cost_key,
+            task = _Task(tid, seq, spec.devices, name, priority, spec.cost_key,
                          spec.memory, after and tuple([base + a for a in after]), ev.group)
             seq += 1
             pending = 0
@@ -305,7 +311,7 @@ class GangScheduler:
         for client in self._clients.values():
             client.ready.sort()
 
-    def _finish(self, task: int, seconds: float) -> None:
+    def _end(self, task: int, seconds: float) -> None:
         t = self._tasks.pop(task, None)
         if t is None:
             return
@@ -407,7 +413,7 @@ class GangScheduler:
 
     def _is_ancestor(self, a: int, t: _Task) -> bool:
         """Does ``t`` read ``a``'s outputs, directly or through computations of this island
-        still known here? (A link through one already finished is missed: ``t`` then waits,
+        still known here? (A link through one already ended is missed: ``t`` then waits,
         which is safe.)"""
         after = t.after
         if a in after:
@@ -455,7 +461,7 @@ class GangScheduler:
             if self.memory_budget is not None:
                 for d in t.devices:
                     self._memory[d] += t.memory
-            out.append(Launch(t.id))
+            out.append(Launch(task=t.id))
             return
         self._running.add(t.id)
         budget, busy = self.memory_budget is not None, self._busy
@@ -471,7 +477,7 @@ class GangScheduler:
         self._vtime = max(self._vtime, client.passes)
         t.charged = self._estimate(t)
         client.passes += t.charged / client.weight
-        out.append(Launch(t.id))
+        out.append(Launch(task=t.id))
         if t.dependents:
             tasks = self._tasks
             for dep in t.dependents:

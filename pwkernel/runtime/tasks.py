@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from .deferred import soon
 from .errors import CancelledError
+from .events import ClientSpec
 from .objects import Future
 from .trace import EventKind
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .plan import Plan, PlanNode
 
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
+_NOWHERE: dict = {}  # a computation's trace record has no transfer fields
 
 
 class TaskState(StrEnum):
@@ -42,13 +43,6 @@ class TaskState(StrEnum):
     RUNNING = "running"      # launched on its devices (or its copy started)
     DONE = "done"
     CANCELLED = "cancelled"  # never ran: cancelled, rejected, or an input failed
-
-
-@dataclass(frozen=True)
-class ClientSpec:
-    name: str = "default"
-    weight: float = 1.0
-    priority: int = 0
 
 
 class Task:
@@ -481,9 +475,11 @@ class ProgramRun:
     def record(self, task: Task, t_start: float, t_end: float, error) -> None:
         """Append the task's span to the trace (plain strings: this runs per computation)."""
         node, g, status = task.node, task.node.node, "ok" if error is None else "error"
-        where = (0, None, None, (), None) if node.is_compute else (
-            g.nbytes, g.src, g.dst, g.src_devices, g.link)
+        where = _NOWHERE if node.is_compute else {
+            "nbytes": g.nbytes, "src": g.src, "dst": g.dst, "src_devices": g.src_devices,
+            "link": g.link}
         self.dispatcher.trace.record(
-            _COMPUTE if node.is_compute else _TRANSFER, node.name, self.name, self.id,
-            self.client, node.island, node.devices, task.t_submit, t_start, t_end, status,
-            *where, g.id)
+            kind=_COMPUTE if node.is_compute else _TRANSFER, name=node.name, program=self.name,
+            program_id=self.id, client=self.client, island=node.island, devices=node.devices,
+            t_submit=task.t_submit, t_start=t_start, t_end=t_end, status=status, node_id=g.id,
+            **where)

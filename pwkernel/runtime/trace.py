@@ -1,20 +1,24 @@
 """The event log: every computation and transfer the controller ran, on one clock.
 
-Times are seconds from ``time.perf_counter()`` in the controller's process (one clock for
-every island of the local backend). How each time is taken:
+Times are seconds on the executor's clock (``executor.now()``): ``time.perf_counter()`` in the
+controller's process for the local and Ray backends (an island actor's times are mapped onto
+it with the clock offset measured when the actor starts), virtual seconds for a simulated
+cluster. How each time is taken:
 
 - ``t_submit``: the node was handed to its island's scheduler (parallel dispatch: when the
-  program was submitted; sequential dispatch: when its inputs existed).
+  program was submitted; sequential dispatch: when its inputs existed); a transfer's is when
+  it was started.
 - ``t_start``: the latest of the node's launch, its inputs' ends and the previous node's end on
   its devices. Nodes are launched ahead of their data (parallel dispatch), so this is the
   earliest moment the node could run.
-- ``t_end``: the runtime observed the node's outputs ready (``block_until_ready`` returned in
-  the island's worker thread). On CPU this includes the wake-up of that thread (tens of
-  microseconds); on accelerators it also includes the device-to-host completion signal. Spans
-  are therefore upper bounds on device busy time, accurate to a few tens of microseconds.
+- ``t_end``: its end as the executor saw it. Locally, the launch's fence was seen ready
+  (``runtime/callbacks.py``): at once by the launching thread when XLA ran it within the call,
+  else by the watcher thread of its device set, which includes that thread's wake-up (tens of
+  microseconds on CPU; on accelerators also the device-to-host completion signal). Spans are
+  therefore upper bounds on device busy time, accurate to a few tens of microseconds.
 
-Events are appended by worker threads; readers take copies. ``index`` grows forever, so a live
-view can ask for ``events(since=k)`` and stream only what is new.
+Events are appended by the threads that see the ends; readers take copies. ``index`` grows
+forever, so a live view can ask for ``events(since=k)`` and stream only what is new.
 """
 
 from __future__ import annotations
@@ -42,12 +46,13 @@ class LinkKind(StrEnum):
 
 
 class Event(NamedTuple):
-    """One finished (or failed) computation or transfer (immutable; ``e._replace(...)`` makes a
-    changed copy).
+    """One computation or transfer that ran and ended (immutable; ``e._replace(...)`` makes a
+    changed copy). Work that never ran (cancelled, rejected, fed by a failed input) has none.
 
     ``devices`` are global device ids: for a transfer, the destination devices, with the
     source devices in ``src_devices``. ``src``/``dst`` are island ids (transfers only).
-    ``status`` is ``"ok"``, ``"error"`` or ``"cancelled"``. A named tuple, not a frozen
+    ``status`` is ``"ok"`` or ``"error"``; a simulated cluster that deadlocked also records
+    each stuck computation with ``"deadlock"``, until the clock froze. A named tuple, not a frozen
     dataclass: a live view reads thousands per second, and this builds one in a single C call.
     """
 
@@ -120,12 +125,22 @@ class Trace:
         self._changed = threading.Condition(self._lock)
         self._waiters = 0
 
-    def record(self, *fields) -> None:
-        """Append one event: the fields of ``Event`` after ``index``, in order."""
+    def record(self, *, kind: str, name: str, program: str, program_id: int, client: str,
+               island: int, devices: tuple[int, ...], t_submit: float, t_start: float,
+               t_end: float, status: str = "ok", nbytes: int = 0, src: int | None = None,
+               dst: int | None = None, src_devices: tuple[int, ...] = (),
+               link: str | None = None, node_id: int = -1) -> None:
+        """Append one event, its ``Event`` fields by name (the log numbers it: ``index``).
+
+        A computation needs no more than the ten fields up to ``t_end`` (``status`` is
+        ``"ok"`` unless given); a transfer also says ``nbytes``, ``src``, ``dst``,
+        ``src_devices`` and ``link``."""
         if not self.enabled:
             return
         with self._lock:
-            self._raw.append((self._next, *fields))
+            self._raw.append((self._next, kind, name, program, program_id, client, island,
+                              devices, t_submit, t_start, t_end, status, nbytes, src, dst,
+                              src_devices, link, node_id))
             self._next += 1
             if self._waiters:
                 self._changed.notify_all()

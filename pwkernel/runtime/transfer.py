@@ -1,14 +1,17 @@
 """Transfers inside an island (ICI) and between islands (DCN), and the link model.
 
 A transfer moves a sharded buffer onto another layout with ``jax.device_put``: resharding
-between slices of one island, or copying between islands. Transfers run on their own worker
-threads, so they overlap with computations (the gang schedulers only order computations).
+between slices of one island, or copying between islands. The local backend starts it at once
+from the thread that decided it (its source may still be computing), so transfers overlap with
+computations; one not ready at once is watched to its end on this module's pool of threads.
+The gang schedulers order computations; a transfer waits for one only under a memory budget,
+which admits its bytes on the destination first.
 
 ``Link(bandwidth, latency)`` emulates a slower data-center network between islands: the bytes
-move at the machine's real speed, then the transfer is held until the time the link model
+move at the machine's real speed, then the transfer's end is delayed to the time the link model
 gives (``latency + nbytes / bandwidth``, with transfers on one directed link sharing its
 bandwidth one after another). This is emulation, documented as such: it reproduces the timing
-of a slower network, not its mechanics.
+of a slower network, not its mechanics. (The simulated backend models links itself.)
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class Link:
 
 
 class TransferEngine:
-    """Runs transfers on a small pool of threads, holding DCN transfers to the link model."""
+    """A small pool of threads that watch transfers to their ends, delaying DCN transfers to
+    the link model's time."""
 
     def __init__(self, dcn: Link | None = None, workers: int = 4):
         self.dcn = dcn
@@ -56,8 +60,9 @@ class TransferEngine:
     def submit(self, fn, *args) -> None:
         self._pool.submit(fn, *args)
 
-    def hold(self, link: str, src: int | None, dst: int, nbytes: int, begin: float) -> None:
-        """Hold a DCN transfer that began at ``begin`` until the link model says it landed."""
+    def delay(self, link: str, src: int | None, dst: int, nbytes: int, begin: float) -> None:
+        """Delay a DCN transfer that began at ``begin`` until the link model says it landed
+        (returns at once for any other transfer, or without a link model)."""
         if self.dcn is None or link != LinkKind.DCN.value:
             return
         with self._lock:
@@ -66,6 +71,8 @@ class TransferEngine:
         remaining = start + self.dcn.duration(nbytes) - time.perf_counter()
         if remaining > 0:
             time.sleep(remaining)  # emulation: the transfer lands when the link model says
+
+    hold = delay  # its name before the glossary (docs/architecture.md) kept "hold" for islands
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

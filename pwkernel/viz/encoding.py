@@ -184,7 +184,7 @@ def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, boo
     """One bar per (computation, device), as typed columns (transfers are skipped).
 
     ``c_program`` is the program's palette index (``failed_index`` when the computation did
-    not finish "ok"), ``c_client`` the client's; a figure's colour mapper turns them into
+    not end "ok"), ``c_client`` the client's; a figure's colour mapper turns them into
     the same colours ``colors.color`` gives.
     """
     # This runs for every event a live view shows, beside the dispatch threads. It reads only

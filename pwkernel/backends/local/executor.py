@@ -185,7 +185,7 @@ class LocalBackend(NoGroup):
         begin = max(task.t_launch, t_inputs)
         g = task.node.node
         if error is None:
-            self.transfers.hold(g.link, g.src, g.dst, g.nbytes, begin)
+            self.transfers.delay(g.link, g.src, g.dst, g.nbytes, begin)
         task.ended(begin, _now(), error, None if out is None else [out])
 
     # --- the rest of the interface ---------------------------------------------------------

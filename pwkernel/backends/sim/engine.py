@@ -254,8 +254,10 @@ class Simulator:
         ready = self.dispatch is DispatchMode.SEQUENTIAL or task.unlaunched == 0
         node = task.node
         self._post(task.island, sch.Submit(
-            task.id, node.devices, task.run.client, task.weight, task.priority,
-            (task.run.name, node.id), 0, ready, self._after(task) if ready else (), task.run.id))
+            task=task.id, devices=node.devices,
+            client=sch.ClientSpec(task.run.client, task.weight, task.priority),
+            cost_key=(task.run.name, node.id), ready=ready,
+            after=self._after(task) if ready else (), group=task.run.id))
 
     def _post(self, island: int, event) -> None:
         pending = self._pending.get(island)
@@ -294,7 +296,7 @@ class Simulator:
                 if not c.is_compute:
                     self._maybe_issue(c)
                 elif c.submitted and self.gang:
-                    self._post(c.island, sch.Ready(c.id, self._after(c)))
+                    self._post(c.island, sch.Ready(task=c.id, after=self._after(c)))
 
     # --- 3. hosts and 4. chips -------------------------------------------------------------
     def _launch(self, task: SimTask) -> None:
@@ -407,7 +409,7 @@ class Simulator:
             run.t_done = now
 
     def _tell_scheduler(self, task: SimTask) -> None:
-        self._post(task.island, sch.Finished(task.id, task.t_end - task.t_start))
+        self._post(task.island, sch.Ended(task=task.id, seconds=task.t_end - task.t_start))
 
     def _record_frozen(self, queues) -> None:
         """Deadlock: each computation stuck at the head of some chips' queues becomes a span
@@ -423,19 +425,23 @@ class Simulator:
             task = tasks[tid]
             node, run = task.node, task.run
             since = task.t_start if task.t_start is not None else task.t_submit
-            self.trace.record(_COMPUTE, node.name, run.name, run.id, run.client, task.island,
-                              tuple(chips), task.t_submit, since, self.now, "deadlock", 0,
-                              None, None, (), None, node.id)
+            self.trace.record(kind=_COMPUTE, name=node.name, program=run.name,
+                              program_id=run.id, client=run.client, island=task.island,
+                              devices=tuple(chips), t_submit=task.t_submit, t_start=since,
+                              t_end=self.now, status="deadlock", node_id=node.id)
 
     def _record(self, task: SimTask) -> None:
         node, run = task.node, task.run
         if task.is_compute:
-            self.trace.record(_COMPUTE, node.name, run.name, run.id, run.client, task.island,
-                              node.devices, task.t_submit, task.t_start, task.t_end, "ok", 0,
-                              None, None, (), None, node.id)
+            self.trace.record(kind=_COMPUTE, name=node.name, program=run.name,
+                              program_id=run.id, client=run.client, island=task.island,
+                              devices=node.devices, t_submit=task.t_submit,
+                              t_start=task.t_start, t_end=task.t_end, node_id=node.id)
         else:
             src = None if task.src is None else task.src.island
-            self.trace.record(_TRANSFER, node.name, run.name, run.id, run.client, task.island,
-                              node.devices, task.t_submit, task.t_start, task.t_end, "ok",
-                              node.nbytes, src, task.island, node.src_devices, task.link,
-                              node.id)
+            self.trace.record(kind=_TRANSFER, name=node.name, program=run.name,
+                              program_id=run.id, client=run.client, island=task.island,
+                              devices=node.devices, t_submit=task.t_submit,
+                              t_start=task.t_start, t_end=task.t_end, nbytes=node.nbytes,
+                              src=src, dst=task.island, src_devices=node.src_devices,
+                              link=task.link, node_id=node.id)
