@@ -14,10 +14,10 @@ called outside a program is a one-node program.
 from __future__ import annotations
 
 import functools
-import math
 import re
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -48,7 +48,7 @@ from .specs import (
 )
 
 __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Inferred",
-           "Program", "Value", "function", "program", "spec_leaves"]
+           "Program", "Specialization", "Value", "function", "program", "spec_leaves"]
 
 _tracing = threading.local()
 _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
@@ -89,6 +89,56 @@ class Value:
         return f"Value(shape={self.shape}, dtype={self.dtype})"
 
 
+@dataclass(frozen=True)
+class Specialization:
+    """One input signature of a ``pw.function``, traced and ready to lower: what the runtime
+    compiles in this process, or hands to its executor's ``compile(spec)`` hook (the
+    simulator lowers it for its chips instead; see ``runtime/executor.py``)."""
+
+    name: str
+    slice: VirtualSlice
+    flat: Callable                              # the body over flat input leaves -> a tuple
+    structs: tuple[jax.ShapeDtypeStruct, ...]   # its inputs, with their shardings
+    in_shardings: tuple[NamedSharding, ...]
+    out_types: tuple[jax.ShapeDtypeStruct, ...]  # its outputs as JAX's types say
+    out_shardings: tuple[NamedSharding | None, ...]  # None: inferred (``pw.INFERRED``)
+    out_tree: Any
+    donated: tuple[int, ...] = ()               # input leaves it consumes (donate_argnums)
+    hint: Any = None  # the function's backend hint (``sim_cost=``), carried unread here
+
+    def executable(self, out_shardings, compiled=None, call=None, lowered=None,
+                   asynchronous: bool = True) -> Executable:
+        """The ``Executable`` with these (decided) output shardings."""
+        out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
+                           for o, sh in zip(self.out_types, out_shardings, strict=True))
+        return Executable(compiled, self.in_shardings,
+                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
+                                for o in self.out_types),
+                          tuple(out_shardings), self.out_tree,
+                          sum(max(n.values()) for n in out_nbytes), out_nbytes, asynchronous,
+                          call, lowered, self.flat, self.structs, self.donated)
+
+
+def compile_here(spec: Specialization) -> Executable:
+    """``spec`` compiled for its slice's devices in this process (what a backend without a
+    ``compile`` hook gets): ``jax.jit`` with a fence and guarded host callbacks
+    (``callbacks.compile_guarded``); inferred output layouts are what XLA chose."""
+    vs = spec.slice
+    with vs.ambient():
+        compiled, call = callbacks.compile_guarded(
+            spec.flat, spec.structs, spec.in_shardings, spec.out_shardings, vs.mesh, spec.name,
+            spec.donated)
+    out_shardings = [given if given is not None else made for given, made in
+                     zip(spec.out_shardings, compiled.output_shardings[:-1],  # (last: the fence)
+                         strict=True)]
+    # A computation that calls back into Python may run in the launching thread: those are
+    # launched by the island's workers, never by the thread that submits. (read from the
+    # HLO's custom calls: a plain substring would also match metadata, such as a source file
+    # named callbacks.py)
+    asynchronous = not _HOST_CALLBACK.search(compiled.as_text())
+    return spec.executable(out_shardings, compiled, call, asynchronous=asynchronous)
+
+
 class CompiledFunction:
     """``jax.jit`` placed on a virtual slice: the same call conventions (positional and keyword
     arguments, pytrees, static and donated arguments), values and shardings as ``jax.jit``
@@ -104,10 +154,6 @@ class CompiledFunction:
                  static_argnames=None, donate_argnums=None, donate_argnames=None):
         if not callable(fn):
             raise ProgramError(f"pw.function needs a callable, got {type(fn).__name__}.")
-        if sim_cost is not None and not _is_duration(sim_cost):
-            raise ProgramError(
-                f"sim_cost must be seconds >= 0 (or a pw.sim.Cost), the duration of one call "
-                f"on a simulated cluster, got {sim_cost!r}. Maybe you want sim_cost=1e-3.")
         if not isinstance(slice, VirtualSlice):
             raise SliceError(
                 f"pw.function needs slice= a VirtualSlice (from ctl.slice(...)), got "
@@ -119,10 +165,14 @@ class CompiledFunction:
         check_specs_arg("out_specs", out_specs)
         self.fn, self.slice = fn, slice
         self.in_specs, self.out_specs = in_specs, out_specs
-        self.sim_cost = sim_cost
         self.name = name or getattr(fn, "__name__", "fn")
         if self.name == "<lambda>":
             self.name = "lambda"
+        # a backend's hint (sim_cost): only the backend that owns it reads it, or refuses it
+        self.hint = sim_cost
+        check = getattr(slice.controller.executor, "check_hint", None)
+        if sim_cost is not None and check is not None:
+            check(self.name, sim_cost)
         self.arguments = Arguments(fn, self.name, static_argnums, static_argnames,
                                    donate_argnums, donate_argnames)
         self._cache: dict[Any, Executable] = {}
@@ -131,8 +181,13 @@ class CompiledFunction:
         functools.update_wrapper(self, fn, updated=())
 
     @property
+    def sim_cost(self) -> Any:
+        """What ``pw.function(..., sim_cost=)`` was given (the backend hint)."""
+        return self.hint
+
+    @property
     def controller(self):
-        return self.slice._manager.controller
+        return self.slice.controller
 
     def executable(self, signature) -> Executable:
         """The compiled specialization for ``signature`` ((tree, ((shape, dtype, sharding),
@@ -204,67 +259,16 @@ class CompiledFunction:
             spec = batch_spec(o.shape, vs, f"{self.name}: output {i}") if spec is BATCH else spec
             check_spec(spec, o.shape, mesh, f"{self.name}: output {i} out_specs")
             out_shardings.append(NamedSharding(mesh, spec))
-        if vs.island.simulated:
-            return self._lower_simulated(flat, structs, in_shardings, out_shardings,
-                                         out_leaves, out_tree)
-        donated = self.arguments.donated_leaves(dyn, kwargs, statics)
+        spec = Specialization(self.name, vs, flat, structs, tuple(in_shardings),
+                              tuple(out_leaves), tuple(out_shardings), out_tree,
+                              self.arguments.donated_leaves(dyn, kwargs, statics), self.hint)
+        lower = getattr(self.controller.executor, "compile", None)
+        if lower is not None:  # the backend lowers it itself (the simulator: for its chips)
+            return lower(spec)
         try:
-            with vs.ambient():
-                compiled, call = callbacks.compile_guarded(
-                    flat, structs, in_shardings, out_shardings, mesh, self.name, donated)
+            return compile_here(spec)
         except Exception as e:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
-        out_shardings = [given if given is not None else made for given, made in
-                         zip(out_shardings, compiled.output_shardings[:-1],  # (the last: the fence)
-                             strict=True)]
-        out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
-                           for o, sh in zip(out_leaves, out_shardings, strict=True))
-        memory = sum(max(n.values()) for n in out_nbytes)
-        # A computation that calls back into Python may run in the launching thread: those
-        # are launched by the island's workers, never by the thread that submits.
-        # (read from the HLO's custom calls: a plain substring would also match metadata,
-        # such as a source file named callbacks.py)
-        asynchronous = not _HOST_CALLBACK.search(compiled.as_text())
-        return Executable(compiled, tuple(in_shardings),
-                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
-                                for o in out_leaves),
-                          tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous,
-                          call, None, flat, structs, donated)
-
-    def _lower_simulated(self, flat, structs, in_shardings, out_shardings, out_leaves,
-                         out_tree) -> Executable:
-        """A simulated slice's specialization: lowered on the abstract mesh of its chips (no
-        devices needed), for the simulator's cost model; nothing is compiled. Inferred output
-        layouts are what JAX's types say (explicit axes), else replicated."""
-        vs = self.slice
-        mesh = vs.mesh
-        am = mesh.abstract_mesh
-        out_shardings = [given if given is not None else NamedSharding(
-            mesh, getattr(o.sharding, "spec", None) or P())
-            for given, o in zip(out_shardings, out_leaves, strict=True)]
-        lowered = None
-        try:
-            with vs.ambient():
-                args = [jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                             sharding=NamedSharding(am, sh.spec))
-                        for a, sh in zip(structs, in_shardings, strict=True)]
-                lowered = jax.jit(flat, out_shardings=tuple(
-                    NamedSharding(am, sh.spec) for sh in out_shardings)).trace(*args).lower(
-                        lowering_platforms=("tpu",))
-        except Exception as e:
-            if self.sim_cost is None:
-                raise ProgramError(
-                    f"{self.name} could not be lowered for the simulated chips ({e}), so its "
-                    "cost cannot be estimated. Give its duration: pw.function(..., "
-                    "sim_cost=seconds).") from e
-        out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
-                           for o, sh in zip(out_leaves, out_shardings, strict=True))
-        return Executable(None, tuple(in_shardings),
-                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
-                                for o in out_leaves),
-                          tuple(out_shardings), out_tree,
-                          sum(max(n.values()) for n in out_nbytes), out_nbytes, True, None,
-                          lowered, flat, tuple(structs))
 
     def _out_spec_leaves(self, out_struct) -> list[Any]:
         """One spec per output leaf: ``out_specs`` is a pytree prefix of the result."""
@@ -291,12 +295,6 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
-
-
-def _is_duration(cost) -> bool:
-    seconds = getattr(cost, "seconds", cost)
-    return (isinstance(seconds, int | float) and not isinstance(seconds, bool)
-            and 0 <= seconds < math.inf)
 
 
 def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, statics):
@@ -481,6 +479,7 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
     (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.
+    The runtime carries it as the function's backend ``hint``; the simulator checks it.
     """
     def make(f):
         return CompiledFunction(f, slice, in_specs, out_specs, name, sim_cost, static_argnums,

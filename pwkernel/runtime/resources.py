@@ -114,6 +114,11 @@ class VirtualSlice:
         return math.prod(self.shape)
 
     @property
+    def controller(self) -> Any:
+        """The controller whose slice this is."""
+        return self._manager.controller
+
+    @property
     def island(self) -> Island:
         self._check()
         return self._island

@@ -34,6 +34,7 @@ import numpy as np
 
 from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError
+from ...runtime.executor import IslandFacts
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
 from ..local import request_host_devices
@@ -79,10 +80,7 @@ class RayBackend:
     program_ahead = True  # a program's nodes queue behind each other: one message for them
 
     def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS,
-                 ray_address: str | None = None, dcn=None):
-        if dcn is not None:
-            raise ValueError("dcn= emulates a network for the local backend; with backend='ray' "
-                             "transfers between islands use the real one. Drop dcn=.")
+                 ray_address: str | None = None):
         address = ray_address
         sizes = tuple(int(n) for n in (islands if islands is not None else DEFAULT_ISLANDS))
         if not sizes or min(sizes) < 1:
@@ -245,10 +243,10 @@ class RayBackend:
         actor, seq = sent
         return ray.get(actor.buffers.remote(seq))
 
-    def status(self, island: int | None = None) -> dict[str, Any]:
+    def status(self, island: int | None = None) -> IslandFacts | dict[str, Any]:
         """One island's actor (for ``ctl.status()``), or the whole cluster's view."""
         if island is not None:
-            return self.sites[island].status()
+            return IslandFacts.of(self.sites[island].status())
         return {"token_auth": cluster.token_auth_enabled(),
                 "islands": {i: {"pid": h.info.get("pid"), "host": h.info.get("host"),
                                 "generation": h.generation, "lost": h.lost,
