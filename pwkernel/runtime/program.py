@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.extend.core as jax_core
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -97,7 +98,8 @@ class Specialization:
 
     name: str
     slice: VirtualSlice
-    flat: Callable                              # the body over flat input leaves -> a tuple
+    jaxpr: Any                                  # the body traced once (a ClosedJaxpr)
+    flat: Callable  # the user's body over flat input leaves -> a tuple (traces it again)
     structs: tuple[jax.ShapeDtypeStruct, ...]   # its inputs, with their shardings
     in_shardings: tuple[NamedSharding, ...]
     out_types: tuple[jax.ShapeDtypeStruct, ...]  # its outputs as JAX's types say
@@ -105,6 +107,11 @@ class Specialization:
     out_tree: Any
     donated: tuple[int, ...] = ()               # input leaves it consumes (donate_argnums)
     hint: Any = None  # the function's backend hint (``sim_cost=``), carried unread here
+
+    @property
+    def replay(self) -> Callable:
+        """The traced body as a function over the flat input leaves (see ``replay``)."""
+        return replay(self.jaxpr)
 
     def executable(self, out_shardings, compiled=None, call=None, lowered=None,
                    asynchronous: bool = True) -> Executable:
@@ -116,7 +123,7 @@ class Specialization:
                                 for o in self.out_types),
                           tuple(out_shardings), self.out_tree,
                           sum(max(n.values()) for n in out_nbytes), out_nbytes, asynchronous,
-                          call, lowered, self.flat, self.structs, self.donated)
+                          call, lowered, self.flat, self.structs, self.donated, self.jaxpr)
 
 
 def compile_here(spec: Specialization) -> Executable:
@@ -126,7 +133,7 @@ def compile_here(spec: Specialization) -> Executable:
     vs = spec.slice
     with vs.ambient():
         compiled, call = callbacks.compile_guarded(
-            spec.flat, spec.structs, spec.in_shardings, spec.out_shardings, vs.mesh, spec.name,
+            spec.replay, spec.structs, spec.in_shardings, spec.out_shardings, vs.mesh, spec.name,
             spec.donated)
     out_shardings = [given if given is not None else made for given, made in
                      zip(spec.out_shardings, compiled.output_shardings[:-1],  # (last: the fence)
@@ -239,16 +246,17 @@ class CompiledFunction:
             full, kw = rebuild(a, k, statics)
             return fn(*full, **kw)
 
-        def flat(*leaves):
-            return tuple(jax.tree_util.tree_leaves(body(*leaves)))
-
         structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh, weak_type=w)
                         for (s, d, _, w), sh in zip(in_avals, in_shardings, strict=True))
-        try:
+        try:  # the one trace of the user's Python for this signature (as jax.jit makes)
             with vs.ambient():
-                out_struct = jax.eval_shape(body, *structs)
+                traced = jax.jit(body).trace(*structs)
         except Exception as e:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
+        out_struct = traced.out_info
+
+        def flat(*leaves):
+            return tuple(jax.tree_util.tree_leaves(body(*leaves)))
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_struct)
         out_specs = self._out_spec_leaves(out_struct)
         out_shardings = []
@@ -259,7 +267,7 @@ class CompiledFunction:
             spec = batch_spec(o.shape, vs, f"{self.name}: output {i}") if spec is BATCH else spec
             check_spec(spec, o.shape, mesh, f"{self.name}: output {i} out_specs")
             out_shardings.append(NamedSharding(mesh, spec))
-        spec = Specialization(self.name, vs, flat, structs, tuple(in_shardings),
+        spec = Specialization(self.name, vs, traced.jaxpr, flat, structs, tuple(in_shardings),
                               tuple(out_leaves), tuple(out_shardings), out_tree,
                               self.arguments.donated_leaves(dyn, kwargs, statics), self.hint)
         lower = getattr(self.controller.executor, "compile", None)
@@ -295,6 +303,17 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
+
+
+def replay(jaxpr) -> Callable:
+    """A traced body (``Executable.jaxpr``) as a function over its flat input leaves that
+    returns a tuple: tracing it (to compile, to lower for simulated chips, to export) runs the
+    recorded equations again, cheaply, never the user's Python a second time. Under the mesh
+    it was traced with: its types name that mesh's axes."""
+    def flat(*leaves):
+        return tuple(jax_core.jaxpr_as_fun(jaxpr)(*leaves))
+
+    return flat
 
 
 def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, statics):

@@ -119,3 +119,20 @@ def test_island_facts_from_a_plain_mapping():
         IslandFacts.of(["lost"])
     with pytest.raises(TypeError):
         facts.details["actor"] = "x"  # frozen, as the snapshot holding it
+
+
+@pytest.mark.parametrize("backend", ["local", "sim"])
+def test_the_users_python_runs_once_per_input_signature(backend):
+    """As under jax.jit: what is compiled (or lowered for simulated chips) is the recorded
+    trace run again, not the function."""
+    calls = []
+
+    def body(x):
+        calls.append(x.shape)
+        return x * 2
+
+    with pw.Controller(backend=backend, islands=(4,) if backend == "local" else (8,)) as ctl:
+        f = pw.function(body, slice=ctl.slice(2))
+        for n in (2, 2, 4):
+            f(np.ones(n, np.float32)).wait(timeout=60)
+    assert calls == [(2,), (4,)]

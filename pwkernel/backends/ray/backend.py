@@ -35,6 +35,7 @@ import numpy as np
 from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError
 from ...runtime.executor import IslandFacts
+from ...runtime.program import replay
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
 from ..local import request_host_devices
@@ -154,12 +155,14 @@ class RayBackend:
         with self._export_lock:
             entry = self._exports.get(id(exe))
             if entry is None:
-                jitted = jax.jit(exe.flat, in_shardings=exe.in_shardings,
+                # jax.export takes only a jax.jit function and traces it itself (a Lowered is
+                # for this process, docs/ray.md): what it traces is the jaxpr recorded when
+                # the function was first traced, so the user's Python runs once, not again.
+                jitted = jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
                                  out_shardings=exe.out_shardings)
                 structs = exe.structs
                 platform = "cuda" if host.platform == "gpu" else "cpu"
-                # Traced again here: under the slice's mesh, as when it was compiled (a
-                # %%pathways cell's P(...) and out_sharding= refer to it).
+                # under the slice's mesh, as when it was traced: its types name its axes
                 with jax.set_mesh(node.fn.slice.mesh):
                     try:
                         blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
