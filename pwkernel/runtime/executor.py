@@ -34,7 +34,7 @@ Optional members, looked up by the runtime with ``getattr``:
   ``settle(predicate, timeout)`` when it waits for a whole run: the executor moves its clock
   until ``predicate()`` holds.
 - ``compile(spec) -> Executable``: lower a ``pw.function``'s specialization for its islands
-  (``spec``: a ``runtime.program.Specialization``, the traced body with its input and output
+  (``spec``: a ``runtime.specialization.Specialization``, the traced body with its input and output
   types and shardings, and the function's backend ``hint``) instead of the runtime's own
   ``jax.jit`` compile in this process; ``spec.executable(...)`` builds the result. The
   simulator lowers on the abstract mesh of its chips and compiles nothing. Without it, the
@@ -137,7 +137,7 @@ class Executor(Protocol):
 
     # Optional, looked up with getattr (see the module docstring): expedite(task, timeout),
     # submitted(run), virtual and settle(predicate, timeout), compile(spec) -> Executable
-    # (a runtime.program.Specialization in, a runtime.executable.Executable out), and
+    # (a runtime.specialization.Specialization in, a runtime.executable.Executable out), and
     # check_hint(name, hint).
 
 

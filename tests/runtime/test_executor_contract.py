@@ -11,7 +11,7 @@ import pytest
 import pwkernel as pw
 from pwkernel.backends.local import LocalBackend
 from pwkernel.runtime.executor import IslandFacts, create
-from pwkernel.runtime.program import Specialization, compile_here
+from pwkernel.runtime.specialization import Specialization, compile_here
 
 
 class Hooked(LocalBackend):

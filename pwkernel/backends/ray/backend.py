@@ -35,8 +35,8 @@ import numpy as np
 from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError
 from ...runtime.executor import IslandFacts
-from ...runtime.program import replay
 from ...runtime.resources import DEFAULT_ISLANDS, Island
+from ...runtime.specialization import replay
 from ...runtime.tasks import Task
 from ..local import request_host_devices
 from . import cluster

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from ...runtime.errors import ProgramError
 from ...runtime.executable import Executable
 from ...runtime.graph import ComputeNode, Graph, TransferNode
-from ...runtime.program import Specialization
+from ...runtime.specialization import Specialization
 from ...runtime.units import human_bytes
 from .cluster import Cluster
 from .cost import Cost, abstract_mesh, analyze, lower, roofline
