@@ -195,8 +195,9 @@ class CompiledFunction:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
         out_struct = traced.out_info
 
-        def flat(*leaves):
+        def flat(*leaves):  # the body again (for lowering on another mesh: sim.xla_cost)
             return tuple(jax.tree_util.tree_leaves(body(*leaves)))
+
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_struct)
         out_specs = self._out_spec_leaves(out_struct)
         out_shardings = []

@@ -52,8 +52,10 @@ from typing import Any
 import numpy as np
 
 from ...runtime.errors import NoValueError
+from ...runtime.executable import Executable
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island, islands_from_env
+from ...runtime.specialization import Specialization
 from ...runtime.tasks import Task, TaskState
 from ...runtime.trace import LinkKind
 from ...runtime.units import human_bytes
@@ -220,7 +222,7 @@ class SimExecutor(NoGroup):
             return until
 
     # --- host-side work --------------------------------------------------------------------
-    def compile(self, spec):
+    def compile(self, spec: Specialization) -> Executable:
         """A function placed here is lowered for the simulated chips, never compiled."""
         return lower_for_chips(spec)
 
