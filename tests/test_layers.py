@@ -37,7 +37,6 @@ KNOWN_PRIVATE: set[tuple[str, str]] = set()
 # parallel branches of issue 24 (wt-core, wt-contract, wt-hostcost); empty this after merging.
 KNOWN_PRIVATE_ATTRIBUTES: set[tuple[str, str]] = {
     ("pwkernel.backends.ray.island", "host.actor._actor_id"),
-    ("pwkernel.runtime.controller", "leaf._store"),
     ("pwkernel.runtime.dispatcher", "leaf._state"),
     ("pwkernel.runtime.dispatcher", "leaf._error"),
     ("pwkernel.runtime.dispatcher", "leaf._peek"),
@@ -46,7 +45,6 @@ KNOWN_PRIVATE_ATTRIBUTES: set[tuple[str, str]] = {
     ("pwkernel.runtime.dispatcher", "fut._hook"),
     ("pwkernel.runtime.dispatcher", "run._lock"),
     ("pwkernel.runtime.objects", "fut._set_result"),
-    ("pwkernel.runtime.program", "self.slice._manager"),
     ("pwkernel.runtime.tasks", "fut._error"),
     ("pwkernel.runtime.tasks", "fut._peek"),
     ("pwkernel.runtime.tasks", "t.run._producers"),

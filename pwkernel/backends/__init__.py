@@ -1,7 +1,7 @@
 """Where islands live. Each backend implements the executor interface (``runtime/executor.py``)
-and is registered here by name; ``pwkernel`` imports this package, so
-``pw.Controller(backend="local" | "ray" | "sim")`` finds them while the runtime imports none
-of them.
+and is registered here by name with the options of ``pw.Controller`` it takes; ``pwkernel``
+imports this package, so ``pw.Controller(backend="local" | "ray" | "sim")`` finds them while
+the runtime imports none of them, and each backend gets only its own options.
 A backend's module is imported only when a controller asks for it (Ray is heavy)."""
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ def _sim(islands, **options):
     return SimExecutor(islands, **options)
 
 
-register_backend("local", _local)
-register_backend("ray", _ray)
-register_backend("sim", _sim)
+register_backend("local", _local, {
+    "dcn": "a pw.Link emulating the network between this process's islands"})
+register_backend("ray", _ray, {
+    "ray_address": "the Ray cluster to join: 'auto', 'host:port', or None for a local one"})
+register_backend("sim", _sim, {
+    "cluster": "the simulated cluster, e.g. pw.sim.Cluster.preset('tpu-v4', chips=2048)"})

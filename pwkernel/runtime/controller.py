@@ -21,12 +21,12 @@ from jax.sharding import AxisType
 from . import executor as executors
 from .dispatcher import Dispatcher, DispatchMode
 from .errors import ControllerClosedError, DeviceSetupError, ProgramError, SliceError
-from .executor import Executor
+from .executor import Executor, IslandFacts
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
 from .resources import DEFAULT_ISLANDS, Island, ResourceManager, VirtualSlice, islands_from_env
 from .scheduler import Policy
-from .snapshot import Snapshot, take
+from .snapshot import IslandView, RunView, SliceView, Snapshot
 from .tasks import ClientSpec, ProgramRun
 from .trace import Trace
 from .transfer import Link
@@ -96,10 +96,7 @@ class Controller:
         self.closed = False
         self.memory_budget = memory_budget
         self.dcn = dcn
-        if cluster is not None and backend != "sim":
-            raise ValueError("cluster= describes a simulated cluster; pass backend='sim' with "
-                             "it, e.g. pw.Controller(backend='sim', cluster=pw.sim.Cluster."
-                             "preset('tpu-v4', chips=2048)).")
+        # each option goes only to the backend that declares it (runtime/executor.py)
         self._backend = executors.create(backend, islands, dcn=dcn, ray_address=ray_address,
                                          cluster=cluster)
         self._islands = tuple(self._backend.islands)
@@ -221,9 +218,9 @@ class Controller:
         self._check_open()
         mode = None if dispatch is None else DispatchMode.parse(dispatch)
         for leaf in leaves:
-            if isinstance(leaf, Future) and leaf._store is not None and leaf._store is not \
+            if isinstance(leaf, Future) and leaf.store is not None and leaf.store is not \
                     self.store:
-                if leaf._store.closed:
+                if leaf.store.closed:
                     raise ControllerClosedError(
                         "a future from a closed controller was passed to a program; its buffer "
                         "is gone. Pass fut.result() (a jax.Array) or rerun the program that "
@@ -255,20 +252,25 @@ class Controller:
         return {d: held.get(d.id, 0) for d in self.devices}
 
     def status(self) -> dict[str, Any]:
-        """A snapshot: islands, slices, queued/running computations, programs, memory."""
-        return {
-            "islands": [{"id": i.id, "platform": i.platform, "devices": list(i.device_ids),
-                         **self._dispatcher.islands[i.id].status(),
-                         **self._backend.status(i.id)} for i in self._islands],
-            "slices": [repr(s) for s in self.slices],
-            "programs": [repr(r) for r in self.runs()],
-            "memory": {d.id: n for d, n in self.memory().items()},
-            "policy": self.policy, "dispatch": self.dispatch, "closed": self.closed,
-        }
+        """The snapshot as plain dicts and strings: islands (with their queue depths and the
+        backend's facts), slices, programs, memory, policy, dispatch."""
+        return self._take().as_status()
 
     def snapshot(self) -> Snapshot:
-        """Islands, slices, runs with their nodes, memory, queue depths: frozen records."""
-        return take(self)
+        """Islands, slices, runs with their nodes, memory, queue depths: frozen records (a
+        closed controller's has only ``closed``)."""
+        return Snapshot(closed=True) if self.closed else self._take()
+
+    def _take(self) -> Snapshot:
+        """Each part read once, in order (islands, slices, runs, memory), from the parts
+        that hold it, without stopping anything."""
+        islands = tuple(IslandView.of(i, IslandFacts.of(self._backend.status(i.id)),
+                                      **self._dispatcher.islands[i.id].status())
+                        for i in self._islands)
+        slices = tuple(SliceView.of(vs) for vs in self.slices if not vs.released)
+        runs = tuple(RunView.of(r) for r in self.runs())
+        memory = {d.id: n for d, n in self.memory().items()}
+        return Snapshot(self.closed, self.policy, self.dispatch, islands, slices, runs, memory)
 
     def _on_free(self, record: BufferRecord) -> None:
         if record.reserved and self.memory_budget is not None and record.island is not None \

@@ -32,3 +32,7 @@ class Executable:
     flat: Any = None
     structs: tuple[jax.ShapeDtypeStruct, ...] = ()
     donated: tuple[int, ...] = ()  # input leaves the computation consumes (donate_argnums)
+    # The body as traced once for this signature (a ClosedJaxpr over the flat leaves): what is
+    # compiled, lowered for simulated chips and exported runs it again (``specialization.replay``)
+    # instead of the user's Python; ``flat`` is for lowering on another mesh
+    jaxpr: Any = None

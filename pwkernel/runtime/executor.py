@@ -33,18 +33,68 @@ Optional members, looked up by the runtime with ``getattr``:
   causes it (no dispatcher thread), calls ``expedite`` for any task not yet done, and
   ``settle(predicate, timeout)`` when it waits for a whole run: the executor moves its clock
   until ``predicate()`` holds.
+- ``compile(spec) -> Executable``: lower a ``pw.function``'s specialization for its islands
+  (``spec``: a ``runtime.specialization.Specialization``, the traced body with its input and output
+  types and shardings, and the function's backend ``hint``) instead of the runtime's own
+  ``jax.jit`` compile in this process; ``spec.executable(...)`` builds the result. The
+  simulator lowers on the abstract mesh of its chips and compiles nothing. Without it, the
+  runtime compiles for the slice's devices (local and Ray islands).
+- ``check_hint(name, hint)``: a ``pw.function`` named ``name`` was made with a backend hint
+  (``sim_cost=``) on one of its islands: raise if this backend cannot use it. The runtime
+  carries a hint unread; only the backend that owns it reads it.
+
+Backends by name: ``register_backend(name, factory, options)`` declares the options of
+``pw.Controller`` the backend takes (``ray_address`` for ``"ray"``, ``cluster`` for ``"sim"``,
+``dcn`` for ``"local"``), and ``create`` hands each backend only its own: an option given to
+another backend is refused in one line that names the backend taking it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .plan import Plan
     from .resources import Island
     from .tasks import Task
+
+
+@dataclass(frozen=True)
+class IslandFacts:
+    """What an executor knows of one island (``status(island)``), for ``ctl.snapshot()`` and
+    ``ctl.status()``: ``lost`` is read by the runtime, ``details`` are shown as they are.
+
+    >>> IslandFacts(lost=False, details={"generation": 1}).lost
+    False
+    """
+
+    #: its process died (Ray: ``ctl.reattach(id)``); None: this backend's islands cannot be lost
+    lost: bool | None = None
+    #: the backend's own facts (Ray: the actor; the simulator: its cluster and clock)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
+
+    @classmethod
+    def of(cls, facts: IslandFacts | Mapping[str, Any] | None) -> IslandFacts:
+        """``facts`` as a record: an executor may still return a plain mapping (its
+        ``"lost"``, when present, is the island's ``lost``; the rest its details)."""
+        if isinstance(facts, IslandFacts):
+            return facts
+        if facts is None:
+            return cls()
+        if not isinstance(facts, Mapping):
+            raise TypeError(f"an executor's status(island) returns an IslandFacts "
+                            f"(pwkernel.runtime.executor) or a mapping of facts, got "
+                            f"{type(facts).__name__}.")
+        rest = dict(facts)
+        lost = rest.pop("lost", None)
+        return cls(None if lost is None else bool(lost), rest)
 
 
 @runtime_checkable
@@ -76,8 +126,8 @@ class Executor(Protocol):
     def fetch(self, value, sharding) -> Any:
         """A value as a local ``jax.Array`` for the user (``Future.result()``)."""
 
-    def status(self, island: int) -> dict[str, Any]:
-        """Facts about one island for ``ctl.status()`` (may be empty)."""
+    def status(self, island: int) -> IslandFacts:
+        """Facts about one island for ``ctl.snapshot()`` and ``ctl.status()``."""
 
     def reattach(self, island: int) -> Island:
         """Replace a lost island (a backend whose islands cannot be lost raises)."""
@@ -85,19 +135,36 @@ class Executor(Protocol):
     def close(self) -> None:
         """Wait for what runs, then free every thread, process and buffer."""
 
+    # Optional, looked up with getattr (see the module docstring): expedite(task, timeout),
+    # submitted(run), virtual and settle(predicate, timeout), compile(spec) -> Executable
+    # (a runtime.specialization.Specialization in, a runtime.executable.Executable out), and
+    # check_hint(name, hint).
+
 
 # --- backends by name ----------------------------------------------------------------------
-_FACTORIES: dict[str, Callable[..., Executor]] = {}
+@dataclass(frozen=True)
+class Backend:
+    """A backend in the registry: how to make its executor, and the options it takes (each
+    named with what it means, for the error that refuses it elsewhere)."""
+
+    name: str
+    factory: Callable[..., Executor]
+    options: Mapping[str, str] = field(default_factory=dict)
 
 
-def register_backend(name: str, factory: Callable[..., Executor]) -> None:
-    """Make ``pw.Controller(backend=name)`` call ``factory(islands, **options)``."""
-    _FACTORIES[name] = factory
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, factory: Callable[..., Executor],
+                     options: Mapping[str, str] | None = None) -> None:
+    """Make ``pw.Controller(backend=name, **given)`` call ``factory(islands, **given)``, where
+    ``given`` holds only the ``options`` this backend declares (option name -> what it is)."""
+    _BACKENDS[name] = Backend(name, factory, MappingProxyType(dict(options or {})))
 
 
 def backends() -> tuple[str, ...]:
     """The names ``pw.Controller(backend=...)`` knows."""
-    return tuple(_FACTORIES)
+    return tuple(_BACKENDS)
 
 
 _REQUIRED = ("launch", "transfer", "islands", "now", "prepare", "group", "fetch", "close")
@@ -109,20 +176,33 @@ def create(backend: str | Executor, islands: Sequence[int] | None,
     None), or ``backend`` itself when it is an executor object."""
     given = {k: v for k, v in options.items() if v is not None}
     if isinstance(backend, str):
-        factory = _FACTORIES.get(backend)
-        if factory is None:
-            raise ValueError(f"unknown backend {backend!r}; expected one of {list(_FACTORIES)} "
+        entry = _BACKENDS.get(backend)
+        if entry is None:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {list(_BACKENDS)} "
                              "(e.g. 'local': this process's devices, 'ray': islands as Ray "
                              "actors), or an executor object.")
-        return factory(islands, **given)
+        for option in given:
+            if option not in entry.options:
+                raise ValueError(_misplaced(option, backend))
+        return entry.factory(islands, **given)
     missing = [m for m in _REQUIRED if not hasattr(backend, m)]
     if missing:
-        raise TypeError(f"backend must be a name {list(_FACTORIES)} or an object implementing "
+        raise TypeError(f"backend must be a name {list(_BACKENDS)} or an object implementing "
                         f"pw.Executor; {type(backend).__name__} lacks {missing}.")
     if given:
         raise ValueError(f"{sorted(given)} configure a backend made by name; an executor object "
                          "comes configured. Drop them, or pass backend by name.")
     return backend
+
+
+def _misplaced(option: str, backend: str) -> str:
+    """One line: ``option`` is another backend's (which one, and what it means)."""
+    owners = [b for b in _BACKENDS.values() if option in b.options]
+    if not owners:
+        return f"{option}= is not an option of backend={backend!r}; drop {option}=."
+    owner = owners[0]
+    return (f"{option}= is only for backend={owner.name!r} ({owner.options[option]}), not for "
+            f"backend={backend!r}; drop {option}=, or pass backend={owner.name!r} with it.")
 
 
 class NoGroup:

@@ -94,6 +94,11 @@ class Future:
         self.t_done = 0.0
         self.weak_type = False  # a weakly typed value (from Python scalars), as JAX types it
 
+    @property
+    def store(self) -> ObjectStore | None:
+        """The object store (of its controller) that holds its buffer; None outside one."""
+        return self._store
+
     # --- the concurrent.futures-like surface -----------------------------------------------
     @property
     def state(self) -> FutureState:

@@ -14,8 +14,6 @@ called outside a program is a one-node program.
 from __future__ import annotations
 
 import functools
-import math
-import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,13 +23,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import callbacks
 from .arguments import Arguments
 from .errors import NeedsValueError, ProgramError, SliceError, SpecError
 from .executable import Executable
 from .graph import Graph
-from .objects import Future, shard_bytes
+from .objects import Future
 from .resources import VirtualSlice
+from .specialization import Specialization, compile_here
 from .specs import (
     BATCH,
     INFERRED,
@@ -48,11 +46,10 @@ from .specs import (
 )
 
 __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Inferred",
-           "Program", "Value", "function", "program", "spec_leaves"]
+           "Program", "Specialization", "Value", "function", "program", "spec_leaves"]
 
 _tracing = threading.local()
 _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
-_HOST_CALLBACK = re.compile(r'custom_call_target="[^"]*python[^"]*callback')
 _NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
 
 
@@ -104,10 +101,6 @@ class CompiledFunction:
                  static_argnames=None, donate_argnums=None, donate_argnames=None):
         if not callable(fn):
             raise ProgramError(f"pw.function needs a callable, got {type(fn).__name__}.")
-        if sim_cost is not None and not _is_duration(sim_cost):
-            raise ProgramError(
-                f"sim_cost must be seconds >= 0 (or a pw.sim.Cost), the duration of one call "
-                f"on a simulated cluster, got {sim_cost!r}. Maybe you want sim_cost=1e-3.")
         if not isinstance(slice, VirtualSlice):
             raise SliceError(
                 f"pw.function needs slice= a VirtualSlice (from ctl.slice(...)), got "
@@ -119,10 +112,14 @@ class CompiledFunction:
         check_specs_arg("out_specs", out_specs)
         self.fn, self.slice = fn, slice
         self.in_specs, self.out_specs = in_specs, out_specs
-        self.sim_cost = sim_cost
         self.name = name or getattr(fn, "__name__", "fn")
         if self.name == "<lambda>":
             self.name = "lambda"
+        # a backend's hint (sim_cost): only the backend that owns it reads it, or refuses it
+        self.hint = sim_cost
+        check = getattr(slice.controller.executor, "check_hint", None)
+        if sim_cost is not None and check is not None:
+            check(self.name, sim_cost)
         self.arguments = Arguments(fn, self.name, static_argnums, static_argnames,
                                    donate_argnums, donate_argnames)
         self._cache: dict[Any, Executable] = {}
@@ -131,8 +128,13 @@ class CompiledFunction:
         functools.update_wrapper(self, fn, updated=())
 
     @property
+    def sim_cost(self) -> Any:
+        """What ``pw.function(..., sim_cost=)`` was given (the backend hint)."""
+        return self.hint
+
+    @property
     def controller(self):
-        return self.slice._manager.controller
+        return self.slice.controller
 
     def executable(self, signature) -> Executable:
         """The compiled specialization for ``signature`` ((tree, ((shape, dtype, sharding),
@@ -184,16 +186,18 @@ class CompiledFunction:
             full, kw = rebuild(a, k, statics)
             return fn(*full, **kw)
 
-        def flat(*leaves):
-            return tuple(jax.tree_util.tree_leaves(body(*leaves)))
-
         structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh, weak_type=w)
                         for (s, d, _, w), sh in zip(in_avals, in_shardings, strict=True))
-        try:
+        try:  # the one trace of the user's Python for this signature (as jax.jit makes)
             with vs.ambient():
-                out_struct = jax.eval_shape(body, *structs)
+                traced = jax.jit(body).trace(*structs)
         except Exception as e:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
+        out_struct = traced.out_info
+
+        def flat(*leaves):  # the body again (for lowering on another mesh: sim.xla_cost)
+            return tuple(jax.tree_util.tree_leaves(body(*leaves)))
+
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_struct)
         out_specs = self._out_spec_leaves(out_struct)
         out_shardings = []
@@ -204,67 +208,16 @@ class CompiledFunction:
             spec = batch_spec(o.shape, vs, f"{self.name}: output {i}") if spec is BATCH else spec
             check_spec(spec, o.shape, mesh, f"{self.name}: output {i} out_specs")
             out_shardings.append(NamedSharding(mesh, spec))
-        if vs.island.simulated:
-            return self._lower_simulated(flat, structs, in_shardings, out_shardings,
-                                         out_leaves, out_tree)
-        donated = self.arguments.donated_leaves(dyn, kwargs, statics)
+        spec = Specialization(self.name, vs, traced.jaxpr, flat, structs, tuple(in_shardings),
+                              tuple(out_leaves), tuple(out_shardings), out_tree,
+                              self.arguments.donated_leaves(dyn, kwargs, statics), self.hint)
+        lower = getattr(self.controller.executor, "compile", None)
+        if lower is not None:  # the backend lowers it itself (the simulator: for its chips)
+            return lower(spec)
         try:
-            with vs.ambient():
-                compiled, call = callbacks.compile_guarded(
-                    flat, structs, in_shardings, out_shardings, mesh, self.name, donated)
+            return compile_here(spec)
         except Exception as e:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
-        out_shardings = [given if given is not None else made for given, made in
-                         zip(out_shardings, compiled.output_shardings[:-1],  # (the last: the fence)
-                             strict=True)]
-        out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
-                           for o, sh in zip(out_leaves, out_shardings, strict=True))
-        memory = sum(max(n.values()) for n in out_nbytes)
-        # A computation that calls back into Python may run in the launching thread: those
-        # are launched by the island's workers, never by the thread that submits.
-        # (read from the HLO's custom calls: a plain substring would also match metadata,
-        # such as a source file named callbacks.py)
-        asynchronous = not _HOST_CALLBACK.search(compiled.as_text())
-        return Executable(compiled, tuple(in_shardings),
-                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
-                                for o in out_leaves),
-                          tuple(out_shardings), out_tree, memory, out_nbytes, asynchronous,
-                          call, None, flat, structs, donated)
-
-    def _lower_simulated(self, flat, structs, in_shardings, out_shardings, out_leaves,
-                         out_tree) -> Executable:
-        """A simulated slice's specialization: lowered on the abstract mesh of its chips (no
-        devices needed), for the simulator's cost model; nothing is compiled. Inferred output
-        layouts are what JAX's types say (explicit axes), else replicated."""
-        vs = self.slice
-        mesh = vs.mesh
-        am = mesh.abstract_mesh
-        out_shardings = [given if given is not None else NamedSharding(
-            mesh, getattr(o.sharding, "spec", None) or P())
-            for given, o in zip(out_shardings, out_leaves, strict=True)]
-        lowered = None
-        try:
-            with vs.ambient():
-                args = [jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                             sharding=NamedSharding(am, sh.spec))
-                        for a, sh in zip(structs, in_shardings, strict=True)]
-                lowered = jax.jit(flat, out_shardings=tuple(
-                    NamedSharding(am, sh.spec) for sh in out_shardings)).trace(*args).lower(
-                        lowering_platforms=("tpu",))
-        except Exception as e:
-            if self.sim_cost is None:
-                raise ProgramError(
-                    f"{self.name} could not be lowered for the simulated chips ({e}), so its "
-                    "cost cannot be estimated. Give its duration: pw.function(..., "
-                    "sim_cost=seconds).") from e
-        out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
-                           for o, sh in zip(out_leaves, out_shardings, strict=True))
-        return Executable(None, tuple(in_shardings),
-                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
-                                for o in out_leaves),
-                          tuple(out_shardings), out_tree,
-                          sum(max(n.values()) for n in out_nbytes), out_nbytes, True, None,
-                          lowered, flat, tuple(structs))
 
     def _out_spec_leaves(self, out_struct) -> list[Any]:
         """One spec per output leaf: ``out_specs`` is a pytree prefix of the result."""
@@ -291,12 +244,6 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
-
-
-def _is_duration(cost) -> bool:
-    seconds = getattr(cost, "seconds", cost)
-    return (isinstance(seconds, int | float) and not isinstance(seconds, bool)
-            and 0 <= seconds < math.inf)
 
 
 def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, statics):
@@ -481,6 +428,7 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
     (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.
+    The runtime carries it as the function's backend ``hint``; the simulator checks it.
     """
     def make(f):
         return CompiledFunction(f, slice, in_specs, out_specs, name, sim_cost, static_argnums,

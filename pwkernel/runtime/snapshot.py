@@ -2,10 +2,13 @@
 as frozen records, for everything above the runtime (the notebook's displays, the sidebar's
 comm, the views). Readers never reach into the dispatcher, the scheduler or a task.
 
-Each part is read once, in order (islands, slices, runs, memory), without stopping the
-controller: a program may finish between two reads, so a run can be listed whose memory is
-already freed. Every field is a plain value (ints, strings, tuples, enums): a snapshot can be
-kept, compared and turned into JSON without holding the controller's objects alive.
+The controller builds it from typed parts (each island's queue depths and its executor's
+``IslandFacts``, each slice, each run's tasks), each read once, in order (islands, slices,
+runs, memory), without stopping the controller: a program may finish between two reads, so a
+run can be listed whose memory is already freed. Every field is a plain value (ints, strings,
+tuples, enums): a snapshot can be kept, compared and turned into JSON without holding the
+controller's objects alive. ``ctl.status()`` is a snapshot rendered as dicts and strings
+(``Snapshot.as_status()``); nothing reads a snapshot back out of them.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .executor import IslandFacts
+from .resources import describe_axis_types
 from .tasks import TaskState
 
 if TYPE_CHECKING:
-    from .controller import Controller
-    from .resources import VirtualSlice
+    from .resources import Island, VirtualSlice
+    from .tasks import ProgramRun, Task
+
+_OVER = (TaskState.DONE, TaskState.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,26 @@ class IslandView:
     running: int                  # computations launched and not ended
     queued: int                   # computations with the scheduler, not launched yet
     lost: bool = False            # its process died (Ray backend); ctl.reattach(id)
+    #: bytes its scheduler has reserved for launched work, by device
+    memory_reserved: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    facts: IslandFacts = IslandFacts()  # what its executor knows (Ray: the actor)
+
+    @classmethod
+    def of(cls, island: Island, facts: IslandFacts, running: int, queued: int,
+           memory_reserved: Mapping[int, int]) -> IslandView:
+        """An island with its scheduler's queue depths and its executor's facts."""
+        return cls(island.id, island.platform, tuple(island.device_ids), int(running),
+                   int(queued), bool(facts.lost), MappingProxyType(
+                       {int(d): int(n) for d, n in memory_reserved.items()}), facts)
+
+    def as_status(self) -> dict[str, Any]:
+        """This island in ``ctl.status()``."""
+        out = {"id": self.id, "platform": self.platform, "devices": list(self.device_ids),
+               "running": self.running, "queued": self.queued,
+               "memory_reserved": dict(self.memory_reserved), **self.facts.details}
+        if self.facts.lost is not None:
+            out["lost"] = self.facts.lost
+        return out
 
 
 @dataclass(frozen=True)
@@ -51,6 +78,12 @@ class SliceView:
         return cls(vs.id, vs.island.id, tuple(vs.device_ids), tuple(vs.shape),
                    tuple(vs.axis_names), vs.axis_type_names)
 
+    def __str__(self) -> str:
+        """As the slice's own ``repr`` (what ``ctl.status()`` lists)."""
+        dims = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape, strict=True))
+        return (f"VirtualSlice(id={self.id}, {dims}, {describe_axis_types(self.axis_types)}, "
+                f"island={self.island}, devices={list(self.device_ids)})")
+
 
 @dataclass(frozen=True)
 class NodeView:
@@ -63,6 +96,12 @@ class NodeView:
     state: TaskState
     t_launch: float               # time.perf_counter() of its launch (0.0 before)
 
+    @classmethod
+    def of(cls, task: Task) -> NodeView:
+        node = task.node  # its plan node: ``island`` is a copy's destination
+        return cls(node.name, node.is_compute, node.island, tuple(node.devices),
+                   TaskState(task.state), float(task.t_launch))
+
 
 @dataclass(frozen=True)
 class RunView:
@@ -72,6 +111,17 @@ class RunView:
     name: str
     client: str
     nodes: tuple[NodeView, ...]
+
+    @classmethod
+    def of(cls, run: ProgramRun) -> RunView:
+        return cls(run.id, str(run.name), str(run.client),
+                   tuple(NodeView.of(t) for t in list(run.tasks)))
+
+    def __str__(self) -> str:
+        """As the run's own ``repr`` (what ``ctl.status()`` lists)."""
+        left = sum(n.state not in _OVER for n in self.nodes)
+        state = f"{left} nodes left" if left else "done"
+        return f"ProgramRun(id={self.id}, name={self.name!r}, client={self.client!r}, {state})"
 
     @property
     def running_on(self) -> tuple[int, ...]:
@@ -103,28 +153,17 @@ class Snapshot:
     memory: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     # ^ device id -> bytes held
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory", MappingProxyType(
+            {int(d): int(n) for d, n in self.memory.items()}))
+
     def island(self, island_id: int) -> IslandView:
         return next(i for i in self.islands if i.id == island_id)
 
-
-def _node(task) -> NodeView:
-    node = task.node  # its plan node: ``island`` is a copy's destination
-    return NodeView(node.name, node.is_compute, node.island, tuple(node.devices),
-                    TaskState(task.state), float(task.t_launch))
-
-
-def take(ctl: Controller) -> Snapshot:
-    """The snapshot of ``ctl`` (what ``ctl.snapshot()`` returns)."""
-    if ctl.closed:
-        return Snapshot(closed=True)
-    status = ctl.status()
-    islands = tuple(IslandView(i["id"], i["platform"], tuple(i["devices"]), int(i["running"]),
-                               int(i["queued"]), bool(i.get("lost", False)))
-                    for i in status["islands"])
-    slices = tuple(SliceView.of(vs) for vs in ctl.slices if not vs.released)
-    runs = tuple(RunView(r.id, str(r.name), str(r.client),
-                         tuple(_node(t) for t in list(r.tasks)))
-                 for r in ctl.runs())
-    memory = MappingProxyType({int(d): int(n) for d, n in status["memory"].items()})
-    return Snapshot(False, status["policy"], status["dispatch"], islands, slices, runs,
-                    memory)
+    def as_status(self) -> dict[str, Any]:
+        """``ctl.status()``: this snapshot as plain dicts and strings."""
+        return {"islands": [i.as_status() for i in self.islands],
+                "slices": [str(s) for s in self.slices],
+                "programs": [str(r) for r in self.runs],
+                "memory": dict(self.memory),
+                "policy": self.policy, "dispatch": self.dispatch, "closed": self.closed}

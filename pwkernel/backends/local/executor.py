@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from ...runtime.callbacks import failure
-from ...runtime.executor import NoGroup
+from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
 from ...runtime.trace import LinkKind
@@ -64,11 +64,7 @@ class LocalBackend(NoGroup):
     name = "local"
     program_ahead = False
 
-    def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS, dcn: Link | None = None,
-                 ray_address: str | None = None):
-        if ray_address is not None:
-            raise ValueError("ray_address is only for backend='ray'; e.g. "
-                             "pw.Controller(backend='ray', ray_address='auto').")
+    def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS, dcn: Link | None = None):
         if dcn is not None and not isinstance(dcn, Link):
             raise TypeError(f"dcn must be a pw.Link(bandwidth=..., latency=...) or None, got "
                             f"{type(dcn).__name__}.")
@@ -192,8 +188,8 @@ class LocalBackend(NoGroup):
     def fetch(self, value, sharding) -> Any:
         return value
 
-    def status(self, island: int) -> dict[str, Any]:
-        return {}
+    def status(self, island: int) -> IslandFacts:
+        return IslandFacts()
 
     def reattach(self, island: int) -> Island:
         raise ValueError("reattach() is for backend='ray': the local backend's islands "

@@ -34,7 +34,9 @@ import numpy as np
 
 from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError
+from ...runtime.executor import IslandFacts
 from ...runtime.resources import DEFAULT_ISLANDS, Island
+from ...runtime.specialization import replay
 from ...runtime.tasks import Task
 from ..local import request_host_devices
 from . import cluster
@@ -79,10 +81,7 @@ class RayBackend:
     program_ahead = True  # a program's nodes queue behind each other: one message for them
 
     def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS,
-                 ray_address: str | None = None, dcn=None):
-        if dcn is not None:
-            raise ValueError("dcn= emulates a network for the local backend; with backend='ray' "
-                             "transfers between islands use the real one. Drop dcn=.")
+                 ray_address: str | None = None):
         address = ray_address
         sizes = tuple(int(n) for n in (islands if islands is not None else DEFAULT_ISLANDS))
         if not sizes or min(sizes) < 1:
@@ -156,12 +155,14 @@ class RayBackend:
         with self._export_lock:
             entry = self._exports.get(id(exe))
             if entry is None:
-                jitted = jax.jit(exe.flat, in_shardings=exe.in_shardings,
+                # jax.export takes only a jax.jit function and traces it itself (a Lowered is
+                # for this process, docs/ray.md): what it traces is the jaxpr recorded when
+                # the function was first traced, so the user's Python runs once, not again.
+                jitted = jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
                                  out_shardings=exe.out_shardings)
                 structs = exe.structs
                 platform = "cuda" if host.platform == "gpu" else "cpu"
-                # Traced again here: under the slice's mesh, as when it was compiled (a
-                # %%pathways cell's P(...) and out_sharding= refer to it).
+                # under the slice's mesh, as when it was traced: its types name its axes
                 with jax.set_mesh(node.fn.slice.mesh):
                     try:
                         blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
@@ -245,10 +246,10 @@ class RayBackend:
         actor, seq = sent
         return ray.get(actor.buffers.remote(seq))
 
-    def status(self, island: int | None = None) -> dict[str, Any]:
+    def status(self, island: int | None = None) -> IslandFacts | dict[str, Any]:
         """One island's actor (for ``ctl.status()``), or the whole cluster's view."""
         if island is not None:
-            return self.sites[island].status()
+            return IslandFacts.of(self.sites[island].status())
         return {"token_auth": cluster.token_auth_enabled(),
                 "islands": {i: {"pid": h.info.get("pid"), "host": h.info.get("host"),
                                 "generation": h.generation, "lost": h.lost,

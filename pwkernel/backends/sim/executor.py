@@ -41,8 +41,10 @@ from typing import Any
 import numpy as np
 
 from ...runtime.errors import NoValueError
-from ...runtime.executor import NoGroup
+from ...runtime.executable import Executable
+from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island, islands_from_env
+from ...runtime.specialization import Specialization
 from ...runtime.tasks import Task, TaskState
 from ...runtime.trace import LinkKind
 from ...runtime.units import human_bytes
@@ -50,6 +52,7 @@ from ..local.devices import request_host_devices
 from .cluster import Cluster
 from .cost import analyze, roofline
 from .errors import SimError
+from .program import hinted_seconds, lower_for_chips
 from .timing import Timing
 
 _DCN = LinkKind.DCN.value
@@ -119,14 +122,7 @@ class SimExecutor(NoGroup):
     virtual = True  # the runtime does its host-side work in the thread that causes it
 
     def __init__(self, islands: Sequence[int] | None = None,
-                 cluster: Cluster | str | None = None,
-                 dcn=None, ray_address: str | None = None):
-        if dcn is not None:
-            raise ValueError("dcn= emulates a network for the local backend; a simulated "
-                             "cluster brings its own (cluster.dcn). Drop dcn=.")
-        if ray_address is not None:
-            raise ValueError("ray_address is only for backend='ray'; backend='sim' runs "
-                             "nothing anywhere. Drop ray_address=.")
+                 cluster: Cluster | str | None = None):
         if cluster is None or isinstance(cluster, str):
             cluster = preset_cluster(cluster or "tpu-v4", islands)
         elif not isinstance(cluster, Cluster):
@@ -194,6 +190,14 @@ class SimExecutor(NoGroup):
             return until
 
     # --- host-side work --------------------------------------------------------------------
+    def compile(self, spec: Specialization) -> Executable:
+        """A function placed here is lowered for the simulated chips, never compiled."""
+        return lower_for_chips(spec)
+
+    def check_hint(self, name: str, hint) -> None:
+        """Refuse a ``sim_cost`` that is not a duration (when the function is made)."""
+        hinted_seconds(name, hint)
+
     def prepare(self, plan) -> None:
         """Each computation's duration, once per plan: its function's ``sim_cost``, else XLA's
         cost analysis of its lowered executable on the cluster (cached per executable).
@@ -214,10 +218,8 @@ class SimExecutor(NoGroup):
         exe = p.exe
         known = self._costs.get(id(exe))
         if known is None:
-            given = p.fn.sim_cost
-            if given is not None:
-                value = float(getattr(given, "seconds", given))
-            else:
+            value = hinted_seconds(p.fn.name, p.fn.hint)
+            if value is None:
                 mesh = p.fn.slice.mesh.abstract_mesh
                 value = roofline(analyze(exe.lowered, mesh), self.cluster).seconds
             known = self._costs[id(exe)] = (exe, value)
@@ -289,8 +291,8 @@ class SimExecutor(NoGroup):
                 "fut.t_done, ctl.trace or pw.report(ctl); run on a real backend for values.")
         return value  # a value the program was given (it returns its argument)
 
-    def status(self, island: int) -> dict[str, Any]:
-        return {"simulated": self.cluster.name, "clock_s": self.timing.now}
+    def status(self, island: int) -> IslandFacts:
+        return IslandFacts(details={"simulated": self.cluster.name, "clock_s": self.timing.now})
 
     def reattach(self, island: int) -> Island:
         raise ValueError("reattach() is for backend='ray': a simulated island cannot be lost.")

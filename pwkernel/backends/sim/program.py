@@ -1,5 +1,7 @@
 """Programs the simulator runs: graphs of compute and transfer nodes with devices, sizes and
-costs, and the adapter from a traced ``pwkernel.runtime.graph.Graph``.
+costs, the adapter from a traced ``pwkernel.runtime.graph.Graph``, and how a ``pw.function``
+is lowered for simulated chips (``lower_for_chips``, the simulated executor's ``compile``
+hook) with its ``sim_cost`` hint (``hinted_seconds``).
 
 A ``SimProgram`` is plain data: nodes in topological order, each naming the nodes whose outputs
 it reads. Chip ids are the simulated cluster's (``Cluster.island_devices``).
@@ -12,13 +14,20 @@ it reads. Chip ids are the simulated cluster's (``Cluster.island_devices``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from ...runtime.errors import ProgramError
+from ...runtime.executable import Executable
 from ...runtime.graph import ComputeNode, Graph, TransferNode
+from ...runtime.specialization import Specialization
 from ...runtime.units import human_bytes
 from .cluster import Cluster
 from .cost import Cost, abstract_mesh, analyze, lower, roofline
@@ -169,3 +178,47 @@ def _chip_map(devices) -> Callable[[int], int]:
         return lambda d: devices[d]
     raise SimError(f"devices must map graph device ids to chips (a dict or a function), got "
                    f"{type(devices).__name__}.")
+
+
+# --- pw.function on simulated chips ---------------------------------------------------------
+def hinted_seconds(name: str, hint: Any) -> float | None:
+    """The seconds a ``pw.function``'s ``sim_cost`` hint gives (None: none given, XLA's cost
+    analysis decides); ``ProgramError`` for anything but seconds >= 0 or a ``Cost``."""
+    if hint is None:
+        return None
+    seconds = getattr(hint, "seconds", hint)
+    if (not isinstance(seconds, int | float) or isinstance(seconds, bool)
+            or not 0 <= seconds < math.inf):
+        raise ProgramError(
+            f"{name}: sim_cost must be seconds >= 0 (or a pw.sim.Cost), the duration of one "
+            f"call on a simulated cluster, got {hint!r}. Maybe you want sim_cost=1e-3.")
+    return float(seconds)
+
+
+def lower_for_chips(spec: Specialization) -> Executable:
+    """A simulated slice's specialization: lowered on the abstract mesh of its chips (no
+    devices needed), for the cost model; nothing is compiled. Inferred output layouts are
+    what JAX's types say (explicit axes), else replicated. A body that cannot be lowered
+    needs its duration (``sim_cost``)."""
+    vs = spec.slice
+    mesh = vs.mesh
+    am = mesh.abstract_mesh
+    out_shardings = [given if given is not None else NamedSharding(
+        mesh, getattr(o.sharding, "spec", None) or P())
+        for given, o in zip(spec.out_shardings, spec.out_types, strict=True)]
+    lowered = None
+    try:
+        with vs.ambient():
+            args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(am, sh.spec))
+                    for a, sh in zip(spec.structs, spec.in_shardings, strict=True)]
+            lowered = jax.jit(spec.replay, out_shardings=tuple(
+                NamedSharding(am, sh.spec) for sh in out_shardings)).trace(*args).lower(
+                    lowering_platforms=("tpu",))
+    except Exception as e:
+        if spec.hint is None:
+            raise ProgramError(
+                f"{spec.name} could not be lowered for the simulated chips ({e}), so its "
+                "cost cannot be estimated. Give its duration: pw.function(..., "
+                "sim_cost=seconds).") from e
+    return spec.executable(out_shardings, lowered=lowered)
+

@@ -1,0 +1,91 @@
+"""One input signature of a ``pw.function``, traced once: what the runtime compiles in this
+process (``compile_here``), or hands to its executor's ``compile(spec)`` hook (the simulator
+lowers it for its chips instead; see ``runtime/executor.py``), and ``replay``: the recorded
+trace as a function, so that compiling, lowering for simulated chips and exporting never run
+the user's Python a second time (``jax.jit`` runs it once per signature too).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.extend.core as jax_core
+from jax.sharding import NamedSharding
+
+from . import callbacks
+from .executable import Executable
+from .objects import shard_bytes
+from .resources import VirtualSlice
+
+_HOST_CALLBACK = re.compile(r'custom_call_target="[^"]*python[^"]*callback')
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One input signature of a ``pw.function``, traced and ready to lower: what the runtime
+    compiles in this process, or hands to its executor's ``compile(spec)`` hook (the
+    simulator lowers it for its chips instead; see ``runtime/executor.py``)."""
+
+    name: str
+    slice: VirtualSlice
+    jaxpr: Any                                  # the body traced once (a ClosedJaxpr)
+    flat: Callable  # the user's body over flat input leaves -> a tuple (traces it again)
+    structs: tuple[jax.ShapeDtypeStruct, ...]   # its inputs, with their shardings
+    in_shardings: tuple[NamedSharding, ...]
+    out_types: tuple[jax.ShapeDtypeStruct, ...]  # its outputs as JAX's types say
+    out_shardings: tuple[NamedSharding | None, ...]  # None: inferred (``pw.INFERRED``)
+    out_tree: Any
+    donated: tuple[int, ...] = ()               # input leaves it consumes (donate_argnums)
+    hint: Any = None  # the function's backend hint (``sim_cost=``), carried unread here
+
+    @property
+    def replay(self) -> Callable:
+        """The traced body as a function over the flat input leaves (see ``replay``)."""
+        return replay(self.jaxpr)
+
+    def executable(self, out_shardings, compiled=None, call=None, lowered=None,
+                   asynchronous: bool = True) -> Executable:
+        """The ``Executable`` with these (decided) output shardings."""
+        out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
+                           for o, sh in zip(self.out_types, out_shardings, strict=True))
+        return Executable(compiled, self.in_shardings,
+                          tuple(jax.ShapeDtypeStruct(o.shape, o.dtype, weak_type=o.weak_type)
+                                for o in self.out_types),
+                          tuple(out_shardings), self.out_tree,
+                          sum(max(n.values()) for n in out_nbytes), out_nbytes, asynchronous,
+                          call, lowered, self.flat, self.structs, self.donated, self.jaxpr)
+
+
+def compile_here(spec: Specialization) -> Executable:
+    """``spec`` compiled for its slice's devices in this process (what a backend without a
+    ``compile`` hook gets): ``jax.jit`` with a fence and guarded host callbacks
+    (``callbacks.compile_guarded``); inferred output layouts are what XLA chose."""
+    vs = spec.slice
+    with vs.ambient():
+        compiled, call = callbacks.compile_guarded(
+            spec.replay, spec.structs, spec.in_shardings, spec.out_shardings, vs.mesh, spec.name,
+            spec.donated)
+    out_shardings = [given if given is not None else made for given, made in
+                     zip(spec.out_shardings, compiled.output_shardings[:-1],  # (last: the fence)
+                         strict=True)]
+    # A computation that calls back into Python may run in the launching thread: those are
+    # launched by the island's workers, never by the thread that submits. (read from the
+    # HLO's custom calls: a plain substring would also match metadata, such as a source file
+    # named callbacks.py)
+    asynchronous = not _HOST_CALLBACK.search(compiled.as_text())
+    return spec.executable(out_shardings, compiled, call, asynchronous=asynchronous)
+
+
+def replay(jaxpr) -> Callable:
+    """A traced body (``Executable.jaxpr``) as a function over its flat input leaves that
+    returns a tuple: tracing it (to compile, to lower for simulated chips, to export) runs the
+    recorded equations again, cheaply, never the user's Python a second time. Under the mesh
+    it was traced with: its types name that mesh's axes."""
+    def flat(*leaves):
+        return tuple(jax_core.jaxpr_as_fun(jaxpr)(*leaves))
+
+    return flat
