@@ -31,5 +31,12 @@ register_backend("local", _local, {
     "dcn": "a pw.Link emulating the network between this process's islands"})
 register_backend("ray", _ray, {
     "ray_address": "the Ray cluster to join: 'auto', 'host:port', or None for a local one"})
+def _sim_hint(name, hint):
+    from .sim.program import hinted_seconds
+
+    hinted_seconds(name, hint)
+
+
 register_backend("sim", _sim, {
-    "cluster": "the simulated cluster, e.g. pw.sim.Cluster.preset('tpu-v4', chips=2048)"})
+    "cluster": "the simulated cluster, e.g. pw.sim.Cluster.preset('tpu-v4', chips=2048)"},
+    hint_check=_sim_hint)

@@ -150,16 +150,32 @@ class Backend:
     name: str
     factory: Callable[..., Executor]
     options: Mapping[str, str] = field(default_factory=dict)
+    #: refuses a bad value of the ``pw.function`` hint this backend reads (``sim_cost``),
+    #: whichever backend the function is made on, so a typo fails where it is written
+    hint_check: Callable[[str, Any], None] | None = None
 
 
 _BACKENDS: dict[str, Backend] = {}
 
 
 def register_backend(name: str, factory: Callable[..., Executor],
-                     options: Mapping[str, str] | None = None) -> None:
+                     options: Mapping[str, str] | None = None,
+                     hint_check: Callable[[str, Any], None] | None = None) -> None:
     """Make ``pw.Controller(backend=name, **given)`` call ``factory(islands, **given)``, where
-    ``given`` holds only the ``options`` this backend declares (option name -> what it is)."""
-    _BACKENDS[name] = Backend(name, factory, MappingProxyType(dict(options or {})))
+    ``given`` holds only the ``options`` this backend declares (option name -> what it is);
+    ``hint_check(name, hint)`` refuses a bad ``pw.function`` hint for this backend."""
+    _BACKENDS[name] = Backend(name, factory, MappingProxyType(dict(options or {})), hint_check)
+
+
+def check_hint(executor: Executor, name: str, hint: Any) -> None:
+    """Refuse a bad backend hint of the ``pw.function`` named ``name``: the executor's own
+    ``check_hint`` if it has one, else every registered backend's (a function made on one
+    backend may be run on another, as the tutorials run one program locally and simulated)."""
+    own = getattr(executor, "check_hint", None)
+    checks = [own] if own is not None else [b.hint_check for b in _BACKENDS.values()
+                                            if b.hint_check is not None]
+    for check in checks:
+        check(name, hint)
 
 
 def backends() -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from .arguments import Arguments
 from .errors import NeedsValueError, ProgramError, SliceError, SpecError
+from . import executor as executors
 from .executable import Executable
 from .graph import Graph
 from .objects import Future
@@ -117,9 +118,8 @@ class CompiledFunction:
             self.name = "lambda"
         # a backend's hint (sim_cost): only the backend that owns it reads it, or refuses it
         self.hint = sim_cost
-        check = getattr(slice.controller.executor, "check_hint", None)
-        if sim_cost is not None and check is not None:
-            check(self.name, sim_cost)
+        if sim_cost is not None:
+            executors.check_hint(slice.controller.executor, self.name, sim_cost)
         self.arguments = Arguments(fn, self.name, static_argnums, static_argnames,
                                    donate_argnums, donate_argnames)
         self._cache: dict[Any, Executable] = {}

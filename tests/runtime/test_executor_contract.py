@@ -55,9 +55,13 @@ def test_a_compile_hook_lowers_the_functions_and_gets_the_hint():
             pw.function(lambda x: x, slice=ctl.slice(1), name="f", sim_cost="refused")
 
 
-def test_a_hint_is_unread_where_no_backend_owns_it(ctl):
-    f = pw.function(lambda x: x + 1, slice=ctl.slice(1), sim_cost="whatever")
+def test_a_hint_is_unread_locally_but_a_bad_one_is_refused_where_it_is_written(ctl):
+    """The local backend does not read sim_cost, yet a typo fails at pw.function (the same
+    function may later run on backend="sim"): the registered simulator checks it."""
+    f = pw.function(lambda x: x + 1, slice=ctl.slice(1), sim_cost=1e-3)
     assert f(np.ones(1, np.float32)).result(timeout=60).tolist() == [2.0]
+    with pytest.raises(pw.ProgramError, match="sim_cost must be seconds >= 0"):
+        pw.function(lambda x: x + 1, slice=ctl.slice(1), sim_cost="whatever")
 
 
 def test_the_simulator_checks_its_hint_when_the_function_is_made():
