@@ -23,9 +23,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import executor as executors
 from .arguments import Arguments
 from .errors import NeedsValueError, ProgramError, SliceError, SpecError
-from . import executor as executors
 from .executable import Executable
 from .graph import Graph
 from .objects import Future
