@@ -30,6 +30,7 @@ class LaunchLog:
     """Every ``GangScheduler.handle`` call, per scheduler, while installed."""
 
     calls: dict[int, list[tuple[tuple, list]]] = field(default_factory=dict)
+    schedulers: dict[int, GangScheduler] = field(default_factory=dict)  # each one that handled
     on_launch: Callable[[int], None] | None = None  # called with each launched task
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -41,6 +42,7 @@ class LaunchLog:
             # handle() runs under its island's lock: appending here keeps the island's order
             with self._lock:
                 self.calls.setdefault(id(scheduler), []).append((events, list(decisions)))
+                self.schedulers[id(scheduler)] = scheduler
             if self.on_launch is not None:
                 for d in decisions:
                     if isinstance(d, Launch):

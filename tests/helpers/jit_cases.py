@@ -1,9 +1,9 @@
 """Plain JAX functions with no sharding annotations, and the inputs they are called on.
 
-The table ``CASES`` is shared by ``tests/test_jit_conformance.py`` (each function through
-``jax.jit`` under ``jax.set_mesh`` and through ``pw.function``) and the notebook
-``tests/jit_conformance.ipynb`` (each function called in a ``%%pathways`` cell), which runs
-this file's text as one of its cells: keep it self-contained (JAX, NumPy, flax, optax only).
+The table ``CASES`` is shared by ``tests/runtime/test_jit_conformance.py`` (each function
+through ``jax.jit`` under ``jax.set_mesh`` and through ``pw.function``) and the notebook
+``tests/notebook/jit_conformance.ipynb`` (each function called in a ``%%pathways`` cell), which
+runs this file's text as one of its cells: keep it self-contained (JAX, NumPy, flax, optax only).
 
 A case's ``args`` and ``kwargs`` name inputs of ``inputs()`` (a ``str``) or are Python values
 passed as they are (static arguments, a Python float).

@@ -1,4 +1,4 @@
-"""Helpers for the ScheduleView browser test: a private JupyterLab and a chromium page.
+"""Helpers for the browser tests: a private JupyterLab and a chromium page.
 
 The server is the venv's ``jupyter lab`` on 127.0.0.1 (free port, a token, a temporary root
 dir and runtime dir); its ``python3`` kernelspec is written to a temporary ``JUPYTER_PATH`` so

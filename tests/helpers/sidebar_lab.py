@@ -1,5 +1,5 @@
 """Helpers for the Pathways sidebar's browser test. The server and the browser are the shared
-ones of ``schedule_lab`` (a private JupyterLab on 127.0.0.1 with a token; Debian's chromium);
+ones of ``tests.helpers.lab`` (a private JupyterLab on 127.0.0.1 with a token; Debian's chromium);
 this adds the ``pwkernel`` kernelspec to that server's JUPYTER_PATH and notebooks on it."""
 
 from __future__ import annotations
@@ -10,18 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pwkernel.notebook import kernelspec
-
-try:  # tests/browser may become a package; work both ways
-    from .schedule_lab import CHROMIUM, LabServer, chromium_page, jupyter_lab
-except ImportError:
-    from schedule_lab import CHROMIUM, LabServer, chromium_page, jupyter_lab
+from tests.helpers.lab import CHROMIUM, LabServer, chromium_page, jupyter_lab
 
 __all__ = ["CHROMIUM", "chromium_page", "lab_with_pwkernel", "write_notebook"]
 
 
 @contextlib.contextmanager
 def lab_with_pwkernel(base: Path) -> Iterator[LabServer]:
-    """``schedule_lab.jupyter_lab`` whose JUPYTER_PATH also holds the ``pwkernel`` kernel (this
+    """``lab.jupyter_lab`` whose JUPYTER_PATH also holds the ``pwkernel`` kernel (this
     interpreter with ``--ext pwkernel``), whatever is installed in the environment."""
     kernelspec.write(base / "jupyter")  # the directory jupyter_lab puts on JUPYTER_PATH
     with jupyter_lab(base, {}) as lab:

@@ -36,8 +36,8 @@ import pytest
 from nbclient import NotebookClient
 
 from pwkernel.notebook import kernelspec
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = ("README.md", "docs/magics.md", "docs/training.md")
 LANGUAGES = ("python", "bash", "text")
 TIMEOUT = 300  # seconds for one script, or one notebook cell (a busy 2-core machine is slow)
@@ -289,7 +289,7 @@ def _command_problem(words: list[str]) -> list[str]:
         return [f"python without -m: {words}"]
     if _console_script(prog):
         return []
-    return [f"unknown program {prog!r}: teach tests/test_docs.py how to check it ({words})"]
+    return [f"unknown program {prog!r}: teach tests/house/test_docs.py how to check it ({words})"]
 
 
 @pytest.mark.parametrize("block", _params(SHELL))

@@ -10,9 +10,9 @@ import subprocess
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 URL = re.compile(r"(http://(?:127\.0\.0\.1|localhost):\d+/lab\?token=\w+)")
 
 

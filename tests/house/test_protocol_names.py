@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 import pytest
 
 from pwkernel.notebook import args, comm
 from pwkernel.runtime.dispatcher import DispatchMode
 from pwkernel.runtime.scheduler import Policy
+from tests.helpers import ROOT
 
-PROTOCOL_TS = Path(__file__).resolve().parent.parent / "extension" / "src" / "protocol.ts"
+PROTOCOL_TS = ROOT / "extension" / "src" / "protocol.ts"
 POLICIES = [p.value for p in Policy]
 MODES = [m.value for m in DispatchMode]
 

@@ -12,11 +12,7 @@ import time
 import pytest
 
 from pwkernel.notebook import comm
-
-try:  # the real-kernel helpers of the lab extension's tests
-    from .test_labextension import CommClient, kernel, run_code  # noqa: F401 (a fixture)
-except ImportError:
-    from test_labextension import CommClient, kernel, run_code  # noqa: F401
+from tests.helpers.kernel import CommClient, run_code  # the `kernel` fixture: conftest.py
 
 
 # --- what replies quote ----------------------------------------------------------------------

@@ -26,11 +26,6 @@ import pwkernel as pw
 from pwkernel.notebook import comm, extension
 from pwkernel.notebook.magics import CellTimeout
 
-try:
-    from .test_notebook_magics import ip  # noqa: F401 (the shell fixture)
-except ImportError:
-    from test_notebook_magics import ip  # noqa: F401
-
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])

@@ -4,34 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import nbformat
 from nbclient import NotebookClient
 
 from pwkernel.notebook import kernelspec
-
-
-def notebook(*sources: str):
-    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-
-
-def text(cell) -> str:
-    """Everything a cell showed: streams, plain-text reprs and errors."""
-    parts = []
-    for out in cell.outputs:
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("execute_result", "display_data"):
-            parts.append(out.data.get("text/plain", ""))
-        elif out.output_type == "error":
-            parts.append(f"{out.ename}: {out.evalue}")
-    return "\n".join(parts)
-
-
-def execute(nb, client_cls=NotebookClient, **kw):
-    client = client_cls(nb, kernel_name=kernelspec.NAME, timeout=240, allow_errors=True,
-                        startup_timeout=120, **kw)
-    client.execute()
-    return nb
+from tests.helpers.kernel import execute, notebook, text
 
 
 def test_kernelspec_runs_the_extension():

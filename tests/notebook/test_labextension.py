@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
-from pwkernel.notebook import comm, kernelspec
+from pwkernel.notebook import comm
 from pwkernel.runtime.trace import Trace
+from tests.helpers import ROOT
+from tests.helpers.kernel import CommClient, run_code
 
-ROOT = Path(__file__).resolve().parents[1]
 EXT = ROOT / "extension"
 BUILT = ROOT / "pwkernel" / "labextension"
 BIN = Path(sys.executable).parent
@@ -243,65 +244,6 @@ def test_push_thread_stops_when_the_connection_closes(ctl):
 
 
 # --- the protocol, in a real kernel --------------------------------------------------------
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    """A real ``pwkernel`` kernel (its kernelspec written to a temporary JUPYTER_PATH)."""
-    from jupyter_client.manager import start_new_kernel
-
-    path = tmp_path_factory.mktemp("jupyter")
-    kernelspec.write(path)
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = str(path) + (os.pathsep + old if old else "")
-    try:
-        km, kc = start_new_kernel(kernel_name=kernelspec.NAME, startup_timeout=120,
-                                  cwd=str(tmp_path_factory.mktemp("cwd")))
-    finally:
-        if old is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = old
-    try:
-        yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
-
-
-class CommClient:
-    """The frontend's half of one comm, over a real kernel's channels."""
-
-    def __init__(self, kc, comm_id: str):
-        self.kc, self.id = kc, comm_id
-
-    def send(self, msg_type: str, content: dict) -> None:
-        self.kc.shell_channel.send(self.kc.session.msg(msg_type, content))
-
-    def open(self, data: dict) -> None:
-        self.send("comm_open", {"comm_id": self.id, "target_name": comm.TARGET, "data": data})
-
-    def request(self, data: dict) -> None:
-        self.send("comm_msg", {"comm_id": self.id, "data": data})
-
-    def close(self) -> None:
-        self.send("comm_close", {"comm_id": self.id, "data": {}})
-
-    def next(self, pred=lambda d: True, timeout: float = 60) -> dict:
-        while True:
-            msg = self.kc.get_iopub_msg(timeout=timeout)
-            if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == self.id:
-                data = msg["content"]["data"]
-                if pred(data):
-                    return data
-
-
-def run_code(kc, code: str) -> str:
-    """Execute ``code``; returns its stdout (fails on an error)."""
-    outputs: list[dict] = []
-    reply = kc.execute_interactive(code, timeout=120, output_hook=outputs.append)
-    assert reply["content"]["status"] == "ok", reply["content"]
-    return "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
-
-
 def test_kernel_pushes_status_and_answers_actions(kernel):
     c = CommClient(kernel, "pw-sidebar-test")
     c.open({"interval": 0.2})

@@ -10,36 +10,12 @@ import threading
 import numpy as np
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 import pwkernel as pw
 from pwkernel.notebook import args as specs
 from pwkernel.notebook import comm, extension
 from pwkernel.notebook.display import Status
-
-
-@pytest.fixture
-def ip(capsys):
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "pwkernel")
-    shell.run_cell("import jax, numpy as np, jax.numpy as jnp, pwkernel as pw")
-    capsys.readouterr()
-    try:
-        yield shell
-    finally:
-        shell.run_line_magic("unload_ext", "pwkernel")
-        for name in [n for n, v in shell.user_ns.items() if isinstance(v, pw.Future)]:
-            del shell.user_ns[name]
-
-
-def run(ip, source: str):
-    """Run a cell; return its result, raising the cell's error (UsageError included)."""
-    result = ip.run_cell(source)
-    if result.error_before_exec is not None:
-        raise result.error_before_exec
-    if result.error_in_exec is not None:
-        raise result.error_in_exec
-    return result.result
+from tests.helpers.shell import run
 
 
 def test_load_hosts_the_process_controller(ip, capsys):

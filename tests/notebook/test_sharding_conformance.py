@@ -1,4 +1,4 @@
-"""``tests/sharding_conformance.ipynb`` on the real ``pwkernel`` kernel: every JAX sharding
+"""``tests/notebook/sharding_conformance.ipynb`` on the real ``pwkernel`` kernel: every JAX sharding
 pattern gives the same values, shardings and types in a ``%%pathways`` cell as in the plain
 cell under ``jax.set_mesh`` (1-D and 2-D slices, explicit and auto axes)."""
 
@@ -8,14 +8,14 @@ import nbformat
 from nbclient import NotebookClient
 
 from pwkernel.notebook import kernelspec
-from tests import sharding_conformance as source
-from tests.test_notebooks import _errors
+from tests.helpers.kernel import cell_errors
+from tests.notebook import sharding_conformance as source
 
 
 def test_committed_notebook_matches_its_source():
     assert source.PATH.read_text() == source.render(), (
-        "tests/sharding_conformance.ipynb is out of date; run "
-        ".venv/bin/python tests/sharding_conformance.py")
+        "tests/notebook/sharding_conformance.ipynb is out of date; run "
+        ".venv/bin/python -m tests.notebook.sharding_conformance")
 
 
 def test_pathways_cells_agree_with_plain_jax(kernel_env, monkeypatch, tmp_path):
@@ -23,7 +23,7 @@ def test_pathways_cells_agree_with_plain_jax(kernel_env, monkeypatch, tmp_path):
     nb = nbformat.read(source.PATH, as_version=4)
     NotebookClient(nb, kernel_name=kernelspec.NAME, timeout=300, startup_timeout=120,
                    allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    errors = _errors(nb)
+    errors = cell_errors(nb)
     assert not errors, "\n\n".join(errors)
     ok = [o.text for c in nb.cells for o in c.get("outputs", [])
           if o.output_type == "stream" and o.text.startswith("ok:")]

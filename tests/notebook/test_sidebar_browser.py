@@ -17,14 +17,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-try:  # tests/browser may become a package; work both ways
-    from .schedule_lab import kernel_client, run_code
-    from .sidebar_lab import CHROMIUM, chromium_page, lab_with_pwkernel, write_notebook
-except ImportError:
-    from schedule_lab import kernel_client, run_code
-    from sidebar_lab import CHROMIUM, chromium_page, lab_with_pwkernel, write_notebook
+from tests.helpers import ROOT
+from tests.helpers.lab import kernel_client, run_code
+from tests.helpers.sidebar_lab import CHROMIUM, chromium_page, lab_with_pwkernel, write_notebook
 
-ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "img" / "sidebar.png"
 SIDEBAR = "#pwkernel-sidebar"
 KERNEL_START_MS = 180_000  # a cold kernel imports JAX on 2 shared cores

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import pwkernel as pw
-from tests.test_notebook_magics import run
+from tests.helpers.shell import run
 
 SETUP = """
 import jax, jax.numpy as jnp, numpy as np, optax

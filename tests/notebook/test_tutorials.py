@@ -9,32 +9,21 @@ the files agree.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
 from pwkernel.notebook import kernelspec, tutorials
+from tests.helpers import ROOT
+from tests.helpers.kernel import cell_errors
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = ROOT / "notebooks"
 CELL_TIMEOUT = 300  # seconds per cell before nbclient gives up on a hung one (not a budget:
                     # how long a tutorial takes is measured by a benchmark, not a test)
 
 
 SOURCES = tutorials.sources(NOTEBOOKS)
 NAMES = [p.stem for p in SOURCES]
-
-
-def _errors(nb) -> list[str]:
-    out = []
-    for i, cell in enumerate(nb.cells):
-        for o in cell.get("outputs", []):
-            if o.output_type == "error":
-                tb = "\n".join(o.get("traceback", [])[-6:])
-                out.append(f"cell {i} ({cell.source.splitlines()[0][:60]!r}): "
-                           f"{o.ename}: {o.evalue}\n{tb}")
-    return out
 
 
 def _stdout(nb) -> str:
@@ -82,7 +71,7 @@ def test_notebook_runs(name, kernel_env, tmp_path):
                             startup_timeout=120, allow_errors=True,
                             resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    errors = _errors(nb)
+    errors = cell_errors(nb)
     assert not errors, "\n\n".join(errors)
     # Every notebook ends by printing what it measured.
     assert nb.cells[-1].outputs and any(o.output_type == "stream"

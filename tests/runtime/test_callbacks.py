@@ -207,7 +207,7 @@ CELLS = (
 
 
 def test_a_raising_callback_in_a_cell_leaves_the_kernel_running(kernel_env):
-    from tests.test_notebook_kernel import execute, notebook, text
+    from tests.helpers.kernel import execute, notebook, text
 
     c = execute(notebook(*CELLS)).cells
     assert "failed: negative input" in text(c[1]), text(c[1])

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
-from tests.test_dispatch import gate
+from tests.helpers.gang_order import LaunchLog
+from tests.helpers.programs import gate
 
 
 def test_process_wide_controller_is_created_once_and_follows_the_environment(monkeypatch):
@@ -115,11 +116,13 @@ def test_many_threads_submit_at_once(ctl):
     assert ctl.current_client.name == "default"
 
 
-def test_policy_and_dispatch_switch_at_run_time(ctl):
+def test_policy_and_dispatch_switch_at_run_time(ctl, monkeypatch):
+    log = LaunchLog().install(monkeypatch)  # the schedulers the switch reaches, at handle()
     ctl.policy = "share"
     ctl.dispatch = "sequential"
     assert (ctl.policy, ctl.dispatch) == ("share", "sequential")
-    assert all(ex.scheduler.policy == "share" for ex in ctl._dispatcher.islands.values())
+    assert len(log.schedulers) == len(ctl.islands)
+    assert all(s.policy == "share" for s in log.schedulers.values())
     f = pw.function(lambda x: x - 1, slice=ctl.slice(1))
     assert f(np.ones(1, np.float32)).result(timeout=60).tolist() == [0.0]
     status = ctl.status()

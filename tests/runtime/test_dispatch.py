@@ -13,30 +13,14 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
-from pwkernel.runtime.scheduler import Finished, GangScheduler, Launch
-from tests.gang_order import LaunchLog
-
-
-def gate(entered: threading.Event, release: threading.Event, mesh=None):
-    """A computation that signals when it runs, then holds its devices until released.
-
-    On a multi-device ``mesh`` every device calls the host function itself (inside shard_map):
-    a callback placed on one device would leave the others stuck in a collective, which XLA's
-    CPU runtime aborts after a while."""
-
-    def hold(x):
-        entered.set()
-        if not release.wait(30):
-            raise TimeoutError("gate was never released")
-        return x
-
-    def held(x):
-        return jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
-
-    if mesh is None:
-        return held
-    spec = jax.sharding.PartitionSpec(mesh.axis_names)
-    return jax.shard_map(held, mesh=mesh, in_specs=spec, out_specs=spec)
+from pwkernel.runtime.scheduler import Finished, Launch
+from tests.helpers.gang_order import LaunchLog
+from tests.helpers.programs import (
+    gate,
+    launch_beside_a_running_gate,
+    overlapping_chain,
+    violations_with_the_device_check_off,
+)
 
 
 def failing(message: str):
@@ -55,21 +39,6 @@ def test_programs_on_two_islands_run_concurrently(ctl):
     assert x.result(timeout=60).tolist() == y.result(timeout=60).tolist() == [1.0, 1.0]
     left, right = (next(e for e in ctl.trace.events() if e.name == n) for n in ("left", "right"))
     assert left.t_start < right.t_end and right.t_start < left.t_end
-
-
-def launch_beside_a_running_gate(ctl, log: LaunchLog):
-    """Hold island 0's four devices with a gate, then call an unrelated computation on two of
-    them. A correct scheduler queues it until the gate ends; one that ignores busy devices
-    launches it at once (the gate opens at that launch, or once the call returns)."""
-    quad, pair = ctl.slice(4, island=0), ctl.slice(2, island=0)
-    entered, release = threading.Event(), threading.Event()
-    held = pw.function(gate(entered, release, quad.mesh), slice=quad, in_specs=pw.BATCH,
-                       name="gate")(np.ones(4, np.float32))
-    assert entered.wait(30)
-    log.on_launch = lambda task: release.set()
-    other = pw.function(lambda x: x + 1, slice=pair, name="other")(np.ones(2, np.float32))
-    release.set()
-    return held, other
 
 
 def test_one_island_launches_onto_busy_devices_only_behind_ancestors(ctl, monkeypatch):
@@ -103,18 +72,6 @@ def test_one_island_launches_onto_busy_devices_only_behind_ancestors(ctl, monkey
         assert fut.result(timeout=60).tolist() == [want] * 4
     assert len(results) == 45 and log.launches() >= 2 + 2 * 45
     assert log.violations() == []
-
-
-def violations_with_the_device_check_off(monkeypatch, work=lambda ctl: None) -> list[str]:
-    """A test of an order test: ``work`` runs beside a gate on a controller whose schedulers
-    ignore busy devices (``_devices_free`` is True); what the order check reports."""
-    log = LaunchLog().install(monkeypatch)
-    monkeypatch.setattr(GangScheduler, "_devices_free", lambda self, t: True)
-    with pw.Controller(islands=(4, 4)) as ctl:
-        held, other = launch_beside_a_running_gate(ctl, log)
-        work(ctl)
-        held.result(timeout=60), other.result(timeout=60)
-    return log.violations()
 
 
 def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
@@ -288,18 +245,6 @@ def test_share_policy_on_the_real_runtime(ctl):
     total = sum(busy.values())
     for name, w in weights.items():
         assert abs(busy[name] / total - w / 15) <= 0.05, (busy, total)
-
-
-def overlapping_chain(ctl):
-    """``g(f(v))`` where f's slice [0, 1] and g's slice [0, 3] share device 0: the transfer
-    between them has a destination shard on the device that holds its source."""
-    s_b = ctl.slice(2, island=0)
-    ctl.slice(2, island=0), ctl.slice(3, island=0)  # push the next 2-device slice to [0, 3]
-    s_e = ctl.slice(2, island=0)
-    assert set(s_b.device_ids) & set(s_e.device_ids) and s_b.device_ids != s_e.device_ids
-    f = pw.function(lambda x: x * 2, slice=s_b, name="f")
-    g = pw.function(lambda x: x + 1, slice=s_e, name="g")
-    return pw.program(lambda v: g(f(v)))
 
 
 @pytest.mark.parametrize("mode", ["sequential", "parallel"])

@@ -1,6 +1,7 @@
 """``pw.function(fn, slice=s)`` is ``jax.jit(fn)`` under ``jax.set_mesh(s.mesh)``: for every
-plain function of ``tests/jit_cases.py`` (no sharding annotations), on 1-D and 2-D slices with
-explicit and auto axes, the same values, dtypes, JAX types and shardings, or the same error.
+plain function of ``tests/helpers/jit_cases.py`` (no sharding annotations), on 1-D and 2-D
+slices with explicit and auto axes, the same values, dtypes, JAX types and shardings, or the
+same error.
 
 Each function runs on host (NumPy) inputs, which both replicate, and on inputs already laid
 out on the slice's mesh (``P("x")`` on the leading axis, where it divides): jax.Arrays, and
@@ -18,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
-from tests.jit_cases import CASES, inputs
+from tests.helpers.jit_cases import CASES, inputs
 
 SLICES = {  # the keyword arguments of ctl.slice
     "1d-explicit": dict(shape=4),

@@ -1,6 +1,6 @@
 """Property: random programs from concurrent clients, with collectives, all complete with the
 plain-numpy answer, and every island's scheduler launches a computation onto a busy device only
-behind its own ancestors (checked on its decisions, see tests/gang_order.py)."""
+behind its own ancestors (checked on its decisions, see tests/helpers/gang_order.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
-from tests.gang_order import LaunchLog
-from tests.test_dispatch import violations_with_the_device_check_off
+from tests.helpers.gang_order import LaunchLog
+from tests.helpers.programs import violations_with_the_device_check_off
 
 N = 8  # elements per value: divides every slice size used here
 

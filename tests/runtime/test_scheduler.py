@@ -19,7 +19,7 @@ from pwkernel.runtime.scheduler import (
     Submit,
     SubmitProgram,
 )
-from tests.gang_order import LaunchLog
+from tests.helpers.gang_order import LaunchLog
 
 ALL = (0, 1, 2, 3)
 

@@ -11,7 +11,7 @@ import pytest
 import pwkernel as pw
 from pwkernel.runtime.snapshot import NodeView, RunView, SliceView, Snapshot
 from pwkernel.runtime.tasks import TaskState
-from tests.test_dispatch import gate
+from tests.helpers.programs import gate
 
 
 def test_a_running_program_with_its_nodes_slices_memory_and_queues(ctl):

@@ -6,41 +6,10 @@ import numpy as np
 import pytest
 from bokeh.palettes import Colorblind8
 
-import pwkernel as pw
 from pwkernel.viz import columns as C
 from pwkernel.viz import encoding as E
 from pwkernel.viz.palette import COLORS, FAILED_COLOR, LINK_COLORS, OKABE_ITO, ColorRegistry
-
-
-def make_programs(ctl):
-    """The paper's Figure 2 program, plus a consumer on a second slice of island 0 (so the
-    program moves data inside island 0 over ICI and between islands over DCN)."""
-    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-    s2 = ctl.slice(2, island=0)
-    a = pw.function(lambda x: x * 2, slice=s0)
-    b = pw.function(lambda x: x + 1, slice=s1)
-    c = pw.function(lambda x: x / 2, slice=s1)
-    d = pw.function(lambda x: x - 1, slice=s2)
-
-    @pw.program
-    def fig2(v):
-        x = a(v)
-        return b(x), a(c(x)), d(x)
-
-    @pw.program
-    def local(v):
-        return a(v)
-
-    return fig2, local
-
-
-def run(prog, n: int = 1) -> None:
-    for _ in range(n):
-        outs = prog(np.array([1.0, 2.0], dtype=np.float32))
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        for out in outs:
-            out.result()
-        outs[0].run.wait(10.0)
+from tests.helpers.programs import make_programs, run
 
 
 @pytest.fixture

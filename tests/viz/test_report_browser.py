@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from schedule_lab import CHROMIUM, chromium_page
 
 import pwkernel as pw
 from pwkernel.viz.columns import human_bytes, human_rate
-from tests.test_viz_columns import make_programs, run
+from tests.helpers.lab import CHROMIUM, chromium_page
+from tests.helpers.programs import make_programs, run
 
 # Page coordinates of the middle of the first computation bar, through BokehJS's views.
 BAR_XY_JS = """(name) => {

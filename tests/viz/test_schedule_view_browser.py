@@ -10,7 +10,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from schedule_lab import (
+
+from tests.helpers import ROOT as REPO
+from tests.helpers.lab import (
     CHROMIUM,
     chromium_page,
     jupyter_lab,
@@ -19,7 +21,6 @@ from schedule_lab import (
     write_notebook,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 DOC_IMAGE = REPO / "docs" / "img" / "schedule-view.png"
 NOTEBOOK = "live-schedule.ipynb"

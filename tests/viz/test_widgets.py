@@ -18,7 +18,7 @@ import pwkernel as pw
 from pwkernel.viz import columns as C
 from pwkernel.viz.bokeh_model import EchoFreeBokehModel
 from pwkernel.viz.schedule import FOLLOW, PAUSE
-from tests.test_viz_columns import make_programs, run
+from tests.helpers.programs import make_programs, run
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ import ray
 
 import pwkernel as pw
 from pwkernel.backends.ray import RayIsland, RemoteBuffer
-from tests.conftest import figure2
-from tests.test_dispatch import overlapping_chain
+from pwkernel.bench.figure2 import figure2
+from tests.helpers.programs import overlapping_chain
 
 TIMEOUT = 120.0
 
@@ -282,7 +282,7 @@ def test_island_device_kind_follows_the_cluster_and_the_override(rctl, monkeypat
 def test_the_memory_budget_holds_on_ray_islands():
     # Its own controller (a budget is fixed at creation): the fan-in that cannot fit fails
     # with who holds what, uploads are counted (too big: refused), and memory returns to zero.
-    from tests.test_budget import MiB, check_fan_in_fails_and_says_who_holds_the_memory
+    from tests.helpers.budget import MiB, check_fan_in_fails_and_says_who_holds_the_memory
 
     with pw.Controller(backend="ray", islands=(4, 4), memory_budget=4 * MiB) as ctl:
         check_fan_in_fails_and_says_who_holds_the_memory(ctl)

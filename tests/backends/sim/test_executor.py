@@ -20,6 +20,7 @@ from pwkernel.backends import sim
 from pwkernel.bench.figure2 import INPUT, figure2
 from pwkernel.runtime import scheduler as sch
 from pwkernel.runtime.graph import ComputeNode
+from tests.helpers.gang_order import LaunchLog
 
 US = 1e-6
 # One island of 2 hosts x 2 chips, with round numbers for every host-side cost.
@@ -189,10 +190,13 @@ def test_the_same_program_gives_the_same_graph_on_real_and_simulated_islands():
         assert values(g_real) == values(g_sim)
 
 
-def test_the_islands_are_driven_by_the_runtimes_own_gang_schedulers():
+def test_the_islands_are_driven_by_the_runtimes_own_gang_schedulers(monkeypatch):
+    log = LaunchLog().install(monkeypatch)  # every scheduler that handles an event
     with pw.Controller(backend="sim", cluster=TINY) as ctl:
-        for queue in ctl._dispatcher.islands.values():
-            assert type(queue.scheduler) is sch.GangScheduler
+        ctl.policy = ctl.policy  # one SetPolicy event to each island's scheduler
+        assert len(log.schedulers) == len(ctl.islands)
+        for scheduler in log.schedulers.values():
+            assert type(scheduler) is sch.GangScheduler
         assert not any(isinstance(v, type) and issubclass(v, sch.GangScheduler) and
                        v is not sch.GangScheduler for v in vars(sim).values())
 
