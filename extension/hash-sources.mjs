@@ -1,7 +1,7 @@
 // The fingerprint of what the committed build is made from: SHA-256 over src/ and style/
 // (each file's path relative to extension/, a NUL, its bytes, a NUL; files in sorted order).
 // `npm run build` records it in ../pwkernel/labextension/sources.json; the Python tests
-// recompute it to tell a stale committed build (tests/test_labextension.py).
+// recompute it to tell a stale committed build (tests/notebook/test_labextension.py).
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';

@@ -26,7 +26,7 @@ def ctl():
 @pytest.fixture
 def fig2(ctl) -> Figure2:
     """The paper's Figure 2 program on ``ctl`` (``pwkernel.bench.figure2``): the one copy the
-    tests share; tests on another controller call ``figure2(other)`` from this module."""
+    tests share; tests on another controller call ``pwkernel.bench.figure2.figure2(other)``."""
     return figure2(ctl)
 
 

@@ -41,7 +41,7 @@ when its part of the computation, callbacks included, has finished.
 ValueError('negative input')
 
 This is the one module that reads JAX's jaxpr internals (equation parameters of JAX 0.10);
-``tests/test_callbacks.py`` covers each primitive it rewrites.
+``tests/runtime/test_callbacks.py`` covers each primitive it rewrites.
 """
 
 from __future__ import annotations

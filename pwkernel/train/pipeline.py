@@ -14,7 +14,7 @@ schedule's order: in 1F1B, stage 0's second backward waits for stage 1, while it
 only needs the batch, so it would run first, and stage 0 would do every forward before any
 backward (GPipe's memory). So each stage's calls pass a scalar token from one to the next:
 a call is ready only once the call before it on that stage was launched, and each stage runs
-exactly its order (``tests/test_train.py`` reads the order back from the trace). Each stage's
+exactly its order (``tests/train/test_train.py`` reads the order back from the trace). Each stage's
 first token and the backward's flags (below) are made once per pipeline on the stage's slice
 and passed to every step program as arguments (``Pipeline.constants``): no upload per step.
 

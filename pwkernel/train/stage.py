@@ -12,7 +12,7 @@ activation) are not returned again: the backward reads those inputs itself, so t
 copied once per microbatch. The **backward** traces the same vjp again (to know the structure
 of its backward pass), puts the forward's residuals in place of the ones it computed, and
 calls it; the compiler drops the recomputed forward, which nothing reads (checked in
-tests/test_train.py with XLA's cost analysis). It adds the parameter gradients into the
+tests/train/test_train.py with XLA's cost analysis). It adds the parameter gradients into the
 accumulator it is given and returns the input's cotangent for the stage before.
 
 Every forward and backward also takes and returns a scalar *token*: the step program threads it

@@ -13,7 +13,7 @@
   incrementally, so this is no longer quadratic).
 
 A benchmark, not a test: the target (issue 14) is at most 30 s each on a 2-core machine.
-``tests/test_sim_engine.py`` pins the three workloads' timelines at 300 computations, so a
+``tests/backends/sim/test_engine.py`` pins the three workloads' timelines at 300 computations, so a
 change made for speed cannot change what the engine computes.
 """
 

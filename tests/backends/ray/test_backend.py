@@ -1,0 +1,359 @@
+"""The Ray backend on a real local Ray cluster: islands are actor processes.
+
+One cluster and one controller for the module (starting them takes ~15 s on 2 cores). The
+tests run in file order: the fault test kills and reattaches island 0, the last test closes the
+controller and checks no process of ours is left.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import psutil
+import pytest
+import ray
+
+import pwkernel as pw
+from pwkernel.backends.ray import RayIsland, RemoteBuffer
+from pwkernel.bench.figure2 import figure2
+from tests.helpers.programs import overlapping_chain
+
+TIMEOUT = 120.0
+
+
+def run_twice(f) -> list[np.ndarray]:
+    """Figure 2, then again on its own output (futures fed back as inputs)."""
+    y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+    y2, z2 = f(y)
+    out = [np.asarray(v.result(TIMEOUT)) for v in (y, z, y2, z2)]
+    for v in (y, z, y2, z2):
+        assert v.run.wait(TIMEOUT)
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[np.ndarray]:
+    with pw.Controller(islands=(4, 4)) as local:
+        f = figure2(local).f
+        return run_twice(f)
+
+
+@pytest.fixture(scope="module")
+def rctl():
+    ctl = pw.Controller(backend="ray", islands=(4, 4))
+    try:
+        yield ctl
+    finally:
+        ctl.close()
+
+
+def wait_dead(actor, timeout: float = TIMEOUT) -> None:
+    """Until Ray reports ``actor`` dead (``ray.kill`` is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.info.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            return
+    raise AssertionError(f"actor {actor} still alive after {timeout} s")
+
+
+def test_bad_arguments_are_refused_clearly():
+    with pytest.raises(ValueError, match="unknown backend 'rey'"):
+        pw.Controller(backend="rey")
+    with pytest.raises(ValueError, match="only for backend='ray'"):
+        pw.Controller(ray_address="auto")
+    with pw.Controller(islands=(2,)) as local:
+        for island in (0, local.islands[0]):  # an island's id, or the Island itself
+            with pytest.raises(ValueError, match="backend='ray'"):
+                local.reattach(island)
+        foreign = pw.Island(0, tuple(local.islands[0].devices[:1]), "cpu")
+        with pytest.raises(pw.SliceError, match="not an island of this controller"):
+            local.reattach(foreign)
+
+
+def test_islands_are_actor_processes_on_a_private_cluster(rctl):
+    assert all(isinstance(i, RayIsland) for i in rctl.islands)
+    infos = [ray.get(i.actor.info.remote()) for i in rctl.islands]
+    assert [i["island"] for i in infos] == [0, 1]
+    assert all(len(i["devices"]) == 4 and i["platform"] == "cpu" for i in infos)
+    assert len({i["pid"] for i in infos}) == 2
+    status = rctl._backend.status()
+    assert status["token_auth"] is True  # Ray's token authentication stays on
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+    ours = {p.pid for p in psutil.Process().children(recursive=True)} | {psutil.Process().pid}
+    listening = [c.laddr.ip for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in ours]
+    assert listening and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening)
+    assert rctl.status()["islands"][0]["lost"] is False
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_figure2_matches_the_local_backend(rctl, expected, mode):
+    rctl.dispatch = mode
+    start = rctl.trace.next_index
+    f = figure2(rctl).f
+    got = run_twice(f)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+    # Each run: host upload, a, 0->1, b, c, 1->0, a (the second run reads y on island 1).
+    assert rctl.trace.wait_for(start + 14, TIMEOUT)
+    events = rctl.trace.events(since=start)
+    assert all(e.status == "ok" for e in events)
+    computes = [e for e in events if e.kind == "compute"]
+    assert sorted(e.name for e in computes) == ["a"] * 4 + ["b"] * 2 + ["c"] * 2
+    assert {e.island for e in computes if e.name == "a"} == {0}
+    dcn = [e for e in events if e.link == "dcn"]
+    assert {(e.src, e.dst) for e in dcn} == {(0, 1), (1, 0)}
+    # Actor times are on the controller's clock: a node starts after it was submitted (the
+    # offset is measured to within a ping's half round trip, microseconds here).
+    for e in events:
+        assert e.t_start <= e.t_end
+        assert e.t_start >= e.t_submit - 0.05
+
+
+def test_parallel_dispatch_sends_each_island_a_program_in_one_message(rctl):
+    f = figure2(rctl).f
+
+    def messages(mode: str) -> list[dict]:
+        rctl.dispatch = mode
+        before = [ray.get(i.actor.stats.remote()) for i in rctl.islands]
+        y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+        assert y.run.wait(TIMEOUT) and z.wait(TIMEOUT)
+        after = [ray.get(i.actor.stats.remote()) for i in rctl.islands]
+        return [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+
+    messages("parallel")  # compiles on both islands
+    # Island 0: upload, a, send x, receive c(x), a. Island 1: receive x, b, c, send c(x).
+    assert messages("parallel") == [{"messages": 1, "ops": 5}, {"messages": 1, "ops": 4}]
+    # Sequential: a node leaves only once its inputs exist, so island 0 gets one message per
+    # node (b and c on island 1 may share one: they become ready together).
+    seq = messages("sequential")
+    assert seq[0] == {"messages": 5, "ops": 5}
+    assert seq[1]["ops"] == 4 and seq[1]["messages"] >= 3
+    rctl.dispatch = "parallel"
+
+
+def test_values_stay_on_islands_until_asked(rctl):
+    f = figure2(rctl).f
+    y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert y.wait(TIMEOUT) and z.wait(TIMEOUT)
+    handle = y._buffer.value
+    assert isinstance(handle, RemoteBuffer)
+    assert handle.host.island == 1 and handle.bid in rctl._backend.buffers(1)
+    value = y.result()
+    assert value.sharding == y.sharding  # a local jax.Array laid out like the future
+    # Executables were compiled once per island and cached there.
+    f(np.array([5.0, 6.0, 7.0, 8.0]))[1].result(TIMEOUT)
+    names = [ray.get(i.actor.executables.remote()) for i in rctl.islands]
+    assert len(names[0]) == len(set(names[0])) and any(n.startswith("a-") for n in names[0])
+    assert any(n.startswith("b-") for n in names[1]) and any(n.startswith("c-") for n in names[1])
+
+
+def test_dropped_futures_free_island_buffers(rctl):
+    f = figure2(rctl).f
+    y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert y.run.wait(TIMEOUT)
+    assert rctl._backend.buffers(0) and rctl._backend.buffers(1)
+    del y, z
+    gc.collect()
+    assert rctl._backend.buffers(0) == {} and rctl._backend.buffers(1) == {}
+    assert all(n == 0 for n in rctl.memory().values())
+
+
+@pytest.mark.parametrize("mode", ["sequential", "parallel"])
+def test_overlapping_slices_keep_their_values_when_sources_are_freed(rctl, mode):
+    rctl.dispatch = mode
+    for vs in rctl.slices:  # even device loads, so the chain's slices overlap as planned
+        vs.release()
+    prog = overlapping_chain(rctl)
+    for i in range(5):
+        out = prog(np.full(24, i, np.float32))
+        np.testing.assert_array_equal(np.asarray(out.result(TIMEOUT)),
+                                      np.full(24, 2 * i + 1, np.float32))
+    del out
+    assert rctl.wait(TIMEOUT)
+    gc.collect()
+    assert rctl._backend.buffers(0) == {}
+    rctl.dispatch = "parallel"
+
+
+def test_host_callbacks_are_refused_at_submit_with_what_to_do(rctl):
+    s = rctl.slice(2, island=0)
+    negate = pw.function(lambda x: jax.pure_callback(
+        np.negative, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s, name="negate")
+    with pytest.raises(pw.ProgramError, match=r"negate calls host callbacks \(jax.pure_callback\), "
+                       "which cannot be exported to Ray islands") as info:
+        negate(np.ones(4, np.float32))
+    assert ".result()" in str(info.value) and "backend='local'" in str(info.value)
+    double = pw.function(lambda x: x * 2, slice=s)  # the controller carries on
+    assert double(np.ones(4, np.float32)).result(TIMEOUT).tolist() == [2.0] * 4
+
+
+def test_a_lost_island_fails_its_dependents_and_reattach_restores_it(rctl, expected):
+    rctl.dispatch = "parallel"
+    fig = figure2(rctl)
+    f, a = fig.f, fig.a
+    s1 = rctl.slice(2, island=1)
+    g = pw.function(lambda x: x - 1, slice=s1, name="g")
+    kept = a(np.array([1.0, 2.0]))  # lives on island 0, never fetched
+    assert kept.wait(TIMEOUT)
+    old = rctl.islands[0].actor
+    ray.kill(old)
+    wait_dead(old)
+
+    y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+    for fut in (y, z):  # every output depends on island 0's first computation
+        with pytest.raises(pw.IslandLostError, match="island 0"):
+            fut.result(TIMEOUT)
+    assert y.run.wait(TIMEOUT)
+    with pytest.raises(pw.IslandLostError, match="island 0"):
+        kept.result(TIMEOUT)
+    # Island 1 keeps working, and holds nothing for the failed program.
+    np.testing.assert_array_equal(g(np.ones(4)).result(TIMEOUT), np.zeros(4))
+    del y, z
+    gc.collect()
+    assert rctl._backend.buffers(1) == {}
+    assert rctl.status()["islands"][0]["lost"] is True
+
+    island = rctl.reattach(rctl.islands[0])  # an Island works as well as its id
+    assert island.actor is not old and rctl.islands[0].actor is island.actor
+    got = run_twice(f)
+    for g_, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g_, e)
+    with pytest.raises(pw.IslandLostError):  # the old generation's buffer stays lost
+        kept.result()
+
+
+def test_notebook_attach_ray_hosts_a_ray_controller(rctl, capsys):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "pwkernel")
+    try:
+        with pytest.raises(UsageError, match="not a list of positive ints"):
+            shell.run_line_magic("pathways", "attach ray --islands 0")
+        shell.run_line_magic("pathways", "attach ray --islands 2,2")
+        assert "attached ray: island 0: 2 cpu, island 1: 2 cpu" in capsys.readouterr().out
+        ctl = pw.controller()
+        assert ctl.backend == "ray" and all(isinstance(i, RayIsland) for i in ctl.islands)
+        double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
+        np.testing.assert_array_equal(double(np.ones(2)).result(TIMEOUT), [2.0, 2.0])
+        # An explicit-axes cell runs on the actors with the layouts JAX gives.
+        shell.run_line_magic("pathways", "slice rs 2 --island 0")
+        shell.run_cell("import jax, jax.numpy as jnp, numpy as np\nv = np.ones((4, 2), "
+                       "np.float32)")
+        res = shell.run_cell("%%pathways --slice rs\nw = jax.device_put(v, jax.P('x')) * 2\n"
+                             "t = jnp.dot(w, w.T, out_sharding=jax.P(None, 'x'))")
+        assert res.error_in_exec is None, res.error_in_exec
+        t = shell.user_ns["t"]
+        assert t.sharding.spec == jax.P(None, "x") and t.sharding.mesh.axis_types == (
+            jax.sharding.AxisType.Explicit,)
+        np.testing.assert_array_equal(np.asarray(t.result(TIMEOUT)), np.full((4, 4), 8.0))
+    finally:
+        shell.run_line_magic("unload_ext", "pwkernel")
+    assert ray.is_initialized() and not rctl.closed  # the shared local cluster stays up
+
+
+def test_island_device_kind_follows_the_cluster_and_the_override(rctl, monkeypatch):
+    from pwkernel.backends.ray.backend import _device_kind
+
+    assert ray.cluster_resources().get("GPU", 0) == 0  # this machine: islands on CPU devices
+    monkeypatch.delenv("PWKERNEL_RAY_DEVICES", raising=False)
+    assert _device_kind((2, 2)) == "cpu"
+    monkeypatch.setenv("PWKERNEL_RAY_DEVICES", "gpu")  # refused at once, not after a wait
+    with pytest.raises(pw.DeviceSetupError, match="has 0 GPUs and islands=.2, 2. need 4"):
+        _device_kind((2, 2))
+    monkeypatch.setenv("PWKERNEL_RAY_DEVICES", "tpu")
+    with pytest.raises(pw.DeviceSetupError, match="expected auto, cpu or gpu"):
+        _device_kind((2, 2))
+
+
+def test_the_memory_budget_holds_on_ray_islands():
+    # Its own controller (a budget is fixed at creation): the fan-in that cannot fit fails
+    # with who holds what, uploads are counted (too big: refused), and memory returns to zero.
+    from tests.helpers.budget import MiB, check_fan_in_fails_and_says_who_holds_the_memory
+
+    with pw.Controller(backend="ray", islands=(4, 4), memory_budget=4 * MiB) as ctl:
+        check_fan_in_fails_and_says_who_holds_the_memory(ctl)
+        first = pw.function(lambda x: x[:2], slice=ctl.slice(2, island=1))
+        with pytest.raises(pw.MemoryBudgetError, match="copy host.*memory budget is 4194304"):
+            first(np.ones(4 * MiB, np.float32)).result(timeout=TIMEOUT)
+        assert first(np.ones(4, np.float32)).result(timeout=TIMEOUT).tolist() == [1.0, 1.0]
+
+
+def test_close_leaves_no_processes(rctl):
+    me = psutil.Process()
+    pids = [ray.get(i.actor.info.remote())["pid"] for i in rctl.islands]
+    before = me.children(recursive=True)
+    assert any("raylet" in p.name() or "gcs_server" in p.name() for p in before)
+    rctl.close()
+    assert not ray.is_initialized()
+    _, alive = psutil.wait_procs(before, timeout=60)
+    assert alive == [], f"processes left after close(): {[p.name() for p in alive]}"
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                   for p in pids)
+    with pytest.raises(pw.ControllerClosedError):
+        rctl.slice(1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_joins_a_running_cluster_by_address_and_leaves_it_running():
+    """`ray start --head` (as docs/ray.md tells users), then ray_address="host:port": token
+    authentication on both sides, the cluster keeps running after close()."""
+    assert not ray.is_initialized()
+    port = _free_port()
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # bind 127.0.0.1 only
+    subprocess.run([ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
+                    str(port), "--num-cpus", "1", "--include-dashboard", "false",
+                    "--disable-usage-stats"], env=env, check=True, capture_output=True,
+                   timeout=TIMEOUT)
+
+    def cluster_processes() -> list[psutil.Process]:
+        marks = (f"127.0.0.1:{port}", f"gcs_server_port={port}")
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            line = " ".join(p.info["cmdline"] or [])
+            if any(m in line for m in marks):
+                out.append(p)
+        return out
+
+    try:
+        with pytest.raises(pw.DeviceSetupError, match="could not connect"):
+            pw.Controller(backend="ray", islands=(1,), ray_address=f"127.0.0.1:{_free_port()}")
+        ctl = pw.Controller(backend="ray", islands=(2, 2), ray_address=f"127.0.0.1:{port}")
+        try:
+            assert ctl._backend.status()["token_auth"] is True
+            assert ray.get_runtime_context().gcs_address == f"127.0.0.1:{port}"
+            f = figure2(ctl).f
+            y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+            np.testing.assert_array_equal(y.result(TIMEOUT), [3.0, 5.0, 7.0, 9.0])
+            np.testing.assert_array_equal(z.result(TIMEOUT), [2.0, 4.0, 6.0, 8.0])
+        finally:
+            ctl.close()
+        assert not ray.is_initialized()  # this process disconnected...
+        assert any("gcs_server" in p.name() for p in cluster_processes())  # ...it runs on
+    finally:
+        procs = cluster_processes()
+        for p in procs:
+            p.kill()
+        psutil.wait_procs(procs, timeout=60)
+        current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")  # `ray stop` would
+        if current.exists() and current.read_text().strip() == f"127.0.0.1:{port}":
+            current.unlink()

@@ -1,0 +1,146 @@
+"""Notebooks executed by nbclient on the real ``pwkernel`` kernel (ipykernel + %load_ext)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nbclient import NotebookClient
+
+from pwkernel.notebook import kernelspec
+from tests.helpers.kernel import execute, notebook, text
+
+
+def test_kernelspec_runs_the_extension():
+    spec = kernelspec.spec()
+    assert spec["display_name"] == "Pathways (JAX)"
+    assert spec["argv"][1:5] == ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    assert spec["argv"][-2:] == ["--ext", "pwkernel"]
+
+
+def test_the_kernel_leaves_jax_alone_until_the_first_cell(kernel_env, monkeypatch):
+    """A notebook that configures JAX in its first cell runs unchanged on this kernel."""
+    monkeypatch.setenv("PWKERNEL_ISLANDS", "3,3")
+    nb = execute(notebook(
+        "from jax._src import xla_bridge\nstarted = xla_bridge.backends_are_initialized()\n"
+        "import jax\njax.config.update('jax_num_cpu_devices', 6)\n"
+        "print('backend started before:', started, 'devices:', len(jax.devices()))",
+        "%pathways slice s 3",
+    ))
+    c = nb.cells
+    assert "backend started before: False devices: 6" in text(c[0]), text(c[0])
+    assert "s = slice x=3" in text(c[1]) and "devices [0, 1, 2]" in text(c[1]), text(c[1])
+
+
+def test_sharded_cells_prints_and_bad_input(kernel_env):
+    nb = execute(notebook(
+        "import jax, numpy as np, jax.numpy as jnp, pwkernel as pw\n"
+        "ctl = pw.controller(); print([len(i.devices) for i in ctl.islands])",
+        "%pathways slice s0 4",
+        "x = np.arange(8.0, dtype=np.float32)",
+        "%%pathways --slice s0\ny = x * 10\njax.debug.print('first cell says {}', y.sum())",
+        "print(sorted(d.id for d in y.sharding.device_set), y.result().tolist())",
+        "%%pathways --slice s0 --no-block\nz = y + 1\n"
+        "jax.debug.print('no-block cell says {}', z.sum())",
+        "print('later', float(z.result().sum()))",
+        "%%pathways --slice missing\nw = 1",
+        "%%pathways --slice s0 --devices 2\nw = 1",
+        "%%pathways\nw = (",
+        "%pathways status",
+        "print(ctl.runs())",
+    ))
+    c = nb.cells
+    assert "[4, 4]" in text(c[0])
+    assert "first cell says 280.0" in text(c[3])
+    assert "[0, 1, 2, 3] [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0]" in text(c[4])
+    # The no-block cell's print shows in the no-block cell's own display, not the later one.
+    assert "no-block cell says 288.0" in text(c[5])
+    assert "no-block" not in text(c[6]) and "later 288.0" in text(c[6])
+    assert "UsageError" in text(c[7]) and "%pathways slice missing" in text(c[7])
+    assert "not allowed with argument --slice" in text(c[8])
+    assert "syntax error in the cell at line 2" in text(c[9])
+    assert "Memory per device" in text(c[10])
+    assert "[]" in text(c[11])
+
+
+class InterruptWhenStarted(NotebookClient):
+    """Sends an interrupt as soon as the cell printed 'started' (its long part began)."""
+
+    interrupted = False
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg.get("content", {})
+        if not self.interrupted and "started" in content.get("text", ""):
+            self.interrupted = True
+            asyncio.ensure_future(self.km.interrupt_kernel())
+        return super().output(outs, msg, display_id, cell_index)
+
+
+def test_interrupt_cancels_the_cell_and_the_kernel_survives(kernel_env):
+    nb = execute(notebook(
+        "import jax, numpy as np, jax.numpy as jnp, pwkernel as pw\nctl = pw.controller()\n"
+        "s0 = ctl.slice(2, island=0)\n"
+        "def start(v):\n    jax.debug.print('started')\n    return v\n"
+        "def heavy(v):\n    m = jnp.eye(256, dtype=v.dtype)\n"
+        "    return jax.lax.fori_loop(0, 40, lambda i, a: jnp.tanh(a @ m), v)\n"
+        "st = pw.function(start, slice=s0); h = pw.function(heavy, slice=s0)\n"
+        "x = np.ones((256, 256), np.float32)",
+        # sequential: each step is launched once the one before it ended, so the interrupt
+        # (sent when the first step prints) always finds most of them queued; in parallel
+        # dispatch all 2000 may be launched into XLA before it arrives, and launched work
+        # cannot be recalled, only waited for
+        "%%pathways --sequential\ny = st(x)\nfor _ in range(2000):\n    y = h(y)",
+        "ok = ctl.wait(120)\n"
+        "print('after', ok, ctl.runs(), len([e for e in ctl.trace.events() "
+        "if e.name == 'heavy']) < 2000)",
+        "%%pathways --slice s0\nz = x[:2] * 3\nz",
+    ), client_cls=InterruptWhenStarted)
+    c = nb.cells
+    assert "KeyboardInterrupt" in text(c[1]) and "cancelled" in text(c[1])
+    assert "after True [] True" in text(c[2])
+    assert "float32[2,256]" in text(c[3]) and "done" in text(c[3])
+
+
+def test_comm_target_answers_status(kernel_env):
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name=kernelspec.NAME, startup_timeout=120)
+    try:
+        comm_id = "pw-test-comm"
+
+        def send(msg_type, content):
+            msg = kc.session.msg(msg_type, content)
+            kc.shell_channel.send(msg)
+
+        def next_comm_msg():
+            while True:
+                msg = kc.get_iopub_msg(timeout=60)
+                if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == comm_id:
+                    return msg["content"]["data"]
+
+        send("comm_open", {"comm_id": comm_id, "target_name": "pwkernel", "data": {}})
+        first = next_comm_msg()  # before any cell: no controller, JAX untouched
+        assert first["type"] == "status" and first["data"]["started"] is False
+        kc.execute_interactive("%pathways status", timeout=120)  # starts the controller
+        send("comm_msg", {"comm_id": comm_id, "data": {"type": "status"}})
+        started = next_comm_msg()["data"]
+        assert started["policy"] == "fifo" and len(started["islands"]) == 2
+        send("comm_msg", {"comm_id": comm_id, "data": {"type": "launch"}})
+        bad = next_comm_msg()
+        assert bad["type"] == "error" and "status" in bad["error"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_viz_shows_a_live_schedule_of_the_cells_program(kernel_env):
+    nb = execute(notebook(
+        "import numpy as np, pwkernel as pw\nx = np.arange(8.0, dtype=np.float32)",
+        "%pathways slice s0 2",
+        "%%pathways --slice s0 --viz\ny = x * 2",
+        "print('done', y.result().tolist())",
+    ))
+    viz = nb.cells[2]
+    widgets = [o for o in viz.outputs if o.output_type == "display_data"
+               and "application/vnd.jupyter.widget-view+json" in o.data]
+    assert widgets, text(viz)
+    assert "done [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]" in text(nb.cells[3])

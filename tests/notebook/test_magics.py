@@ -1,0 +1,393 @@
+"""%load_ext pwkernel, %pathways and %%pathways in a real IPython InteractiveShell."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+
+import pwkernel as pw
+from pwkernel.notebook import args as specs
+from pwkernel.notebook import comm, extension
+from pwkernel.notebook.display import Status
+from tests.helpers.shell import run
+
+
+def test_load_hosts_the_process_controller(ip, capsys):
+    ctl = extension.state().ctl
+    assert ctl is pw.controller() and [len(i.devices) for i in ctl.islands] == [4, 4]
+    ip.run_line_magic("load_ext", "pwkernel")  # twice: harmless, same controller
+    assert extension.state().ctl is ctl
+    ip.run_line_magic("unload_ext", "pwkernel")
+    assert ctl.closed and extension.state() is None
+    assert "pathways" not in ip.magics_manager.magics["cell"]
+    ip.run_line_magic("load_ext", "pwkernel")
+    out = capsys.readouterr().out
+    # Loading starts no controller (JAX is left alone until the first %pathways).
+    assert "controller closed" in out and "controller starts with the first %pathways" in out
+    assert extension.state().peek() is None
+    assert comm.status_message(extension.state().peek())["data"]["started"] is False
+    status = repr(ip.run_line_magic("pathways", "status"))  # starts it
+    assert "cpu" in status and "[0-3]" in status
+    assert not extension.state().peek().closed and extension.state().ctl is pw.controller()
+
+
+def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
+    run(ip, "%pathways slice s0 2x2 --axes data,model")
+    run(ip, "x = np.arange(16.0, dtype=np.float32).reshape(8, 2)")
+    last = run(ip, "%%pathways --slice s0\n@jax.jit\ndef f(v):\n    return jnp.sin(v) * 2\n"
+                   "y = f(x)\nz = y.sum()\nn = y.shape[0]\ny")
+    y, z = ip.user_ns["y"], ip.user_ns["z"]
+    assert isinstance(y, pw.Future) and isinstance(z, pw.Future) and last is y
+    assert ip.user_ns["n"] == 8 and callable(ip.user_ns["f"])
+    np.testing.assert_allclose(np.asarray(y.result()), np.sin(np.arange(16.0).reshape(8, 2)) * 2,
+                               rtol=1e-6)
+    # The cell ran on s0's four devices, its output sharded over both mesh axes.
+    s0 = ip.user_ns["s0"]
+    assert {d.id for d in y.sharding.device_set} == set(s0.device_ids)
+    assert y.sharding.mesh.shape == {"data": 2, "model": 2}
+    events = [e for e in extension.state().ctl.trace.events() if e.program_id == y.run.id]
+    assert [e.devices for e in events if e.kind == "compute"] == [s0.device_ids]
+    # A later cell reads the futures as inputs.
+    run(ip, "%%pathways --slice s0\nw = y + z")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["w"].result()),
+                               np.asarray(y.result()) + float(z.result()), rtol=1e-6)
+
+
+def test_the_ambient_mesh_is_the_cell_slice(ip):
+    run(ip, "%pathways slice s0 4 --axes data --axis-types auto")
+    run(ip, "from jax.sharding import PartitionSpec as P\nx = np.ones((8, 4), np.float32)")
+    run(ip, "%%pathways --slice s0\nmesh_axes = jax.sharding.get_abstract_mesh().axis_names\n"
+            "y = jax.lax.with_sharding_constraint(x * 3, P(None, 'data'))")
+    assert ip.user_ns["mesh_axes"] == ("data",)
+    assert float(ip.user_ns["y"].result().sum()) == 96.0
+    # The constraint decides the output's layout (JAX's propagation), not a default rule.
+    assert ip.user_ns["y"].sharding.spec == ip.user_ns["P"](None, "data")
+    with pytest.raises(UsageError, match="must be explicit or auto"):
+        run(ip, "%pathways slice s1 4 --axis-types manual")
+
+
+def test_program_cell_makes_one_node_per_call(ip):
+    run(ip, "%pathways slice s0 2\n")
+    run(ip, "%pathways slice s1 2 --island 1")
+    run(ip, "a = pw.function(lambda v: v * 2, slice=s0)\nb = pw.function(lambda v: v + 1, "
+            "slice=s1)\nx = np.array([1.0, 2.0], np.float32)")
+    run(ip, "%%pathways --viz\nu = a(x)\nv = b(u)\nlabel = 'two nodes'")
+    v = ip.user_ns["v"]
+    assert v.result().tolist() == [3.0, 5.0] and ip.user_ns["label"] == "two nodes"
+    ctl = extension.state().ctl
+    events = [e for e in ctl.trace.events() if e.program_id == v.run.id]
+    assert sorted(e.island for e in events if e.kind == "compute") == [0, 1]
+    assert ip.user_ns["u"].run is v.run  # one program, submitted at once
+
+
+def test_viz_prints_what_ran_where(ip, capsys):
+    run(ip, "x = np.ones(8, np.float32)")
+    capsys.readouterr()
+    run(ip, "%%pathways --devices 2 --island 1 --viz\ny = x + 1")
+    out = capsys.readouterr().out
+    assert "1 computation" in out and "island 1 devices [4, 5]" in out
+    # The --devices slice is given back once the cell's program ended.
+    assert extension.state().temporary == [] and extension.state().ctl.slices == ()
+
+
+def test_no_block_returns_futures_and_client_flags(ip):
+    run(ip, "%pathways client alice --weight 2 --priority 1")
+    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "%%pathways --no-block --client bob --priority 5\ny = x * 4")
+    y = ip.user_ns["y"]
+    assert isinstance(y, pw.Future) and y.run.client == "bob"
+    assert y.result(timeout=60).tolist() == [4.0] * 8
+    run(ip, "%%pathways\nz = x * 5")
+    assert ip.user_ns["z"].run.client == "alice"
+    assert ip.user_ns["z"].run.client_spec.weight == 2.0
+
+
+def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
+    run(ip, "%pathways slice s0 2")
+    run(ip, "def heavy(v):\n    m = jnp.eye(128, dtype=v.dtype)\n"
+            "    return jax.lax.fori_loop(0, 50, lambda i, a: jnp.tanh(a @ m), v)\n"
+            "h = pw.function(heavy, slice=s0)\nx = np.ones((128, 128), np.float32)")
+    with pytest.raises(TimeoutError, match="--timeout"):
+        run(ip, "%%pathways --timeout 0.001\ny = x\nfor _ in range(300):\n    y = h(y)")
+    ctl = extension.state().ctl
+    assert ctl.wait(timeout=60) and ctl.runs() == []
+    assert "y" not in ip.user_ns or not isinstance(ip.user_ns["y"], pw.Future)
+    events = [e for e in ctl.trace.events() if e.name == "heavy"]
+    assert len(events) < 300  # the queued rest was cancelled, not run
+    run(ip, "%%pathways --slice s0\nok = x[0] + 1")
+    assert ip.user_ns["ok"].result().shape == (128,)
+
+
+@pytest.mark.parametrize("cell, fix", [
+    ("%%pathways --slice nope\ny = 1", "%pathways slice nope"),
+    ("%%pathways --slice s0 --devices 2\ny = 1", "not allowed with argument --slice"),
+    ("%%pathways --devices 9\ny = 1", "does not fit"),
+    ("%%pathways --island 1\ny = 1", "Add --devices N"),
+    ("%%pathways --bogus\ny = 1", "unrecognized arguments: --bogus"),
+    ("%%pathways --timeout -1\ny = 1", "positive number"),
+    ("%%pathways\ny = (1\n", "syntax error in the cell at line 2"),
+    ("%%pathways\n", "body is empty"),
+    ("%%pathways\n\n   \n", "the cell is empty"),
+    ("%pathways slice t 0x2", "positive ints"),
+    ("%pathways slice t 2x", "'2x' is not a list of positive ints"),
+    ("%pathways slice t x2", "'x2' is not a list of positive ints"),
+    ("%pathways slice t 2xx2", "'2xx2' is not a list of positive ints"),
+    ("%pathways slice t ,2", "',2' is not a list of positive ints"),
+    ("%pathways slice t 2,x2", "'2,x2' is not a list of positive ints"),
+    ("%pathways attach local --islands 4,,4", "'4,,4' is not a list of positive ints"),
+    ("%%pathways --timeout inf\ny = 1", "leave --timeout out to wait without a limit"),
+    ("%%pathways --timeout 1e10\ny = 1", "up to 31536000 (a year)"),
+    ("%%pathways --timeout nan\ny = 1", "positive number of seconds"),
+    ("%%pathways --weight inf\ny = 1", "positive number up to 1e6"),
+    ("%pathways client ''", "a client name is 1 to 100 characters"),
+    ("%pathways client '  '", "a client name is 1 to 100 characters"),
+    ("%%pathways --client ''\ny = 1", "a client name is 1 to 100 characters"),
+    ("%pathways slice t 8", "does not fit"),
+    ("%pathways slice t 2 --island 7", "island 7 does not exist"),
+    ("%pathways release nothing", "is not a slice"),
+    ("%pathways policy lifo", "invalid choice"),
+    ("%pathways dispatch fast", "invalid choice"),
+    ("%pathways trace save", "needs a PATH"),
+    ("%pathways trace save .json", "the path names no file"),
+    ("%pathways frobnicate", "invalid choice"),
+])
+def test_bad_input_is_a_short_usage_error(ip, cell, fix):
+    run(ip, "%pathways slice s0 2")
+    with pytest.raises(UsageError, match=re.escape(fix)):
+        run(ip, cell)
+    assert extension.state().ctl.runs() == []
+
+
+def test_a_refused_client_name_leaves_later_cells_working(ip):
+    run(ip, "x = np.ones(4, np.float32)")
+    with pytest.raises(UsageError):
+        run(ip, "%pathways client ''")
+    run(ip, "%%pathways\ny = x + 1")
+    assert ip.user_ns["y"].result().tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("body, names", [
+    ("z = 1", {"z": 1}),
+    ("import math\nr = math.sqrt(16)", {"r": 4.0}),
+    ("t = (1, 'a')\nu = len(t)", {"t": (1, "a"), "u": 2}),
+    ("print('hello')\nn = None", {"n": None}),
+])
+def test_a_cell_without_array_work_runs_as_plain_python(ip, capsys, body, names):
+    run(ip, "x = np.ones(4, np.float32)")
+    capsys.readouterr()
+    run(ip, f"%%pathways --devices 1\n{body}")
+    assert {k: ip.user_ns[k] for k in names} == names
+    assert "no array work in this cell; it ran as plain Python" in capsys.readouterr().out
+    ctl = extension.state().ctl
+    assert ctl.runs() == [] and ctl.slices == ()  # no program; the --devices slice given back
+    assert run(ip, "%%pathways\n2 + 3") == 5
+
+
+def test_no_block_timeout_cancels_and_says_so(ip):
+    """--timeout with --no-block: the program is cancelled when the time is up, the cell's
+    display says so, and the queued rest never runs."""
+    run(ip, "import threading\ngate = threading.Event()\n"
+            "def hold(v):\n    gate.wait(60)\n    return v\n"
+            "step = pw.function(lambda v: jax.pure_callback(hold, jax.ShapeDtypeStruct(v.shape, "
+            "v.dtype), v), slice=pw.controller().slice(1, island=0))\n"
+            "x = np.ones(4, np.float32)")
+    run(ip, "%%pathways --no-block --timeout 0.2\ny = step(x)\nfor _ in range(5):\n"
+            "    y = step(y)")
+    y = ip.user_ns["y"]
+    ctl = extension.state().ctl
+    try:
+        with pytest.raises(pw.CancelledError, match="timed out after --timeout 0.2 s"):
+            y.result(timeout=30)  # fails once the timer cancelled the queued steps
+    finally:
+        ip.user_ns["gate"].set()
+    assert y.run.wait(30)
+    (display,) = extension.state().live  # what the cell shows, updated when the run ended
+    assert repr(display).startswith("[cell[") and repr(display).endswith(
+        ": cancelled (--timeout 0.2 s expired)]"), repr(display)
+    assert len([e for e in ctl.trace.events() if e.program_id == y.run.id
+                and e.kind == "compute"]) == 1  # the held step; the five queued never ran
+    assert not [t for t in threading.enumerate() if t.name.startswith("pwkernel-timeout")]
+
+
+def test_a_cancelled_cell_ends_while_a_launched_computation_still_runs(ip):
+    """A cancel (the sidebar's, here through the comm) ends a blocking cell at once with the
+    cancel error: its output failed. The computation already running finishes afterwards."""
+    run(ip, "import threading\ngate, entered = threading.Event(), threading.Event()\n"
+            "def hold(v):\n    entered.set()\n    gate.wait(60)\n    return v\n"
+            "step = pw.function(lambda v: jax.pure_callback(hold, jax.ShapeDtypeStruct(v.shape, "
+            "v.dtype), v), slice=pw.controller().slice(1, island=0))\n"
+            "x = np.ones(4, np.float32)")
+    ns, ctl = ip.user_ns, extension.state().ctl
+    cell_ended, seen = threading.Event(), []
+
+    def cancel_from_the_sidebar() -> None:
+        assert ns["entered"].wait(60)
+        (run_,) = ctl.runs()
+        seen.append(comm.reply(ctl, {"type": "cancel", "run": run_.id}))
+        seen.append(cell_ended.wait(10))  # True: the cell ended while the first step held
+        ns["gate"].set()
+
+    canceller = threading.Thread(target=cancel_from_the_sidebar)
+    canceller.start()
+    try:
+        with pytest.raises(pw.CancelledError, match="cancelled from the Pathways sidebar"):
+            run(ip, "%%pathways\ny = step(x)\nfor _ in range(5):\n    y = step(y)")
+    finally:
+        cell_ended.set()
+        canceller.join(60)
+    assert seen[0]["cancelled"] == 5 and seen[1] is True
+    assert ctl.wait(60) and ctl.runs() == []
+
+
+def test_user_errors_point_at_the_cell_line(ip, capsys):
+    run(ip, "x = np.ones(4, np.float32)")
+    result = ip.run_cell("%%pathways\ny = x + 1\nz = y + undefined_name\n")
+    assert isinstance(result.error_in_exec, NameError)
+    frames = []
+    tb = result.error_in_exec.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    # It ends at line 3 of the cell; no frame of the runtime or of JAX in between.
+    inside = (os.path.join("", "pwkernel", "runtime", ""), os.path.join("", "jax", ""))
+    assert frames[-1][1] == 3 and not any(p in f for f, _ in frames for p in inside)
+    assert extension.state().ctl.runs() == []
+
+
+def test_status_and_rich_displays(ip):
+    run(ip, "%pathways slice s0 2x2")
+    run(ip, "other = pw.controller().slice(2, island=1, axis_types='auto')")  # not a magic's
+    run(ip, "x = jax.device_put(np.ones(8, np.float32), jax.NamedSharding(s0.mesh, jax.P('x')))")
+    run(ip, "%%pathways --slice s0\ny = x * 2")
+    status = run(ip, "%pathways status")
+    assert isinstance(status, Status)
+    text, page = repr(status), status._repr_html_()
+    for part in ("island", "s0", "x=2 x y=2", "Memory per device", "policy fifo", "explicit",
+                 "other", "auto"):
+        assert part in text and part in page
+    fmt = ip.display_formatter
+    data, _ = fmt.format(ip.user_ns["y"])
+    assert "float32[8]" in data["text/plain"] and "done" in data["text/plain"]
+    assert "<table" in data["text/html"] and "island 0 devices [0-3]" in data["text/html"]
+    # The layout picture: y kept x's P('x') on a 2x2 mesh: 2 blocks, each on 2 devices.
+    assert "2 blocks of 4, each on 2 devices" in data["text/html"]
+    assert "[0:4] on i0:d0 i0:d1" in data["text/html"]
+    data, _ = fmt.format(ip.user_ns["y"].result())  # a jax.Array on the slice: pictured too
+    assert "2 blocks of 4" in data["text/html"] and "[4:8] on i0:d2 i0:d3" in data["text/html"]
+    data, _ = fmt.format(jax_on_two_islands(ip))  # not on one island: JAX's own display
+    assert "text/html" not in data
+    data, _ = fmt.format(ip.user_ns["s0"])
+    assert "x=2 x y=2" in data["text/plain"] and "<table" in data["text/html"]
+    data, _ = fmt.format(extension.state().ctl)
+    assert "[4-7]" in data["text/plain"] and "<table" in data["text/html"]
+
+
+def jax_on_two_islands(ip):
+    ctl = extension.state().ctl
+    devices = [ctl.islands[0].devices[0], ctl.islands[1].devices[0]]
+    mesh = ip.user_ns["jax"].make_mesh((2,), ("x",), devices=devices)
+    return ip.user_ns["jax"].device_put(np.ones(4), ip.user_ns["jax"].NamedSharding(
+        mesh, ip.user_ns["jax"].P("x")))
+
+
+def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):
+    run(ip, "%pathways policy share")
+    run(ip, "%pathways dispatch sequential")
+    ctl = extension.state().ctl
+    assert (ctl.policy, ctl.dispatch) == ("share", "sequential")
+    run(ip, "%pathways dispatch parallel")
+    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "%%pathways --sequential\ny = x * 2")
+    assert ctl.dispatch == "parallel" and ip.user_ns["y"].result()[0] == 2.0
+    run(ip, f"%pathways trace save {tmp_path / 't.json'}")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    run(ip, "%pathways trace clear")
+    assert len(ctl.trace) == 0
+    run(ip, "%pathways slice s0 2")
+    run(ip, "%pathways slice s1 2")
+    s0 = ip.user_ns["s0"]
+    run(ip, "%pathways release s0")
+    assert s0.released and "s0" not in ip.user_ns
+    run(ip, "%pathways reset")
+    assert "s1" not in ip.user_ns and "released 1 slices (s1)" in capsys.readouterr().out
+
+
+def test_help_comes_from_the_shared_specs(ip):
+    doc = ip.magics_manager.magics["line"]["pathways"].__doc__
+    for word in ("status", "slice", "release", "policy", "dispatch", "client", "trace", "reset"):
+        assert word in doc
+    cell_doc = ip.magics_manager.magics["cell"]["pathways"].__doc__
+    for flag in ("--slice", "--devices", "--island", "--client", "--weight", "--priority",
+                 "--sequential", "--no-block", "--timeout", "--viz"):
+        assert flag in cell_doc
+    assert specs.parse_line("").command == "status"
+
+
+def test_comm_protocol_replies():
+    ctl = pw.controller()
+    assert comm.reply(ctl, {"type": "status"})["data"]["policy"] == ctl.policy
+    json.dumps(comm.reply(ctl, {"type": "status"}))
+    assert comm.reply(ctl, {"type": "nope"})["type"] == "error"
+    assert "'type'" in comm.reply(ctl, [1, 2])["error"]
+
+
+def test_comm_lists_every_slice_with_axis_types(ip):
+    run(ip, "%pathways slice s0 2x2 --axes data,model")
+    run(ip, "mine = pw.controller().slice(2, island=1, axis_types='auto')\n"
+            "pw.controller().slice(1, island=1)")  # held by nothing but the controller
+    ctl = extension.state().ctl
+    slices = {s["name"]: s for s in comm.status_message(ctl)["data"]["named_slices"]}
+    assert slices["s0"]["axis_names"] == ["data", "model"]
+    assert slices["s0"]["axis_types"] == ["explicit", "explicit"]
+    assert slices["mine"]["axis_types"] == ["auto"] and slices["mine"]["island"] == 1
+    anonymous = [n for n in slices if n.startswith("#")]
+    assert len(slices) == len(ctl.slices) == 3 and len(anonymous) == 1
+    assert comm.reply(None, {"type": "policy", "policy": "fifo"})["error"].startswith(
+        "the controller has not started yet")
+
+
+def test_attach_local_as_the_first_magic_starts_the_controller(ip, capsys, monkeypatch):
+    """``%pathways attach local`` before any other %pathways: no controller to replace, so its
+    islands come from PWKERNEL_ISLANDS (issue 24: this raised AttributeError)."""
+    from pwkernel.runtime.controller import running_default
+
+    if (other := running_default()) is not None:  # a fresh kernel has none
+        other.close()
+    assert extension.state().peek() is None
+    monkeypatch.setenv("PWKERNEL_ISLANDS", "2,2")
+    run(ip, "%pathways attach local")
+    ctl = extension.state().ctl
+    assert ctl is pw.controller() and ctl.backend == "local" and not ctl.closed
+    assert [len(i.devices) for i in ctl.islands] == [2, 2]
+    assert "attached local: island 0: 2 cpu, island 1: 2 cpu" in capsys.readouterr().out
+
+
+def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys):
+    run(ip, "%pathways attach sim --preset tpu-v4 --islands 1024,1024")
+    ctl = extension.state().ctl
+    assert ctl.backend == "sim" and [len(i.devices) for i in ctl.islands] == [1024, 1024]
+    assert "island 1: 1024 sim" in capsys.readouterr().out
+    run(ip, "x = np.ones((8192, 512), np.float32)\nw = np.ones((512, 512), np.float32)")
+    run(ip, "%%pathways --devices 256\ny = jnp.tanh(x @ w)\ntotal = y.sum()")
+    y = ip.user_ns["y"]
+    assert y.done() and y.shape == (8192, 512) and len(y.sharding.device_set) == 256
+    assert ctl.executor.now() > 0  # the cell waited: the virtual clock moved
+    shown = run(ip, "y")
+    fmt = ip.display_formatter.formatters["text/plain"]
+    assert "simulated: shape and times only" in fmt(shown)
+    with pytest.raises(pw.NoValueError, match="simulated controller"):
+        run(ip, "total.result()")
+    status = repr(ip.run_line_magic("pathways", "status"))
+    assert "[0-255]" in status and status.count("\n") < 40  # memory rows grouped, not 2048
+    with pytest.raises(UsageError, match="takes no --preset"):
+        run(ip, "%pathways attach local --preset tpu-v4")
+    with pytest.raises(UsageError, match="islands of a preset are equal"):
+        run(ip, "%pathways attach sim --islands 1024,512")
+    run(ip, "%pathways attach local --islands 4,4")
+    assert extension.state().ctl.backend == "local"

@@ -1,0 +1,169 @@
+"""%%pathways cells as a JAX researcher writes them: state (any pytree of futures) flows from
+one cell to the next on the devices, and values are there where Python asks for them."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import pwkernel as pw
+from tests.helpers.shell import run
+
+SETUP = """
+import jax, jax.numpy as jnp, numpy as np, optax
+import flax.linen as nn
+import pwkernel as pw
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1)(nn.relu(nn.Dense(32)(x)))
+
+model = MLP()
+rng = np.random.RandomState(0)
+xs = rng.randn(64, 16).astype(np.float32)
+ys = (xs[:, :1] * 2 + 1).astype(np.float32)
+params = model.init(jax.random.PRNGKey(0), jnp.ones((64, 16)))
+tx = optax.adam(1e-2)
+opt = tx.init(params)
+
+def loss_fn(p, x, y):
+    return jnp.mean((model.apply(p, x) - y) ** 2)
+"""
+
+STEP = """%%pathways --slice s
+loss, grads = jax.value_and_grad(loss_fn)(params, xs, ys)
+updates, opt = tx.update(grads, opt, params)
+params = optax.apply_updates(params, updates)
+print(f"step loss {float(loss):.7f}")
+"""
+
+
+@pytest.fixture
+def ip(capsys):
+    shell = InteractiveShell.instance()
+    shell.init_user_ns()  # (another test module may have cleared the output history names)
+    shell.run_line_magic("load_ext", "pwkernel")
+    capsys.readouterr()
+    try:
+        yield shell
+    finally:
+        shell.run_line_magic("unload_ext", "pwkernel")
+        for name in [n for n, v in shell.user_ns.items()
+                     if any(isinstance(x, pw.Future) for x in jax.tree_util.tree_leaves(v))]:
+            del shell.user_ns[name]
+
+
+def _jit_losses(steps: int) -> list[float]:
+    """The same training loop in plain jax.jit, from the same seed."""
+    ns: dict = {}
+    exec(SETUP, ns)  # noqa: S102 - the test's own setup code
+
+    @jax.jit
+    def step(params, opt):
+        loss, grads = jax.value_and_grad(ns["loss_fn"])(params, ns["xs"], ns["ys"])
+        updates, opt = ns["tx"].update(grads, opt, params)
+        return ns["optax"].apply_updates(params, updates), opt, loss
+
+    params, opt, out = ns["params"], ns["opt"], []
+    for _ in range(steps):
+        params, opt, loss = step(params, opt)
+        out.append(float(loss))
+    return out
+
+
+def test_flax_optax_trained_one_step_per_cell_matches_a_jit_loop(ip, capsys):
+    run(ip, SETUP)
+    run(ip, "%pathways slice s 2")
+    capsys.readouterr()
+    for _ in range(20):
+        run(ip, STEP)
+    printed = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("step loss")]
+    want = _jit_losses(20)
+    assert len(printed) == 20
+    np.testing.assert_allclose(printed, want, rtol=2e-5, atol=1e-6)
+    assert want[-1] < want[0] / 2  # it trains
+    # the state stayed on the devices: a pytree of futures, never copied to the host
+    kernel = ip.user_ns["params"]["params"]["Dense_0"]["kernel"]
+    mu = ip.user_ns["opt"][0].mu["params"]["Dense_0"]["kernel"]
+    assert isinstance(kernel, pw.Future) and isinstance(mu, pw.Future)
+    # each cell's program is in the trace, on the slice's devices
+    runs = {e.program_id for e in pw.controller().trace.events()
+            if e.kind == "compute" and e.program.startswith("cell[")}
+    assert len(runs) >= 20
+
+
+def test_values_on_demand_branching_and_formatting(ip, capsys):
+    run(ip, "import jax.numpy as jnp, numpy as np")
+    run(ip, "%pathways slice s 2")
+    out = run(ip, """%%pathways --slice s
+x = jnp.arange(8.0)
+total = x.sum()
+if total > 10:
+    print("big", float(total), total.item(), np.asarray(x)[:2].tolist())
+y = x * 2
+y.sum()
+""")
+    text = capsys.readouterr().out
+    assert "big 28.0 28.0 [0.0, 1.0]" in text
+    assert float(out) == 56.0
+    # the array work around the Python that needs values still ran as programs
+    assert isinstance(ip.user_ns["y"], pw.Future | jax.Array)
+    np.testing.assert_allclose(np.asarray(ip.user_ns["y"]), np.arange(8.0) * 2)
+
+
+def test_a_loop_that_stops_on_a_value(ip, capsys):
+    run(ip, "import jax.numpy as jnp")
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nw = jnp.ones(4) * 8\n")
+    run(ip, """%%pathways --slice s
+for i in range(10):
+    w = w / 2
+    if w.sum() < 3:
+        break
+""")
+    assert ip.user_ns["i"] == 3
+    np.testing.assert_allclose(np.asarray(ip.user_ns["w"]), 0.5)
+
+
+def test_a_pw_function_called_with_state_from_earlier_cells(ip):
+    run(ip, "import jax, jax.numpy as jnp, numpy as np, pwkernel as pw")
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nstate = {'w': jnp.ones((4, 4)), 'b': [jnp.zeros(4)]}\n")
+    run(ip, "f = pw.function(lambda st, x: {'w': st['w'] + x, 'b': [st['b'][0] - 1]}, slice=s)")
+    run(ip, "%%pathways --slice s\nstate = f(state, 1.0)\n")
+    state = ip.user_ns["state"]
+    np.testing.assert_allclose(np.asarray(state["w"]), 2.0)
+    np.testing.assert_allclose(np.asarray(state["b"][0]), -1.0)
+
+
+def test_reading_a_name_before_the_cell_assigns_it_is_a_name_error(ip):
+    run(ip, "import jax.numpy as jnp")
+    run(ip, "%pathways slice s 2")
+    with pytest.raises(NameError, match="later_name"):
+        run(ip, "%%pathways --slice s\nz = later_name + 1\nlater_name = jnp.ones(2)\n")
+
+
+def test_users_arrays_given_to_a_cell_are_not_deleted(ip):
+    """A user's single-device array read replicated by a cell on a slice holding its device."""
+    run(ip, "import jax, jax.numpy as jnp, numpy as np")
+    run(ip, "%pathways slice s 4")
+    run(ip, "a = jax.device_put(jnp.arange(4.0), s.devices[0])")
+    run(ip, "%%pathways --slice s\nb = a * 2\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["b"]), np.arange(4.0) * 2)
+    np.testing.assert_allclose(np.asarray(ip.user_ns["a"]), np.arange(4.0))
+
+
+def test_pytrees_mixing_arrays_and_plain_values(ip):
+    """The arrays of a pytree are inputs (their layouts kept, futures included); its plain
+    values stay plain Python, as in the cell without the magic."""
+    run(ip, "import jax, jax.numpy as jnp, numpy as np")
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nf = jnp.arange(4.0) * 1\n")
+    run(ip, "later = (f, 3, 'tag')")
+    run(ip, "%%pathways --slice s\nout = later[0] + later[1]\nrep = jnp.ones(later[1])\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["out"]), np.arange(4.0) + 3)
+    assert np.asarray(ip.user_ns["rep"]).shape == (3,)  # used as a shape: a Python int

@@ -1,0 +1,79 @@
+"""The tutorials (``notebooks/NN_*.ipynb``) run top to bottom on the real ``pwkernel`` kernel.
+
+Each notebook asserts its own claims on the numbers it measures, so a test here fails when a
+cell raises: an assertion about the paper's effect, a runtime error, or a broken view. The
+committed notebooks must also be exactly what their sources ``notebooks/NN_*.py`` give
+(``python -m pwkernel.notebook.tutorials``: sources only, no outputs), so the reviewed code and
+the files agree.
+"""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from pwkernel.notebook import kernelspec, tutorials
+from tests.helpers import ROOT
+from tests.helpers.kernel import cell_errors
+
+NOTEBOOKS = ROOT / "notebooks"
+CELL_TIMEOUT = 300  # seconds per cell before nbclient gives up on a hung one (not a budget:
+                    # how long a tutorial takes is measured by a benchmark, not a test)
+
+
+SOURCES = tutorials.sources(NOTEBOOKS)
+NAMES = [p.stem for p in SOURCES]
+
+
+def _stdout(nb) -> str:
+    return "".join(o.text for c in nb.cells for o in c.get("outputs", [])
+                   if o.output_type == "stream" and o.name == "stdout")
+
+
+def test_every_notebook_has_a_source():
+    assert len(NAMES) >= 9, f"expected the 9 tutorial sources in {NOTEBOOKS}, found {NAMES}"
+    orphans = {p.stem for p in NOTEBOOKS.glob("*.ipynb")} - set(NAMES)
+    assert not orphans, f"notebooks without a source NN_name.py: {sorted(orphans)}"
+
+
+def test_committed_notebooks_match_their_sources():
+    assert tutorials.stale(NOTEBOOKS) == [], (
+        "a notebook differs from its source notebooks/NN_name.py: edit the source, then run "
+        "`make notebooks` (python -m pwkernel.notebook.tutorials)")
+
+
+def test_drift_is_caught(tmp_path):
+    source = SOURCES[0]
+    (tmp_path / source.name).write_text(source.read_text())
+    (tmp_path / source.with_suffix(".ipynb").name).write_text(tutorials.render(source))
+    assert tutorials.stale(tmp_path) == []
+    edited = source.read_text().replace("# %% [markdown]", "# %% [markdown]\n# edited", 1)
+    (tmp_path / source.name).write_text(edited)
+    assert tutorials.stale(tmp_path) == [source.with_suffix(".ipynb").name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_metadata(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    assert nb.metadata.kernelspec == {"name": "pwkernel", "display_name": "Pathways (JAX)",
+                                      "language": "python"}
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and "What the paper found" in first.source
+    assert "What we measured here" in nb.cells[-2].source and nb.cells[-1].cell_type == "code"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs(name, kernel_env, tmp_path):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(nb, kernel_name=kernelspec.NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=120, allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    errors = cell_errors(nb)
+    assert not errors, "\n\n".join(errors)
+    # Every notebook ends by printing what it measured.
+    assert nb.cells[-1].outputs and any(o.output_type == "stream"
+                                        for o in nb.cells[-1].outputs), "no closing summary"
+    print(f"{name}:\n{_stdout(nb)[-1500:]}")

@@ -1,0 +1,265 @@
+"""The memory budget on real JAX devices: every buffer the runtime places counts, waiting for
+memory never hangs a program that cannot fit (it fails with a MemoryBudgetError saying who holds
+what), programs that fit still finish, and a cancel is one step of the scheduler. Plus the pure
+analysis of ``runtime.budget``. Waits are bounded; nothing sleeps."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pwkernel as pw
+from pwkernel.runtime import budget
+from pwkernel.runtime.objects import BufferRecord
+from tests.helpers.budget import (
+    MiB,
+    assert_all_memory_returned,
+    check_fan_in_fails_and_says_who_holds_the_memory,
+    reserved,
+)
+
+
+def test_a_fan_in_that_cannot_fit_fails_and_says_who_holds_the_memory():
+    with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
+        check_fan_in_fails_and_says_who_holds_the_memory(ctl)
+        # the controller carries on
+        small = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=0))
+        assert small(np.ones(4, np.float32)).result(timeout=60).tolist() == [2.0] * 4
+
+
+def test_a_program_that_fits_only_after_its_values_are_consumed_finishes():
+    # Four 1 MiB producers, each consumed before the budget runs out: back-pressure, no error.
+    with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
+        s0 = ctl.slice(2, island=0)
+        make = pw.function(lambda x: jnp.broadcast_to(x[:, None], (512, 1024)) * 2.0,
+                           slice=s0, in_specs=pw.BATCH, name="make")
+        total = pw.function(lambda a: a.sum(0), slice=s0, name="total")
+
+        @pw.program
+        def many(x):
+            return [total(make(x)) for _ in range(12)]
+
+        outs = many(np.ones(512, np.float32))
+        for out in outs:
+            assert out.result(timeout=60).tolist() == [1024.0] * 1024
+        del outs, out
+        assert_all_memory_returned(ctl)
+
+
+def test_uploads_count_against_the_budget_like_computation_outputs():
+    with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
+        s0 = ctl.slice(2, island=0)
+        first = pw.function(lambda x: x[:2], slice=s0, in_specs=pw.BATCH)
+        # 16 MiB on two devices is 8 MiB each: refused at once, nothing placed
+        with pytest.raises(pw.MemoryBudgetError, match=r"copy host.*needs 8388608 bytes per "
+                                                       r"device but the memory budget is 4194304"):
+            first(np.ones(4 * MiB, np.float32)).result(timeout=60)
+        assert not any(ctl.memory().values())
+        # a 1.5 MiB-per-device upload is counted where computation outputs are
+        keep = pw.function(lambda x: x * 1, slice=s0, in_specs=pw.BATCH, name="keep")
+        arg = np.ones(3 * MiB // 4, np.float32)                  # 3 MiB: 1.5 MiB per device
+        d0 = s0.device_ids[0]
+        held = keep(arg)                                         # upload + output: 3 MiB
+        held.result(timeout=60)
+        assert reserved(ctl)[d0] == ctl.memory()[ctl.devices[d0]] == 3 * MiB // 2
+        # the next call's upload fits (3 MiB), its output (4.5 MiB) waits for `held` to go
+        second = keep(arg)
+        assert not second.wait(0.2)
+        assert reserved(ctl)[d0] == ctl.memory()[ctl.devices[d0]] == 3 * MiB
+        del held
+        gc.collect()
+        assert second.result(timeout=60).shape == arg.shape
+        del second
+        assert_all_memory_returned(ctl)
+
+
+def test_cancelling_a_program_held_back_by_the_budget_launches_none_of_it():
+    with pw.Controller(islands=(2, 2), memory_budget=128) as ctl:
+        s = ctl.slice(1, island=0)
+        x = pw.function(lambda v: v, slice=s)(np.zeros(8, np.float32))   # 32 B, on device
+        hold = pw.function(lambda v: jnp.concatenate([v, v]), slice=s)(x)  # 64 B more
+        x.result(timeout=60), hold.result(timeout=60)
+        big = pw.function(lambda v: jnp.concatenate([v, v]), slice=s, name="big")
+        small = pw.function(lambda v: v[:4], slice=s, name="small")
+        outs = pw.program(lambda v: (big(v), small(v), small(v)))(x)
+        # big needs 64 B (96 + 64 > 128) and waits; the smalls fit but queue behind it
+        assert not outs[0].wait(0.2)
+        assert outs[0].run.cancel() == 3
+        for out in outs:
+            with pytest.raises(pw.CancelledError):
+                out.result(timeout=60)
+        run = outs[0].run.id
+        assert not [e for e in ctl.trace.events() if e.program_id == run], "a cancelled node ran"
+        assert reserved(ctl)[s.device_ids[0]] == 96
+        del x, hold, outs
+        assert_all_memory_returned(ctl)
+
+
+# --- property: random programs under random budgets ----------------------------------------
+ROWS = 64  # a made value is (ROWS, width) float32 on a 2-device slice: ROWS * width * 2 B each
+
+# A program is a chain of fan-ins: each stage makes one wide value per width from the stage's
+# input, then one computation sums them all into the next stage's input (ROWS,). A stage
+# needs all its wide values alive at once; the result is its input times its fan-in.
+stages = st.lists(st.lists(st.sampled_from([8, 16, 32]), min_size=1, max_size=4),
+                  min_size=1, max_size=3)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(progs=st.lists(stages, min_size=1, max_size=3),
+       budget_bytes=st.integers(ROWS * 8 * 2, ROWS * 32 * 2 * 5),
+       mode=st.sampled_from(["parallel", "sequential"]))
+def test_random_programs_under_random_budgets_finish_or_fail_never_hang(progs, budget_bytes,
+                                                                        mode):
+    with pw.Controller(islands=(4, 4), memory_budget=budget_bytes, dispatch=mode) as ctl:
+        s0 = ctl.slice(2, island=0)
+        make = {w: pw.function(lambda v, w=w: jnp.broadcast_to(v[:, None], (ROWS, w)) / w,
+                               slice=s0, name=f"make{w}") for w in (8, 16, 32)}
+        gather = pw.function(lambda *vs: sum(v.sum(1) for v in vs), slice=s0, name="gather")
+
+        def build(plan):
+            def body(v):
+                for widths in plan:
+                    v = gather(*[make[w](v) for w in widths])
+                return v
+            return pw.program(body)
+
+        # Results are taken by callbacks and the futures dropped at once: a user who holds
+        # finished outputs while waiting for more is waited for (back-pressure), by design.
+        got: dict[int, object] = {}
+        done = [threading.Event() for _ in progs]
+
+        def taker(k):
+            def take(fut):
+                got[k] = fut.exception() or np.asarray(fut.result())
+                done[k].set()
+            return take
+
+        for k, plan in enumerate(progs):
+            build(plan)(np.arange(ROWS, dtype=np.float32) + k).add_done_callback(taker(k))
+        for k, plan in enumerate(progs):
+            assert done[k].wait(60), f"a program hung under a budget of {budget_bytes} B"
+            if isinstance(got[k], BaseException):
+                assert isinstance(got[k], pw.MemoryBudgetError), got[k]
+            else:
+                want = (np.arange(ROWS, dtype=np.float32) + k) * np.prod([len(w) for w in plan])
+                np.testing.assert_array_equal(got[k], want)
+        assert_all_memory_returned(ctl)
+
+
+# --- the analysis itself, without devices ------------------------------------------------
+def held(nbytes, run, pinned, program="p"):
+    return budget.Held(BufferRecord({0: nbytes, 1: nbytes}, program, run, "c", 0, True), pinned)
+
+
+def waiting(nbytes, run):
+    return budget.Waiting("f", 0, frozenset({0, 1}), nbytes, run, "p", "c")
+
+
+def test_waiting_for_what_only_the_user_holds_is_back_pressure_not_stuck():
+    in_use = {0: 96, 1: 96}
+    mine = [held(64, 0, pinned=False), held(32, 1, pinned=True)]
+    assert budget.stuck([waiting(64, 1)], 128, in_use, mine, {1}) is None  # 96-64+64 fits
+    assert budget.stuck([waiting(100, 1)], 128, in_use, mine, {1}) == (waiting(100, 1), 1)
+
+
+def test_the_youngest_program_holding_the_memory_is_stopped():
+    in_use = {0: 96, 1: 96}
+    two = [held(48, 3, pinned=True), held(48, 5, pinned=True)]
+    head = waiting(48, 3)
+    assert budget.stuck([head], 128, in_use, two, {3, 5}) == (head, 5)
+    # a holder with nothing queued here cannot be helped by stopping it: stop the head's
+    assert budget.stuck([head], 128, in_use, two, {3}) == (head, 3)
+    text = budget.message(head, "program 'p' (run 5)", 128, in_use, two)
+    assert "128 B per device" in text and "48 B in 1 buffer of program 'p' (run 3" in text
+
+
+# --- many clients under a tight budget -----------------------------------------------------
+def test_four_clients_on_overlapping_slices_under_a_tight_budget_all_end():
+    # The issue's livelock: with several clients, a memory check re-queued itself behind
+    # another queued check (and that one behind it), so the thread that ran them spun at
+    # 100 % CPU and its own result(timeout=) never returned. Each program must end: done
+    # with the right value, or failed with a MemoryBudgetError.
+    ctl = pw.Controller(islands=(4, 4), memory_budget=70)   # bytes per device: two 32 B values
+    hung: list[str] = []
+    try:
+        s_a, s_b, s_c = ctl.slice(2, island=0), ctl.slice(4, island=0), ctl.slice(1, island=0)
+        double = pw.function(lambda x: x * 2, slice=s_a, name="double")
+        inc = pw.function(lambda x: x + 1, slice=s_b, name="inc")
+        add3 = pw.function(lambda a, b, c: a + b + c, slice=s_c, name="add3")
+
+        @pw.program(name="chain")
+        def chain(v):
+            return inc(double(v))
+
+        @pw.program(name="fan")
+        def fan(v):                 # three 32 B values alive at once on s_c: over 70 B
+            return add3(double(v), inc(v), inc(double(v)))
+
+        outcomes: dict[tuple[int, str], object] = {}
+
+        def client(c: int) -> None:
+            with ctl.client(f"c{c}"):
+                x = np.arange(8, dtype=np.float32) + c
+                outs = [("chain", chain(x)), ("fan", fan(x))]
+            while outs:
+                # each result is taken and its future dropped at once, here, in the client's
+                # thread (a finished value the user keeps would be waited for, by design)
+                name, out = outs.pop(0)
+                try:
+                    outcomes[c, name] = np.asarray(out.result(timeout=60))
+                except BaseException as e:  # noqa: BLE001 - checked below
+                    outcomes[c, name] = e
+                del out
+
+        threads = [threading.Thread(target=client, args=(c,), name=f"client{c}", daemon=True)
+                   for c in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        hung = [t.name for t in threads if t.is_alive()]
+        assert not hung, f"{hung} never ended under memory_budget=70"
+        assert len(outcomes) == 8, outcomes
+        for (c, name), got in outcomes.items():
+            if isinstance(got, BaseException):
+                assert isinstance(got, pw.MemoryBudgetError), (c, name, got)
+            else:
+                x = np.arange(8, dtype=np.float32) + c
+                want = x * 2 + 1 if name == "chain" else x * 2 + (x + 1) + (x * 2 + 1)
+                np.testing.assert_array_equal(got, want)
+        # three 32 B values at once on add3's one device can never fit 70 B
+        assert all(isinstance(outcomes[c, "fan"], pw.MemoryBudgetError) for c in range(4))
+        assert_all_memory_returned(ctl)
+    finally:
+        if not hung:  # a spinning thread would keep close() waiting: leave it to the process
+            ctl.close()
+
+
+def test_a_check_queued_behind_itself_runs_once_the_queue_empties():
+    # The trampoline under the livelock, without threads: two of the same check queued, each
+    # re-queues itself behind the queue's other work (``later``). The copy already queued is
+    # the one that runs; the queue empties.
+    from pwkernel.runtime.deferred import later, soon
+
+    calls: list[str] = []
+
+    def check() -> None:
+        calls.append("looked")
+        assert len(calls) < 100, "the check kept re-queueing itself behind its own copy"
+        if later(check):
+            return
+        calls.append("ran")
+
+    def two_checks() -> None:
+        soon(check)
+        soon(check)
+
+    soon(two_checks)
+    assert calls == ["looked", "looked", "ran"]

@@ -1,0 +1,201 @@
+"""The controller's life cycle, the process-wide controller, transfers and the link model."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from tests.helpers.gang_order import LaunchLog
+from tests.helpers.programs import gate
+
+
+def test_process_wide_controller_is_created_once_and_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("PWKERNEL_ISLANDS", "2,3")
+    ctl = pw.controller()
+    try:
+        assert pw.controller() is ctl
+        assert [len(i.devices) for i in ctl.islands] == [2, 3]
+    finally:
+        ctl.close()
+    fresh = pw.controller(islands=(4, 4))
+    try:
+        assert fresh is not ctl and not fresh.closed
+    finally:
+        fresh.close()
+
+
+def test_islands_none_on_cpu_is_the_default_two_by_four():
+    ctl = pw.Controller(islands=None)
+    try:
+        assert [len(i.devices) for i in ctl.islands] == [4, 4]
+        assert repr(ctl) == ("Controller(islands={0: 4 cpu, 1: 4 cpu}, policy='fifo', "
+                             "dispatch='parallel')")
+    finally:
+        ctl.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(islands=(0, 4)), pw.DeviceSetupError, "positive device counts"),
+        (dict(policy="random"), ValueError, "expected one of"),
+        (dict(dispatch="eager"), ValueError, "'parallel' or 'sequential'"),
+        (dict(memory_budget=-1), ValueError, "memory_budget"),
+        (dict(dcn=10e9), TypeError, "pw.Link"),
+    ],
+)
+def test_bad_controller_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pw.Controller(**kwargs)
+
+
+def test_bad_environment_islands(monkeypatch):
+    monkeypatch.setenv("PWKERNEL_ISLANDS", "four")
+    with pytest.raises(pw.DeviceSetupError, match="PWKERNEL_ISLANDS=4,4"):
+        pw.controller()
+
+
+def test_transfers_overlap_with_computation(ctl):
+    entered, release = threading.Event(), threading.Event()
+    busy = pw.function(gate(entered, release), slice=ctl.slice(1, island=0))
+    held = busy(np.ones(2, np.float32))
+    assert entered.wait(30)  # island 0's device 0 is now occupied
+    src = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=1))
+    dst = ctl.slice(2, island=0)
+    moved = pw.function(lambda x: x, slice=dst)  # placed beside busy: devices 1, 2
+    assert not set(dst.device_ids) & {0}
+    value = src(np.arange(4, dtype=np.float32))
+    value.result(timeout=60)
+    out = moved(value)  # a DCN transfer into island 0 while it computes
+    assert out.result(timeout=60).tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert not held.done()
+    release.set()
+    held.result(timeout=60)
+
+
+def test_emulated_dcn_link_holds_transfers_to_its_bandwidth():
+    link = pw.Link(bandwidth=1e6, latency=1e-3)  # 1 MB/s
+    ctl = pw.Controller(islands=(2, 2), dcn=link)
+    try:
+        a = pw.function(lambda x: x, slice=ctl.slice(2, island=0))
+        b = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
+        out = pw.program(lambda v: b(a(v)))(np.ones(5000, np.float32))  # 20 kB
+        assert np.asarray(out.result(timeout=60))[0] == 2.0
+        (dcn,) = [e for e in ctl.trace.events() if e.link == "dcn"]
+        assert dcn.nbytes == 20_000
+        assert dcn.duration >= link.duration(20_000) == pytest.approx(0.021)
+    finally:
+        ctl.close()
+    with pytest.raises(ValueError, match="bandwidth > 0"):
+        pw.Link(bandwidth=0)
+
+
+def test_many_threads_submit_at_once(ctl):
+    s = ctl.slice(2)
+    f = pw.function(lambda x: x * 2, slice=s)
+    out: dict[int, pw.Future] = {}
+
+    def client(k: int) -> None:
+        with ctl.client(f"c{k}", weight=1 + k % 3, priority=k % 2):
+            out[k] = f(np.full(4, k, np.float32))
+            assert ctl.current_client.name == f"c{k}"
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {k: float(np.asarray(v.result(timeout=60))[0]) for k, v in out.items()} == {
+        k: 2.0 * k for k in range(8)}
+    assert {e.client for e in ctl.trace.events() if e.kind == "compute"} == {
+        f"c{k}" for k in range(8)}
+    assert ctl.current_client.name == "default"
+
+
+def test_policy_and_dispatch_switch_at_run_time(ctl, monkeypatch):
+    log = LaunchLog().install(monkeypatch)  # the schedulers the switch reaches, at handle()
+    ctl.policy = "share"
+    ctl.dispatch = "sequential"
+    assert (ctl.policy, ctl.dispatch) == ("share", "sequential")
+    assert len(log.schedulers) == len(ctl.islands)
+    assert all(s.policy == "share" for s in log.schedulers.values())
+    f = pw.function(lambda x: x - 1, slice=ctl.slice(1))
+    assert f(np.ones(1, np.float32)).result(timeout=60).tolist() == [0.0]
+    status = ctl.status()
+    assert status["policy"] == "share" and len(status["islands"]) == 2
+    with pytest.raises(ValueError, match="client weight"):
+        with ctl.client("x", weight=0):
+            pass
+
+
+def test_jax_arrays_already_on_the_slice_are_used_in_place(ctl):
+    s = ctl.slice(2, island=1)
+    f = pw.function(lambda x: x + 1, slice=s, in_specs=pw.BATCH)
+    x = jax.device_put(np.zeros(4, np.float32), jax.sharding.NamedSharding(
+        s.mesh, jax.sharding.PartitionSpec("x")))
+    assert f(x).result(timeout=60).tolist() == [1.0] * 4
+    assert [e.kind for e in ctl.trace.events()] == ["compute"]
+
+
+def test_a_backend_is_a_name_or_an_executor_object():
+    from pwkernel.backends.local import LocalBackend
+
+    executor = LocalBackend(islands=(2, 2))
+    assert isinstance(executor, pw.Executor)
+    with pw.Controller(backend=executor) as ctl:
+        assert ctl.executor is executor and ctl.backend == "local"
+        assert [len(i.devices) for i in ctl.islands] == [2, 2]
+        f = pw.function(lambda x: x * 3, slice=ctl.slice(2, island=1))
+        assert f(np.ones(2, np.float32)).result(timeout=60).tolist() == [3.0, 3.0]
+    with pytest.raises(ValueError, match=r"islands=\(4, 2\) but the executor object LocalBa"):
+        pw.Controller(islands=(4, 2), backend=LocalBackend(islands=(2, 2)))
+    with pytest.raises(TypeError, match="lacks"):
+        pw.Controller(backend=object())
+    with pytest.raises(ValueError, match="unknown backend 'nope'.*'local'"):
+        pw.Controller(backend="nope")
+
+
+def test_islands_given_with_an_executor_object_must_match_its_islands():
+    # Issue 24: islands=(4, 4) (the default's value, given on purpose) used to be ignored.
+    from pwkernel.backends.local import LocalBackend
+
+    two = LocalBackend(islands=(2, 2))
+    try:
+        with pytest.raises(ValueError) as info:
+            pw.Controller(islands=(4, 4), backend=two)
+    finally:
+        two.close()
+    text = str(info.value)
+    assert text.startswith("islands=(4, 4) but the executor object LocalBackend brings "
+                           "islands of (2, 2) devices, and an executor object's own islands "
+                           "win"), text
+    assert "LocalBackend(islands=(4, 4))" in text and "backend='local', islands=(4, 4)" \
+        in text and "\n" not in text
+    for same in ({}, {"islands": (2, 2)}, {"islands": None}):  # left out, or no conflict
+        with pw.Controller(backend=LocalBackend(islands=(2, 2)), **same) as ctl:
+            assert [len(i.devices) for i in ctl.islands] == [2, 2], same
+    with pw.Controller(islands=(2, 2)) as ctl:  # by name: islands= is what it builds
+        assert [len(i.devices) for i in ctl.islands] == [2, 2]
+    with pw.Controller() as ctl:
+        assert [len(i.devices) for i in ctl.islands] == list(pw.backends.local.DEFAULT_ISLANDS)
+
+
+def test_the_runtime_imports_no_backend():
+    # Backends plug in from above (a registry the package fills): runtime/ never imports one.
+    import ast
+    from pathlib import Path
+
+    runtime = Path(pw.__file__).parent / "runtime"
+    for path in sorted(runtime.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any("backends" in n for n in names), f"{path.name} imports {names}"

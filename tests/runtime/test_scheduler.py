@@ -1,0 +1,367 @@
+"""The gang scheduler as a pure state machine: feed events, assert decisions. No JAX, no time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pwkernel.runtime.scheduler import (
+    Cancel,
+    ClientSpec,
+    Ended,
+    GangScheduler,
+    Launch,
+    MemoryFreed,
+    NodeSpec,
+    Policy,
+    Ready,
+    Reject,
+    SetPolicy,
+    Submit,
+    SubmitProgram,
+)
+from tests.helpers.gang_order import LaunchLog
+
+ALL = (0, 1, 2, 3)
+
+
+def launched(decisions) -> list[int]:
+    return [d.task for d in decisions if isinstance(d, Launch)]
+
+
+def test_fifo_launches_in_submission_order_one_gang_at_a_time():
+    s = GangScheduler(ALL)
+    assert launched(s.handle(*(Submit(task=t, devices=ALL, ready=True) for t in range(3)))) == [0]
+    assert launched(s.handle(Ended(task=0, seconds=1.0))) == [1]
+    assert launched(s.handle(Ended(task=1, seconds=1.0))) == [2]
+    assert s.running == (2,) and s.queued == ()
+
+
+def test_events_are_built_by_keyword_and_carry_one_client_spec():
+    with pytest.raises(TypeError):
+        Submit(0, ALL)  # field order is no part of the API
+    alice = ClientSpec("alice", weight=2.0, priority=1)
+    ev = Submit(task=0, devices=ALL, client=alice)
+    assert ev.client is alice and Submit(task=1, devices=ALL).client == ClientSpec()
+    from pwkernel.runtime.scheduler import Finished  # the event's old name
+
+    assert Finished is Ended
+
+
+def test_disjoint_gangs_run_together_and_waiting_tasks_do_not_block():
+    s = GangScheduler(ALL)
+    out = s.handle(Submit(task=0, devices=(0, 1)), Submit(task=1, devices=(2, 3), ready=True),
+                   Submit(task=2, devices=(0, 1), ready=True))
+    assert launched(out) == [1, 2]  # task 0 is not ready: it does not hold the queue
+    assert launched(s.handle(Ready(task=0))) == []  # devices 0, 1 busy with task 2
+    assert launched(s.handle(Ended(task=2))) == [0]
+
+
+def test_blocked_task_reserves_its_devices_so_it_cannot_starve():
+    s = GangScheduler(ALL)
+    s.handle(Submit(task=0, devices=(0, 1), ready=True))                  # running on 0, 1
+    out = s.handle(Submit(task=1, devices=ALL, ready=True),
+                   Submit(task=2, devices=(2, 3), ready=True))
+    # task 1 waits for 0, 1 and reserves 2, 3: task 2 may not jump ahead of it there
+    assert launched(out) == []
+    assert launched(s.handle(Ended(task=0))) == [1]
+    assert launched(s.handle(Ended(task=1))) == [2]
+
+
+def drive(s: GangScheduler, log: LaunchLog, seed: int, n: int = 300) -> set[int]:
+    """Run ``n`` computations on random gangs of ``s``'s devices to completion, as the runtime
+    would: one in three reads an earlier one's output (it becomes ready once that one is
+    launched), and a running computation finishes only after its producers. Returns the
+    computations launched."""
+    rng = np.random.default_rng(seed)
+    devices = list(s.devices)
+    reads: dict[int, int] = {}
+    events = []
+    for t in range(n):
+        gang = tuple(sorted(rng.choice(devices, int(rng.integers(1, len(devices) + 1)),
+                                       replace=False).tolist()))
+        if t and rng.random() < 1 / 3:
+            reads[t] = int(rng.integers(0, t))
+        events.append(Submit(task=t, devices=gang, ready=t not in reads))
+    launched_, running, done = set(), [], set()
+
+    def apply(decisions):
+        new = [d.task for d in decisions if isinstance(d, Launch)]
+        launched_.update(new)
+        running.extend(new)
+        ready = [Ready(task=t, after=(p,)) for t, p in reads.items()
+                 if p in new]  # its producer is launched: it may queue behind it
+        return ready
+
+    pending = apply(log.record(s, *events))
+    while pending or running:
+        if pending:
+            pending = apply(log.record(s, *pending))
+            continue
+        free = [t for t in running if reads.get(t) is None or reads[t] in done]
+        t = free[int(rng.integers(len(free)))]
+        running.remove(t)
+        done.add(t)
+        pending = apply(log.record(s, Ended(task=t, seconds=1.0)))
+    return launched_
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_launch_shares_a_device_with_a_running_computation_but_its_ancestors(seed):
+    s = GangScheduler(ALL, policy=["fifo", "priority", "share", "fifo"][seed])
+    log = LaunchLog()
+    assert drive(s, log, seed) == set(range(300))
+    assert log.violations() == []
+    assert s.running == s.queued == ()
+
+
+def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
+    # A test of the test above: with the device check switched off, it reports violations.
+    monkeypatch.setattr(GangScheduler, "_devices_free", lambda self, t: True)
+    log = LaunchLog()
+    drive(GangScheduler(ALL), log, seed=0)
+    assert log.violations() and "not its ancestors" in log.violations()[0]
+
+
+def test_priority_policy_runs_higher_priority_first():
+    s = GangScheduler(ALL, policy="priority")
+    s.handle(Submit(task=0, devices=ALL, ready=True))
+    s.handle(Submit(task=1, devices=ALL, client=ClientSpec(priority=0), ready=True),
+             Submit(task=2, devices=ALL, client=ClientSpec(priority=5), ready=True))
+    assert launched(s.handle(Ended(task=0))) == [2]
+    assert launched(s.handle(Ended(task=2))) == [1]
+
+
+def test_share_policy_gives_exact_proportional_shares():
+    s = GangScheduler(ALL, policy=Policy.SHARE)
+    weights = {"a": 1, "b": 2, "c": 4, "d": 8}
+    owner, counts, task = {}, dict.fromkeys(weights, 0), 0
+    events = []
+    for name, w in weights.items():  # every client backlogged with plenty of equal tasks
+        for _ in range(60):
+            owner[task] = name
+            events.append(Submit(task=task, devices=ALL, client=ClientSpec(name, weight=w),
+                                 cost_key="step", ready=True))
+            task += 1
+    running = launched(s.handle(*events))
+    for _ in range(15 * 4):
+        (t,) = running
+        counts[owner[t]] += 1
+        running = launched(s.handle(Ended(task=t, seconds=1.0)))
+    assert counts == {"a": 4, "b": 8, "c": 16, "d": 32}
+    shares = s.shares()
+    assert shares == pytest.approx({"a": 1 / 15, "b": 2 / 15, "c": 4 / 15, "d": 8 / 15})
+
+
+def test_share_corrects_estimates_with_actual_durations():
+    s = GangScheduler(ALL, policy="share")
+    events = []
+    for t in range(400):  # client "long" runs 3x longer computations than "short"
+        name = "long" if t % 2 else "short"
+        events.append(Submit(task=t, devices=ALL, client=ClientSpec(name), cost_key=name,
+                             ready=True))
+    running = launched(s.handle(*events))
+    seconds = {"long": 3.0, "short": 1.0}
+    while running:
+        (t,) = running
+        running = launched(s.handle(Ended(task=t, seconds=seconds["long" if t % 2 else "short"])))
+        if sum(c.device_seconds for c in s._clients.values()) > 60 * 4:
+            break
+    shares = s.shares()
+    assert shares["long"] == pytest.approx(0.5, abs=0.08)
+
+
+def test_idle_client_does_not_bank_credit():
+    s = GangScheduler(ALL, policy="share")
+    busy = ClientSpec("busy")
+    running = launched(s.handle(*(Submit(task=t, devices=ALL, client=busy, ready=True)
+                                  for t in range(20))))
+    for _ in range(10):
+        running = launched(s.handle(Ended(task=running[0], seconds=1.0)))
+    # a newcomer starts at the current virtual time: it alternates, it does not run 10 in a row
+    s.handle(*(Submit(task=100 + t, devices=ALL, client=ClientSpec("new"), ready=True)
+               for t in range(10)))
+    order = []
+    for _ in range(6):
+        order.append(running[0])
+        running = launched(s.handle(Ended(task=running[0], seconds=1.0)))
+    assert sum(t >= 100 for t in order) == 3
+
+
+def test_memory_budget_back_pressure_and_rejection():
+    s = GangScheduler((0, 1), memory_budget=100)
+    out = s.handle(Submit(task=0, devices=(0,), memory=101, ready=True))
+    assert isinstance(out[0], Reject) and "101 bytes" in out[0].reason
+    assert launched(s.handle(Submit(task=1, devices=(0,), memory=60, ready=True))) == [1]
+    assert launched(s.handle(Ended(task=1))) == []  # its output (60 B) is still alive
+    # would be 120:
+    assert launched(s.handle(Submit(task=2, devices=(0,), memory=60, ready=True))) == []
+    assert launched(s.handle(MemoryFreed(device=0, nbytes=60))) == [2]
+    assert s.memory_in_use()[0] == 60
+
+
+def test_cancel_drops_queued_tasks_and_policy_switches():
+    s = GangScheduler(ALL)
+    s.handle(*(Submit(task=t, devices=ALL, ready=True) for t in range(3)))
+    s.handle(Cancel(task=1), Cancel(task=0))  # 0 is running: it cannot be preempted
+    assert s.running == (0,)
+    assert launched(s.handle(Ended(task=0))) == [2]
+    s.handle(SetPolicy(policy="priority"))
+    assert s.policy is Policy.PRIORITY
+    with pytest.raises(ValueError, match="expected one of"):
+        s.handle(SetPolicy(policy="lottery"))
+
+
+def test_unknown_devices_are_rejected():
+    s = GangScheduler((0, 1))
+    (out,) = s.handle(Submit(task=0, devices=(5,), ready=True))
+    assert isinstance(out, Reject) and "not on this island" in out.reason
+
+
+def test_a_chain_launches_ahead_behind_its_own_producers():
+    s = GangScheduler(ALL, depth=3)
+    s.handle(Submit(task=0, devices=(0, 1), ready=True))
+    # 1 reads 0's output, 2 reads 1's: both may queue behind in-flight ancestors
+    assert launched(s.handle(Submit(task=1, devices=(0, 1)), Ready(task=1, after=(0,)))) == [1]
+    assert launched(s.handle(Submit(task=2, devices=(0, 1)), Ready(task=2, after=(1,)))) == [2]
+    assert s.running == (0, 1, 2)
+    # depth 3 reached: the next link waits for the oldest to finish
+    assert launched(s.handle(Submit(task=3, devices=(0, 1)), Ready(task=3, after=(2,)))) == []
+    assert launched(s.handle(Ended(task=0))) == [3]
+
+
+def test_unrelated_work_never_queues_behind_in_flight_computations():
+    s = GangScheduler(ALL)
+    s.handle(Submit(task=0, devices=(0, 1), ready=True))
+    # no data dependency:
+    assert launched(s.handle(Submit(task=1, devices=(0, 1), ready=True))) == []
+    # reserved by 1:
+    assert launched(s.handle(Submit(task=2, devices=(1, 2)), Ready(task=2, after=(0,)))) == []
+    assert launched(s.handle(Ended(task=0))) == [1]
+    assert launched(s.handle(Ended(task=1))) == [2]
+
+
+def test_program_ahead_queues_a_programs_nodes_behind_each_other_only():
+    s = GangScheduler(ALL, program_ahead=True)
+    s.handle(Submit(task=0, devices=(0, 1), ready=True, group="p"))
+    # 1 is p's too but reads nothing of 0's: it may still queue behind it
+    assert launched(s.handle(Submit(task=1, devices=(0, 1), ready=True, group="p"))) == [1]
+    # another program's node waits for p's computations to leave the devices
+    assert launched(s.handle(Submit(task=2, devices=(0, 1), ready=True, group="q"))) == []
+    # and so does p's next node: 2 reserved the devices first (no starvation)
+    assert launched(s.handle(Submit(task=3, devices=(0, 1), ready=True, group="p"))) == []
+    assert launched(s.handle(Ended(task=0))) == []
+    assert launched(s.handle(Ended(task=1))) == [2]
+    assert launched(s.handle(Ended(task=2))) == [3]
+    # without program_ahead the group is ignored
+    plain = GangScheduler(ALL)
+    plain.handle(Submit(task=0, devices=(0, 1), ready=True, group="p"))
+    assert launched(plain.handle(Submit(task=1, devices=(0, 1), ready=True, group="p"))) == []
+
+
+def test_copies_need_only_memory_and_keep_the_memory_order():
+    s = GangScheduler((0, 1), memory_budget=100)
+    # device 0 busy:
+    assert launched(s.handle(Submit(task=0, devices=(0,), memory=10, ready=True))) == [0]
+    # a copy onto a busy device is admitted at once: it takes memory, never the device
+    assert launched(s.handle(Submit(task=1, devices=(0,), memory=50, ready=True, copy=True))) == [1]
+    assert s.running == (0,) and s.queued == () and s.memory_in_use()[0] == 60
+    # one that does not fit waits, and reserves: a later computation may not take its bytes
+    out = s.handle(Submit(task=2, devices=(0,), memory=50, ready=True, copy=True),
+                   Submit(task=3, devices=(0, 1), memory=20, ready=True))
+    assert launched(out) == []
+    assert s.waiting_for_memory() == [(2, frozenset({0}), 50)]
+    assert launched(s.handle(Ended(task=0))) == []          # its output (10 B) is still alive
+    # 50 + 50: 3 still does not fit
+    assert launched(s.handle(MemoryFreed(device=0, nbytes=10))) == [2]
+    assert launched(s.handle(MemoryFreed(device=0, nbytes=50))) == [3]
+    assert s.memory_in_use() == {0: 70, 1: 20}
+    (reject,) = s.handle(Submit(task=4, devices=(1,), memory=101, ready=True, copy=True))
+    assert isinstance(reject, Reject) and "memory budget is 100" in reject.reason
+
+
+def test_waiting_for_memory_reports_only_the_head_of_each_device_set():
+    s = GangScheduler(ALL, memory_budget=100)
+    s.handle(Submit(task=0, devices=(0, 1), memory=90, ready=True))
+    s.handle(Ended(task=0))                                 # its 90 B output stays alive
+    s.handle(Submit(task=1, devices=(0,), memory=20, ready=True),  # waits for memory: the head on 0
+             Submit(task=2, devices=(0, 1), memory=5, ready=True),     # behind 1 on device 0
+             Submit(task=3, devices=(2, 3), memory=200, ready=True))  # rejected: over budget
+    assert s.waiting_for_memory() == [(1, frozenset({0}), 20)]
+    assert launched(s.handle(Submit(task=4, devices=(2,), ready=True))) == [4]  # others go on
+
+
+# --- a program in one event, readiness inside the scheduler, the order kept incrementally ----
+def chain_specs(n: int, devices=(0, 1)) -> tuple[NodeSpec, ...]:
+    """A chain of ``n`` computations: each reads the one before it (ready once it launched)."""
+    gang = frozenset(devices)
+    return tuple(NodeSpec(index=i, devices=gang, cost_key="step", waits=(i - 1,) if i else (),
+                          after=(i - 1,) if i else ())
+                 for i in range(n))
+
+
+def test_a_program_arrives_in_one_event_and_its_chain_launches_ahead():
+    s = GangScheduler(ALL, depth=4)
+    out = s.handle(SubmitProgram(base=100, nodes=chain_specs(6), client=ClientSpec("a"),
+                                 group="run"))
+    assert launched(out) == [100, 101, 102, 103]  # one event, the chain up to the depth
+    assert launched(s.handle(Ended(task=100))) == [104]
+    assert launched(s.handle(Ended(task=101))) == [105]
+    assert s.queued == ()
+
+
+def test_inputs_from_elsewhere_hold_a_program_node_until_ready():
+    s = GangScheduler(ALL)
+    specs = (NodeSpec(index=0, devices=frozenset({0, 1}), external=True),
+             NodeSpec(index=1, devices=frozenset({0, 1}), waits=(0,), after=(0,)),
+             NodeSpec(index=2, devices=frozenset({2, 3})))
+    # only 12 has all it reads:
+    assert launched(s.handle(SubmitProgram(base=10, nodes=specs))) == [12]
+    assert launched(s.handle(Ready(task=10))) == [10, 11]  # 11 becomes ready as 10 launches
+    # a node whose producer is dropped never becomes ready; the runtime cancels it too
+    s.handle(SubmitProgram(base=20, nodes=specs[:2]), Cancel(task=20))
+    assert 21 in s.queued and launched(s.handle(Ended(task=10), Ended(task=11))) == []
+    s.handle(Cancel(task=21))
+    assert s.queued == ()
+
+
+class Looks(dict):
+    """The scheduler's task table, counting how many tasks a pass looks at."""
+
+    looked = 0
+
+    def __getitem__(self, key):
+        self.looked += 1
+        return super().__getitem__(key)
+
+
+def test_ready_work_is_not_walked_again_for_every_launch():
+    s = GangScheduler(ALL)
+    s.handle(Submit(task=0, devices=ALL, ready=True))  # holds every device
+    s.handle(*(Submit(task=t, devices=(t % 4,), ready=True) for t in range(1, 2001)))
+    s._tasks = table = Looks(s._tasks)
+    assert launched(s.handle(Submit(task=5000, devices=ALL, ready=True))) == []
+    # 2000 ready and blocked: a pass stops once every device is reserved (after 4 looks);
+    # it neither sorts them again nor walks all of them
+    assert table.looked <= 8
+    table.looked = 0
+    assert launched(s.handle(Ended(task=0))) == [1, 2, 3, 4]
+    assert table.looked <= 16
+
+
+def test_a_policy_switch_keeps_every_ready_computation():
+    s = GangScheduler(ALL)
+    s.handle(Submit(task=0, devices=ALL, ready=True))
+    s.handle(*(Submit(task=t, devices=ALL, client=ClientSpec(f"c{t % 2}", priority=t % 3),
+                      ready=True)
+               for t in range(1, 10)))
+    s.handle(SetPolicy(policy="priority"))
+    order = []
+    running = 0
+    while running is not None:
+        out = launched(s.handle(Ended(task=running)))
+        running = out[0] if out else None
+        if running is not None:
+            order.append(running)
+    assert sorted(order) == list(range(1, 10))
+    assert [t % 3 for t in order] == sorted((t % 3 for t in order), reverse=True)

@@ -1,0 +1,100 @@
+"""``ctl.snapshot()``: the runtime's read side, frozen records of a live controller."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from pwkernel.runtime.snapshot import NodeView, RunView, SliceView, Snapshot
+from pwkernel.runtime.tasks import TaskState
+from tests.helpers.programs import gate
+
+
+def test_a_running_program_with_its_nodes_slices_memory_and_queues(ctl):
+    s0 = ctl.slice(1, island=0, axis_names=["data"], axis_types="auto")
+    s1 = ctl.slice((2, 2), island=1)
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(gate(entered, release), slice=s0, name="held")
+    after = pw.function(lambda x: x + 1, slice=s1, name="after")
+    y = pw.program(lambda v: after(held(v)), name="blocked")(np.ones(4, np.float32))
+    try:
+        assert entered.wait(30)
+        snap = ctl.snapshot()
+    finally:
+        release.set()
+    y.result(timeout=30)
+
+    assert isinstance(snap, Snapshot) and not snap.closed
+    assert (snap.policy, snap.dispatch) == ("fifo", "parallel")
+    assert [(i.id, i.device_ids) for i in snap.islands] == [(0, (0, 1, 2, 3)), (1, (4, 5, 6, 7))]
+    assert snap.island(0).running == 1 and snap.island(1).running == 0
+    assert snap.slices == (SliceView(s0.id, 0, (0,), (1,), ("data",), ("auto",)),
+                           SliceView(s1.id, 1, (4, 5, 6, 7), (2, 2), s1.axis_names,
+                                     ("explicit", "explicit")))
+    (run,) = snap.runs
+    assert isinstance(run, RunView) and (run.name, run.client) == ("blocked", "default")
+    assert all(isinstance(n, NodeView) for n in run.nodes)
+    assert [(n.name, n.compute) for n in run.nodes if n.compute] == [("held", True),
+                                                                    ("after", True)]
+    held_node = next(n for n in run.nodes if n.name == "held")
+    assert held_node.state is TaskState.RUNNING and held_node.island == 0
+    assert held_node.devices == (0,) and held_node.t_launch > 0
+    copy = next(n for n in run.nodes if not n.compute and n.island == 1)  # to `after`
+    assert copy.state is TaskState.WAITING
+    assert (run.state, run.running_on, run.islands) == ("running", (0,), (0, 1))
+    assert set(snap.memory) == set(range(8)) and snap.memory[0] >= 16  # the input, on dev 0
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.policy = "share"
+    with pytest.raises(TypeError):
+        snap.memory[0] = 0  # a read-only mapping
+
+
+def test_a_closed_controller_snapshots_as_closed():
+    ctl = pw.Controller(islands=(2,))
+    ctl.close()
+    assert ctl.snapshot() == Snapshot(closed=True)
+
+
+def test_set_default_makes_pw_controller_return_it():
+    from pwkernel.runtime.controller import running_default
+
+    ctl = pw.Controller(islands=(2,))
+    try:
+        assert ctl.set_default() is ctl and pw.controller() is ctl and running_default() is ctl
+    finally:
+        ctl.close()
+    assert running_default() is None
+    with pytest.raises(pw.ControllerClosedError):
+        ctl.set_default()
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_dispatch_per_call_leaves_the_controllers_mode_alone(ctl, mode):
+    """Behind a held node, the next one is with its scheduler at once under parallel dispatch
+    (queued, or already launched behind its producer), and waits for the held one's value under
+    sequential: in that call only."""
+    s0 = ctl.slice(2, island=0)
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(gate(entered, release), slice=s0, name="held")
+    after = pw.function(lambda x: x + 1, slice=s0, name="after")
+    prog = pw.program(lambda v: after(held(v)), name="pair")
+    ctl.dispatch = "sequential" if mode == "parallel" else "parallel"  # the other one
+    y = prog(np.ones(4, np.float32), dispatch=mode)
+    try:
+        assert entered.wait(30)
+        (run,) = ctl.snapshot().runs
+    finally:
+        release.set()
+    np.testing.assert_allclose(y.result(timeout=30), 2.0)
+    state = {n.name: n.state for n in run.nodes if n.compute}
+    assert state["held"] is TaskState.RUNNING
+    ahead = (TaskState.QUEUED, TaskState.RUNNING) if mode == "parallel" else (TaskState.WAITING,)
+    assert state["after"] in ahead
+    assert ctl.dispatch != mode  # the controller's mode did not change
+    with pytest.raises(ValueError, match="unknown dispatch mode"):
+        prog(np.ones(4, np.float32), dispatch="eager")

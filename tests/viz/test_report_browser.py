@@ -1,0 +1,78 @@
+"""The standalone report in chromium: a real hover over a computation bar shows its names,
+which the page looks up from the integer codes the columns hold (no kernel involved)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pwkernel as pw
+from pwkernel.viz.columns import human_bytes, human_rate
+from tests.helpers.lab import CHROMIUM, chromium_page
+from tests.helpers.programs import make_programs, run
+
+# Page coordinates of the middle of the first computation bar, through BokehJS's views.
+BAR_XY_JS = """(name) => {
+  const doc = window.Bokeh.documents[0];
+  const renderer = doc.get_model_by_name(name);
+  const view = window.Bokeh.index.find_one(renderer);
+  const plot = view.parent;
+  const src = renderer.data_source;
+  const left = src.get_column("left")[0], right = src.get_column("right")[0];
+  const sx = plot.frame.x_scale.compute((left + right) / 2);
+  const sy = plot.frame.y_scale.compute(src.get_column("y")[0]);
+  const box = plot.canvas_view.el.getBoundingClientRect();
+  return [box.left + sx, box.top + sy];
+}"""
+TOOLTIP_JS = """() => {
+  const found = [];
+  const walk = (root) => {
+    for (const el of root.querySelectorAll("*")) {
+      if (el.shadowRoot) walk(el.shadowRoot);
+      if (el.classList && el.classList.contains("bk-tooltip-row-value")) found.push(el.textContent);
+    }
+  };
+  walk(document);
+  return found;
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_report_hover_shows_names(ctl, tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
+                    "chromium) to run the browser tests")
+    fig2, _ = make_programs(ctl)
+    with ctl.client("carol"):
+        run(fig2)
+    ctl.wait(10.0)
+    events = sorted(ctl.trace.events(), key=lambda e: e.index)
+    first = next(e for e in events if e.kind == "compute")
+    moved = next(e for e in events if e.kind == "transfer" and e.link == "dcn")
+    with chromium_page(tmp_path / "profile") as page:
+        page.set_default_timeout(60_000)
+        # One event per report: its bar spans the whole x axis, easy to hover.
+        values = _hover(page, pw.report(ctl, tmp_path / "c.html", events=[first]), "compute")
+        # name, program, client (looked up from codes), start, duration, device, status.
+        assert values[:3] == [first.name, "fig2", "carol"], values
+        assert values[5] == f"{first.devices[0]} (island {first.island})" and values[6] == "ok"
+        values = _hover(page, pw.report(ctl, tmp_path / "t.html", events=[moved]), "transfers")
+        # ... then link, bytes and bandwidth, formatted in the page like the kernel would.
+        assert values[:3] == [moved.name, "fig2", "carol"], values
+        assert values[5:9] == ["dcn", human_bytes(moved.nbytes), human_rate(moved.bandwidth),
+                               "ok"], values
+        assert page.errors == [], f"errors in the page: {page.errors}"
+
+
+def _hover(page, path: Path, renderer: str) -> list[str]:
+    """Open ``path``, hover the middle of ``renderer``'s first bar, return the tooltip."""
+    page.goto(path.as_uri())
+    page.wait_for_function(f"""() => {{ try {{ return ({BAR_XY_JS})("{renderer}")[0] > 0 }}
+                               catch (e) {{ return false }} }}""")
+    x, y = page.evaluate(BAR_XY_JS, renderer)
+    page.mouse.move(x - 3, y)
+    page.mouse.move(x, y)
+    page.wait_for_function(f"() => ({TOOLTIP_JS})().length > 0")
+    return [v.strip() for v in page.evaluate(TOOLTIP_JS)]

@@ -1,0 +1,371 @@
+"""ScheduleView, TopologyView and report on a real controller running real programs.
+
+Tests call ``update()`` and read the Bokeh sources; the one test of the live thread waits on
+the view's own condition (``wait_for``), never on a timer.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from bokeh.core.serialization import Serializer
+from bokeh.document.events import ColumnsStreamedEvent
+from jupyter_bokeh import BokehModel
+
+import pwkernel as pw
+from pwkernel.viz import columns as C
+from pwkernel.viz.bokeh_model import EchoFreeBokehModel
+from pwkernel.viz.schedule import FOLLOW, PAUSE
+from tests.helpers.programs import make_programs, run
+
+
+@pytest.fixture
+def programs(ctl):
+    return make_programs(ctl)
+
+
+@pytest.fixture
+def view(ctl):
+    v = pw.ScheduleView(ctl, live=False)
+    yield v
+    v.close()
+
+
+def expected(ctl, view, kind):
+    evs = [e for e in ctl.trace.events() if e.kind == kind]
+    return C.rectangles(evs, view.layout_rows, view._t0)
+
+
+def test_update_streams_each_event_once(ctl, programs, view):
+    fig2, _ = programs
+    run(fig2)
+    assert ctl.wait(60.0)
+    assert view.update() == ctl.trace.next_index
+    compute = expected(ctl, view, "compute")
+    assert view.decoded()["index"] == compute["index"]
+    assert view.decoded()["device"] == compute["device"]
+    moved = expected(ctl, view, "transfer")
+    assert view.decoded(view.transfers)["index"] == moved["index"]
+    assert {"ici", "dcn"} <= set(view.decoded(view.links)["link"])
+    assert view.update() == 0  # nothing new: nothing streamed twice
+    assert view.decoded()["index"] == compute["index"]
+    run(fig2)
+    assert ctl.wait(60.0)
+    assert view.update() > 0
+    assert view.decoded()["index"] == expected(ctl, view, "compute")["index"]
+    assert len(view.history) == len(ctl.trace.events())
+
+
+def test_rollover_keeps_the_newest_rows_and_the_full_history(ctl, programs):
+    fig2, local = programs
+    v = pw.ScheduleView(ctl, live=False, max_rows=5)
+    try:
+        for _ in range(3):
+            run(fig2)
+            run(local)
+            assert ctl.wait(60.0)
+            v.update()
+        full = expected(ctl, v, "compute")
+        assert C.length(full) > 5
+        assert v.decoded()["index"] == full["index"][-5:]
+        assert v.decoded()["device"] == full["device"][-5:]
+        assert len(v.history) == ctl.trace.next_index
+    finally:
+        v.close()
+
+
+def test_follow_moves_the_window_to_the_newest_event(ctl, programs):
+    v = pw.ScheduleView(ctl, live=False, window=1e-4)
+    try:
+        run(programs[0])
+        assert ctl.wait(60.0)
+        v.update()
+        newest = max(max(v.source.data["right"]), max(v.transfers.data["right"]))
+        assert v.x_range.end == pytest.approx(newest)
+        assert v.x_range.end - v.x_range.start == pytest.approx(1e-4)
+        v.window.value = 2e-4
+        assert v.x_range.end - v.x_range.start == pytest.approx(2e-4)
+    finally:
+        v.close()
+
+
+def test_pause_holds_the_plot_and_resume_catches_up(ctl, programs, view):
+    fig2, _ = programs
+    run(fig2)
+    assert ctl.wait(60.0)
+    view.update()
+    before = list(view.decoded()["index"])
+    view.mode.value = PAUSE
+    run(fig2)
+    assert ctl.wait(60.0)
+    assert view.update() > 0
+    assert view.decoded()["index"] == before  # paused: history grows, the plot does not
+    assert len(view.history) == ctl.trace.next_index
+    view.mode.value = FOLLOW
+    assert view.decoded()["index"] == expected(ctl, view, "compute")["index"]
+
+
+def test_filters_and_colour_by(ctl, programs, view):
+    fig2, local = programs
+    run(fig2)
+    with ctl.client("alice"):
+        run(local)
+    assert ctl.wait(60.0)
+    view.update()
+    assert set(view.client_filter.options) == {"default", "alice"}
+    assert set(view.program_filter.options) == {"fig2", "local"}
+    view.client_filter.value = ("alice",)
+    assert view.decoded()["client"] and set(view.decoded()["client"]) == {"alice"}
+    assert set(view.decoded(view.transfers)["client"]) <= {"alice"}
+    view.client_filter.value = ()
+    view.program_filter.value = ("fig2",)
+    assert set(view.decoded()["program"]) == {"fig2"}
+    glyph = view.figure.select_one({"name": "compute"}).glyph
+    mapper = glyph.fill_color.transform
+    assert glyph.fill_color.field == "c_program"
+    view.color_by.value = "client"
+    assert glyph.fill_color.field == "c_client"
+    assert glyph.fill_color.transform is mapper  # one mapper, only the index column changes
+    assert "alice" in view.legend.value
+
+
+def test_constructor_filters(ctl, programs):
+    fig2, local = programs
+    v = pw.ScheduleView(ctl, programs="local", live=False)
+    try:
+        run(fig2)
+        run(local)
+        assert ctl.wait(60.0)
+        v.update()
+        assert set(v.decoded()["program"]) == {"local"}
+    finally:
+        v.close()
+
+
+def _echo(source, rows: dict, rollover: int | None) -> dict:
+    """The message the jupyter_bokeh frontend sends back after applying a stream patch."""
+    event = ColumnsStreamedEvent(source.document, source, "data", rows, rollover, None)
+    content = Serializer(references=set(source.document.models)).encode(event)
+    return {**content, "event": "jsevent"}
+
+
+def test_frontend_echo_of_a_stream_is_ignored(ctl, programs, view):
+    run(programs[0])
+    assert ctl.wait(60.0)
+    view.update()
+    n = C.length(view.source.data)
+    streamed = {k: list(v) for k, v in view.source.data.items()}
+    view.plot._sync_model(view.plot, _echo(view.source, streamed, view.max_rows), [])
+    assert C.length(view.source.data) == n
+    assert view.plot.ignored_echoes == 1
+
+
+def test_plain_bokeh_model_doubles_echoed_streams():
+    """The bug the guard exists for: without it, the echo appends the rows a second time."""
+    from bokeh.models import ColumnDataSource
+    from bokeh.plotting import figure
+
+    for cls, rows_after in ((BokehModel, 6), (EchoFreeBokehModel, 3)):
+        source = ColumnDataSource({"x": [], "y": []})
+        fig = figure()
+        fig.scatter("x", "y", source=source)
+        widget = cls(fig)
+        try:
+            source.stream({"x": [1, 2, 3], "y": [1, 2, 3]})
+            widget._sync_model(widget, _echo(source, {"x": [1, 2, 3], "y": [1, 2, 3]}, None),
+                               [])
+            assert len(source.data["x"]) == rows_after, cls.__name__
+        finally:
+            # Only ours: jupyter_bokeh's own close() raises when ipywidgets' __del__ calls it
+            # a second time, so the plain one is left to the garbage collector.
+            if cls is EchoFreeBokehModel:
+                widget.close()
+                widget.close()  # and ours is safe to close twice
+
+
+def test_range_changes_from_the_browser_still_apply(ctl, view):
+    from bokeh.document.events import ModelChangedEvent
+
+    rng = view.x_range
+    event = ModelChangedEvent(rng.document, rng, "start", 3.5)
+    content = Serializer(references=set(rng.document.models)).encode(event)
+    view.plot._sync_model(view.plot, {**content, "event": "jsevent"}, [])
+    assert rng.start == 3.5
+    assert view.plot.ignored_echoes == 0
+
+
+def test_live_thread_streams_and_stops_on_close(ctl, programs):
+    v = pw.ScheduleView(ctl, interval=0.02)
+    try:
+        thread = v.updater.thread
+        assert thread.is_alive() and thread.daemon
+        run(programs[0])
+        assert ctl.wait(60.0)
+        assert v.wait_for(ctl.trace.next_index, timeout=30.0)
+        with v._lock:
+            assert v.decoded()["index"] == expected(ctl, v, "compute")["index"]
+    finally:
+        v.close()
+    assert not thread.is_alive()
+
+
+def test_threads_stop_when_the_controller_closes():
+    ctl = pw.Controller(islands=(4, 4))
+    views = [pw.ScheduleView(ctl, interval=0.02), pw.TopologyView(ctl, interval=0.02)]
+    threads = [v.updater.thread for v in views]
+    try:
+        assert all(t.is_alive() for t in threads)
+        ctl.close()
+        for t in threads:
+            t.join(10.0)
+        assert not any(t.is_alive() for t in threads)
+        assert all(v.updater.error is None for v in views)
+    finally:
+        for v in views:
+            v.close()
+        ctl.close()
+    leaked = [t for t in threading.enumerate() if t.name.startswith("pwkernel-") and
+              t.name.endswith("updater") and t in threads]
+    assert leaked == []
+
+
+def test_export_trace_and_report(ctl, programs, view, tmp_path):
+    run(programs[0])
+    assert ctl.wait(60.0)
+    view.update()
+    trace = view.save_trace(tmp_path / "t.json")
+    assert '"traceEvents"' in trace.read_text() and "t.json" in view.message.value
+    page = view.save_report(tmp_path / "r.html").read_text()
+    assert "fig2" in page and "Gang schedule" in page
+    assert "cdn.bokeh.org" not in page and '<script src="http' not in page
+    assert "Bokeh" in page  # BokehJS is inline
+
+
+def test_report_sections_and_bad_paths(ctl, programs, tmp_path):
+    fig2, local = programs
+    run(fig2)
+    with ctl.client("alice"):
+        run(local)
+    assert ctl.wait(60.0)
+    page = pw.report(ctl, tmp_path / "run.html").read_text()
+    for part in ("Utilization per device", "Transfers", "achieved bandwidth",
+                 "Share of device time per client", "alice", "dcn", "ici"):
+        assert part in page, part
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        pw.report(ctl, tmp_path / "missing" / "run.html")
+    with pytest.raises(TypeError, match="file path"):
+        pw.report(ctl, 3)
+
+
+def test_bad_arguments_say_what_to_do(ctl):
+    with pytest.raises(TypeError, match="needs a pw.Controller"):
+        pw.ScheduleView("ctl")
+    with pytest.raises(ValueError, match="window must be a positive"):
+        pw.ScheduleView(ctl, window=0, live=False)
+    with pytest.raises(ValueError, match="color_by must be one of"):
+        pw.ScheduleView(ctl, color_by="device", live=False)
+    with pytest.raises(TypeError, match="programs must be names"):
+        pw.ScheduleView(ctl, programs=[1], live=False)
+    with pytest.raises(TypeError, match="needs a pw.Controller"):
+        pw.TopologyView(None)
+
+
+def test_topology_view(ctl, programs):
+    fig2, _ = programs
+    topo = pw.TopologyView(ctl, window=60.0, live=False)
+    try:
+        y, z, w = fig2(np.array([1.0, 2.0], dtype=np.float32))
+        w.result()
+        assert ctl.wait(60.0)
+        topo.update()
+        data = topo.source.data
+        assert data["device"] == [d.id for d in ctl.devices]
+        assert all(0.0 <= u <= 1.0 for u in data["utilization"])
+        busy = {d for e in ctl.trace.events() if e.kind == "compute" for d in e.devices}
+        assert all(u > 0 for d, u in zip(data["device"], data["utilization"], strict=True)
+                   if d in busy)
+        memory = {d.id: n for d, n in ctl.memory().items()}
+        assert data["memory"] == [memory[d] for d in data["device"]]
+        assert any(m > 0 for m in data["memory"])  # y, z, w are alive
+        slice_rows = dict(zip(data["device"], data["slices"], strict=True))
+        for vs in ctl.slices:
+            for d in vs.device_ids:
+                assert f"slice {vs.id}" in slice_rows[d]
+        assert "island 1" in topo.islands.value and "queued" in topo.islands.value
+    finally:
+        topo.close()
+
+
+def test_a_hundred_thousand_events(ctl, programs):
+    """A long history: the page keeps ``max_rows``, Python keeps everything."""
+    run(programs[0])
+    assert ctl.wait(60.0)
+    template = [e for e in ctl.trace.events() if e.kind == "compute"][0]
+    names = [f for f in template._fields if f != "index"]
+    for i in range(100_000):
+        start = template.t_start + i * 1e-3
+        moved = template._replace(t_start=start, t_end=start + 5e-4)
+        ctl.trace.record(**{n: getattr(moved, n) for n in names})  # Event's fields
+    v = pw.ScheduleView(ctl, live=False, max_rows=10_000)
+    try:
+        assert len(v.history) == ctl.trace.next_index
+        assert C.length(v.source.data) == 10_000
+        assert v.source.data["index"][-1] == ctl.trace.next_index - 1
+        v.client_filter.value = ("default",)  # a rebuild is bounded too
+        assert C.length(v.source.data) == 10_000
+    finally:
+        v.close()
+
+
+def test_an_update_is_one_message_of_binary_arrays(ctl, programs, view):
+    """The point of the typed columns and of batching: an update is one Bokeh message (three
+    widget messages, plus a pair per array), its streams are binary arrays, never
+    value-by-value lists, and each name crosses the wire once."""
+    import json
+
+    sent: list[tuple[dict, list]] = []
+    view.plot.send = lambda content, buffers=None: sent.append((content, buffers or []))
+    run(programs[0])
+    assert ctl.wait(60.0)
+    before = view.plot.patches_sent
+    view.update()
+    assert view.plot.patches_sent == before + 1
+    fragments = [json.loads(c["payload"]) for c, b in sent if not b and "payload" in c]
+    header, content = fragments[0], fragments[2]
+    assert header["msgtype"] == "PATCH-DOC"
+    streams = [ev for ev in content["events"] if ev.get("kind") == "ColumnsStreamed"]
+    by_source = {ev["model"]["id"]: ev["data"]["entries"] for ev in streams}
+    sources = (view.source, view.transfers, view.links)
+    for source in sources:
+        columns = by_source[source.id]
+        assert columns and all(rep["type"] == "ndarray" and rep["dtype"] != "object"
+                               and rep["array"]["type"] == "bytes"
+                               for _, rep in columns), source.name
+    arrays = sum(len(by_source[s.id]) for s in sources)
+    binary = sum(1 for _, b in sent if b)
+    assert len(sent) == 3 + 2 * binary
+    assert binary == arrays
+    assert list(view.lookup.data["text"]) == view.codebook.names
+    assert {"fig2", "default", "ok"} <= set(view.codebook.names)
+    # Again, with names the page already has: the lookup is not streamed a second time.
+    sent.clear()
+    run(programs[0])
+    assert ctl.wait(60.0)
+    view.update()
+    again = [ev for c, b in sent if not b and "payload" in c
+             for ev in json.loads(c["payload"]).get("events", [])]
+    assert again and view.lookup.id not in {ev.get("model", {}).get("id") for ev in again}
+
+
+def test_hover_reads_names_from_the_lookup(view):
+    from bokeh.models import HoverTool
+
+    tools = view.figure.select({"type": HoverTool})
+    assert len(tools) == 3
+    for tool in tools:
+        for field in ("@name", "@program", "@client", "@status"):
+            assert tool.formatters[field].args["names"] is view.lookup
+        assert all("{custom}" in tip for label, tip in tool.tooltips
+                   if label in ("name", "program", "client", "status", "link"))
