@@ -1,8 +1,9 @@
 """The house's rules, read from the source with ``ast`` (no import runs):
 
 - each layer imports only the layers below it (CONTRIBUTING.md has the table);
-- no import circles between the package's modules (imports inside functions count too: a late
-  import only hides a circle);
+- no import circles between the package's modules (imports inside functions and type-only ones
+  under ``if TYPE_CHECKING:`` count too: a late or type-only import only hides a circle, the
+  modules still know each other);
 - no private name (``_x``) imported from another module;
 - no module over ``MAX_LINES`` lines, outside the known list.
 """
@@ -31,6 +32,14 @@ ALLOWED = {
 KNOWN: set[tuple[str, str]] = set()
 # Private names imported across modules today, each with the issue that removes it.
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
+# Import circles main has today (type-only imports counted), each with the issue that removes
+# it: the simulator's engine and its tasks (issue 24, one timing model), controller <-> snapshot
+# (issue 24, a snapshot of typed parts).
+KNOWN_CIRCLES: set[frozenset[str]] = {
+    frozenset({"pwkernel.backends.sim.chips", "pwkernel.backends.sim.deadlock",
+               "pwkernel.backends.sim.engine", "pwkernel.backends.sim.tasks"}),
+    frozenset({"pwkernel.runtime.controller", "pwkernel.runtime.snapshot"}),
+}
 # Modules over MAX_LINES, each to be split.
 LONG: set[str] = set()
 
@@ -178,10 +187,19 @@ def test_the_known_exceptions_still_exist():
     assert KNOWN_PRIVATE <= used, f"remove from KNOWN_PRIVATE: {KNOWN_PRIVATE - used}"
 
 
+def new_cycles(modules: dict[str, Path] | None = None) -> list[list[str]]:
+    """The import circles, type-only imports counted, that ``KNOWN_CIRCLES`` does not list."""
+    return [c for c in cycles(edges(modules)) if frozenset(c) not in KNOWN_CIRCLES]
+
+
 def test_no_import_circles():
-    found = cycles(edges(typing=False))
-    assert not found, ("modules that import each other (directly or round a circle); move what "
-                       f"both need into a module below them: {found}")
+    found = new_cycles()
+    assert not found, ("modules that import each other (directly or round a circle, imports "
+                       "under `if TYPE_CHECKING:` included); move what both need into a module "
+                       "below them, or pass it in through a Protocol defined below both: "
+                       f"{found}")
+    gone = KNOWN_CIRCLES - {frozenset(c) for c in cycles(edges())}
+    assert not gone, f"remove from KNOWN_CIRCLES, the circle is gone: {gone}"
 
 
 def test_no_private_names_across_modules():
@@ -198,7 +216,7 @@ def test_modules_stay_small():
     assert set(long) >= LONG, f"remove from LONG, now short enough: {LONG - set(long)}"
 
 
-@pytest.mark.parametrize("case", ["layer", "circle", "private"])
+@pytest.mark.parametrize("case", ["layer", "circle", "typed circle", "private"])
 def test_the_checks_catch_what_they_forbid(tmp_path, case):
     """Each rule, broken once in a throwaway package laid out like ours."""
     pkg = tmp_path / "pwkernel"
@@ -208,8 +226,10 @@ def test_the_checks_catch_what_they_forbid(tmp_path, case):
     (pkg / "__init__.py").write_text("")
     body = {"layer": ("from ..viz import b\n", ""),
             "circle": ("from . import b\n", "from . import a\n"),
+            "typed circle": ("from . import b\n", "from typing import TYPE_CHECKING\n"
+                             "if TYPE_CHECKING:\n    from .a import A\n"),
             "private": ("from .b import _hidden\n", "_hidden = 1\n")}[case]
-    where = "viz" if case == "circle" else "runtime"
+    where = "viz" if "circle" in case else "runtime"
     (pkg / "runtime" / "a.py").write_text(body[0])
     (pkg / where / "b.py").write_text(body[1])
     global ROOT, PACKAGE
@@ -217,10 +237,10 @@ def test_the_checks_catch_what_they_forbid(tmp_path, case):
     ROOT, PACKAGE = tmp_path, pkg
     try:
         mods = {module_name(p): p for p in sorted(pkg.rglob("*.py"))}
-        if case == "circle":
+        if "circle" in case:
             (pkg / "runtime" / "b.py").write_text(body[1])
             mods = {module_name(p): p for p in sorted(pkg.rglob("*.py"))}
-            assert cycles(edges(mods)) == [["pwkernel.runtime.a", "pwkernel.runtime.b"]]
+            assert new_cycles(mods) == [["pwkernel.runtime.a", "pwkernel.runtime.b"]]
         elif case == "layer":
             assert layer_violations(mods) and "runtime imports pwkernel.viz" in \
                 layer_violations(mods)[0]
