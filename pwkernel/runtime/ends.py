@@ -94,12 +94,17 @@ class EndOrder:
         return sum(len(line) for line in list(self._lines.values()))
 
 
-def span(last_end: dict[int, float], devices, earliest: float, t_end: float) -> float:
-    """The start of work that ended at ``t_end`` on ``devices``: not before ``earliest`` (its
-    launch, its inputs' ends) nor before the previous work there ended; notes its end."""
+def span(last_end: dict[int, float], devices, earliest: float, t_end: float
+         ) -> tuple[float, float]:
+    """``(start, end)`` of work seen ending at ``t_end`` on ``devices``: it starts not before
+    ``earliest`` (its launch, its inputs' ends) nor before the previous work there ended, and
+    ends not before it starts; notes that end for the next work there."""
     for d in devices:
         t = last_end.get(d, 0.0)
         if t > earliest:
             earliest = t
+    if t_end < earliest:
+        t_end = earliest
+    for d in devices:
         last_end[d] = t_end
-    return earliest
+    return earliest, t_end

@@ -164,8 +164,10 @@ class Task:
             if t < t_inputs:
                 t = t_inputs
             line = self.line
-            t_start = earliest if line is None else span(line.last_end, self.node.devices,
-                                                        earliest, t)
+            if line is None:
+                t_start = earliest
+            else:
+                t_start, t = span(line.last_end, self.node.devices, earliest, t)
         if t < t_start:
             t = t_start
         self.run.ran(self, t_start, t, error, values)
