@@ -91,6 +91,20 @@ def chain_plan(ctl: pw.Controller, island: int = 0, devices: int = 1) -> Plan:
     return build(chain.trace(np.ones(4, np.float32)))
 
 
+def pair_plan(ctl: pw.Controller, first, second, island: int = 0) -> Plan:
+    """``(first(x), second(x))`` on one slice, as ``pw.function``s named "first" and "second":
+    two computations on one device set that do not read each other."""
+    s = ctl.slice(1, island=island)
+    f = pw.function(first, slice=s, name="first")
+    g = pw.function(second, slice=s, name="second")
+
+    @pw.program
+    def pair(x):
+        return f(x), g(x)
+
+    return build(pair.trace(np.ones(4, np.float32)))
+
+
 def start(plan: Plan, owner: Owner | None = None, parallel: bool = True,
           x=None) -> ProgramRun:
     """A run of ``plan`` with its inputs there (``x``, default ones), as the dispatcher leaves
