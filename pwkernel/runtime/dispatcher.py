@@ -254,7 +254,7 @@ class Dispatcher:
                 return
             if not task.enqueue():
                 return
-            exe = node.fn.executable(node.node.signature)  # the host-side work, now
+            exe = node.fn.executable(task.graph_node.signature)  # the host-side work, now
             client = run.client_spec
             self.islands[node.island].submit(task, sch.Submit(
                 task.id, node.devices, client.name, client.weight, client.priority,

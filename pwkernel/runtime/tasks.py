@@ -91,6 +91,12 @@ class Task:
         return self.node.is_compute
 
     @property
+    def graph_node(self):
+        """The graph's node it runs (``runtime.graph``: a computation or a copy); ``node`` is
+        the plan's record of it."""
+        return self.node.node
+
+    @property
     def has_ended(self) -> bool:
         """It ran and its end was reported (a task that never ran is CANCELLED)."""
         return self.state is _ENDED
@@ -237,8 +243,8 @@ class ProgramRun(RunSlots):
         self.tasks = [Task(base + p.index, p, self) for p in plan.nodes]
         self.t_submit = owner.now()
         self._remaining = self._unended = len(self.tasks)
-        self._over = False
-        self._over_event: threading.Event | None = None  # made when someone waits on the run
+        self._ended = False
+        self._ended_event: threading.Event | None = None  # made when someone waits on the run
 
     @property
     def client(self) -> str:
@@ -253,7 +259,7 @@ class ProgramRun(RunSlots):
     # --- the user's side -------------------------------------------------------------------
     def done(self) -> bool:
         """The run has ended: every node, and its bookkeeping (values freed)."""
-        return self._over
+        return self._ended
 
     @property
     def nodes_ended(self) -> bool:
@@ -264,16 +270,16 @@ class ProgramRun(RunSlots):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every node has ended, failed or been cancelled."""
-        if self._over:
+        if self._ended:
             return True
         if self.owner.virtual:  # a simulated clock moves while someone waits
             return self.owner.settle(self.done, timeout)
         with self.lock:
-            if self._over:
+            if self._ended:
                 return True
-            if self._over_event is None:
-                self._over_event = threading.Event()
-            event = self._over_event
+            if self._ended_event is None:
+                self._ended_event = threading.Event()
+            event = self._ended_event
         return event.wait(timeout)
 
     def cancel(self, reason: str = "cancelled", error: BaseException | None = None) -> int:
@@ -462,8 +468,8 @@ class ProgramRun(RunSlots):
             self.futures = {}
             values = futures = fut = None  # nor does this frame, once the run says it is done
             with self.lock:
-                self._over = True
-                event = self._over_event
+                self._ended = True
+                event = self._ended_event
             if event is not None:
                 event.set()
         if ran and owner.memory_budget is not None:  # in flight until its frees are
@@ -481,7 +487,7 @@ class ProgramRun(RunSlots):
 
     def record(self, task: Task, t_start: float, t_end: float, error) -> None:
         """Append the task's span to the trace (plain strings: this runs per computation)."""
-        node, g, status = task.node, task.node.node, "ok" if error is None else "error"
+        node, g, status = task.node, task.graph_node, "ok" if error is None else "error"
         where = (0, None, None, (), None) if node.is_compute else (
             g.nbytes, g.src, g.dst, g.src_devices, g.link)
         self.dispatcher.trace.record(

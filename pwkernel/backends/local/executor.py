@@ -136,7 +136,7 @@ class LocalBackend(NoGroup):
         node = task.node
         try:
             out = jax.device_put(task.inputs()[0], node.sharding, may_alias=False)
-            if node.node.shares_buffers:
+            if task.graph_node.shares_buffers:
                 # JAX reuses the source's buffer where a device holds the same block in both
                 # layouts, whatever may_alias says; the runtime frees this output after its
                 # last reader, and the source may be the user's: copy those (async).
@@ -153,7 +153,7 @@ class LocalBackend(NoGroup):
 
     def _emulated(self, task: Task) -> bool:
         """A copy the DCN link model holds until it lands."""
-        return self.transfers.dcn is not None and task.node.node.link == _DCN
+        return self.transfers.dcn is not None and task.graph_node.link == _DCN
 
     def _land(self, task: Task, out, error) -> None:
         if error is None:
@@ -178,7 +178,7 @@ class LocalBackend(NoGroup):
         if t_inputs is None:
             t_inputs = task.inputs_ended(None)
         begin = max(task.t_launch, t_inputs)
-        g = task.node.node
+        g = task.graph_node
         self.transfers.hold(g.link, g.src, g.dst, g.nbytes, begin)
         task.completed(_now(), None, [out], t_start=begin)
 
