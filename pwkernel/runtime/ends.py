@@ -31,44 +31,47 @@ class Line:
     order (see the module docstring). ``add`` is called in decision order, under the island's
     lock; ``pump`` from any thread."""
 
-    __slots__ = ("_tasks", "_lock", "_busy", "_again", "last_end")
+    __slots__ = ("_tasks", "_lock", "_busy", "last_end")
 
     def __init__(self, last_end: dict[int, float]):
         self._tasks: collections.deque = collections.deque()
         self._lock = threading.Lock()
-        self._busy = False   # a thread is reporting this line's ends
-        self._again = False  # something changed while it was: look at the head once more
+        self._busy = False  # a thread is reporting this line's ends
         self.last_end = last_end  # the island's: device -> end of the last work seen there
 
     def add(self, task: Any) -> None:
         self._tasks.append(task)
 
+    def remove(self, task: Any) -> None:
+        """Take out a task whose end was reported without this line (``Task.ended``)."""
+        with self._lock:
+            tasks = self._tasks
+            if tasks and tasks[0] is task:
+                tasks.popleft()
+            else:
+                tasks.remove(task)
+        if tasks:
+            self.pump()
+
     def __len__(self) -> int:
         return len(self._tasks)
 
     def pump(self) -> None:
-        """Report the ends at the head that may be reported (completed, inputs ended)."""
+        """Report the ends at the head that may be reported (completed, inputs ended). One
+        thread at a time; another that finds it busy leaves its completion to it (set before
+        the call, so the busy thread's next look at the head sees it)."""
         lock, tasks = self._lock, self._tasks
         with lock:
             if self._busy:
-                self._again = True
                 return
             self._busy = True
         while True:
-            with lock:
-                self._again = False
+            with lock:  # (the run's lock is taken inside this one, never the other way)
                 head = tasks[0] if tasks else None
-                if head is None or head.report is None:
+                t_inputs = None if head is None or head.report is None else head.run.park(head)
+                if t_inputs is None:  # nothing to report; a parked head's input end pumps
                     self._busy = False
                     return
-            t_inputs = head.run.park(head)
-            if t_inputs is None:  # an input has not ended: its end pumps this again
-                with lock:
-                    if not self._again:
-                        self._busy = False
-                        return
-                continue
-            with lock:
                 tasks.popleft()
             head.report_end(t_inputs)
 

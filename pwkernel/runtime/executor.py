@@ -26,7 +26,8 @@ when each launch has completed; it keeps no order of ends and changes no task's 
   device set, after its inputs' ends (an upstream error wins), starting not before its launch,
   its inputs' ends and the previous end on its devices. No completion waits in the executor's
   threads for that: one that must wait is parked, and the end it waits for reports it.
-  (``task.ended(t_start, t_end, error, values)`` is the older spelling of the same report.)
+  (``task.ended(t_start, t_end, error, values)``, the older contract, reports the end at
+  once: for an executor that keeps that order itself, as the simulator's clock does.)
 
 Nothing here assumes that one controller owns an island: each task carries its own run, which
 is where its end is reported.

@@ -1,4 +1,5 @@
-"""A run's values: one slot per value of its graph, when each ended, and who makes it.
+"""A run's values: one slot per value of its graph, when each ended, who makes it, and the
+arguments given as futures arriving.
 
 ``RunSlots`` is the part of a ``ProgramRun`` (``tasks.py``) that holds and answers questions
 about values; it changes no task's state. Only the values the user sees (the program's
@@ -144,6 +145,46 @@ class RunSlots:
                     if not waiting[c]:
                         go.append(tasks[c])
         return go
+
+    def inputs_arrived(self, group) -> None:
+        """Program arguments given as futures, ``(slot, future)`` pairs, were launched (or
+        resolved)."""
+        with self.lock:
+            values = self.values
+            if values is None:
+                return
+            came = []
+            for slot, fut in group:
+                if fut.error is None and values[slot] is None:
+                    values[slot] = fut.peek()
+                    came.append(slot)
+        self.owner.arrived(self, *came)
+
+    def inputs_ended(self, group) -> None:
+        """Program arguments given as futures, ``(slot, future)`` pairs, resolved: their end
+        times, or their errors."""
+        failed = []
+        with self.lock:
+            values, errors, t_done = self.values, self.errors, self.t_done
+            if values is None:
+                return
+            for slot, fut in group:
+                error = fut.error
+                if error is not None:
+                    errors[slot] = error
+                    failed.append(slot)
+                elif values[slot] is None:
+                    values[slot] = fut.peek()
+                t_done[slot] = fut.t_done
+            if self._waiters:
+                self._changed.notify_all()
+            unparked = self._unpark() if self._parked else None
+        if unparked:
+            resume(unparked)
+        for slot in failed:
+            self.spread(slot, errors[slot])
+        if not self.parallel:
+            self.owner.arrived(self, *(s for s, _ in group if s not in failed))
 
     def park(self, task) -> float | None:
         """When ``task``'s inputs ended; None if one has not: then ``task`` is parked, and

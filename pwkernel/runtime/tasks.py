@@ -4,21 +4,23 @@ A ``ProgramRun`` is one submission of a plan; its values live in slots (``slots.
 node is a ``Task``, and this module is the only one that changes a task's state (``_MOVES``
 lists the moves; every other module asks for one by name)::
 
-    WAITING --enqueue--> QUEUED --launch--> RUNNING --completed, reported--> ENDED
-       |                   |                   ^
-       |                   +--drop--+          | (a copy starts from WAITING: start_copy)
-       +--------drop----------------+--> CANCELLED (never ran: cancelled, rejected, or an
-                                                    input failed)
+    WAITING --enqueue--> QUEUED --launch--> RUNNING --completed, then reported--> ENDED
+       | |                  |                  ^
+       | +---start_copy-----|------------------+   (a copy needs no devices to itself)
+       |                    |
+       +------drop----------+------drop------> CANCELLED  (never ran: cancelled, rejected,
+                                                           or an input failed)
 
 A transfer skips QUEUED (it needs no devices to itself) unless a memory budget makes its
 destination's scheduler admit its bytes first. A backend says only that a launch completed
 (``Task.completed``); the runtime reports the end once the rule of ``ends.py`` allows (launch
 order per device set, after the inputs' ends). Every task leaves through one path,
-``ProgramRun._end``: a task that ran comes there from ``Task.report_end``, one that never ran
-from ``ProgramRun.fail``. That path records the trace, tells the island's scheduler, resolves
-or fails the outputs, spreads a failure to every dependent with the same exception, frees
-inputs nobody needs any more, and counts the run down. What the run needs from its owner it
-asks through ``owner.RunOwner``, never by reaching into the dispatcher.
+``ProgramRun._end``: a task that ran comes there from ``Task.report_end`` (or ``Task.ended``,
+the simulator's), one that never ran from ``ProgramRun.fail``. That path records the trace,
+tells the island's scheduler, resolves or fails the outputs, spreads a failure to every
+dependent with the same exception, frees inputs nobody needs any more, and counts the run
+down. What the run needs from its owner it asks through ``owner.RunOwner``, never by reaching
+into the dispatcher.
 """
 
 from __future__ import annotations
@@ -157,9 +159,13 @@ class Task:
 
     def ended(self, t_start: float, t_end: float, error: BaseException | None = None,
               values=None) -> None:
-        """The old way to report a completion with its span (the simulator's): the same as
-        ``completed(t_end, error, values, t_start)``."""
-        self.completed(t_end, error, values, t_start)
+        """The end, with its span, reported now: the older contract, for an executor that
+        keeps the order of ends itself (the simulator, whose virtual clock orders them by
+        construction, and lets a copy land before its source's end reaches the controller)."""
+        line = self.line
+        if line is not None:
+            line.remove(self)
+        self.run.ran(self, t_start, t_end, error, values)
 
     def report_end(self, t_inputs: float) -> None:
         """The completion may be reported now (``ends.py`` said so): its end, with its span."""
@@ -309,46 +315,6 @@ class ProgramRun(RunSlots):
     def __repr__(self) -> str:
         state = "ended" if self.done() else f"{self._remaining} nodes left"
         return f"ProgramRun(id={self.id}, name={self.name!r}, client={self.client!r}, {state})"
-
-    def inputs_arrived(self, group) -> None:
-        """Program arguments given as futures, ``(slot, future)`` pairs, were launched (or
-        resolved)."""
-        with self.lock:
-            values = self.values
-            if values is None:
-                return
-            came = []
-            for slot, fut in group:
-                if fut.error is None and values[slot] is None:
-                    values[slot] = fut.peek()
-                    came.append(slot)
-        self.owner.arrived(self, *came)
-
-    def inputs_ended(self, group) -> None:
-        """Program arguments given as futures, ``(slot, future)`` pairs, resolved: their end
-        times, or their errors."""
-        failed = []
-        with self.lock:
-            values, errors, t_done = self.values, self.errors, self.t_done
-            if values is None:
-                return
-            for slot, fut in group:
-                error = fut.error
-                if error is not None:
-                    errors[slot] = error
-                    failed.append(slot)
-                elif values[slot] is None:
-                    values[slot] = fut.peek()
-                t_done[slot] = fut.t_done
-            if self._waiters:
-                self._changed.notify_all()
-            unparked = self._unpark() if self._parked else None
-        if unparked:
-            resume(unparked)
-        for slot in failed:
-            self.spread(slot, errors[slot])
-        if not self.parallel:
-            self.owner.arrived(self, *(s for s, _ in group if s not in failed))
 
     # --- a task's life ---------------------------------------------------------------------
     def launched(self, task: Task, values) -> None:
