@@ -157,3 +157,23 @@ def test_expedite_asks_the_owner_only_for_running_work(plan):
     launch(a, Line({}))
     a.expedite()
     assert ("expedite", "a") in owner.calls
+
+
+def test_only_tasks_py_changes_a_tasks_state():
+    """Other modules ask a task for a move (``enqueue``, ``launch``, ``drop``...): an
+    assignment to ``x.state`` on anything but ``self`` is a task's state set elsewhere."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "pwkernel"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and sub.attr == "state" and not (
+                            isinstance(sub.value, ast.Name) and sub.value.id == "self"):
+                        found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    assert not found, f"a task's state set outside runtime/tasks.py: {found}"
