@@ -177,3 +177,16 @@ def test_only_tasks_py_changes_a_tasks_state():
                             isinstance(sub.value, ast.Name) and sub.value.id == "self"):
                         found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
     assert not found, f"a task's state set outside runtime/tasks.py: {found}"
+
+
+def test_the_dispatcher_and_the_test_owner_implement_the_port():
+    """``RunOwner`` is all a run asks of its owner: the dispatcher implements each of its
+    methods, and so does the double these tests feed runs with."""
+    from pwkernel.runtime.dispatcher import Dispatcher
+    from pwkernel.runtime.owner import RunOwner
+
+    methods = {n for n, v in vars(RunOwner).items() if callable(v) and not n.startswith("_")}
+    assert {"arrived", "computation_ended", "run_ended", "start_copy"} <= methods
+    for cls in (Dispatcher, Owner):  # (a dispatcher's ``now`` is its executor's, per instance)
+        assert not [n for n in methods - {"now"} if not callable(getattr(cls, n, None))], cls
+    assert set(RunOwner.__annotations__) == {"virtual", "memory_budget", "trace"}

@@ -278,7 +278,7 @@ class _Site:
                 watcher = None if self._closing else self.watchers.get(devices)
                 if watcher is None and not self._closing:
                     watcher = self.watchers[devices] = _Watcher(
-                        self, f"pw-island{self.island.id}-watch-{'.'.join(map(str, devices))}")
+                        f"pw-island{self.island.id}-watch-{'.'.join(map(str, devices))}")
         if watcher is None:  # closing: no new threads; see it complete here
             _observe(task, outs, error)
         else:
@@ -303,8 +303,7 @@ class _Watcher:
     it only once the head's outputs are ready (noting when: that is the end's time, whoever
     reports it), so a helper never waits behind a computation still running."""
 
-    def __init__(self, site: _Site, name: str):
-        self._site = site
+    def __init__(self, name: str):
         self._queue: collections.deque = collections.deque()  # [task, outs, error, t_ready]
         self._changed = threading.Condition()
         self._observing = threading.Lock()
