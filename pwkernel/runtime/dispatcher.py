@@ -12,8 +12,10 @@ Submitting a program plans its graph (once per input signature, see ``plan.py``)
   starts only after its inputs exist. Completions are reported to one dispatcher thread (the
   client), which then prepares and submits the node.
 
-Launching happens in whichever thread made a scheduler decide (see ``islands.py``); ends are
-reported by the executor to the run (``tasks.py``), which is where a task's life ends.
+Launching happens in whichever thread made a scheduler decide (see ``islands.py``); an
+executor reports completions to the task (``tasks.py``), where a task's life ends, in the order
+``ends.py`` keeps. A run asks this dispatcher for what follows through ``owner.RunOwner``, which
+``Dispatcher`` implements; nothing here changes a task's state except by asking the task.
 """
 
 from __future__ import annotations
@@ -30,12 +32,10 @@ from .deferred import later, soon
 from .executor import Executor, NoGroup
 from .graph import Graph
 from .islands import IslandQueue
-from .objects import Future, FutureState, ObjectStore, resolved
+from .objects import Future, ObjectStore, resolved
 from .plan import Plan, build
 from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
-
-_PENDING = FutureState.PENDING
 
 
 class DispatchMode(StrEnum):
@@ -52,7 +52,8 @@ class DispatchMode(StrEnum):
 
 
 class Dispatcher:
-    """Turns submitted graphs into runs and moves their tasks until they reach an island."""
+    """Turns submitted graphs into runs and moves their tasks until they reach an island; the
+    owner of its runs (``owner.RunOwner``)."""
 
     def __init__(self, executor: Executor, store: ObjectStore, trace: Trace,
                  mode: DispatchMode = DispatchMode.PARALLEL, policy="fifo",
@@ -63,6 +64,7 @@ class Dispatcher:
         # work happens in the thread that causes it: no dispatcher thread for sequential runs.
         self.virtual = bool(getattr(executor, "virtual", False))
         self._submitted = getattr(executor, "submitted", None)  # optional: a run starts
+        self._expedite = getattr(executor, "expedite", None)  # optional: a thread waits
         self.store = store
         self.trace = trace
         self.mode = DispatchMode.parse(mode)
@@ -106,16 +108,16 @@ class Dispatcher:
         for slot, leaf in zip(plan.inputs, leaves, strict=True):
             if isinstance(leaf, Future):
                 futures[slot] = leaf
-                if leaf._state is not _PENDING:
-                    if leaf._error is not None:
-                        run.errors[slot] = leaf._error
+                if leaf.done():
+                    if leaf.error is not None:
+                        run.errors[slot] = leaf.error
                     else:
-                        values[slot] = leaf._peek()
+                        values[slot] = leaf.peek()
                     t_done[slot] = leaf.t_done
                 else:
                     pending.append((slot, leaf))
                     if parallel:
-                        values[slot] = leaf._peek()  # launched already, or None
+                        values[slot] = leaf.peek()  # launched already, or None
             else:
                 values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
                     leaf, graph.values[slot].dtype)
@@ -142,7 +144,7 @@ class Dispatcher:
         if self._submitted is not None:
             self._submitted(run)
         start = self._start_parallel if parallel else self._start_sequential
-        self.began()
+        self.work_began()
         try:
             if self._group is None:
                 start(run, pending)
@@ -150,7 +152,7 @@ class Dispatcher:
                 with self._group():
                     start(run, pending)
         finally:
-            self.settled()
+            self.work_ended()
         return outputs
 
     def _start_parallel(self, run: ProgramRun, pending: list) -> None:
@@ -170,7 +172,7 @@ class Dispatcher:
         several = len(plan.islands) > 1
         if several:  # no launch may reach an island before it knows the run
             for island in plan.islands:
-                self.islands[island].hold()
+                self.islands[island].pause()
         try:
             for island, specs in plan.islands.items():
                 event = sch.SubmitProgram(base=run.base, nodes=specs, client=client,
@@ -182,19 +184,19 @@ class Dispatcher:
         finally:
             if several:
                 for island in plan.islands:
-                    self.islands[island].release()
+                    self.islands[island].resume()
         failed = list(errors.items())  # arguments that failed before this run was made
         for task in ready:
             if not task.node.is_compute:
                 self._admit(task)
         for slot, error in failed:
-            run._spread(slot, error)
+            run.spread(slot, error)
         for group in _by_producer(pending):
             launched, ended = _once_all(group, run.inputs_arrived), _once_all(
                 group, run.inputs_ended)
             for _, fut in group:
-                fut._on_launch(launched)
-                fut._hook(ended)
+                fut.on_launch(launched)
+                fut.hook(ended)
 
     def _start_sequential(self, run: ProgramRun, pending: list) -> None:
         plan = run.plan
@@ -205,26 +207,18 @@ class Dispatcher:
             if not task.node.n_inputs:
                 self._sequential(task)
         for slot, error in list(run.errors.items()):
-            run._spread(slot, error)
+            run.spread(slot, error)
         for group in _by_producer(pending):
             ended = _once_all(group, run.inputs_ended)
             for _, fut in group:
-                fut._hook(ended)
+                fut.hook(ended)
 
     def arrived(self, run: ProgramRun, *slots: int) -> None:
         """Values of ``run`` are there: launched (parallel) or resolved (sequential). Count
         them for the nodes that wait for them; those they complete go on."""
-        readers = run.plan.notify if run.parallel else run.plan.consumers
-        waiting, tasks, go = run.waiting, run.tasks, []
-        if not tasks or not slots:
+        if not run.tasks or not slots:
             return  # the run is over (its consumers failed or were cancelled)
-        with run._lock:
-            for slot in slots:
-                for c in readers[slot]:
-                    waiting[c] -= 1
-                    if not waiting[c]:
-                        go.append(tasks[c])
-        for task in go:
+        for task in run.count_arrived(slots):
             if not run.parallel:
                 self._sequential(task)
             elif task.is_compute:
@@ -236,14 +230,14 @@ class Dispatcher:
     # --- sequential dispatch: the client prepares a node once its inputs exist -------------
     def _sequential(self, task: Task) -> None:
         if self.virtual:
-            self.began()
+            self.work_began()
             self._prepare(task)
             return
         if self._thread is None:
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._serve, name="pw-dispatch", daemon=True)
             self._thread.start()
-        self.began()
+        self.work_began()
         self._queue.put(task)
 
     def _serve(self) -> None:
@@ -258,11 +252,9 @@ class Dispatcher:
             if not task.is_compute:
                 self._admit(task)
                 return
-            with run._lock:
-                if task.state is not TaskState.WAITING:
-                    return
-                task.state = TaskState.QUEUED
-            exe = node.fn.executable(node.node.signature)  # the host-side work, now
+            if not task.enqueue():
+                return
+            exe = node.fn.executable(task.graph_node.signature)  # the host-side work, now
             client = run.client_spec
             self.islands[node.island].submit(task, sch.Submit(
                 task=task.id, devices=node.devices, client=client, cost_key=node.spec.cost_key,
@@ -270,7 +262,7 @@ class Dispatcher:
         except BaseException as e:  # noqa: BLE001
             run.fail(task, e)
         finally:
-            self.settled()
+            self.work_ended()
 
     # --- transfers -------------------------------------------------------------------------
     def _admit(self, task: Task) -> None:
@@ -281,41 +273,37 @@ class Dispatcher:
             self._transfer(task)
             return
         run, node, client = task.run, task.node, task.run.client_spec
-        with run._lock:
-            if task.state is not TaskState.WAITING:
-                return
-            task.state = TaskState.QUEUED
+        if not task.enqueue():
+            return
         queue.submit(task, sch.Submit(task=task.id, devices=node.devices, client=client,
                                       memory=node.memory, ready=True, group=run.id, copy=True))
 
-    def copy(self, task: Task) -> None:
+    def start_copy(self, task: Task) -> None:
         """The destination's scheduler admitted this copy (it is RUNNING already)."""
         self._transfer(task, admitted=True)
 
     def _transfer(self, task: Task, admitted: bool = False) -> None:
         """Start a copy (its source may still be computing); its consumers can be launched
         behind it, and the executor reports when it lands."""
-        run = task.run
-        with run._lock:
-            if task.state is not (TaskState.RUNNING if admitted else TaskState.WAITING):
-                return
-            task.state = TaskState.RUNNING
-        self.began()
+        if not task.start_copy(admitted):
+            return
+        self.work_began()
         task.t_submit = task.t_launch = self.now()
         error = task.input_error()
         if error is not None:
-            run.ended(task, task.t_launch, task.t_launch, error)
+            task.completed(task.t_launch, error)
             return
         self.executor.transfer(task)
 
     # --- work in flight, and work stuck waiting for memory ---------------------------------
-    def began(self) -> None:
+    def work_began(self) -> None:
         """One more piece of work in flight (counted only under a memory budget)."""
         if self.memory_budget is not None:
             with self._active_lock:
                 self._active += 1
 
-    def settled(self) -> None:
+    def work_ended(self) -> None:
+        """One piece of work in flight ended (its frees done)."""
         if self.memory_budget is not None:
             with self._active_lock:
                 self._active -= 1
@@ -344,10 +332,28 @@ class Dispatcher:
                 run.cancel(error=error)  # which looks again, once its frees landed
                 return
 
-    # --- runs ------------------------------------------------------------------------------
+    # --- the rest of what runs ask (owner.RunOwner) ----------------------------------------
     def run_ended(self, run: ProgramRun) -> None:
         """``run`` is over, bookkeeping included (its values freed, its memory given back)."""
         self.runs.pop(run.id, None)
+
+    def computation_ended(self, task: Task, seconds: float) -> None:
+        self.islands[task.node.island].ended(task, seconds)
+
+    def release_memory(self, island: int, devices, nbytes: int) -> None:
+        self.islands[island].release_memory(devices, nbytes)
+
+    def drop_queued(self, island: int, tasks) -> list[Task]:
+        return self.islands[island].cancel(*tasks)
+
+    def expedite(self, task: Task, timeout: float | None) -> None:
+        if self._expedite is not None:
+            self._expedite(task, timeout)
+
+    def settle(self, predicate, timeout: float | None) -> bool:
+        return self.executor.settle(predicate, timeout)
+
+    # --- runs ------------------------------------------------------------------------------
 
     def memory(self) -> dict[int, int]:
         """Bytes per device of the values running programs keep for their own nodes (those
@@ -361,7 +367,7 @@ class Dispatcher:
 
     def active_runs(self) -> list[ProgramRun]:
         """Runs with a node not yet ended (what ``ctl.runs()`` shows)."""
-        return [r for r in list(self.runs.values()) if not r.ended_all]
+        return [r for r in list(self.runs.values()) if not r.nodes_ended]
 
     def all_runs(self) -> list[ProgramRun]:
         """Every run not yet over, those finishing their last node's bookkeeping included."""

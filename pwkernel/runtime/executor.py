@@ -7,19 +7,27 @@ devices (``backends/local``), Ray actors (``backends/ray``), or a simulated clus
 a backend: ``pwkernel.backends`` registers its backends here by name, and
 ``pw.Controller(backend=...)`` takes such a name or an object that implements ``Executor``.
 
-The contract, per task (``runtime.tasks.Task``):
+The contract, per task (``runtime.tasks.Task``): an executor runs what it is handed and says
+when each launch has completed; it keeps no order of ends and changes no task's state.
 
 - ``launch(island, tasks)`` gets computations in the order the island's gang scheduler decided
   them and must start them in that order on their devices (``task.inputs()`` are the input
-  values, ``task.node.call`` the executable's call path). For each, it calls
-  ``task.launched(values)`` once the outputs exist as values that may still be computing, and
-  ``task.ended(t_start, t_end, error, values)`` exactly once when it has run: for computations
-  on one device set, in launch order. It must not raise for one task's failure (that is the
-  task's ``error``).
+  values, ``task.node.call`` the executable's call path). It must not raise for one task's
+  failure (that is the task's ``error``).
 - ``transfer(task)`` copies ``task.inputs()[0]`` onto ``task.node.sharding`` (island
-  ``task.node.island``) and reports the same two things.
-- Times are on ``now()``'s clock: ``t_start`` when the work could first run on its devices (its
-  launch, its inputs' ends, the previous work's end there), ``t_end`` when its end was seen.
+  ``task.node.island``).
+- For each, it calls ``task.launched(values)`` once the outputs exist as values that may still
+  be computing (optional when it reports the completion with them at once), and
+  ``task.completed(t, error=None, values=None, t_start=None)`` exactly once when the launch has
+  run: seen at ``t`` on ``now()``'s clock, failed with ``error``, its outputs ``values`` if
+  ``launched`` did not give them, and ``t_start`` only if it knows when the work began on its
+  devices. From any thread, in any order.
+- The runtime reports the task's end from there (``runtime/ends.py``): in launch order per
+  device set, after its inputs' ends (an upstream error wins), starting not before its launch,
+  its inputs' ends and the previous end on its devices. No completion waits in the executor's
+  threads for that: one that must wait is parked, and the end it waits for reports it.
+  (``task.ended(t_start, t_end, error, values)``, the older contract, reports the end at
+  once: for an executor that keeps that order itself, as the simulator's clock does.)
 
 Nothing here assumes that one controller owns an island: each task carries its own run, which
 is where its end is reported.
@@ -30,7 +38,7 @@ Optional members, looked up by the runtime with ``getattr``:
 - ``submitted(run)``: a program run was just submitted (before any of its tasks launch);
 - ``virtual = True``: time is a virtual clock that moves only while someone waits (the
   simulator): the runtime then does a sequential run's host-side work in the thread that
-  causes it (no dispatcher thread), calls ``expedite`` for any task not yet done, and
+  causes it (no dispatcher thread), calls ``expedite`` for any task not yet ended, and
   ``settle(predicate, timeout)`` when it waits for a whole run: the executor moves its clock
   until ``predicate()`` holds.
 - ``compile(spec) -> Executable``: lower a ``pw.function``'s specialization for its islands

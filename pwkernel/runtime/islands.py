@@ -9,7 +9,10 @@ leads to more launches on the same island (a chain, an end seen at once) adds th
 queue instead of recursing.
 
 The queue knows tasks only by their ids and their runs, not a controller: its tasks may come
-from any number of clients.
+from any number of clients. It changes no task's state itself: it asks the task for the move
+(``tasks.py``), and the task's run asks its own owner for what follows (a copy admitted, work
+in flight counted). Each computation it launches joins its device set's launch order
+(``ends.py``), in decision order, so ends are reported in that order whatever the backend.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import budget
 from . import scheduler as sch
+from .ends import EndOrder
 from .errors import MemoryBudgetError
 from .objects import BufferRecord
 from .tasks import ProgramRun, Task, TaskState
@@ -45,17 +49,17 @@ class IslandQueue:
         self._deferred: list = []
         self._todo: list[Task] = []
         self._draining = False
-        self._held = 0
+        self._paused = 0
+        self.ends = EndOrder()  # launch order per device set, for reporting ends
 
     # --- what the dispatcher and the task life post ----------------------------------------
     def submit_program(self, tasks: list[Task], event: sch.SubmitProgram,
                        ready: list[Task]) -> None:
         """A run's computations on this island, with those whose inputs are already there."""
-        t, queued, mine = self.executor.now(), TaskState.QUEUED, self._tasks
+        t, mine = self.executor.now(), self._tasks
         with self._lock:
             for task in tasks:
-                task.state = queued
-                task.t_submit = t
+                task.queued(t)
                 mine[task.id] = task
         if ready:
             self.post(event, *[sch.Ready(task=task.id, after=task.run.after(task)
@@ -74,7 +78,8 @@ class IslandQueue:
         self.post(sch.Ready(task=task.id,
                             after=task.run.after(task) if task.node.foreign else ()))
 
-    def finished(self, task: Task, seconds: float) -> None:
+    def ended(self, task: Task, seconds: float) -> None:
+        """A launched computation ended: its devices are free."""
         self.post(sch.Ended(task=task.id, seconds=seconds))
 
     def cancel(self, *tasks: Task) -> list[Task]:
@@ -84,7 +89,7 @@ class IslandQueue:
         with self._lock:
             for task in tasks:
                 if self._tasks.pop(task.id, None) is not None:
-                    task.state = TaskState.CANCELLED
+                    task.drop()
                     dropped.append(task)
         if dropped:
             self.post(*[sch.Cancel(task=task.id) for task in dropped])
@@ -114,48 +119,49 @@ class IslandQueue:
             finally:
                 self._handling = False
             tasks, todo, copies = self._tasks, self._todo, None
-            budget = self.scheduler.memory_budget
+            budget, line = self.scheduler.memory_budget, self.ends.line
             for decision in decisions:
                 task = tasks.pop(decision.task)
                 if type(decision) is sch.Launch:
-                    task.state = TaskState.RUNNING
                     if task.node.is_compute:
+                        task.launch(line(task.node.devices))
                         todo.append(task)
                         if budget is not None:
-                            task.run.dispatcher.began()
+                            task.run.owner.work_began()
                     else:  # a copy admitted under the memory budget
+                        task.launch(None)
                         copies = [task] if copies is None else copies + [task]
                 else:
-                    task.state = TaskState.CANCELLED
+                    task.drop()
                     rejects.append((task, decision.reason))
             drain = self._claim()
         for task, reason in rejects:
             what = task.node.name if task.node.is_compute else (
                 f"the copy {task.node.name} onto devices {list(task.node.devices)}")
             task.run.fail(task, MemoryBudgetError(
-                f"{what} on island {self.island.id}: {reason}"), settled=True)
+                f"{what} on island {self.island.id}: {reason}"), dropped=True)
         if copies:
             for task in copies:
-                task.run.dispatcher.copy(task)
+                task.run.owner.start_copy(task)
         if drain:
             self._drain()
 
-    def hold(self) -> None:
-        """Take decisions but launch nothing until ``release()`` (while a run is submitted to
+    def pause(self) -> None:
+        """Take decisions but launch nothing until ``resume()`` (while a run is submitted to
         every island, so no launch reaches an island that does not know the run yet)."""
         with self._lock:
-            self._held += 1
+            self._paused += 1
 
-    def release(self) -> None:
+    def resume(self) -> None:
         with self._lock:
-            self._held -= 1
+            self._paused -= 1
             drain = self._claim()
         if drain:
             self._drain()
 
     def _claim(self) -> bool:
         """Under the lock: become the thread that drains, if launches wait and nobody does."""
-        if self._todo and not self._draining and not self._held:
+        if self._todo and not self._draining and not self._paused:
             self._draining = True
             return True
         return False
@@ -234,7 +240,7 @@ def _held(island: int, runs, live, island_of) -> list[budget.Held]:
         if run.values is None:
             continue
         for task in list(run.tasks):
-            if task.state not in (TaskState.DONE, TaskState.CANCELLED):
+            if task.state not in (TaskState.ENDED, TaskState.CANCELLED):
                 for s in task.node.distinct:
                     fut = run.futures.get(s)
                     if fut is not None:

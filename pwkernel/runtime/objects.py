@@ -297,6 +297,15 @@ class Future:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
         self._resolve(state, error, t_done)
 
+    # the runtime side's public names, for the runtime's other modules (tasks, dispatcher)
+    hook, on_launch, set_launched, peek = _hook, _on_launch, _set_launched, _peek
+    set_result, set_exception = _set_result, _set_exception
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error it resolved with; None while pending or once resolved with a value."""
+        return self._error
+
     def _resolve(self, state: FutureState, error, t_done: float) -> bool:
         with self._lock:
             if self._state is not FutureState.PENDING:

@@ -1,19 +1,26 @@
 """A task's whole life, in one place: the runs of programs and the states of their nodes.
 
-A ``ProgramRun`` is one submission of a plan. Its values live in slots (one list entry per
-value of the graph); only the values the user sees (the program's outputs, and futures passed
-in) are ``Future``s. Each node is a ``Task`` that moves through
+A ``ProgramRun`` is one submission of a plan; its values live in slots (``slots.py``). Each
+node is a ``Task``, and this module is the only one that changes a task's state (``_MOVES``
+lists the moves; every other module asks for one by name)::
 
-    WAITING --(inputs there)--> QUEUED --(scheduler: Launch)--> RUNNING --> DONE
-        \\________________________\\______________________________________--> CANCELLED
+    WAITING --enqueue--> QUEUED --launch--> RUNNING --completed, then reported--> ENDED
+       | |                  |                  ^
+       | +---start_copy-----|------------------+   (a copy needs no devices to itself)
+       |                    |
+       +------drop----------+------drop------> CANCELLED  (never ran: cancelled, rejected,
+                                                           or an input failed)
 
 A transfer skips QUEUED (it needs no devices to itself) unless a memory budget makes its
-destination's scheduler admit its bytes first. Every task leaves through one path,
-``ProgramRun._end``: a task that ran comes there from its executor (``Task.ended``), one that
-never ran (cancelled, rejected, or fed by a failed input) from ``ProgramRun.fail``. That path
-records the trace, tells the island's scheduler, resolves or fails the outputs, spreads a
-failure to every dependent with the same exception, frees inputs nobody needs any more, and
-counts the run down.
+destination's scheduler admit its bytes first. A backend says only that a launch completed
+(``Task.completed``); the runtime reports the end once the rule of ``ends.py`` allows (launch
+order per device set, after the inputs' ends). Every task leaves through one path,
+``ProgramRun._end``: a task that ran comes there from ``Task.report_end`` (or ``Task.ended``,
+the simulator's), one that never ran from ``ProgramRun.fail``. That path records the trace,
+tells the island's scheduler, resolves or fails the outputs, spreads a failure to every
+dependent with the same exception, frees inputs nobody needs any more, and counts the run
+down. What the run needs from its owner it asks through ``owner.RunOwner``, never by reaching
+into the dispatcher.
 """
 
 from __future__ import annotations
@@ -21,16 +28,18 @@ from __future__ import annotations
 import itertools
 import threading
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .deferred import soon
+from .ends import span
 from .errors import CancelledError
 from .events import ClientSpec
-from .objects import Future
+from .slots import RunSlots, resume
 from .trace import EventKind
 
 if TYPE_CHECKING:
-    from .dispatcher import Dispatcher
+    from .ends import Line
+    from .owner import RunOwner
     from .plan import Plan, PlanNode
 
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
@@ -38,34 +47,57 @@ _NOWHERE: dict = {}  # a computation's trace record has no transfer fields
 
 
 class TaskState(StrEnum):
-    WAITING = "waiting"      # inputs not all launched (parallel) or resolved (sequential)
+    WAITING = "waiting"      # inputs not all launched (parallel) or ended (sequential)
     QUEUED = "queued"        # with the island scheduler
     RUNNING = "running"      # launched on its devices (or its copy started)
-    DONE = "done"
+    ENDED = "done"           # ran, and its end was reported (the value is the wire name)
     CANCELLED = "cancelled"  # never ran: cancelled, rejected, or an input failed
+    DONE = "done"            # the old name of ENDED (an alias)
+
+
+_WAITING, _QUEUED, _RUNNING = TaskState.WAITING, TaskState.QUEUED, TaskState.RUNNING
+_ENDED, _CANCELLED = TaskState.ENDED, TaskState.CANCELLED
+#: each state, and the states a task may enter it from (the only moves there are)
+_MOVES = {_QUEUED: (_WAITING,), _RUNNING: (_WAITING, _QUEUED), _ENDED: (_RUNNING,),
+          _CANCELLED: (_WAITING, _QUEUED)}
 
 
 class Task:
-    """One node of one run: what an executor launches and reports the end of.
+    """One node of one run: what an executor launches and reports the completion of.
 
     Executors call ``launched(values)`` once the outputs exist as values that may still be
-    computing, and ``ended(t_start, t_end, error, values)`` exactly once when the task ran
-    (computations on one device set in launch order)."""
+    computing, and ``completed(t, error, values)`` exactly once when the launch has run (see
+    ``runtime/executor.py``)."""
 
-    __slots__ = ("id", "node", "run", "state", "t_submit", "t_launch", "has_outputs")
+    __slots__ = ("id", "node", "run", "state", "t_submit", "t_launch", "has_outputs", "line",
+                 "report")
 
     def __init__(self, tid: int, node: PlanNode, run: ProgramRun):
         self.id = tid
         self.node = node
         self.run = run
-        self.state = TaskState.WAITING
+        self.state = _WAITING
         self.t_submit = self.t_launch = 0.0
         self.has_outputs = False
+        self.line: Line | None = None  # a launched computation's device set (ends.py)
+        self.report: tuple | None = None  # a completion not yet reported as the end
 
     @property
     def is_compute(self) -> bool:
         return self.node.is_compute
 
+    @property
+    def graph_node(self):
+        """The graph's node it runs (``runtime.graph``: a computation or a copy); ``node`` is
+        the plan's record of it."""
+        return self.node.node
+
+    @property
+    def has_ended(self) -> bool:
+        """It ran and its end was reported (a task that never ran is CANCELLED)."""
+        return self.state is _ENDED
+
+    # --- what executors read and report ----------------------------------------------------
     def inputs(self) -> list:
         """The input values (arrays, or a backend's handles), in the node's order."""
         values = self.run.values
@@ -80,80 +112,175 @@ class Task:
         to ``timeout`` seconds; None waits as long as it takes)."""
         return self.run.slots_ended(self.node.inputs, timeout)
 
+    def producers(self, running: bool = True):
+        """The computations whose outputs it reads (``ProgramRun.producers``)."""
+        return self.run.producers(self, running)
+
+    def donated_makers(self) -> list[Task]:
+        """The tasks making the inputs this computation donates that have not ended."""
+        run, node = self.run, self.node
+        t_done = run.t_done
+        out = []
+        for i in node.exe.donated:
+            s = node.inputs[i]
+            if t_done[s] is None:
+                maker = run.maker(s)
+                if maker is not None:
+                    out.append(maker)
+        return out
+
     def launched(self, values) -> None:
+        """The outputs exist (maybe still computing): what waits for them may launch."""
         self.run.launched(self, values)
+
+    def completed(self, t: float, error: BaseException | None = None, values=None,
+                  t_start: float | None = None) -> None:
+        """The launch has run, seen at ``t`` (or failed with ``error``), with its outputs
+        ``values`` if ``launched`` did not give them; ``t_start`` if the backend knows when it
+        began (else: its launch, its inputs' ends, the previous end on its devices). The end is
+        reported now, or as soon as the launches before it on its devices and its inputs have
+        ended (``ends.py``), by whichever thread reports the one it waits for."""
+        self.report = (t, error, values, t_start)
+        line = self.line
+        if line is None:
+            t_in = self.run.park(self)
+            if t_in is not None:
+                self.report_end(t_in)
+            return
+        line.pump()
+        if values is not None and not self.has_outputs and self.state is _RUNNING:
+            self.run.launched(self, values)  # parked: its consumers need not wait for its end
+
+    def ended(self, t_start: float, t_end: float, error: BaseException | None = None,
+              values=None) -> None:
+        """The end, with its span, reported now: the older contract, for an executor that
+        keeps the order of ends itself (the simulator, whose virtual clock orders them by
+        construction, and lets a copy land before its source's end reaches the controller)."""
+        line = self.line
+        if line is not None:
+            line.remove(self)
+        self.run.ran(self, t_start, t_end, error, values)
+
+    def report_end(self, t_inputs: float) -> None:
+        """The completion may be reported now (``ends.py`` said so): its end, with its span."""
+        t, error, values, t_start = self.report
+        self.report = None
+        if t_start is None:
+            earliest = t_inputs if t_inputs > self.t_launch else self.t_launch
+            if t < t_inputs:
+                t = t_inputs
+            line = self.line
+            if line is None:
+                t_start = earliest
+            else:
+                t_start, t = span(line.last_end, self.node.devices, earliest, t)
+        if t < t_start:
+            t = t_start
+        self.run.ran(self, t_start, t, error, values)
 
     def expedite(self, timeout: float | None = None) -> None:
         """Someone waits for this task's outputs: its executor may let that thread see the
         end itself (``Executor.expedite``, optional) rather than hand it over."""
-        run = self.run
-        expedite = getattr(run.dispatcher.executor, "expedite", None)
-        if expedite is not None and (self.state is TaskState.RUNNING or (
-                run.dispatcher.virtual and self.state is not TaskState.DONE)):
-            expedite(self, timeout)
+        owner = self.run.owner
+        if self.state is _RUNNING or (owner.virtual and self.state is not _ENDED):
+            owner.expedite(self, timeout)
 
-    def ended(self, t_start: float, t_end: float, error: BaseException | None = None,
-              values=None) -> None:
-        self.run.ended(self, t_start, t_end, error, values)
+    # --- the moves other modules ask for (the only places a state changes) -----------------
+    def move(self, to: TaskState) -> bool:
+        """Enter ``to`` if ``_MOVES`` allows it from the state it is in; False if not."""
+        if self.state in _MOVES[to]:
+            self.state = to
+            return True
+        return False
+
+    def queued(self, t: float) -> None:
+        """Its island's scheduler holds it now (under the island's lock)."""
+        self.state = _QUEUED
+        self.t_submit = t
+
+    def enqueue(self) -> bool:
+        """WAITING -> QUEUED, if it still waits (False: cancelled or started meanwhile)."""
+        with self.run.lock:
+            return self.move(_QUEUED)
+
+    def launch(self, line: Line | None) -> None:
+        """Its scheduler launched it (under the island's lock, in decision order): a
+        computation joins ``line``, its device set's launch order."""
+        self.state = _RUNNING
+        if line is not None:
+            self.line = line
+            line.add(self)
+
+    def start_copy(self, admitted: bool) -> bool:
+        """A copy starts: WAITING -> RUNNING (``admitted``: its scheduler made it RUNNING)."""
+        with self.run.lock:
+            return self.state is _RUNNING if admitted else self.move(_RUNNING)
+
+    def drop(self) -> bool:
+        """It will not run: WAITING or QUEUED -> CANCELLED (False if it had left those)."""
+        return self.move(_CANCELLED)
 
     def __repr__(self) -> str:
         return f"Task({self.id}, {self.node.name!r}, {self.state.value})"
 
 
-class ProgramRun:
+class ProgramRun(RunSlots):
     """One submission of a program: its tasks and values, and the ownership label of its
-    buffers. ``wait()`` until every node finished, failed or was cancelled; ``cancel()``."""
+    buffers. ``wait()`` until every node ended, failed or was cancelled; ``cancel()``."""
 
     _ids = itertools.count()
 
-    def __init__(self, dispatcher: Dispatcher, plan: Plan, client: ClientSpec, parallel: bool):
+    def __init__(self, owner: RunOwner, plan: Plan, client: ClientSpec, parallel: bool):
+        super().__init__(plan)
         self.id = next(self._ids)
         self.base = self.id << 24  # task ids: base + node index
         self.name = plan.graph.name
-        self.client = client.name
         self.client_spec = client
-        self.dispatcher = dispatcher
-        self.plan = plan
+        self.owner = owner
         self.parallel = parallel
-        n = plan.nslots
-        self.values: list[Any] = [None] * n
-        self.t_done: list[float | None] = [None] * n
-        self.errors: dict[int, BaseException] = {}
-        self.futures: dict[int, Future] = {}
-        self.refs = list(plan.refs)
         self.waiting = list(plan.external if parallel else plan.n_inputs)
         base = self.base
         self.tasks = [Task(base + p.index, p, self) for p in plan.nodes]
-        self.t_submit = dispatcher.now()
+        self.t_submit = owner.now()
         self._remaining = self._unended = len(self.tasks)
-        self._lock = threading.Lock()
-        self._changed: threading.Condition | None = None  # made when someone waits on a value
-        self._waiters = 0
-        self._finished = False
-        self._done: threading.Event | None = None  # made when someone waits on the run
+        self._ended = False
+        self._ended_event: threading.Event | None = None  # made when someone waits on the run
+
+    @property
+    def client(self) -> str:
+        """The client's name (``client_spec.name``): what records and snapshots show."""
+        return self.client_spec.name
+
+    @property
+    def dispatcher(self) -> RunOwner:
+        """The run's owner (the old name, for readers of ``run.dispatcher.virtual``)."""
+        return self.owner
 
     # --- the user's side -------------------------------------------------------------------
     def done(self) -> bool:
-        return self._finished
+        """The run has ended: every node, and its bookkeeping (values freed)."""
+        return self._ended
 
     @property
-    def ended_all(self) -> bool:
+    def nodes_ended(self) -> bool:
         """Every node has ended (the run may still be freeing its last values)."""
         return not self._unended
 
+    ended_all = nodes_ended  # the old name
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every node has finished, failed or been cancelled."""
-        if self._finished:
+        """Wait until every node has ended, failed or been cancelled."""
+        if self._ended:
             return True
-        if self.dispatcher.virtual:  # a simulated clock moves while someone waits
-            return self.dispatcher.executor.settle(self.done, timeout)
-        with self._lock:
-            if self._finished:
+        if self.owner.virtual:  # a simulated clock moves while someone waits
+            return self.owner.settle(self.done, timeout)
+        with self.lock:
+            if self._ended:
                 return True
-            if self._done is None:
-                self._done = threading.Event()
-            done = self._done
-        return done.wait(timeout)
+            if self._ended_event is None:
+                self._ended_event = threading.Event()
+            event = self._ended_event
+        return event.wait(timeout)
 
     def cancel(self, reason: str = "cancelled", error: BaseException | None = None) -> int:
         """Drop every node not yet launched, failing it with ``error`` (by default a
@@ -164,151 +291,31 @@ class ProgramRun:
                                    "before this computation ran")
         queued: dict[int, list[Task]] = {}
         dropped = []
-        with self._lock:
+        with self.lock:
             for t in self.tasks:
-                if t.state is TaskState.WAITING:  # with no scheduler yet
-                    t.state = TaskState.CANCELLED
+                if t.state is _WAITING:  # with no scheduler yet
+                    t.drop()
                     dropped.append(t)
-                elif t.state is TaskState.QUEUED:
+                elif t.state is _QUEUED:
                     queued.setdefault(t.node.island, []).append(t)
-        islands = self.dispatcher.islands
+        owner = self.owner
         for island, tasks in queued.items():
-            dropped += islands[island].cancel(*tasks)
+            dropped += owner.drop_queued(island, tasks)
         for task in dropped:
             soon(self.fail, task, error, True)
-        self.dispatcher.check_memory_when_idle()  # the queue's head may have changed
+        owner.check_memory_when_idle()  # the queue's head may have changed
         return len(dropped)
 
     def __repr__(self) -> str:
-        state = "done" if self.done() else f"{self._remaining} nodes left"
+        state = "ended" if self.done() else f"{self._remaining} nodes left"
         return f"ProgramRun(id={self.id}, name={self.name!r}, client={self.client!r}, {state})"
-
-    # --- values ----------------------------------------------------------------------------
-    def slot_error(self, slots) -> BaseException | None:
-        errors = self.errors
-        if errors:
-            for s in slots:
-                if s in errors:
-                    return errors[s]
-        return None
-
-    def slots_ended(self, slots, timeout: float | None = 0.0) -> float | None:
-        t_done = self.t_done
-        latest = 0.0
-        for s in slots:
-            t = t_done[s]
-            if t is None:
-                break
-            latest = t if t > latest else latest
-        else:
-            return latest
-        if timeout == 0.0:
-            return None
-        with self._lock:
-            if self._changed is None:
-                self._changed = threading.Condition(self._lock)
-            self._waiters += 1
-            try:
-                ok = self._changed.wait_for(lambda: all(t_done[s] is not None for s in slots),
-                                            timeout)
-            finally:
-                self._waiters -= 1
-        return max((t_done[s] for s in slots), default=0.0) if ok else None
-
-    def inputs_arrived(self, group) -> None:
-        """Program arguments given as futures, ``(slot, future)`` pairs, were launched (or
-        resolved)."""
-        with self._lock:
-            values = self.values
-            if values is None:
-                return
-            came = []
-            for slot, fut in group:
-                if fut._error is None and values[slot] is None:
-                    values[slot] = fut._peek()
-                    came.append(slot)
-        self.dispatcher.arrived(self, *came)
-
-    def inputs_ended(self, group) -> None:
-        """Program arguments given as futures, ``(slot, future)`` pairs, resolved: their end
-        times, or their errors."""
-        failed = []
-        with self._lock:
-            values, errors, t_done = self.values, self.errors, self.t_done
-            if values is None:
-                return
-            for slot, fut in group:
-                error = fut._error
-                if error is not None:
-                    errors[slot] = error
-                    failed.append(slot)
-                elif values[slot] is None:
-                    values[slot] = fut._peek()
-                t_done[slot] = fut.t_done
-            if self._waiters:
-                self._changed.notify_all()
-        for slot in failed:
-            self._spread(slot, errors[slot])
-        if not self.parallel:
-            self.dispatcher.arrived(self, *(s for s, _ in group if s not in failed))
-
-    def after(self, task: Task) -> tuple[int, ...]:
-        """The computations on ``task``'s island, still running, whose outputs it reads: it
-        may queue behind them on its devices."""
-        island = task.node.island
-        return tuple(t.id for t in self.producers(task) if t.node.island == island)
-
-    def producers(self, task: Task, running: bool = True):
-        """The computations whose outputs ``task`` reads, on any island (through transfers,
-        and through arguments made by other runs): not yet ended, or (``running=False``) also
-        those that have (one may be DONE before its outputs' errors are recorded)."""
-        todo: list[Task] = []
-        self._producers(task.node.distinct, todo, running)
-        seen: set[int] = set()
-        while todo:
-            t = todo.pop()
-            if (running and t.state is TaskState.DONE) or t.id in seen:
-                continue
-            seen.add(t.id)
-            if t.node.is_compute:
-                yield t
-            else:
-                t.run._producers(t.node.distinct, todo, running)
-
-    def internal_bytes(self) -> list[dict[int, int]]:
-        """Bytes on each device of every value it keeps that is not a future (alive until
-        its last reader ends)."""
-        values, plan, out = self.values, self.plan, []
-        if values is None:
-            return out
-        for s, value in enumerate(list(values)):
-            p = plan.producer[s]
-            if value is not None and p >= 0 and s not in self.futures:
-                node = plan.nodes[p]
-                out.append(node.out_nbytes[node.outputs.index(s)])
-        return out
-
-    def _producers(self, slots, out: list, running: bool = True) -> None:
-        """Append the tasks that make ``slots`` (each once in a row: a state of many leaves
-        has one producer for all of them)."""
-        producer, tasks, futures, last = self.plan.producer, self.tasks, self.futures, None
-        for s in slots:
-            p = producer[s]
-            if p >= 0:
-                t = tasks[p] if tasks else None
-            else:
-                fut = futures.get(s)
-                t = None if fut is None or (running and fut.done()) else fut.producer
-            if t is not None and t is not last:
-                out.append(t)
-                last = t
 
     # --- a task's life ---------------------------------------------------------------------
     def launched(self, task: Task, values) -> None:
         """``task``'s outputs exist (maybe still computing): what counts them may go."""
         node = task.node
-        with self._lock:
-            if task.has_outputs:
+        with self.lock:
+            if task.has_outputs or self.values is None:
                 return
             task.has_outputs = True
             slots = self.values
@@ -318,20 +325,20 @@ class ProgramRun:
         for s, v in zip(node.outputs, values, strict=True):
             fut = futures.get(s)
             if fut is not None:
-                fut._set_launched(v)
+                fut.set_launched(v)
         if self.parallel:
             notify = self.plan.notify
             for s in node.outputs:
                 if notify[s]:
-                    self.dispatcher.arrived(self, s)
+                    self.owner.arrived(self, s)
 
-    def ended(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
-              values=None) -> None:
-        """A task that ran has ended (its executor saw it): the one way out, for both kinds."""
+    def ran(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
+            values=None) -> None:
+        """A task that ran has ended (its end reported, ``Task.report_end``)."""
         node = task.node
         fresh = False
         if values is not None and not task.has_outputs:
-            with self._lock:  # launched and ended at once: its futures resolve in _end (that
+            with self.lock:  # launched and ended at once: its futures resolve in _end (that
                 if not task.has_outputs:  # fires their launch hooks); only slots are set here
                     task.has_outputs = fresh = True
                     slots = self.values
@@ -346,35 +353,33 @@ class ProgramRun:
             notify = self.plan.notify  # consumers counted its launch: now, with its end known
             for s in node.outputs:
                 if notify[s]:
-                    self.dispatcher.arrived(self, s)
+                    self.owner.arrived(self, s)
 
-    def fail(self, task: Task, error: BaseException, settled: bool = False) -> None:
+    def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
         ``error``, and so, through its outputs, does everything that depends on it.
-        ``settled``: the scheduler already dropped it (rejected)."""
-        if not settled:
-            if task.state is TaskState.QUEUED:
-                if not self.dispatcher.islands[task.node.island].cancel(task):
+        ``dropped``: it is CANCELLED already, out of its scheduler (cancelled, rejected)."""
+        if not dropped:
+            if task.state is _QUEUED:
+                if not self.owner.drop_queued(task.node.island, [task]):
                     return  # launched meanwhile: it ends by itself
             else:
-                with self._lock:
-                    if task.state is not TaskState.WAITING:
+                with self.lock:
+                    if not task.drop():
                         return
-                    task.state = TaskState.CANCELLED
-        task.state = TaskState.CANCELLED
-        t = self.dispatcher.now()
+        t = self.owner.now()
         self._end(task, False, error, t, t)
 
     def _end(self, task: Task, ran: bool, error, t_start: float, t_end: float) -> None:
         node = task.node
-        dispatcher = self.dispatcher
+        owner = self.owner
         if ran:
-            task.state = TaskState.DONE
-            if dispatcher.trace.enabled:
+            task.move(_ENDED)
+            if owner.trace.enabled:
                 self.record(task, t_start, t_end, error)
         values, futures = self.values, self.futures
-        spread, dropped = [], []
-        with self._lock:
+        spread, dropped, unparked = [], [], None
+        with self.lock:
             for k, s in enumerate(node.outputs):
                 self.t_done[s] = t_end
                 if error is not None:
@@ -385,13 +390,14 @@ class ProgramRun:
                     dropped.append(self._take(s, node, k))  # nobody reads it
             if self._waiters:
                 self._changed.notify_all()
+            if self._parked:
+                unparked = self._unpark()
             self._unended -= 1  # (not among ctl.runs() once its last outputs resolve)
         if ran:
-            queue = dispatcher.islands[node.island]
             if node.is_compute:  # its devices are free: what waited may launch (its outputs'
-                queue.finished(task, t_end - t_start)  # ends are known by then)
+                owner.computation_ended(task, t_end - t_start)  # ends are known by then)
             if error is not None:  # the memory its outputs reserved (under a budget)
-                queue.release_memory(node.devices, node.memory)
+                owner.release_memory(node.island, node.devices, node.memory)
         if dropped:
             self._free(dropped)
         if futures:
@@ -400,81 +406,48 @@ class ProgramRun:
                 if fut is None:
                     continue
                 if error is not None:
-                    fut._set_exception(error, t_end)
+                    fut.set_exception(error, t_end)
                 else:
                     # computations and copies alike reserved their outputs' memory when
-                    fut._set_result(values[s], t_end, True, node.out_nbytes[k])  # launched
+                    fut.set_result(values[s], t_end, True, node.out_nbytes[k])  # launched
+        if unparked:
+            resume(unparked)
         for s in spread:
-            self._spread(s, error)
+            self.spread(s, error)
         if error is None and not self.parallel:
-            for s in node.outputs:
-                dispatcher.arrived(self, s)
+            owner.arrived(self, *node.outputs)
         if node.inputs:
             self._release_inputs(node)
-        with self._lock:  # (another task's end may still be freeing values: the last to
-            self._remaining -= 1  # finish its own bookkeeping closes the run)
-            finished = self._remaining == 0
-        if finished:  # keep nothing alive: the run stays reachable from its futures
-            dispatcher.run_ended(self)
+        with self.lock:  # (another task's end may still be freeing values: the last to
+            self._remaining -= 1  # end its own bookkeeping closes the run)
+            over = self._remaining == 0
+        if over:  # keep nothing alive: the run stays reachable from its futures
+            owner.run_ended(self)
             self.tasks = []
             self.values = None
             self.futures = {}
             values = futures = fut = None  # nor does this frame, once the run says it is done
-            with self._lock:
-                self._finished = True
-                done = self._done
-            if done is not None:
-                done.set()
-        if ran and dispatcher.memory_budget is not None:  # in flight until its frees are
-            dispatcher.settled()  # done: an idle check must not count what it is freeing
+            with self.lock:
+                self._ended = True
+                event = self._ended_event
+            if event is not None:
+                event.set()
+        if ran and owner.memory_budget is not None:  # in flight until its frees are
+            owner.work_ended()  # done: an idle check must not count what it is freeing
 
-    def _spread(self, slot: int, error: BaseException) -> None:
+    def spread(self, slot: int, error: BaseException) -> None:
         """Every task reading ``slot`` that has not started fails with ``error``."""
         tasks = self.tasks
         if not tasks:
             return  # the run is over
         for c in self.plan.consumers[slot]:
             task = tasks[c]
-            if task.state in (TaskState.WAITING, TaskState.QUEUED):
+            if task.state is _WAITING or task.state is _QUEUED:
                 soon(self.fail, task, error)
-
-    def _release_inputs(self, node: PlanNode) -> None:
-        """The task is over: inputs only runs of this program read are freed after their last
-        reader (the user's values and futures are the object store's business)."""
-        refs, plan, dropped = self.refs, self.plan, []
-        with self._lock:
-            for s in node.distinct:
-                refs[s] -= 1
-                if not refs[s] and s not in self.futures and plan.producer[s] >= 0 \
-                        and self.values is not None:
-                    producer = plan.nodes[plan.producer[s]]
-                    dropped.append(self._take(s, producer, producer.outputs.index(s)))
-        if dropped:
-            self._free(dropped)
-
-    def _take(self, slot: int, producer: PlanNode, k: int) -> tuple:
-        """Take an internal value out of its slot (under the run's lock), to be freed."""
-        value, self.values[slot] = self.values[slot], None
-        return value, producer, k
-
-    def _free(self, dropped: list[tuple]) -> None:
-        """Delete internal values' buffers and give their reserved memory back to the
-        islands' schedulers (outside the run's lock: that may launch work)."""
-        for value, producer, k in dropped:
-            if value is None:
-                continue
-            if hasattr(value, "delete"):
-                try:
-                    value.delete()
-                except Exception:  # already deleted or donated: nothing left to free
-                    pass
-            nbytes = producer.out_nbytes[k]
-            self.dispatcher.islands[producer.island].release_memory(
-                list(nbytes), max(nbytes.values(), default=0))
 
     def record(self, task: Task, t_start: float, t_end: float, error) -> None:
         """Append the task's span to the trace (plain strings: this runs per computation)."""
-        node, g, status = task.node, task.node.node, "ok" if error is None else "error"
+        node, g, status = task.node, task.graph_node, "ok" if error is None else "error"
         where = _NOWHERE if node.is_compute else {
             "nbytes": g.nbytes, "src": g.src, "dst": g.dst, "src_devices": g.src_devices,
             "link": g.link}

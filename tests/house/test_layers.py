@@ -1,8 +1,9 @@
 """The house's rules, read from the source with ``ast`` (no import runs):
 
 - each layer imports only the layers below it (CONTRIBUTING.md has the table);
-- no import circles between the package's modules (imports inside functions count too: a late
-  import only hides a circle);
+- no import circles between the package's modules (imports inside functions and type-only ones
+  under ``if TYPE_CHECKING:`` count too: a late or type-only import only hides a circle, the
+  modules still know each other);
 - no private name (``_x``) imported from another module, nor read or set on another object
   (``obj._x`` where ``obj`` is not ``self`` or ``cls``: the ``SLF001`` rule of ruff, read here
   with ``ast`` so the test needs no linter);
@@ -37,25 +38,13 @@ KNOWN_PRIVATE: set[tuple[str, str]] = set()
 # Private attributes reached on another object today: (module, "obj._x"). Fixed by the
 # parallel branches of issue 24 (wt-core, wt-contract, wt-hostcost); empty this after merging.
 KNOWN_PRIVATE_ATTRIBUTES: set[tuple[str, str]] = {
-    ("pwkernel.backends.ray.island", "host.actor._actor_id"),
-    ("pwkernel.runtime.dispatcher", "leaf._state"),
-    ("pwkernel.runtime.dispatcher", "leaf._error"),
-    ("pwkernel.runtime.dispatcher", "leaf._peek"),
-    ("pwkernel.runtime.dispatcher", "run._spread"),
-    ("pwkernel.runtime.dispatcher", "fut._on_launch"),
-    ("pwkernel.runtime.dispatcher", "fut._hook"),
-    ("pwkernel.runtime.dispatcher", "run._lock"),
     ("pwkernel.runtime.objects", "fut._set_result"),
-    ("pwkernel.runtime.tasks", "fut._error"),
-    ("pwkernel.runtime.tasks", "fut._peek"),
-    ("pwkernel.runtime.tasks", "t.run._producers"),
-    ("pwkernel.runtime.tasks", "fut._set_launched"),
-    ("pwkernel.runtime.tasks", "fut._set_exception"),
-    ("pwkernel.runtime.tasks", "fut._set_result"),
 }
 # Private names of the standard library's own types that are their public API.
 PUBLIC_PRIVATE = {"_make", "_asdict", "_replace", "_fields", "_field_defaults", "_name_",
                   "_value_"}
+# Import circles main has today (type-only imports counted), each with the issue that removes it.
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 # Modules over MAX_LINES, each to be split.
 LONG: set[str] = set()
 
@@ -232,10 +221,19 @@ def test_the_known_exceptions_still_exist():
     assert KNOWN_PRIVATE <= used, f"remove from KNOWN_PRIVATE: {KNOWN_PRIVATE - used}"
 
 
+def new_cycles(modules: dict[str, Path] | None = None) -> list[list[str]]:
+    """The import circles, type-only imports counted, that ``KNOWN_CIRCLES`` does not list."""
+    return [c for c in cycles(edges(modules)) if frozenset(c) not in KNOWN_CIRCLES]
+
+
 def test_no_import_circles():
-    found = cycles(edges(typing=False))
-    assert not found, ("modules that import each other (directly or round a circle); move what "
-                       f"both need into a module below them: {found}")
+    found = new_cycles()
+    assert not found, ("modules that import each other (directly or round a circle, imports "
+                       "under `if TYPE_CHECKING:` included); move what both need into a module "
+                       "below them, or pass it in through a Protocol defined below both: "
+                       f"{found}")
+    gone = KNOWN_CIRCLES - {frozenset(c) for c in cycles(edges())}
+    assert not gone, f"remove from KNOWN_CIRCLES, the circle is gone: {gone}"
 
 
 def test_no_private_names_across_modules():
@@ -291,7 +289,7 @@ def test_modules_stay_small():
     assert set(long) >= LONG, f"remove from LONG, now short enough: {LONG - set(long)}"
 
 
-@pytest.mark.parametrize("case", ["layer", "circle", "private"])
+@pytest.mark.parametrize("case", ["layer", "circle", "typed circle", "private"])
 def test_the_checks_catch_what_they_forbid(tmp_path, case):
     """Each rule, broken once in a throwaway package laid out like ours."""
     pkg = tmp_path / "pwkernel"
@@ -301,8 +299,10 @@ def test_the_checks_catch_what_they_forbid(tmp_path, case):
     (pkg / "__init__.py").write_text("")
     body = {"layer": ("from ..viz import b\n", ""),
             "circle": ("from . import b\n", "from . import a\n"),
+            "typed circle": ("from . import b\n", "from typing import TYPE_CHECKING\n"
+                             "if TYPE_CHECKING:\n    from .a import A\n"),
             "private": ("from .b import _hidden\n", "_hidden = 1\n")}[case]
-    where = "viz" if case == "circle" else "runtime"
+    where = "viz" if "circle" in case else "runtime"
     (pkg / "runtime" / "a.py").write_text(body[0])
     (pkg / where / "b.py").write_text(body[1])
     global ROOT, PACKAGE
@@ -310,10 +310,10 @@ def test_the_checks_catch_what_they_forbid(tmp_path, case):
     ROOT, PACKAGE = tmp_path, pkg
     try:
         mods = {module_name(p): p for p in sorted(pkg.rglob("*.py"))}
-        if case == "circle":
+        if "circle" in case:
             (pkg / "runtime" / "b.py").write_text(body[1])
             mods = {module_name(p): p for p in sorted(pkg.rglob("*.py"))}
-            assert cycles(edges(mods)) == [["pwkernel.runtime.a", "pwkernel.runtime.b"]]
+            assert new_cycles(mods) == [["pwkernel.runtime.a", "pwkernel.runtime.b"]]
         elif case == "layer":
             assert layer_violations(mods) and "runtime imports pwkernel.viz" in \
                 layer_violations(mods)[0]

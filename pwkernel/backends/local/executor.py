@@ -5,18 +5,20 @@ it over, in decision order; JAX dispatches asynchronously, so this returns at on
 computation that calls back into Python (which XLA may run synchronously in the launching
 thread) is launched by one of the island's worker threads instead.
 
-Seeing ends, without a thread hand-off where possible: right after a launch, if the outputs
-are already ready (XLA's CPU client runs small computations within the call), nothing launched
-before is still being watched on those devices, and the inputs' ends are known, the end is
-reported at once, from the launching thread. Otherwise the launch is queued for the watcher
-thread of its device set (one thread per set of devices that ever ran work, joined at
-``close()``), which waits for its outputs (``block_until_ready``) and reports the end. Ends on
-one device set are reported in launch order either way, and a watcher waits only for a
-computation's producers (launched before it), so no wait can go in a circle.
+Seeing completions, without a thread hand-off where possible: right after a launch, if the
+outputs are already ready (XLA's CPU client runs small computations within the call) and
+nothing launched before is still being watched on those devices, the completion is reported at
+once, from the launching thread. Otherwise the launch is queued for the watcher thread of its
+device set (one thread per set of devices that ever ran work, joined at ``close()``), which
+waits on its fence (``block_until_ready``) and reports the completion. This backend only says
+"completed, seen at t" (``Task.completed``): the runtime reports the end in launch order and
+after the inputs' ends (``runtime/ends.py``), so a watcher never waits for anything but its own
+launches' fences.
 
 Transfers are ``jax.device_put`` onto the destination layout, started at once (the source may
-still be computing); one that is ready at once ends at once, others are watched by the transfer
-threads, which also hold emulated DCN transfers to the link model.
+still be computing); one that is ready at once completes at once, others are watched by the
+transfer threads, which also hold emulated DCN transfers to the link model (the one place this
+backend reads when inputs ended: the link model starts a copy at its source's end).
 """
 
 from __future__ import annotations
@@ -89,42 +91,31 @@ class LocalBackend(NoGroup):
                 site.spawn(self._launch, site, task, waits)
 
     def _launch(self, site: _Site, task: Task, waits: bool = False) -> None:
-        node, run = task.node, task.run
+        node = task.node
         if node.exe.donated:
             error = _donatable(task, waits)
             if error is not None:  # nothing donated: the inputs stay valid
                 site.watch(task, None, error)
                 return
-        values = run.values
+        inputs = task.inputs()
         t_launch = task.t_launch = _now()
         try:
-            outs = node.call(*[values[s] for s in node.inputs])
+            outs = node.call(*inputs)
         except BaseException as e:  # noqa: BLE001 - a failed launch fails its outputs
             site.watch(task, None, e)
             return
-        devices = node.devices
-        watcher = site.watchers.get(devices)
+        inputs = None  # (a donated input is the callee's now)
+        watcher = site.watchers.get(node.devices)
         if watcher is not None:
             watcher.last_launch, watcher.last_launcher = t_launch, get_ident()
+        # Seen to complete now, with no hand-off, if the outputs are ready already (nothing
+        # launched before it here is still watched).
         if node.asynchronous and (watcher is None or not watcher.outstanding
-                                  or watcher.help()):
-            # Seen to end now, with no hand-off, if the outputs are ready already and the
-            # inputs' ends are known (nothing launched before it here is still watched).
-            if _ready(outs):
-                t_done, earliest = run.t_done, t_launch
-                for s in node.inputs:
-                    t = t_done[s]
-                    if t is None:
-                        break
-                    if t > earliest:
-                        earliest = t
-                else:
-                    t_end = _now()
-                    run.ended(task, site.span(devices, earliest, t_end), t_end,
-                              failure(outs), outs)  # (a host callback's exception, if any)
-                    return
+                                  or watcher.help()) and _ready(outs):
+            task.completed(_now(), failure(outs), outs)  # (a host callback's exception)
+            return
         site.watch(task, outs, None)  # queued before any consumer can be launched behind it
-        run.launched(task, outs)
+        task.launched(outs)
 
     def expedite(self, task: Task, timeout: float | None = None) -> None:
         """A thread waits for ``task``'s outputs (and so launches nothing meanwhile): the
@@ -140,9 +131,8 @@ class LocalBackend(NoGroup):
     def transfer(self, task: Task) -> None:
         node = task.node
         try:
-            out = jax.device_put(task.run.values[node.inputs[0]], node.sharding,
-                                 may_alias=False)
-            if node.node.shares_buffers:
+            out = jax.device_put(task.inputs()[0], node.sharding, may_alias=False)
+            if task.graph_node.shares_buffers:
                 # JAX reuses the source's buffer where a device holds the same block in both
                 # layouts, whatever may_alias says; the runtime frees this output after its
                 # last reader, and the source may be the user's: copy those (async).
@@ -150,14 +140,16 @@ class LocalBackend(NoGroup):
         except BaseException as e:  # noqa: BLE001
             self.transfers.submit(self._land, task, None, e)
             return
-        if not (self.transfers.dcn is not None and node.node.link == _DCN):
+        if not self._emulated(task):
             if out.is_ready():
-                t_inputs = task.inputs_ended()
-                if t_inputs is not None:
-                    task.ended(max(task.t_launch, t_inputs), _now(), None, [out])
-                    return
+                task.completed(_now(), None, [out])
+                return
             task.launched([out])  # an emulated link releases it only when it lands
         self.transfers.submit(self._land, task, out, None)
+
+    def _emulated(self, task: Task) -> bool:
+        """A copy the DCN link model holds until it lands."""
+        return self.transfers.dcn is not None and task.graph_node.link == _DCN
 
     def _land(self, task: Task, out, error) -> None:
         if error is None:
@@ -165,24 +157,26 @@ class LocalBackend(NoGroup):
                 out.block_until_ready()
             except BaseException as e:  # noqa: BLE001
                 error = e
+        if error is not None or not self._emulated(task):
+            task.completed(_now(), error, None if out is None else [out])
+            return
         t_inputs = task.inputs_ended()
         if t_inputs is None:
-            # The source's end is not reported yet, and its watcher may itself wait for copies
-            # queued behind this one: waiting here could take every transfer worker. Its own
-            # thread waits instead (it ends when the source's end is reported).
-            threading.Thread(target=self._landed, args=(task, out, error, None), daemon=True,
+            # The link model starts the copy at its source's end, not reported yet: waiting
+            # for it here could take every transfer worker, so its own thread waits.
+            threading.Thread(target=self._landed, args=(task, out, None), daemon=True,
                              name="pw-transfer-wait").start()
             return
-        self._landed(task, out, error, t_inputs)
+        self._landed(task, out, t_inputs)
 
-    def _landed(self, task: Task, out, error, t_inputs: float | None) -> None:
+    def _landed(self, task: Task, out, t_inputs: float | None) -> None:
+        """Hold an emulated DCN copy until the link model says it landed."""
         if t_inputs is None:
             t_inputs = task.inputs_ended(None)
         begin = max(task.t_launch, t_inputs)
-        g = task.node.node
-        if error is None:
-            self.transfers.delay(g.link, g.src, g.dst, g.nbytes, begin)
-        task.ended(begin, _now(), error, None if out is None else [out])
+        g = task.graph_node
+        self.transfers.delay(g.link, g.src, g.dst, g.nbytes, begin)
+        task.completed(_now(), None, [out], t_start=begin)
 
     # --- the rest of the interface ---------------------------------------------------------
     def fetch(self, value, sharding) -> Any:
@@ -213,7 +207,7 @@ def _donatable(task: Task, waits: bool) -> BaseException | None:
     transfer thread waits on that very buffer). Such a launch runs on a worker thread, never on
     a watcher that may itself have to report the end it waits for."""
     if waits:
-        for producer in task.run.producers(task):
+        for producer in task.producers():
             producer.expedite()  # its watcher reports it at once
         task.inputs_ended(None)
     return task.input_error()
@@ -223,19 +217,11 @@ def _waits(task: Task) -> bool:
     """Whether a donating launch must wait for its inputs' ends (see ``_donatable``)."""
     if task.inputs_ended() is not None:
         return False
-    run, node = task.run, task.node
-    for t in run.producers(task, running=False):  # (DONE, its error maybe not yet recorded)
+    for t in task.producers(running=False):  # (ended, its error maybe not yet recorded)
         if not t.node.asynchronous:
             return True
-    t_done, producer, tasks = run.t_done, run.plan.producer, run.tasks
-    for i in node.exe.donated:
-        s = node.inputs[i]
-        if t_done[s] is None:  # made by a copy (of this run, or of the run it comes from)?
-            p = producer[s]
-            maker = tasks[p] if p >= 0 else getattr(run.futures.get(s), "producer", None)
-            if maker is not None and not maker.node.is_compute:
-                return True
-    return False
+    # made by a copy (of this run, or of the run it comes from)?
+    return any(not maker.node.is_compute for maker in task.donated_makers())
 
 
 def _ready(outs) -> bool:
@@ -249,29 +235,29 @@ def _block(outs) -> None:
     outs.fence.block_until_ready()
 
 
+def _observe(task: Task, outs, error, t_ready: float | None = None) -> None:
+    """Report that a launched computation completed, seen at ``t_ready`` (or now)."""
+    if error is None:
+        try:
+            _block(outs)
+        except BaseException as e:  # noqa: BLE001
+            error = e
+        else:  # what a host callback raised (its outputs are ready: it has run)
+            error = failure(outs)
+    task.completed(_now() if t_ready is None else t_ready, error, outs)
+
+
 class _Site:
     """One island's threads: workers for computations that may run synchronously, and one
     watcher per device set."""
 
     def __init__(self, island: Island):
         self.island = island
-        self.last_end: dict[int, float] = {}  # device -> when the work seen last there ended
         self._lock = threading.Lock()
         self.watchers: dict[tuple[int, ...], _Watcher] = {}  # by device set
         self._closing = False
         self._workers = ThreadPoolExecutor(len(island.devices),
                                            thread_name_prefix=f"pw-island{island.id}")
-
-    def span(self, devices: tuple[int, ...], earliest: float, t_end: float) -> float:
-        """The start of work that ended at ``t_end``: not before ``earliest`` (its launch, its
-        inputs' ends) nor before the previous work on its devices ended."""
-        last = self.last_end
-        for d in devices:
-            t = last.get(d, 0.0)
-            if t > earliest:
-                earliest = t
-            last[d] = t_end
-        return earliest
 
     def spawn(self, fn, *args) -> None:
         try:
@@ -288,27 +274,11 @@ class _Site:
                 watcher = None if self._closing else self.watchers.get(devices)
                 if watcher is None and not self._closing:
                     watcher = self.watchers[devices] = _Watcher(
-                        self, f"pw-island{self.island.id}-watch-{'.'.join(map(str, devices))}")
-        if watcher is None:  # closing: no new threads; see it end here, waiting only for data
-            self.observe(task, outs, error, wait_inputs=False)
+                        f"pw-island{self.island.id}-watch-{'.'.join(map(str, devices))}")
+        if watcher is None:  # closing: no new threads; see it complete here
+            _observe(task, outs, error)
         else:
             watcher.put(task, outs, error)
-
-    def observe(self, task: Task, outs, error, t_ready: float | None = None,
-                wait_inputs: bool = True) -> None:
-        """Report a launched computation's end: when its outputs were seen ready
-        (``t_ready``, or now), not before its producers' ends (seen first)."""
-        if error is None:
-            try:
-                _block(outs)
-            except BaseException as e:  # noqa: BLE001
-                error = e
-            else:  # what a host callback raised (its outputs are ready: it has run)
-                error = failure(outs)
-        t_inputs = task.inputs_ended(None if wait_inputs else 0.0) or 0.0
-        t_end = _now() if t_ready is None else max(t_ready, t_inputs)
-        t_start = self.span(task.node.devices, max(task.t_launch, t_inputs), t_end)
-        task.ended(t_start, t_end, error, outs)
 
     def close(self) -> None:
         self._workers.shutdown(wait=True)
@@ -320,16 +290,16 @@ class _Site:
 
 
 class _Watcher:
-    """A thread that sees the computations launched on one device set end, in launch order.
+    """A thread that sees the computations launched on one device set complete, in launch
+    order.
 
     The thread that launches more work on the device set, or waits for a result of it, may
-    report ends too (``help``): whatever is at the head of the queue and already ready is
+    report completions too (``help``): whatever is at the head of the queue and already ready is
     reported right there, in order. One reporter at a time (``_observing``); this thread takes
     it only once the head's outputs are ready (noting when: that is the end's time, whoever
     reports it), so a helper never waits behind a computation still running."""
 
-    def __init__(self, site: _Site, name: str):
-        self._site = site
+    def __init__(self, name: str):
         self._queue: collections.deque = collections.deque()  # [task, outs, error, t_ready]
         self._changed = threading.Condition()
         self._observing = threading.Lock()
@@ -370,11 +340,9 @@ class _Watcher:
                         return False  # the watcher waits on it: it reports it
                     if error is None and t_ready is None and not _ready(outs):
                         return False
-                    if task.inputs_ended() is None:
-                        return False
                     with self._changed:
                         queue.popleft()
-                    self._site.observe(task, outs, error, t_ready=t_ready)
+                    _observe(task, outs, error, t_ready)
                     with self._changed:
                         self.outstanding -= 1
                 return not self.outstanding
@@ -388,7 +356,7 @@ class _Watcher:
             self._changed.notify()
 
     def _run(self) -> None:
-        observe, queue, me = self._site.observe, self._queue, threading.get_ident()
+        observe, queue, me = _observe, self._queue, threading.get_ident()
         while True:
             with self._changed:
                 while not queue and not self._closed:

@@ -86,9 +86,12 @@ class IslandActor:
     def info(self) -> dict:
         import socket
 
+        import ray
+
         return {"island": self.island, "platform": self.devices[0].platform,
                 "devices": [str(d) for d in self.devices], "pid": os.getpid(),
-                "host": socket.gethostname()}
+                "host": socket.gethostname(),
+                "actor": ray.get_runtime_context().get_actor_id()}
 
     def peers(self, handles: dict) -> None:
         """The other islands' actors (at start, and when one is replaced)."""

@@ -29,7 +29,7 @@ from ...runtime.tasks import Task
 from .cluster import IslandHost
 
 _now = time.perf_counter
-_WAIT_INPUTS = 60.0  # seconds a finished node waits for its producers' own reports
+_WAIT_INPUTS = 60.0  # seconds of silence from an actor, while closing, before giving up
 _POLL = 1.0  # seconds one poll for completion records waits on the actor
 _FREE_DELAY = 0.02  # seconds buffer frees wait to be sent together (or with work)
 
@@ -285,17 +285,18 @@ class RaySite:
         return record, None
 
     def _ended(self, task: Task, record, handles, error, src_host: IslandHost | None) -> None:
-        task.inputs_ended(_WAIT_INPUTS)  # producers report first: an upstream error wins
+        """Report that ``task``'s item completed (the runtime reports its end after its
+        inputs' ends, so an upstream error wins: ``runtime/ends.py``)."""
         to_local = self.host.to_local
         t_end = _now() if record is None else to_local(record["t_end"])
         t_start = t_end if record is None else to_local(record["t_start"])
         if record is not None and src_host is not None and "t_src" in record:
             t_start = min(t_start, src_host.to_local(record["t_src"]))
-        task.ended(t_start, t_end, error, handles or None)
+        task.completed(t_end, error, handles or None, t_start=t_start)
 
     def status(self) -> dict:
         host = self.host
-        return {"actor": None if host.actor is None else host.actor._actor_id.hex(),
+        return {"actor": None if host.actor is None else host.info.get("actor"),
                 "lost": host.lost, "generation": host.generation}
 
     def close(self) -> None:

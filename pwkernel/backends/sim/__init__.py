@@ -18,10 +18,11 @@ True
 from .cluster import CALIBRATION_KEYS, PRESETS, Chip, Cluster, HostCosts, Interconnect, Network
 from .cost import Analysis, Collective, Cost, abstract_mesh, analyze, estimate, lower, roofline
 from .deadlock import Deadlock, Wait
-from .engine import SimRun, Simulator
+from .engine import Simulator
 from .errors import DeadlockError, SimError
 from .executor import SimDevice, SimExecutor, SimValue
 from .program import NodeKind, SimNode, SimProgram, from_graph, xla_cost
+from .tasks import SimRun
 
 __all__ = [
     "CALIBRATION_KEYS", "PRESETS", "Analysis", "Chip", "Cluster", "Collective", "Cost",

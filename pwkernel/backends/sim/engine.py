@@ -37,7 +37,6 @@ opposite orders, each waits for the other forever: ``run`` finds the cycle and r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -50,7 +49,7 @@ from .cluster import Cluster
 from .deadlock import find_deadlock
 from .errors import DeadlockError, SimError
 from .program import SimProgram
-from .tasks import SimTask
+from .tasks import SimRun, SimTask
 from .timing import Timing
 
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
@@ -61,23 +60,6 @@ class SimIsland(NamedTuple):
 
     id: int
     device_ids: tuple[int, ...]
-
-
-@dataclass
-class SimRun:
-    """One submission of a program: when it was submitted and when its last node ended."""
-
-    id: int
-    name: str
-    client: str
-    t_submit: float
-    t_done: float | None = None
-    remaining: int = 0
-    tasks: list[SimTask] = field(default_factory=list, repr=False)
-
-    @property
-    def duration(self) -> float | None:
-        return None if self.t_done is None else self.t_done - self.t_submit
 
 
 class Simulator:

@@ -12,7 +12,6 @@ from .program import NodeKind, SimNode
 
 if TYPE_CHECKING:
     from .cluster import Cluster
-    from .engine import SimRun
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,3 +83,20 @@ class SimTask:
 
     def __repr__(self) -> str:
         return f"SimTask({self.node.name!r} of {self.run.name!r}, id={self.id})"
+
+
+@dataclass
+class SimRun:
+    """One submission of a program: when it was submitted and when its last node ended."""
+
+    id: int
+    name: str
+    client: str
+    t_submit: float
+    t_done: float | None = None
+    remaining: int = 0
+    tasks: list[SimTask] = field(default_factory=list, repr=False)
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.t_done is None else self.t_done - self.t_submit

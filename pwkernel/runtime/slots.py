@@ -1,0 +1,249 @@
+"""A run's values: one slot per value of its graph, when each ended, who makes it, and the
+arguments given as futures arriving.
+
+``RunSlots`` is the part of a ``ProgramRun`` (``tasks.py``) that holds and answers questions
+about values; it changes no task's state. Only the values the user sees (the program's
+outputs, and futures passed in) are ``Future``s; the rest live in ``values`` until their last
+reader ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .objects import Future
+
+if TYPE_CHECKING:
+    from .plan import Plan, PlanNode
+
+
+class RunSlots:
+    """The values of one run, by slot (see the module docstring). ``ProgramRun`` adds
+    ``owner``, ``parallel`` and ``waiting`` (the count of inputs each node still waits for)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        n = plan.nslots
+        self.values: list[Any] | None = [None] * n  # None once the run is over
+        self.t_done: list[float | None] = [None] * n  # when each slot's value ended
+        self.errors: dict[int, BaseException] = {}
+        self.futures: dict[int, Future] = {}
+        self.refs = list(plan.refs)
+        self.tasks: list = []  # its Tasks (tasks.py), by node index; [] once it is over
+        self.lock = threading.Lock()  # the run's: slot writes and task moves happen under it
+        self._changed: threading.Condition | None = None  # made when someone waits on a value
+        self._waiters = 0
+        self._parked: dict[int, Any] = {}  # completions waiting for their inputs' ends
+
+    def slot_error(self, slots) -> BaseException | None:
+        """The error of the first of ``slots`` that failed, if any."""
+        errors = self.errors
+        if errors:
+            for s in slots:
+                if s in errors:
+                    return errors[s]
+        return None
+
+    def slots_ended(self, slots, timeout: float | None = 0.0) -> float | None:
+        """When the last of ``slots`` ended; None if one has not (after waiting up to
+        ``timeout`` seconds; None waits as long as it takes)."""
+        t_done = self.t_done
+        latest = 0.0
+        for s in slots:
+            t = t_done[s]
+            if t is None:
+                break
+            latest = t if t > latest else latest
+        else:
+            return latest
+        if timeout == 0.0:
+            return None
+        with self.lock:
+            if self._changed is None:
+                self._changed = threading.Condition(self.lock)
+            self._waiters += 1
+            try:
+                ok = self._changed.wait_for(lambda: all(t_done[s] is not None for s in slots),
+                                            timeout)
+            finally:
+                self._waiters -= 1
+        return max((t_done[s] for s in slots), default=0.0) if ok else None
+
+    def producers(self, task, running: bool = True):
+        """The computations whose outputs ``task`` reads, on any island (through transfers,
+        and through arguments made by other runs): not yet ended, or (``running=False``) also
+        those that have (one may have ended before its outputs' errors are recorded)."""
+        todo: list = []
+        self.slot_makers(task.node.distinct, todo, running)
+        seen: set[int] = set()
+        while todo:
+            t = todo.pop()
+            if (running and t.has_ended) or t.id in seen:
+                continue
+            seen.add(t.id)
+            if t.node.is_compute:
+                yield t
+            else:
+                t.run.slot_makers(t.node.distinct, todo, running)
+
+    def after(self, task) -> tuple[int, ...]:
+        """The computations on ``task``'s island, still running, whose outputs it reads: it
+        may queue behind them on its devices."""
+        island = task.node.island
+        return tuple(t.id for t in self.producers(task) if t.node.island == island)
+
+    def slot_makers(self, slots, out: list, running: bool = True) -> None:
+        """Append the tasks that make ``slots`` (each once in a row: a state of many leaves
+        has one producer for all of them); with ``running``, only those not ended."""
+        producer, tasks, futures, last = self.plan.producer, self.tasks, self.futures, None
+        for s in slots:
+            p = producer[s]
+            if p >= 0:
+                t = tasks[p] if tasks else None
+            else:
+                fut = futures.get(s)
+                t = None if fut is None or (running and fut.done()) else fut.producer
+            if t is not None and t is not last:
+                out.append(t)
+                last = t
+
+    def maker(self, slot: int):
+        """The task that makes ``slot`` (of this run, or of the run a future argument comes
+        from); None for the user's values and constants."""
+        p = self.plan.producer[slot]
+        if p >= 0:
+            return self.tasks[p] if self.tasks else None
+        return getattr(self.futures.get(slot), "producer", None)
+
+    def internal_bytes(self) -> list[dict[int, int]]:
+        """Bytes on each device of every value it keeps that is not a future (alive until
+        its last reader ends)."""
+        values, plan, out = self.values, self.plan, []
+        if values is None:
+            return out
+        for s, value in enumerate(list(values)):
+            p = plan.producer[s]
+            if value is not None and p >= 0 and s not in self.futures:
+                node = plan.nodes[p]
+                out.append(node.out_nbytes[node.outputs.index(s)])
+        return out
+
+    def _take(self, slot: int, producer, k: int) -> tuple:
+        """Take an internal value out of its slot (under the run's lock), to be freed."""
+        value, self.values[slot] = self.values[slot], None
+        return value, producer, k
+
+    def count_arrived(self, slots) -> list:
+        """Count ``slots`` for the nodes that wait on them; returns those now complete."""
+        readers = self.plan.notify if self.parallel else self.plan.consumers
+        waiting, tasks, go = self.waiting, self.tasks, []
+        with self.lock:
+            for slot in slots:
+                for c in readers[slot]:
+                    waiting[c] -= 1
+                    if not waiting[c]:
+                        go.append(tasks[c])
+        return go
+
+    def inputs_arrived(self, group) -> None:
+        """Program arguments given as futures, ``(slot, future)`` pairs, were launched (or
+        resolved)."""
+        with self.lock:
+            values = self.values
+            if values is None:
+                return
+            came = []
+            for slot, fut in group:
+                if fut.error is None and values[slot] is None:
+                    values[slot] = fut.peek()
+                    came.append(slot)
+        self.owner.arrived(self, *came)
+
+    def inputs_ended(self, group) -> None:
+        """Program arguments given as futures, ``(slot, future)`` pairs, resolved: their end
+        times, or their errors."""
+        failed = []
+        with self.lock:
+            values, errors, t_done = self.values, self.errors, self.t_done
+            if values is None:
+                return
+            for slot, fut in group:
+                error = fut.error
+                if error is not None:
+                    errors[slot] = error
+                    failed.append(slot)
+                elif values[slot] is None:
+                    values[slot] = fut.peek()
+                t_done[slot] = fut.t_done
+            if self._waiters:
+                self._changed.notify_all()
+            unparked = self._unpark() if self._parked else None
+        if unparked:
+            resume(unparked)
+        for slot in failed:
+            self.spread(slot, errors[slot])
+        if not self.parallel:
+            self.owner.arrived(self, *(s for s, _ in group if s not in failed))
+
+    def park(self, task) -> float | None:
+        """When ``task``'s inputs ended; None if one has not: then ``task`` is parked, and
+        the end of its last input reports it (``ends.py``)."""
+        slots = task.node.inputs
+        t = self.slots_ended(slots)
+        if t is not None:
+            return t
+        with self.lock:
+            t = self.slots_ended(slots)
+            if t is None:
+                self._parked[task.id] = task
+            return t
+
+    def _unpark(self) -> list[tuple[Any, float]]:
+        """Under the lock: the parked tasks whose inputs have all ended now."""
+        out = []
+        for tid, task in list(self._parked.items()):
+            t = self.slots_ended(task.node.inputs)
+            if t is not None:
+                del self._parked[tid]
+                out.append((task, t))
+        return out
+
+    def _release_inputs(self, node: PlanNode) -> None:
+        """The task has ended: inputs only runs of this program read are freed after their
+        last reader (the user's values and futures are the object store's business)."""
+        refs, plan, dropped = self.refs, self.plan, []
+        with self.lock:
+            for s in node.distinct:
+                refs[s] -= 1
+                if not refs[s] and s not in self.futures and plan.producer[s] >= 0 \
+                        and self.values is not None:
+                    producer = plan.nodes[plan.producer[s]]
+                    dropped.append(self._take(s, producer, producer.outputs.index(s)))
+        if dropped:
+            self._free(dropped)
+
+    def _free(self, dropped: list[tuple]) -> None:
+        """Delete internal values' buffers and give their reserved memory back to the
+        islands' schedulers (outside the run's lock: that may launch work)."""
+        for value, producer, k in dropped:
+            if value is None:
+                continue
+            if hasattr(value, "delete"):
+                try:
+                    value.delete()
+                except Exception:  # already deleted or donated: nothing left to free
+                    pass
+            nbytes = producer.out_nbytes[k]
+            self.owner.release_memory(producer.island, list(nbytes),
+                                      max(nbytes.values(), default=0))
+
+
+def resume(unparked: list[tuple[Any, float]]) -> None:
+    """Report the parked completions whose inputs have ended (outside the run's lock)."""
+    for task, t_inputs in unparked:
+        line = task.line
+        if line is None:
+            task.report_end(t_inputs)
+        else:
+            line.pump()
