@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -32,26 +32,53 @@ class FutureState(StrEnum):
     CANCELLED = "cancelled"
 
 
+_PENDING, _DONE = FutureState.PENDING, FutureState.DONE
+_RUNNING = "running"  # a producer task's state from its launch to its end (a TaskState value)
+_clock = time.perf_counter
+_DTYPES: dict[Any, np.dtype] = {}  # np.dtype() of each dtype given: a lookup is 10x cheaper
+
+
+def _dtype(dtype) -> np.dtype:
+    out = np.dtype(dtype)
+    if out.metadata is None and out.fields is None:  # (equal dtypes that differ in those)
+        try:
+            _DTYPES[dtype] = out
+        except TypeError:
+            pass
+    return out
+
+
 def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
     """Bytes a buffer of ``shape``/``dtype`` laid out by ``sharding`` holds on each device."""
     per = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * np.dtype(dtype).itemsize
     return {d.id: per for d in sharding.device_set}
 
 
-class _Ref(weakref.ref):
-    """The store's weak reference to a future, with the key and buffer it stands for (one
-    object per live buffer: the store's bookkeeping allocates little)."""
+def _on_value(op: Callable) -> Callable:
+    """A method of ``Future`` that applies ``op`` to the value (waiting for it), as a
+    ``jax.Array`` would do it."""
+    def method(self, *args):
+        return op(self.result(), *args)
+    method.__name__ = getattr(op, "__name__", "method")
+    return method
 
-    __slots__ = ("key", "buf")
+
+class _Held(weakref.ref):
+    """The store's entry for one live buffer, in one object (one is made per value a program
+    returns): a weak reference to the future (its callback frees the buffer), the value, whether
+    the user took it (``exported``: never deleted then), its ``BufferRecord``, and ``freeing``
+    (set once, under the store's lock, by whoever frees it)."""
+
+    __slots__ = ("key", "value", "exported", "record", "freeing")
 
 
-@dataclass(slots=True)
 class _Buffer:
-    """What the store keeps for a live value: the array, and whether the user took it."""
+    """The value of a future that belongs to no store (given by the user: never deleted)."""
 
-    key: int
-    value: Any = None
-    exported: bool = False
+    __slots__ = ("value", "exported")
+
+    def __init__(self, value):
+        self.value, self.exported = value, True
 
 
 class Future:
@@ -73,24 +100,25 @@ class Future:
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
-        self.sharding = sharding
-        self.name = name
-        self.island = island
-        self.run = run
-        self._store = store
-        self._buffer: _Buffer | None = None
-        self._state = FutureState.PENDING
+        self.shape = shape if type(shape) is tuple else tuple(shape)
+        try:
+            self.dtype = _DTYPES[dtype]
+        except (KeyError, TypeError):  # (TypeError: an unhashable dtype spec)
+            self.dtype = _dtype(dtype)
+        self.sharding, self.name, self.island, self.run, self._store = (sharding, name, island,
+                                                                          run, store)
+        self._buffer: _Held | _Buffer | None = None
+        self._state = _PENDING
         self._error: BaseException | None = None
         self._event: threading.Event | None = None  # made only when someone waits
         self._callbacks: list[Callable[[Future], None]] | None = None  # lists made when used
         self._hooks: list[Callable[[Future], None]] | None = None
         self._launch_hooks: list[Callable[[Future], None]] | None = None
         self._launched = None  # the not-yet-ready array once its computation is launched
-        self.producer = None   # the runtime task that makes this value
+        self.producer = None  # the runtime task making it: its state is "running" from its
+        #                       launch on its devices to its end (what running() asks)
         self._lock = threading.Lock()
-        self.t_created = time.perf_counter()
+        self.t_created = _clock()
         self.t_done = 0.0
         self.weak_type = False  # a weakly typed value (from Python scalars), as JAX types it
 
@@ -100,23 +128,32 @@ class Future:
         return self._state
 
     def done(self) -> bool:
-        return self._state is not FutureState.PENDING
+        return self._state is not _PENDING
 
     def running(self) -> bool:
-        return self._state is FutureState.PENDING
+        """True while the computation that makes this value runs: launched on its devices
+        (possibly behind its running predecessor there, as JAX enqueues it) and not ended.
+        False while it waits for its inputs or is queued, and once it has ended, as in
+        ``concurrent.futures``."""
+        if self._state is not _PENDING:
+            return False
+        producer = self.producer
+        if producer is not None:
+            return producer.state == _RUNNING
+        return self._launched is not None
 
     def cancelled(self) -> bool:
         return self._state is FutureState.CANCELLED
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the future resolves; False on timeout."""
-        if self._state is not FutureState.PENDING:
+        if self._state is not _PENDING:
             return True
         producer = self.producer
         if producer is not None:  # the waiting thread may see its end itself
             producer.expedite(timeout)
         with self._lock:
-            if self._state is not FutureState.PENDING:
+            if self._state is not _PENDING:
                 return True
             if self._event is None:
                 self._event = threading.Event()
@@ -190,41 +227,16 @@ class Future:
     def __jax_array__(self):
         return self.result()
 
-    def item(self, *args):
-        return self.result().item(*args)
-
-    def tolist(self):
-        return self.result().tolist()
-
-    def __float__(self) -> float:
-        return float(self.result())
-
-    def __int__(self) -> int:
-        return int(self.result())
-
-    def __index__(self) -> int:
-        return self.result().__index__()
-
-    def __complex__(self) -> complex:
-        return complex(self.result())
-
-    def __bool__(self) -> bool:
-        return bool(self.result())
+    # (each of these: the value's own, once it is there)
+    item = _on_value(lambda v, *args: v.item(*args))
+    tolist = _on_value(lambda v: v.tolist())
+    __float__, __int__, __complex__, __bool__ = map(_on_value, (float, int, complex, bool))
+    __index__ = _on_value(operator.index)
+    __lt__, __le__, __gt__, __ge__ = map(_on_value, (operator.lt, operator.le, operator.gt,
+                                                     operator.ge))
 
     def __format__(self, spec: str) -> str:
         return format(self.result(), spec) if spec else repr(self)
-
-    def __lt__(self, other):
-        return self.result() < other
-
-    def __le__(self, other):
-        return self.result() <= other
-
-    def __gt__(self, other):
-        return self.result() > other
-
-    def __ge__(self, other):
-        return self.result() >= other
 
     def __len__(self) -> int:
         if not self.shape:
@@ -243,6 +255,17 @@ class Future:
         return (f"Future(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
                 f"state={self._state.value})")
 
+    @classmethod
+    def resolved(cls, value, sharding=None) -> Future:
+        """A future that is already done, holding ``value`` (which stays the caller's: no
+        store counts or frees it)."""
+        dtype = getattr(value, "dtype", None)  # (not np.asarray(value) for every value: a
+        if dtype is None:                      # device array would be copied to the host)
+            dtype = np.asarray(value).dtype
+        fut = cls(np.shape(value), dtype, sharding)
+        fut._set_result(value)
+        return fut
+
     # --- runtime side ----------------------------------------------------------------------
     def _hook(self, fn: Callable[[Future], None]) -> None:
         """Like add_done_callback, but for the runtime: hooks are dropped once fired."""
@@ -258,7 +281,7 @@ class Future:
         """Call ``fn(self)`` once the value's computation is launched (or the future resolved):
         consumers may then be launched behind it."""
         with self._lock:
-            if self._launched is None and self._state is FutureState.PENDING:
+            if self._launched is None and self._state is _PENDING:
                 if self._launch_hooks is None:
                     self._launch_hooks = []
                 self._launch_hooks.append(fn)
@@ -267,7 +290,7 @@ class Future:
 
     def _set_launched(self, value) -> None:
         with self._lock:
-            if self._state is not FutureState.PENDING:
+            if self._state is not _PENDING:
                 return
             self._launched = value
             hooks, self._launch_hooks = self._launch_hooks, None
@@ -282,11 +305,32 @@ class Future:
 
     def _set_result(self, value, t_done: float = 0.0, reserved: bool = False,
                     nbytes: dict[int, int] | None = None) -> None:
-        if self._store is not None:
-            self._buffer = self._store.add(self, value, reserved, nbytes)
-        else:
-            self._buffer = _Buffer(-1, value, exported=True)
-        self._resolve(FutureState.DONE, None, t_done)
+        store = self._store
+        self._buffer = _Buffer(value) if store is None else store.add(self, value, reserved,
+                                                                        nbytes)
+        self._resolve(_DONE, None, t_done)
+
+    @staticmethod
+    def _set_results(futures: Sequence[Future], values: Sequence, t_done: float = 0.0,
+                     reserved: bool = False,
+                     nbytes: Sequence[dict[int, int] | None] | None = None) -> None:
+        """``_set_result`` for many futures at once (a node's outputs): ``futures[i]`` gets
+        ``values[i]`` (``nbytes[i]`` its bytes per device, computed from its sharding when
+        None). Their store counts them all under one lock; then each resolves, in order."""
+        if not futures:
+            return
+        first: Future = futures[0]
+        store = first._store
+        for f in futures:
+            fut: Future = f
+            if fut._store is not store:
+                raise ValueError("Future._set_results takes futures of one object store (a "
+                                 "node's outputs); resolve futures of others one by one.")
+        held = None if store is None else store.add_many(futures, values, reserved, nbytes)
+        for i, f in enumerate(futures):
+            fut: Future = f
+            fut._buffer = _Buffer(values[i]) if held is None else held[i]
+            fut._resolve(_DONE, None, t_done)
 
     def _set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
@@ -294,7 +338,7 @@ class Future:
 
     def _resolve(self, state: FutureState, error, t_done: float) -> bool:
         with self._lock:
-            if self._state is not FutureState.PENDING:
+            if self._state is not _PENDING:
                 return False
             self._state, self._error, self.t_done = state, error, t_done
             self._launched = None
@@ -319,11 +363,7 @@ class Future:
         return True
 
 
-def resolved(value, sharding=None) -> Future:
-    """A future that is already done (program inputs given as arrays)."""
-    fut = Future(np.shape(value), getattr(value, "dtype", np.asarray(value).dtype), sharding)
-    fut._set_result(value)
-    return fut
+resolved = Future.resolved  # a future that is already done (program inputs given as arrays)
 
 
 class BufferRecord(NamedTuple):
@@ -338,6 +378,11 @@ class BufferRecord(NamedTuple):
     reserved: bool = False  # admitted by the island's scheduler against its memory budget
 
 
+def _record(fields: tuple) -> BufferRecord:
+    """A ``BufferRecord`` from its six fields, without the named tuple's Python ``__new__``."""
+    return tuple.__new__(BufferRecord, fields)
+
+
 class ObjectStore:
     """Tracks the device memory held by live futures, per device, with ownership labels.
 
@@ -345,94 +390,109 @@ class ObjectStore:
     buffer is freed, so the schedulers can admit work that was waiting for memory.
     ``fetch(value, sharding)``: the value as a local ``jax.Array`` (the executor's; a value
     that is already one is handed out as it is, and then never deleted by the store).
+
+    One ``_Held`` per live buffer, in one dict; a buffer counts in ``memory()`` until
+    ``on_free`` has returned. A free walks nothing of the buffer (its size costs nothing here):
+    it deletes the array, and XLA returns the memory after the computations still reading it.
     """
 
     def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None,
                  fetch: Callable[[Any, Any], Any] | None = None):
         self._fetch = fetch
-        self._records: dict[int, BufferRecord] = {}
-        self._lock = threading.RLock()
+        self._held: dict[int, _Held] = {}  # key -> entry, until its memory is given back
+        self._lock = threading.RLock()  # a GC inside a locked section may free on this thread
         self._keys = itertools.count()
         self._on_free = on_free
-        self._watch: dict[int, _Ref] = {}  # key -> the future's weak reference (and buffer)
-        self._on_drop = self._dropped  # bound once, not per buffer
+        self._on_drop = self._free  # the weak references' callback, bound once
         self.closed = False
 
-    def add(self, fut: Future, value, reserved: bool = False,
-            nbytes: dict[int, int] | None = None) -> _Buffer:
-        key = next(self._keys)
-        buf = _Buffer(key, value)
-        run = fut.run
+    def _entry(self, fut: Future, value, reserved: bool, nbytes: dict[int, int] | None
+               ) -> _Held:
+        held = _Held(fut, self._on_drop)
+        held.value, held.exported, held.freeing = value, False, False
         if nbytes is None:
             nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-        if run is None:
-            record = BufferRecord(nbytes, "", -1, "default", fut.island, reserved)
-        else:
-            record = BufferRecord(nbytes, run.name, run.id, run.client, fut.island, reserved)
-        ref = _Ref(fut, self._on_drop)
-        ref.key, ref.buf = key, buf
+        run = fut.run
+        held.record = _record((nbytes, "", -1, "default", fut.island, reserved)) if run is None \
+            else _record((nbytes, run.name, run.id, run.client, fut.island, reserved))
+        return held
+
+    def add(self, fut: Future, value, reserved: bool = False,
+            nbytes: dict[int, int] | None = None) -> _Held:
+        """Count ``value``, the value of ``fut``, until ``fut`` goes (or is freed)."""
+        held = self._entry(fut, value, reserved, nbytes)
         with self._lock:
-            self._records[key] = record
-            self._watch[key] = ref
-        return buf
+            held.key = key = next(self._keys)
+            self._held[key] = held
+        return held
 
-    def _dropped(self, ref: _Ref) -> None:
-        """The last reference to a future went (a weakref callback)."""
-        self._free(ref.key)
+    def add_many(self, futures: Sequence[Future], values: Sequence, reserved: bool = False,
+                 nbytes: Sequence[dict[int, int] | None] | None = None) -> list[_Held]:
+        """``add`` for many futures at once (one lock for all): ``values[i]`` of
+        ``futures[i]``, ``nbytes[i]`` its bytes per device (None: from its sharding)."""
+        if nbytes is None:
+            nbytes = itertools.repeat(None, len(futures))
+        entry = self._entry  # (zip: a value and an nbytes per future, or a ValueError)
+        made = [entry(f, v, reserved, n) for f, v, n in zip(futures, values, nbytes, strict=True)]
+        held, keys = self._held, self._keys
+        with self._lock:
+            for h in made:
+                h.key = key = next(keys)
+                held[key] = h
+        return made
 
-    def fetch(self, fut: Future, buf: _Buffer):
+    def fetch(self, fut: Future, held: _Held | _Buffer):
         """The value of ``fut`` for the user (``Future.result()``)."""
-        value = buf.value
+        value = held.value
         if self._fetch is not None:
             local = self._fetch(value, fut.sharding)
             if local is not value:
                 return local  # a copy: the store may still free the original
-        buf.exported = True
+        held.exported = True
         return value
 
-    def _free(self, key: int) -> None:
+    def _free(self, held: _Held) -> None:
         with self._lock:
-            record = self._records.get(key)
-            ref = self._watch.pop(key, None)
-        buf = None if ref is None else ref.buf
-        if record is None or buf is None:
-            return  # freed already (or being freed by another thread)
-        if not buf.exported and hasattr(buf.value, "delete"):
-            try:
-                buf.value.delete()
-            except Exception:  # already deleted or donated: nothing left to free
-                pass
-        buf.value = None
+            if held.freeing:
+                return  # freed already (or being freed by another thread)
+            held.freeing = True
+        value, held.value = held.value, None
+        if not held.exported:
+            delete = getattr(value, "delete", None)
+            if delete is not None:
+                try:
+                    delete()
+                except Exception:  # already deleted or donated: nothing left to free
+                    pass
         try:
-            self._on_free(record)
+            self._on_free(held.record)
         finally:  # counted until the scheduler has its memory back: memory() == 0 says so
             with self._lock:
-                self._records.pop(key, None)
+                self._held.pop(held.key, None)
 
     def memory(self) -> dict[int, int]:
         """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
         out: dict[int, int] = {}
         with self._lock:
-            for rec in self._records.values():
-                for d, n in rec.nbytes.items():
+            for held in self._held.values():
+                for d, n in held.record.nbytes.items():
                     out[d] = out.get(d, 0) + n
         return out
 
     def records(self) -> list[BufferRecord]:
         with self._lock:
-            return list(self._records.values())
+            return [held.record for held in self._held.values()]
 
     def live(self) -> list[tuple[BufferRecord, Future | None]]:
         """Each live buffer's record with its future (None once it is being freed). The
         caller holds those futures: it should drop the list outside its own locks."""
         with self._lock:
-            return [(self._records[k], ref()) for k, ref in self._watch.items()
-                    if k in self._records]
+            return [(held.record, held()) for held in self._held.values() if not held.freeing]
 
     def close(self) -> None:
         """Free every buffer; futures of this store refuse to hand out values from now on."""
         self.closed = True
         with self._lock:
-            keys = list(self._watch)
-        for key in keys:
-            self._free(key)
+            todo = [held for held in self._held.values() if not held.freeing]
+        for held in todo:
+            self._free(held)
