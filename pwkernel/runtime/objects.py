@@ -1,4 +1,4 @@
-"""Futures and the object store.
+"""Futures (the object store, which counts and frees their buffers, is ``store.py``).
 
 Every value a program produces is a ``Future`` for a sharded buffer: one record per logical
 buffer, not per shard. Its shape, dtype and sharding are known when the program is submitted,
@@ -11,18 +11,20 @@ program fails or is cancelled, since then nothing holds it.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import operator
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .errors import CancelledError, ControllerClosedError
+from .store import BufferRecord, ObjectStore, shard_bytes
+
+__all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved",
+           "shard_bytes"]
 
 
 class FutureState(StrEnum):
@@ -48,12 +50,6 @@ def _dtype(dtype) -> np.dtype:
     return out
 
 
-def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
-    """Bytes a buffer of ``shape``/``dtype`` laid out by ``sharding`` holds on each device."""
-    per = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * np.dtype(dtype).itemsize
-    return {d.id: per for d in sharding.device_set}
-
-
 def _on_value(op: Callable) -> Callable:
     """A method of ``Future`` that applies ``op`` to the value (waiting for it), as a
     ``jax.Array`` would do it."""
@@ -63,13 +59,23 @@ def _on_value(op: Callable) -> Callable:
     return method
 
 
-class _Held(weakref.ref):
-    """The store's entry for one live buffer, in one object (one is made per value a program
-    returns): a weak reference to the future (its callback frees the buffer), the value, whether
-    the user took it (``exported``: never deleted then), its ``BufferRecord``, and ``freeing``
-    (set once, under the store's lock, by whoever frees it)."""
+def _added(hooks, fn):
+    """``hooks`` (None, a callable or a list of them) with ``fn`` after them: one hook, the
+    common case, costs no list."""
+    if hooks is None:
+        return fn
+    if type(hooks) is list:
+        hooks.append(fn)
+        return hooks
+    return [hooks, fn]
 
-    __slots__ = ("key", "value", "exported", "record", "freeing")
+
+def _fire(hooks, fut) -> None:
+    if type(hooks) is list:
+        for fn in hooks:
+            fn(fut)
+    else:
+        hooks(fut)
 
 
 class _Buffer:
@@ -107,7 +113,7 @@ class Future:
             self.dtype = _dtype(dtype)
         self.sharding, self.name, self.island, self.run, self._store = (sharding, name, island,
                                                                           run, store)
-        self._buffer: _Held | _Buffer | None = None
+        self._buffer = None  # the store's entry for the value (or a _Buffer), once done
         self._state = _PENDING
         self._error: BaseException | None = None
         self._event: threading.Event | None = None  # made only when someone waits
@@ -267,13 +273,12 @@ class Future:
         return fut
 
     # --- runtime side ----------------------------------------------------------------------
+    # (the runtime's hooks: None, one callable, or a list of them; dropped once fired)
     def _hook(self, fn: Callable[[Future], None]) -> None:
         """Like add_done_callback, but for the runtime: hooks are dropped once fired."""
         with self._lock:
-            if not self.done():
-                if self._hooks is None:
-                    self._hooks = []
-                self._hooks.append(fn)
+            if self._state is _PENDING:
+                self._hooks = _added(self._hooks, fn)
                 return
         fn(self)
 
@@ -282,11 +287,24 @@ class Future:
         consumers may then be launched behind it."""
         with self._lock:
             if self._launched is None and self._state is _PENDING:
-                if self._launch_hooks is None:
-                    self._launch_hooks = []
-                self._launch_hooks.append(fn)
+                self._launch_hooks = _added(self._launch_hooks, fn)
                 return
         fn(self)
+
+    def _watch(self, on_launch: Callable[[Future], None],
+               on_end: Callable[[Future], None]) -> None:
+        """``_on_launch(on_launch)`` and ``_hook(on_end)``, under one lock (how the dispatcher
+        watches an argument of a run)."""
+        with self._lock:
+            if self._state is _PENDING:
+                self._hooks = _added(self._hooks, on_end)
+                if self._launched is None:
+                    self._launch_hooks = _added(self._launch_hooks, on_launch)
+                    return
+                on_end = None
+        on_launch(self)
+        if on_end is not None:
+            on_end(self)
 
     def _set_launched(self, value) -> None:
         with self._lock:
@@ -294,9 +312,8 @@ class Future:
                 return
             self._launched = value
             hooks, self._launch_hooks = self._launch_hooks, None
-        if hooks:
-            for fn in hooks:
-                fn(self)
+        if hooks is not None:
+            _fire(hooks, self)
 
     def _peek(self):
         """The value (possibly not ready yet) without marking it exported, for consumers."""
@@ -311,25 +328,24 @@ class Future:
         self._resolve(_DONE, None, t_done)
 
     @staticmethod
-    def _set_results(futures: Sequence[Future], values: Sequence, t_done: float = 0.0,
-                     reserved: bool = False,
-                     nbytes: Sequence[dict[int, int] | None] | None = None) -> None:
-        """``_set_result`` for many futures at once (a node's outputs): ``futures[i]`` gets
-        ``values[i]`` (``nbytes[i]`` its bytes per device, computed from its sharding when
-        None). Their store counts them all under one lock; then each resolves, in order."""
-        if not futures:
+    def _set_results(made: Sequence[tuple[Future, Any, dict[int, int] | None]],
+                     t_done: float = 0.0, reserved: bool = False) -> None:
+        """``_set_result`` for many futures at once (a node's outputs): ``made`` holds
+        ``(future, value, nbytes)`` (nbytes: its bytes per device; None: from its sharding).
+        Their store counts them all under one lock; then each resolves, in order."""
+        if not made:
             return
-        first: Future = futures[0]
+        first: Future = made[0][0]
         store = first._store
-        for f in futures:
+        for f, _, _ in made:
             fut: Future = f
             if fut._store is not store:
                 raise ValueError("Future._set_results takes futures of one object store (a "
                                  "node's outputs); resolve futures of others one by one.")
-        held = None if store is None else store.add_many(futures, values, reserved, nbytes)
-        for i, f in enumerate(futures):
+        held = None if store is None else store.add_many(made, reserved)
+        for i, (f, value, _) in enumerate(made):
             fut: Future = f
-            fut._buffer = _Buffer(values[i]) if held is None else held[i]
+            fut._buffer = _Buffer(value) if held is None else held[i]
             fut._resolve(_DONE, None, t_done)
 
     def _set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
@@ -347,12 +363,10 @@ class Future:
             event = self._event
         if event is not None:
             event.set()
-        if launch_hooks:
-            for fn in launch_hooks:
-                fn(self)
-        if hooks:
-            for fn in hooks:
-                fn(self)
+        if launch_hooks is not None:
+            _fire(launch_hooks, self)
+        if hooks is not None:
+            _fire(hooks, self)
         if callbacks:
             for fn in callbacks:
                 try:
@@ -364,135 +378,3 @@ class Future:
 
 
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)
-
-
-class BufferRecord(NamedTuple):
-    """The store's entry for one live buffer: bytes per device and its ownership labels (a
-    named tuple: one is made per value a program returns)."""
-
-    nbytes: dict[int, int]
-    program: str
-    program_id: int
-    client: str
-    island: int | None = None
-    reserved: bool = False  # admitted by the island's scheduler against its memory budget
-
-
-def _record(fields: tuple) -> BufferRecord:
-    """A ``BufferRecord`` from its six fields, without the named tuple's Python ``__new__``."""
-    return tuple.__new__(BufferRecord, fields)
-
-
-class ObjectStore:
-    """Tracks the device memory held by live futures, per device, with ownership labels.
-
-    ``on_free(record)`` is called (from whichever thread dropped the last reference) when a
-    buffer is freed, so the schedulers can admit work that was waiting for memory.
-    ``fetch(value, sharding)``: the value as a local ``jax.Array`` (the executor's; a value
-    that is already one is handed out as it is, and then never deleted by the store).
-
-    One ``_Held`` per live buffer, in one dict; a buffer counts in ``memory()`` until
-    ``on_free`` has returned. A free walks nothing of the buffer (its size costs nothing here):
-    it deletes the array, and XLA returns the memory after the computations still reading it.
-    """
-
-    def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None,
-                 fetch: Callable[[Any, Any], Any] | None = None):
-        self._fetch = fetch
-        self._held: dict[int, _Held] = {}  # key -> entry, until its memory is given back
-        self._lock = threading.RLock()  # a GC inside a locked section may free on this thread
-        self._keys = itertools.count()
-        self._on_free = on_free
-        self._on_drop = self._free  # the weak references' callback, bound once
-        self.closed = False
-
-    def _entry(self, fut: Future, value, reserved: bool, nbytes: dict[int, int] | None
-               ) -> _Held:
-        held = _Held(fut, self._on_drop)
-        held.value, held.exported, held.freeing = value, False, False
-        if nbytes is None:
-            nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-        run = fut.run
-        held.record = _record((nbytes, "", -1, "default", fut.island, reserved)) if run is None \
-            else _record((nbytes, run.name, run.id, run.client, fut.island, reserved))
-        return held
-
-    def add(self, fut: Future, value, reserved: bool = False,
-            nbytes: dict[int, int] | None = None) -> _Held:
-        """Count ``value``, the value of ``fut``, until ``fut`` goes (or is freed)."""
-        held = self._entry(fut, value, reserved, nbytes)
-        with self._lock:
-            held.key = key = next(self._keys)
-            self._held[key] = held
-        return held
-
-    def add_many(self, futures: Sequence[Future], values: Sequence, reserved: bool = False,
-                 nbytes: Sequence[dict[int, int] | None] | None = None) -> list[_Held]:
-        """``add`` for many futures at once (one lock for all): ``values[i]`` of
-        ``futures[i]``, ``nbytes[i]`` its bytes per device (None: from its sharding)."""
-        if nbytes is None:
-            nbytes = itertools.repeat(None, len(futures))
-        entry = self._entry  # (zip: a value and an nbytes per future, or a ValueError)
-        made = [entry(f, v, reserved, n) for f, v, n in zip(futures, values, nbytes, strict=True)]
-        held, keys = self._held, self._keys
-        with self._lock:
-            for h in made:
-                h.key = key = next(keys)
-                held[key] = h
-        return made
-
-    def fetch(self, fut: Future, held: _Held | _Buffer):
-        """The value of ``fut`` for the user (``Future.result()``)."""
-        value = held.value
-        if self._fetch is not None:
-            local = self._fetch(value, fut.sharding)
-            if local is not value:
-                return local  # a copy: the store may still free the original
-        held.exported = True
-        return value
-
-    def _free(self, held: _Held) -> None:
-        with self._lock:
-            if held.freeing:
-                return  # freed already (or being freed by another thread)
-            held.freeing = True
-        value, held.value = held.value, None
-        if not held.exported:
-            delete = getattr(value, "delete", None)
-            if delete is not None:
-                try:
-                    delete()
-                except Exception:  # already deleted or donated: nothing left to free
-                    pass
-        try:
-            self._on_free(held.record)
-        finally:  # counted until the scheduler has its memory back: memory() == 0 says so
-            with self._lock:
-                self._held.pop(held.key, None)
-
-    def memory(self) -> dict[int, int]:
-        """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
-        out: dict[int, int] = {}
-        with self._lock:
-            for held in self._held.values():
-                for d, n in held.record.nbytes.items():
-                    out[d] = out.get(d, 0) + n
-        return out
-
-    def records(self) -> list[BufferRecord]:
-        with self._lock:
-            return [held.record for held in self._held.values()]
-
-    def live(self) -> list[tuple[BufferRecord, Future | None]]:
-        """Each live buffer's record with its future (None once it is being freed). The
-        caller holds those futures: it should drop the list outside its own locks."""
-        with self._lock:
-            return [(held.record, held()) for held in self._held.values() if not held.freeing]
-
-    def close(self) -> None:
-        """Free every buffer; futures of this store refuse to hand out values from now on."""
-        self.closed = True
-        with self._lock:
-            todo = [held for held in self._held.values() if not held.freeing]
-        for held in todo:
-            self._free(held)

@@ -401,15 +401,13 @@ class ProgramRun:
         if dropped:
             self._free(dropped)
         if futures:
-            for k, s in enumerate(node.outputs):
-                fut = futures.get(s)
-                if fut is None:
-                    continue
-                if error is not None:
+            made = [(fut, values[s], node.out_nbytes[k]) for k, s in enumerate(node.outputs)
+                    if (fut := futures.get(s)) is not None]
+            if error is not None:
+                for fut, _, _ in made:
                     fut._set_exception(error, t_end)
-                else:
-                    # computations and copies alike reserved their outputs' memory when
-                    fut._set_result(values[s], t_end, True, node.out_nbytes[k])  # launched
+            elif made:  # computations and copies alike reserved their outputs' memory when
+                Future._set_results(made, t_end, True)  # launched
         for s in spread:
             self._spread(s, error)
         if error is None and not self.parallel:
@@ -425,7 +423,7 @@ class ProgramRun:
             self.tasks = []
             self.values = None
             self.futures = {}
-            values = futures = fut = None  # nor does this frame, once the run says it is done
+            values = futures = fut = made = None  # nor does this frame, once the run is done
             with self._lock:
                 self._finished = True
                 done = self._done
