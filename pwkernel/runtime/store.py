@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -76,37 +76,33 @@ class ObjectStore:
         self._on_drop = self._free  # the weak references' callback, bound once
         self.closed = False
 
-    def _entry(self, fut: Future, value, reserved: bool, nbytes: dict[int, int] | None
-               ) -> _Held:
-        held = _Held(fut, self._on_drop)
-        held.value, held.exported, held.freeing = value, False, False
-        if nbytes is None:
-            nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-        run = fut.run
-        held.record = _record((nbytes, "", -1, "default", fut.island, reserved)) if run is None \
-            else _record((nbytes, run.name, run.id, run.client, fut.island, reserved))
-        return held
-
     def add(self, fut: Future, value, reserved: bool = False,
             nbytes: dict[int, int] | None = None) -> _Held:
-        """Count ``value``, the value of ``fut``, until ``fut`` goes (or is freed)."""
-        held = self._entry(fut, value, reserved, nbytes)
-        with self._lock:
-            held.key = key = next(self._keys)
-            self._held[key] = held
-        return held
+        """Count ``value``, the value of ``fut``, until ``fut`` goes (or is freed).
+        ``nbytes``: its bytes per device (None: from its sharding)."""
+        return self.add_many(((fut, value, nbytes),), reserved)[0]
 
-    def add_many(self, made: Sequence[tuple[Future, Any, dict[int, int] | None]],
+    def add_many(self, made: Iterable[tuple[Future, Any, dict[int, int] | None]],
                  reserved: bool = False) -> list[_Held]:
-        """``add`` for many values at once, under one lock: ``made`` holds ``(future, value,
-        nbytes)``; the entries come back in that order."""
-        entry = self._entry
-        out = [entry(fut, value, reserved, nbytes) for fut, value, nbytes in made]
-        held, keys = self._held, self._keys
+        """``add`` for many values at once (a node's outputs), under one lock: ``made`` holds
+        ``(future, value, nbytes)``; the entries come back in that order."""
+        out, on_drop, last, labels = [], self._on_drop, _Held, ()
+        for fut, value, nbytes in made:
+            held = _Held(fut, on_drop)
+            held.value, held.exported, held.freeing = value, False, False
+            if nbytes is None:
+                nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
+            run = fut.run
+            if run is not last:  # (a node's outputs share their run's labels)
+                last, labels = run, ("", -1, "default") if run is None else (
+                    run.name, run.id, run.client)
+            held.record = _record((nbytes, *labels, fut.island, reserved))
+            out.append(held)
+        entries, keys = self._held, self._keys
         with self._lock:
-            for h in out:
-                h.key = key = next(keys)
-                held[key] = h
+            for held in out:
+                held.key = key = next(keys)
+                entries[key] = held
         return out
 
     def fetch(self, fut: Future, held: _Held):
