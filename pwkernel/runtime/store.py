@@ -70,7 +70,9 @@ class ObjectStore:
                  fetch: Callable[[Any, Any], Any] | None = None):
         self._fetch = fetch
         self._held: dict[int, _Held] = {}  # key -> entry, until its memory is given back
-        self._lock = threading.RLock()  # a GC inside a locked section may free on this thread
+        # Reentrant: a garbage collection inside a locked section may free on this thread
+        # (so readers iterate over a copy of the entries).
+        self._lock = threading.RLock()
         self._keys = itertools.count()
         self._on_free = on_free
         self._on_drop = self._free  # the weak references' callback, bound once
@@ -138,25 +140,25 @@ class ObjectStore:
         """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
         out: dict[int, int] = {}
         with self._lock:
-            for held in self._held.values():
+            for held in list(self._held.values()):
                 for d, n in held.record.nbytes.items():
                     out[d] = out.get(d, 0) + n
         return out
 
     def records(self) -> list[BufferRecord]:
         with self._lock:
-            return [held.record for held in self._held.values()]
+            return [held.record for held in list(self._held.values())]
 
     def live(self) -> list[tuple[BufferRecord, Future | None]]:
         """Each live buffer's record with its future (None once it is being freed). The
         caller holds those futures: it should drop the list outside its own locks."""
         with self._lock:
-            return [(held.record, held()) for held in self._held.values() if not held.freeing]
+            return [(held.record, held()) for held in list(self._held.values()) if not held.freeing]
 
     def close(self) -> None:
         """Free every buffer; futures of this store refuse to hand out values from now on."""
         self.closed = True
         with self._lock:
-            todo = [held for held in self._held.values() if not held.freeing]
+            todo = [held for held in list(self._held.values()) if not held.freeing]
         for held in todo:
             self._free(held)
