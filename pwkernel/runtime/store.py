@@ -37,8 +37,8 @@ class _Held(weakref.ref):
 
 
 class BufferRecord(NamedTuple):
-    """The store's entry for one live buffer: bytes per device and its ownership labels (a
-    named tuple: one is made per value a program returns)."""
+    """What the store records of one live buffer: bytes per device and its ownership labels
+    (a named tuple: one is made per value a program returns)."""
 
     nbytes: dict[int, int]
     program: str
