@@ -195,8 +195,7 @@ class Dispatcher:
             launched, ended = _once_all(group, run.inputs_arrived), _once_all(
                 group, run.inputs_ended)
             for _, fut in group:
-                fut.on_launch(launched)
-                fut.hook(ended)
+                fut.watch(launched, ended)
 
     def _start_sequential(self, run: ProgramRun, pending: list) -> None:
         plan = run.plan

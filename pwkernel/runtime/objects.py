@@ -1,4 +1,4 @@
-"""Futures and the object store.
+"""Futures (the object store, which counts and frees their buffers, is ``store.py``).
 
 Every value a program produces is a ``Future`` for a sharded buffer: one record per logical
 buffer, not per shard. Its shape, dtype and sharding are known when the program is submitted,
@@ -11,18 +11,20 @@ program fails or is cancelled, since then nothing holds it.
 from __future__ import annotations
 
 import asyncio
-import itertools
+import operator
 import threading
 import time
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .errors import CancelledError, ControllerClosedError
+from .store import BufferRecord, ObjectStore, shard_bytes
+
+__all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved",
+           "shard_bytes"]
 
 
 class FutureState(StrEnum):
@@ -32,26 +34,57 @@ class FutureState(StrEnum):
     CANCELLED = "cancelled"
 
 
-def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
-    """Bytes a buffer of ``shape``/``dtype`` laid out by ``sharding`` holds on each device."""
-    per = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * np.dtype(dtype).itemsize
-    return {d.id: per for d in sharding.device_set}
+_PENDING, _DONE = FutureState.PENDING, FutureState.DONE
+_RUNNING = "running"  # a producer task's state from its launch to its end (a TaskState value)
+_clock = time.perf_counter
+_DTYPES: dict[Any, np.dtype] = {}  # np.dtype() of each dtype given: a lookup is 10x cheaper
 
 
-class _Ref(weakref.ref):
-    """The store's weak reference to a future, with the key and buffer it stands for (one
-    object per live buffer: the store's bookkeeping allocates little)."""
+def _dtype(dtype) -> np.dtype:
+    out = np.dtype(dtype)
+    if out.metadata is None and out.fields is None:  # (equal dtypes that differ in those)
+        try:
+            _DTYPES[dtype] = out
+        except TypeError:
+            pass
+    return out
 
-    __slots__ = ("key", "buf")
+
+def _on_value(op: Callable) -> Callable:
+    """A method of ``Future`` that applies ``op`` to the value (waiting for it), as a
+    ``jax.Array`` would do it."""
+    def method(self, *args):
+        return op(self.result(), *args)
+    method.__name__ = getattr(op, "__name__", "method")
+    return method
 
 
-@dataclass(slots=True)
+def _added(hooks, fn):
+    """``hooks`` (None, a callable or a list of them) with ``fn`` after them: one hook, the
+    common case, costs no list."""
+    if hooks is None:
+        return fn
+    if type(hooks) is list:
+        hooks.append(fn)
+        return hooks
+    return [hooks, fn]
+
+
+def _fire(hooks, fut) -> None:
+    if type(hooks) is list:
+        for fn in hooks:
+            fn(fut)
+    else:
+        hooks(fut)
+
+
 class _Buffer:
-    """What the store keeps for a live value: the array, and whether the user took it."""
+    """The value of a future that belongs to no store (given by the user: never deleted)."""
 
-    key: int
-    value: Any = None
-    exported: bool = False
+    __slots__ = ("value", "exported")
+
+    def __init__(self, value):
+        self.value, self.exported = value, True
 
 
 class Future:
@@ -73,24 +106,25 @@ class Future:
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
-        self.sharding = sharding
-        self.name = name
-        self.island = island
-        self.run = run
-        self._store = store
-        self._buffer: _Buffer | None = None
-        self._state = FutureState.PENDING
+        self.shape = shape if type(shape) is tuple else tuple(shape)
+        try:
+            self.dtype = _DTYPES[dtype]
+        except (KeyError, TypeError):  # (TypeError: an unhashable dtype spec)
+            self.dtype = _dtype(dtype)
+        self.sharding, self.name, self.island, self.run, self._store = (sharding, name, island,
+                                                                          run, store)
+        self._buffer = None  # the store's entry for the value (or a _Buffer), once done
+        self._state = _PENDING
         self._error: BaseException | None = None
         self._event: threading.Event | None = None  # made only when someone waits
         self._callbacks: list[Callable[[Future], None]] | None = None  # lists made when used
         self._hooks: list[Callable[[Future], None]] | None = None
         self._launch_hooks: list[Callable[[Future], None]] | None = None
         self._launched = None  # the not-yet-ready array once its computation is launched
-        self.producer = None   # the runtime task that makes this value
+        self.producer = None  # the runtime task making it: its state is "running" from its
+        #                       launch on its devices to its end (what running() asks)
         self._lock = threading.Lock()
-        self.t_created = time.perf_counter()
+        self.t_created = _clock()
         self.t_done = 0.0
         self.weak_type = False  # a weakly typed value (from Python scalars), as JAX types it
 
@@ -105,23 +139,32 @@ class Future:
         return self._state
 
     def done(self) -> bool:
-        return self._state is not FutureState.PENDING
+        return self._state is not _PENDING
 
     def running(self) -> bool:
-        return self._state is FutureState.PENDING
+        """True while the computation that makes this value runs: launched on its devices
+        (possibly behind its running predecessor there, as JAX enqueues it) and not ended.
+        False while it waits for its inputs or is queued, and once it has ended, as in
+        ``concurrent.futures``."""
+        if self._state is not _PENDING:
+            return False
+        producer = self.producer
+        if producer is not None:
+            return producer.state == _RUNNING
+        return self._launched is not None
 
     def cancelled(self) -> bool:
         return self._state is FutureState.CANCELLED
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the future resolves; False on timeout."""
-        if self._state is not FutureState.PENDING:
+        if self._state is not _PENDING:
             return True
         producer = self.producer
         if producer is not None:  # the waiting thread may see its end itself
             producer.expedite(timeout)
         with self._lock:
-            if self._state is not FutureState.PENDING:
+            if self._state is not _PENDING:
                 return True
             if self._event is None:
                 self._event = threading.Event()
@@ -195,41 +238,16 @@ class Future:
     def __jax_array__(self):
         return self.result()
 
-    def item(self, *args):
-        return self.result().item(*args)
-
-    def tolist(self):
-        return self.result().tolist()
-
-    def __float__(self) -> float:
-        return float(self.result())
-
-    def __int__(self) -> int:
-        return int(self.result())
-
-    def __index__(self) -> int:
-        return self.result().__index__()
-
-    def __complex__(self) -> complex:
-        return complex(self.result())
-
-    def __bool__(self) -> bool:
-        return bool(self.result())
+    # (each of these: the value's own, once it is there)
+    item = _on_value(lambda v, *args: v.item(*args))
+    tolist = _on_value(lambda v: v.tolist())
+    __float__, __int__, __complex__, __bool__ = map(_on_value, (float, int, complex, bool))
+    __index__ = _on_value(operator.index)
+    __lt__, __le__, __gt__, __ge__ = map(_on_value, (operator.lt, operator.le, operator.gt,
+                                                     operator.ge))
 
     def __format__(self, spec: str) -> str:
         return format(self.result(), spec) if spec else repr(self)
-
-    def __lt__(self, other):
-        return self.result() < other
-
-    def __le__(self, other):
-        return self.result() <= other
-
-    def __gt__(self, other):
-        return self.result() > other
-
-    def __ge__(self, other):
-        return self.result() >= other
 
     def __len__(self) -> int:
         if not self.shape:
@@ -248,14 +266,24 @@ class Future:
         return (f"Future(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
                 f"state={self._state.value})")
 
+    @classmethod
+    def resolved(cls, value, sharding=None) -> Future:
+        """A future that is already done, holding ``value`` (which stays the caller's: no
+        store counts or frees it)."""
+        dtype = getattr(value, "dtype", None)  # (not np.asarray(value) for every value: a
+        if dtype is None:                      # device array would be copied to the host)
+            dtype = np.asarray(value).dtype
+        fut: Future = cls(np.shape(value), dtype, sharding)
+        fut._set_result(value)
+        return fut
+
     # --- runtime side ----------------------------------------------------------------------
+    # (the runtime's hooks: None, one callable, or a list of them; dropped once fired)
     def _hook(self, fn: Callable[[Future], None]) -> None:
         """Like add_done_callback, but for the runtime: hooks are dropped once fired."""
         with self._lock:
-            if not self.done():
-                if self._hooks is None:
-                    self._hooks = []
-                self._hooks.append(fn)
+            if self._state is _PENDING:
+                self._hooks = _added(self._hooks, fn)
                 return
         fn(self)
 
@@ -263,22 +291,34 @@ class Future:
         """Call ``fn(self)`` once the value's computation is launched (or the future resolved):
         consumers may then be launched behind it."""
         with self._lock:
-            if self._launched is None and self._state is FutureState.PENDING:
-                if self._launch_hooks is None:
-                    self._launch_hooks = []
-                self._launch_hooks.append(fn)
+            if self._launched is None and self._state is _PENDING:
+                self._launch_hooks = _added(self._launch_hooks, fn)
                 return
         fn(self)
 
+    def _watch(self, on_launch: Callable[[Future], None],
+               on_end: Callable[[Future], None]) -> None:
+        """``_on_launch(on_launch)`` and ``_hook(on_end)``, under one lock (how the dispatcher
+        watches an argument of a run)."""
+        with self._lock:
+            if self._state is _PENDING:
+                self._hooks = _added(self._hooks, on_end)
+                if self._launched is None:
+                    self._launch_hooks = _added(self._launch_hooks, on_launch)
+                    return
+                on_end = None
+        on_launch(self)
+        if on_end is not None:
+            on_end(self)
+
     def _set_launched(self, value) -> None:
         with self._lock:
-            if self._state is not FutureState.PENDING:
+            if self._state is not _PENDING:
                 return
             self._launched = value
             hooks, self._launch_hooks = self._launch_hooks, None
-        if hooks:
-            for fn in hooks:
-                fn(self)
+        if hooks is not None:
+            _fire(hooks, self)
 
     def _peek(self):
         """The value (possibly not ready yet) without marking it exported, for consumers."""
@@ -287,11 +327,31 @@ class Future:
 
     def _set_result(self, value, t_done: float = 0.0, reserved: bool = False,
                     nbytes: dict[int, int] | None = None) -> None:
-        if self._store is not None:
-            self._buffer = self._store.add(self, value, reserved, nbytes)
-        else:
-            self._buffer = _Buffer(-1, value, exported=True)
-        self._resolve(FutureState.DONE, None, t_done)
+        store = self._store
+        self._buffer = _Buffer(value) if store is None else store.add(self, value, reserved,
+                                                                        nbytes)
+        self._resolve(_DONE, None, t_done)
+
+    @staticmethod
+    def _set_results(made: Sequence[tuple[Future, Any, dict[int, int] | None]],
+                     t_done: float = 0.0, reserved: bool = False) -> None:
+        """``_set_result`` for many futures at once (a node's outputs): ``made`` holds
+        ``(future, value, nbytes)`` (nbytes: its bytes per device; None: from its sharding).
+        Their store counts them all under one lock; then each resolves, in order."""
+        if not made:
+            return
+        first: Future = made[0][0]
+        store = first._store
+        for f, _, _ in made:
+            fut: Future = f
+            if fut._store is not store:
+                raise ValueError("Future._set_results takes futures of one object store (a "
+                                 "node's outputs); resolve futures of others one by one.")
+        held = None if store is None else store.add_many(made, reserved)
+        for i, (f, value, _) in enumerate(made):
+            fut: Future = f
+            fut._buffer = _Buffer(value) if held is None else held[i]
+            fut._resolve(_DONE, None, t_done)
 
     def _set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
@@ -299,7 +359,8 @@ class Future:
 
     # the runtime side's public names, for the runtime's other modules (tasks, dispatcher)
     hook, on_launch, set_launched, peek = _hook, _on_launch, _set_launched, _peek
-    set_result, set_exception = _set_result, _set_exception
+    set_result, set_exception, watch, set_results = (_set_result, _set_exception, _watch,
+                                                     _set_results)
 
     @property
     def error(self) -> BaseException | None:
@@ -308,7 +369,7 @@ class Future:
 
     def _resolve(self, state: FutureState, error, t_done: float) -> bool:
         with self._lock:
-            if self._state is not FutureState.PENDING:
+            if self._state is not _PENDING:
                 return False
             self._state, self._error, self.t_done = state, error, t_done
             self._launched = None
@@ -317,12 +378,10 @@ class Future:
             event = self._event
         if event is not None:
             event.set()
-        if launch_hooks:
-            for fn in launch_hooks:
-                fn(self)
-        if hooks:
-            for fn in hooks:
-                fn(self)
+        if launch_hooks is not None:
+            _fire(launch_hooks, self)
+        if hooks is not None:
+            _fire(hooks, self)
         if callbacks:
             for fn in callbacks:
                 try:
@@ -333,120 +392,4 @@ class Future:
         return True
 
 
-def resolved(value, sharding=None) -> Future:
-    """A future that is already done (program inputs given as arrays)."""
-    fut = Future(np.shape(value), getattr(value, "dtype", np.asarray(value).dtype), sharding)
-    fut._set_result(value)
-    return fut
-
-
-class BufferRecord(NamedTuple):
-    """The store's entry for one live buffer: bytes per device and its ownership labels (a
-    named tuple: one is made per value a program returns)."""
-
-    nbytes: dict[int, int]
-    program: str
-    program_id: int
-    client: str
-    island: int | None = None
-    reserved: bool = False  # admitted by the island's scheduler against its memory budget
-
-
-class ObjectStore:
-    """Tracks the device memory held by live futures, per device, with ownership labels.
-
-    ``on_free(record)`` is called (from whichever thread dropped the last reference) when a
-    buffer is freed, so the schedulers can admit work that was waiting for memory.
-    ``fetch(value, sharding)``: the value as a local ``jax.Array`` (the executor's; a value
-    that is already one is handed out as it is, and then never deleted by the store).
-    """
-
-    def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None,
-                 fetch: Callable[[Any, Any], Any] | None = None):
-        self._fetch = fetch
-        self._records: dict[int, BufferRecord] = {}
-        self._lock = threading.RLock()
-        self._keys = itertools.count()
-        self._on_free = on_free
-        self._watch: dict[int, _Ref] = {}  # key -> the future's weak reference (and buffer)
-        self._on_drop = self._dropped  # bound once, not per buffer
-        self.closed = False
-
-    def add(self, fut: Future, value, reserved: bool = False,
-            nbytes: dict[int, int] | None = None) -> _Buffer:
-        key = next(self._keys)
-        buf = _Buffer(key, value)
-        run = fut.run
-        if nbytes is None:
-            nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-        if run is None:
-            record = BufferRecord(nbytes, "", -1, "default", fut.island, reserved)
-        else:
-            record = BufferRecord(nbytes, run.name, run.id, run.client, fut.island, reserved)
-        ref = _Ref(fut, self._on_drop)
-        ref.key, ref.buf = key, buf
-        with self._lock:
-            self._records[key] = record
-            self._watch[key] = ref
-        return buf
-
-    def _dropped(self, ref: _Ref) -> None:
-        """The last reference to a future went (a weakref callback)."""
-        self._free(ref.key)
-
-    def fetch(self, fut: Future, buf: _Buffer):
-        """The value of ``fut`` for the user (``Future.result()``)."""
-        value = buf.value
-        if self._fetch is not None:
-            local = self._fetch(value, fut.sharding)
-            if local is not value:
-                return local  # a copy: the store may still free the original
-        buf.exported = True
-        return value
-
-    def _free(self, key: int) -> None:
-        with self._lock:
-            record = self._records.get(key)
-            ref = self._watch.pop(key, None)
-        buf = None if ref is None else ref.buf
-        if record is None or buf is None:
-            return  # freed already (or being freed by another thread)
-        if not buf.exported and hasattr(buf.value, "delete"):
-            try:
-                buf.value.delete()
-            except Exception:  # already deleted or donated: nothing left to free
-                pass
-        buf.value = None
-        try:
-            self._on_free(record)
-        finally:  # counted until the scheduler has its memory back: memory() == 0 says so
-            with self._lock:
-                self._records.pop(key, None)
-
-    def memory(self) -> dict[int, int]:
-        """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
-        out: dict[int, int] = {}
-        with self._lock:
-            for rec in self._records.values():
-                for d, n in rec.nbytes.items():
-                    out[d] = out.get(d, 0) + n
-        return out
-
-    def records(self) -> list[BufferRecord]:
-        with self._lock:
-            return list(self._records.values())
-
-    def live(self) -> list[tuple[BufferRecord, Future | None]]:
-        """Each live buffer's record with its future (None once it is being freed). The
-        caller holds those futures: it should drop the list outside its own locks."""
-        with self._lock:
-            return [(self._records[k], ref()) for k, ref in self._watch.items()
-                    if k in self._records]
-
-    def close(self) -> None:
-        """Free every buffer; futures of this store refuse to hand out values from now on."""
-        self.closed = True
-        with self._lock:
-            keys = list(self._watch)
-        for key in keys:
-            self._free(key)
+resolved = Future.resolved  # a future that is already done (program inputs given as arrays)

@@ -34,6 +34,7 @@ from .deferred import soon
 from .ends import span
 from .errors import CancelledError
 from .events import ClientSpec
+from .objects import Future
 from .slots import RunSlots, resume
 from .trace import EventKind
 
@@ -401,15 +402,13 @@ class ProgramRun(RunSlots):
         if dropped:
             self._free(dropped)
         if futures:
-            for k, s in enumerate(node.outputs):
-                fut = futures.get(s)
-                if fut is None:
-                    continue
-                if error is not None:
+            made = [(fut, values[s], node.out_nbytes[k]) for k, s in enumerate(node.outputs)
+                    if (fut := futures.get(s)) is not None]
+            if error is not None:
+                for fut, _, _ in made:
                     fut.set_exception(error, t_end)
-                else:
-                    # computations and copies alike reserved their outputs' memory when
-                    fut.set_result(values[s], t_end, True, node.out_nbytes[k])  # launched
+            elif made:  # computations and copies alike reserved their outputs' memory when
+                Future.set_results(made, t_end, True)  # launched
         if unparked:
             resume(unparked)
         for s in spread:
@@ -426,7 +425,7 @@ class ProgramRun(RunSlots):
             self.tasks = []
             self.values = None
             self.futures = {}
-            values = futures = fut = None  # nor does this frame, once the run says it is done
+            values = futures = fut = made = None  # nor does this frame, once the run has ended
             with self.lock:
                 self._ended = True
                 event = self._ended_event

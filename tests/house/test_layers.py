@@ -35,11 +35,9 @@ ALLOWED = {
 KNOWN: set[tuple[str, str]] = set()
 # Private names imported across modules today, each with the issue that removes it.
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
-# Private attributes reached on another object today: (module, "obj._x"). Fixed by the
-# parallel branches of issue 24 (wt-core, wt-contract, wt-hostcost); empty this after merging.
-KNOWN_PRIVATE_ATTRIBUTES: set[tuple[str, str]] = {
-    ("pwkernel.runtime.objects", "fut._set_result"),
-}
+# Private attributes reached on another object today, each with the issue that removes it:
+# (module, "obj._x").
+KNOWN_PRIVATE_ATTRIBUTES: set[tuple[str, str]] = set()
 # Private names of the standard library's own types that are their public API.
 PUBLIC_PRIVATE = {"_make", "_asdict", "_replace", "_fields", "_field_defaults", "_name_",
                   "_value_"}
@@ -191,6 +189,23 @@ def _private_attribute(node: ast.AST) -> str | None:
     return f"{ast.unparse(owner)}.{node.attr}"
 
 
+def _same_class_objects(tree: ast.AST) -> set[int]:
+    """The name nodes, inside a class's methods, of objects annotated with that class
+    (``other: Future`` in ``Future``'s own method): its private names are its own, as ruff's
+    SLF001 reads them."""
+    own: set[int] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for fn in (n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+            names = {a.arg for a in args if a.annotation is not None
+                     and ast.unparse(a.annotation).strip("'\"") == cls.name}
+            names |= {n.target.id for n in ast.walk(fn) if isinstance(n, ast.AnnAssign)
+                      and isinstance(n.target, ast.Name)
+                      and ast.unparse(n.annotation).strip("'\"") == cls.name}
+            own |= {id(n) for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in names}
+    return own
+
+
 def private_attributes(modules: dict[str, Path] | None = None,
                        known: set[tuple[str, str]] | None = None) -> list[str]:
     """Each ``obj._x`` on an object other than ``self``/``cls``, outside ``known``."""
@@ -198,9 +213,11 @@ def private_attributes(modules: dict[str, Path] | None = None,
     known = KNOWN_PRIVATE_ATTRIBUTES if known is None else known
     out = []
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        own = _same_class_objects(tree)
+        for node in ast.walk(tree):
             found = _private_attribute(node)
-            if found is not None and (name, found) not in known:
+            if found is not None and id(node.value) not in own and (name, found) not in known:
                 out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {found}")
     return sorted(out, key=lambda line: (line.split(":")[0], int(line.split(":")[1])))
 

@@ -1,0 +1,171 @@
+"""The object store: the device memory held by live futures, per device, with ownership
+labels, and the freeing of a buffer when its future goes.
+
+One entry per live buffer (``_Held``, a weak reference to the future that carries the value
+and its ``BufferRecord``); ``add_many`` counts a node's outputs under one lock. A free walks
+nothing of the buffer: it deletes the array (XLA gives the memory back once the computations
+still reading it have run), so its host cost does not grow with the buffer's size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+
+class Future(Protocol):
+    """What the store reads of a ``runtime.objects.Future`` (which imports this module)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    sharding: Any
+    island: int | None
+    run: Any
+
+
+def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
+    """Bytes a buffer of ``shape``/``dtype`` laid out by ``sharding`` holds on each device."""
+    per = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * np.dtype(dtype).itemsize
+    return {d.id: per for d in sharding.device_set}
+
+
+class _Held(weakref.ref):
+    """The store's entry for one live buffer, in one object (one is made per value a program
+    returns): a weak reference to the future (its callback frees the buffer), the value, whether
+    the user took it (``exported``: never deleted then), its ``BufferRecord``, and ``freeing``
+    (set once, under the store's lock, by whoever frees it)."""
+
+    __slots__ = ("key", "value", "exported", "record", "freeing")
+
+
+class BufferRecord(NamedTuple):
+    """What the store records of one live buffer: bytes per device and its ownership labels
+    (a named tuple: one is made per value a program returns)."""
+
+    nbytes: dict[int, int]
+    program: str
+    program_id: int
+    client: str
+    island: int | None = None
+    reserved: bool = False  # admitted by the island's scheduler against its memory budget
+
+
+def _record(fields: tuple) -> BufferRecord:
+    """A ``BufferRecord`` from its six fields, without the named tuple's Python ``__new__``."""
+    return tuple.__new__(BufferRecord, fields)
+
+
+class ObjectStore:
+    """Tracks the device memory held by live futures, per device, with ownership labels.
+
+    ``on_free(record)`` is called (from whichever thread dropped the last reference) when a
+    buffer is freed, so the schedulers can admit work that was waiting for memory.
+    ``fetch(value, sharding)``: the value as a local ``jax.Array`` (the executor's; a value
+    that is already one is handed out as it is, and then never deleted by the store).
+
+    One ``_Held`` per live buffer, in one dict; a buffer counts in ``memory()`` until
+    ``on_free`` has returned. A free walks nothing of the buffer (its size costs nothing here):
+    it deletes the array, and XLA returns the memory after the computations still reading it.
+    """
+
+    def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None,
+                 fetch: Callable[[Any, Any], Any] | None = None):
+        self._fetch = fetch
+        self._held: dict[int, _Held] = {}  # key -> entry, until its memory is given back
+        # Reentrant: a garbage collection inside a locked section may free on this thread
+        # (so readers iterate over a copy of the entries).
+        self._lock = threading.RLock()
+        self._keys = itertools.count()
+        self._on_free = on_free
+        self._on_drop = self._free  # the weak references' callback, bound once
+        self.closed = False
+
+    def add(self, fut: Future, value, reserved: bool = False,
+            nbytes: dict[int, int] | None = None) -> _Held:
+        """Count ``value``, the value of ``fut``, until ``fut`` goes (or is freed).
+        ``nbytes``: its bytes per device (None: from its sharding)."""
+        return self.add_many(((fut, value, nbytes),), reserved)[0]
+
+    def add_many(self, made: Iterable[tuple[Future, Any, dict[int, int] | None]],
+                 reserved: bool = False) -> list[_Held]:
+        """``add`` for many values at once (a node's outputs), under one lock: ``made`` holds
+        ``(future, value, nbytes)``; the entries come back in that order."""
+        out, on_drop, last, labels = [], self._on_drop, _Held, ()
+        for fut, value, nbytes in made:
+            held = _Held(fut, on_drop)
+            held.value, held.exported, held.freeing = value, False, False
+            if nbytes is None:
+                nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
+            run = fut.run
+            if run is not last:  # (a node's outputs share their run's labels)
+                last, labels = run, ("", -1, "default") if run is None else (
+                    run.name, run.id, run.client)
+            held.record = _record((nbytes, *labels, fut.island, reserved))
+            out.append(held)
+        entries, keys = self._held, self._keys
+        with self._lock:
+            for held in out:
+                held.key = key = next(keys)
+                entries[key] = held
+        return out
+
+    def fetch(self, fut: Future, held: _Held):
+        """The value of ``fut`` for the user (``Future.result()``)."""
+        value = held.value
+        if self._fetch is not None:
+            local = self._fetch(value, fut.sharding)
+            if local is not value:
+                return local  # a copy: the store may still free the original
+        held.exported = True
+        return value
+
+    def _free(self, held: _Held) -> None:
+        with self._lock:
+            if held.freeing:
+                return  # freed already (or being freed by another thread)
+            held.freeing = True
+        value, held.value = held.value, None
+        if not held.exported:
+            delete = getattr(value, "delete", None)
+            if delete is not None:
+                try:
+                    delete()
+                except Exception:  # already deleted or donated: nothing left to free
+                    pass
+        try:
+            self._on_free(held.record)
+        finally:  # counted until the scheduler has its memory back: memory() == 0 says so
+            with self._lock:
+                self._held.pop(held.key, None)
+
+    def memory(self) -> dict[int, int]:
+        """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
+        out: dict[int, int] = {}
+        with self._lock:
+            for held in list(self._held.values()):
+                for d, n in held.record.nbytes.items():
+                    out[d] = out.get(d, 0) + n
+        return out
+
+    def records(self) -> list[BufferRecord]:
+        with self._lock:
+            return [held.record for held in list(self._held.values())]
+
+    def live(self) -> list[tuple[BufferRecord, Future | None]]:
+        """Each live buffer's record with its future (None once it is being freed). The
+        caller holds those futures: it should drop the list outside its own locks."""
+        with self._lock:
+            return [(held.record, held()) for held in list(self._held.values()) if not held.freeing]
+
+    def close(self) -> None:
+        """Free every buffer; futures of this store refuse to hand out values from now on."""
+        self.closed = True
+        with self._lock:
+            todo = [held for held in list(self._held.values()) if not held.freeing]
+        for held in todo:
+            self._free(held)

@@ -1,0 +1,147 @@
+"""Futures and the object store: a node's outputs counted and resolved at once, the runtime's
+hooks on a run's arguments, and ``running()`` (true from a computation's launch to its end),
+on real arrays and a real controller."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pwkernel as pw
+from pwkernel.runtime.objects import Future, FutureState, ObjectStore
+
+
+@pytest.fixture
+def sharded():
+    """Two arrays on a 2-device mesh: ``a`` split over both (16 bytes each), ``b`` on both."""
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    split, both = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+    a = jax.device_put(np.arange(8, dtype=np.float32), split)
+    b = jax.device_put(np.ones(2, np.float32), both)
+    return (a, split), (b, both)
+
+
+def made(store, sharded, nbytes=(None, None)):
+    """Two pending futures of ``store`` and what ``_set_results`` takes for them."""
+    futs = [Future(v.shape, v.dtype, s, island=0, store=store) for v, s in sharded]
+    return futs, [(f, v, n) for f, (v, _), n in zip(futs, sharded, nbytes, strict=True)]
+
+
+def test_a_nodes_outputs_are_counted_at_once_per_device_and_freed_one_by_one(sharded):
+    freed = []
+    store = ObjectStore(on_free=freed.append)
+    (a, _), (b, _) = sharded
+    futs, outs = made(store, sharded, (None, {0: 100}))  # b's bytes as the plan gives them
+    store.add_many(outs, reserved=True)
+    assert store.memory() == {0: 16 + 100, 1: 16}
+    assert [(r.program, r.client, r.island, r.reserved) for r in store.records()] == \
+        [("", "default", 0, True)] * 2
+    assert [f for _, f in store.live()] == futs
+    del outs
+    futs.pop(0)  # the last reference to a's future: a is freed, b is not
+    assert a.is_deleted() and not b.is_deleted()
+    assert [r.nbytes for r in freed] == [{0: 16, 1: 16}] and store.memory() == {0: 100}
+    futs.clear()
+    assert b.is_deleted() and store.memory() == {} and not store.records()
+
+
+def test_set_results_resolves_each_future_in_order_with_its_value(sharded):
+    store = ObjectStore()
+    futs, outs = made(store, sharded)
+    order = []
+    for k, f in enumerate(futs):
+        f.add_done_callback(lambda _f, k=k: order.append(k))
+    Future._set_results(outs, t_done=2.5, reserved=False)
+    assert order == [0, 1]
+    assert [f.state for f in futs] == [FutureState.DONE] * 2 and [f.t_done for f in futs] == \
+        [2.5, 2.5]
+    assert futs[0].result().tolist() == list(range(8)) and futs[1].result().tolist() == [1, 1]
+    assert store.memory() == {0: 16 + 8, 1: 16 + 8}  # nbytes None: from each sharding
+
+
+def test_a_value_the_user_took_is_never_deleted_by_the_store(sharded):
+    store = ObjectStore()
+    (a, _), (b, _) = sharded
+    futs, outs = made(store, sharded)
+    Future._set_results(outs)
+    del outs
+    assert futs[0].result() is a  # handed out: the user's now
+    futs.clear()
+    assert not a.is_deleted() and b.is_deleted() and store.memory() == {}
+
+
+def test_set_results_takes_futures_of_one_store_only(sharded):
+    one, other = ObjectStore(), ObjectStore()
+    (a, s), (b, t) = sharded
+    outs = [(Future(a.shape, a.dtype, s, store=one), a, None),
+            (Future(b.shape, b.dtype, t, store=other), b, None)]
+    with pytest.raises(ValueError, match="one object store"):
+        Future._set_results(outs)
+    assert one.memory() == other.memory() == {} and not any(f.done() for f, _, _ in outs)
+
+
+def test_set_results_without_a_store_keeps_the_values_as_given(sharded):
+    (a, s), (b, t) = sharded
+    futs = [Future(a.shape, a.dtype, s), Future(b.shape, b.dtype, t)]
+    Future._set_results([(futs[0], a, None), (futs[1], b, None)])
+    assert futs[0].result() is a and futs[1].result() is b
+    futs.clear()
+    assert not a.is_deleted() and not b.is_deleted()
+
+
+@pytest.mark.parametrize("before", ["pending", "launched", "resolved"])
+def test_watch_calls_the_launch_hook_then_the_end_hook_once_each(before):
+    fut, seen = Future((2,), np.float32), []
+    value = np.ones(2, np.float32)
+    if before in ("launched", "resolved"):
+        fut._set_launched(value)
+    if before == "resolved":
+        fut._set_result(value, 1.0)
+    fut._watch(lambda f: seen.append(("launch", f)), lambda f: seen.append(("end", f)))
+    fut._set_launched(value)
+    fut._set_result(value, 1.0)
+    assert seen == [("launch", fut), ("end", fut)]
+
+
+def test_several_runtime_hooks_fire_in_the_order_they_were_added():
+    fut, seen = Future((), np.float32), []
+    fut._hook(lambda f: seen.append("end 1"))
+    fut._on_launch(lambda f: seen.append("launch 1"))
+    fut._watch(lambda f: seen.append("launch 2"), lambda f: seen.append("end 2"))
+    fut._hook(lambda f: seen.append("end 3"))
+    fut._set_launched(1.0)
+    assert seen == ["launch 1", "launch 2"]
+    fut._set_exception(ValueError("failed"), 1.0)
+    assert seen == ["launch 1", "launch 2", "end 1", "end 2", "end 3"]
+    assert fut.state is FutureState.FAILED and not fut.running()
+
+
+def hold_until(entered: threading.Event, release: threading.Event):
+    """A computation that says when it runs, then keeps its device until released."""
+    def hold(x):
+        entered.set()
+        if not release.wait(30):
+            raise TimeoutError("never released")
+        return x
+    return lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def test_running_is_true_from_launch_to_end_only(ctl):
+    one = ctl.slice(1, island=0)
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(hold_until(entered, release), slice=one, name="held")(np.ones(2))
+    try:
+        assert entered.wait(30)
+        # on the same device, queued until the held computation ends
+        queued = pw.function(lambda x: x + 1, slice=one, name="queued")(np.ones(2))
+        assert held.running() and not held.done()
+        assert not queued.running() and not queued.done()
+    finally:
+        release.set()
+    assert queued.result(timeout=30).tolist() == [2.0, 2.0]
+    assert held.done() and not held.running() and not queued.running()
