@@ -210,16 +210,16 @@ class RayBackend:
 
     @contextlib.contextmanager
     def group(self) -> Iterator[None]:
-        """Every island holds its message until the block ends: a program submitted inside
-        reaches each island in one message."""
+        """Every island's site pauses its launches until the block ends: a program submitted
+        inside reaches each island in one message."""
         sites = list(self.sites.values())
         for site in sites:
-            site.hold()
+            site.pause()
         try:
             yield
         finally:
             for site in sites:
-                site.release()
+                site.resume()
 
     def fetch(self, value, sharding) -> Any:
         return value.fetch(sharding) if isinstance(value, RemoteBuffer) else value

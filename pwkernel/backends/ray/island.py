@@ -2,7 +2,7 @@
 
 - A launch (in the order the island's gang scheduler decided) becomes an item of the island's
   next *message* (``actor.submit``), sent by the island's launcher thread. While a program is
-  submitted the island holds its message back (``hold``), so with parallel dispatch an island
+  submitted the island pauses its launches (``pause``), so with parallel dispatch an island
   receives all of a program's nodes (computations and the transfers into and out of it) in one
   message, ahead of the data, and waits on its inputs itself; with sequential dispatch (the
   baseline) a node is sent once its inputs exist, so each node is its own message.
@@ -126,11 +126,12 @@ class RaySite:
                 self._launches.put(self._pending)
                 self._pending = []
 
-    def hold(self) -> None:
+    def pause(self) -> None:
+        """Keep launches back (in order) until as many ``resume`` calls: one message."""
         with self._pending_lock:
             self._held += 1
 
-    def release(self) -> None:
+    def resume(self) -> None:
         with self._pending_lock:
             self._held -= 1
             if not self._held and self._pending:
