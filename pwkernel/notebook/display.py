@@ -63,7 +63,7 @@ def future_fields(fut: Future) -> dict[str, str]:
     if fut.done():
         elapsed = f"in {human_seconds(max(0.0, fut.t_done - start))}" if fut.t_done else ""
     else:
-        clock = run.dispatcher.now if run is not None else time.perf_counter
+        clock = run.owner.now if run is not None else time.perf_counter
         elapsed = f"for {human_seconds(max(0.0, clock() - start))}"
     preview = ""
     if fut.state is FutureState.DONE:

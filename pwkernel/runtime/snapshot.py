@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .resources import Island, VirtualSlice
     from .tasks import ProgramRun, Task
 
-_OVER = (TaskState.DONE, TaskState.CANCELLED)
+_ENDED_OR_DROPPED = (TaskState.ENDED, TaskState.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class RunView:
 
     def __str__(self) -> str:
         """As the run's own ``repr`` (what ``ctl.status()`` lists)."""
-        left = sum(n.state not in _OVER for n in self.nodes)
+        left = sum(n.state not in _ENDED_OR_DROPPED for n in self.nodes)
         state = f"{left} nodes left" if left else "done"
         return f"ProgramRun(id={self.id}, name={self.name!r}, client={self.client!r}, {state})"
 

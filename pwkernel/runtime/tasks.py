@@ -450,7 +450,7 @@ class ProgramRun(RunSlots):
         where = _NOWHERE if node.is_compute else {
             "nbytes": g.nbytes, "src": g.src, "dst": g.dst, "src_devices": g.src_devices,
             "link": g.link}
-        self.dispatcher.trace.record(
+        self.owner.trace.record(
             kind=_COMPUTE if node.is_compute else _TRANSFER, name=node.name, program=self.name,
             program_id=self.id, client=self.client, island=node.island, devices=node.devices,
             t_submit=task.t_submit, t_start=t_start, t_end=t_end, status=status, node_id=g.id,

@@ -56,7 +56,7 @@ from .program import hinted_seconds, lower_for_chips
 from .timing import Timing
 
 _DCN = LinkKind.DCN.value
-_OVER = (TaskState.DONE, TaskState.CANCELLED)
+_ENDED_OR_DROPPED = (TaskState.ENDED, TaskState.CANCELLED)
 _NAP = 0.05  # s a waiting thread sleeps when only another thread can add work
 
 
@@ -174,7 +174,7 @@ class SimExecutor(NoGroup):
 
     def expedite(self, task: Task, timeout: float | None = None) -> None:
         """Someone waits for ``task``: run the clock until it has ended."""
-        self.settle(lambda: task.state in _OVER, timeout)
+        self.settle(lambda: task.state in _ENDED_OR_DROPPED, timeout)
 
     def advance(self, seconds: float) -> float:
         """Let ``seconds`` of virtual time pass (what ends meanwhile ends, what it launches
@@ -266,7 +266,7 @@ class SimExecutor(NoGroup):
     # --- transfers -------------------------------------------------------------------------
     def transfer(self, task: Task) -> None:
         node = task.node
-        g = node.node
+        g = task.graph_node
         timing = self.timing
         with self._cv:
             earliest = max(self._decided(task), _ready(task.inputs()))
