@@ -20,8 +20,9 @@ thread submitting and waiting, every run is the same.
 the client does a node's host-side work for a whole program when it is submitted with
 parallel dispatch, for each node when its inputs exist with sequential dispatch; a
 computation's duration is XLA's cost analysis of its lowered function on the chip's roofline
-plus its collectives (``cost.py``), or the function's ``sim_cost``; its end reaches the
-scheduler (and the client) ``rpc_latency`` after it happens, a copy's when it happens.
+plus its collectives (``cost.py``), or the function's ``sim_cost``. Every end, a copy's as a
+computation's, reaches the controller (its schedulers and its client) ``rpc_latency`` after it
+happens; a copy over DCN counts as launched once it has landed, as its destination sees it.
 
 Because chips take work in launch order, a computation's start and end are known the moment it
 is launched (everything before it on its chips, and its inputs, were launched before it); the
@@ -277,7 +278,10 @@ class SimExecutor(NoGroup):
             outs = _values(task.run, node, end)
             if g.link != _DCN:  # consumers may queue behind a copy inside an island
                 task.launched(outs)
-            timing.at(end, _report, (task, start, end, outs))
+            else:  # one over DCN is launched once it has landed, as its destination sees it
+                timing.at(end, _landed, (task, outs))
+            # the controller hears of a copy's end over the network, as of a computation's
+            timing.at(end + timing.host.rpc_latency, _report, (task, start, end, outs))
             self._cv.notify_all()
 
     # --- the rest of the interface ---------------------------------------------------------
@@ -319,6 +323,11 @@ def check_hbm(plan, cluster: Cluster) -> None:
                 f"chip {d}, more than its Chip.hbm_bytes (valid: at most {hbm:.0f} B, "
                 f"{human_bytes(hbm)}, on cluster {cluster.name!r}). Maybe you want its values "
                 "sharded over more chips (in_specs=/out_specs=), or a chip with more HBM.")
+
+
+def _landed(arg) -> None:
+    task, outs = arg
+    task.launched(outs)
 
 
 def _report(arg) -> None:

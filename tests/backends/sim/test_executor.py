@@ -104,9 +104,10 @@ def test_sequential_dispatch_pays_a_round_trip_per_node():
     with pw.Controller(backend="sim", cluster=TINY.with_host(client_per_program=50 * US)) as ctl:
         chain(ctl, dispatch="sequential").wait(timeout=10)
         # 50 us for the program, then the client starts a node's work only once it has heard
-        # its inputs exist: a at 162 us (the upload's end), b at 1477 us (a's end + 100 us)
-        assert spans(ctl) == {"host:host->0": (160.0, 162.0), "a": (377.0, 1377.0),
-                              "b": (1692.0, 2692.0)}
+        # its inputs have ended, 100 us after each end (a copy's as a computation's): a at
+        # 262 us (the upload's end + 100 us), b at 1577 us (a's end + 100 us)
+        assert spans(ctl) == {"host:host->0": (160.0, 162.0), "a": (477.0, 1477.0),
+                              "b": (1792.0, 2792.0)}
 
 
 def test_futures_have_shapes_shardings_and_times_but_no_values():

@@ -45,27 +45,30 @@ def both(dispatch: str) -> tuple[dict, dict]:
     return executor, {e.name: (e.t_start / US, e.t_end / US) for e in engine.trace.events()}
 
 
-def test_parallel_dispatch_gives_the_same_timeline_in_both_simulators():
-    executor, engine = both("parallel")
+# Worked out by hand. Parallel: the program (7 us + 2 us x 4 hosts), then each node's client
+# work (10 us + 3 us per host); a's launch leaves the scheduler 2 x 1 us after it arrives,
+# reaches its hosts 100 us later, 5 us there; b runs behind a; the copy (10 + 2 us) after b; c
+# is launched once the copy has landed, 1 + 100 + 5 us later. Sequential: the client starts a
+# node's work only when it hears that its inputs have ended, 100 us after each end, a copy's as
+# a computation's: the upload (2 us) at 131 us, so a's work ends at 233 + 16 us, its launch
+# reaches the scheduler 100 us later and its hosts 2 + 100 + 5 us after that; b's work starts
+# at 1556 us, the copy's (16 + 6 us: four hosts) at 3879 us, c's at 4113 us.
+BY_HAND = {"parallel": {"a": (254.0, 1254.0), "c": (3373.0, 4373.0)},
+           "sequential": {"host:host->0": (131.0, 133.0), "a": (456.0, 1456.0),
+                          "b": (1779.0, 3779.0), "dcn:0->1": (4001.0, 4013.0),
+                          "c": (4336.0, 5336.0)}}
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_both_simulators_give_the_same_timeline(dispatch):
+    """One timeline in both dispatch modes: the controller hears of every end, a copy's as a
+    computation's, ``rpc_latency`` after it (``docs/simulator.md``)."""
+    executor, engine = both(dispatch)
     assert set(executor) == {"host:host->0", "a", "b", "dcn:0->1", "c"} == set(engine)
     for name, (start, end) in executor.items():
         assert engine[name] == (pytest.approx(start, abs=1e-6), pytest.approx(end, abs=1e-6))
-    # worked out by hand: the program (7 + 2 x 2 hosts us), then each node's client work
-    # (10 + 3 us per host); a's launch leaves the scheduler 2 x 1 us after it arrives, reaches
-    # its hosts 100 us later, 5 us there; b runs behind a; the copy (12 us) after b; c is
-    # launched once the copy has landed, 1 + 100 + 5 us later
-    assert executor["a"] == pytest.approx((254.0, 1254.0))
-    assert executor["c"] == pytest.approx((3373.0, 4373.0))
-
-
-def test_sequential_dispatch_differs_only_in_when_a_copys_end_is_heard():
-    """The one difference (``docs/simulator.md``): with sequential dispatch the engine's client
-    hears of a copy's end ``rpc_latency`` after it, the runtime's dispatcher at once."""
-    executor, engine = both("sequential")
-    copies_before = {"host:host->0": 0, "a": 1, "b": 1, "dcn:0->1": 1, "c": 2}
-    for name, (start, end) in executor.items():
-        shift = 100.0 * copies_before[name]
-        assert engine[name] == (pytest.approx(start + shift), pytest.approx(end + shift))
+    for name, span in BY_HAND[dispatch].items():
+        assert executor[name] == pytest.approx(span), name
 
 
 def test_a_shared_port_takes_one_copy_after_another_and_the_latency_overlaps():
