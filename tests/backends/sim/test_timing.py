@@ -50,9 +50,10 @@ def both(dispatch: str) -> tuple[dict, dict]:
 # reaches its hosts 100 us later, 5 us there; b runs behind a; the copy (10 + 2 us) after b; c
 # is launched once the copy has landed, 1 + 100 + 5 us later. Sequential: the client starts a
 # node's work only when it hears that its inputs have ended, 100 us after each end, a copy's as
-# a computation's: the upload (2 us) at 131 us, so a's work ends at 233 + 16 us, its launch
-# reaches the scheduler 100 us later and its hosts 2 + 100 + 5 us after that; b's work starts
-# at 1556 us, the copy's (16 + 6 us: four hosts) at 3879 us, c's at 4113 us.
+# a computation's: the upload (2 us) at 15 + 16 + 100 us, so a's work ends at 233 + 16 us, its
+# launch reaches the scheduler 100 us later and its hosts 2 + 100 + 5 us after that; b's work
+# starts at 1556 us, the copy's (10 + 3 x 4 us: it touches four hosts) at 3879 us, c's at
+# 4113 us.
 BY_HAND = {"parallel": {"a": (254.0, 1254.0), "c": (3373.0, 4373.0)},
            "sequential": {"host:host->0": (131.0, 133.0), "a": (456.0, 1456.0),
                           "b": (1779.0, 3779.0), "dcn:0->1": (4001.0, 4013.0),
