@@ -176,6 +176,7 @@ def main(argv: list[str]) -> dict:
         ap.error("--batch is for --large only")
     if args.batch is not None and args.batch < 1:
         ap.error(f"--batch must be a positive number of rows, got {args.batch}")
+    print(f"profiling pwkernel at {Path(pw.__file__).parent}", file=sys.stderr)
     missing = unmatched_modules()
     if missing:
         print(f"modules in no part of PARTS: {missing}", file=sys.stderr)
