@@ -102,7 +102,8 @@ class Future:
 
     __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "producer", "_store",
                  "_buffer", "_state", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks",
-                 "_launched", "_lock", "t_created", "t_done", "weak_type", "__weakref__")
+                 "_launched", "_lock", "t_created", "t_done", "weak_type", "order", "placement",
+                 "__weakref__")
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
@@ -127,6 +128,8 @@ class Future:
         self.t_created = _clock()
         self.t_done = 0.0
         self.weak_type = False  # a weakly typed value (from Python scalars), as JAX types it
+        self.order = -1  # its position among its producer's outputs (which resolve in order)
+        self.placement: tuple | None = None  # its part of a program's cache key, if known
 
     @property
     def store(self) -> ObjectStore | None:
@@ -277,6 +280,24 @@ class Future:
         fut._set_result(value)
         return fut
 
+    @classmethod
+    def _output(cls, shape: tuple, dtype: np.dtype, sharding, name: str, island, run, store,
+                producer, weak: bool, order: int, placement: tuple, t_created: float) -> Future:
+        """A program output's future, from its plan's precomputed fields (``shape`` a tuple,
+        ``dtype`` a NumPy dtype; ``t_created``: ``perf_counter()`` once for a run's outputs):
+        what ``__init__`` makes, without its per-value checks."""
+        fut: Future = cls.__new__(cls)
+        fut.shape, fut.dtype, fut.sharding, fut.name, fut.island = (shape, dtype, sharding,
+                                                                      name, island)
+        fut.run, fut._store, fut.producer, fut.weak_type = run, store, producer, weak
+        fut.order, fut.placement = order, placement
+        fut._buffer = fut._error = fut._event = fut._callbacks = fut._hooks = None
+        fut._launch_hooks = fut._launched = None
+        fut._state = _PENDING
+        fut._lock = threading.Lock()
+        fut.t_created, fut.t_done = t_created, 0.0
+        return fut
+
     # --- runtime side ----------------------------------------------------------------------
     # (the runtime's hooks: None, one callable, or a list of them; dropped once fired)
     def _hook(self, fn: Callable[[Future], None]) -> None:
@@ -361,6 +382,7 @@ class Future:
     hook, on_launch, set_launched, peek = _hook, _on_launch, _set_launched, _peek
     set_result, set_exception, watch, set_results = (_set_result, _set_exception, _watch,
                                                      _set_results)
+    output = _output
 
     @property
     def error(self) -> BaseException | None:
