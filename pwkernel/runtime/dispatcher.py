@@ -113,7 +113,8 @@ class Dispatcher:
         pending: dict[int, list] = {}
         for slot, leaf in zip(plan.inputs, leaves, strict=True):
             if isinstance(leaf, Future):
-                if leaf.store is not store and leaf.store is not None:
+                held_by = leaf.store
+                if held_by is not store and held_by is not None:
                     _refuse_foreign(leaf)
                 futures[slot] = leaf
                 if leaf.done():

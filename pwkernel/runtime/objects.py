@@ -81,10 +81,10 @@ def _fire(hooks, fut) -> None:
 class _Buffer:
     """The value of a future that belongs to no store (given by the user: never deleted)."""
 
-    __slots__ = ("value", "exported")
+    __slots__ = ("value", "exported", "donated")
 
     def __init__(self, value):
-        self.value, self.exported = value, True
+        self.value, self.exported, self.donated = value, True, False
 
 
 class Future:
@@ -103,7 +103,7 @@ class Future:
     __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "producer", "_store",
                  "_buffer", "_state", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks",
                  "_launched", "_lock", "t_created", "t_done", "weak_type", "order", "placement",
-                 "__weakref__")
+                 "donated", "__weakref__")
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
@@ -130,6 +130,7 @@ class Future:
         self.weak_type = False  # a weakly typed value (from Python scalars), as JAX types it
         self.order = -1  # its position among its producer's outputs (which resolve in order)
         self.placement: tuple | None = None  # its part of a program's cache key, if known
+        self.donated = False  # a launched computation consumed its buffer (donate_argnums)
 
     @property
     def store(self) -> ObjectStore | None:
@@ -290,7 +291,7 @@ class Future:
         fut.shape, fut.dtype, fut.sharding, fut.name, fut.island = (shape, dtype, sharding,
                                                                       name, island)
         fut.run, fut._store, fut.producer, fut.weak_type = run, store, producer, weak
-        fut.order, fut.placement = order, placement
+        fut.order, fut.placement, fut.donated = order, placement, False
         fut._buffer = fut._error = fut._event = fut._callbacks = fut._hooks = None
         fut._launch_hooks = fut._launched = None
         fut._state = _PENDING
@@ -341,6 +342,30 @@ class Future:
         if hooks is not None:
             _fire(hooks, self)
 
+    @staticmethod
+    def _set_launched_many(futures: Sequence[Future | None], values: Sequence) -> None:
+        """``_set_launched`` for a node's outputs at once (``None``: an output no future
+        shows), in order."""
+        for f, value in zip(futures, values, strict=True):
+            if f is None:
+                continue
+            fut: Future = f
+            with fut._lock:
+                if fut._state is not _PENDING:
+                    continue
+                fut._launched = value
+                hooks, fut._launch_hooks = fut._launch_hooks, None
+            if hooks is not None:
+                _fire(hooks, fut)
+
+    def _consumed(self) -> None:
+        """A launched computation was given its buffer to reuse (donated): the store has
+        nothing left to delete when it goes."""
+        self.donated = True
+        buf = self._buffer
+        if buf is not None:
+            buf.donated = True
+
     def _peek(self):
         """The value (possibly not ready yet) without marking it exported, for consumers."""
         buf = self._buffer
@@ -372,7 +397,19 @@ class Future:
         for i, (f, value, _) in enumerate(made):
             fut: Future = f
             fut._buffer = _Buffer(value) if held is None else held[i]
-            fut._resolve(_DONE, None, t_done)
+            with fut._lock:  # (``_resolve``, inlined: this runs per output)
+                if fut._state is not _PENDING:
+                    continue
+                fut._state, fut.t_done, fut._launched = _DONE, t_done, None
+                launch_hooks, hooks, callbacks = fut._launch_hooks, fut._hooks, fut._callbacks
+                if launch_hooks is None and hooks is None and callbacks is None:
+                    if fut._event is None:
+                        continue
+                    event = fut._event
+                else:
+                    fut._launch_hooks = fut._hooks = fut._callbacks = None
+                    event = fut._event
+            fut._resolved(event, launch_hooks, hooks, callbacks)
 
     def _set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
@@ -382,7 +419,7 @@ class Future:
     hook, on_launch, set_launched, peek = _hook, _on_launch, _set_launched, _peek
     set_result, set_exception, watch, set_results = (_set_result, _set_exception, _watch,
                                                      _set_results)
-    output = _output
+    output, set_launched_many, consumed = _output, _set_launched_many, _consumed
 
     @property
     def error(self) -> BaseException | None:
@@ -398,6 +435,11 @@ class Future:
             launch_hooks, hooks, callbacks = self._launch_hooks, self._hooks, self._callbacks
             self._launch_hooks = self._hooks = self._callbacks = None
             event = self._event
+        self._resolved(event, launch_hooks, hooks, callbacks)
+        return True
+
+    def _resolved(self, event, launch_hooks, hooks, callbacks) -> None:
+        """What waits on a future that just resolved: its waiters, hooks and callbacks."""
         if event is not None:
             event.set()
         if launch_hooks is not None:
@@ -411,7 +453,6 @@ class Future:
                 except Exception:  # a user's callback must not break the runtime
                     import logging
                     logging.getLogger("pwkernel").exception("future done-callback raised")
-        return True
 
 
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)

@@ -355,7 +355,8 @@ class Program:
         return self._graph(tree, leaves)
 
     def _graph(self, tree, leaves) -> Graph:
-        key = (tree, tuple([leaf_placement(leaf) for leaf in leaves]))
+        key = (tree, tuple([leaf.placement if type(leaf) is Future and leaf.placement
+                            else leaf_placement(leaf) for leaf in leaves]))
         last = self._last  # the key of the last call, compared without hashing: a program's
         if last is not None and last[0] == key:  # futures share their placement tuples
             graph = last[1]

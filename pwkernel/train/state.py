@@ -89,7 +89,7 @@ def ready_to_donate(state: TrainState) -> None:
     whose step fails later fails this step's futures with the same error.
     """
     for leaf in jax.tree_util.tree_leaves(state):
-        if isinstance(leaf, Future) and leaf.done() and leaf.exception() is not None:
+        if isinstance(leaf, Future) and leaf.error is not None:  # (failed: done, with an error)
             raise ValueError(
                 "this state comes from a step that failed "
                 f"({type(leaf.exception()).__name__}: {leaf.exception()}); nothing of the "
