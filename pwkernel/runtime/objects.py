@@ -358,13 +358,28 @@ class Future:
             if hooks is not None:
                 _fire(hooks, fut)
 
-    def _consumed(self) -> None:
-        """A launched computation was given its buffer to reuse (donated): the store has
-        nothing left to delete when it goes."""
-        self.donated = True
-        buf = self._buffer
-        if buf is not None:
-            buf.donated = True
+    @staticmethod
+    def _consumed_many(futures: Sequence[Future | None]) -> None:
+        """A launched computation was given these futures' buffers to reuse (donated): the
+        store has nothing left to delete when they go (``None``: not a future)."""
+        for f in futures:
+            if f is not None:
+                fut: Future = f
+                fut.donated = True
+                buf = fut._buffer
+                if buf is not None:
+                    buf.donated = True
+
+    @staticmethod
+    def first_error(leaves) -> BaseException | None:
+        """The error of the first future among ``leaves`` that failed (other leaves are
+        skipped), without waiting for any."""
+        for leaf in leaves:
+            if isinstance(leaf, Future):
+                fut: Future = leaf
+                if fut._error is not None:
+                    return fut._error
+        return None
 
     def _peek(self):
         """The value (possibly not ready yet) without marking it exported, for consumers."""
@@ -419,7 +434,7 @@ class Future:
     hook, on_launch, set_launched, peek = _hook, _on_launch, _set_launched, _peek
     set_result, set_exception, watch, set_results = (_set_result, _set_exception, _watch,
                                                      _set_results)
-    output, set_launched_many, consumed = _output, _set_launched_many, _consumed
+    output, set_launched_many, consumed_many = _output, _set_launched_many, _consumed_many
 
     @property
     def error(self) -> BaseException | None:

@@ -9,7 +9,6 @@ still reading it have run), so its host cost does not grow with the buffer's siz
 
 from __future__ import annotations
 
-import itertools
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -78,7 +77,6 @@ class ObjectStore:
         # Reentrant: a garbage collection inside a locked section may free on this thread
         # (so readers iterate over a copy of the entries).
         self._lock = threading.RLock()
-        self._keys = itertools.count()
         self._on_free = on_free
         self._on_drop = self._free  # the weak references' callback, bound once
         self.closed = False
@@ -106,10 +104,10 @@ class ObjectStore:
                     run.name, run.id, run.client)
             held.record = new(BufferRecord, (nbytes, *labels, fut.island, reserved))
             out.append(held)
-        entries, keys = self._held, self._keys
-        with self._lock:
+        entries = self._held
+        with self._lock:  # (an entry's key is its id: unique while it is in the dict)
             for held in out:
-                held.key = key = next(keys)
+                held.key = key = id(held)
                 entries[key] = held
         return out
 
@@ -139,8 +137,7 @@ class ObjectStore:
         try:
             self._on_free(held.record)
         finally:  # counted until the scheduler has its memory back: memory() == 0 says so
-            with self._lock:
-                self._held.pop(held.key, None)
+            self._held.pop(held.key, None)  # (one dict operation: atomic; readers copy)
 
     def memory(self) -> dict[int, int]:
         """Bytes held by live buffers on each device (devices holding nothing are omitted)."""

@@ -121,11 +121,17 @@ class Task:
         """The tasks making the inputs this computation donates that have not ended (each
         once in a row)."""
         run, inputs = self.run, self.node.inputs
-        t_done, out, last = run.t_done, [], None
-        for i in self.node.exe.donated:
+        t_done, producer, tasks, futures = run.t_done, run.plan.producer, run.tasks, run.futures
+        out, last = [], None
+        for i in self.node.exe.donated:  # (``run.maker``, inlined: this runs per leaf)
             s = inputs[i]
             if t_done[s] is None:
-                maker = run.maker(s)
+                p = producer[s]
+                if p >= 0:
+                    maker = tasks[p] if tasks else None
+                else:
+                    fut = futures.get(s)
+                    maker = None if fut is None else fut.producer
                 if maker is not None and maker is not last:  # (a state's leaves: one maker)
                     out.append(maker)
                     last = maker
@@ -343,10 +349,8 @@ class ProgramRun(RunSlots):
         """``node`` was launched: the futures whose buffers it donates are consumed."""
         futures, inputs = self.futures, node.inputs
         if futures:
-            for i in node.exe.donated:
-                fut = futures.get(inputs[i])
-                if fut is not None:
-                    fut.consumed()
+            get = futures.get
+            Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
 
     def ran(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
             values=None) -> None:
