@@ -334,13 +334,8 @@ class Future:
             on_end(self)
 
     def _set_launched(self, value) -> None:
-        with self._lock:
-            if self._state is not _PENDING:
-                return
-            self._launched = value
-            hooks, self._launch_hooks = self._launch_hooks, None
-        if hooks is not None:
-            _fire(hooks, self)
+        """Its computation is launched: ``value`` exists (maybe still computing)."""
+        Future._set_launched_many((self,), (value,))
 
     @staticmethod
     def _set_launched_many(futures: Sequence[Future | None], values: Sequence) -> None:
