@@ -110,12 +110,16 @@ class Dispatcher:
         values, futures, t_done, store = run.values, run.futures, run.t_done, self.store
         # Arguments still pending, by the task making them: a state of many leaves is one
         # group, watched on the one of its futures its producer resolves last
-        pending: dict[int, list] = {}
+        pending: dict = {}
+        checked = group = None  # the last producer whose futures were checked, its group
         for slot, leaf in zip(plan.inputs, leaves, strict=True):
             if isinstance(leaf, Future):
-                held_by = leaf.store
-                if held_by is not store and held_by is not None:
-                    _refuse_foreign(leaf)
+                producer = leaf.producer
+                if producer is None or producer is not checked:  # (one run, one store)
+                    held_by = leaf.store
+                    if held_by is not store and held_by is not None:
+                        _refuse_foreign(leaf)
+                    checked = producer
                 futures[slot] = leaf
                 if leaf.done():
                     if leaf.error is not None:
@@ -124,15 +128,15 @@ class Dispatcher:
                         values[slot] = leaf.peek()
                     t_done[slot] = leaf.t_done
                 else:
-                    producer = leaf.producer
-                    key = id(leaf) if producer is None else id(producer)
-                    group = pending.get(key)
-                    if group is None:
-                        pending[key] = [leaf, (slot, leaf)]
-                    else:
-                        group.append((slot, leaf))
-                        if leaf.order > group[0].order:
-                            group[0] = leaf
+                    if producer is None or group is None or group[1][1].producer is not \
+                            producer:
+                        key = leaf if producer is None else producer
+                        group = pending.get(key)
+                        if group is None:
+                            group = pending[key] = [leaf]
+                    group.append((slot, leaf))
+                    if leaf.order > group[0].order:
+                        group[0] = leaf
                     if parallel:
                         values[slot] = leaf.peek()  # launched already, or None
             else:
