@@ -335,7 +335,7 @@ class Future:
 
     def _set_launched(self, value) -> None:
         """Its computation is launched: ``value`` exists (maybe still computing)."""
-        Future._set_launched_many((self,), (value,))
+        self._set_launched_many((self,), (value,))
 
     @staticmethod
     def _set_launched_many(futures: Sequence[Future | None], values: Sequence) -> None:
