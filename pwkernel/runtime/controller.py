@@ -20,7 +20,7 @@ from jax.sharding import AxisType
 
 from . import executor as executors
 from .dispatcher import Dispatcher, DispatchMode
-from .errors import ControllerClosedError, DeviceSetupError, ProgramError, SliceError
+from .errors import ControllerClosedError, DeviceSetupError, SliceError
 from .executor import Executor, IslandFacts
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
@@ -217,16 +217,7 @@ class Controller:
         ``dispatch``: this submission's mode (default: ``ctl.dispatch``)."""
         self._check_open()
         mode = None if dispatch is None else DispatchMode.parse(dispatch)
-        for leaf in leaves:
-            if isinstance(leaf, Future) and leaf.store is not None and leaf.store is not \
-                    self.store:
-                if leaf.store.closed:
-                    raise ControllerClosedError(
-                        "a future from a closed controller was passed to a program; its buffer "
-                        "is gone. Pass fut.result() (a jax.Array) or rerun the program that "
-                        "made it.")
-                raise ProgramError("a future from another controller was passed to a program; "
-                                   "pass fut.result() to move the value across.")
+        # (the dispatcher refuses futures of another controller in its one pass over leaves)
         return self._dispatcher.submit(graph, leaves, self.current_client, mode)
 
     def runs(self) -> list[ProgramRun]:

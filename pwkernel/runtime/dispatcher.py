@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from enum import StrEnum
 
 import jax
@@ -29,6 +30,7 @@ import numpy as np
 
 from . import scheduler as sch
 from .deferred import later, soon
+from .errors import ControllerClosedError, ProgramError
 from .executor import Executor, NoGroup
 from .graph import Graph
 from .islands import IslandQueue
@@ -36,6 +38,8 @@ from .objects import Future, ObjectStore, resolved
 from .plan import Plan, build
 from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
+
+_clock = time.perf_counter  # when futures are made (Future.t_created's clock)
 
 
 class DispatchMode(StrEnum):
@@ -103,10 +107,19 @@ class Dispatcher:
         plan = graph.plan or self.plan(graph)
         parallel = (mode or self.mode) is DispatchMode.PARALLEL
         run = ProgramRun(self, plan, client, parallel)
-        values, futures, t_done = run.values, run.futures, run.t_done
-        pending: list[tuple[int, Future]] = []
+        values, futures, t_done, store = run.values, run.futures, run.t_done, self.store
+        # Arguments still pending, by the task making them: a state of many leaves is one
+        # group, watched on the one of its futures its producer resolves last
+        pending: dict = {}
+        checked = group = None  # the last producer whose futures were checked, its group
         for slot, leaf in zip(plan.inputs, leaves, strict=True):
             if isinstance(leaf, Future):
+                producer = leaf.producer
+                if producer is None or producer is not checked:  # (one run, one store)
+                    held_by = leaf.store
+                    if held_by is not store and held_by is not None:
+                        _refuse_foreign(leaf)
+                    checked = producer
                 futures[slot] = leaf
                 if leaf.done():
                     if leaf.error is not None:
@@ -115,7 +128,15 @@ class Dispatcher:
                         values[slot] = leaf.peek()
                     t_done[slot] = leaf.t_done
                 else:
-                    pending.append((slot, leaf))
+                    if producer is None or group is None or group[1][1].producer is not \
+                            producer:
+                        key = leaf if producer is None else producer
+                        group = pending.get(key)
+                        if group is None:
+                            group = pending[key] = [leaf]
+                    group.append((slot, leaf))
+                    if leaf.order > group[0].order:
+                        group[0] = leaf
                     if parallel:
                         values[slot] = leaf.peek()  # launched already, or None
             else:
@@ -126,18 +147,15 @@ class Dispatcher:
             values[slot] = const
             t_done[slot] = 0.0
         outputs = []
-        tasks, store = run.tasks, self.store
-        for slot, src, shape, dtype, sharding, island, name, weak in plan.made:
+        tasks, made, now = run.tasks, Future.output, _clock()
+        for slot, src, shape, _, sharding, island, name, _, order, placement in plan.made:
             fut = futures.get(slot)
             if fut is None:
                 if src < 0:  # the program returns an argument or a constant as it is
                     fut = resolved(values[slot])
                 else:
-                    fut = Future(shape, dtype, sharding, name=name, island=island, run=run,
-                                 store=store)
-                    fut.producer = tasks[src]
-                    if weak:
-                        fut.weak_type = True
+                    fut = made(shape, placement[2], sharding, name, island, run, store,
+                               tasks[src], placement[4], order, placement, now)
                 futures[slot] = fut
             outputs.append(fut)
         self.runs[run.id] = run  # one dict operation: atomic without a lock
@@ -155,7 +173,7 @@ class Dispatcher:
             self.work_ended()
         return outputs
 
-    def _start_parallel(self, run: ProgramRun, pending: list) -> None:
+    def _start_parallel(self, run: ProgramRun, pending: dict) -> None:
         """Every island gets the run's computations in one event, with those already ready;
         then transfers whose source exists start, and pending arguments are watched."""
         plan, values, waiting, tasks, errors = run.plan, run.values, run.waiting, run.tasks, \
@@ -191,13 +209,10 @@ class Dispatcher:
                 self._admit(task)
         for slot, error in failed:
             run.spread(slot, error)
-        for group in _by_producer(pending):
-            launched, ended = _once_all(group, run.inputs_arrived), _once_all(
-                group, run.inputs_ended)
-            for _, fut in group:
-                fut.watch(launched, ended)
+        for watched, *group in pending.values():
+            watched.watch(_Group(group, run.inputs_arrived), _Group(group, run.inputs_ended))
 
-    def _start_sequential(self, run: ProgramRun, pending: list) -> None:
+    def _start_sequential(self, run: ProgramRun, pending: dict) -> None:
         plan = run.plan
         for slot in plan.sources:
             if run.t_done[slot] is not None and slot not in run.errors:
@@ -207,10 +222,8 @@ class Dispatcher:
                 self._sequential(task)
         for slot, error in list(run.errors.items()):
             run.spread(slot, error)
-        for group in _by_producer(pending):
-            ended = _once_all(group, run.inputs_ended)
-            for _, fut in group:
-                fut.hook(ended)
+        for watched, *group in pending.values():
+            watched.hook(_Group(group, run.inputs_ended))
 
     def arrived(self, run: ProgramRun, *slots: int) -> None:
         """Values of ``run`` are there: launched (parallel) or resolved (sequential). Count
@@ -382,22 +395,25 @@ class Dispatcher:
             self._thread = None
 
 
-def _by_producer(pending: list) -> list[list]:
-    """Pending arguments ``(slot, future)`` grouped by the task that makes them: a state of
-    many leaves is one group, watched as one (its futures launch and resolve together)."""
-    groups: dict[int, list] = {}
-    for slot, fut in pending:
-        key = id(fut) if fut.producer is None else id(fut.producer)
-        groups.setdefault(key, []).append((slot, fut))
-    return list(groups.values())
+class _Group:
+    """A hook on the future of a group of pending arguments that its producer resolves (and
+    launches) last: ``fn(group)`` once it fires, when every future of the group has (a node's
+    outputs are launched and resolved in the order of its outputs, ``Future.order``)."""
+
+    __slots__ = ("group", "fn")
+
+    def __init__(self, group: list, fn):
+        self.group, self.fn = group, fn
+
+    def __call__(self, _fut) -> None:
+        self.fn(self.group)
 
 
-def _once_all(group: list, fn):
-    """A hook for each future of ``group`` that calls ``fn(group)`` once, when the last of
-    them fires (``list.pop`` is atomic: exactly one caller takes 0)."""
-    left = list(range(len(group)))
-
-    def fire(_fut) -> None:
-        if left.pop() == 0:
-            fn(group)
-    return fire
+def _refuse_foreign(leaf: Future) -> None:
+    """A future of another controller's store was passed to a program: say what to pass."""
+    if leaf.store.closed:
+        raise ControllerClosedError(
+            "a future from a closed controller was passed to a program; its buffer is gone. "
+            "Pass fut.result() (a jax.Array) or rerun the program that made it.")
+    raise ProgramError("a future from another controller was passed to a program; pass "
+                       "fut.result() to move the value across.")

@@ -81,10 +81,10 @@ def _fire(hooks, fut) -> None:
 class _Buffer:
     """The value of a future that belongs to no store (given by the user: never deleted)."""
 
-    __slots__ = ("value", "exported")
+    __slots__ = ("value", "exported", "donated")
 
     def __init__(self, value):
-        self.value, self.exported = value, True
+        self.value, self.exported, self.donated = value, True, False
 
 
 class Future:
@@ -102,7 +102,8 @@ class Future:
 
     __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "producer", "_store",
                  "_buffer", "_state", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks",
-                 "_launched", "_lock", "t_created", "t_done", "weak_type", "__weakref__")
+                 "_launched", "_lock", "t_created", "t_done", "weak_type", "order", "placement",
+                 "donated", "__weakref__")
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
@@ -127,6 +128,9 @@ class Future:
         self.t_created = _clock()
         self.t_done = 0.0
         self.weak_type = False  # a weakly typed value (from Python scalars), as JAX types it
+        self.order = -1  # its position among its producer's outputs (which resolve in order)
+        self.placement: tuple | None = None  # its part of a program's cache key, if known
+        self.donated = False  # a launched computation consumed its buffer (donate_argnums)
 
     @property
     def store(self) -> ObjectStore | None:
@@ -277,6 +281,24 @@ class Future:
         fut._set_result(value)
         return fut
 
+    @classmethod
+    def _output(cls, shape: tuple, dtype: np.dtype, sharding, name: str, island, run, store,
+                producer, weak: bool, order: int, placement: tuple, t_created: float) -> Future:
+        """A program output's future, from its plan's precomputed fields (``shape`` a tuple,
+        ``dtype`` a NumPy dtype; ``t_created``: ``perf_counter()`` once for a run's outputs):
+        what ``__init__`` makes, without its per-value checks."""
+        fut: Future = cls.__new__(cls)
+        fut.shape, fut.dtype, fut.sharding, fut.name, fut.island = (shape, dtype, sharding,
+                                                                      name, island)
+        fut.run, fut._store, fut.producer, fut.weak_type = run, store, producer, weak
+        fut.order, fut.placement, fut.donated = order, placement, False
+        fut._buffer = fut._error = fut._event = fut._callbacks = fut._hooks = None
+        fut._launch_hooks = fut._launched = None
+        fut._state = _PENDING
+        fut._lock = threading.Lock()
+        fut.t_created, fut.t_done = t_created, 0.0
+        return fut
+
     # --- runtime side ----------------------------------------------------------------------
     # (the runtime's hooks: None, one callable, or a list of them; dropped once fired)
     def _hook(self, fn: Callable[[Future], None]) -> None:
@@ -312,13 +334,47 @@ class Future:
             on_end(self)
 
     def _set_launched(self, value) -> None:
-        with self._lock:
-            if self._state is not _PENDING:
-                return
-            self._launched = value
-            hooks, self._launch_hooks = self._launch_hooks, None
-        if hooks is not None:
-            _fire(hooks, self)
+        """Its computation is launched: ``value`` exists (maybe still computing)."""
+        self._set_launched_many((self,), (value,))
+
+    @staticmethod
+    def _set_launched_many(futures: Sequence[Future | None], values: Sequence) -> None:
+        """``_set_launched`` for a node's outputs at once (``None``: an output no future
+        shows), in order."""
+        for f, value in zip(futures, values, strict=True):
+            if f is None:
+                continue
+            fut: Future = f
+            with fut._lock:
+                if fut._state is not _PENDING:
+                    continue
+                fut._launched = value
+                hooks, fut._launch_hooks = fut._launch_hooks, None
+            if hooks is not None:
+                _fire(hooks, fut)
+
+    @staticmethod
+    def _consumed_many(futures: Sequence[Future | None]) -> None:
+        """A launched computation was given these futures' buffers to reuse (donated): the
+        store has nothing left to delete when they go (``None``: not a future)."""
+        for f in futures:
+            if f is not None:
+                fut: Future = f
+                fut.donated = True
+                buf = fut._buffer
+                if buf is not None:
+                    buf.donated = True
+
+    @staticmethod
+    def first_error(leaves) -> BaseException | None:
+        """The error of the first future among ``leaves`` that failed (other leaves are
+        skipped), without waiting for any."""
+        for leaf in leaves:
+            if isinstance(leaf, Future):
+                fut: Future = leaf
+                if fut._error is not None:
+                    return fut._error
+        return None
 
     def _peek(self):
         """The value (possibly not ready yet) without marking it exported, for consumers."""
@@ -351,7 +407,19 @@ class Future:
         for i, (f, value, _) in enumerate(made):
             fut: Future = f
             fut._buffer = _Buffer(value) if held is None else held[i]
-            fut._resolve(_DONE, None, t_done)
+            with fut._lock:  # (``_resolve``, inlined: this runs per output)
+                if fut._state is not _PENDING:
+                    continue
+                fut._state, fut.t_done, fut._launched = _DONE, t_done, None
+                launch_hooks, hooks, callbacks = fut._launch_hooks, fut._hooks, fut._callbacks
+                if launch_hooks is None and hooks is None and callbacks is None:
+                    if fut._event is None:
+                        continue
+                    event = fut._event
+                else:
+                    fut._launch_hooks = fut._hooks = fut._callbacks = None
+                    event = fut._event
+            fut._resolved(event, launch_hooks, hooks, callbacks)
 
     def _set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
@@ -361,6 +429,7 @@ class Future:
     hook, on_launch, set_launched, peek = _hook, _on_launch, _set_launched, _peek
     set_result, set_exception, watch, set_results = (_set_result, _set_exception, _watch,
                                                      _set_results)
+    output, set_launched_many, consumed_many = _output, _set_launched_many, _consumed_many
 
     @property
     def error(self) -> BaseException | None:
@@ -376,6 +445,11 @@ class Future:
             launch_hooks, hooks, callbacks = self._launch_hooks, self._hooks, self._callbacks
             self._launch_hooks = self._hooks = self._callbacks = None
             event = self._event
+        self._resolved(event, launch_hooks, hooks, callbacks)
+        return True
+
+    def _resolved(self, event, launch_hooks, hooks, callbacks) -> None:
+        """What waits on a future that just resolved: its waiters, hooks and callbacks."""
         if event is not None:
             event.set()
         if launch_hooks is not None:
@@ -389,7 +463,6 @@ class Future:
                 except Exception:  # a user's callback must not break the runtime
                     import logging
                     logging.getLogger("pwkernel").exception("future done-callback raised")
-        return True
 
 
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)

@@ -23,6 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .graph import ComputeNode, Graph, TransferNode
 from .objects import shard_bytes
 from .scheduler import NodeSpec
@@ -94,7 +96,9 @@ class Plan:
     backend: dict[str, Any]               # what the executor prepared (e.g. exports)
     sources: tuple[int, ...] = ()         # argument and constant slots
     made: tuple[tuple, ...] = ()          # per output: slot, producer, shape, dtype, sharding,
-                                          # island, name, weak (what its Future is made of)
+                                          # island, name, weak, its position among the
+                                          # producer's outputs, and its placement key
+                                          # (what its Future is made of)
 
 
 def build(graph: Graph) -> Plan:
@@ -159,7 +163,9 @@ def build(graph: Graph) -> Plan:
                 tuple(p.external for p in nodes), tuple(p.n_inputs for p in nodes), {},
                 tuple(graph.inputs) + tuple(graph.consts), tuple(
                     (s, producer[s], v.shape, v.dtype, v.sharding, v.island,
-                     nodes[producer[s]].name if producer[s] >= 0 else "", v.weak)
+                     nodes[producer[s]].name if producer[s] >= 0 else "", v.weak,
+                     nodes[producer[s]].outputs.index(s) if producer[s] >= 0 else -1,
+                     ("dev", v.shape, np.dtype(v.dtype), v.sharding, bool(v.weak)))
                     for s in graph.outputs for v in (graph.values[s],)))
 
 

@@ -313,7 +313,7 @@ def leaf_placement(leaf) -> tuple:
     """A program argument's part of the cache key: how it is laid out now, and whether it is
     weakly typed (a Python scalar, as ``jax.jit`` types it)."""
     if isinstance(leaf, Future):
-        return ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
+        return leaf.placement or ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     if isinstance(leaf, jax.Array):
         return ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     try:
@@ -345,6 +345,7 @@ class Program:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "program")
         self._graphs: dict[Any, Graph] = {}
+        self._last: tuple | None = None  # (key, graph) of the last call
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn, updated=())
 
@@ -354,13 +355,19 @@ class Program:
         return self._graph(tree, leaves)
 
     def _graph(self, tree, leaves) -> Graph:
-        key = (tree, tuple([leaf_placement(leaf) for leaf in leaves]))
-        graph = self._graphs.get(key)
+        key = (tree, tuple([leaf.placement if type(leaf) is Future and leaf.placement
+                            else leaf_placement(leaf) for leaf in leaves]))
+        last = self._last  # the key of the last call, compared without hashing: a program's
+        if last is not None and last[0] == key:  # futures share their placement tuples
+            graph = last[1]
+        else:
+            graph = self._graphs.get(key)
         if graph is None or graph.stale():
             with self._lock:
                 graph = self._graphs.get(key)
                 if graph is None or graph.stale():
                     graph = self._graphs[key] = self._build(key)
+        self._last = (key, graph)
         return graph
 
     def _build(self, key) -> Graph:

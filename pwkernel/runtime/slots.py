@@ -97,13 +97,18 @@ class RunSlots:
         """Append the tasks that make ``slots`` (each once in a row: a state of many leaves
         has one producer for all of them); with ``running``, only those not ended."""
         producer, tasks, futures, last = self.plan.producer, self.tasks, self.futures, None
+        get = futures.get
         for s in slots:
             p = producer[s]
             if p >= 0:
                 t = tasks[p] if tasks else None
-            else:
-                fut = futures.get(s)
-                t = None if fut is None or (running and fut.done()) else fut.producer
+            else:  # (a future's done() is asked only of a producer not just appended)
+                fut = get(s)
+                if fut is None:
+                    continue
+                t = fut.producer
+                if t is None or t is last or (running and fut.done()):
+                    continue
             if t is not None and t is not last:
                 out.append(t)
                 last = t

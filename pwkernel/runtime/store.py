@@ -9,12 +9,12 @@ still reading it have run), so its host cost does not grow with the buffer's siz
 
 from __future__ import annotations
 
-import itertools
 import threading
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
+import jax
 import numpy as np
 
 
@@ -26,6 +26,7 @@ class Future(Protocol):
     sharding: Any
     island: int | None
     run: Any
+    donated: bool
 
 
 def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
@@ -37,10 +38,11 @@ def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
 class _Held(weakref.ref):
     """The store's entry for one live buffer, in one object (one is made per value a program
     returns): a weak reference to the future (its callback frees the buffer), the value, whether
-    the user took it (``exported``: never deleted then), its ``BufferRecord``, and ``freeing``
-    (set once, under the store's lock, by whoever frees it)."""
+    the user took it (``exported``: never deleted then), whether a launched computation consumed
+    it (``donated``: a ``jax.Array`` has nothing left to delete then), its ``BufferRecord``, and
+    ``freeing`` (set once, under the store's lock, by whoever frees it)."""
 
-    __slots__ = ("key", "value", "exported", "record", "freeing")
+    __slots__ = ("key", "value", "exported", "donated", "record", "freeing")
 
 
 class BufferRecord(NamedTuple):
@@ -53,11 +55,6 @@ class BufferRecord(NamedTuple):
     client: str
     island: int | None = None
     reserved: bool = False  # admitted by the island's scheduler against its memory budget
-
-
-def _record(fields: tuple) -> BufferRecord:
-    """A ``BufferRecord`` from its six fields, without the named tuple's Python ``__new__``."""
-    return tuple.__new__(BufferRecord, fields)
 
 
 class ObjectStore:
@@ -80,7 +77,6 @@ class ObjectStore:
         # Reentrant: a garbage collection inside a locked section may free on this thread
         # (so readers iterate over a copy of the entries).
         self._lock = threading.RLock()
-        self._keys = itertools.count()
         self._on_free = on_free
         self._on_drop = self._free  # the weak references' callback, bound once
         self.closed = False
@@ -95,22 +91,23 @@ class ObjectStore:
                  reserved: bool = False) -> list[_Held]:
         """``add`` for many values at once (a node's outputs), under one lock: ``made`` holds
         ``(future, value, nbytes)``; the entries come back in that order."""
-        out, on_drop, last, labels = [], self._on_drop, _Held, ()
+        out, on_drop, last, labels, new = [], self._on_drop, _Held, (), tuple.__new__
         for fut, value, nbytes in made:
             held = _Held(fut, on_drop)
             held.value, held.exported, held.freeing = value, False, False
+            held.donated = fut.donated
             if nbytes is None:
                 nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
             run = fut.run
             if run is not last:  # (a node's outputs share their run's labels)
                 last, labels = run, ("", -1, "default") if run is None else (
                     run.name, run.id, run.client)
-            held.record = _record((nbytes, *labels, fut.island, reserved))
+            held.record = new(BufferRecord, (nbytes, *labels, fut.island, reserved))
             out.append(held)
-        entries, keys = self._held, self._keys
-        with self._lock:
+        entries = self._held
+        with self._lock:  # (an entry's key is its id: unique while it is in the dict)
             for held in out:
-                held.key = key = next(keys)
+                held.key = key = id(held)
                 entries[key] = held
         return out
 
@@ -130,7 +127,7 @@ class ObjectStore:
                 return  # freed already (or being freed by another thread)
             held.freeing = True
         value, held.value = held.value, None
-        if not held.exported:
+        if not held.exported and not (held.donated and isinstance(value, jax.Array)):
             delete = getattr(value, "delete", None)
             if delete is not None:
                 try:
@@ -140,8 +137,7 @@ class ObjectStore:
         try:
             self._on_free(held.record)
         finally:  # counted until the scheduler has its memory back: memory() == 0 says so
-            with self._lock:
-                self._held.pop(held.key, None)
+            self._held.pop(held.key, None)  # (one dict operation: atomic; readers copy)
 
     def memory(self) -> dict[int, int]:
         """Bytes held by live buffers on each device (devices holding nothing are omitted)."""

@@ -118,16 +118,23 @@ class Task:
         return self.run.producers(self, running)
 
     def donated_makers(self) -> list[Task]:
-        """The tasks making the inputs this computation donates that have not ended."""
-        run, node = self.run, self.node
-        t_done = run.t_done
-        out = []
-        for i in node.exe.donated:
-            s = node.inputs[i]
+        """The tasks making the inputs this computation donates that have not ended (each
+        once in a row)."""
+        run, inputs = self.run, self.node.inputs
+        t_done, producer, tasks, futures = run.t_done, run.plan.producer, run.tasks, run.futures
+        out, last = [], None
+        for i in self.node.exe.donated:  # (``run.maker``, inlined: this runs per leaf)
+            s = inputs[i]
             if t_done[s] is None:
-                maker = run.maker(s)
-                if maker is not None:
+                p = producer[s]
+                if p >= 0:
+                    maker = tasks[p] if tasks else None
+                else:
+                    fut = futures.get(s)
+                    maker = None if fut is None else fut.producer
+                if maker is not None and maker is not last:  # (a state's leaves: one maker)
                     out.append(maker)
+                    last = maker
         return out
 
     def launched(self, values) -> None:
@@ -323,15 +330,27 @@ class ProgramRun(RunSlots):
             for s, v in zip(node.outputs, values, strict=True):
                 slots[s] = v
         futures = self.futures
-        for s, v in zip(node.outputs, values, strict=True):
-            fut = futures.get(s)
-            if fut is not None:
-                fut.set_launched(v)
-        if self.parallel:
-            notify = self.plan.notify
-            for s in node.outputs:
-                if notify[s]:
-                    self.owner.arrived(self, s)
+        if node.is_compute and node.exe.donated:
+            self._consumed(node)
+        if futures:
+            get = futures.get
+            Future.set_launched_many([get(s) for s in node.outputs], values)
+        if self.parallel and node.notifies:
+            self._outputs_arrived(node)
+
+    def _outputs_arrived(self, node: PlanNode) -> None:
+        """Count the outputs of ``node`` (launched, or ended at once) for their readers."""
+        notify = self.plan.notify
+        came = [s for s in node.outputs if notify[s]]
+        if came:
+            self.owner.arrived(self, *came)
+
+    def _consumed(self, node: PlanNode) -> None:
+        """``node`` was launched: the futures whose buffers it donates are consumed."""
+        futures, inputs = self.futures, node.inputs
+        if futures:
+            get = futures.get
+            Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
 
     def ran(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
             values=None) -> None:
@@ -349,12 +368,11 @@ class ProgramRun(RunSlots):
             upstream = self.slot_error(node.inputs)
             if upstream is not None:
                 error = upstream
+        if fresh and node.is_compute and node.exe.donated:
+            self._consumed(node)
         self._end(task, True, error, t_start, t_end)
         if fresh and self.parallel and node.notifies and error is None:
-            notify = self.plan.notify  # consumers counted its launch: now, with its end known
-            for s in node.outputs:
-                if notify[s]:
-                    self.owner.arrived(self, s)
+            self._outputs_arrived(node)  # consumers counted its launch: now, with its end known
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with

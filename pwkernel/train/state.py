@@ -88,13 +88,13 @@ def ready_to_donate(state: TrainState) -> None:
     step has already failed is refused here with an error that says what to pass instead; one
     whose step fails later fails this step's futures with the same error.
     """
-    for leaf in jax.tree_util.tree_leaves(state):
-        if isinstance(leaf, Future) and leaf.done() and leaf.exception() is not None:
-            raise ValueError(
-                "this state comes from a step that failed "
-                f"({type(leaf.exception()).__name__}: {leaf.exception()}); nothing of the "
-                "state given to that step was consumed. Maybe you want to pass that state "
-                "(the one before the failed step) instead.") from leaf.exception()
+    error = Future.first_error(jax.tree_util.tree_leaves(state))
+    if error is not None:
+        raise ValueError(
+            "this state comes from a step that failed "
+            f"({type(error).__name__}: {error}); nothing of the "
+            "state given to that step was consumed. Maybe you want to pass that state "
+            "(the one before the failed step) instead.") from error
 
 
 def fetch(tree) -> Any:
