@@ -61,19 +61,24 @@ class Line:
         thread at a time; another that finds it busy leaves its completion to it (set before
         the call, so the busy thread's next look at the head sees it)."""
         lock, tasks = self._lock, self._tasks
-        with lock:
+        with lock:  # (the run's lock is taken inside this one, never the other way)
             if self._busy:
                 return
+            head = tasks[0] if tasks else None
+            t_inputs = None if head is None or head.report is None else head.run.park(head)
+            if t_inputs is None:  # nothing to report; a parked head's input end pumps
+                return
+            tasks.popleft()
             self._busy = True
         while True:
-            with lock:  # (the run's lock is taken inside this one, never the other way)
+            head.report_end(t_inputs)
+            with lock:
                 head = tasks[0] if tasks else None
                 t_inputs = None if head is None or head.report is None else head.run.park(head)
-                if t_inputs is None:  # nothing to report; a parked head's input end pumps
+                if t_inputs is None:
                     self._busy = False
                     return
                 tasks.popleft()
-            head.report_end(t_inputs)
 
 
 class EndOrder:
