@@ -107,55 +107,18 @@ class Dispatcher:
         plan = graph.plan or self.plan(graph)
         parallel = (mode or self.mode) is DispatchMode.PARALLEL
         run = ProgramRun(self, plan, client, parallel)
-        values, futures, t_done, store = run.values, run.futures, run.t_done, self.store
-        # Arguments still pending, by the task making them: a state of many leaves is one
-        # group, watched on the one of its futures its producer resolves last
-        pending: dict = {}
-        checked = group = None  # the last producer whose futures were checked, its group
-        for slot, leaf in zip(plan.inputs, leaves, strict=True):
-            if isinstance(leaf, Future):
-                producer = leaf.producer
-                if producer is None or producer is not checked:  # (one run, one store)
-                    held_by = leaf.store
-                    if held_by is not store and held_by is not None:
-                        _refuse_foreign(leaf)
-                    checked = producer
-                futures[slot] = leaf
-                if leaf.done():
-                    if leaf.error is not None:
-                        run.errors[slot] = leaf.error
-                    else:
-                        values[slot] = leaf.peek()
-                    t_done[slot] = leaf.t_done
-                else:
-                    if producer is None or group is None or group[1][1].producer is not \
-                            producer:
-                        key = leaf if producer is None else producer
-                        group = pending.get(key)
-                        if group is None:
-                            group = pending[key] = [leaf]
-                    group.append((slot, leaf))
-                    if leaf.order > group[0].order:
-                        group[0] = leaf
-                    if parallel:
-                        values[slot] = leaf.peek()  # launched already, or None
-            else:
-                values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
-                    leaf, graph.values[slot].dtype)
-                t_done[slot] = 0.0
-        for slot, const in plan.consts:
-            values[slot] = const
-            t_done[slot] = 0.0
+        values, futures, store = run.values, run.futures, self.store
+        pending = _take_arguments(run, graph, leaves, store)
         outputs = []
         tasks, made, now = run.tasks, Future.output, _clock()
-        for slot, src, shape, _, sharding, island, name, _, order, placement in plan.made:
+        for slot, src, shape, dtype, sharding, island, name, weak, order, key in plan.made:
             fut = futures.get(slot)
             if fut is None:
                 if src < 0:  # the program returns an argument or a constant as it is
                     fut = resolved(values[slot])
                 else:
-                    fut = made(shape, placement[2], sharding, name, island, run, store,
-                               tasks[src], placement[4], order, placement, now)
+                    fut = made(shape, dtype, sharding, name, island, run, store, tasks[src],
+                               weak, order, key, now)
                 futures[slot] = fut
             outputs.append(fut)
         self.runs[run.id] = run  # one dict operation: atomic without a lock
@@ -407,6 +370,53 @@ class _Group:
 
     def __call__(self, _fut) -> None:
         self.fn(self.group)
+
+
+
+def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
+    """Put a run's arguments and constants in their slots; returns the arguments still
+    pending, by the task
+    making them: a state of many leaves is one group, ``[watched, (slot, future), ...]``,
+    watched on the one of its futures its producer resolves last."""
+    plan, parallel = run.plan, run.parallel
+    values, futures, t_done = run.values, run.futures, run.t_done
+    pending: dict = {}
+    checked = group = None  # the last producer whose futures were checked, its group
+    for slot, leaf in zip(plan.inputs, leaves, strict=True):
+        if isinstance(leaf, Future):
+            producer = leaf.producer
+            if producer is None or producer is not checked:  # (one run, one store)
+                held_by = leaf.store
+                if held_by is not store and held_by is not None:
+                    _refuse_foreign(leaf)
+                checked = producer
+            futures[slot] = leaf
+            if leaf.done():
+                if leaf.error is not None:
+                    run.errors[slot] = leaf.error
+                else:
+                    values[slot] = leaf.peek()
+                t_done[slot] = leaf.t_done
+            else:
+                if producer is None or group is None or group[1][1].producer is not \
+                        producer:
+                    key = leaf if producer is None else producer
+                    group = pending.get(key)
+                    if group is None:
+                        group = pending[key] = [leaf]
+                group.append((slot, leaf))
+                if leaf.order > group[0].order:
+                    group[0] = leaf
+                if parallel:
+                    values[slot] = leaf.peek()  # launched already, or None
+        else:
+            values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
+                leaf, graph.values[slot].dtype)
+            t_done[slot] = 0.0
+    for slot, const in plan.consts:
+        values[slot] = const
+        t_done[slot] = 0.0
+    return pending
 
 
 def _refuse_foreign(leaf: Future) -> None:

@@ -278,11 +278,11 @@ class Future:
         if dtype is None:                      # device array would be copied to the host)
             dtype = np.asarray(value).dtype
         fut: Future = cls(np.shape(value), dtype, sharding)
-        fut._set_result(value)
+        fut.set_result(value)
         return fut
 
     @classmethod
-    def _output(cls, shape: tuple, dtype: np.dtype, sharding, name: str, island, run, store,
+    def output(cls, shape: tuple, dtype: np.dtype, sharding, name: str, island, run, store,
                 producer, weak: bool, order: int, placement: tuple, t_created: float) -> Future:
         """A program output's future, from its plan's precomputed fields (``shape`` a tuple,
         ``dtype`` a NumPy dtype; ``t_created``: ``perf_counter()`` once for a run's outputs):
@@ -301,7 +301,7 @@ class Future:
 
     # --- runtime side ----------------------------------------------------------------------
     # (the runtime's hooks: None, one callable, or a list of them; dropped once fired)
-    def _hook(self, fn: Callable[[Future], None]) -> None:
+    def hook(self, fn: Callable[[Future], None]) -> None:
         """Like add_done_callback, but for the runtime: hooks are dropped once fired."""
         with self._lock:
             if self._state is _PENDING:
@@ -309,7 +309,7 @@ class Future:
                 return
         fn(self)
 
-    def _on_launch(self, fn: Callable[[Future], None]) -> None:
+    def on_launch(self, fn: Callable[[Future], None]) -> None:
         """Call ``fn(self)`` once the value's computation is launched (or the future resolved):
         consumers may then be launched behind it."""
         with self._lock:
@@ -318,9 +318,9 @@ class Future:
                 return
         fn(self)
 
-    def _watch(self, on_launch: Callable[[Future], None],
+    def watch(self, on_launch: Callable[[Future], None],
                on_end: Callable[[Future], None]) -> None:
-        """``_on_launch(on_launch)`` and ``_hook(on_end)``, under one lock (how the dispatcher
+        """``on_launch(on_launch)`` and ``hook(on_end)``, under one lock (how the dispatcher
         watches an argument of a run)."""
         with self._lock:
             if self._state is _PENDING:
@@ -333,13 +333,13 @@ class Future:
         if on_end is not None:
             on_end(self)
 
-    def _set_launched(self, value) -> None:
+    def set_launched(self, value) -> None:
         """Its computation is launched: ``value`` exists (maybe still computing)."""
-        self._set_launched_many((self,), (value,))
+        self.set_launched_many((self,), (value,))
 
     @staticmethod
-    def _set_launched_many(futures: Sequence[Future | None], values: Sequence) -> None:
-        """``_set_launched`` for a node's outputs at once (``None``: an output no future
+    def set_launched_many(futures: Sequence[Future | None], values: Sequence) -> None:
+        """``set_launched`` for a node's outputs at once (``None``: an output no future
         shows), in order."""
         for f, value in zip(futures, values, strict=True):
             if f is None:
@@ -354,7 +354,7 @@ class Future:
                 _fire(hooks, fut)
 
     @staticmethod
-    def _consumed_many(futures: Sequence[Future | None]) -> None:
+    def consumed_many(futures: Sequence[Future | None]) -> None:
         """A launched computation was given these futures' buffers to reuse (donated): the
         store has nothing left to delete when they go (``None``: not a future)."""
         for f in futures:
@@ -376,12 +376,12 @@ class Future:
                     return fut._error
         return None
 
-    def _peek(self):
+    def peek(self):
         """The value (possibly not ready yet) without marking it exported, for consumers."""
         buf = self._buffer
         return self._launched if buf is None else buf.value
 
-    def _set_result(self, value, t_done: float = 0.0, reserved: bool = False,
+    def set_result(self, value, t_done: float = 0.0, reserved: bool = False,
                     nbytes: dict[int, int] | None = None) -> None:
         store = self._store
         self._buffer = _Buffer(value) if store is None else store.add(self, value, reserved,
@@ -389,9 +389,9 @@ class Future:
         self._resolve(_DONE, None, t_done)
 
     @staticmethod
-    def _set_results(made: Sequence[tuple[Future, Any, dict[int, int] | None]],
+    def set_results(made: Sequence[tuple[Future, Any, dict[int, int] | None]],
                      t_done: float = 0.0, reserved: bool = False) -> None:
-        """``_set_result`` for many futures at once (a node's outputs): ``made`` holds
+        """``set_result`` for many futures at once (a node's outputs): ``made`` holds
         ``(future, value, nbytes)`` (nbytes: its bytes per device; None: from its sharding).
         Their store counts them all under one lock; then each resolves, in order."""
         if not made:
@@ -401,7 +401,7 @@ class Future:
         for f, _, _ in made:
             fut: Future = f
             if fut._store is not store:
-                raise ValueError("Future._set_results takes futures of one object store (a "
+                raise ValueError("Future.set_results takes futures of one object store (a "
                                  "node's outputs); resolve futures of others one by one.")
         held = None if store is None else store.add_many(made, reserved)
         for i, (f, value, _) in enumerate(made):
@@ -421,15 +421,10 @@ class Future:
                     event = fut._event
             fut._resolved(event, launch_hooks, hooks, callbacks)
 
-    def _set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
+    def set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
         self._resolve(state, error, t_done)
 
-    # the runtime side's public names, for the runtime's other modules (tasks, dispatcher)
-    hook, on_launch, set_launched, peek = _hook, _on_launch, _set_launched, _peek
-    set_result, set_exception, watch, set_results = (_set_result, _set_exception, _watch,
-                                                     _set_results)
-    output, set_launched_many, consumed_many = _output, _set_launched_many, _consumed_many
 
     @property
     def error(self) -> BaseException | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,6 +43,22 @@ def cost_key(fn, signature) -> int:
         if out is None:
             out = _cost_keys[key] = next(_cost_ids)
         return out
+
+
+class Output(NamedTuple):
+    """What a program output's ``Future`` is made of, computed once per plan (a tuple: the
+    dispatcher unpacks it per output)."""
+
+    slot: int
+    producer: int              # node index; -1: an argument or constant returned as it is
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    sharding: Any
+    island: int | None
+    name: str                  # the producer's name
+    weak: bool
+    order: int                 # its position among the producer's outputs (-1: none)
+    key: tuple                 # its part of a program's cache key (``Future.placement``)
 
 
 @dataclass(slots=True, eq=False)
@@ -95,10 +111,7 @@ class Plan:
     n_inputs: tuple[int, ...]             # node -> distinct input slots (sequential)
     backend: dict[str, Any]               # what the executor prepared (e.g. exports)
     sources: tuple[int, ...] = ()         # argument and constant slots
-    made: tuple[tuple, ...] = ()          # per output: slot, producer, shape, dtype, sharding,
-                                          # island, name, weak, its position among the
-                                          # producer's outputs, and its placement key
-                                          # (what its Future is made of)
+    made: tuple[Output, ...] = ()         # per output: what its Future is made of
 
 
 def build(graph: Graph) -> Plan:
@@ -161,12 +174,17 @@ def build(graph: Graph) -> Plan:
                 tuple(map(tuple, consumers)), tuple(len(c) for c in consumers),
                 frozenset(graph.outputs), {i: tuple(s) for i, s in islands.items()},
                 tuple(p.external for p in nodes), tuple(p.n_inputs for p in nodes), {},
-                tuple(graph.inputs) + tuple(graph.consts), tuple(
-                    (s, producer[s], v.shape, v.dtype, v.sharding, v.island,
-                     nodes[producer[s]].name if producer[s] >= 0 else "", v.weak,
-                     nodes[producer[s]].outputs.index(s) if producer[s] >= 0 else -1,
-                     ("dev", v.shape, np.dtype(v.dtype), v.sharding, bool(v.weak)))
-                    for s in graph.outputs for v in (graph.values[s],)))
+                tuple(graph.inputs) + tuple(graph.consts),
+                tuple(_output(s, v, producer[s], nodes) for s in graph.outputs
+                      for v in (graph.values[s],)))
+
+
+def _output(slot: int, v, producer: int, nodes: list[PlanNode]) -> Output:
+    dtype, weak = np.dtype(v.dtype), bool(v.weak)
+    return Output(slot, producer, v.shape, dtype, v.sharding, v.island,
+                  nodes[producer].name if producer >= 0 else "", weak,
+                  nodes[producer].outputs.index(slot) if producer >= 0 else -1,
+                  ("dev", v.shape, dtype, v.sharding, weak))
 
 
 def _island_ancestors(nodes: list[PlanNode], producer: list[int], slots, island: int) -> list:

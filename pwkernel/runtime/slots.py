@@ -113,14 +113,6 @@ class RunSlots:
                 out.append(t)
                 last = t
 
-    def maker(self, slot: int):
-        """The task that makes ``slot`` (of this run, or of the run a future argument comes
-        from); None for the user's values and constants."""
-        p = self.plan.producer[slot]
-        if p >= 0:
-            return self.tasks[p] if self.tasks else None
-        return getattr(self.futures.get(slot), "producer", None)
-
     def internal_bytes(self) -> list[dict[int, int]]:
         """Bytes on each device of every value it keeps that is not a future (alive until
         its last reader ends)."""

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .plan import Plan, PlanNode
 
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
+_NOWHERE: dict = {}  # a computation's trace record has no transfer fields
 
 
 class TaskState(StrEnum):
@@ -120,20 +121,9 @@ class Task:
         """The tasks making the inputs this computation donates that have not ended (each
         once in a row)."""
         run, inputs = self.run, self.node.inputs
-        t_done, producer, tasks, futures = run.t_done, run.plan.producer, run.tasks, run.futures
-        out, last = [], None
-        for i in self.node.exe.donated:  # (``run.maker``, inlined: this runs per leaf)
-            s = inputs[i]
-            if t_done[s] is None:
-                p = producer[s]
-                if p >= 0:
-                    maker = tasks[p] if tasks else None
-                else:
-                    fut = futures.get(s)
-                    maker = None if fut is None else fut.producer
-                if maker is not None and maker is not last:  # (a state's leaves: one maker)
-                    out.append(maker)
-                    last = maker
+        t_done, out = run.t_done, []
+        run.slot_makers([s for i in self.node.exe.donated if t_done[s := inputs[i]] is None],
+                        out)
         return out
 
     def launched(self, values) -> None:
@@ -258,11 +248,6 @@ class ProgramRun(RunSlots):
         """The client's name (``client_spec.name``): what records and snapshots show."""
         return self.client_spec.name
 
-    @property
-    def dispatcher(self) -> RunOwner:
-        """The run's owner (the old name, for readers of ``run.dispatcher.virtual``)."""
-        return self.owner
-
     # --- the user's side -------------------------------------------------------------------
     def done(self) -> bool:
         """The run has ended: every node, and its bookkeeping (values freed)."""
@@ -272,8 +257,6 @@ class ProgramRun(RunSlots):
     def nodes_ended(self) -> bool:
         """Every node has ended (the run may still be freeing its last values)."""
         return not self._unended
-
-    ended_all = nodes_ended  # the old name
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every node has ended, failed or been cancelled."""
@@ -320,17 +303,9 @@ class ProgramRun(RunSlots):
     # --- a task's life ---------------------------------------------------------------------
     def launched(self, task: Task, values) -> None:
         """``task``'s outputs exist (maybe still computing): what counts them may go."""
-        node = task.node
-        with self.lock:
-            if task.has_outputs or self.values is None:
-                return
-            task.has_outputs = True
-            slots = self.values
-            for s, v in zip(node.outputs, values, strict=True):
-                slots[s] = v
-        futures = self.futures
-        if node.is_compute and node.exe.donated:
-            self._consumed(node)
+        if not self._hold_outputs(task, values):
+            return
+        node, futures = task.node, self.futures
         if futures:
             get = futures.get
             Future.set_launched_many([get(s) for s in node.outputs], values)
@@ -344,31 +319,34 @@ class ProgramRun(RunSlots):
         if came:
             self.owner.arrived(self, *came)
 
-    def _consumed(self, node: PlanNode) -> None:
-        """``node`` was launched: the futures whose buffers it donates are consumed."""
-        futures, inputs = self.futures, node.inputs
-        if futures:
-            get = futures.get
+    def _hold_outputs(self, task: Task, values) -> bool:
+        """Put ``task``'s output values in their slots, once (False: they are there already,
+        or the run is over); the futures whose buffers it donates are consumed then."""
+        node = task.node
+        with self.lock:
+            if task.has_outputs or self.values is None:
+                return False
+            task.has_outputs = True
+            slots = self.values
+            for s, v in zip(node.outputs, values, strict=True):
+                slots[s] = v
+        futures = self.futures
+        if futures and node.is_compute and node.exe.donated:
+            get, inputs = futures.get, node.inputs
             Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
+        return True
 
     def ran(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
             values=None) -> None:
         """A task that ran has ended (its end reported, ``Task.report_end``)."""
         node = task.node
-        fresh = False
-        if values is not None and not task.has_outputs:
-            with self.lock:  # launched and ended at once: its futures resolve in _end (that
-                if not task.has_outputs:  # fires their launch hooks); only slots are set here
-                    task.has_outputs = fresh = True
-                    slots = self.values
-                    for s, v in zip(node.outputs, values, strict=True):
-                        slots[s] = v
+        # launched and ended at once: only its slots are set here, its futures resolve in
+        # _end (which fires their launch hooks)
+        fresh = values is not None and not task.has_outputs and self._hold_outputs(task, values)
         if self.errors:
             upstream = self.slot_error(node.inputs)
             if upstream is not None:
                 error = upstream
-        if fresh and node.is_compute and node.exe.donated:
-            self._consumed(node)
         self._end(task, True, error, t_start, t_end)
         if fresh and self.parallel and node.notifies and error is None:
             self._outputs_arrived(node)  # consumers counted its launch: now, with its end known
@@ -464,16 +442,11 @@ class ProgramRun(RunSlots):
     def record(self, task: Task, t_start: float, t_end: float, error) -> None:
         """Append the task's span to the trace (plain strings: this runs per computation)."""
         node, g, status = task.node, task.graph_node, "ok" if error is None else "error"
-        if node.is_compute:  # (two calls, not one with **extra: this runs per computation)
-            self.owner.trace.record(
-                kind=_COMPUTE, name=node.name, program=self.name, program_id=self.id,
-                client=self.client, island=node.island, devices=node.devices,
-                t_submit=task.t_submit, t_start=t_start, t_end=t_end, status=status,
-                node_id=g.id)
-        else:
-            self.owner.trace.record(
-                kind=_TRANSFER, name=node.name, program=self.name, program_id=self.id,
-                client=self.client, island=node.island, devices=node.devices,
-                t_submit=task.t_submit, t_start=t_start, t_end=t_end, status=status,
-                node_id=g.id, nbytes=g.nbytes, src=g.src, dst=g.dst, src_devices=g.src_devices,
-                link=g.link)
+        where = _NOWHERE if node.is_compute else {
+            "nbytes": g.nbytes, "src": g.src, "dst": g.dst, "src_devices": g.src_devices,
+            "link": g.link}
+        self.owner.trace.record(
+            kind=_COMPUTE if node.is_compute else _TRANSFER, name=node.name, program=self.name,
+            program_id=self.id, client=self.client, island=node.island, devices=node.devices,
+            t_submit=task.t_submit, t_start=t_start, t_end=t_end, status=status, node_id=g.id,
+            **where)

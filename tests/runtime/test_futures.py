@@ -56,7 +56,7 @@ def test_set_results_resolves_each_future_in_order_with_its_value(sharded):
     order = []
     for k, f in enumerate(futs):
         f.add_done_callback(lambda _f, k=k: order.append(k))
-    Future._set_results(outs, t_done=2.5, reserved=False)
+    Future.set_results(outs, t_done=2.5, reserved=False)
     assert order == [0, 1]
     assert [f.state for f in futs] == [FutureState.DONE] * 2 and [f.t_done for f in futs] == \
         [2.5, 2.5]
@@ -68,7 +68,7 @@ def test_a_value_the_user_took_is_never_deleted_by_the_store(sharded):
     store = ObjectStore()
     (a, _), (b, _) = sharded
     futs, outs = made(store, sharded)
-    Future._set_results(outs)
+    Future.set_results(outs)
     del outs
     assert futs[0].result() is a  # handed out: the user's now
     futs.clear()
@@ -81,14 +81,14 @@ def test_set_results_takes_futures_of_one_store_only(sharded):
     outs = [(Future(a.shape, a.dtype, s, store=one), a, None),
             (Future(b.shape, b.dtype, t, store=other), b, None)]
     with pytest.raises(ValueError, match="one object store"):
-        Future._set_results(outs)
+        Future.set_results(outs)
     assert one.memory() == other.memory() == {} and not any(f.done() for f, _, _ in outs)
 
 
 def test_set_results_without_a_store_keeps_the_values_as_given(sharded):
     (a, s), (b, t) = sharded
     futs = [Future(a.shape, a.dtype, s), Future(b.shape, b.dtype, t)]
-    Future._set_results([(futs[0], a, None), (futs[1], b, None)])
+    Future.set_results([(futs[0], a, None), (futs[1], b, None)])
     assert futs[0].result() is a and futs[1].result() is b
     futs.clear()
     assert not a.is_deleted() and not b.is_deleted()
@@ -99,24 +99,24 @@ def test_watch_calls_the_launch_hook_then_the_end_hook_once_each(before):
     fut, seen = Future((2,), np.float32), []
     value = np.ones(2, np.float32)
     if before in ("launched", "resolved"):
-        fut._set_launched(value)
+        fut.set_launched(value)
     if before == "resolved":
-        fut._set_result(value, 1.0)
-    fut._watch(lambda f: seen.append(("launch", f)), lambda f: seen.append(("end", f)))
-    fut._set_launched(value)
-    fut._set_result(value, 1.0)
+        fut.set_result(value, 1.0)
+    fut.watch(lambda f: seen.append(("launch", f)), lambda f: seen.append(("end", f)))
+    fut.set_launched(value)
+    fut.set_result(value, 1.0)
     assert seen == [("launch", fut), ("end", fut)]
 
 
 def test_several_runtime_hooks_fire_in_the_order_they_were_added():
     fut, seen = Future((), np.float32), []
-    fut._hook(lambda f: seen.append("end 1"))
-    fut._on_launch(lambda f: seen.append("launch 1"))
-    fut._watch(lambda f: seen.append("launch 2"), lambda f: seen.append("end 2"))
-    fut._hook(lambda f: seen.append("end 3"))
-    fut._set_launched(1.0)
+    fut.hook(lambda f: seen.append("end 1"))
+    fut.on_launch(lambda f: seen.append("launch 1"))
+    fut.watch(lambda f: seen.append("launch 2"), lambda f: seen.append("end 2"))
+    fut.hook(lambda f: seen.append("end 3"))
+    fut.set_launched(1.0)
     assert seen == ["launch 1", "launch 2"]
-    fut._set_exception(ValueError("failed"), 1.0)
+    fut.set_exception(ValueError("failed"), 1.0)
     assert seen == ["launch 1", "launch 2", "end 1", "end 2", "end 3"]
     assert fut.state is FutureState.FAILED and not fut.running()
 
