@@ -31,16 +31,15 @@ class Line:
     order (see the module docstring). ``add`` is called in decision order, under the island's
     lock; ``pump`` from any thread."""
 
-    __slots__ = ("_tasks", "_lock", "_busy", "last_end")
+    __slots__ = ("_tasks", "_lock", "_busy", "last_end", "add")
 
     def __init__(self, last_end: dict[int, float]):
         self._tasks: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._busy = False  # a thread is reporting this line's ends
         self.last_end = last_end  # the island's: device -> end of the last work seen there
-
-    def add(self, task: Any) -> None:
-        self._tasks.append(task)
+        #: ``add(task)``: a launch joins the line (the deque's own append: no Python frame)
+        self.add = self._tasks.append
 
     def remove(self, task: Any) -> None:
         """Take out a task whose end was reported without this line (``Task.ended``)."""
@@ -74,7 +73,10 @@ class Line:
             head.report_end(t_inputs)
             with lock:
                 head = tasks[0] if tasks else None
-                t_inputs = None if head is None or head.report is None else head.run.park(head)
+                if head is None:  # (the usual case: nothing launched behind it yet)
+                    self._busy = False
+                    return
+                t_inputs = None if head.report is None else head.run.park(head)
                 if t_inputs is None:
                     self._busy = False
                     return
@@ -101,18 +103,3 @@ class EndOrder:
         """Computations launched here whose ends are not reported yet."""
         return sum(len(line) for line in list(self._lines.values()))
 
-
-def span(last_end: dict[int, float], devices, earliest: float, t_end: float
-         ) -> tuple[float, float]:
-    """``(start, end)`` of work seen ending at ``t_end`` on ``devices``: it starts not before
-    ``earliest`` (its launch, its inputs' ends) nor before the previous work there ended, and
-    ends not before it starts; notes that end for the next work there."""
-    for d in devices:
-        t = last_end.get(d, 0.0)
-        if t > earliest:
-            earliest = t
-    if t_end < earliest:
-        t_end = earliest
-    for d in devices:
-        last_end[d] = t_end
-    return earliest, t_end

@@ -28,6 +28,7 @@ import numpy as np
 from .graph import ComputeNode, Graph, TransferNode
 from .objects import shard_bytes
 from .scheduler import NodeSpec
+from .trace import EventKind, Trace
 
 _cost_keys: dict[tuple, int] = {}  # (function, signature) -> an int the scheduler hashes
 _cost_ids = itertools.count()
@@ -89,6 +90,7 @@ class PlanNode:
     sharding: Any = None          # the destination layout
     out_nbytes: tuple[dict[int, int], ...] = ()  # per output: bytes on each device (both)
     memory: int = 0               # bytes per device its outputs take (what a budget counts)
+    trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
 
 
 @dataclass(slots=True, eq=False)
@@ -140,6 +142,12 @@ def build(graph: Graph) -> Plan:
             p = PlanNode(index, node, node.name, node.dst, node.devices, (ins[0],), (outs[0],),
                          False, sharding=spec.sharding, out_nbytes=(nbytes,),
                          memory=max(nbytes.values(), default=0))
+        p.trace = Trace.node_fields(
+            kind=EventKind.COMPUTE.value, name=p.name, island=p.island, devices=p.devices,
+            node_id=node.id) if compute else Trace.node_fields(
+            kind=EventKind.TRANSFER.value, name=p.name, island=p.island, devices=p.devices,
+            nbytes=node.nbytes, src=node.src, dst=node.dst, src_devices=node.src_devices,
+            link=node.link, node_id=node.id)
         distinct = tuple(dict.fromkeys(ins))
         p.n_inputs, p.distinct = len(distinct), distinct
         waits, after = [], []

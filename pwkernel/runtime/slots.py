@@ -186,10 +186,15 @@ class RunSlots:
     def park(self, task) -> float | None:
         """When ``task``'s inputs ended; None if one has not: then ``task`` is parked, and
         the end of its last input reports it (``ends.py``)."""
-        slots = task.node.inputs
-        t = self.slots_ended(slots)
-        if t is not None:
-            return t
+        slots, t_done, latest = task.node.inputs, self.t_done, 0.0
+        for s in slots:  # (slots_ended, inline: this runs per computation)
+            t = t_done[s]
+            if t is None:
+                break
+            if t > latest:
+                latest = t
+        else:
+            return latest
         with self.lock:
             t = self.slots_ended(slots)
             if t is None:
@@ -223,6 +228,8 @@ class RunSlots:
     def _free(self, dropped: list[tuple]) -> None:
         """Delete internal values' buffers and give their reserved memory back to the
         islands' schedulers (outside the run's lock: that may launch work)."""
+        owner = self.owner
+        budget = owner.memory_budget is not None  # (without one, nothing counts bytes)
         for value, producer, k in dropped:
             if value is None:
                 continue
@@ -231,9 +238,10 @@ class RunSlots:
                     value.delete()
                 except Exception:  # already deleted or donated: nothing left to free
                     pass
-            nbytes = producer.out_nbytes[k]
-            self.owner.release_memory(producer.island, list(nbytes),
-                                      max(nbytes.values(), default=0))
+            if budget:
+                nbytes = producer.out_nbytes[k]
+                owner.release_memory(producer.island, list(nbytes),
+                                     max(nbytes.values(), default=0))
 
 
 def resume(unparked: list[tuple[Any, float]]) -> None:

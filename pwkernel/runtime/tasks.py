@@ -31,20 +31,16 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from .deferred import soon
-from .ends import span
 from .errors import CancelledError
 from .events import ClientSpec
 from .objects import Future
 from .slots import RunSlots, resume
-from .trace import EventKind
 
 if TYPE_CHECKING:
     from .ends import Line
     from .owner import RunOwner
     from .plan import Plan, PlanNode
 
-_COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
-_NOWHERE: dict = {}  # a computation's trace record has no transfer fields
 
 
 class TaskState(StrEnum):
@@ -101,8 +97,7 @@ class Task:
     # --- what executors read and report ----------------------------------------------------
     def inputs(self) -> list:
         """The input values (arrays, or a backend's handles), in the node's order."""
-        values = self.run.values
-        return [values[s] for s in self.node.inputs]
+        return list(map(self.run.values.__getitem__, self.node.inputs))
 
     def input_error(self) -> BaseException | None:
         """The error of the first failed input, if any."""
@@ -163,14 +158,21 @@ class Task:
         t, error, values, t_start = self.report
         self.report = None
         if t_start is None:
-            earliest = t_inputs if t_inputs > self.t_launch else self.t_launch
-            if t < t_inputs:
-                t = t_inputs
+            # it starts not before its launch, its inputs' ends, nor (on its devices) the end
+            # of the work before it there; it ends not before it starts
+            t_start = t_inputs if t_inputs > self.t_launch else self.t_launch
             line = self.line
-            if line is None:
-                t_start = earliest
-            else:
-                t_start, t = span(line.last_end, self.node.devices, earliest, t)
+            if line is not None:
+                last_end = line.last_end
+                devices = self.node.devices
+                for d in devices:
+                    prev = last_end.get(d, 0.0)
+                    if prev > t_start:
+                        t_start = prev
+                if t < t_start:
+                    t = t_start
+                for d in devices:
+                    last_end[d] = t  # the next work there starts after this end
         if t < t_start:
             t = t_start
         self.run.ran(self, t_start, t, error, values)
@@ -233,6 +235,7 @@ class ProgramRun(RunSlots):
         self.base = self.id << 24  # task ids: base + node index
         self.name = plan.graph.name
         self.client_spec = client
+        self.trace_fields = (self.name, self.id, client.name)  # its part of every event
         self.owner = owner
         self.parallel = parallel
         self.waiting = list(plan.external if parallel else plan.n_inputs)
@@ -339,17 +342,17 @@ class ProgramRun(RunSlots):
     def ran(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
             values=None) -> None:
         """A task that ran has ended (its end reported, ``Task.report_end``)."""
-        node = task.node
-        # launched and ended at once: only its slots are set here, its futures resolve in
-        # _end (which fires their launch hooks)
-        fresh = values is not None and not task.has_outputs and self._hold_outputs(task, values)
         if self.errors:
-            upstream = self.slot_error(node.inputs)
+            upstream = self.slot_error(task.node.inputs)
             if upstream is not None:
                 error = upstream
-        self._end(task, True, error, t_start, t_end)
-        if fresh and self.parallel and node.notifies and error is None:
-            self._outputs_arrived(node)  # consumers counted its launch: now, with its end known
+        # launched and ended at once: _end puts the values in their slots, and its futures
+        # resolve there (which fires their launch hooks)
+        if self._end(task, True, error, t_start, t_end,
+                     values if values is not None and not task.has_outputs else None):
+            node = task.node
+            if self.parallel and node.notifies and error is None:
+                self._outputs_arrived(node)  # consumers counted no launch: now, with its end
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
@@ -366,24 +369,39 @@ class ProgramRun(RunSlots):
         t = self.owner.now()
         self._end(task, False, error, t, t)
 
-    def _end(self, task: Task, ran: bool, error, t_start: float, t_end: float) -> None:
+    def _end(self, task: Task, ran: bool, error, t_start: float, t_end: float,
+             fresh=None) -> bool:
+        """The one way out (see the module docstring). ``fresh``: output values the task
+        ended with that were never launched (``launched``); True if they were put in their
+        slots here."""
         node = task.node
         owner = self.owner
         if ran:
             task.move(_ENDED)
-            if owner.trace.enabled:
-                self.record(task, t_start, t_end, error)
+            trace = owner.trace
+            if trace.enabled:
+                what, where, tail = node.trace  # the fixed fields were made with the plan
+                trace.record_span(what, self.trace_fields, where, tail, task.t_submit, t_start,
+                                  t_end, "ok" if error is None else "error")
         values, futures = self.values, self.futures
         spread, dropped, unparked = [], [], None
         with self.lock:
+            if fresh is not None:
+                if task.has_outputs or values is None:
+                    fresh = None
+                else:
+                    task.has_outputs = True
             for k, s in enumerate(node.outputs):
                 self.t_done[s] = t_end
                 if error is not None:
                     self.errors[s] = error
                     values[s] = None
                     spread.append(s)
-                elif s not in futures and not self.refs[s]:
-                    dropped.append(self._take(s, node, k))  # nobody reads it
+                else:
+                    if fresh is not None:
+                        values[s] = fresh[k]
+                    if s not in futures and not self.refs[s]:
+                        dropped.append(self._take(s, node, k))  # nobody reads it
             if self._waiters:
                 self._changed.notify_all()
             if self._parked:
@@ -394,6 +412,9 @@ class ProgramRun(RunSlots):
                 owner.computation_ended(task, t_end - t_start)  # ends are known by then)
             if error is not None:  # the memory its outputs reserved (under a budget)
                 owner.release_memory(node.island, node.devices, node.memory)
+        if fresh is not None and futures and node.is_compute and node.exe.donated:
+            get, inputs = futures.get, node.inputs  # the futures whose buffers it donated
+            Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
         if dropped:
             self._free(dropped)
         if futures:
@@ -428,6 +449,7 @@ class ProgramRun(RunSlots):
                 event.set()
         if ran and owner.memory_budget is not None:  # in flight until its frees are
             owner.work_ended()  # done: an idle check must not count what it is freeing
+        return fresh is not None
 
     def spread(self, slot: int, error: BaseException) -> None:
         """Every task reading ``slot`` that has not started fails with ``error``."""
@@ -438,15 +460,3 @@ class ProgramRun(RunSlots):
             task = tasks[c]
             if task.state is _WAITING or task.state is _QUEUED:
                 soon(self.fail, task, error)
-
-    def record(self, task: Task, t_start: float, t_end: float, error) -> None:
-        """Append the task's span to the trace (plain strings: this runs per computation)."""
-        node, g, status = task.node, task.graph_node, "ok" if error is None else "error"
-        where = _NOWHERE if node.is_compute else {
-            "nbytes": g.nbytes, "src": g.src, "dst": g.dst, "src_devices": g.src_devices,
-            "link": g.link}
-        self.owner.trace.record(
-            kind=_COMPUTE if node.is_compute else _TRANSFER, name=node.name, program=self.name,
-            program_id=self.id, client=self.client, island=node.island, devices=node.devices,
-            t_submit=task.t_submit, t_start=t_start, t_end=t_end, status=status, node_id=g.id,
-            **where)

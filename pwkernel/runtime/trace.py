@@ -135,12 +135,29 @@ class Trace:
         A computation needs no more than the ten fields up to ``t_end`` (``status`` is
         ``"ok"`` unless given); a transfer also says ``nbytes``, ``src``, ``dst``,
         ``src_devices`` and ``link``."""
+        self.record_span((kind, name), (program, program_id, client), (island, devices),
+                         (nbytes, src, dst, src_devices, link, node_id), t_submit, t_start,
+                         t_end, status)
+
+    @staticmethod
+    def node_fields(*, kind: str, name: str, island: int, devices: tuple[int, ...],
+                    nbytes: int = 0, src: int | None = None, dst: int | None = None,
+                    src_devices: tuple[int, ...] = (), link: str | None = None,
+                    node_id: int = -1) -> tuple[tuple, tuple, tuple]:
+        """The fields of a node's events that no run changes, by name, as the three parts
+        ``record_span`` takes (a plan builds them once per node: ``PlanNode.trace``)."""
+        return (kind, name), (island, devices), (nbytes, src, dst, src_devices, link, node_id)
+
+    def record_span(self, what: tuple, run: tuple, where: tuple, tail: tuple, t_submit: float,
+                    t_start: float, t_end: float, status: str = "ok") -> None:
+        """Append one event from parts made once: ``node_fields``' three (``what``, ``where``,
+        ``tail``) and the run's ``(program, program_id, client)``; what ``record`` does by
+        keyword, without building the fixed fields again per event."""
         if not self.enabled:
             return
         with self._lock:
-            self._raw.append((self._next, kind, name, program, program_id, client, island,
-                              devices, t_submit, t_start, t_end, status, nbytes, src, dst,
-                              src_devices, link, node_id))
+            self._raw.append((self._next, *what, *run, *where, t_submit, t_start, t_end, status,
+                              *tail))
             self._next += 1
             if self._waiters:
                 self._changed.notify_all()
