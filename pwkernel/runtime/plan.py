@@ -114,6 +114,7 @@ class Plan:
     backend: dict[str, Any]               # what the executor prepared (e.g. exports)
     sources: tuple[int, ...] = ()         # argument and constant slots
     made: tuple[Output, ...] = ()         # per output: what its Future is made of
+    makers: tuple = ()                    # slot -> (producer node, output position), or None
 
 
 def build(graph: Graph) -> Plan:
@@ -184,7 +185,9 @@ def build(graph: Graph) -> Plan:
                 tuple(p.external for p in nodes), tuple(p.n_inputs for p in nodes), {},
                 tuple(graph.inputs) + tuple(graph.consts),
                 tuple(_output(s, v, producer[s], nodes) for s in graph.outputs
-                      for v in (graph.values[s],)))
+                      for v in (graph.values[s],)),
+                tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
+                      for s, p in enumerate(producer)))
 
 
 def _output(slot: int, v, producer: int, nodes: list[PlanNode]) -> Output:

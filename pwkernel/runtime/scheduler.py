@@ -315,12 +315,16 @@ class GangScheduler:
         t = self._tasks.pop(task, None)
         if t is None:
             return
+        busy = self._busy
         for d in t.devices:
-            queue = self._busy.get(d)
-            if queue and task in queue:
-                queue.remove(task)
+            queue = busy.get(d)
+            if queue:
+                if queue[0] == task:  # (ends come in launch order: the usual case)
+                    del queue[0]
+                elif task in queue:
+                    queue.remove(task)
         self._running.discard(task)
-        actual = max(seconds, 0.0) * len(t.devices)
+        actual = (seconds if seconds > 0.0 else 0.0) * len(t.devices)
         client = self._clients[t.client]
         client.passes += (actual - t.charged) / client.weight
         client.device_seconds += actual
@@ -474,9 +478,11 @@ class GangScheduler:
             if budget:
                 self._memory[d] += t.memory
         client = self._clients[t.client]
-        self._vtime = max(self._vtime, client.passes)
-        t.charged = self._estimate(t)
-        client.passes += t.charged / client.weight
+        if client.passes > self._vtime:
+            self._vtime = client.passes
+        charged = self._estimates.get(t.cost_key)  # (``_estimate``'s usual case, inline)
+        t.charged = charged = self._estimate(t) if charged is None else charged
+        client.passes += charged / client.weight
         out.append(Launch(task=t.id))
         if t.dependents:
             tasks = self._tasks

@@ -126,11 +126,6 @@ class RunSlots:
                 out.append(node.out_nbytes[node.outputs.index(s)])
         return out
 
-    def _take(self, slot: int, producer, k: int) -> tuple:
-        """Take an internal value out of its slot (under the run's lock), to be freed."""
-        value, self.values[slot] = self.values[slot], None
-        return value, producer, k
-
     def count_arrived(self, slots) -> list:
         """Count ``slots`` for the nodes that wait on them; returns those now complete."""
         readers = self.plan.notify if self.parallel else self.plan.consumers
@@ -214,14 +209,21 @@ class RunSlots:
     def _release_inputs(self, node: PlanNode) -> None:
         """The task has ended: inputs only runs of this program read are freed after their
         last reader (the user's values and futures are the object store's business)."""
-        refs, plan, dropped = self.refs, self.plan, []
+        refs, futures, makers, dropped = self.refs, self.futures, self.plan.makers, None
         with self.lock:
+            values = self.values
+            if values is None:
+                return  # the run is over: its values went with it
             for s in node.distinct:
                 refs[s] -= 1
-                if not refs[s] and s not in self.futures and plan.producer[s] >= 0 \
-                        and self.values is not None:
-                    producer = plan.nodes[plan.producer[s]]
-                    dropped.append(self._take(s, producer, producer.outputs.index(s)))
+                if not refs[s] and s not in futures:
+                    made = makers[s]
+                    if made is not None:  # made by this run (not an argument or a constant)
+                        value, values[s] = values[s], None
+                        if dropped is None:
+                            dropped = [(value, *made)]
+                        else:
+                            dropped.append((value, *made))
         if dropped:
             self._free(dropped)
 

@@ -400,8 +400,9 @@ class ProgramRun(RunSlots):
                 else:
                     if fresh is not None:
                         values[s] = fresh[k]
-                    if s not in futures and not self.refs[s]:
-                        dropped.append(self._take(s, node, k))  # nobody reads it
+                    if s not in futures and not self.refs[s]:  # nobody reads it
+                        dropped.append((values[s], node, k))
+                        values[s] = None
             if self._waiters:
                 self._changed.notify_all()
             if self._parked:
