@@ -185,6 +185,34 @@ def test_the_pool_token_lets_a_driver_in(started, env):
     assert f"connected {record['address']}" in done.stdout
 
 
+ATTACH = textwrap.dedent("""
+    import os, sys, ray
+    from pwkernel.backends.ray import cluster
+    cluster.connect(sys.argv[1], pool=sys.argv[2])
+    island = ray.get_actor("island-0", namespace="pwkernel-pool-" + sys.argv[2])
+    print("attached", cluster.token_auth_enabled(), ray.get(island.info.remote())["island"])
+    cluster.disconnect()
+    print("after", ray.is_initialized(), os.environ.get("RAY_AUTH_MODE"),
+          os.environ.get("RAY_AUTH_TOKEN_PATH"))
+""")
+
+
+def test_a_controller_on_this_machine_finds_the_pool_token_by_its_name(started, env):
+    """``cluster.connect(address, pool=NAME)``: no RAY_AUTH_* set and no ~/.ray/auth_token,
+    yet it joins with the pool's token, and puts the environment back afterwards."""
+    _, record = started
+    done = subprocess.run([sys.executable, "-c", ATTACH, record["address"], NAME], env=env,
+                          text=True, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "attached True 0" in done.stdout
+    assert "after False None None" in done.stdout
+    # The user's own settings win: a token of theirs (here a wrong one) is used, and refused.
+    done = subprocess.run([sys.executable, "-c", ATTACH, record["address"], NAME],
+                          env=dict(env, RAY_AUTH_TOKEN="1" * 64), text=True,
+                          capture_output=True, timeout=120)
+    assert done.returncode != 0 and "AuthenticationError" in done.stderr, done.stderr[-2000:]
+
+
 def test_a_pool_that_joins_a_cluster_uses_its_token_and_leaves_it_running(started, env,
                                                                          pool_dir):
     """``--address``: a second pool on the first pool's cluster (no cluster of its own)."""
