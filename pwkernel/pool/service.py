@@ -74,7 +74,7 @@ def start(name: str, islands: Sequence[int], address: str | None = None, lease: 
         poolfile.save(record)  # from here on `stop` finds what there is to end
         with connected(record) as gcs:
             record["address"] = gcs  # "auto" or a host name: the address Ray answers on
-            record["platform"] = _platform(sizes, choice)
+            record["platform"] = platform_for(sizes, choice, int(cluster.gpus_available()))
             from ..backends.ray import tenancy
 
             # (create_islands makes all islands or none, and refuses a name in use)
@@ -171,10 +171,10 @@ def _platform_choice(platform: str | None) -> str:
     return chosen
 
 
-def _platform(sizes: tuple[int, ...], choice: str) -> str:
-    """cpu or gpu for the connected cluster: an island's devices are GPUs when the cluster
-    has any (or when asked), and then the islands must fit in them."""
-    gpus, needed = int(cluster.gpus_available()), sum(sizes)
+def platform_for(sizes: tuple[int, ...], choice: str, gpus: int) -> str:
+    """cpu or gpu for a cluster with ``gpus`` GPUs: an island's devices are GPUs when the
+    cluster has any (or when asked: ``choice``), and then the islands must fit in them."""
+    needed = sum(sizes)
     if choice == "cpu" or (choice == "auto" and gpus == 0):
         return "cpu"
     if gpus < needed:
