@@ -10,6 +10,8 @@ tenants, this kernel among them.
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from ..runtime.units import device_ids, human_bytes, human_seconds
@@ -25,6 +27,13 @@ def pool_of(ctl) -> dict[str, Any] | None:
     facts = ctl.executor.status()  # the Ray backend's cluster view (no island given)
     pool = facts.get("pool") if isinstance(facts, dict) else None
     return pool if isinstance(pool, dict) else None
+
+
+def own_name(pool: dict[str, Any]) -> str:
+    """This process's tenant name: as the pool reports it (``tenant``), else the name a
+    controller registers by default (``PWKERNEL_TENANT``, or ``host:pid``)."""
+    return (pool.get("tenant") or os.environ.get("PWKERNEL_TENANT")
+            or f"{socket.gethostname()}:{os.getpid()}")
 
 
 def tenant_rows(pool: dict[str, Any], me: str | None = None) -> list[list[Any]]:
@@ -44,7 +53,7 @@ class PoolStatus(Status):
         self.pool = pool or {}
 
     def _sections(self) -> list[tuple[str, list[str], list[list[Any]]]]:
-        me = self.pool.get("tenant")
+        me = own_name(self.pool)
         title = f"Pool {self.pool.get('name', '?')}: tenants"
         return super()._sections() + [(title, TENANT_HEAD, tenant_rows(self.pool, me))]
 

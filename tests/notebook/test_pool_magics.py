@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 from IPython.core.error import UsageError
@@ -81,3 +82,16 @@ def test_status_lists_the_pools_tenants(ip):
 def test_status_without_a_pool_is_unchanged(ip):
     status = run(ip, "%pathways status")
     assert not isinstance(status, PoolStatus) and "Pool" not in repr(status)
+
+
+def test_this_kernel_is_marked_by_its_default_tenant_name(monkeypatch):
+    """Without the pool's ``tenant`` key: the name a controller registers by default."""
+    from pwkernel.notebook.tenants import own_name, tenant_rows
+
+    monkeypatch.setenv("PWKERNEL_TENANT", "host:12")
+    pool = {"name": "class", "tenants": TENANTS}
+    assert own_name(pool) == "host:12"
+    assert [r[0] for r in tenant_rows(pool, own_name(pool))] == ["host:11",
+                                                                 "host:12 (this kernel)"]
+    monkeypatch.delenv("PWKERNEL_TENANT")
+    assert own_name(pool).endswith(f":{os.getpid()}")

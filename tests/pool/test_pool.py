@@ -213,6 +213,38 @@ def test_a_controller_on_this_machine_finds_the_pool_token_by_its_name(started, 
     assert done.returncode != 0 and "AuthenticationError" in done.stderr, done.stderr[-2000:]
 
 
+NOTEBOOK = textwrap.dedent("""
+    import os, socket, subprocess, sys
+    from IPython.core.interactiveshell import InteractiveShell
+    address, name = sys.argv[1], sys.argv[2]
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "pwkernel")
+    ip.run_line_magic("pathways", f"attach ray --address {address} --pool {name}")
+    print(repr(ip.run_line_magic("pathways", "status")))
+    print("me", f"{socket.gethostname()}:{os.getpid()}")
+    cli = subprocess.run([sys.executable, "-m", "pwkernel.pool", "status", "--name", name],
+                         capture_output=True, text=True, timeout=120)
+    print(cli.stdout, cli.stderr)
+    ip.run_line_magic("unload_ext", "pwkernel")
+""")
+REAL_TENANCY = (ROOT / "pwkernel" / "backends" / "ray" / "tenancy.py").exists()
+
+
+@pytest.mark.skipif(not REAL_TENANCY, reason="attaching needs pool-core's tenancy.py (the "
+                                             "stand-in has no tenants)")
+def test_a_notebook_attaches_as_a_tenant_and_sees_itself_in_status(started, env):
+    _, record = started
+    done = subprocess.run([sys.executable, "-c", NOTEBOOK, record["address"], NAME], env=env,
+                          text=True, capture_output=True, timeout=TIMEOUT, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert (f"attached ray to pool '{NAME}' at {record['address']}: island 0: 2 cpu, "
+            "island 1: 2 cpu") in out
+    me = next(line.split()[1] for line in out.splitlines() if line.startswith("me "))
+    assert f"Pool {NAME}: tenants" in out and f"{me} (this kernel)" in out
+    assert "tenant" in out and me in out.split("token file:")[-1]  # the CLI sees it too
+
+
 def test_a_pool_that_joins_a_cluster_uses_its_token_and_leaves_it_running(started, env,
                                                                          pool_dir):
     """``--address``: a second pool on the first pool's cluster (no cluster of its own)."""
