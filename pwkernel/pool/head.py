@@ -48,9 +48,9 @@ def ray_env(token: Path) -> dict[str, str]:
     return env
 
 
-def start_head(name: str, token: Path, port: int | None = None,
-               num_gpus: int | None = None) -> dict:
-    """Start the pool's Ray head; returns ``address``, ``session_dir``, ``temp_dir``, ``pids``.
+def start_head(name: str, token: Path, port: int | None = None) -> dict:
+    """Start the pool's Ray head; returns ``address``, ``session_dir``, ``temp_dir``, ``pids``
+    and ``started``. Ray finds the machine's GPUs itself (they become the islands' devices).
 
     On failure nothing of it is left (its processes are ended, its directory removed)."""
     port = port or free_port()
@@ -61,8 +61,6 @@ def start_head(name: str, token: Path, port: int | None = None,
            "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", temp_dir,
            "--include-dashboard", "false", "--disable-usage-stats",
            "--num-cpus", "1"]  # island actors take no CPU slot; few idle workers
-    if num_gpus is not None:
-        cmd += ["--num-gpus", str(num_gpus)]
     record = {"address": f"127.0.0.1:{port}", "temp_dir": temp_dir, "session_dir": None,
               "pids": [], "started": time.time()}
     try:

@@ -6,6 +6,11 @@ authentication on (Ray 2.5x enables it by default for new local clusters; we nev
 off). When the last controller using the connection closes, a local cluster this module started
 is shut down, and a cluster it joined is left (it keeps running; this process disconnects). A
 Ray connection the user made before (``ray.init`` of their own) is used and left alone.
+
+Attaching to a device pool (``connect(address, pool=NAME)``): when the pool is written down on
+this machine (``poolfile``), the connection uses its token file (``RAY_AUTH_MODE=token``,
+``RAY_AUTH_TOKEN_PATH``) unless the user set ``RAY_AUTH_*`` themselves; what was changed is
+put back after ``ray.shutdown``, so a later local cluster starts as it would have.
 """
 
 from __future__ import annotations
