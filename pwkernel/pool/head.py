@@ -39,10 +39,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ray_env(token: Path) -> dict[str, str]:
-    """The environment of the pool's Ray processes: loopback only, the pool's token."""
+MARK = "PWKERNEL_POOL_HEAD"  # in the environment of every process of a pool's cluster
+
+
+def ray_env(token: Path, temp_dir: str) -> dict[str, str]:
+    """The environment of the pool's Ray processes: loopback only, the pool's token, and the
+    mark that tells them apart (Ray's agents and workers rename themselves, so their command
+    lines no longer name the cluster; the environment they started with still does)."""
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
-               RAY_AUTH_TOKEN_PATH=str(token))
+               RAY_AUTH_TOKEN_PATH=str(token), **{MARK: temp_dir})
     env.pop("RAY_AUTH_TOKEN", None)  # it would win over the pool's token file
     env.pop("RAY_ADDRESS", None)  # `ray start --head` starts a head, whatever the user set
     return env
@@ -64,7 +69,7 @@ def start_head(name: str, token: Path, port: int | None = None) -> dict:
     record = {"address": f"127.0.0.1:{port}", "temp_dir": temp_dir, "session_dir": None,
               "pids": [], "started": time.time()}
     try:
-        done = subprocess.run(cmd, env=ray_env(token), capture_output=True, text=True,
+        done = subprocess.run(cmd, env=ray_env(token, temp_dir), capture_output=True, text=True,
                               timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         stop_head(record)
@@ -84,17 +89,16 @@ def start_head(name: str, token: Path, port: int | None = None) -> dict:
 
 def processes(record: dict) -> list[psutil.Process]:
     """The live processes of a pool's own cluster: those whose command line names its
-    temporary directory, the pids it wrote down when they still run since before the pool
-    started (a pid used again later is another program), and their descendants."""
+    temporary directory or whose environment carries its mark (``ray_env``), the pids it
+    wrote down when they still run since before the pool started (a pid used again later is
+    another program), and their descendants."""
     temp_dir = record.get("temp_dir")
     roots: dict[int, psutil.Process] = {}
     if temp_dir:
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if any(temp_dir in part for part in p.info["cmdline"] or ()):
-                    roots[p.pid] = p
-            except (psutil.Error, TypeError):
-                continue
+        for p in psutil.process_iter(["cmdline", "environ"]):
+            line, env = p.info["cmdline"] or (), p.info["environ"] or {}
+            if env.get(MARK) == temp_dir or any(temp_dir in part for part in line):
+                roots[p.pid] = p
     started = float(record.get("started") or 0.0)
     for pid in record.get("pids") or ():
         try:

@@ -285,9 +285,13 @@ def test_stop_ends_every_process_of_the_pool(started, env, pool_dir):
     marks = (record["session_dir"], record["temp_dir"], f"127.0.0.1:{port}",
              f"gcs_server_port={port}", f"--port={port}")
     left = []
-    for p in psutil.process_iter(["cmdline", "status"]):
+    for p in psutil.process_iter(["cmdline", "status", "environ"]):
         line = " ".join(p.info["cmdline"] or [])
-        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in line for m in marks):
+        # Ray's agents and workers rename themselves (`ray::DashboardAgent`), and outlive a
+        # killed raylet as orphans: their environment still names the pool's token file.
+        token = (p.info["environ"] or {}).get("RAY_AUTH_TOKEN_PATH")
+        if p.info["status"] != psutil.STATUS_ZOMBIE and (
+                any(m in line for m in marks) or token == record["token_path"]):
             left.append((p.pid, line[:200]))
     assert left == []
     assert [p.pid for p in before if _alive(p)] == []
