@@ -36,11 +36,18 @@ def own_name(pool: dict[str, Any]) -> str:
             or f"{socket.gethostname()}:{os.getpid()}")
 
 
+def devices_text(devices: Any) -> str:
+    """A tenant's device positions: a list, or per island (``{island: [positions]}``)."""
+    if isinstance(devices, dict):
+        return "; ".join(f"island {i}: {device_ids(d)}" for i, d in sorted(devices.items()))
+    return device_ids(devices)
+
+
 def tenant_rows(pool: dict[str, Any], me: str | None = None) -> list[list[Any]]:
-    """One row per tenant; ``me`` (this kernel's tenant name) is marked."""
-    return [[t["name"] + (" (this kernel)" if t["name"] == me else ""), t["queued"],
-             t["running"], human_seconds(t["device_seconds"]), f"{100 * t['share']:.0f}%",
-             human_bytes(t["bytes"]), device_ids(t["devices"])]
+    """One row per tenant; this kernel's (its ``me`` flag, or named ``me``) is marked."""
+    return [[t["name"] + (" (this kernel)" if t.get("me", t["name"] == me) else ""),
+             t["queued"], t["running"], human_seconds(t["device_seconds"]),
+             f"{100 * t['share']:.0f}%", human_bytes(t["bytes"]), devices_text(t["devices"])]
             for t in pool.get("tenants", ())]
 
 

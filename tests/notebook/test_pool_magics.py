@@ -95,3 +95,9 @@ def test_this_kernel_is_marked_by_its_default_tenant_name(monkeypatch):
                                                                  "host:12 (this kernel)"]
     monkeypatch.delenv("PWKERNEL_TENANT")
     assert own_name(pool).endswith(f":{os.getpid()}")
+    # The Ray backend's view: devices per island, and a `me` flag on this controller's row.
+    view = {"name": "class", "tenants": [TENANTS[0] | {"me": False, "devices": {1: [0, 1]}},
+                                         TENANTS[1] | {"me": True, "devices": {0: [0, 1, 2]}}]}
+    rows = tenant_rows(view, own_name(view))
+    assert [r[0] for r in rows] == ["host:11", "host:12 (this kernel)"]
+    assert [r[-1] for r in rows] == ["island 1: [0, 1]", "island 0: [0-2]"]
