@@ -53,11 +53,29 @@ def ray_env(token: Path, temp_dir: str) -> dict[str, str]:
     return env
 
 
-def start_head(name: str, token: Path, port: int | None = None) -> dict:
+def start_head(name: str, token: Path, port: int | None = None, tries: int = 3) -> dict:
     """Start the pool's Ray head; returns ``address``, ``session_dir``, ``temp_dir``, ``pids``
     and ``started``. Ray finds the machine's GPUs itself (they become the islands' devices).
 
-    On failure nothing of it is left (its processes are ended, its directory removed)."""
+    ``ray start`` gives its raylet a fixed 30 s to register, which a busy machine can miss,
+    and a free port may be taken before Ray binds it: then it is tried again (``tries`` in
+    all), from nothing. On failure nothing of it is left (its processes are ended, its
+    directory removed)."""
+    for attempt in range(1, tries + 1):
+        record, failure = _start_once(name, token, port)
+        if failure is None:
+            return record
+        again = "timed out during startup" in failure or (port is None and "in use" in failure)
+        if not again or attempt == tries:
+            hint = f"\nIs port {port} taken? Pass another --port, or leave it out." if port \
+                else ""
+            raise DeviceSetupError(f"`ray start --head` for pool {name!r} failed:\n{failure}"
+                                   f"{hint}")
+    raise AssertionError("unreachable")
+
+
+def _start_once(name: str, token: Path, port: int | None) -> tuple[dict, str | None]:
+    """One ``ray start --head``: the record and None, or what went wrong (all ended)."""
     port = port or free_port()
     # Short, under /tmp: Ray's Unix sockets live in here (paths are limited to 107 bytes).
     temp_dir = tempfile.mkdtemp(prefix=f"pwpool-{name[:16]}-", dir="/tmp")
@@ -73,18 +91,15 @@ def start_head(name: str, token: Path, port: int | None = None) -> dict:
                               timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         stop_head(record)
-        raise DeviceSetupError(f"`ray start --head` for pool {name!r} did not finish: {e}. "
-                               "Is Ray installed (pip install 'pwkernel[ray]')?") from None
+        return record, f"it did not finish: {e}. Is Ray installed (pip install 'pwkernel[ray]')?"
     if done.returncode != 0:
         stop_head(record)
-        tail = (done.stderr or done.stdout).strip().splitlines()[-8:]
-        raise DeviceSetupError(
-            f"`ray start --head` for pool {name!r} failed (exit {done.returncode}):\n"
-            + "\n".join(tail) + f"\nIs port {port} taken? Pass another --port, or leave it out.")
+        tail = (done.stderr or done.stdout).strip().splitlines()[-6:]
+        return record, f"exit {done.returncode}:\n" + "\n".join(tail)
     latest = Path(temp_dir, "session_latest")
     record["session_dir"] = str(latest.resolve()) if latest.exists() else None
     record["pids"] = sorted(p.pid for p in processes(record))
-    return record
+    return record, None
 
 
 def processes(record: dict) -> list[psutil.Process]:
