@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from pwkernel.pool import head
+from pwkernel.pool.__main__ import main
 from tests.helpers import ROOT
 
 TIMEOUT = 240.0
@@ -70,18 +71,25 @@ def started(env, pool_dir):
             head.stop_head(record)
 
 
-def test_bad_arguments_are_refused_with_what_to_do(env):
-    done = cli(env, "start", "--name", "a/b", "--islands", "2,2")
+def test_bad_arguments_are_refused_with_what_to_do(env, pool_dir, monkeypatch, capsys):
+    done = cli(env, "start", "--name", "a/b", "--islands", "2,2")  # the real command line
     assert done.returncode == 2 and "pool name 'a/b' is not 1 to 64 letters" in done.stderr
-    done = cli(env, "start", "--name", NAME, "--islands", "2,0")
-    assert done.returncode == 2 and "e.g. --islands 4,4" in done.stderr
-    done = cli(env, "start", "--name", NAME, "--islands", "2", "--lease", "-1")
-    assert done.returncode == 2 and "positive number of seconds" in done.stderr
-    for command in ("status", "stop"):
-        done = cli(env, command, "--name", "nowhere")
-        assert done.returncode == 1
-        assert "no pool named 'nowhere' on this machine" in done.stderr
-        assert "python -m pwkernel.pool start --name nowhere" in done.stderr
+    monkeypatch.setenv("PWKERNEL_POOL_DIR", str(pool_dir))  # the rest in this process
+    for argv, code, message in [
+            (["start", "--name", NAME, "--islands", "2,0"], 2, "e.g. --islands 4,4"),
+            (["start", "--name", NAME, "--islands", "2", "--lease", "-1"], 2,
+             "positive number of seconds"),
+            (["start", "--name", NAME, "--islands", "2", "--address", "127.0.0.1:1", "--port",
+              "7000"], 2, "Drop one of them"),
+            (["status", "--name", "nowhere"], 1, "no pool named 'nowhere' on this machine"),
+            (["stop", "--name", "nowhere"], 1,
+             "python -m pwkernel.pool start --name nowhere")]:
+        try:
+            got = main(argv)
+        except SystemExit as e:  # argparse's usage errors
+            got = e.code
+        assert (got, message in capsys.readouterr().err) == (code, True), argv
+    assert not (pool_dir / f"{NAME}.json").exists()
 
 
 def test_start_leaves_a_pool_running_and_says_how_to_attach(started, pool_dir):
