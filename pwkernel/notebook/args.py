@@ -108,6 +108,14 @@ def _client(text: str) -> str:
     return text
 
 
+def _pool(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", text):
+        raise argparse.ArgumentTypeError(
+            f"pool name {text[:40]!r} is not 1 to 64 letters, digits, '-', '_' or '.' starting "
+            "with a letter or digit; e.g. --pool class")
+    return text
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -151,11 +159,16 @@ def line_parser() -> _Parser:
     t.add_argument("path", nargs="?", default=None, metavar="PATH")
     sub.add_parser("reset", help="cancel every queued computation and release magic slices")
     at = sub.add_parser("attach", help="host the islands elsewhere, e.g. %%pathways attach ray "
-                                       "--address auto --islands 4,4, or simulate them: "
+                                       "--address auto --islands 4,4, join a device pool: "
+                                       "%%pathways attach ray --address A --pool NAME, or "
+                                       "simulate them: "
                                        "%%pathways attach sim --preset tpu-v4 --islands 2048")
     at.add_argument("backend", choices=["ray", "local", "sim"])
     at.add_argument("--address", default=None, metavar="A",
                     help="a running Ray cluster ('auto' or host:port); default: a local one")
+    at.add_argument("--pool", type=_pool, default=None, metavar="NAME",
+                    help="ray: attach to device pool NAME at --address as one of its tenants "
+                         "(python -m pwkernel.pool start --name NAME; docs/pool.md)")
     at.add_argument("--islands", type=_sizes, default=None, metavar="4,4")
     at.add_argument("--preset", default=None, metavar="NAME",
                     help="sim: the simulated machine (tpu-v3, tpu-v4, a100, h100, h200, "

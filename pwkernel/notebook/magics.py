@@ -11,22 +11,20 @@ import contextlib
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..runtime.controller import SharedDevicesWarning
 from ..runtime.errors import CancelledError, PathwaysError
 from ..runtime.events import ClientSpec
 from ..runtime.graph import ComputeNode
 from ..runtime.objects import Future
-from ..runtime.resources import VirtualSlice, describe_axis_types, islands_from_env
+from ..runtime.resources import VirtualSlice, describe_axis_types
 from . import args as specs
+from . import attach, segments, tenants
 from . import cell as cells
-from . import segments
 from .display import Status
 from .output import CellOutput
 from .summary import summary_text
@@ -81,7 +79,7 @@ class PathwaysMagics(Magics):
         return getattr(self, f"_cmd_{a.command}")(a)
 
     def _cmd_status(self, a) -> Status:
-        return Status(self.ctl, self.state.slice_names(), self.state.client.name)
+        return tenants.status_view(self.ctl, self.state.slice_names(), self.state.client.name)
 
     def _cmd_slice(self, a) -> None:
         old = self.state.slices.get(a.name)
@@ -144,37 +142,25 @@ class PathwaysMagics(Magics):
               f"{len(released)} slices" + (f" ({', '.join(released)})" if released else ""))
 
     def _cmd_attach(self, a) -> None:
-        """Replace the kernel's controller by one on ``a.backend`` (its slices are released)."""
-        from ..runtime import controller as process
-
-        if a.backend == "local" and a.address is not None:
-            raise UsageError("%pathways attach local takes no --address; use "
-                             "%pathways attach ray --address A for a Ray cluster.")
-        if a.backend != "sim" and a.preset is not None:
-            raise UsageError(f"%pathways attach {a.backend} takes no --preset; it names a "
-                             "simulated machine: %pathways attach sim --preset tpu-v4.")
+        """Replace the kernel's controller by one on ``a.backend`` (its slices are released),
+        or by a tenant of device pool ``a.pool``."""
         old = self.state.peek()  # None: not started yet, nothing to replace
-        islands = a.islands or (tuple(len(i.devices) for i in old.islands) if old is not None
-                                else islands_from_env())
-        if a.backend == "sim":  # a preset's machine, or islands of those chip counts
-            islands = a.islands
-        try:
-            with warnings.catch_warnings():  # the old controller closes right after
-                warnings.simplefilter("ignore", SharedDevicesWarning)
-                new = process.Controller(islands, backend=a.backend, ray_address=a.address,
-                                         cluster=(a.preset or "tpu-v4") if a.backend == "sim"
-                                         else None)
-        except (PathwaysError, ValueError) as e:
-            raise UsageError(f"%pathways attach {a.backend}: {e}") from None
+        attach.check(a.backend, a.address, a.preset, a.pool)
+        if attach.leaves_first(old, a.backend, a.pool):
+            self._leave(old)
+            old = None
+        new = attach.new_controller(a.backend, a.address, a.islands, a.preset, a.pool, old)
+        self._leave(old)
+        new.set_default()  # pw.controller() hands out the new one from now on
+        self.state.adopt(new)
+        print(attach.attached_text(a.backend, a.address, a.pool, new))
+
+    def _leave(self, old) -> None:
+        """Release the magic-made slices and close the kernel's old controller."""
         for name in self.state.release_all():
             self.shell.user_ns.pop(name, None)
         if old is not None:
             old.close()
-        new.set_default()  # pw.controller() hands out the new one from now on
-        self.state.adopt(new)
-        where = f" at {a.address}" if a.address else ""
-        print(f"attached {a.backend}{where}: " + ", ".join(
-            f"island {i.id}: {len(i.devices)} {i.platform}" for i in new.islands))
 
     # --- %%pathways ------------------------------------------------------------------------
     @cell_magic("pathways")

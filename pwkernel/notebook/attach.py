@@ -1,0 +1,66 @@
+"""``%pathways attach``: a new controller for the kernel, on another backend or in a pool.
+
+``new_controller`` builds it from the magic's explicit arguments (the magic then releases
+the old controller's slices and makes the new one the kernel's); with ``pool`` the new
+controller is a tenant of a device pool (``pw.Controller(backend="ray", address=...,
+pool=...)``, docs/pool.md), and its islands are the pool's.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from IPython.core.error import UsageError
+
+from ..runtime import controller as process
+from ..runtime.controller import SharedDevicesWarning
+from ..runtime.errors import PathwaysError
+from ..runtime.resources import islands_from_env
+from .tenants import pool_of
+
+
+def check(backend: str, address: str | None, preset: str | None, pool: str | None) -> None:
+    """Refuse options the backend does not take, saying which command was meant."""
+    if backend == "local" and address is not None:
+        raise UsageError("%pathways attach local takes no --address; use "
+                         "%pathways attach ray --address A for a Ray cluster.")
+    if backend != "sim" and preset is not None:
+        raise UsageError(f"%pathways attach {backend} takes no --preset; it names a "
+                         "simulated machine: %pathways attach sim --preset tpu-v4.")
+    if backend != "ray" and pool is not None:
+        raise UsageError(f"%pathways attach {backend} takes no --pool; a device pool is "
+                         "reached through Ray: %pathways attach ray --address A --pool NAME.")
+
+
+def leaves_first(old, backend: str, pool: str | None) -> bool:
+    """Whether the old controller must close before the new one connects: one Ray
+    connection per process, so a tenant of a pool and a controller elsewhere cannot share it."""
+    return (old is not None and backend == "ray" and old.backend == "ray"
+            and (pool is not None or pool_of(old) is not None))
+
+
+def new_controller(backend: str, address: str | None, islands: tuple[int, ...] | None,
+                   preset: str | None, pool: str | None, old) -> process.Controller:
+    """The controller ``%pathways attach`` asked for (``old``: the kernel's, or None)."""
+    check(backend, address, preset, pool)
+    if backend == "sim" or pool is not None:  # a preset's machine / the pool's islands
+        sizes = islands
+    else:
+        sizes = islands or (tuple(len(i.devices) for i in old.islands) if old is not None
+                            else islands_from_env())
+    options = {"pool": pool} if pool is not None else {}
+    try:
+        with warnings.catch_warnings():  # the old controller closes right after
+            warnings.simplefilter("ignore", SharedDevicesWarning)
+            return process.Controller(sizes, backend=backend, ray_address=address,
+                                      cluster=(preset or "tpu-v4") if backend == "sim"
+                                      else None, **options)
+    except (PathwaysError, ValueError) as e:
+        raise UsageError(f"%pathways attach {backend}: {e}") from None
+
+
+def attached_text(backend: str, address: str | None, pool: str | None, ctl) -> str:
+    """What the magic prints once attached."""
+    where = (f" to pool {pool!r}" if pool else "") + (f" at {address}" if address else "")
+    return f"attached {backend}{where}: " + ", ".join(
+        f"island {i.id}: {len(i.devices)} {i.platform}" for i in ctl.islands)

@@ -1,0 +1,118 @@
+"""The pool's files and choices without a cluster: names, the pool directory, owner-only
+files, the platform of the islands, and a stale pool cleaned up by ``stop``."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import pwkernel as pw
+from pwkernel.backends.ray import poolfile
+from pwkernel.pool import service
+
+
+@pytest.fixture
+def pool_dir(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "pools"
+    monkeypatch.setenv(poolfile.ENV, str(folder))
+    return folder
+
+
+def record(name: str, **changes) -> dict:
+    base = {"name": name, "address": "127.0.0.1:1", "token_path": None, "islands": [2],
+            "platform": "cpu", "lease": 5.0, "started_cluster": False, "session_dir": None,
+            "temp_dir": None, "pids": [], "started": 0.0}
+    return base | changes
+
+
+def test_pool_names_are_refused_unless_they_can_name_files():
+    for bad in ("", "a/b", "../x", "-x", "a b", "x" * 65, 3):
+        with pytest.raises(pw.DeviceSetupError, match="e.g. --name class"):
+            poolfile.check_name(bad)
+    assert poolfile.check_name("class-1_a.b") == "class-1_a.b"
+
+
+def test_the_pool_directory_is_the_env_or_the_home(monkeypatch, tmp_path):
+    monkeypatch.setenv(poolfile.ENV, str(tmp_path))
+    assert poolfile.file_path("p") == tmp_path / "p.json"
+    assert poolfile.token_path("p") == tmp_path / "p.token"
+    monkeypatch.delenv(poolfile.ENV)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert poolfile.pool_dir() == tmp_path / ".pwkernel" / "pools"
+
+
+def test_files_are_owner_only_whatever_the_umask(pool_dir):
+    old = os.umask(0)
+    try:
+        token = poolfile.new_token("p")
+        path = poolfile.save(record("p", token_path=str(token)))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(pool_dir.stat().st_mode) == 0o700
+    for f in (token, path):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    first = token.read_text()
+    assert len(first) == 64 and int(first, 16) >= 0
+    assert poolfile.new_token("p").read_text() != first  # a fresh token every start
+    assert poolfile.load("p")["token_path"] == str(token)
+    assert sorted(p.name for p in pool_dir.iterdir()) == ["p.json", "p.token"]  # no temp
+    poolfile.remove("p")
+    assert list(pool_dir.iterdir()) == [] and poolfile.load("p") is None
+
+
+def test_a_broken_pool_file_says_what_to_do(pool_dir):
+    pool_dir.mkdir()
+    (pool_dir / "p.json").write_text("{not json")
+    with pytest.raises(pw.DeviceSetupError, match="is not JSON.*pwkernel.pool stop --name p"):
+        poolfile.load("p")
+    (pool_dir / "p.json").write_text(json.dumps({"name": "q"}))
+    with pytest.raises(pw.DeviceSetupError, match="does not describe pool 'p'"):
+        poolfile.load("p")
+    with pytest.raises(ValueError, match="missing"):
+        poolfile.save({"name": "p"})
+
+
+def test_islands_are_gpus_when_the_cluster_has_them_and_they_fit():
+    assert service.platform_for((4, 4), "auto", 0) == "cpu"
+    assert service.platform_for((4, 4), "auto", 8) == "gpu"
+    assert service.platform_for((4, 4), "cpu", 8) == "cpu"
+    with pytest.raises(service.PoolError, match="has 1 GPUs and --islands 4,4 needs 8; ask "
+                                                "for at most 1 .e.g. --islands 1.*--platform cpu"):
+        service.platform_for((4, 4), "auto", 1)
+    with pytest.raises(service.PoolError, match="has 0 GPUs"):
+        service.platform_for((1,), "gpu", 0)
+
+
+def test_bad_start_arguments_are_refused_before_anything_starts(pool_dir, monkeypatch):
+    with pytest.raises(service.PoolError, match="positive device counts.*--islands 4,4"):
+        service.start("p", (4, 0))
+    with pytest.raises(service.PoolError, match="lease must be a positive number"):
+        service.start("p", (4,), lease=0)
+    monkeypatch.setenv("PWKERNEL_RAY_DEVICES", "tpu")
+    with pytest.raises(service.PoolError, match="PWKERNEL_RAY_DEVICES='tpu'; expected one of"):
+        service.start("p", (4,))
+    assert not pool_dir.exists()  # nothing was written
+
+
+def test_stop_cleans_up_a_pool_whose_cluster_is_gone(pool_dir):
+    """A pool file left by a machine restart: nothing answers at its address; stop removes
+    its files and its cluster's directory, and refuses nothing."""
+    from pwkernel.pool.head import free_port
+
+    temp_dir = tempfile.mkdtemp(prefix="pwpool-stale-", dir="/tmp")
+    Path(temp_dir, "session_latest").mkdir()
+    token = poolfile.new_token("old")
+    poolfile.save(record("old", address=f"127.0.0.1:{free_port()}", started_cluster=True,
+                         temp_dir=temp_dir, token_path=str(token)))
+    done = service.stop("old")
+    assert done == {"name": "old", "islands_ended": False, "processes_ended": [],
+                    "started_cluster": True}
+    assert not Path(temp_dir).exists() and poolfile.load("old") is None
+    assert not token.exists()
+    with pytest.raises(service.PoolError, match="no pool named 'old'"):
+        service.status("old")

@@ -1,0 +1,34 @@
+"""A start that fails after its Ray cluster is up leaves nothing behind: here the islands ask
+for GPUs this machine does not have (``--platform gpu``), which is known only once the
+cluster runs. One cluster, started and ended by the command itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+
+from tests.helpers import ROOT
+
+
+def test_a_failed_start_ends_its_cluster_and_writes_no_pool(tmp_path):
+    pool_dir = tmp_path / "pools"
+    env = dict(os.environ, PWKERNEL_POOL_DIR=str(pool_dir), HOME=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "pool" / "standin"),
+                                           str(ROOT)]))
+    env.pop("PWKERNEL_RAY_DEVICES", None)
+    done = subprocess.run([sys.executable, "-m", "pwkernel.pool", "start", "--name", "gpus",
+                           "--islands", "1", "--platform", "gpu"], env=env, text=True,
+                          capture_output=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1
+    assert "has 0 GPUs and --islands 1 needs 1" in done.stderr
+    assert "--platform cpu" in done.stderr
+    assert sorted(p.name for p in pool_dir.iterdir()) == []  # no pool file, no token
+    token = str(pool_dir / "gpus.token")
+    left = [p.pid for p in psutil.process_iter(["environ", "status"])
+            if (p.info["environ"] or {}).get("RAY_AUTH_TOKEN_PATH") == token
+            and p.info["status"] != psutil.STATUS_ZOMBIE]
+    assert left == []
+    assert not [d for d in os.listdir("/tmp") if d.startswith("pwpool-gpus-")]
