@@ -98,6 +98,7 @@ class RaySite:
         self.host = host
         self._exported = exported
         self._heartbeat = heartbeat  # a pool's island drops a tenant that stays silent
+        self._heartbeat_ok = True  # (a refused heartbeat is logged once, not every second)
         self._closing = False
         self._pending: list = []  # items of the next message, in order
         self._held = 0
@@ -281,9 +282,12 @@ class RaySite:
         except ray.exceptions.RayActorError:
             host.mark_lost()
             return
-        except ray.exceptions.RayError:  # refused (dropped by the pool): the next item fails
-            logging.getLogger("pwkernel").exception("island %s: heartbeat failed", host.island)
+        except ray.exceptions.RayError as e:  # refused (dropped by the pool): work fails
+            if self._heartbeat_ok:
+                logging.getLogger("pwkernel").warning("island %s: %s", host.island, e)
+            self._heartbeat_ok = False
             return
+        self._heartbeat_ok = True
         for r in records:
             self._records[r["rid"]] = r
 

@@ -128,7 +128,8 @@ class PoolIslandActor:
 
     def pool_status(self) -> dict:
         """This island's tenants (queued and running operations, device time and its share,
-        bytes held, device positions used), its bytes in all and its launch count."""
+        bytes held, device positions used), its bytes in all (every live array of this
+        process), its launch count and its scheduler's queued and running tasks."""
         import jax
 
         with self._cv:
@@ -136,11 +137,13 @@ class PoolIslandActor:
             total = sum(t.device_seconds for t in tenants)
             rows = [t.status(total) for t in tenants]
             launches = self._logged + len(self._log)
+            queued, running = len(self._scheduler.queued), len(self._scheduler.running)
         live = sum(int(a.nbytes) for a in jax.live_arrays())
         return {"island": self.island, "devices": len(self.ops.devices),
                 "platform": self.ops.devices[0].platform, "pid": os.getpid(),
                 "pool": self.pool, "policy": self._scheduler.policy.value,
-                "tenants": rows, "bytes": live, "launches": launches}
+                "tenants": rows, "bytes": live, "launches": launches,
+                "queued": queued, "running": running}
 
     # --- tenants ---------------------------------------------------------------------------
     def register(self, name: str, weight: float = 1.0) -> dict:

@@ -153,6 +153,25 @@ def test_a_recv_still_waiting_for_its_value_holds_back_only_its_own_tenant(pool)
             ray.get(actor.unregister.remote(t["secret"]))
 
 
+def test_unregister_cancels_queued_work_and_frees_buffers_at_once(pool):
+    actor = islands()[0]
+    before = ray.get(actor.pool_status.remote())
+    t = ray.get(actor.register.remote("leaves", 1.0))
+    layout = ((0, 1), (2,), ("x",), jax_spec())
+    big = np.ones(1 << 18, np.float32)
+    ray.get(actor.submit.remote(t["secret"], 0, [("put", 0, 1, big, layout),
+                                                  ("recv", 1, 2, layout, 1, 0),
+                                                  ("put", 2, 3, big, layout)]))
+    assert [r["rid"] for r in ray.get(actor.poll.remote(t["secret"], TIMEOUT))] == [0]
+    status = ray.get(actor.pool_status.remote())
+    assert status["queued"] == before["queued"] + 1  # the recv, waiting for its value
+    assert status["bytes"] >= before["bytes"] + big.nbytes
+    ray.get(actor.unregister.remote(t["secret"]))
+    status = ray.get(actor.pool_status.remote())
+    assert status["queued"] == before["queued"] and status["bytes"] == before["bytes"]
+    assert "leaves" not in {x["name"] for x in status["tenants"]}
+
+
 def test_the_island_policy_is_share_by_default_and_fifo_on_request(pool):
     actor = islands()[1]
     assert ray.get(actor.pool_status.remote())["policy"] == "share"
