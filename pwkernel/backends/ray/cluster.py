@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import ray
 
@@ -24,50 +25,105 @@ from .actor import MAX_CONCURRENCY, IslandActor
 _lock = threading.Lock()
 _users = 0            # open controllers using the Ray connection
 _initialized_here = False  # this module called ray.init (so it calls ray.shutdown)
-_restore = lambda: None  # noqa: E731 - undoes _loopback_only once the local cluster is gone
+_undo: list[Callable[[], None]] = []  # put back what _loopback_only / _pool_token changed
 
 
-def connect(address: str | None) -> None:
-    """Join ``address`` (or start a local cluster when None), once per process."""
+def connect(address: str | None, pool: str | None = None, own_token: bool = False) -> None:
+    """Join ``address`` (or start a local cluster when None), once per process.
+
+    With ``pool``, a pool written down on this machine (``poolfile``) lends its token: the
+    connection uses Ray's token authentication with the pool's token file, unless the user
+    set ``RAY_AUTH_*`` themselves (theirs win; ``own_token`` is for the pool's own commands,
+    where the pool's token always wins)."""
     global _users, _initialized_here
     with _lock:
         if not ray.is_initialized():
-            if address is None:
-                # Ray's default for a new local cluster is token authentication (a token in
-                # ~/.ray/auth_token, made if missing); we keep it and check it in tests.
-                _loopback_only()
-                # address="local": a new cluster, even if `ray start` left one (or its
-                # address file) on this machine.
-                ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                         log_to_driver=False, configure_logging=False,
-                         num_cpus=1)  # island actors take no CPU slot; few idle workers
-            else:
-                local_ip = {}
-                if _is_loopback(address):  # a cluster on this machine's loopback address
-                    _loopback_only()
-                    local_ip = {"_node_ip_address": "127.0.0.1"}
-                _token_auth_if_token()
-                unreachable = _unreachable(address)
-                if unreachable:  # Ray itself would retry for minutes before saying so
-                    _restore()
-                    raise DeviceSetupError(
-                        f"could not connect to the Ray cluster at {address!r}: {unreachable}. "
-                        "Is its head running (`ray status --address ...` on that machine)? "
-                        "Start one with `ray start --head --node-ip-address <ip> --port 6379`, "
-                        "or pass ray_address=None to start a local cluster.")
-                try:
-                    ray.init(address=address, log_to_driver=False, configure_logging=False,
-                             **local_ip)
-                except ConnectionError as e:
-                    _restore()
-                    cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
-                    raise DeviceSetupError(
-                        f"could not connect to the Ray cluster at {address!r}: {e}{cause}. "
-                        "Start one with `ray start --head --node-ip-address <ip> --port 6379` "
-                        "(with RAY_AUTH_MODE=token and this machine's ~/.ray/auth_token), or "
-                        "pass ray_address=None to start a local cluster.") from None
+            try:
+                if pool is not None:
+                    _pool_token(pool, own_token)
+                _start_or_join(address)
+            except BaseException:
+                _restore()
+                raise
             _initialized_here = True
         _users += 1
+
+
+def _start_or_join(address: str | None) -> None:
+    """``ray.init``: a new local cluster (None), or the cluster at ``address``."""
+    if address is None:
+        # Ray's default for a new local cluster is token authentication (a token in
+        # ~/.ray/auth_token, made if missing); we keep it and check it in tests.
+        _loopback_only()
+        # address="local": a new cluster, even if `ray start` left one (or its
+        # address file) on this machine.
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                 log_to_driver=False, configure_logging=False,
+                 num_cpus=1)  # island actors take no CPU slot; few idle workers
+    else:
+        local_ip = {}
+        if _is_loopback(address):  # a cluster on this machine's loopback address
+            _loopback_only()
+            local_ip = {"_node_ip_address": "127.0.0.1"}
+        _token_auth_if_token()
+        unreachable = _unreachable(address)
+        if unreachable:  # Ray itself would retry for minutes before saying so
+            raise DeviceSetupError(
+                f"could not connect to the Ray cluster at {address!r}: {unreachable}. "
+                "Is its head running (`ray status --address ...` on that machine)? "
+                "Start one with `ray start --head --node-ip-address <ip> --port 6379`, "
+                "or pass ray_address=None to start a local cluster.")
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False,
+                     **local_ip)
+        except ConnectionError as e:
+            cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
+            raise DeviceSetupError(
+                f"could not connect to the Ray cluster at {address!r}: {e}{cause}. "
+                "Start one with `ray start --head --node-ip-address <ip> --port 6379` "
+                "(with RAY_AUTH_MODE=token and this machine's ~/.ray/auth_token), or "
+                "pass ray_address=None to start a local cluster.") from None
+
+
+def _restore() -> None:
+    while _undo:
+        _undo.pop()()
+
+
+def _pool_token(pool: str, own_token: bool) -> None:
+    """Set ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` to pool ``pool``'s token file
+    (when its pool file is here) for this process and the Ray processes it starts; Ray reads
+    them (its C++ token loader) at ``ray.init``, so they are set before it and put back
+    after ``ray.shutdown``."""
+    from . import poolfile
+
+    record = poolfile.load(pool)
+    path = record.get("token_path") if record else None
+    if not path:
+        return
+    env = os.environ
+    changes: dict[str, str | None] = {}
+    if own_token or "RAY_AUTH_MODE" not in env:
+        changes["RAY_AUTH_MODE"] = "token"
+    if own_token or not {"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & env.keys():
+        # RAY_AUTH_TOKEN would win over the path: the pool's own commands drop it
+        changes.update(RAY_AUTH_TOKEN_PATH=str(path), RAY_AUTH_TOKEN=None)
+    old = {k: env.get(k) for k in changes}
+    _set_env(changes)
+    _undo.append(lambda: _set_env(old))
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    """Set (None: unset) environment variables, and make Ray read its settings again."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    Config.initialize("")  # Ray caches RAY_AUTH_MODE; its own setup reloads it the same way
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _token_auth_if_token() -> None:
@@ -107,7 +163,6 @@ def _loopback_only() -> None:
     single-machine cluster; then every Ray server binds the loopback address."""
     from ray._private import ray_constants
 
-    global _restore
     old_env = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
     old_flag = ray_constants.ENABLE_RAY_CLUSTER
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -120,7 +175,7 @@ def _loopback_only() -> None:
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = old_env
         ray_constants.ENABLE_RAY_CLUSTER = old_flag
 
-    _restore = restore
+    _undo.append(restore)
 
 
 def disconnect() -> None:

@@ -1,0 +1,131 @@
+"""Where a device pool is written down on this machine: its pool file and its token file.
+
+A pool (``python -m pwkernel.pool start --name NAME``, docs/pool.md) lives in the pool
+directory, ``$PWKERNEL_POOL_DIR`` or else ``~/.pwkernel/pools`` (made owner-only):
+
+- ``<dir>/<NAME>.json``: the pool's record, keys ``name``, ``address`` (host:port of the Ray
+  cluster's GCS), ``token_path``, ``islands`` (devices per island), ``platform``, ``lease``,
+  ``started_cluster`` (whether the pool started that cluster), ``session_dir``, ``temp_dir``,
+  ``pids`` (the Ray processes the pool started) and ``started`` (a Unix time);
+- ``<dir>/<NAME>.token``: Ray's authentication token for the pool's cluster, created with
+  mode 0600 before anything is written into it.
+
+A controller attaching to the pool on this machine reads the token's path from here
+(``cluster.connect(address, pool=NAME)``), so nobody copies a token by hand.
+
+>>> load("class") is None or load("class")["name"] == "class"            # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+from ...runtime.errors import DeviceSetupError
+
+ENV = "PWKERNEL_POOL_DIR"
+KEYS = ("name", "address", "token_path", "islands", "platform", "lease", "started_cluster",
+        "session_dir", "temp_dir", "pids", "started")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class PoolNameError(DeviceSetupError):
+    """A pool name that cannot name files and a Ray namespace."""
+
+
+def check_name(name: str) -> str:
+    """``name`` if it can name a pool: 1 to 64 letters, digits, ``-``, ``_`` or ``.``,
+    starting with a letter or digit (it names files and a Ray namespace)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise PoolNameError(
+            f"pool name {name!r} is not 1 to 64 letters, digits, '-', '_' or '.' starting "
+            "with a letter or digit; e.g. --name class")
+    return name
+
+
+def pool_dir() -> Path:
+    """The pool directory (not created here)."""
+    chosen = os.environ.get(ENV, "").strip()
+    return Path(chosen).expanduser() if chosen else Path.home() / ".pwkernel" / "pools"
+
+
+def file_path(name: str) -> Path:
+    """The pool file of pool ``name``."""
+    return pool_dir() / f"{check_name(name)}.json"
+
+
+def token_path(name: str) -> Path:
+    """The token file of pool ``name`` (it may not exist)."""
+    return pool_dir() / f"{check_name(name)}.token"
+
+
+def load(name: str) -> dict[str, Any] | None:
+    """Pool ``name``'s record, or None when no pool of that name is written down here."""
+    path = file_path(name)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DeviceSetupError(
+            f"the pool file {path} is not JSON ({e}); stop the pool with `python -m "
+            f"pwkernel.pool stop --name {name}`, or delete the file if no pool runs.") from None
+    if not isinstance(record, dict) or record.get("name") != name:
+        raise DeviceSetupError(f"the pool file {path} does not describe pool {name!r}; "
+                               "delete it if no pool of that name runs.")
+    return record
+
+
+def _private_dir() -> Path:
+    folder = pool_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a new file that only its owner can read (mode 0600 from the
+    start: the file never exists with wider permissions, whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def save(record: dict[str, Any]) -> Path:
+    """Write a pool's record (replacing the old one at once: readers never see half)."""
+    missing = [k for k in KEYS if k not in record]
+    if missing:
+        raise ValueError(f"a pool record needs the keys {list(KEYS)}; missing {missing}")
+    path = file_path(record["name"])
+    _private_dir()
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    _write_private(tmp, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def new_token(name: str) -> Path:
+    """A fresh random token (256 bits, as Ray makes them) in pool ``name``'s token file,
+    replacing an old one; returns the file's path."""
+    return write_token(name, secrets.token_hex(32))
+
+
+def write_token(name: str, token: str) -> Path:
+    """``token`` in pool ``name``'s token file (mode 0600), replacing an old one."""
+    path = token_path(name)
+    _private_dir()
+    path.unlink(missing_ok=True)
+    _write_private(path, token.strip())
+    return path
+
+
+def remove(name: str) -> None:
+    """Forget pool ``name``: its pool file and token file go."""
+    file_path(name).unlink(missing_ok=True)
+    token_path(name).unlink(missing_ok=True)

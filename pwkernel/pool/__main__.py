@@ -1,0 +1,106 @@
+"""``python -m pwkernel.pool start|status|stop --name NAME``: a device pool from the shell.
+
+    python -m pwkernel.pool start --name class --islands 4,4 [--address HOST:PORT] [--lease S]
+    python -m pwkernel.pool status --name class [--json]
+    python -m pwkernel.pool stop --name class
+
+Exit status: 0 done, 1 refused or failed (the message says why and what to do), 2 bad
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from ..backends.ray.poolfile import PoolNameError, check_name
+from ..runtime.errors import PathwaysError
+from . import report, service
+
+
+def _name(text: str) -> str:
+    try:
+        return check_name(text)
+    except PoolNameError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _islands(text: str) -> tuple[int, ...]:
+    parts = text.split(",")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not devices per island as positive ints separated by commas; "
+            "e.g. --islands 4,4 (two islands of 4 devices)")
+    return tuple(int(p) for p in parts)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}"
+                                         "; e.g. --lease 5")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1 to 65535), got {text!r}")
+    return int(text)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pwkernel.pool",
+        description="A device pool: islands shared by many notebooks and scripts, each "
+                    "island with one gang scheduler for all of them (docs/pool.md).")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    s = sub.add_parser("start", help="start a pool (and its Ray cluster) and return")
+    s.add_argument("--name", type=_name, required=True, help="the pool's name, e.g. class")
+    s.add_argument("--islands", type=_islands, required=True, metavar="4,4",
+                   help="devices per island (GPUs on a GPU machine, else virtual CPU devices)")
+    s.add_argument("--address", default=None, metavar="HOST:PORT",
+                   help="join this running Ray cluster (default: start one on 127.0.0.1)")
+    s.add_argument("--port", type=_port, default=None, metavar="P",
+                   help="the new cluster's GCS port (default: a free one)")
+    s.add_argument("--lease", type=_seconds, default=5.0, metavar="S",
+                   help="drop a tenant silent for S seconds (default 5)")
+    s.add_argument("--platform", choices=service.PLATFORMS, default=None,
+                   help="island devices: gpu, cpu or auto (default: PWKERNEL_RAY_DEVICES, "
+                        "else gpu when the cluster has GPUs)")
+    st = sub.add_parser("status", help="tenants, islands and memory of a pool")
+    st.add_argument("--name", type=_name, required=True)
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
+    sp = sub.add_parser("stop", help="end a pool and every process it started")
+    sp.add_argument("--name", type=_name, required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        if a.command == "start":
+            if a.address is not None and a.port is not None:
+                print("--port is the port of a cluster the pool starts; with --address it "
+                      "joins a running one. Drop one of them.", file=sys.stderr)
+                return 2
+            record = service.start(a.name, a.islands, address=a.address, lease=a.lease,
+                                   platform=a.platform, port=a.port)
+            print(report.started(record))
+        elif a.command == "status":
+            st = service.status(a.name)
+            print(json.dumps(st, indent=2, sort_keys=True) if a.json else report.status_text(st))
+        else:
+            print(report.stopped(service.stop(a.name)))
+    except PathwaysError as e:
+        print(f"pwkernel.pool {a.command}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

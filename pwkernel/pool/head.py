@@ -1,0 +1,159 @@
+"""A pool's own Ray cluster on this machine: started on 127.0.0.1 with a token, and stopped.
+
+``start_head`` runs ``ray start --head`` so that every Ray server binds the loopback address
+(multi-node mode off: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` with ``--node-ip-address
+127.0.0.1``, as ``backends/ray/cluster.py`` does for a controller's local cluster), without
+the dashboard, with Ray's token authentication on (``RAY_AUTH_MODE=token``, the token read
+from the pool's token file through ``RAY_AUTH_TOKEN_PATH``; ``ray start`` and every process
+it starts read both from their environment). The cluster gets a temporary directory of its
+own (``--temp-dir``): its session directory, sockets and address file are there, so it never
+touches another cluster's ``/tmp/ray`` (``ray.init(address="auto")`` of other programs does
+not find it), and its processes are told apart from every other Ray cluster's by that
+directory on their command lines, or by descending from such a process (Ray's agents and
+workers rename themselves). ``stop_head`` ends exactly those processes: never ``ray stop``,
+which ends every Ray cluster of the user.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from ..runtime.errors import DeviceSetupError
+
+START_TIMEOUT = 180.0  # seconds; `ray start` takes ~15 s on two busy cores
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_env(token: Path) -> dict[str, str]:
+    """The environment of the pool's Ray processes: loopback only, the pool's token."""
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
+               RAY_AUTH_TOKEN_PATH=str(token))
+    env.pop("RAY_AUTH_TOKEN", None)  # it would win over the pool's token file
+    env.pop("RAY_ADDRESS", None)  # `ray start --head` starts a head, whatever the user set
+    return env
+
+
+def start_head(name: str, token: Path, port: int | None = None,
+               num_gpus: int | None = None) -> dict:
+    """Start the pool's Ray head; returns ``address``, ``session_dir``, ``temp_dir``, ``pids``.
+
+    On failure nothing of it is left (its processes are ended, its directory removed)."""
+    port = port or free_port()
+    # Short, under /tmp: Ray's Unix sockets live in here (paths are limited to 107 bytes).
+    temp_dir = tempfile.mkdtemp(prefix=f"pwpool-{name[:16]}-", dir="/tmp")
+    ray_cli = Path(sys.executable).with_name("ray")
+    cmd = [str(ray_cli) if ray_cli.exists() else "ray", "start", "--head",
+           "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", temp_dir,
+           "--include-dashboard", "false", "--disable-usage-stats",
+           "--num-cpus", "1"]  # island actors take no CPU slot; few idle workers
+    if num_gpus is not None:
+        cmd += ["--num-gpus", str(num_gpus)]
+    record = {"address": f"127.0.0.1:{port}", "temp_dir": temp_dir, "session_dir": None,
+              "pids": [], "started": time.time()}
+    try:
+        done = subprocess.run(cmd, env=ray_env(token), capture_output=True, text=True,
+                              timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        stop_head(record)
+        raise DeviceSetupError(f"`ray start --head` for pool {name!r} did not finish: {e}. "
+                               "Is Ray installed (pip install 'pwkernel[ray]')?") from None
+    if done.returncode != 0:
+        stop_head(record)
+        tail = (done.stderr or done.stdout).strip().splitlines()[-8:]
+        raise DeviceSetupError(
+            f"`ray start --head` for pool {name!r} failed (exit {done.returncode}):\n"
+            + "\n".join(tail) + f"\nIs port {port} taken? Pass another --port, or leave it out.")
+    latest = Path(temp_dir, "session_latest")
+    record["session_dir"] = str(latest.resolve()) if latest.exists() else None
+    record["pids"] = sorted(p.pid for p in processes(record))
+    return record
+
+
+def processes(record: dict) -> list[psutil.Process]:
+    """The live processes of a pool's own cluster: those whose command line names its
+    temporary directory, the pids it wrote down when they still run since before the pool
+    started (a pid used again later is another program), and their descendants."""
+    temp_dir = record.get("temp_dir")
+    roots: dict[int, psutil.Process] = {}
+    if temp_dir:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if any(temp_dir in part for part in p.info["cmdline"] or ()):
+                    roots[p.pid] = p
+            except (psutil.Error, TypeError):
+                continue
+    started = float(record.get("started") or 0.0)
+    for pid in record.get("pids") or ():
+        try:
+            p = psutil.Process(pid)
+            if pid not in roots and p.create_time() <= started + START_TIMEOUT:
+                roots[pid] = p
+        except psutil.Error:
+            continue
+    found = dict(roots)
+    for p in roots.values():
+        try:
+            found.update((c.pid, c) for c in p.children(recursive=True))
+        except psutil.Error:
+            continue
+    return [p for p in found.values() if _alive(p)]
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def stop_head(record: dict, grace: float = 5.0) -> list[int]:
+    """End the pool cluster's processes (SIGTERM, then SIGKILL after ``grace`` seconds) and
+    remove its temporary directory; returns the pids that were ended."""
+    procs = processes(record)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:  # gcs_server, for one, may not end on SIGTERM while peers go away
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    left = [p for p in processes(record) if p not in procs]  # started meanwhile (workers)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=grace)
+    if record.get("temp_dir"):
+        shutil.rmtree(record["temp_dir"], ignore_errors=True)
+    return sorted(p.pid for p in procs + left)
+
+
+def answers(address: str, timeout: float = 2.0) -> bool:
+    """Whether something accepts connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError):
+        return False
+    return True

@@ -1,0 +1,242 @@
+"""The pool's command line on a real Ray cluster: ``python -m pwkernel.pool start|status|stop``
+run as subprocesses, on a temporary pool directory.
+
+One pool (one Ray cluster, ~20 s to start on 2 cores) for the module; the tests run in file
+order and the last one stops it (the fixture stops it too if a test failed first). Until
+pool-core's ``backends/ray/tenancy.py`` is on this branch the island actors come from the
+stand-in in ``tests/pool/standin/`` (its ``sitecustomize.py`` loads it only when the real
+module is missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pwkernel.pool import head
+from tests.helpers import ROOT
+
+TIMEOUT = 240.0
+NAME = "class"
+STANDIN = ROOT / "tests" / "pool" / "standin"
+
+
+@pytest.fixture(scope="module")
+def pool_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pools")
+
+
+@pytest.fixture(scope="module")
+def env(pool_dir, tmp_path_factory) -> dict[str, str]:
+    """The CLI's environment: this worktree's code, the temporary pool directory, a HOME
+    without a Ray token of its own (only the pool's token can open the pool)."""
+    out = dict(os.environ, PWKERNEL_POOL_DIR=str(pool_dir),
+               HOME=str(tmp_path_factory.mktemp("home")),
+               PYTHONPATH=os.pathsep.join([str(STANDIN), str(ROOT)]))
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        out.pop(key, None)
+    return out
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pwkernel.pool", *args], env=env, text=True,
+                          capture_output=True, timeout=TIMEOUT, cwd=ROOT)
+
+
+def load(pool_dir: Path, name: str = NAME) -> dict:
+    return json.loads((pool_dir / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def started(env, pool_dir):
+    """``start`` once; yields (its output, the pool file as it wrote it); always stopped."""
+    done = cli(env, "start", "--name", NAME, "--islands", "2,2", "--lease", "3")
+    record = load(pool_dir) if (pool_dir / f"{NAME}.json").exists() else None
+    try:
+        assert done.returncode == 0, done.stderr
+        yield done, record
+    finally:
+        if (pool_dir / f"{NAME}.json").exists():
+            cli(env, "stop", "--name", NAME)
+        if record is not None:  # whatever a failed stop left
+            head.stop_head(record)
+
+
+def test_bad_arguments_are_refused_with_what_to_do(env):
+    done = cli(env, "start", "--name", "a/b", "--islands", "2,2")
+    assert done.returncode == 2 and "pool name 'a/b' is not 1 to 64 letters" in done.stderr
+    done = cli(env, "start", "--name", NAME, "--islands", "2,0")
+    assert done.returncode == 2 and "e.g. --islands 4,4" in done.stderr
+    done = cli(env, "start", "--name", NAME, "--islands", "2", "--lease", "-1")
+    assert done.returncode == 2 and "positive number of seconds" in done.stderr
+    for command in ("status", "stop"):
+        done = cli(env, command, "--name", "nowhere")
+        assert done.returncode == 1
+        assert "no pool named 'nowhere' on this machine" in done.stderr
+        assert "python -m pwkernel.pool start --name nowhere" in done.stderr
+
+
+def test_start_leaves_a_pool_running_and_says_how_to_attach(started, pool_dir):
+    done, record = started
+    address = record["address"]
+    assert address.startswith("127.0.0.1:")
+    assert f'pw.Controller(backend="ray", address="{address}", pool="{NAME}")' in done.stdout
+    assert f"%pathways attach ray --address {address} --pool {NAME}" in done.stdout
+    assert str(pool_dir / f"{NAME}.token") in done.stdout
+    assert set(record) >= {"name", "address", "token_path", "islands", "platform",
+                           "started_cluster", "session_dir", "pids"}
+    assert record["islands"] == [2, 2] and record["platform"] == "cpu"
+    assert record["started_cluster"] is True and record["lease"] == 3.0
+    assert Path(record["session_dir"]).is_dir()
+    assert record["session_dir"].startswith(record["temp_dir"])
+    assert record["pids"] and all(psutil.pid_exists(p) for p in record["pids"])
+    assert head.answers(address)  # the CLI returned; the pool runs on
+
+
+def test_the_token_and_pool_files_are_owner_only(started, pool_dir):
+    _, record = started
+    token = Path(record["token_path"])
+    assert token == pool_dir / f"{NAME}.token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert len(token.read_text()) == 64  # 256 random bits in hex, as Ray makes them
+    assert stat.S_IMODE((pool_dir / f"{NAME}.json").stat().st_mode) == 0o600
+
+
+def test_a_second_start_says_the_pool_runs_and_where(started, env, pool_dir):
+    _, record = started
+    done = cli(env, "start", "--name", NAME, "--islands", "2,2")
+    assert done.returncode == 1
+    assert f"pool '{NAME}' runs already at {record['address']}" in done.stderr
+    assert f"python -m pwkernel.pool stop --name {NAME}" in done.stderr
+    assert load(pool_dir) == record  # the running pool is untouched
+
+
+def test_status_lists_islands_tenants_and_memory(started, env):
+    _, record = started
+    done = cli(env, "status", "--name", NAME, "--json")
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["address"] == record["address"] and status["sizes"] == [2, 2]
+    islands = status["islands"]
+    assert [i["island"] for i in islands] == [0, 1]
+    assert all(i["devices"] == 2 and i["platform"] == "cpu" for i in islands)
+    assert all({"tenants", "bytes", "launches", "pid"} <= set(i) for i in islands)
+    assert {i["pid"] for i in islands} <= set(record["pids"])  # the islands are ours
+    text = cli(env, "status", "--name", NAME)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith(f"pool '{NAME}' at {record['address']} (its own cluster")
+    assert any(line.split()[:3] == ["0", "2", "cpu"] for line in lines)
+    assert "tenants: none" in text.stdout
+
+
+def test_the_pool_listens_on_loopback_only(started):
+    _, record = started
+    pids = {p.pid for p in head.processes(record)}
+    assert set(record["pids"]) <= pids
+    listening = [c for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    ports = {c.laddr.port for c in listening}
+    assert int(record["address"].rsplit(":", 1)[1]) in ports  # the GCS is among them
+    assert len(ports) >= 3  # gcs_server, raylet and more
+    assert all(c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1") for c in listening), listening
+
+
+DRIVER = textwrap.dedent("""
+    import sys, ray
+    ray.init(address=sys.argv[1], _node_ip_address="127.0.0.1", log_to_driver=False)
+    print("connected", ray.get_runtime_context().gcs_address)
+""")
+
+
+def driver(env: dict[str, str], address: str, **auth: str) -> subprocess.CompletedProcess:
+    """A plain Ray driver trying to join ``address`` with ``auth`` as its RAY_AUTH_* env."""
+    denv = dict(env, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **auth)
+    return subprocess.run([sys.executable, "-c", DRIVER, address], env=denv, text=True,
+                          capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("auth", [
+    {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},  # a wrong token
+    {"RAY_AUTH_MODE": "disabled"},  # no token at all
+], ids=["wrong-token", "no-token"])
+def test_a_driver_without_the_pool_token_is_refused(started, env, auth):
+    _, record = started
+    done = driver(env, record["address"], **auth)
+    assert done.returncode != 0 and "connected" not in done.stdout
+    assert "AuthenticationError" in done.stderr or "nauthenticated" in done.stderr, \
+        done.stderr[-2000:]
+
+
+def test_the_pool_token_lets_a_driver_in(started, env):
+    """The refusals above are about the token: the same driver with it connects."""
+    _, record = started
+    done = driver(env, record["address"], RAY_AUTH_MODE="token",
+                  RAY_AUTH_TOKEN_PATH=record["token_path"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"connected {record['address']}" in done.stdout
+
+
+def test_a_pool_that_joins_a_cluster_uses_its_token_and_leaves_it_running(started, env,
+                                                                         pool_dir):
+    """``--address``: a second pool on the first pool's cluster (no cluster of its own)."""
+    _, record = started
+    join_env = dict(env, RAY_AUTH_TOKEN_PATH=record["token_path"])
+    done = cli(join_env, "start", "--name", "guest", "--islands", "1", "--address",
+               record["address"])
+    try:
+        assert done.returncode == 0, done.stderr
+        guest = load(pool_dir, "guest")
+        assert guest["started_cluster"] is False and guest["pids"] == []
+        assert guest["address"] == record["address"]
+        token = Path(guest["token_path"])  # a copy of the token it joined with, owner-only
+        assert token.read_text() == Path(record["token_path"]).read_text()
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        status = json.loads(cli(env, "status", "--name", "guest", "--json").stdout)
+        assert [i["devices"] for i in status["islands"]] == [1]
+    finally:
+        stopped = cli(env, "stop", "--name", "guest")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "the Ray cluster it joined runs on" in stopped.stdout
+    assert not (pool_dir / "guest.json").exists() and not (pool_dir / "guest.token").exists()
+    assert head.answers(record["address"])  # the first pool's cluster is untouched
+    assert cli(env, "status", "--name", NAME).returncode == 0
+
+
+def test_stop_ends_every_process_of_the_pool(started, env, pool_dir):
+    _, record = started
+    before = head.processes(record)
+    assert len(before) >= len(record["pids"])
+    port = record["address"].rsplit(":", 1)[1]
+    done = cli(env, "stop", "--name", NAME)
+    assert done.returncode == 0, done.stderr
+    assert f"pool '{NAME}' stopped" in done.stdout
+    assert not (pool_dir / f"{NAME}.json").exists()
+    assert not (pool_dir / f"{NAME}.token").exists()
+    assert not Path(record["temp_dir"]).exists()
+    marks = (record["session_dir"], record["temp_dir"], f"127.0.0.1:{port}",
+             f"gcs_server_port={port}", f"--port={port}")
+    left = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if p.info["status"] != psutil.STATUS_ZOMBIE and any(m in line for m in marks):
+            left.append((p.pid, line[:200]))
+    assert left == []
+    assert [p.pid for p in before if _alive(p)] == []
+    assert not head.answers(record["address"])
+
+
+def _alive(p: psutil.Process) -> bool:
+    """``p`` still runs as the process we saw (not a zombie, its pid not reused meanwhile)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
