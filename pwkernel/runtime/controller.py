@@ -26,7 +26,7 @@ from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
 from .resources import DEFAULT_ISLANDS, Island, ResourceManager, VirtualSlice, islands_from_env
 from .scheduler import Policy
-from .snapshot import IslandView, RunView, SliceView, Snapshot
+from .snapshot import IslandView, PoolView, RunView, SliceView, Snapshot
 from .tasks import ClientSpec, ProgramRun
 from .trace import Trace
 from .transfer import Link
@@ -124,6 +124,9 @@ class Controller:
         self.resources = ResourceManager(self._islands, self._check_open)
         self.resources.controller = self
         self.trace = Trace()
+        record_into = getattr(self._backend, "record_into", None)
+        if record_into is not None:  # work it sees but did not launch (a pool's other tenants)
+            record_into(self.trace)
         self.store = ObjectStore(self._on_free, self._backend.fetch)
         self._dispatcher = Dispatcher(self._backend, self.store, self.trace, mode, policy,
                                       memory_budget)
@@ -271,7 +274,8 @@ class Controller:
         slices = tuple(SliceView.of(vs) for vs in self.slices if not vs.released)
         runs = tuple(RunView.of(r) for r in self.runs())
         memory = {d.id: n for d, n in self.memory().items()}
-        return Snapshot(self.closed, self.policy, self.dispatch, islands, slices, runs, memory)
+        return Snapshot(self.closed, self.policy, self.dispatch, islands, slices, runs, memory,
+                        PoolView.of_executor(self._backend))
 
     def _on_free(self, record: BufferRecord) -> None:
         if record.reserved and self.memory_budget is not None and record.island is not None \

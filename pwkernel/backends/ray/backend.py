@@ -39,7 +39,7 @@ from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.specialization import replay
 from ...runtime.tasks import Task
 from ..local import request_host_devices
-from . import attach, cluster
+from . import attach, cluster, others
 from .cluster import IslandHost
 from .island import RaySite, RemoteBuffer, host_lost, layout
 
@@ -127,6 +127,7 @@ class RayBackend:
         cluster.connect(address)
         self.hosts: dict[int, IslandHost] = {}
         self._closed = False
+        self.others: others.OtherTenants | None = None  # a pool's other tenants' work
         try:
             if pool is not None:
                 hosts = attach.attach(pool, sizes, tenant, weight)
@@ -176,6 +177,12 @@ class RayBackend:
 
     # --- the executor interface ------------------------------------------------------------
     now = staticmethod(time.perf_counter)
+
+    def record_into(self, trace) -> None:
+        """In a pool: the other tenants' computations go into the controller's trace too."""
+        if self.pool is not None and self.others is None:
+            self.others = others.OtherTenants(trace, self.hosts, self.islands)
+            self.others.start()
 
     def prepare(self, plan) -> None:
         """Serialize each computation's executable for its island's platform, once."""
@@ -292,6 +299,8 @@ class RayBackend:
                                "generation": h.generation, "lost": h.lost,
                                "clock_offset": h.offset} for i, h in self.hosts.items()}}
         if self.pool is not None:
+            if self.others is not None:
+                self.others.pull()  # what a view shows next has the others' latest work
             out["pool"] = attach.pool_view(self.pool, list(self.hosts.values()))
         return out
 
@@ -299,6 +308,8 @@ class RayBackend:
         if self._closed:
             return
         self._closed = True
+        if self.others is not None:
+            self.others.close()
         for site in getattr(self, "sites", {}).values():
             site.close()
         for host in self.hosts.values():

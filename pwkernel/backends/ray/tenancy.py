@@ -347,6 +347,7 @@ class PoolIslandActor:
                         tenant.issued.put(None)
                     continue
                 entry = {"seq": self._logged + len(self._log), "tenant": tenant.name,
+                         "tenant_id": tenant.id,
                          "client": op[9] if op[0] == "run" else None,
                          "name": op[8] if op[0] == "run" else op[0],
                          "kind": "compute" if op[0] == "run" else op[0],
