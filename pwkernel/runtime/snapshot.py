@@ -4,11 +4,11 @@ comm, the views). Readers never reach into the dispatcher, the scheduler or a ta
 
 The controller builds it from typed parts (each island's queue depths and its executor's
 ``IslandFacts``, each slice, each run's tasks, and, for a tenant of a device pool, the pool's
-tenants from its executor's ``status()["pool"]``), each read once, in order (islands, slices,
-runs, memory, pool), without stopping the controller: a program may finish between two reads, so a
-run can be listed whose memory is already freed. Every field is a plain value (ints, strings,
-tuples, enums): a snapshot can be kept, compared and turned into JSON without holding the
-controller's objects alive. ``ctl.status()`` is a snapshot rendered as dicts and strings
+tenants from its executor's ``status()["pool"]``), each read once, in order (islands,
+slices, runs, memory, pool), without stopping the controller: a program may finish between
+two reads, so a run can be listed whose memory is already freed. Every field is a plain value
+(ints, strings, tuples, enums): a snapshot can be kept, compared and turned into JSON without
+holding the controller's objects alive. ``ctl.status()`` is a snapshot rendered as dicts and strings
 (``Snapshot.as_status()``); nothing reads a snapshot back out of them.
 """
 
