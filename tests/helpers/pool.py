@@ -6,6 +6,7 @@ with their children) and waits for them, so nothing is left."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,3 +155,36 @@ def wait_until(predicate, timeout: float, what: str, every: float = 0.2):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout:g} s: {what}")
         time.sleep(every)  # a status read over Ray: nothing to wait on locally
+
+
+@contextlib.contextmanager
+def running_pool(name: str, sizes: tuple[int, ...] = (4, 4),
+                 lease: float = 4.0) -> Iterator[Head]:
+    """A head of our own with pool ``name``'s island actors on it, this process connected to
+    it with the pool's token (as a controller attaching finds it); everything stopped, and
+    the Ray settings of this process put back, after."""
+    from pwkernel.backends.ray import attach, cluster, tenancy
+
+    head = Head.start()
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
+                                            "RAY_AUTH_TOKEN")}
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    attach.use_token(head.token_path)  # as a controller does from the pool's file
+    try:
+        cluster.connect(head.address)
+        try:
+            tenancy.create_islands(name, sizes, "cpu", lease=lease)
+            yield head
+        finally:
+            try:
+                tenancy.destroy_islands(name)
+            finally:
+                cluster.disconnect()
+    finally:
+        head.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        attach.reread_ray_settings()

@@ -8,16 +8,15 @@ One head and one pool (2 islands x 4 devices) for the module; the tests run in f
 from __future__ import annotations
 
 import itertools
-import os
 
 import numpy as np
 import pytest
 import ray
 
 import pwkernel as pw
-from pwkernel.backends.ray import attach, cluster, tenancy
+from pwkernel.backends.ray import tenancy
 from pwkernel.bench.figure2 import figure2
-from tests.helpers.pool import TIMEOUT, Head, Tenant, wait_until
+from tests.helpers.pool import TIMEOUT, Tenant, running_pool, wait_until
 
 NAME = "test"
 LEASE = 4.0
@@ -25,29 +24,8 @@ LEASE = 4.0
 
 @pytest.fixture(scope="module")
 def pool():
-    head = Head.start()
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
-                                            "RAY_AUTH_TOKEN")}
-    os.environ.pop("RAY_AUTH_TOKEN", None)
-    attach.use_token(head.token_path)  # as a controller does from the pool's file
-    try:
-        cluster.connect(head.address)
-        try:
-            tenancy.create_islands(NAME, (4, 4), "cpu", lease=LEASE)
-            yield head
-        finally:
-            try:
-                tenancy.destroy_islands(NAME)
-            finally:
-                cluster.disconnect()
-    finally:
-        head.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        attach.reread_ray_settings()
+    with running_pool(NAME, (4, 4), LEASE) as head:
+        yield head
 
 
 def islands() -> list:
