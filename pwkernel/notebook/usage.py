@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 from ..runtime.snapshot import Snapshot
+from ..viz.columns import merged_busy
 from ..viz.palette import COLORS
 
 WINDOW = 2.0  # seconds of history behind each device's utilization
@@ -61,7 +62,7 @@ class Utilization:
             if hi > lo:
                 for d in devices:
                     busy.setdefault((d, tenant), []).append((lo, hi))
-        use = {key: min(1.0, _union(s) / self.window) for key, s in busy.items()}
+        use = {key: min(1.0, merged_busy(s) / self.window) for key, s in busy.items()}
         self.others = {}
         for (d, tenant), fraction in use.items():
             if tenant:
@@ -69,15 +70,6 @@ class Utilization:
         theirs = [e for t0, t1, _, tenant, e in self._spans if tenant and t1 <= now]
         self.recent = sorted(theirs, key=lambda e: e.t_end, reverse=True)[:RECENT]
         return {d: fraction for (d, tenant), fraction in use.items() if not tenant}
-
-
-def _union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for lo, hi in sorted(spans):
-        if hi > end:
-            total += hi - max(lo, end)
-            end = hi
-    return total
 
 
 def pool_part(snap: Snapshot, use: Utilization, now: float) -> dict[str, Any]:
