@@ -129,7 +129,7 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
         Div(text=summary, sizing_mode="stretch_width"),
         Div(text=legend_html({p: COLORS.color("program", p) for p in programs}, "program",
                              tenants), sizing_mode="stretch_width"),
-        sched, _utilization_figure(compute, layout, t0, t_end), _transfer_table(evs),
+        sched, _utilization_figure(own, layout, t0, t_end), _transfer_table(evs),
         _share_figure(evs), sizing_mode="stretch_width")
     path.write_text(file_html(doc, resources=INLINE, title=title), encoding="utf-8")
     return path

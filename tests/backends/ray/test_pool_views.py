@@ -6,6 +6,7 @@ island actors on it (``tests/helpers/pool.py``), real programs on both sides.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -95,6 +96,7 @@ def test_a_tenant_sees_the_other_tenant_in_its_snapshot_trace_view_and_sidebar(p
     finally:
         bob.kill()
         ctl.close()
+    assert "pw-ray-others" not in {t.name for t in threading.enumerate()}  # the pull stopped
 
 
 def test_the_launch_log_is_read_on_from_its_first_entry_not_ended():
