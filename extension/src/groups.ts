@@ -53,3 +53,19 @@ export function deviceCells(
     return { label, devices: group, utilization: utilization / group.length, busy, memory };
   });
 }
+
+/** Each other tenant's mean busy fraction over a cell's devices (a shared pool's; a device
+ * without `others` counts as idle for every tenant), largest first. */
+export function cellOthers(
+  devices: number[],
+  facts: Map<number, { others?: Record<string, number> }>
+): [string, number][] {
+  const sums = new Map<string, number>();
+  for (const id of devices) {
+    for (const [tenant, f] of Object.entries(facts.get(id)?.others ?? {})) {
+      sums.set(tenant, (sums.get(tenant) ?? 0) + f);
+    }
+  }
+  const n = Math.max(1, devices.length);
+  return [...sums].map(([t, s]): [string, number] => [t, s / n]).sort((a, b) => b[1] - a[1]);
+}

@@ -10,7 +10,9 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { KernelLink } from './connection';
+import { h } from './dom';
 import { deviceCells } from './groups';
+import { othersStrip, renderPool } from './poolview';
 import {
   applyReply,
   cancelRequest,
@@ -39,17 +41,6 @@ const ICON_SVG =
   '</g></svg>';
 
 export const pathwaysIcon = new LabIcon({ name: 'pwkernel:pathways', svgstr: ICON_SVG });
-
-type Attrs = Record<string, string>;
-
-function h(tag: string, attrs: Attrs = {}, ...children: (Node | string)[]): HTMLElement {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    el.setAttribute(k, v);
-  }
-  el.append(...children);
-  return el;
-}
 
 const STATE_TEXT: Record<State['connection'], string> = {
   'no-notebook': 'Open a notebook to see its Pathways controller.',
@@ -267,6 +258,7 @@ export class PathwaysPanel extends Widget {
     exportBtn.addEventListener('click', () => void this.exportTrace());
     this._message = h('div', { class: 'pw-message', role: 'status' });
     this._islands = h('div', { class: 'pw-islands' });
+    this._pool = h('div', { class: 'pw-pool' });
     this._slices = h('div', { class: 'pw-slices' });
     this._runs = h('div', { class: 'pw-runs' });
     this._runs.addEventListener('click', ev => {
@@ -286,6 +278,7 @@ export class PathwaysPanel extends Widget {
         h('label', {}, 'Dispatch ', this._dispatch)
       ),
       h('div', { class: 'pw-actions' }, schedule, exportBtn),
+      this._pool,
       h('h3', {}, 'Islands'),
       this._islands,
       h('h3', {}, 'Slices'),
@@ -326,6 +319,7 @@ export class PathwaysPanel extends Widget {
     if (document.activeElement !== this._dispatch) {
       this._dispatch.value = status.dispatch;
     }
+    renderPool(this._pool, status.pool);
     this._renderIslands(status);
     this._renderSlices(status);
     this._renderRuns(status);
@@ -353,6 +347,7 @@ export class PathwaysPanel extends Widget {
                   `${formatBytes(cell.memory)} held`
               },
               bar,
+              othersStrip(cell.devices, byId, status.pool),
               h('span', { class: 'pw-dev-id' }, cell.label),
               h('span', { class: 'pw-dev-util' }, `${pct}%`),
               h('span', { class: 'pw-dev-mem' }, formatBytes(cell.memory))
@@ -444,6 +439,7 @@ export class PathwaysPanel extends Widget {
   private _dispatch!: HTMLSelectElement;
   private _message!: HTMLElement;
   private _islands!: HTMLElement;
+  private _pool!: HTMLElement;
   private _slices!: HTMLElement;
   private _runs!: HTMLElement;
 }

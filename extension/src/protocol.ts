@@ -57,6 +57,37 @@ export interface DeviceInfo {
   memory: number;
   utilization: number;
   busy: boolean;
+  others: Record<string, number>; // a pool's other tenants: busy fraction each ({} if none)
+}
+
+/** One tenant of the device pool this kernel's controller shares (`pool.tenants`). */
+export interface TenantInfo {
+  name: string;
+  me: boolean; // this notebook's controller
+  color: string; // '#rrggbb': its colour in the schedule view; '' for this notebook
+  queued: number;
+  running: number;
+  share: number; // its part of the pool's device time, 0..1
+  device_seconds: number;
+  bytes: number;
+  devices: number[];
+}
+
+/** Another tenant's computation that ended in the last window (`pool.recent`). */
+export interface OtherWork {
+  tenant: string;
+  client: string;
+  name: string;
+  island: number;
+  devices: number[];
+  ago: number; // seconds since it ended
+  duration: number;
+}
+
+export interface PoolInfo {
+  name: string;
+  tenants: TenantInfo[];
+  recent: OtherWork[];
 }
 
 export interface RunInfo {
@@ -86,6 +117,7 @@ export interface StatusData {
   named_slices: SliceInfo[];
   policy: string;
   dispatch: string;
+  pool: PoolInfo | null; // null: the controller is no tenant of a shared pool
 }
 
 export type Reply =
@@ -134,6 +166,9 @@ const isStr = (v: unknown) => typeof v === 'string';
 const isBool = (v: unknown) => typeof v === 'boolean';
 const isInts = (v: unknown) => Array.isArray(v) && v.every(isInt);
 const isArr = (v: unknown) => Array.isArray(v);
+const isFraction = (v: unknown) => isNum(v) && (v as number) >= 0 && (v as number) <= 1;
+// a colour goes into a style attribute: only '#rrggbb' (or '' for this notebook's tenant)
+const isColor = (v: unknown) => v === '' || (isStr(v) && /^#[0-9A-Fa-f]{6}$/.test(v as string));
 
 function list<T>(obj: Obj, key: string, where: string, item: (v: Obj, w: string) => T): T[] {
   const arr = need<unknown[]>(obj, key, isArr, 'a list', where);
@@ -163,12 +198,59 @@ function device(v: Obj, w: string): DeviceInfo {
   if (utilization < 0 || utilization > 1) {
     throw new ProtocolError(`${w}: utilization must be in [0, 1]; got ${utilization}.`);
   }
+  const others = v.others === undefined ? {} : v.others;
+  if (!isObj(others) || !Object.values(others).every(isFraction)) {
+    throw new ProtocolError(
+      `${w}: others must map tenant names to numbers in [0, 1]; got ${JSON.stringify(others)}.`
+    );
+  }
   return {
     id: need(v, 'id', isInt, 'an int', w),
     island: need(v, 'island', isInt, 'an int', w),
     memory: need(v, 'memory', isInt, 'an int (bytes)', w),
     utilization,
-    busy: need(v, 'busy', isBool, 'a boolean', w)
+    busy: need(v, 'busy', isBool, 'a boolean', w),
+    others: others as Record<string, number>
+  };
+}
+
+function tenant(v: Obj, w: string): TenantInfo {
+  return {
+    name: need(v, 'name', isStr, 'a string', w),
+    me: need(v, 'me', isBool, 'a boolean', w),
+    color: need(v, 'color', isColor, "'#rrggbb' or ''", w),
+    queued: need(v, 'queued', isInt, 'an int', w),
+    running: need(v, 'running', isInt, 'an int', w),
+    share: need(v, 'share', isFraction, 'a number in [0, 1]', w),
+    device_seconds: need(v, 'device_seconds', isNum, 'a number', w),
+    bytes: need(v, 'bytes', isInt, 'an int (bytes)', w),
+    devices: need(v, 'devices', isInts, 'a list of ints', w)
+  };
+}
+
+function otherWork(v: Obj, w: string): OtherWork {
+  return {
+    tenant: need(v, 'tenant', isStr, 'a string', w),
+    client: need(v, 'client', isStr, 'a string', w),
+    name: need(v, 'name', isStr, 'a string', w),
+    island: need(v, 'island', isInt, 'an int', w),
+    devices: need(v, 'devices', isInts, 'a list of ints', w),
+    ago: need(v, 'ago', isNum, 'a number (seconds)', w),
+    duration: need(v, 'duration', isNum, 'a number (seconds)', w)
+  };
+}
+
+/** The status's `pool` (absent or null: no pool). */
+function pool(data: Obj, where: string): PoolInfo | null {
+  if (data.pool === undefined || data.pool === null) {
+    return null;
+  }
+  const w = `${where}.pool`;
+  const v = need<Obj>(data, 'pool', isObj, 'an object or null', where);
+  return {
+    name: need(v, 'name', isStr, 'a string', w),
+    tenants: list(v, 'tenants', w, tenant),
+    recent: list(v, 'recent', w, otherWork)
   };
 }
 
@@ -222,7 +304,8 @@ export function parseStatus(data: unknown): StatusData {
       runs: [],
       named_slices: [],
       policy: '',
-      dispatch: ''
+      dispatch: '',
+      pool: null
     };
   }
   const protocol = need<number>(data, 'protocol', isInt, 'an int', where);
@@ -240,7 +323,8 @@ export function parseStatus(data: unknown): StatusData {
     runs: list(data, 'runs', where, run),
     named_slices: list(data, 'named_slices', where, slice),
     policy: need(data, 'policy', isStr, 'a string', where),
-    dispatch: need(data, 'dispatch', isStr, 'a string', where)
+    dispatch: need(data, 'dispatch', isStr, 'a string', where),
+    pool: pool(data, where)
   };
 }
 

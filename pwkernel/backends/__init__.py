@@ -30,7 +30,11 @@ def _sim(islands, **options):
 register_backend("local", _local, {
     "dcn": "a pw.Link emulating the network between this process's islands"})
 register_backend("ray", _ray, {
-    "ray_address": "the Ray cluster to join: 'auto', 'host:port', or None for a local one"})
+    "ray_address": "the Ray cluster to join: 'auto', 'host:port', or None for a local one",
+    "address": "the Ray cluster to join (ray_address by a shorter name)",
+    "pool": "the device pool on that cluster to attach to as one of its tenants",
+    "tenant": "this controller's name in the pool",
+    "weight": "this controller's share of the pool's devices"})
 def _sim_hint(name, hint):
     from .sim.program import hinted_seconds
 

@@ -30,13 +30,18 @@ anything else, or a bad field                   ``{"type": "error", "error": "<w
 ``running``/``queued`` computations, ``lost``, ``programs_running``/``programs_queued``), plus
 ``protocol`` (this protocol's version),
 ``devices`` (``id``, ``island``, ``memory`` bytes, ``utilization`` 0..1 over the last
-``WINDOW`` seconds, ``busy``), ``runs`` (``id``, ``name``, ``client``, ``state`` "running" or
+``usage.WINDOW`` seconds, ``busy``), ``runs`` (``id``, ``name``, ``client``, ``state`` "running" or
 "queued", ``islands``) and ``named_slices``: every slice of the controller (``name``: its
 ``%pathways slice`` name, else a variable holding it, else ``#<id>``; ``island``, ``devices``,
-``shape``, ``axis_names``, ``axis_types``). A closed controller's data is
-``{"closed": true, "protocol": 1}``. Before the controller has started (the kernel leaves JAX
-alone until the first ``%pathways``), the data is a status with no islands and
-``"started": false``.
+``shape``, ``axis_names``, ``axis_types``). A tenant of a shared device pool also gets ``pool``
+(``name``, ``tenants``: each with ``name``, ``me``, ``color``, ``queued``, ``running``,
+``share``, ``device_seconds``, ``bytes``, ``devices``; ``recent``: the other tenants'
+computations that ended in the last ``WINDOW`` seconds, ``tenant``, ``client``, ``name``,
+``island``, ``devices``, ``ago``, ``duration``; ``usage.pool_part``), and each device its
+``others``: ``{tenant: busy fraction}`` of the other tenants over the same window. A closed
+controller's data is ``{"closed": true, "protocol": 1}``. Before the controller has started
+(the kernel leaves JAX alone until the first ``%pathways``), the data is a status with no
+islands and ``"started": false``.
 
 Requests are answered while a cell runs: JupyterLab sends comm messages to a kernel subshell
 (JEP 91) and the handlers here run in that subshell's thread. They read and steer the controller
@@ -55,7 +60,6 @@ import os
 import reprlib
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,10 +71,10 @@ from ..runtime.snapshot import Snapshot
 from ..runtime.tasks import TaskState
 from . import state
 from .pushes import Updater
+from .usage import Utilization, device_others, pool_part
 
 TARGET = "pwkernel"
 PROTOCOL = 1
-WINDOW = 2.0  # seconds of history behind each device's utilization
 POLICIES = tuple(p.value for p in Policy)  # the names come from the runtime's enums
 DISPATCH = tuple(d.value for d in DispatchMode)
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 10.0
@@ -152,51 +156,6 @@ def validate(data: Any) -> dict[str, Any]:
 
 
 # --- the status snapshot -------------------------------------------------------------------
-class Utilization:
-    """Busy fraction of each device over the last ``window`` seconds: ended computations
-    from the trace (read incrementally) plus computations running now."""
-
-    def __init__(self, window: float = WINDOW):
-        self.window = window
-        self._trace: Any = None
-        self._cursor = 0
-        self._spans: deque[tuple[float, float, tuple[int, ...]]] = deque()
-
-    def sample(self, trace, running: list[tuple[float, tuple[int, ...]]],
-               now: float | None = None) -> dict[int, float]:
-        """``trace``: the controller's ``Trace``; ``running``: (start, devices) of computations
-        launched and not ended; ``now``: a reading of the controller's clock (the trace's;
-        default ``time.perf_counter()``, the local and Ray backends' clock)."""
-        now = time.perf_counter() if now is None else now
-        start = now - self.window
-        if trace is not self._trace:  # a new controller (the old one was closed): start over
-            self._trace, self._cursor, self._spans = trace, 0, deque()
-        events = trace.events(since=self._cursor)
-        if events:
-            self._cursor = events[-1].index + 1
-        for e in events:
-            if e.kind == "compute" and e.t_end > start:
-                self._spans.append((e.t_start, e.t_end, tuple(e.devices)))
-        while self._spans and self._spans[0][1] <= start:
-            self._spans.popleft()
-        per_device: dict[int, list[tuple[float, float]]] = {}
-        for t0, t1, devices in [*self._spans, *((t0, now, d) for t0, d in running)]:
-            lo, hi = max(t0, start), min(t1, now)
-            if hi > lo:
-                for d in devices:
-                    per_device.setdefault(d, []).append((lo, hi))
-        return {d: min(1.0, _union(spans) / self.window) for d, spans in per_device.items()}
-
-
-def _union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for lo, hi in sorted(spans):
-        if hi > end:
-            total += hi - max(lo, end)
-            end = hi
-    return total
-
-
 def _runs(snap: Snapshot) -> list[dict[str, Any]]:
     """Active programs with the islands they run or wait on."""
     return [{"id": r.id, "name": r.name, "client": r.client, "state": r.state,
@@ -237,7 +196,9 @@ def status_message(ctl, util: Utilization | None = None) -> dict[str, Any]:
         return {"type": "status", "data": {"closed": True, "protocol": PROTOCOL}}
     runs, running = _runs(snap), _running(snap)
     busy = {d for _, devices in running for d in devices}
-    use = (util or Utilization()).sample(ctl.trace, running, ctl.executor.now())
+    util = util or Utilization()
+    now = ctl.executor.now()
+    use = util.sample(ctl.trace, running, now)
     memory = {str(d): n for d, n in snap.memory.items()}
     islands = [{"id": i.id, "platform": i.platform, "devices": list(i.device_ids),
                 "running": i.running, "queued": i.queued, "lost": i.lost,
@@ -251,6 +212,10 @@ def status_message(ctl, util: Utilization | None = None) -> dict[str, Any]:
                      "utilization": round(use.get(d, 0.0), 4), "busy": d in busy}
                     for i in snap.islands for d in i.device_ids],
         "runs": runs, "named_slices": _named_slices(snap)}
+    if snap.pool is not None:  # a tenant of a shared pool: the others' use of the devices
+        data["pool"] = pool_part(snap, util, now)
+        for d in data["devices"]:
+            d["others"] = device_others(util, d["id"])
     data["started"] = True
     data["protocol"] = PROTOCOL
     return {"type": "status", "data": data}

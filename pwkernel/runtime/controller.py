@@ -26,7 +26,7 @@ from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
 from .resources import DEFAULT_ISLANDS, Island, ResourceManager, VirtualSlice, islands_from_env
 from .scheduler import Policy
-from .snapshot import IslandView, RunView, SliceView, Snapshot
+from .snapshot import IslandView, PoolView, RunView, SliceView, Snapshot
 from .tasks import ClientSpec, ProgramRun
 from .trace import Trace
 from .transfer import Link
@@ -61,6 +61,13 @@ class Controller:
     ``backend="ray"`` runs each island in a Ray actor (its own process and devices) on the
     cluster at ``ray_address`` (``"auto"``, ``"host:port"``), or on a local cluster started
     for it (``None``); see docs/ray.md. ``ctl.reattach(island)`` replaces a lost island.
+    ``address`` is ``ray_address`` by a shorter name. ``pool=NAME`` attaches to a device pool
+    on that cluster (``python -m pwkernel.pool start``; docs/pool.md): its islands, shared
+    with other controllers (tenants) whose work their schedulers order together with this
+    one's; ``tenant`` names this controller there (default ``PWKERNEL_TENANT`` or
+    ``host:pid``) and ``weight`` is its share of the pool's devices under ``share``.
+
+    >>> ctl = pw.Controller(backend="ray", address="127.0.0.1:6379", pool="class")  # doctest: +SKIP
     ``backend`` may also be an executor object (``pw.Executor``), which brings its islands:
     leave ``islands`` out then (an ``islands=`` that differs is an error, not ignored).
 
@@ -74,10 +81,12 @@ class Controller:
     def __init__(self, islands: Sequence[int] | None = _NOT_GIVEN, policy: Policy | str = "fifo",
                  dispatch: DispatchMode | str = "parallel", memory_budget: int | None = None,
                  dcn: Link | None = None, backend: str | Executor = "local",
-                 ray_address: str | None = None, cluster: Any = None):
+                 ray_address: str | None = None, cluster: Any = None,
+                 address: str | None = None, pool: str | None = None,
+                 tenant: str | None = None, weight: float | None = None):
         given = islands is not _NOT_GIVEN
-        if not given:
-            islands = DEFAULT_ISLANDS if isinstance(backend, str) else None
+        if not given:  # a pool brings its islands, as an executor object does
+            islands = DEFAULT_ISLANDS if isinstance(backend, str) and pool is None else None
         if islands is not None and (isinstance(islands, str | bytes) or not isinstance(
                 islands, Sequence) or not islands or not all(
                 isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0
@@ -98,7 +107,8 @@ class Controller:
         self.dcn = dcn
         # each option goes only to the backend that declares it (runtime/executor.py)
         self._backend = executors.create(backend, islands, dcn=dcn, ray_address=ray_address,
-                                         cluster=cluster)
+                                         cluster=cluster, address=address, pool=pool,
+                                         tenant=tenant, weight=weight)
         self._islands = tuple(self._backend.islands)
         brought = tuple(len(i.devices) for i in self._islands)
         if given and islands is not None and not isinstance(backend, str) and tuple(
@@ -114,6 +124,9 @@ class Controller:
         self.resources = ResourceManager(self._islands, self._check_open)
         self.resources.controller = self
         self.trace = Trace()
+        record_into = getattr(self._backend, "record_into", None)
+        if record_into is not None:  # work it sees but did not launch (a pool's other tenants)
+            record_into(self.trace)
         self.store = ObjectStore(self._on_free, self._backend.fetch)
         self._dispatcher = Dispatcher(self._backend, self.store, self.trace, mode, policy,
                                       memory_budget)
@@ -261,7 +274,8 @@ class Controller:
         slices = tuple(SliceView.of(vs) for vs in self.slices if not vs.released)
         runs = tuple(RunView.of(r) for r in self.runs())
         memory = {d.id: n for d, n in self.memory().items()}
-        return Snapshot(self.closed, self.policy, self.dispatch, islands, slices, runs, memory)
+        return Snapshot(self.closed, self.policy, self.dispatch, islands, slices, runs, memory,
+                        PoolView.of_executor(self._backend))
 
     def _on_free(self, record: BufferRecord) -> None:
         if record.reserved and self.memory_budget is not None and record.island is not None \

@@ -50,6 +50,12 @@ Optional members, looked up by the runtime with ``getattr``:
 - ``check_hint(name, hint)``: a ``pw.function`` named ``name`` was made with a backend hint
   (``sim_cost=``) on one of its islands: raise if this backend cannot use it. The runtime
   carries a hint unread; only the backend that owns it reads it.
+- ``record_into(trace)``: the controller's ``Trace``, given once when it is made, for work the
+  executor sees but the runtime did not launch (a device pool's other tenants, Ray: their
+  events carry ``tenant``).
+- ``pool``: the name of the device pool whose islands these are (None: not a pool's); then
+  ``status()`` without an island returns a dict whose ``"pool"`` lists the pool's tenants
+  (``name``, ``tenants``, ``islands``), which ``ctl.snapshot().pool`` is made from.
 
 Backends by name: ``register_backend(name, factory, options)`` declares the options of
 ``pw.Controller`` the backend takes (``ray_address`` for ``"ray"``, ``cluster`` for ``"sim"``,

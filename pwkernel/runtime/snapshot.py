@@ -3,11 +3,12 @@ as frozen records, for everything above the runtime (the notebook's displays, th
 comm, the views). Readers never reach into the dispatcher, the scheduler or a task.
 
 The controller builds it from typed parts (each island's queue depths and its executor's
-``IslandFacts``, each slice, each run's tasks), each read once, in order (islands, slices,
-runs, memory), without stopping the controller: a program may finish between two reads, so a
-run can be listed whose memory is already freed. Every field is a plain value (ints, strings,
-tuples, enums): a snapshot can be kept, compared and turned into JSON without holding the
-controller's objects alive. ``ctl.status()`` is a snapshot rendered as dicts and strings
+``IslandFacts``, each slice, each run's tasks, and, for a tenant of a device pool, the pool's
+tenants from its executor's ``status()["pool"]``), each read once, in order (islands,
+slices, runs, memory, pool), without stopping the controller: a program may finish between
+two reads, so a run can be listed whose memory is already freed. Every field is a plain value
+(ints, strings, tuples, enums): a snapshot can be kept, compared and turned into JSON without
+holding the controller's objects alive. ``ctl.status()`` is a snapshot rendered as dicts and strings
 (``Snapshot.as_status()``); nothing reads a snapshot back out of them.
 """
 
@@ -141,6 +142,75 @@ class RunView:
 
 
 @dataclass(frozen=True)
+class TenantView:
+    """One controller attached to the same pool (a *tenant*), over all the pool's islands."""
+
+    name: str
+    #: island id -> the device positions on that island its computations used
+    slices: Mapping[int, tuple[int, ...]]
+    queued: int                   # operations it has at the islands, not launched yet
+    running: int                  # operations launched there, not ended
+    share: float                  # its part of the device time the pool's tenants used (0..1)
+    device_seconds: float         # device time its computations took (k devices x 1 s = k)
+    bytes: int                    # what its buffers hold on the pool's islands
+    me: bool                      # this controller
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> TenantView:
+        """From one tenant of an executor's pool dict (``status()["pool"]["tenants"]``)."""
+        slices = {int(i): tuple(int(p) for p in ps) for i, ps in dict(row["devices"]).items()}
+        return cls(str(row["name"]), MappingProxyType(dict(sorted(slices.items()))),
+                   int(row["queued"]), int(row["running"]), float(row["share"]),
+                   float(row["device_seconds"]), int(row["bytes"]), bool(row.get("me")))
+
+    def as_status(self) -> dict[str, Any]:
+        return {"name": self.name, "me": self.me, "queued": self.queued,
+                "running": self.running, "share": self.share,
+                "device_seconds": self.device_seconds, "bytes": self.bytes,
+                "slices": {i: list(ps) for i, ps in self.slices.items()}}
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The device pool this controller is a tenant of (``pw.Controller(..., pool=NAME)``):
+    every tenant of its islands, this controller among them (``me``)."""
+
+    name: str
+    tenants: tuple[TenantView, ...]
+    lost: tuple[int, ...] = ()    # islands that did not answer (their actors died)
+
+    @classmethod
+    def of(cls, pool: Mapping[str, Any] | None) -> PoolView | None:
+        """From an executor's generic pool dict (``status()["pool"]``: ``name``, ``tenants``,
+        ``islands``); None for None."""
+        if pool is None:
+            return None
+        lost = tuple(int(i["island"]) for i in pool.get("islands", ()) if i.get("lost"))
+        return cls(str(pool["name"]), tuple(TenantView.of(t) for t in pool["tenants"]), lost)
+
+    @classmethod
+    def of_executor(cls, executor: Any) -> PoolView | None:
+        """The pool of an executor whose islands are a pool's (its ``pool`` names it: see
+        ``runtime/executor.py``), read from its ``status()``; None for any other."""
+        if getattr(executor, "pool", None) is None:
+            return None
+        return cls.of(executor.status().get("pool"))
+
+    @property
+    def me(self) -> TenantView | None:
+        """This controller's row (None if the pool does not list it: it was dropped)."""
+        return next((t for t in self.tenants if t.me), None)
+
+    @property
+    def others(self) -> tuple[TenantView, ...]:
+        return tuple(t for t in self.tenants if not t.me)
+
+    def as_status(self) -> dict[str, Any]:
+        return {"name": self.name, "tenants": [t.as_status() for t in self.tenants],
+                "lost": list(self.lost)}
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """A controller at one moment (``ctl.snapshot()``); a closed one has only ``closed``."""
 
@@ -152,6 +222,7 @@ class Snapshot:
     runs: tuple[RunView, ...] = ()
     memory: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     # ^ device id -> bytes held
+    pool: PoolView | None = None  # the pool's tenants, when its islands are a pool's
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory", MappingProxyType(
@@ -166,4 +237,5 @@ class Snapshot:
                 "slices": [str(s) for s in self.slices],
                 "programs": [str(r) for r in self.runs],
                 "memory": dict(self.memory),
-                "policy": self.policy, "dispatch": self.dispatch, "closed": self.closed}
+                "policy": self.policy, "dispatch": self.dispatch, "closed": self.closed,
+                **({} if self.pool is None else {"pool": self.pool.as_status()})}

@@ -51,6 +51,8 @@ class Event(NamedTuple):
 
     ``devices`` are global device ids: for a transfer, the destination devices, with the
     source devices in ``src_devices``. ``src``/``dst`` are island ids (transfers only).
+    ``tenant`` names the pool tenant (another controller on a shared pool's island) whose
+    computation this was; it is ``""`` for this controller's own work.
     ``status`` is ``"ok"`` or ``"error"``; a simulated cluster that deadlocked also records
     each stuck computation with ``"deadlock"``, until the clock froze. A named tuple, not a frozen
     dataclass: a live view reads thousands per second, and this builds one in a single C call.
@@ -74,6 +76,7 @@ class Event(NamedTuple):
     src_devices: tuple[int, ...] = ()
     link: str | None = None
     node_id: int = -1
+    tenant: str = ""  # another controller's work on a shared pool's island ("": this one's)
 
     @property
     def duration(self) -> float:
@@ -129,24 +132,25 @@ class Trace:
                island: int, devices: tuple[int, ...], t_submit: float, t_start: float,
                t_end: float, status: str = "ok", nbytes: int = 0, src: int | None = None,
                dst: int | None = None, src_devices: tuple[int, ...] = (),
-               link: str | None = None, node_id: int = -1) -> None:
+               link: str | None = None, node_id: int = -1, tenant: str = "") -> None:
         """Append one event, its ``Event`` fields by name (the log numbers it: ``index``).
 
         A computation needs no more than the ten fields up to ``t_end`` (``status`` is
         ``"ok"`` unless given); a transfer also says ``nbytes``, ``src``, ``dst``,
         ``src_devices`` and ``link``."""
         self.record_span((kind, name), (program, program_id, client), (island, devices),
-                         (nbytes, src, dst, src_devices, link, node_id), t_submit, t_start,
-                         t_end, status)
+                         (nbytes, src, dst, src_devices, link, node_id, tenant), t_submit,
+                         t_start, t_end, status)
 
     @staticmethod
     def node_fields(*, kind: str, name: str, island: int, devices: tuple[int, ...],
                     nbytes: int = 0, src: int | None = None, dst: int | None = None,
                     src_devices: tuple[int, ...] = (), link: str | None = None,
-                    node_id: int = -1) -> tuple[tuple, tuple, tuple]:
+                    node_id: int = -1, tenant: str = "") -> tuple[tuple, tuple, tuple]:
         """The fields of a node's events that no run changes, by name, as the three parts
         ``record_span`` takes (a plan builds them once per node: ``PlanNode.trace``)."""
-        return (kind, name), (island, devices), (nbytes, src, dst, src_devices, link, node_id)
+        return (kind, name), (island, devices), (nbytes, src, dst, src_devices, link, node_id,
+                                                  tenant)
 
     def record_span(self, what: tuple, run: tuple, where: tuple, tail: tuple, t_submit: float,
                     t_start: float, t_end: float, status: str = "ok") -> None:
@@ -222,6 +226,8 @@ class Trace:
         for e in events:
             args = {"program": e.program, "client": e.client, "status": e.status,
                     "queued_us": us(e.t_start) - us(e.t_submit)}
+            if e.tenant:
+                args["tenant"] = e.tenant
             if e.kind == EventKind.COMPUTE:
                 for d in e.devices:
                     track(e.island, d, f"device {d}")

@@ -30,7 +30,7 @@ from .palette import COLORS, FAILED_COLOR, ColorRegistry, link_color
 BAR_COLUMNS: tuple[str, ...] = (
     "index", "kind", "y", "left", "right", "name", "program", "client", "device", "island",
     "link", "status", "start", "duration", "nbytes", "bytes_text", "bw_text",
-    "c_program", "c_client", "c_link",
+    "c_program", "c_client", "c_link", "tenant", "c_tenant",
 )
 LINK_COLUMNS: tuple[str, ...] = (
     "index", "x0", "y0", "x1", "y1", "name", "program", "client", "link", "status",
@@ -257,7 +257,8 @@ def rectangles(events: Iterable[Event], layout: DeviceLayout, t0: float,
     """Bars for ``events``: one per (event, device). Times are seconds since ``t0``.
 
     Computations sit on their devices' rows; transfers on their destination devices' rows in
-    the thin transfer strip, coloured by link (``c_link``).
+    the thin transfer strip, coloured by link (``c_link``). Another tenant's computation (a
+    shared pool's) names it in ``tenant`` and has its colour in ``c_tenant``.
     """
     out = empty(BAR_COLUMNS)
     for e in events:
@@ -272,7 +273,8 @@ def rectangles(events: Iterable[Event], layout: DeviceLayout, t0: float,
             "bytes_text": human_bytes(e.nbytes) if is_transfer else "",
             "bw_text": human_rate(bw), "c_program": _program_color(e, colors),
             "c_client": colors.color("client", e.client),
-            "c_link": link_color(e.link) if is_transfer else "",
+            "c_link": link_color(e.link) if is_transfer else "", "tenant": e.tenant,
+            "c_tenant": colors.color("tenant", e.tenant) if e.tenant else "",
         }
         for d in layout.shown(e.devices):
             for k, v in shared.items():

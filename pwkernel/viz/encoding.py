@@ -46,7 +46,7 @@ COMPUTE_ARRAYS: dict[str, type] = {
     "index": np.int64, "y": np.float64, "left": np.float64, "right": np.float64,
     "name": np.int32, "program": np.int32, "client": np.int32, "device": np.int32,
     "island": np.int32, "status": np.int32, "duration": np.float64,
-    "c_program": np.int32, "c_client": np.int32,
+    "c_program": np.int32, "c_client": np.int32, "tenant": np.int32, "c_tenant": np.int32,
 }
 TRANSFER_ARRAYS: dict[str, type] = {
     "index": np.int64, "y": np.float64, "left": np.float64, "right": np.float64,
@@ -61,7 +61,8 @@ LINK_ARRAYS: dict[str, type] = {
     "duration": np.float64, "nbytes": np.float64, "bandwidth": np.float64,
 }
 # Which columns hold codebook codes (``decode`` turns these back into strings).
-CODED: frozenset[str] = frozenset({"name", "program", "client", "status", "link"})
+CODED: frozenset[str] = frozenset({"name", "program", "client", "status", "link", "tenant"})
+OWN = LINK_CODES[""]  # the ``tenant`` code of this controller's own work (``""``)
 
 
 class Codebook:
@@ -179,13 +180,27 @@ def _palette_indices(codes: np.ndarray, book: Codebook, colors: ColorRegistry,
     return table[codes]
 
 
+_TENANT = getter("tenant")
+
+
+def own_and_others(events: list) -> tuple[list, list]:
+    """``events`` (``Event`` objects or ``Trace.rows`` tuples) split into this controller's own
+    and other tenants' (a shared pool's): a view draws the two apart. One C pass when all are
+    its own."""
+    if not any(map(_TENANT, events)):
+        return events, []
+    return ([e for e in events if not _TENANT(e)], [e for e in events if _TENANT(e)])
+
+
 def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, book: Codebook,
                    colors: ColorRegistry = COLORS) -> dict[str, np.ndarray]:
     """One bar per (computation, device), as typed columns (transfers are skipped).
 
     ``c_program`` is the program's palette index (``failed_index`` when the computation did
     not end "ok"), ``c_client`` the client's; a figure's colour mapper turns them into
-    the same colours ``colors.color`` gives.
+    the same colours ``colors.color`` gives. ``tenant`` is ``OWN`` for this controller's work
+    and codes the tenant's name for another tenant's of a shared pool, ``c_tenant`` that
+    tenant's palette index (0 for own work).
     """
     # This runs for every event a live view shows, beside the dispatch threads. It reads only
     # the fields it needs, one column at a time (a C-level map over the events: ~10 ns per
@@ -196,15 +211,20 @@ def compute_arrays(events: Iterable[Event], layout: DeviceLayout, t0: float, boo
     kinds = _column(events, "kind")
     if "transfer" in kinds:
         events = list(compress(events, map("transfer".__ne__, kinds)))
-    name, program, client, status = (book.codes(_column(events, f))
-                                     for f in ("name", "program", "client", "status"))
+    name, program, client, status, tenant = (
+        book.codes(_column(events, f)) for f in ("name", "program", "client", "status",
+                                                  "tenant"))
+    c_tenant = np.zeros(len(events), dtype=np.int32)
+    others = tenant != OWN
+    if others.any():  # a pool's other tenants: one colour each
+        c_tenant[others] = _palette_indices(tenant[others], book, colors, "tenant")
     ok = status == book.code("ok")
     c_program = np.full(len(events), colors.failed_index, dtype=np.int32)
     if ok.any():
         c_program[ok] = _palette_indices(program[ok], book, colors, "program")
     columns = {f: _column(events, f) for f in ("index", "t_start", "t_end", "island")}
     columns.update(name=name, program=program, client=client, status=status,
-                   c_program=c_program,
+                   c_program=c_program, tenant=tenant, c_tenant=c_tenant,
                    c_client=_palette_indices(client, book, colors, "client"))
     return _bars(columns, _column(events, "devices"), layout, COMPUTE_OFFSET, t0,
                  COMPUTE_ARRAYS)

@@ -49,7 +49,7 @@ const keep = [];
 if (links != null) for (let i = 0; i < links.length; i++) if (links[i] == code) keep.push(i);
 return keep;
 """
-_CODED = ("name", "program", "client", "status", "link")
+_CODED = ("name", "program", "client", "status", "link", "tenant")
 
 
 def names_source(names: list[str] | None = None) -> ColumnDataSource:
@@ -115,14 +115,16 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
                     segments: ColumnDataSource, names: ColumnDataSource,
                     color_by: str = "program", title: str = "Gang schedule",
                     x_range: Range1d | None = None, height: int | None = None,
-                    colors: ColorRegistry = COLORS):
+                    colors: ColorRegistry = COLORS, others: ColumnDataSource | None = None):
     """A Gantt chart: one row per device, grouped by island. Returns the figure.
 
     The sources hold the typed columns of ``encoding`` (``compute_arrays``,
     ``transfer_arrays``, ``link_arrays``); ``names`` is the page's copy of their codebook
     (``names_source``), which the hover tooltips read names from. The figure's glyph
     renderers are named ``compute``, ``transfers``, ``ici-links`` and ``dcn-links``; switch
-    colouring with ``set_color_by(fig, "client")``.
+    colouring with ``set_color_by(fig, "client")``. ``others``: a shared pool's other tenants'
+    computations (``compute_arrays`` too), drawn lighter and hatched on the same rows, coloured
+    by tenant (``c_tenant``), as the renderer ``others``.
     """
     low, high = layout.extent
     rows = layout.n_rows
@@ -148,6 +150,13 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
     color = transform(color_field(color_by), _color_mapper(colors))
     compute = fig.hbar(y="y", left="left", right="right", height=COMPUTE_HEIGHT, source=bars,
                        fill_color=color, line_color=color, line_width=0.5, name="compute")
+    drawn = [compute]
+    if others is not None:
+        tenant = transform("c_tenant", _color_mapper(colors))
+        drawn.append(fig.hbar(y="y", left="left", right="right", height=COMPUTE_HEIGHT,
+                              source=others, fill_color=tenant, line_color=tenant,
+                              fill_alpha=0.5, line_width=0.5, hatch_pattern="left_diagonal_line",
+                              hatch_color="white", hatch_alpha=0.7, name="others"))
     link_color = transform("link", _link_mapper())
     moved = fig.hbar(y="y", left="left", right="right", height=TRANSFER_HEIGHT,
                      source=transfers, fill_color=link_color, line_color=link_color,
@@ -171,6 +180,10 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
     formatters = _formatters(names)
     fig.add_tools(HoverTool(renderers=[compute], formatters=formatters, tooltips=[
         *_BAR_TIPS, ("device", "@device (island @island)"), ("status", "@status{custom}")]))
+    if others is not None:
+        fig.add_tools(HoverTool(renderers=drawn[1:], formatters=formatters, tooltips=[
+            ("tenant", "@tenant{custom}"), *_BAR_TIPS, ("device", "@device (island @island)"),
+            ("status", "@status{custom}")]))
     transfer_tips = [("link", "@link{custom}"), ("bytes", "@nbytes{custom}"),
                      ("bandwidth", "@bandwidth{custom}"), ("status", "@status{custom}")]
     fig.add_tools(HoverTool(renderers=[moved], formatters=formatters, tooltips=[
@@ -189,16 +202,27 @@ def set_color_by(fig, color_by: str) -> None:
     glyph.fill_color = glyph.line_color = transform(name, glyph.fill_color.transform)
 
 
-def legend_html(colors: dict[str, str], title: str) -> str:
-    """Small HTML swatches: a legend that costs nothing in the plot."""
-    items = "".join(
+def _swatches(colors: dict[str, str], hatched: bool = False) -> str:
+    # a hatched swatch: the colour at the others' alpha, crossed by white lines like their bars
+    fill = ("background:repeating-linear-gradient(45deg,{c}80 0 3px,#fff 3px 4px)" if hatched
+            else "background:{c}")
+    return "".join(
         f'<span style="margin-right:10px;white-space:nowrap"><span style="display:inline-block;'
-        f'width:11px;height:11px;background:{c};border:1px solid #333;margin-right:3px;'
+        f'width:11px;height:11px;{fill.format(c=c)};border:1px solid #333;margin-right:3px;'
         f'vertical-align:middle"></span>{_escape(k)}</span>' for k, c in colors.items())
+
+
+def legend_html(colors: dict[str, str], title: str,
+                tenants: dict[str, str] | None = None) -> str:
+    """Small HTML swatches: a legend that costs nothing in the plot. ``tenants``: a shared
+    pool's other tenants whose work is shown (hatched), each with its colour."""
+    others = ('<span style="margin-left:8px;white-space:nowrap"><b>other tenants:</b> '
+              f'{_swatches(tenants, hatched=True)}</span>') if tenants else ""
     links = ('<span style="margin-left:8px;white-space:nowrap">transfers: '
              '<b style="color:#777">━ ICI</b> <b style="color:#000">╍ DCN</b> '
              '<b style="color:#BBB">▬ host</b></span>')
-    return f'<div style="font-size:12px"><b>{_escape(title)}:</b> {items}{links}</div>'
+    return (f'<div style="font-size:12px"><b>{_escape(title)}:</b> {_swatches(colors)}'
+            f'{others}{links}</div>')
 
 
 def _escape(text: str) -> str:

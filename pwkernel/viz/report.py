@@ -28,7 +28,7 @@ from .columns import (
     transfer_summary,
     utilization,
 )
-from .encoding import Codebook, compute_arrays, link_arrays, transfer_arrays
+from .encoding import Codebook, compute_arrays, link_arrays, own_and_others, transfer_arrays
 from .figures import legend_html, names_source, schedule_figure
 from .inputs import check_controller
 from .palette import COLORS
@@ -106,15 +106,20 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
     t_end = max((e.t_end for e in evs), default=t0)
     compute = [e for e in evs if e.kind == "compute"]
     moved = [e for e in evs if e.kind == "transfer"]
-    drawn_compute, drawn_moved = newest(compute, max_rows), newest(moved, max_rows)
+    own, others = own_and_others(compute)  # a shared pool's other tenants: drawn apart
+    drawn_compute, drawn_moved = newest(own, max_rows), newest(moved, max_rows)
     # The live view's typed columns: binary in the file too, with names looked up on hover.
     book = Codebook()
     bars = ColumnDataSource(tail(compute_arrays(drawn_compute, layout, t0, book), max_rows))
     strips = ColumnDataSource(tail(transfer_arrays(drawn_moved, layout, t0, book), max_rows))
     segs = ColumnDataSource(tail(link_arrays(drawn_moved, layout, t0, book), max_rows))
+    theirs = ColumnDataSource(tail(compute_arrays(newest(others, max_rows), layout, t0, book),
+                                   max_rows)) if others else None
     sched = schedule_figure(layout, bars, strips, segs, names_source(book.names),
-                            title="Gang schedule", x_range=Range1d(0.0, max(t_end - t0, 1e-6)))
-    programs = {e.program: None for e in evs}
+                            title="Gang schedule", x_range=Range1d(0.0, max(t_end - t0, 1e-6)),
+                            others=theirs)
+    programs = {e.program: None for e in evs if not e.tenant}
+    tenants = {e.tenant: COLORS.color("tenant", e.tenant) for e in others}
     clients = sorted({e.client for e in evs})
     summary = (f"<h2>{html.escape(title)}</h2><p>{len(evs)} events ({len(compute)} "
                f"computations, {len(moved)} transfers) over {(t_end - t0) * 1e3:.3f} ms on "
@@ -122,9 +127,9 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
                f"{len(programs)} programs, {len(clients)} clients.</p>")
     doc = column(
         Div(text=summary, sizing_mode="stretch_width"),
-        Div(text=legend_html({p: COLORS.color("program", p) for p in programs}, "program"),
-            sizing_mode="stretch_width"),
-        sched, _utilization_figure(compute, layout, t0, t_end), _transfer_table(evs),
+        Div(text=legend_html({p: COLORS.color("program", p) for p in programs}, "program",
+                             tenants), sizing_mode="stretch_width"),
+        sched, _utilization_figure(own, layout, t0, t_end), _transfer_table(evs),
         _share_figure(evs), sizing_mode="stretch_width")
     path.write_text(file_html(doc, resources=INLINE, title=title), encoding="utf-8")
     return path

@@ -28,6 +28,7 @@ from .encoding import (
     decode,
     empty_arrays,
     link_arrays,
+    own_and_others,
     transfer_arrays,
 )
 from .figures import COLOR_FIELDS, legend_html, names_source, schedule_figure, set_color_by
@@ -42,6 +43,7 @@ FOLLOW, PAUSE = "follow live", "pause"
 # collector would have to walk (see ``Trace``).
 _INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
 _PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
+_TENANT = getter("tenant")
 
 
 def _names(value: Iterable[str] | str | None, what: str) -> tuple[str, ...]:
@@ -136,6 +138,9 @@ class ScheduleView(w.VBox):
         self._lock = threading.RLock()
         self._updated = threading.Condition(self._lock)  # notified after every update()
         self._quiet = False   # set while the view itself changes its controls
+        self._own: dict[str, dict[str, None]] = {"program": {}, "client": {}}  # legend names
+        #: the other tenants of a shared pool whose computations this view has read
+        self.tenants: dict[str, None] = {}
         # Typed columns only (see ``encoding``): strings are codes into ``codebook``, whose
         # names the page gets once each, through ``lookup``.
         self.codebook = Codebook()
@@ -144,9 +149,12 @@ class ScheduleView(w.VBox):
         self.transfers = ColumnDataSource(empty_arrays(TRANSFER_ARRAYS),
                                           name="pw-schedule-transfers")
         self.links = ColumnDataSource(empty_arrays(LINK_ARRAYS), name="pw-schedule-links")
+        # a shared pool's other tenants: their computations, hatched, a colour per tenant
+        self.others = ColumnDataSource(empty_arrays(COMPUTE_ARRAYS), name="pw-schedule-others")
         self.x_range = Range1d(0.0, float(window))
         self.figure = schedule_figure(self.layout_rows, self.source, self.transfers, self.links,
-                                      self.lookup, color_by=color_by, x_range=self.x_range)
+                                      self.lookup, color_by=color_by, x_range=self.x_range,
+                                      others=self.others)
         self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
         self._build_controls(window, color_by, _names(programs, "programs"),
                              _names(clients, "clients"))
@@ -268,12 +276,13 @@ class ScheduleView(w.VBox):
         with self._lock, self.plot.batch():
             shown = self._filtered(self._rows)
             t0 = self._t0 or 0.0
-            compute, transfers, segments = self._arrays(shown, t0)
+            compute, transfers, segments, others = self._arrays(shown, t0)
             self._send_names()
             resend(self.lookup)  # all names again: repairs a page that missed some
             self.source.data = compute
             self.transfers.data = transfers
             self.links.data = segments
+            self.others.data = others
             self._shown = len(self._rows)
             self._latest = max(map(_T_END, shown), default=t0) - t0
             self._follow()
@@ -300,14 +309,16 @@ class ScheduleView(w.VBox):
         self._latest = max(self._latest, max(map(_T_END, shown)) - t0)
         arrays = self._arrays(shown, t0)
         self._send_names()  # before the rows that use them, so hovers never miss a name
-        for source, cols in zip((self.source, self.transfers, self.links), arrays, strict=True):
+        sources = (self.source, self.transfers, self.links, self.others)
+        for source, cols in zip(sources, arrays, strict=True):
             if length(cols):
                 source.stream(cols, rollover=self.max_rows)
         self._follow()
 
-    def _arrays(self, events: list[tuple], t0: float) -> tuple[dict, dict, dict]:
-        """Typed columns of the newest ``max_rows`` rows per source: a burst larger than the
-        rollover would only be dropped by the browser after crossing the wire."""
+    def _arrays(self, events: list[tuple], t0: float) -> tuple[dict, dict, dict, dict]:
+        """Typed columns of the newest ``max_rows`` rows per source (computations, transfers,
+        links, other tenants' computations): a burst larger than the rollover would only be
+        dropped by the browser after crossing the wire."""
         kinds = list(map(_KIND, events))  # no Python code per event in the common case
         if "transfer" in kinds:
             compute = [e for e, k in zip(events, kinds, strict=True) if k == "compute"]
@@ -315,14 +326,16 @@ class ScheduleView(w.VBox):
                                if k == "transfer"])
         else:
             compute, moved = events, []
+        compute, others = own_and_others(compute)
         # An event has at most one bar per device: below this many, every event fits.
         fits = self.max_rows // max(1, self.layout_rows.n_rows)
-        compute = compute if len(compute) <= fits else newest(compute, self.max_rows)
-        moved = moved if len(moved) <= fits else newest(moved, self.max_rows)
+        compute, moved, others = (x if len(x) <= fits else newest(x, self.max_rows)
+                                  for x in (compute, moved, others))
         book, rows = self.codebook, self.layout_rows
         return (tail(compute_arrays(compute, rows, t0, book), self.max_rows),
                 tail(transfer_arrays(moved, rows, t0, book), self.max_rows),
-                tail(link_arrays(moved, rows, t0, book), self.max_rows))
+                tail(link_arrays(moved, rows, t0, book), self.max_rows),
+                tail(compute_arrays(others, rows, t0, book), self.max_rows))
 
     def _send_names(self) -> None:
         sent = length(self.lookup.data)
@@ -347,6 +360,14 @@ class ScheduleView(w.VBox):
     def _note_names(self, events: list[Event]) -> None:
         programs = dict.fromkeys(map(_PROGRAM, events))  # first-seen order, at C speed
         clients = dict.fromkeys(map(_CLIENT, events))
+        own, others = own_and_others(events)
+        if others:  # a shared pool's other tenants: their own legend, not the programs'
+            self._own["program"] |= dict.fromkeys(map(_PROGRAM, own))
+            self._own["client"] |= dict.fromkeys(map(_CLIENT, own))
+            self.tenants |= dict.fromkeys(map(_TENANT, others))
+        else:
+            self._own["program"] |= programs
+            self._own["client"] |= clients
         for sel, names in ((self.program_filter, programs), (self.client_filter, clients)):
             missing = [n for n in names if n not in sel.options]
             if missing:
@@ -361,8 +382,8 @@ class ScheduleView(w.VBox):
 
     def _refresh_legend(self) -> None:
         key = self.color_by.value
-        known = self.program_filter.options if key == "program" else self.client_filter.options
-        self.legend.value = legend_html({n: COLORS.color(key, n) for n in known}, key)
+        self.legend.value = legend_html({n: COLORS.color(key, n) for n in self._own[key]}, key,
+                                        {n: COLORS.color("tenant", n) for n in self.tenants})
 
     def _refresh_status(self) -> None:
         live = "live" if self._updater_alive() else "not live"

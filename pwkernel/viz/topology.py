@@ -102,7 +102,7 @@ class TopologyView(w.VBox):
             for e in self.ctl.trace.events(since=self._cursor):
                 if e.index >= self._cursor:
                     self._cursor = e.index + 1
-                    if e.kind == "compute":
+                    if e.kind == "compute" and not e.tenant:  # own work (not a pool's others)
                         self._recent.append(e)
             if isinstance(self.ctl, Controller):  # its executor's clock is its trace's
                 now = self.ctl.executor.now()

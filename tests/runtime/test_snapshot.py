@@ -98,3 +98,21 @@ def test_dispatch_per_call_leaves_the_controllers_mode_alone(ctl, mode):
     assert ctl.dispatch != mode  # the controller's mode did not change
     with pytest.raises(ValueError, match="unknown dispatch mode"):
         prog(np.ones(4, np.float32), dispatch="eager")
+
+
+def test_a_pool_part_from_an_executors_generic_pool_dict(ctl):
+    from pwkernel.runtime.snapshot import PoolView
+
+    row = {"name": "a", "queued": 1, "running": 2, "share": 0.25, "device_seconds": 1.5,
+           "bytes": 64, "devices": {1: [2, 3], 0: [0]}, "me": True}
+    pool = PoolView.of({"name": "class", "islands": [{"island": 0}, {"island": 1, "lost": True}],
+                        "tenants": [row, {**row, "name": "b", "me": False, "devices": {}}]})
+    assert pool.name == "class" and pool.lost == (1,)
+    assert pool.me.name == "a" and dict(pool.me.slices) == {0: (0,), 1: (2, 3)}
+    assert [t.name for t in pool.others] == ["b"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pool.me.share = 1.0  # type: ignore[misc]
+    assert pool.as_status()["tenants"][0]["slices"] == {0: [0], 1: [2, 3]}
+    assert PoolView.of(None) is None
+    assert PoolView.of_executor(ctl.executor) is None  # local islands are no pool's
+    assert ctl.snapshot().pool is None and "pool" not in ctl.status()

@@ -63,6 +63,11 @@ def test_report_hover_shows_names(ctl, tmp_path):
         assert values[:3] == [moved.name, "fig2", "carol"], values
         assert values[5:9] == ["dcn", human_bytes(moved.nbytes), human_rate(moved.bandwidth),
                                "ok"], values
+        # another tenant's computation (a shared pool's): its own hatched bars, tenant first
+        other = first._replace(index=first.index + 10_000, program="bob", client="bob/default",
+                               tenant="bob")
+        values = _hover(page, pw.report(ctl, tmp_path / "o.html", events=[other]), "others")
+        assert values[:4] == ["bob", first.name, "bob", "bob/default"], values
         assert page.errors == [], f"errors in the page: {page.errors}"
 
 

@@ -363,9 +363,9 @@ def test_hover_reads_names_from_the_lookup(view):
     from bokeh.models import HoverTool
 
     tools = view.figure.select({"type": HoverTool})
-    assert len(tools) == 3
+    assert len(tools) == 4  # computations, other tenants' computations, transfers, links
     for tool in tools:
-        for field in ("@name", "@program", "@client", "@status"):
+        for field in ("@name", "@program", "@client", "@status", "@tenant"):
             assert tool.formatters[field].args["names"] is view.lookup
         assert all("{custom}" in tip for label, tip in tool.tooltips
-                   if label in ("name", "program", "client", "status", "link"))
+                   if label in ("name", "program", "client", "status", "link", "tenant"))

@@ -39,7 +39,7 @@ from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.specialization import replay
 from ...runtime.tasks import Task
 from ..local import request_host_devices
-from . import cluster
+from . import attach, cluster, others
 from .cluster import IslandHost
 from .island import RaySite, RemoteBuffer, host_lost, layout
 
@@ -73,6 +73,32 @@ def _device_kind(sizes: Sequence[int]) -> str:
     return "gpu" if gpus >= needed else "cpu"
 
 
+def _one_address(ray_address: str | None, address: str | None) -> str | None:
+    """``address=`` is ``ray_address=`` under its shorter name (the two must agree)."""
+    for name, value in (("ray_address", ray_address), ("address", address)):
+        if value is not None and not isinstance(value, str):
+            raise DeviceSetupError(f"{name} must be a string ('auto' or 'host:port') or "
+                                   f"None, got {type(value).__name__}.")
+    if ray_address is not None and address is not None and ray_address != address:
+        raise DeviceSetupError(f"address={address!r} and ray_address={ray_address!r} name two "
+                               "clusters; they are the same option, pass one of them.")
+    return address if address is not None else ray_address
+
+
+def _stand_ins(sizes: Sequence[int]) -> list:
+    """Stand-in devices for lowering: one host CPU device of this process per island
+    device."""
+    request_host_devices(sum(sizes))
+    pool = jax.devices("cpu")
+    if len(pool) < sum(sizes):
+        raise DeviceSetupError(
+            f"backend='ray' with islands={tuple(sizes)} lowers programs over {sum(sizes)} "
+            f"virtual CPU devices of this process, but JAX was initialized with {len(pool)}. "
+            f"Create the controller before any JAX operation, or set "
+            f"jax.config.update('jax_num_cpu_devices', {sum(sizes)}) first.")
+    return pool
+
+
 class RayBackend:
     """Owns the Ray connection and the island actors of one controller (the executor of
     ``backend="ray"``)."""
@@ -81,35 +107,41 @@ class RayBackend:
     program_ahead = True  # a program's nodes queue behind each other: one message for them
 
     def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS,
-                 ray_address: str | None = None):
-        address = ray_address
-        sizes = tuple(int(n) for n in (islands if islands is not None else DEFAULT_ISLANDS))
-        if not sizes or min(sizes) < 1:
+                 ray_address: str | None = None, address: str | None = None,
+                 pool: str | None = None, tenant: str | None = None,
+                 weight: float | None = None):
+        address = _one_address(ray_address, address)
+        self.pool = pool
+        if pool is None and (tenant is not None or weight is not None):
+            raise DeviceSetupError("tenant= and weight= name this controller in a pool; pass "
+                                   "pool=NAME with them (and address=), or drop them.")
+        if pool is not None:
+            address = attach.pool_address(pool, address)
+        sizes = None if pool is not None and islands is None else tuple(
+            int(n) for n in (islands if islands is not None else DEFAULT_ISLANDS))
+        if sizes is not None and (not sizes or min(sizes) < 1):
             raise DeviceSetupError(f"islands must be a tuple of positive device counts, got "
                                    f"{islands!r}; e.g. islands=(4, 4).")
-        if address is not None and not isinstance(address, str):
-            raise DeviceSetupError(f"ray_address must be a string ('auto' or 'host:port') or "
-                                   f"None, got {type(address).__name__}.")
-        # Stand-in devices for lowering: one host CPU device of this process per island device.
-        request_host_devices(sum(sizes))
-        pool = jax.devices("cpu")
-        if len(pool) < sum(sizes):
-            raise DeviceSetupError(
-                f"backend='ray' with islands={sizes} lowers programs over {sum(sizes)} virtual "
-                f"CPU devices of this process, but JAX was initialized with {len(pool)}. Create "
-                f"the controller before any JAX operation, or set "
-                f"jax.config.update('jax_num_cpu_devices', {sum(sizes)}) first.")
+        if pool is None:  # JAX may still be asked for stand-in devices before connecting
+            _stand_ins(sizes)
         cluster.connect(address)
         self.hosts: dict[int, IslandHost] = {}
         self._closed = False
+        self.others: others.OtherTenants | None = None  # a pool's other tenants' work
         try:
-            kind = _device_kind(sizes)
+            if pool is not None:
+                hosts = attach.attach(pool, sizes, tenant, weight)
+                sizes = tuple(h.devices for h in hosts)
+            else:
+                kind = _device_kind(sizes)
+                hosts = [IslandHost(i, n, kind) for i, n in enumerate(sizes)]
+            stand_ins = _stand_ins(sizes)
             islands_out, start = [], 0
-            for i, n in enumerate(sizes):
-                host = IslandHost(i, n, kind)
+            for i, host in enumerate(hosts):
+                n = host.devices
                 host.start()
                 self.hosts[i] = host
-                isl = RayIsland(i, tuple(pool[start:start + n]), host.info["platform"])
+                isl = RayIsland(i, tuple(stand_ins[start:start + n]), host.info["platform"])
                 isl.__dict__["_host"] = host
                 islands_out.append(isl)
                 start += n
@@ -121,14 +153,18 @@ class RayBackend:
             host.on_lost = self._island_lost
         self._exports: dict[int, tuple] = {}  # id(executable) -> (executable, key, bytes)
         self._export_lock = threading.Lock()
-        self.sites = {isl.id: RaySite(isl, self.hosts[isl.id], self.exported)
+        beat = attach.HEARTBEAT if pool is not None else None
+        self.sites = {isl.id: RaySite(isl, self.hosts[isl.id], self.exported, beat)
                       for isl in self.islands}
         self._introduce()
 
     def _introduce(self) -> None:
-        """Give every island's actor the others' handles (they send values to each other)."""
+        """Give every island's actor the others' handles (they send values to each other);
+        a pool's islands know each other already."""
         import ray
 
+        if self.pool is not None:
+            return
         live = {i: h.actor for i, h in self.hosts.items() if h.actor is not None and not h.lost}
         ray.get([actor.peers.remote({j: a for j, a in live.items() if j != i})
                  for i, actor in live.items()])
@@ -141,6 +177,12 @@ class RayBackend:
 
     # --- the executor interface ------------------------------------------------------------
     now = staticmethod(time.perf_counter)
+
+    def record_into(self, trace) -> None:
+        """In a pool: the other tenants' computations go into the controller's trace too."""
+        if self.pool is not None and self.others is None:
+            self.others = others.OtherTenants(trace, self.hosts, self.islands)
+            self.others.start()
 
     def prepare(self, plan) -> None:
         """Serialize each computation's executable for its island's platform, once."""
@@ -197,8 +239,10 @@ class RayBackend:
                 if value.host is dst:  # inside the island: reshard there
                     site.enqueue(("reshard", value.bid, handle.bid, lay), task, [handle])
                 else:  # island to island: the source pushes the value to the destination
+                    # (to a pool's island, for this tenant: its secret there travels along)
+                    to = () if self.pool is None else (dst.actor.secret,)
                     self.sites[value.host.island].enqueue(
-                        ("send", value.bid, dst.island, handle.bid), None, [])
+                        ("send", value.bid, dst.island, handle.bid, *to), None, [])
                     site.enqueue(("recv", handle.bid, lay, value.host.island,
                                   value.host.generation), task, [handle], value.host)
             else:  # a host value (program argument, constant, a fetched result)
@@ -250,15 +294,22 @@ class RayBackend:
         """One island's actor (for ``ctl.status()``), or the whole cluster's view."""
         if island is not None:
             return IslandFacts.of(self.sites[island].status())
-        return {"token_auth": cluster.token_auth_enabled(),
-                "islands": {i: {"pid": h.info.get("pid"), "host": h.info.get("host"),
-                                "generation": h.generation, "lost": h.lost,
-                                "clock_offset": h.offset} for i, h in self.hosts.items()}}
+        out = {"token_auth": cluster.token_auth_enabled(),
+               "islands": {i: {"pid": h.info.get("pid"), "host": h.info.get("host"),
+                               "generation": h.generation, "lost": h.lost,
+                               "clock_offset": h.offset} for i, h in self.hosts.items()}}
+        if self.pool is not None:
+            if self.others is not None:
+                self.others.pull()  # what a view shows next has the others' latest work
+            out["pool"] = attach.pool_view(self.pool, list(self.hosts.values()))
+        return out
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self.others is not None:
+            self.others.close()
         for site in getattr(self, "sites", {}).values():
             site.close()
         for host in self.hosts.values():

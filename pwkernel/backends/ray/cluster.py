@@ -239,13 +239,10 @@ class IslandHost:
             ray.kill(actor)
             raise DeviceSetupError(f"island {self.island}'s Ray actor did not start: {e}") \
                 from None
-        offset, best = 0.0, float("inf")
-        for _ in range(5):  # the ping with the shortest round trip estimates best
-            t_send = time.perf_counter()
-            t_actor = ray.get(actor.clock.remote())
-            t_recv = time.perf_counter()
-            if t_recv - t_send < best:
-                best, offset = t_recv - t_send, t_actor - (t_send + t_recv) / 2
+        self.started(actor, info, clock_offset(actor))
+
+    def started(self, actor, info: dict, offset: float) -> None:
+        """A new actor (generation) serves the island from now on."""
         with self._lock:
             self.actor, self.info, self.offset = actor, info, offset
             self.generation += 1
@@ -289,7 +286,23 @@ class IslandHost:
         with self._lock:
             actor, self.actor, self.lost = self.actor, None, True
         if actor is not None:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
+            self.release(actor)
+
+    def release(self, actor) -> None:
+        """Let go of the island's actor: this controller started it, so it is killed."""
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+
+
+def clock_offset(actor) -> float:
+    """``actor``'s clock minus this process's (``actor.clock()``), from a few pings."""
+    offset, best = 0.0, float("inf")
+    for _ in range(5):  # the ping with the shortest round trip estimates best
+        t_send = time.perf_counter()
+        t_actor = ray.get(actor.clock.remote())
+        t_recv = time.perf_counter()
+        if t_recv - t_send < best:
+            best, offset = t_recv - t_send, t_actor - (t_send + t_recv) / 2
+    return offset

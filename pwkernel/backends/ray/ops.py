@@ -1,0 +1,198 @@
+"""How an island process issues operations on its devices and sees them end.
+
+Shared by the two island actors: the single controller's (``actor.py``), which issues one
+controller's messages in their order, and the pool's (``tenancy.py``), which issues the
+messages of every tenant in the order its gang scheduler decides. Both hand this module an
+operation and the buffers it may use (a dict of buffer id -> array: the island's, or one
+tenant's), so the two never differ in what an operation does.
+
+A layout (how a buffer is laid out on the island) is ``(positions, mesh_shape, axis_names,
+spec)``: ``positions`` are indices into this island's devices, in mesh order. The operations
+are listed in ``actor.py``'s docstring; ``issue`` starts one and returns the *item* the
+completion side waits for, ``complete`` waits for it and makes its completion record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+now = time.perf_counter
+
+
+class Failed(Exception):
+    """An operation that failed when it was issued (its message is already formatted)."""
+
+
+class IslandDevices:
+    """One island's JAX devices (virtual CPU devices or GPUs of this process), the meshes
+    over them, and the issuing of operations on them."""
+
+    def __init__(self, island: int, devices: int, platform: str):
+        self.island = island
+        if platform == "cpu":
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax  # imported here: the device count must be set before JAX initializes
+
+        if platform == "cpu":
+            jax.config.update("jax_num_cpu_devices", devices)
+        self.jax = jax
+        pool = jax.devices()
+        if len(pool) < devices:
+            raise RuntimeError(f"island {island} needs {devices} {platform} devices but its "
+                               f"process sees {len(pool)} ({pool[0].platform}).")
+        self.devices = pool[:devices]
+        self._meshes: dict[tuple, Any] = {}
+        self.last_end: dict[int, float] = {}  # device position -> when its last work ended
+
+    def info(self) -> dict:
+        import socket
+
+        import ray
+
+        return {"island": self.island, "platform": self.devices[0].platform,
+                "devices": [str(d) for d in self.devices], "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "actor": ray.get_runtime_context().get_actor_id()}
+
+    # --- layouts and executables -----------------------------------------------------------
+    def sharding(self, layout):
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding
+
+        positions, shape, names, spec = layout
+        key = (positions, shape, names)
+        mesh = self._meshes.get(key)
+        if mesh is None:
+            grid = np.array([self.devices[p] for p in positions], dtype=object).reshape(shape)
+            mesh = self._meshes[key] = Mesh(grid, names)
+        return NamedSharding(mesh, spec)
+
+    def arg(self, buffers: dict, ref, layout):
+        """An input: a buffer id in ``buffers``, or a host array to place."""
+        if isinstance(ref, int):
+            if ref not in buffers:
+                raise KeyError(f"buffer {ref} is not on island {self.island} (its producer "
+                               "failed, or it was freed)")
+            return buffers[ref]
+        return self.jax.device_put(ref, self.sharding(layout))
+
+    def compiled(self, executables: dict, key: str, blob: bytes | None, in_layouts,
+                 out_layouts):
+        exe = executables.get(key)
+        if exe is not None:
+            return exe
+        if blob is None:
+            raise KeyError(f"executable {key} was never sent to island {self.island}")
+        jax = self.jax
+        exported = jax.export.deserialize(bytearray(blob))
+        in_sh = tuple(self.sharding(lay) for lay in in_layouts)
+        out_sh = tuple(self.sharding(lay) for lay in out_layouts)
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
+                   for a, sh in zip(exported.in_avals, in_sh, strict=True)]
+        jitted = jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
+        exe = executables[key] = jitted.lower(*structs).compile()
+        return exe
+
+    # --- issuing ---------------------------------------------------------------------------
+    def issue(self, op: tuple, t_launch: float, buffers: dict, executables: dict,
+              arrived: Callable[[int, int, int], tuple | None],
+              deliver: Callable[[tuple], Callable]) -> tuple | None:
+        """Start one operation; returns the item ``complete`` waits for (None for a free).
+
+        ``arrived(bid, island, generation)``: a ``recv``'s value as ``(value, error, t_src)``,
+        or None when its source island was lost. ``deliver(op)``: for a ``send``, the function
+        that hands ``(bid, value, error, t_src)`` to the destination."""
+        kind = op[0]
+        if kind == "run":
+            _, rid, key, blob, in_layouts, out_layouts, inputs, outputs, *_ = op
+            exe = self.compiled(executables, key, blob, in_layouts, out_layouts)
+            args = [self.arg(buffers, r, lay)
+                    for r, lay in zip(inputs, in_layouts, strict=True)]
+            outs = exe(*args)
+            for bid, out in zip(outputs, outs, strict=True):
+                buffers[bid] = out
+            return ("done", rid, outs, t_launch, compute_positions(op), None)
+        if kind == "put":
+            _, rid, bid, value, layout = op
+            out = buffers[bid] = self.arg(buffers, value, layout)
+            return ("done", rid, out, t_launch, (), None)
+        if kind == "reshard":
+            _, rid, src, bid, layout = op
+            # a copy, never an alias of the source (overlapping slices share devices)
+            out = self.jax.device_put(self.arg(buffers, src, None), self.sharding(layout),
+                                      may_alias=False)
+            buffers[bid] = out
+            return ("done", rid, out, t_launch, (), None)
+        if kind == "send":
+            _, rid, src, _island, bid, *_ = op
+            return ("send", rid, buffers.get(src), t_launch, (deliver(op), bid), None)
+        if kind == "recv":
+            _, rid, bid, layout, island, generation = op
+            got = arrived(bid, island, generation)
+            if got is None:
+                raise RuntimeError(f"island {island} was lost before it sent buffer {bid}")
+            value, error, t_src = got
+            if error is not None:
+                raise RuntimeError(error)
+            out = buffers[bid] = self.arg(buffers, value, layout)
+            return ("done", rid, out, t_launch, (), t_src)
+        if kind == "free":
+            for bid in op[1]:
+                buffers.pop(bid, None)  # freed when the last computation using it ends
+            return None
+        raise ValueError(f"island {self.island}: unknown operation {kind!r}")
+
+    def failed(self, op: tuple, error: Exception, t_launch: float) -> tuple:
+        """The item of an operation whose issue raised ``error``."""
+        return ("error", op[1], f"{type(error).__name__}: {error}", t_launch, (), None)
+
+    # --- seeing issued work end --------------------------------------------------------------
+    def complete(self, item: tuple) -> dict:
+        """Wait for ``item`` to end; its completion record (times on this process's clock).
+        Items complete in issue order per caller, so ``last_end`` is up to date."""
+        kind, rid, value, t_launch, extra, t_src = item
+        record: dict = {"rid": rid, "ok": True}
+        try:
+            if kind == "error":
+                raise Failed(value)
+            if kind == "send":
+                self._send(value, *extra, t_launch)
+            else:
+                self.jax.block_until_ready(value)
+        except Exception as e:  # noqa: BLE001 - the record carries it to the controller
+            record |= {"ok": False, "error": str(e) if isinstance(e, Failed)
+                       else f"{type(e).__name__}: {e}"}
+        t_end = now()
+        # A computation starts when it was issued, or when its devices finished the work
+        # issued before it, whichever is later.
+        devices = extra if kind == "done" else ()
+        t_start = max([t_launch, *(self.last_end.get(p, 0.0) for p in devices)])
+        for p in devices:
+            self.last_end[p] = t_end
+        record |= {"t_start": min(t_start, t_end), "t_end": t_end}
+        if t_src is not None:
+            record["t_src"] = t_src
+        return record
+
+    def _send(self, array, deliver, bid: int, t_launch: float) -> None:
+        import numpy as np
+
+        if array is None:
+            deliver(bid, None, f"the value to send (island {self.island}) was never made: "
+                    "its producer failed", t_launch)
+            raise RuntimeError("nothing to send: the producer failed")
+        try:
+            value = np.asarray(array)
+        except Exception as e:  # noqa: BLE001 - the receiver fails with the same error
+            deliver(bid, None, f"{type(e).__name__}: {e}", t_launch)
+            raise
+        deliver(bid, value, None, t_launch)
+
+
+def compute_positions(op: tuple) -> frozenset[int]:
+    """The device positions a ``run`` operation computes on (its layouts' devices)."""
+    in_layouts, out_layouts = op[4], op[5]
+    return frozenset(p for lay in (*in_layouts, *out_layouts) for p in lay[0])

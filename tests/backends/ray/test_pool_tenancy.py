@@ -1,0 +1,252 @@
+"""A device pool shared by several controllers (tenants), on a real Ray cluster on 127.0.0.1
+with token authentication: island actors with one gang scheduler each (``tenancy.py``),
+tenants in this process and in processes of their own.
+
+One head and one pool (2 islands x 4 devices) for the module; the tests run in file order.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import ray
+
+import pwkernel as pw
+from pwkernel.backends.ray import tenancy
+from pwkernel.bench.figure2 import figure2
+from tests.helpers.pool import TIMEOUT, Tenant, running_pool, wait_until
+
+NAME = "test"
+LEASE = 4.0
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with running_pool(NAME, (4, 4), LEASE) as head:
+        yield head
+
+
+def islands() -> list:
+    return tenancy.find_islands(NAME)
+
+
+def statuses() -> list[dict]:
+    return ray.get([a.pool_status.remote() for a in islands()], timeout=TIMEOUT)
+
+
+def tenants() -> set[str]:
+    return {t["name"] for s in statuses() for t in s["tenants"]}
+
+
+def test_a_pool_is_detached_named_actors_that_refuse_a_second_start(pool):
+    infos = ray.get([a.info.remote() for a in islands()])
+    assert [(i["island"], i["size"], i["pool"]) for i in infos] == [(0, 4, NAME), (1, 4, NAME)]
+    with pytest.raises(pw.DeviceSetupError, match="pool 'test' already has island actors"):
+        tenancy.create_islands(NAME, (4, 4), "cpu")
+    with pytest.raises(pw.DeviceSetupError, match="no pool named 'nope'.*pwkernel.pool start"):
+        tenancy.find_islands("nope")
+    with pytest.raises(pw.DeviceSetupError, match="a pool name is"):
+        tenancy.namespace("no spaces")
+    assert tenants() == set()
+
+
+def test_a_controller_attaches_runs_programs_and_leaves_the_pool_running(pool):
+    with pytest.raises(pw.DeviceSetupError, match=r"islands=\(2, 2\) but pool 'test' has "
+                       r"islands of \(4, 4\)"):
+        pw.Controller(backend="ray", address=pool.address, pool=NAME, islands=(2, 2))
+    with pytest.raises(pw.DeviceSetupError, match="address=.* and ray_address=.* name two"):
+        pw.Controller(backend="ray", address=pool.address, ray_address="127.0.0.1:1",
+                      pool=NAME)
+    with pytest.raises(ValueError, match="pool= is only for backend='ray'"):
+        pw.Controller(pool=NAME)
+    ctl = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="here")
+    try:
+        assert [len(i.devices) for i in ctl.islands] == [4, 4]
+        f = figure2(ctl).f
+        for mode in ("parallel", "sequential"):
+            ctl.dispatch = mode
+            y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))
+            np.testing.assert_array_equal(y.result(TIMEOUT), [3.0, 5.0, 7.0, 9.0])
+            np.testing.assert_array_equal(z.result(TIMEOUT), [2.0, 4.0, 6.0, 8.0])
+        view = ctl.executor.status()["pool"]
+        assert view["name"] == NAME and [t["name"] for t in view["tenants"]] == ["here"]
+        me = view["tenants"][0]
+        assert me["me"] and me["bytes"] > 0 and me["device_seconds"] > 0
+        assert set(me["devices"]) == {0, 1}
+        del y, z
+    finally:
+        ctl.close()
+    assert tenants() == set()  # close() unregistered: the pool forgot this tenant...
+    assert all(s["bytes"] == 0 for s in statuses())  # ...and its buffers
+    assert len(islands()) == 2  # the pool's actors live on
+
+
+def test_a_tenant_cannot_read_or_free_another_tenants_buffers(pool):
+    actor = islands()[0]
+    a = ray.get(actor.register.remote("alice", 1.0))
+    b = ray.get(actor.register.remote("bob", 1.0))
+    assert a["secret"] != b["secret"] and len(a["secret"]) == 32
+    layout = ((0, 1), (2,), ("x",), jax_spec())
+    value = np.arange(4, dtype=np.float32)
+    ray.get(actor.submit.remote(a["secret"], 0, [("put", 0, 7, value, layout)]))
+    assert ray.get(actor.buffers.remote(a["secret"], 0)) == {7: 16}
+    with pytest.raises(KeyError, match="buffer 7 is not on island 0"):
+        ray.get(actor.fetch.remote(b["secret"], 7))
+    ray.get(actor.submit.remote(b["secret"], 0, [("free", [7])]))  # bob's own id 7: none
+    assert ray.get(actor.buffers.remote(b["secret"], 0)) == {}
+    np.testing.assert_array_equal(ray.get(actor.fetch.remote(a["secret"], 7)), value)
+    with pytest.raises(PermissionError, match="no tenant with this secret"):
+        ray.get(actor.fetch.remote("0" * 32, 7))
+    for t in (a, b):
+        ray.get(actor.unregister.remote(t["secret"]))
+    with pytest.raises(PermissionError, match="no tenant with this secret"):
+        ray.get(actor.poll.remote(a["secret"], 0.0))
+
+
+def test_a_recv_still_waiting_for_its_value_holds_back_only_its_own_tenant(pool):
+    actor = islands()[0]
+    a = ray.get(actor.register.remote("waits", 1.0))
+    b = ray.get(actor.register.remote("goes", 1.0))
+    layout = ((2, 3), (2,), ("x",), jax_spec())
+    value = np.arange(4, dtype=np.float32)
+    try:
+        # a's next operation waits for a value from island 1 that no island has sent yet
+        ray.get(actor.submit.remote(a["secret"], 0, [("recv", 0, 5, layout, 1, 0),
+                                                      ("put", 1, 6, value, layout)]))
+        ray.get(actor.submit.remote(b["secret"], 0, [("put", 0, 1, value, layout)]))
+        assert [r["rid"] for r in ray.get(actor.poll.remote(b["secret"], 30))] == [0]
+        status = {t["name"]: t for t in ray.get(actor.pool_status.remote())["tenants"]}
+        assert status["waits"]["queued"] == 2 and status["goes"]["queued"] == 0
+        assert ray.get(actor.poll.remote(a["secret"], 0.0)) == []
+        ray.get(actor.deliver.remote(a["secret"], 5, value * 2, None, 0.0))  # it arrives
+        got = []
+        while len(got) < 2:
+            got += ray.get(actor.poll.remote(a["secret"], TIMEOUT))
+        assert [(r["rid"], r["ok"]) for r in got] == [(0, True), (1, True)]
+        np.testing.assert_array_equal(ray.get(actor.fetch.remote(a["secret"], 5)), value * 2)
+    finally:
+        for t in (a, b):
+            ray.get(actor.unregister.remote(t["secret"]))
+
+
+def test_unregister_cancels_queued_work_and_frees_buffers_at_once(pool):
+    actor = islands()[0]
+    before = ray.get(actor.pool_status.remote())
+    t = ray.get(actor.register.remote("leaves", 1.0))
+    layout = ((0, 1), (2,), ("x",), jax_spec())
+    big = np.ones(1 << 18, np.float32)
+    ray.get(actor.submit.remote(t["secret"], 0, [("put", 0, 1, big, layout),
+                                                  ("recv", 1, 2, layout, 1, 0),
+                                                  ("put", 2, 3, big, layout)]))
+    assert [r["rid"] for r in ray.get(actor.poll.remote(t["secret"], TIMEOUT))] == [0]
+    status = ray.get(actor.pool_status.remote())
+    assert status["queued"] == before["queued"] + 1  # the recv, waiting for its value
+    assert status["bytes"] >= before["bytes"] + big.nbytes
+    ray.get(actor.unregister.remote(t["secret"]))
+    status = ray.get(actor.pool_status.remote())
+    assert status["queued"] == before["queued"] and status["bytes"] == before["bytes"]
+    assert "leaves" not in {x["name"] for x in status["tenants"]}
+
+
+def test_the_island_policy_is_share_by_default_and_fifo_on_request(pool):
+    actor = islands()[1]
+    assert ray.get(actor.pool_status.remote())["policy"] == "share"
+    assert ray.get(actor.policy.remote("fifo")) == "fifo"
+    with pytest.raises(ValueError, match="unknown scheduling policy 'fair'"):
+        ray.get(actor.policy.remote("fair"))
+    assert ray.get(actor.policy.remote("share")) == "share"
+    status = ray.get(actor.pool_status.remote())
+    assert {"island", "devices", "platform", "pid", "tenants", "bytes", "launches"} <= set(
+        status)
+
+
+def jax_spec():
+    from jax.sharding import PartitionSpec as P
+
+    return P("x")
+
+
+def gang_violations(records: list[dict]) -> list[str]:
+    """Two tenants' computations whose launch-to-end intervals overlap on a shared device."""
+    computes = [r for r in records if r["kind"] == "compute"]
+    out = []
+    for r, s in itertools.combinations(computes, 2):
+        if r["tenant"] != s["tenant"] and set(r["devices"]) & set(s["devices"]) and (
+                r["t_launch"] < s["t_end"] and s["t_launch"] < r["t_end"]):
+            out.append(f"{r['tenant']} #{r['seq']} and {s['tenant']} #{s['seq']}")
+    return out
+
+
+def test_three_tenants_collectives_on_overlapping_slices_in_one_order(pool):
+    since = [s["launches"] for s in statuses()]
+    layouts = {"t0": ("0,1,2,3", "4,5"), "t1": ("2,3", "5,6"), "t2": ("1,2", "6,7")}
+    procs = [Tenant(pool, NAME, "collectives", name, d0=d0, d1=d1, steps=8)
+             for name, (d0, d1) in layouts.items()]
+    try:
+        for t in procs:
+            assert t.line()["ready"] == t.name
+        for t in procs:
+            t.go()
+        for t in procs:
+            exact = t.finish()["exact"]
+            assert exact == [True] * 8, (t.name, exact)
+    finally:
+        for t in procs:
+            t.kill()
+    for actor, start in zip(islands(), since, strict=True):
+        log = ray.get(actor.launches.remote(start))
+        assert [r["seq"] for r in log] == list(range(start, start + len(log)))
+        assert all(r["ok"] for r in log), [r for r in log if not r["ok"]]
+        launched = [r["t_launch"] for r in log]
+        assert launched == sorted(launched)  # one issue order
+        computes = [r for r in log if r["kind"] == "compute"]
+        assert {r["tenant"] for r in computes} == set(layouts)
+        assert gang_violations(log) == []
+    wait_until(lambda: tenants() == set(), TIMEOUT, "the tenants unregistered")
+
+
+def test_share_follows_the_tenants_weights_while_all_are_busy(pool):
+    since = ray.get(islands()[0].pool_status.remote())["launches"]
+    procs = [Tenant(pool, NAME, "busy", name, weight=w, seconds=8, size=96)
+             for name, w in (("light", 1), ("heavy", 2))]
+    try:
+        for t in procs:
+            assert t.line()["ready"] == t.name
+        for t in procs:
+            t.go()
+        for t in procs:
+            assert t.finish()["finite"]
+    finally:
+        for t in procs:
+            t.kill()
+    log = [r for r in ray.get(islands()[0].launches.remote(since)) if r["kind"] == "compute"]
+    first = max(min(r["t_launch"] for r in log if r["tenant"] == n) for n in ("light", "heavy"))
+    last = min(max(r["t_end"] for r in log if r["tenant"] == n) for n in ("light", "heavy"))
+    assert last - first > 3.0, "the tenants were not busy together"
+    seconds = dict.fromkeys(("light", "heavy"), 0.0)
+    for r in log:
+        seconds[r["tenant"]] += max(0.0, min(r["t_end"], last) - max(r["t_start"], first))
+    share = seconds["heavy"] / sum(seconds.values())
+    assert abs(share - 2 / 3) < 0.02, (share, seconds)
+
+
+def test_a_killed_tenant_is_dropped_and_its_buffers_freed_while_others_carry_on(pool):
+    baseline = sum(s["bytes"] for s in statuses())
+    held = Tenant(pool, NAME, "hold", "doomed")
+    ctl = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="survivor")
+    try:
+        holding = held.line()["holding"]
+        assert sum(s["bytes"] for s in statuses()) >= baseline + holding
+        double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=0))
+        held.kill()  # kill -9: nothing unregisters it
+        for i in range(3):
+            assert double(np.full(4, float(i))).result(TIMEOUT).tolist() == [2.0 * i] * 4
+        wait_until(lambda: "doomed" not in tenants(), LEASE + 10, "the lease to expire")
+        assert double(np.ones(4)).result(TIMEOUT).tolist() == [2.0] * 4
+    finally:
+        held.kill()
+        ctl.close()
+    wait_until(lambda: sum(s["bytes"] for s in statuses()) == baseline, 10,
+               "the island's bytes back at the baseline")
