@@ -50,6 +50,7 @@ CONFIGS = {
              "rounds": 7, "weights": (1, 2, 4, 8), "busy_s": 12.0, "lease": 5.0, "ahead": 8},
 }
 TIMEOUT = 180.0  # s for a process to answer (start-up on two busy cores included)
+RAY_SLOW_START = "timed out during startup"  # Ray's words when its raylet took over 30 s
 
 
 class Process:
@@ -134,14 +135,20 @@ def pool_for(name: str, sizes: tuple[int, ...], lease: float, env: dict) -> Iter
     pwkernel.pool``: the bench layer sits below the pool's); yields its pool file's record."""
     from ..backends.ray import poolfile
 
-    def pool(*args: str) -> None:
-        done = subprocess.run([sys.executable, "-m", "pwkernel.pool", *args, "--name", name],
-                              env=env, capture_output=True, text=True, timeout=TIMEOUT)
-        if done.returncode != 0:
-            raise RuntimeError(f"python -m pwkernel.pool {args[0]} failed: {done.stderr}")
+    def pool(*args: str, tries: int = 1) -> None:
+        for _ in range(tries):
+            done = subprocess.run([sys.executable, "-m", "pwkernel.pool", *args, "--name",
+                                   name], env=env, capture_output=True, text=True,
+                                  timeout=TIMEOUT)
+            if done.returncode == 0:
+                return
+            if RAY_SLOW_START not in done.stderr:
+                break
+        raise RuntimeError(f"python -m pwkernel.pool {args[0]} failed: {done.stderr}")
 
+    # Ray gives its raylet a fixed 30 s to register: once more on an overloaded machine
     pool("start", "--islands", ",".join(map(str, sizes)), "--lease", str(lease),
-         "--platform", "cpu")
+         "--platform", "cpu", tries=2)
     try:
         yield poolfile.load(name)
     finally:

@@ -247,3 +247,27 @@ def test_dispatch_reports_the_controllers_own_cost():
     assert set(cpu) == {"pw_opbyop", "pw_chained", "jax_opbyop"} and min(cpu.values()) > 0
     assert result.ratios["cpu_us_per_node_opbyop"] == cpu["pw_opbyop"]
     assert set(result.extra["breakeven"]) == {"2"}
+
+
+def _entry(seq, tenant, devices, t0, t1, kind="compute"):
+    return {"seq": seq, "tenant": tenant, "name": f"f{seq}", "kind": kind, "devices": devices,
+            "t_launch": t0, "t_start": t0, "t_end": t1, "ok": True}
+
+
+def test_pool_helpers_read_an_islands_launch_log():
+    from pwkernel.bench.pool import busy_window_device_time, overlaps, schedule_columns
+
+    log = [_entry(0, "a", [0, 1], 0.0, 1.0), _entry(1, "b", [1, 2], 1.0, 2.0),
+           _entry(2, "a", [3], 1.5, 2.5),  # beside b's, on another device: allowed
+           _entry(3, "a", [0], 2.0, 3.0), _entry(4, "b", [2], 2.5, 4.0),
+           _entry(5, "b", [0], 0.5, 0.7, kind="put")]  # a copy takes no device
+    assert overlaps(log) == []
+    clash = [*log, _entry(6, "b", [3], 2.0, 2.2)]  # b on device 3 while a's #2 runs there
+    assert overlaps(clash) == [(2, 6)]
+    # both busy from b's first start (1.0) to a's last end (3.0)
+    busy = busy_window_device_time(log, ["a", "b"])
+    assert busy == {"a": pytest.approx(1.0 + 1.0), "b": pytest.approx(2.0 + 0.5)}
+    cols = schedule_columns({0: log[:2], 1: [_entry(0, "c", [1], 5.0, 6.0)]}, {0: 0, 1: 4},
+                            t0=1.0)
+    assert cols["device"] == [0, 1, 1, 2, 5] and cols["tenant"] == ["a", "a", "b", "b", "c"]
+    assert cols["left"][-1] == 4.0 and cols["top"][-1] == pytest.approx(5.4)
