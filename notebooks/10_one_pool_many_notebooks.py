@@ -259,7 +259,8 @@ schedule({0: log}, "island 0 shared at weights 1:2:4")
 # %% [markdown]
 # The pool's own view of its tenants (`ctl.executor.status()["pool"]`, also what
 # `%pathways status` and `python -m pwkernel.pool status` print): device time and share since
-# each attached, bytes held, and the devices its work used on each island.
+# each attached, bytes held, and the devices its work used on each island. (A function's first
+# run on an island includes compiling it there, and the pool counts that as device time too.)
 
 # %%
 view = ctl.executor.status()["pool"]
@@ -276,30 +277,19 @@ for t in view["tenants"]:
 # queued work is cancelled and his buffers freed. Meanwhile the teacher and Anna carry on.
 
 # %%
-def pool_bytes():
-    rows = ray.get([a.pool_status.remote() for a in islands])
-    return sum(r["bytes"] for r in rows), {t["name"] for r in rows for t in r["tenants"]}
-
-
 print("ben holds", students["ben"].ask("hold")["holding"] / 2**20, "MiB")
-held_total, _ = pool_bytes()
-ben_bytes = next(t["bytes"] for t in ctl.executor.status()["pool"]["tenants"]
-                 if t["name"] == "ben")
+unowned, held = poolbench.unowned_bytes(islands)   # bytes beyond the tenants' buffers, and each's
 os.kill(students["ben"].proc.pid, signal.SIGKILL)
 t_kill = time.monotonic()
 students["anna"].send("collectives")
 carry_on = [bool(np.array_equal(np.asarray(step(v).result(120)), expected(v))) for v in runs]
 assert all(carry_on) and all(students["anna"].answer()["exact"])
 print(f"teacher and anna ran their collectives {time.monotonic() - t_kill:.1f} s after the kill")
-while True:                              # read the pool's status until ben's bytes are gone
-    total, names = pool_bytes()
-    if "ben" not in names and total <= held_total - ben_bytes:
-        break
-    assert time.monotonic() - t_kill < 60, "the pool should drop ben within its lease"
-    time.sleep(0.1)
-reclaim_s = time.monotonic() - t_kill
-print(f"ben dropped and his {ben_bytes / 2**20:.1f} MiB freed {reclaim_s:.1f} s after the kill;"
-      f" tenants now: {sorted(names)}")
+# read the pool's status until it dropped ben and none of his bytes is left on the islands
+reclaim_s = poolbench.wait_reclaimed(islands, "ben", unowned, t_kill, timeout=60)["reclaim_s"]
+_, now_held = poolbench.unowned_bytes(islands)
+print(f"ben dropped and his {held['ben'] / 2**20:.1f} MiB freed {reclaim_s:.1f} s after the kill;"
+      f" tenants now: {sorted(now_held)}")
 assert np.array_equal(np.asarray(step(runs[0]).result(120)), expected(runs[0]))
 
 # %% [markdown]

@@ -260,26 +260,40 @@ def island_bytes(islands: list) -> tuple[int, dict[str, int]]:
     return total, by
 
 
-def reclaim(islands: list, victim: Process) -> dict:
-    """Kill ``victim`` after it made a value on each island; the time until the islands'
-    bytes are down by what it held, and until the pool forgot it."""
-    holding = victim.ask("hold")["holding"]
-    before, by = island_bytes(islands)
-    target = before - by[victim.name]
-    t_kill = victim.kill()
+def unowned_bytes(islands: list) -> tuple[int, dict[str, int]]:
+    """The bytes the islands hold beyond their tenants' buffers (values in flight, or not
+    freed yet), and each tenant's bytes."""
+    total, by = island_bytes(islands)
+    return total - sum(by.values()), by
+
+
+def wait_reclaimed(islands: list, name: str, unowned: int, t_kill: float,
+                   timeout: float = TIMEOUT) -> dict:
+    """After tenant ``name`` was killed at ``t_kill`` (``time.monotonic``), read the pool's
+    status until it dropped the tenant (``dropped_s``) and the islands hold none of its bytes
+    (``reclaim_s``: nothing beyond the other tenants' buffers and the ``unowned`` bytes of
+    before the kill); the other tenants may go on working meanwhile."""
     dropped = None
     while True:
-        total, by = island_bytes(islands)
+        now_unowned, by = unowned_bytes(islands)
         t = time.monotonic() - t_kill
-        if dropped is None and victim.name not in by:
+        if dropped is None and name not in by:
             dropped = t
-        if dropped is not None and total <= target:
-            return {"reclaim_s": t, "dropped_s": dropped, "holding": holding,
-                    "bytes_freed": before - total}
-        if t > TIMEOUT:
-            raise RuntimeError(f"the pool did not free killed tenant {victim.name}'s "
-                               f"{before - target} bytes within {TIMEOUT:g} s")
+        if dropped is not None and now_unowned <= unowned:
+            return {"dropped_s": dropped, "reclaim_s": t}
+        if t > timeout:
+            raise RuntimeError(f"the pool did not free killed tenant {name}'s memory within "
+                               f"{timeout:g} s ({'dropped' if dropped else 'not dropped'})")
         time.sleep(0.02)  # a status read over Ray: nothing here to wait on
+
+
+def reclaim(islands: list, victim: Process) -> dict:
+    """Kill ``victim`` after it made a value on each island; how long until the pool forgot
+    it and its memory was free."""
+    holding = victim.ask("hold")["holding"]
+    unowned, by = unowned_bytes(islands)
+    times = wait_reclaimed(islands, victim.name, unowned, victim.kill())
+    return times | {"holding": holding, "bytes_freed": by[victim.name]}
 
 
 def end_all(procs: Sequence[Process]) -> None:
