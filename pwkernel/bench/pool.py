@@ -15,9 +15,9 @@ client the paper compares a shared system with.
    log (``launches()``), counted while every tenant was busy; ``pool_share_error`` is the
    largest gap between a tenant's share and its weight's share, in percentage points.
 3. **Reclaim.** A tenant makes a value on each island, then is killed (SIGKILL: nothing
-   unregisters it); ``pool_reclaim_s`` is the time from the kill to the pool's islands
-   holding their bytes minus the dead tenant's again (its lease, ``lease``, expired and the
-   pool freed what it held), read from ``pool_status()``.
+   unregisters it); ``pool_reclaim_s`` is the time from the kill until the pool has dropped
+   it (its ``lease`` ran out) and the islands hold none of its bytes any more, read from
+   their ``pool_status()``.
 
 >>> from pwkernel.bench import pool
 >>> sorted(pool.run("tiny").ratios)     # doctest: +SKIP
