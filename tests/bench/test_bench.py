@@ -76,7 +76,10 @@ def test_pool_runs_tiny_and_leaves_no_process(tmp_path, monkeypatch):
     mark = f"bench-{os.getpid()}"
     left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
             if any(mark in part for part in p.info["cmdline"] or ())]
-    assert left == [], left
+    assert left == [], left  # the pool's Ray processes and its tenants
+    ours = [c for c in psutil.Process().children(recursive=True)
+            if "pwkernel.bench.pool_tenant" in " ".join(c.cmdline())]
+    assert ours == [], ours  # the dedicated client too
 
 
 def test_dispatch_rows_have_every_variant_and_slice_and_the_steps_sweep():
