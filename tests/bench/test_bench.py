@@ -59,6 +59,13 @@ def test_benchmark_runs_tiny(name):
     check_tiny_payload(runner.run_benchmarks([name], mode="tiny"), name)
 
 
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # ended meanwhile
+        return ""
+
+
 def test_pool_runs_tiny_and_leaves_no_process(tmp_path, monkeypatch):
     monkeypatch.setenv("PWKERNEL_POOL_DIR", str(tmp_path))
     result = check_tiny_payload(runner.run_benchmarks(["pool"], mode="tiny"), "pool")
@@ -78,7 +85,7 @@ def test_pool_runs_tiny_and_leaves_no_process(tmp_path, monkeypatch):
             if any(mark in part for part in p.info["cmdline"] or ())]
     assert left == [], left  # the pool's Ray processes and its tenants
     ours = [c for c in psutil.Process().children(recursive=True)
-            if "pwkernel.bench.pool_tenant" in " ".join(c.cmdline())]
+            if "pwkernel.bench.pool_tenant" in _cmdline(c)]
     assert ours == [], ours  # the dedicated client too
 
 
