@@ -1,7 +1,7 @@
 """``python -m pwkernel.bench NAME [--quick|--tiny] [--json PATH] [--plot PATH]``.
 
-NAME: dispatch, parallel-dispatch, pipeline, multitenancy, dcn, tracing, sim-paper, train, or
-all.
+NAME: dispatch, parallel-dispatch, pipeline, multitenancy, dcn, tracing, sim-paper, train,
+pool, or all (every one but pool, which starts a Ray cluster and processes of its own).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 # Before anything initializes JAX's backend: the controllers need 8 host devices on CPU.
 jax.config.update("jax_num_cpu_devices", 8)
 
-from .runner import BENCHMARKS, run_benchmarks  # noqa: E402
+from .runner import BENCHMARKS, NOT_IN_ALL, run_benchmarks  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pwkernel.bench",
         description="Benchmarks reproducing the Pathways paper's evaluation, beside bare JAX.")
     parser.add_argument("names", nargs="+", metavar="NAME",
-                        help=f"one or more of {', '.join(BENCHMARKS)}, or all")
+                        help=f"one or more of {', '.join(BENCHMARKS)}, or all (all but "
+                             f"{', '.join(NOT_IN_ALL)})")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="about a minute per benchmark")
     size.add_argument("--tiny", action="store_true", help="seconds: proves it runs (tests)")

@@ -56,12 +56,17 @@ TARGETS: dict[str, float] = {
     "train_pipeline_vs_spmd": 0.95,    # train: reported (shared CPU cores cannot show it)
     "train_two_islands_vs_one": 0.9,   # train: reported (the paper: ~0.97 over DCN)
     "train_1f1b_vs_gpipe_peak_memory": 0.75,  # train: peak activation memory, lower is better
+    "pool_aggregate_vs_alone_1": 0.8,  # pool: one tenant vs a dedicated client (docs/pool.md)
+    "pool_aggregate_vs_alone_2": 1.0,  # pool: k tenants' aggregate (the paper: at least 1)
+    "pool_aggregate_vs_alone_4": 1.0,
+    "pool_share_error": 5.0,           # pool: 1:2:4:8 across processes, percentage points
+    "pool_reclaim_s": 10.0,            # pool: a killed tenant's memory freed (its lease + ...)
 }
 LOWER_IS_BETTER = ("share_error", "tracing_overhead", "tracing_and_view_cpu",
                    "cpu_us_per_node_opbyop", "cpu_us_per_node_chained", "breakeven_us",
                    "host_cpu_growth", "cpu_chained_vs_jax_call", "cpu_opbyop_vs_jax_call",
                    "sim_breakeven_error_pct", "sim_prediction_error_pct", "sim_share_error",
-                   "train_1f1b_vs_gpipe_peak_memory")
+                   "train_1f1b_vs_gpipe_peak_memory", "pool_share_error", "pool_reclaim_s")
 
 
 def islands() -> tuple[int, ...]:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from PIL import Image
 
@@ -30,6 +32,8 @@ EXPECTED = {
     "sim-paper": {"sim_breakeven_error_pct", "sim_prediction_error_pct", "sim_share_error"},
     "train": {"train_spmd_vs_jax", "train_pipeline_vs_spmd", "train_two_islands_vs_one",
               "train_1f1b_vs_gpipe_peak_memory"},
+    "pool": {"pool_aggregate_vs_alone_1", "pool_aggregate_vs_alone_2",
+             "pool_aggregate_vs_alone_4", "pool_share_error", "pool_reclaim_s"},
 }
 
 
@@ -37,9 +41,7 @@ def _finite(x) -> bool:
     return isinstance(x, float) and math.isfinite(x)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_benchmark_runs_tiny(name):
-    payload = runner.run_benchmarks([name], mode="tiny")
+def check_tiny_payload(payload: dict, name: str) -> dict:
     result = payload["benchmarks"][name]
     assert set(result["ratios"]) == EXPECTED[name]
     ratios = {k: v for k, v in result["ratios"].items()
@@ -49,6 +51,42 @@ def test_benchmark_runs_tiny(name):
     assert payload["machine"]["devices"] == 8
     assert set(payload["verdicts"]) == EXPECTED[name]
     json.dumps(payload, default=str)  # the payload is JSON-serializable
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(set(EXPECTED) - {"pool"}))
+def test_benchmark_runs_tiny(name):
+    check_tiny_payload(runner.run_benchmarks([name], mode="tiny"), name)
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # ended meanwhile
+        return ""
+
+
+def test_pool_runs_tiny_and_leaves_no_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("PWKERNEL_POOL_DIR", str(tmp_path))
+    result = check_tiny_payload(runner.run_benchmarks(["pool"], mode="tiny"), "pool")
+    shares = result["shares"]
+    assert shares["overlaps"] == 0  # the island's one order: no two tenants at once
+    tenants = shares["tenants"]
+    assert [t["weight"] for t in tenants.values()] == [1, 2, 4, 8]
+    # what the island's share policy is for: weight 8 got more device time than weight 1
+    assert tenants["w8"]["achieved_pct"] > 2 * tenants["w1"]["achieved_pct"], tenants
+    freed = result["reclaim"]
+    assert freed["bytes_freed"] >= freed["holding"] and freed["dropped_s"] <= freed["reclaim_s"]
+    assert [r["variant"] for r in result["rows"][:4]] == ["dedicated", "1 tenants",
+                                                         "2 tenants", "4 tenants"]
+    assert list(tmp_path.iterdir()) == []  # the pool stopped: its files went
+    mark = f"bench-{os.getpid()}"
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+            if any(mark in part for part in p.info["cmdline"] or ())]
+    assert left == [], left  # the pool's Ray processes and its tenants
+    ours = [c for c in psutil.Process().children(recursive=True)
+            if "pwkernel.bench.pool_tenant" in _cmdline(c)]
+    assert ours == [], ours  # the dedicated client too
 
 
 def test_dispatch_rows_have_every_variant_and_slice_and_the_steps_sweep():
@@ -141,9 +179,11 @@ def test_cli_writes_json_with_every_ratio_key_and_a_plot(tmp_path: Path):
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads(out.read_text())
-    # every headline key (the Ray row is not run in tiny mode: its cluster takes ~20 s)
-    assert set(payload["ratios"]) == set(TARGETS) - {"parallel_vs_sequential_ray"}
-    assert set(payload["benchmarks"]) == set(EXPECTED)
+    # every headline key (the Ray row is not run in tiny mode: its cluster takes ~20 s; the
+    # pool benchmark is not in `all`: it is run by name, below)
+    assert set(payload["ratios"]) == set(TARGETS) - {"parallel_vs_sequential_ray"} - EXPECTED[
+        "pool"]
+    assert set(payload["benchmarks"]) == set(EXPECTED) - set(runner.NOT_IN_ALL)
     assert {"cpu", "usable_cores", "device_kinds", "versions"} <= set(payload["machine"])
     assert payload["command"].startswith("python -m pwkernel.bench all --tiny")
     with Image.open(png) as img:
@@ -217,3 +257,27 @@ def test_dispatch_reports_the_controllers_own_cost():
     assert set(cpu) == {"pw_opbyop", "pw_chained", "jax_opbyop"} and min(cpu.values()) > 0
     assert result.ratios["cpu_us_per_node_opbyop"] == cpu["pw_opbyop"]
     assert set(result.extra["breakeven"]) == {"2"}
+
+
+def _entry(seq, tenant, devices, t0, t1, kind="compute"):
+    return {"seq": seq, "tenant": tenant, "name": f"f{seq}", "kind": kind, "devices": devices,
+            "t_launch": t0, "t_start": t0, "t_end": t1, "ok": True}
+
+
+def test_pool_helpers_read_an_islands_launch_log():
+    from pwkernel.bench.pool import busy_window_device_time, overlaps, schedule_columns
+
+    log = [_entry(0, "a", [0, 1], 0.0, 1.0), _entry(1, "b", [1, 2], 1.0, 2.0),
+           _entry(2, "a", [3], 1.5, 2.5),  # beside b's, on another device: allowed
+           _entry(3, "a", [0], 2.0, 3.0), _entry(4, "b", [2], 2.5, 4.0),
+           _entry(5, "b", [0], 0.5, 0.7, kind="put")]  # a copy takes no device
+    assert overlaps(log) == []
+    clash = [*log, _entry(6, "b", [3], 2.0, 2.2)]  # b on device 3 while a's #2 runs there
+    assert overlaps(clash) == [(2, 6)]
+    # both busy from b's first start (1.0) to a's last end (3.0)
+    busy = busy_window_device_time(log, ["a", "b"])
+    assert busy == {"a": pytest.approx(1.0 + 1.0), "b": pytest.approx(2.0 + 0.5)}
+    cols = schedule_columns({0: log[:2], 1: [_entry(0, "c", [1], 5.0, 6.0)]}, {0: 0, 1: 4},
+                            t0=1.0)
+    assert cols["device"] == [0, 1, 1, 2, 5] and cols["tenant"] == ["a", "a", "b", "b", "c"]
+    assert cols["left"][-1] == 4.0 and cols["top"][-1] == pytest.approx(5.4)
