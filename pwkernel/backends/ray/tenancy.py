@@ -347,6 +347,8 @@ class PoolIslandActor:
                 out = self.ops.failed(op, e, t_launch)
             with self._cv:
                 tenant.issuing = False
+                if tenant.dropped:  # dropped while this was issued: its outputs go too
+                    tenant.buffers.clear()
                 if out is None:  # a free
                     if tenant.dropped and not tenant.running:
                         tenant.issued.put(None)

@@ -112,6 +112,23 @@ def test_a_controller_attaches_runs_programs_and_leaves_the_pool_running(pool):
     assert len(islands()) == 2  # the pool's actors live on
 
 
+def test_a_pool_tenant_keeps_its_memory_budget_and_its_clients(pool):
+    # The kernel's own scheduler still orders its own clients and holds its budget; the
+    # island orders tenants.
+    from tests.helpers.budget import MiB, check_fan_in_fails_and_says_who_holds_the_memory
+
+    with pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="budget",
+                       memory_budget=4 * MiB, policy="share") as ctl:
+        check_fan_in_fails_and_says_who_holds_the_memory(ctl)
+        double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
+        with ctl.client("alice", weight=2):
+            a = double(np.ones(4, np.float32))
+        with ctl.client("bob"):
+            b = double(a)
+        assert b.result(TIMEOUT).tolist() == [4.0] * 4 and b.run.client == "bob"
+    assert tenants() == set()
+
+
 def test_a_tenant_cannot_read_or_free_another_tenants_buffers(pool):
     actor = islands()[0]
     a = ray.get(actor.register.remote("alice", 1.0))
