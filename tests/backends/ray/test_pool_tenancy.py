@@ -74,6 +74,22 @@ def test_a_pool_is_detached_named_actors_that_refuse_a_second_start(pool):
     assert tenants() == set()
 
 
+def test_the_pool_refuses_a_connection_without_its_token(pool):
+    import subprocess
+    import sys
+
+    ask = ("from ray._raylet import GcsClient\n"
+           f"GcsClient(address={pool.address!r}).internal_kv_get(b'x', None, timeout=10)\n")
+    bare = {k: v for k, v in pool.env.items() if not k.startswith("RAY_AUTH")}
+    for name, env, ok in (("without", dict(bare, RAY_AUTH_MODE="disabled"), False),
+                          ("with", pool.env, True)):
+        done = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT)
+        assert (done.returncode == 0) is ok, (name, done.stderr[-2000:])
+        if not ok:
+            assert "Authentication" in done.stderr or "Unauthenticated" in done.stderr
+
+
 def test_a_controller_attaches_runs_programs_and_leaves_the_pool_running(pool):
     with pytest.raises(pw.DeviceSetupError, match=r"islands=\(2, 2\) but pool 'test' has "
                        r"islands of \(4, 4\)"):
