@@ -68,6 +68,7 @@ class Controller:
     ``host:pid``) and ``weight`` is its share of the pool's devices under ``share``.
 
     >>> ctl = pw.Controller(backend="ray", address="127.0.0.1:6379", pool="class")  # doctest: +SKIP
+
     ``backend`` may also be an executor object (``pw.Executor``), which brings its islands:
     leave ``islands`` out then (an ``islands=`` that differs is an error, not ignored).
 

@@ -6,7 +6,9 @@ The modules: ``programs`` (computations and programs on a controller), ``budget`
 memory-budget fan-in), ``gang_order`` (the gang scheduler's order, read from its decisions),
 ``kernel`` (nbclient and jupyter_client on the real ``pwkernel`` kernel), ``shell`` (cells in
 an IPython shell), ``jit_cases`` (plain JAX functions and their inputs), ``lab`` and
-``sidebar_lab`` (a private JupyterLab and a chromium page, for the browser tests).
+``sidebar_lab`` (a private JupyterLab and a chromium page, for the browser tests), ``pool``
+(a Ray head with token authentication and tenant processes for a device pool, which run
+``pool_tenant``).
 """
 
 from __future__ import annotations

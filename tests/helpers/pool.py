@@ -58,18 +58,25 @@ class Head:
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT),
                                                           os.environ.get("PYTHONPATH")) if p))
         env.pop("RAY_AUTH_TOKEN", None)
-        head = cls(free_port(), temp_dir, token_path, env)
         ray_cli = str(Path(sys.executable).with_name("ray"))
-        try:
-            subprocess.run([ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1",
-                            "--port", str(head.port), "--num-cpus", "1",
-                            "--include-dashboard", "false", "--disable-usage-stats",
-                            "--temp-dir", str(temp_dir)], env=env, check=True,
-                           capture_output=True, timeout=TIMEOUT)
-        except BaseException:
-            head.stop()
-            raise
-        return head
+        for _attempt in (1, 2):  # a port taken meanwhile (the free port is only free now)
+            head = cls(free_port(), temp_dir, token_path, env)
+            try:
+                done = subprocess.run([ray_cli, "start", "--head", "--node-ip-address",
+                                       "127.0.0.1", "--port", str(head.port), "--num-cpus",
+                                       "1", "--include-dashboard", "false",
+                                       "--disable-usage-stats", "--temp-dir", str(temp_dir)],
+                                      env=env, capture_output=True, text=True,
+                                      timeout=TIMEOUT)
+            except BaseException:
+                head.stop()
+                raise
+            if done.returncode == 0:
+                return head
+            head.stop(keep_dir=True)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise AssertionError(f"ray start failed twice: {done.stdout[-2000:]}"
+                             f"{done.stderr[-2000:]}")
 
     def processes(self) -> list[psutil.Process]:
         marks = (str(self.temp_dir), f"127.0.0.1:{self.port}", f"gcs_server_port={self.port}")
@@ -85,7 +92,7 @@ class Head:
         found.pop(os.getpid(), None)  # this process joined the head; it is not the head's
         return list(found.values())
 
-    def stop(self) -> None:
+    def stop(self, keep_dir: bool = False) -> None:
         procs = self.processes()
         for p in procs:
             try:
@@ -97,7 +104,8 @@ class Head:
         current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")
         if current.exists() and current.read_text().strip() == self.address:
             current.unlink()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if not keep_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 class Tenant:

@@ -7,8 +7,6 @@ a controller to the pool, prints ``{"ready": ...}`` once its programs are compil
 - ``collectives``: ``--steps`` runs of a program that sums over the devices ``--d0`` of island
   0 (psum), gathers twice the sum over ``--d1`` of island 1 (all_gather) and sums that back on
   island 0, all submitted before any is waited for; prints whether every result is exact;
-- ``busy``: for ``--seconds``, a dependent chain of psum steps on ``--d0``, always ``--ahead``
-  steps submitted ahead (so the pool always has its work queued); prints the steps made;
 - ``hold``: keeps a 4 MiB value on each island, prints ``{"holding": bytes}`` and waits (to
   be killed).
 """
@@ -20,7 +18,6 @@ import json
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -69,35 +66,6 @@ def collectives(ctl, args) -> None:
     say(exact=exact)
 
 
-def busy(ctl, args) -> None:
-    import time
-
-    d0 = _ids(args.d0)
-    s0 = ctl.slice(len(d0), devices=d0)
-    k = jnp.float32(0.5)
-
-    def body(b):
-        return jnp.tanh(b @ b.T) * k + jax.lax.psum(b, "x") * 0.01
-
-    f = pw.function(jax.shard_map(body, mesh=s0.mesh, in_specs=P("x"), out_specs=P("x")),
-                    slice=s0, in_specs=P("x"), out_specs=P("x"), name=f"busy-{args.name}")
-    x = f(np.ones((len(d0) * args.size, args.size), np.float32))
-    x.result(120)
-    say(ready=args.name)
-    sys.stdin.readline()
-    ahead, steps = [], 0
-    deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline:
-        x = f(x)
-        ahead.append(x)
-        steps += 1
-        if len(ahead) > args.ahead:
-            ahead.pop(0).wait(120)
-    for fut in ahead:
-        fut.wait(120)
-    say(steps=steps, finite=bool(np.isfinite(np.asarray(x.result(120))).all()))
-
-
 def hold(ctl, args) -> None:
     s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
     make0 = pw.function(lambda x: x + 1, slice=s0, in_specs=P("x"), out_specs=P("x"))
@@ -116,7 +84,7 @@ def _ids(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["collectives", "busy", "hold"])
+    parser.add_argument("mode", choices=["collectives", "hold"])
     parser.add_argument("--address", required=True)
     parser.add_argument("--pool", required=True)
     parser.add_argument("--name", required=True)
@@ -124,14 +92,11 @@ def main() -> None:
     parser.add_argument("--d0", default="0,1,2,3")
     parser.add_argument("--d1", default="4,5")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--ahead", type=int, default=8)
-    parser.add_argument("--size", type=int, default=128)
     args = parser.parse_args()
     ctl = pw.Controller(backend="ray", address=args.address, pool=args.pool,
                         tenant=args.name, weight=args.weight)
     try:
-        {"collectives": collectives, "busy": busy, "hold": hold}[args.mode](ctl, args)
+        {"collectives": collectives, "hold": hold}[args.mode](ctl, args)
     finally:
         ctl.close()
 

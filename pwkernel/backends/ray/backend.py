@@ -13,7 +13,10 @@ run, hold buffers and move bytes. ``RayBackend`` is the executor (``runtime/exec
   ``deliver``), which waits for it (``recv``): bytes go island to island, never through the
   controller;
 - an actor that dies fails what depended on it with ``IslandLostError``, and the other islands
-  are told to stop waiting for values from it.
+  are told to stop waiting for values from it;
+- with ``pool=NAME`` the islands are a device pool's, shared with other controllers
+  (``tenancy.py``: the island actors, whose schedulers order every tenant's work;
+  ``attach.py``: this controller as one tenant); ``close()`` leaves them running.
 
 >>> ctl = pw.Controller(backend="ray", islands=(4, 4))          # doctest: +SKIP
 >>> ctl.islands[0].actor                                         # doctest: +SKIP

@@ -109,6 +109,7 @@ class IslandDevices:
         if kind == "run":
             _, rid, key, blob, in_layouts, out_layouts, inputs, outputs, *_ = op
             exe = self.compiled(executables, key, blob, in_layouts, out_layouts)
+            t_launch = now()  # compiling (the first time) is host work, not device time
             args = [self.arg(buffers, r, lay)
                     for r, lay in zip(inputs, in_layouts, strict=True)]
             outs = exe(*args)

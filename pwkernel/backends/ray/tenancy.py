@@ -59,6 +59,10 @@ from .tenants import Item, Tenant, TenantRefused
 
 DEFAULT_LEASE = 5.0  # s without a call after which a pool drops a tenant
 POOL_CONCURRENCY = 64  # actor threads: every tenant's poll waits in one
+# Computations of one tenant in flight on a device. Enough to hide the launch gap; few, since
+# ``share`` charges a launch its estimated cost and corrects it at its end: a deep chain
+# charged on a stale estimate moves its tenant's pass far, and another tenant's with it.
+DEPTH = 4
 _LOG_KEEP = 100_000  # launch log entries kept (older ones are dropped in halves)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -88,7 +92,7 @@ class PoolIslandActor:
         self.island, self.pool, self.lease = island, pool, float(lease)
         self.ops = IslandDevices(island, devices, platform)
         self._cv = threading.Condition()
-        self._scheduler = GangScheduler(range(devices), Policy.SHARE)
+        self._scheduler = GangScheduler(range(devices), Policy.SHARE, depth=DEPTH)
         self._every = frozenset(range(devices))
         self._tenants: dict[str, Tenant] = {}  # secret -> tenant
         self._ids = itertools.count()
@@ -122,7 +126,8 @@ class PoolIslandActor:
 
     def launches(self, since: int = 0) -> list[dict]:
         """The launch log from entry ``since`` on: every operation issued here, in the one
-        issue order (``t_start``, ``t_end`` and ``ok`` are None until it ended)."""
+        issue order (``t_start``, ``t_end`` and ``ok`` are None until it ended; ``busy``: the
+        tenants with work here, queued or in flight, when it was issued)."""
         with self._cv:
             return [dict(e) for e in self._log[max(0, since - self._logged):]]
 
@@ -342,6 +347,8 @@ class PoolIslandActor:
                 out = self.ops.failed(op, e, t_launch)
             with self._cv:
                 tenant.issuing = False
+                if tenant.dropped:  # dropped while this was issued: its outputs go too
+                    tenant.buffers.clear()
                 if out is None:  # a free
                     if tenant.dropped and not tenant.running:
                         tenant.issued.put(None)
@@ -351,8 +358,9 @@ class PoolIslandActor:
                          "client": op[9] if op[0] == "run" else None,
                          "name": op[8] if op[0] == "run" else op[0],
                          "kind": "compute" if op[0] == "run" else op[0],
-                         "devices": sorted(item.devices), "t_launch": t_launch,
-                         "t_start": None, "t_end": None, "ok": None}
+                         "devices": sorted(item.devices), "t_launch": out[3],
+                         "t_start": None, "t_end": None, "ok": None,
+                         "busy": sorted(t.name for t in self._tenants.values() if t.has_work())}
                 self._log.append(entry)
                 if len(self._log) > _LOG_KEEP:
                     half = _LOG_KEEP // 2

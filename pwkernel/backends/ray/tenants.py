@@ -90,6 +90,11 @@ class Tenant:
         self.incoming.clear()
         self.records.clear()
 
+    def has_work(self) -> bool:
+        """Work queued here or in flight (a tenant without is idle, not behind)."""
+        return bool(self.in_flight or self.head is not None or self.messages or any(
+            op[0] not in ("free", "mark") for op in self.pending))
+
     def status(self, total: float) -> dict:
         queued = (self.head is not None) + sum(op[0] not in ("free", "mark")
                                               for op in self.pending)

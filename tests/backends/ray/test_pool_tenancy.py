@@ -52,6 +52,22 @@ def test_a_pool_is_detached_named_actors_that_refuse_a_second_start(pool):
     assert tenants() == set()
 
 
+def test_the_pool_refuses_a_connection_without_its_token(pool):
+    import subprocess
+    import sys
+
+    ask = ("from ray._raylet import GcsClient\n"
+           f"GcsClient(address={pool.address!r}).internal_kv_get(b'x', None, timeout=10)\n")
+    bare = {k: v for k, v in pool.env.items() if not k.startswith("RAY_AUTH")}
+    for name, env, ok in (("without", dict(bare, RAY_AUTH_MODE="disabled"), False),
+                          ("with", pool.env, True)):
+        done = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT)
+        assert (done.returncode == 0) is ok, (name, done.stderr[-2000:])
+        if not ok:
+            assert "Authentication" in done.stderr or "Unauthenticated" in done.stderr
+
+
 def test_a_controller_attaches_runs_programs_and_leaves_the_pool_running(pool):
     with pytest.raises(pw.DeviceSetupError, match=r"islands=\(2, 2\) but pool 'test' has "
                        r"islands of \(4, 4\)"):
@@ -61,6 +77,13 @@ def test_a_controller_attaches_runs_programs_and_leaves_the_pool_running(pool):
                       pool=NAME)
     with pytest.raises(ValueError, match="pool= is only for backend='ray'"):
         pw.Controller(pool=NAME)
+    with pytest.raises(pw.DeviceSetupError, match="pool='elsewhere' needs the address"):
+        pw.Controller(backend="ray", pool="elsewhere")
+    with pytest.raises(pw.DeviceSetupError, match="tenant= and weight= name this controller"):
+        pw.Controller(backend="ray", address=pool.address, weight=2)
+    with pytest.raises(pw.DeviceSetupError, match="weight= .* must be a positive number"):
+        pw.Controller(backend="ray", address=pool.address, pool=NAME, weight=0)
+    assert tenants() == set()
     ctl = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="here")
     try:
         assert [len(i.devices) for i in ctl.islands] == [4, 4]
@@ -81,6 +104,23 @@ def test_a_controller_attaches_runs_programs_and_leaves_the_pool_running(pool):
     assert tenants() == set()  # close() unregistered: the pool forgot this tenant...
     assert all(s["bytes"] == 0 for s in statuses())  # ...and its buffers
     assert len(islands()) == 2  # the pool's actors live on
+
+
+def test_a_pool_tenant_keeps_its_memory_budget_and_its_clients(pool):
+    # The kernel's own scheduler still orders its own clients and holds its budget; the
+    # island orders tenants.
+    from tests.helpers.budget import MiB, check_fan_in_fails_and_says_who_holds_the_memory
+
+    with pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="budget",
+                       memory_budget=4 * MiB, policy="share") as ctl:
+        check_fan_in_fails_and_says_who_holds_the_memory(ctl)
+        double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
+        with ctl.client("alice", weight=2):
+            a = double(np.ones(4, np.float32))
+        with ctl.client("bob"):
+            b = double(a)
+        assert b.result(TIMEOUT).tolist() == [4.0] * 4 and b.run.client == "bob"
+    assert tenants() == set()
 
 
 def test_a_tenant_cannot_read_or_free_another_tenants_buffers(pool):
@@ -207,27 +247,83 @@ def test_three_tenants_collectives_on_overlapping_slices_in_one_order(pool):
     wait_until(lambda: tenants() == set(), TIMEOUT, "the tenants unregistered")
 
 
-def test_share_follows_the_tenants_weights_while_all_are_busy(pool):
-    since = ray.get(islands()[0].pool_status.remote())["launches"]
-    procs = [Tenant(pool, NAME, "busy", name, weight=w, seconds=8, size=96)
-             for name, w in (("light", 1), ("heavy", 2))]
+def exported_step(size: int) -> bytes:
+    """A psum step over 4 devices, exported for a pool island's CPU devices (what a
+    controller sends in a ``run`` operation)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("x",))
+    sharding = NamedSharding(mesh, P("x"))
+    body = jax.shard_map(lambda b: jnp.tanh(b @ b.T) * 0.5 + jax.lax.psum(b, "x") * 0.01,
+                         mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    jitted = jax.jit(lambda b: (body(b),), in_shardings=(sharding,),  # outputs: a tuple
+                     out_shardings=(sharding,))
+    struct = jax.ShapeDtypeStruct((4 * size, size), np.float32, sharding=sharding)
+    return bytes(jax.export.export(jitted, platforms=["cpu"])(struct).serialize())
+
+
+def chain(blob: bytes | None, first: int, steps: int, rid: int) -> list[tuple]:
+    """``steps`` runs of the step, each reading the buffer the one before wrote (freed once
+    read: a launched computation keeps its inputs)."""
+    layout = ((0, 1, 2, 3), (4,), ("x",), jax_spec())
+    ops = []
+    for k in range(first, first + steps):
+        ops += [("run", rid, "step", blob, [layout], [layout], [k], [k + 1], "step", "c"),
+                ("free", [k])]
+        blob, rid = None, rid + 1
+    return ops
+
+
+def records(actor, secret: str, count: int) -> list[dict]:
+    got: list[dict] = []
+    while len(got) < count:
+        more = ray.get(actor.poll.remote(secret, TIMEOUT))
+        assert more, f"{len(got)} of {count} records in {TIMEOUT} s"
+        got += more
+    assert all(r["ok"] for r in got), [r for r in got if not r["ok"]]
+    return got
+
+
+def test_share_gives_each_tenant_its_weights_share_while_all_are_busy(pool):
+    """Two tenants with weights 1 and 2, each with a long chain of computations on the same
+    4 devices queued at the island at once (so neither is ever idle there): the island's
+    device time splits 1:2 between them, measured from its own launch log."""
+    actor = islands()[0]
+    size, steps = 256, 300
+    blob = exported_step(size)
+    layout = ((0, 1, 2, 3), (4,), ("x",), jax_spec())
+    weights = {"light": 1.0, "heavy": 2.0}
+    secrets = {n: ray.get(actor.register.remote(n, w))["secret"] for n, w in weights.items()}
     try:
-        for t in procs:
-            assert t.line()["ready"] == t.name
-        for t in procs:
-            t.go()
-        for t in procs:
-            assert t.finish()["finite"]
+        # Each compiles and runs the step once, then a short chain once that has ended: the
+        # island's estimate of a step is then what a step in a chain takes (a launch is
+        # charged its estimate until it ends), and neither tenant starts behind the other.
+        for secret in secrets.values():
+            start = np.ones((4 * size, size), np.float32)
+            ray.get(actor.submit.remote(secret, 0, [("put", 0, 0, start, layout),
+                                                    *chain(blob, 0, 1, 1)]))
+            records(actor, secret, 2)
+            ray.get(actor.submit.remote(secret, 1, chain(None, 1, 8, 2)))
+            records(actor, secret, 8)
+        since = ray.get(actor.pool_status.remote())["launches"]
+        for secret in secrets.values():
+            actor.submit.remote(secret, 2, chain(None, 9, steps, 10))
+        for secret in secrets.values():
+            records(actor, secret, steps)
+        log = [r for r in ray.get(actor.launches.remote(since)) if r["kind"] == "compute"]
     finally:
-        for t in procs:
-            t.kill()
-    log = [r for r in ray.get(islands()[0].launches.remote(since)) if r["kind"] == "compute"]
-    first = max(min(r["t_launch"] for r in log if r["tenant"] == n) for n in ("light", "heavy"))
-    last = min(max(r["t_end"] for r in log if r["tenant"] == n) for n in ("light", "heavy"))
-    assert last - first > 3.0, "the tenants were not busy together"
-    seconds = dict.fromkeys(("light", "heavy"), 0.0)
-    for r in log:
-        seconds[r["tenant"]] += max(0.0, min(r["t_end"], last) - max(r["t_start"], first))
+        for secret in secrets.values():
+            ray.get(actor.unregister.remote(secret))
+    both = [r for r in log if set(weights) <= set(r["busy"])]
+    assert len(both) > steps, f"only {len(both)} of {len(log)} launches found both busy"
+    first = min(r["t_launch"] for r in both)
+    last = max(r["t_end"] for r in both)
+    seconds = dict.fromkeys(weights, 0.0)
+    for r in both:
+        seconds[r["tenant"]] += min(r["t_end"], last) - max(r["t_start"], first)
     share = seconds["heavy"] / sum(seconds.values())
     assert abs(share - 2 / 3) < 0.02, (share, seconds)
 
