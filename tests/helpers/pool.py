@@ -171,13 +171,10 @@ def running_pool(name: str, sizes: tuple[int, ...] = (4, 4),
     """A head of our own with pool ``name``'s island actors on it, this process connected to
     it with the pool's token (as a controller attaching finds it); everything stopped, and
     the Ray settings of this process put back, after."""
-    from pwkernel.backends.ray import attach, cluster, tenancy
+    from pwkernel.backends.ray import cluster, tenancy
 
     head = Head.start()
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
-                                            "RAY_AUTH_TOKEN")}
-    os.environ.pop("RAY_AUTH_TOKEN", None)
-    attach.use_token(head.token_path)  # as a controller does from the pool's file
+    put_back = cluster.lend_token(head.token_path)  # as a controller does from the pool's file
     try:
         cluster.connect(head.address)
         try:
@@ -190,9 +187,4 @@ def running_pool(name: str, sizes: tuple[int, ...] = (4, 4),
                 cluster.disconnect()
     finally:
         head.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        attach.reread_ray_settings()
+        put_back()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import pytest
@@ -47,10 +46,6 @@ def test_attach_takes_a_pool_only_through_ray(ip):
     assert "--pool NAME" in PathwaysMagics.pathways.__doc__
 
 
-POOL_CORE = "pool" in inspect.signature(pw.Controller).parameters
-
-
-@pytest.mark.skipif(not POOL_CORE, reason="pw.Controller(pool=) comes with pool-core's work")
 def test_a_pool_that_does_not_answer_is_a_usage_error(ip, tmp_path, monkeypatch):
     """--address keeps its meaning with --pool: a cluster where nothing listens fails at once
     (with the kernel's old controller closed: one Ray connection per process)."""

@@ -2,10 +2,7 @@
 run as subprocesses, on a temporary pool directory.
 
 One pool (one Ray cluster, ~20 s to start on 2 cores) for the module; the tests run in file
-order and the last one stops it (the fixture stops it too if a test failed first). Until
-pool-core's ``backends/ray/tenancy.py`` is on this branch the island actors come from the
-stand-in in ``tests/pool/standin/`` (its ``sitecustomize.py`` loads it only when the real
-module is missing).
+order and the last one stops it (the fixture stops it too if a test failed first).
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ from tests.helpers import ROOT
 
 TIMEOUT = 240.0
 NAME = "class"
-STANDIN = ROOT / "tests" / "pool" / "standin"
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +37,7 @@ def env(pool_dir, tmp_path_factory) -> dict[str, str]:
     without a Ray token of its own (only the pool's token can open the pool)."""
     out = dict(os.environ, PWKERNEL_POOL_DIR=str(pool_dir),
                HOME=str(tmp_path_factory.mktemp("home")),
-               PYTHONPATH=os.pathsep.join([str(STANDIN), str(ROOT)]))
+               PYTHONPATH=str(ROOT))
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
         out.pop(key, None)
     return out
@@ -235,11 +231,6 @@ NOTEBOOK = textwrap.dedent("""
     print(cli.stdout, cli.stderr)
     ip.run_line_magic("unload_ext", "pwkernel")
 """)
-REAL_TENANCY = (ROOT / "pwkernel" / "backends" / "ray" / "tenancy.py").exists()
-
-
-@pytest.mark.skipif(not REAL_TENANCY, reason="attaching needs pool-core's tenancy.py (the "
-                                             "stand-in has no tenants)")
 def test_a_notebook_attaches_as_a_tenant_and_sees_itself_in_status(started, env):
     _, record = started
     done = subprocess.run([sys.executable, "-c", NOTEBOOK, record["address"], NAME], env=env,

@@ -16,8 +16,7 @@ from tests.helpers import ROOT
 def test_a_failed_start_ends_its_cluster_and_writes_no_pool(tmp_path):
     pool_dir = tmp_path / "pools"
     env = dict(os.environ, PWKERNEL_POOL_DIR=str(pool_dir), HOME=str(tmp_path),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "pool" / "standin"),
-                                           str(ROOT)]))
+               PYTHONPATH=str(ROOT))
     env.pop("PWKERNEL_RAY_DEVICES", None)
     done = subprocess.run([sys.executable, "-m", "pwkernel.pool", "start", "--name", "gpus",
                            "--islands", "1", "--platform", "gpu"], env=env, text=True,

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
 
 import ray
 
 from ...runtime.errors import DeviceSetupError
 from .cluster import IslandHost, clock_offset
-from .tenancy import check_name, find_islands
+from .poolfile import check_name, load
+from .tenancy import find_islands
 
 #: the island actor's methods that act for one tenant: they take its secret first
 TENANT_CALLS = frozenset({"submit", "poll", "buffers", "fetch", "executables", "source_lost",
@@ -36,15 +36,12 @@ def tenant_name(given: str | None = None) -> str:
 
 
 def pool_address(pool: str, address: str | None) -> str:
-    """Where to find pool ``pool``: ``address``, else its pool file's (and, from there, its
-    token file for Ray's token authentication unless RAY_AUTH_* are set)."""
+    """Where to find pool ``pool``: ``address``, else its pool file's (the pool's token is
+    lent by ``cluster.connect(address, pool=pool)``)."""
     check_name(pool)
-    found = _pool_file(pool)
-    if found is not None:
-        record, token = found
-        if not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & os.environ.keys():
-            use_token(token)
-        if address is None:
+    if address is None:
+        record = load(pool)
+        if record is not None:
             address = record.get("address")
     if address is None:
         raise DeviceSetupError(
@@ -52,32 +49,6 @@ def pool_address(pool: str, address: str | None) -> str:
             f"(printed by `python -m pwkernel.pool start --name {pool}`), or start the pool on "
             "this machine so its pool file is found.")
     return address
-
-
-def use_token(path) -> None:
-    """Talk to Ray with token authentication, the token read from the file ``path``
-    (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``: for this process and its children)."""
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
-    reread_ray_settings()
-
-
-def reread_ray_settings() -> None:
-    """Ray reads its settings (``RAY_AUTH_MODE`` among them) from the environment once, at
-    import: make this process read them again."""
-    from ray._raylet import Config
-
-    Config.initialize("")
-
-
-def _pool_file(pool: str) -> tuple[dict, Any] | None:
-    """The pool's record and token path from ``poolfile`` (pwkernel.pool's), if both exist."""
-    try:
-        from .poolfile import load, token_path
-    except ImportError:  # the pool command's module is not installed with this build
-        return None
-    record = load(pool)
-    return None if record is None else (record, token_path(pool))
 
 
 class TenantActor:

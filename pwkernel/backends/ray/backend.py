@@ -127,7 +127,7 @@ class RayBackend:
                                    f"{islands!r}; e.g. islands=(4, 4).")
         if pool is None:  # JAX may still be asked for stand-in devices before connecting
             _stand_ins(sizes)
-        cluster.connect(address)
+        cluster.connect(address, pool=pool)  # a pool on this machine lends its token
         self.hosts: dict[int, IslandHost] = {}
         self._closed = False
         self.others: others.OtherTenants | None = None  # a pool's other tenants' work

@@ -118,6 +118,17 @@ def _pool_token(pool: str, own_token: bool) -> None:
     _undo.append(lambda: _set_env(old))
 
 
+def lend_token(path) -> Callable[[], None]:
+    """Talk to Ray with token authentication, the token read from the file ``path``, in this
+    process and the Ray processes it starts (what a pool's own commands do); returns what
+    puts the settings back as they were."""
+    changes = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path),
+               "RAY_AUTH_TOKEN": None}  # (RAY_AUTH_TOKEN would win over the path)
+    old = {k: os.environ.get(k) for k in changes}
+    _set_env(changes)
+    return lambda: _set_env(old)
+
+
 def _set_env(values: dict[str, str | None]) -> None:
     """Set (None: unset) environment variables, and make Ray read its settings again."""
     from ray._raylet import AuthenticationTokenLoader, Config

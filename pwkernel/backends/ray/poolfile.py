@@ -44,7 +44,7 @@ def check_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise PoolNameError(
             f"pool name {name!r} is not 1 to 64 letters, digits, '-', '_' or '.' starting "
-            "with a letter or digit; e.g. --name class")
+            "with a letter or digit; e.g. 'class' (--name class, pool='class')")
     return name
 
 

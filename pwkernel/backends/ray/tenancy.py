@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import threading
 from collections import deque
 from typing import Any
@@ -55,6 +54,7 @@ from ...runtime.scheduler import (
 )
 from .actor import linger
 from .ops import IslandDevices, compute_positions, now
+from .poolfile import check_name
 from .tenants import Item, Tenant, TenantRefused
 
 DEFAULT_LEASE = 5.0  # s without a call after which a pool drops a tenant
@@ -64,20 +64,11 @@ POOL_CONCURRENCY = 64  # actor threads: every tenant's poll waits in one
 # charged on a stale estimate moves its tenant's pass far, and another tenant's with it.
 DEPTH = 4
 _LOG_KEEP = 100_000  # launch log entries kept (older ones are dropped in halves)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def namespace(pool: str) -> str:
     """The Ray namespace of pool ``pool``'s island actors."""
     return f"pwkernel-pool-{check_name(pool)}"
-
-
-def check_name(pool: Any) -> str:
-    if not isinstance(pool, str) or not _NAME.match(pool):
-        raise DeviceSetupError(f"a pool name is 1 to 64 letters, digits, '_', '.' or '-' "
-                               f"(starting with a letter or digit), got {pool!r}; e.g. "
-                               "pool='class'.")
-    return pool
 
 
 class PoolIslandActor:
