@@ -32,7 +32,7 @@ def record(name: str, **changes) -> dict:
 
 def test_pool_names_are_refused_unless_they_can_name_files():
     for bad in ("", "a/b", "../x", "-x", "a b", "x" * 65, 3):
-        with pytest.raises(pw.DeviceSetupError, match=r"e.g. .class. \(--name class, pool=.class.\)"):
+        with pytest.raises(pw.DeviceSetupError, match=r"e.g. .class. \(--name class"):
             poolfile.check_name(bad)
     assert poolfile.check_name("class-1_a.b") == "class-1_a.b"
 
