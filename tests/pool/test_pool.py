@@ -226,6 +226,11 @@ NOTEBOOK = textwrap.dedent("""
     ip.run_line_magic("pathways", f"attach ray --address {address} --pool {name}")
     print(repr(ip.run_line_magic("pathways", "status")))
     print("me", f"{socket.gethostname()}:{os.getpid()}")
+    # %%pathways cells on the pool's devices: state carried from one cell to the next
+    ip.run_cell("import jax.numpy as jnp, numpy as np")
+    ip.run_cell_magic("pathways", "--devices 2 --island 1", "w = jnp.arange(4.0) * 3")
+    ip.run_cell_magic("pathways", "--devices 2 --island 1",
+                      "total = (w + 1).sum()\\nprint('cells', float(total))")
     cli = subprocess.run([sys.executable, "-m", "pwkernel.pool", "status", "--name", name],
                          capture_output=True, text=True, timeout=120)
     print(cli.stdout, cli.stderr)
@@ -241,6 +246,7 @@ def test_a_notebook_attaches_as_a_tenant_and_sees_itself_in_status(started, env)
             "island 1: 2 cpu") in out
     me = next(line.split()[1] for line in out.splitlines() if line.startswith("me "))
     assert f"Pool {NAME}: tenants" in out and f"{me} (this kernel)" in out
+    assert "cells 22.0" in out  # (0 + 3 + 6 + 9) + 4, computed on the pool's island 1
     assert "tenant" in out and me in out.split("token file:")[-1]  # the CLI sees it too
 
 

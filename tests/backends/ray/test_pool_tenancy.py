@@ -346,3 +346,20 @@ def test_a_killed_tenant_is_dropped_and_its_buffers_freed_while_others_carry_on(
         ctl.close()
     wait_until(lambda: sum(s["bytes"] for s in statuses()) == baseline, 10,
                "the island's bytes back at the baseline")
+
+
+def test_a_lost_island_fails_only_the_futures_that_needed_it(pool):
+    """The last test of the module: it kills island 1's actor (the pool's teardown ends the
+    rest). Work that needs island 1 fails with IslandLostError; island 0 carries on."""
+    ctl = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="unlucky")
+    try:
+        on0 = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=0))
+        on1 = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=1))
+        x = np.arange(4.0, dtype=np.float32)
+        np.testing.assert_array_equal(np.asarray(on1(x).result()), x + 1)
+        ray.kill(islands()[1], no_restart=True)  # the island's process dies
+        with pytest.raises(pw.IslandLostError):
+            on1(x).result(timeout=TIMEOUT)
+        np.testing.assert_array_equal(np.asarray(on0(x).result(timeout=TIMEOUT)), x * 2)
+    finally:
+        ctl.close()
