@@ -273,7 +273,9 @@ def wait_reclaimed(islands: list, name: str, unowned: int, t_kill: float,
     status until it dropped the tenant (``dropped_s``) and the islands hold none of its bytes
     (``reclaim_s``: nothing beyond the other tenants' buffers and the ``unowned`` bytes of
     before the kill); the other tenants may go on working meanwhile."""
-    dropped = None
+    import ray
+
+    dropped, seen = None, -1
     while True:
         now_unowned, by = unowned_bytes(islands)
         t = time.monotonic() - t_kill
@@ -284,7 +286,8 @@ def wait_reclaimed(islands: list, name: str, unowned: int, t_kill: float,
         if t > timeout:
             raise RuntimeError(f"the pool did not free killed tenant {name}'s memory within "
                                f"{timeout:g} s ({'dropped' if dropped else 'not dropped'})")
-        time.sleep(0.02)  # a status read over Ray: nothing here to wait on
+        # until island 0's status changes (a tenant dropped, buffers freed, work ended)
+        seen = ray.get(islands[0].changed.remote(seen, 1.0), timeout=60)
 
 
 def reclaim(islands: list, victim: Process) -> dict:

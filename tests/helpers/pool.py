@@ -153,16 +153,30 @@ class Tenant:
             stream.close()
 
 
-def wait_until(predicate, timeout: float, what: str, every: float = 0.2):
-    """Poll ``predicate()`` (a remote status read) until it returns something true."""
+def wait_until(predicate, timeout: float, what: str, wait):
+    """Read ``predicate()`` until it returns something true; between reads ``wait(left)``
+    blocks until what it reads may have changed (``island_changes``, or a trace's
+    ``wait_for``), at most ``left`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         got = predicate()
         if got:
             return got
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(every)  # a status read over Ray: nothing to wait on locally
+        wait(min(left, 1.0))
+
+
+def island_changes(actor):
+    """A ``wait`` for ``wait_until``: until the pool island ``actor`` changes (``changed``)."""
+    import ray
+
+    seen = [-1]
+
+    def wait(left: float) -> None:
+        seen[0] = ray.get(actor.changed.remote(seen[0], left), timeout=left + TIMEOUT)
+    return wait
 
 
 @contextlib.contextmanager

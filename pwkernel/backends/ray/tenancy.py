@@ -93,6 +93,8 @@ class PoolIslandActor:
         self._log: list[dict] = []
         self._logged = 0  # launches logged before ``_log[0]``
         self._peers: dict[int, Any] = {}
+        self._changes = 0  # what pool_status shows changed this often (``changed``)
+        self._watchers = 0  # callers waiting in ``changed``
         threading.Thread(target=self._issue_loop, name="pool-issuer", daemon=True).start()
         threading.Thread(target=self._lease_loop, name="pool-leases", daemon=True).start()
 
@@ -141,6 +143,24 @@ class PoolIslandActor:
                 "tenants": rows, "bytes": live, "launches": launches,
                 "queued": queued, "running": running}
 
+    def changed(self, seen: int = -1, timeout: float = 1.0) -> int:
+        """How many times what ``pool_status`` shows has changed (a tenant came or went, an
+        operation was issued or ended, buffers were freed), once that count is past ``seen``
+        or after ``timeout`` seconds: a reader waits here between status reads."""
+        with self._cv:
+            self._watchers += 1
+            try:
+                self._cv.wait_for(lambda: self._changes > seen, timeout)
+            finally:
+                self._watchers -= 1
+            return self._changes
+
+    def _changed(self) -> None:
+        """Under the lock: count a change; wake whoever waits in ``changed``."""
+        self._changes += 1
+        if self._watchers:
+            self._cv.notify_all()
+
     # --- tenants ---------------------------------------------------------------------------
     def register(self, name: str, weight: float = 1.0) -> dict:
         """A new tenant: its id and the secret its later calls pass."""
@@ -151,6 +171,7 @@ class PoolIslandActor:
         with self._cv:
             tenant = Tenant(next(self._ids), name, float(weight), now())
             self._tenants[tenant.secret] = tenant
+            self._changed()
         threading.Thread(target=self._complete_loop, args=(tenant,),
                          name=f"pool-tenant{tenant.id}", daemon=True).start()
         return {"tenant": tenant.id, "secret": tenant.secret}
@@ -197,6 +218,7 @@ class PoolIslandActor:
             self._post(*events)
         if not tenant.running and not tenant.issuing:
             tenant.issued.put(None)
+        self._changes += 1
         self._cv.notify_all()
 
     def _lease_loop(self) -> None:
@@ -338,6 +360,7 @@ class PoolIslandActor:
                 out = self.ops.failed(op, e, t_launch)
             with self._cv:
                 tenant.issuing = False
+                self._changed()  # (a free, or buffers made)
                 if tenant.dropped:  # dropped while this was issued: its outputs go too
                     tenant.buffers.clear()
                 if out is None:  # a free
@@ -393,6 +416,7 @@ class PoolIslandActor:
                         break
                 else:
                     tenant.records.append(record)
+                self._changes += 1
                 self._cv.notify_all()
 
 

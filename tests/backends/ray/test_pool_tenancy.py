@@ -16,7 +16,7 @@ import ray
 import pwkernel as pw
 from pwkernel.backends.ray import tenancy
 from pwkernel.bench.figure2 import figure2
-from tests.helpers.pool import TIMEOUT, Tenant, running_pool, wait_until
+from tests.helpers.pool import TIMEOUT, Tenant, island_changes, running_pool, wait_until
 
 NAME = "test"
 LEASE = 4.0
@@ -244,7 +244,8 @@ def test_three_tenants_collectives_on_overlapping_slices_in_one_order(pool):
         computes = [r for r in log if r["kind"] == "compute"]
         assert {r["tenant"] for r in computes} == set(layouts)
         assert gang_violations(log) == []
-    wait_until(lambda: tenants() == set(), TIMEOUT, "the tenants unregistered")
+    wait_until(lambda: tenants() == set(), TIMEOUT, "the tenants unregistered",
+               island_changes(islands()[0]))
 
 
 def exported_step(size: int) -> bytes:
@@ -339,13 +340,14 @@ def test_a_killed_tenant_is_dropped_and_its_buffers_freed_while_others_carry_on(
         held.kill()  # kill -9: nothing unregisters it
         for i in range(3):
             assert double(np.full(4, float(i))).result(TIMEOUT).tolist() == [2.0 * i] * 4
-        wait_until(lambda: "doomed" not in tenants(), LEASE + 10, "the lease to expire")
+        wait_until(lambda: "doomed" not in tenants(), LEASE + 10, "the lease to expire",
+                   island_changes(islands()[0]))
         assert double(np.ones(4)).result(TIMEOUT).tolist() == [2.0] * 4
     finally:
         held.kill()
         ctl.close()
     wait_until(lambda: sum(s["bytes"] for s in statuses()) == baseline, 10,
-               "the island's bytes back at the baseline")
+               "the island's bytes back at the baseline", island_changes(islands()[0]))
 
 
 def test_a_lost_island_fails_only_the_futures_that_needed_it(pool):

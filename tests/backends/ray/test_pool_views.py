@@ -57,7 +57,8 @@ def test_a_tenant_sees_the_other_tenant_in_its_snapshot_trace_view_and_sidebar(p
             got = [e for e in ctl.trace.events() if e.tenant == "bob"]
             return got if len(got) >= 3 * 5 else []  # 3 computations per run, 5 runs
 
-        theirs = wait_until(bobs, TIMEOUT, "bob's computations in alice's trace")
+        theirs = wait_until(bobs, TIMEOUT, "bob's computations in alice's trace",
+                            lambda left: ctl.trace.wait_for(ctl.trace.next_index + 1, left))
         assert {e.name for e in theirs} == {"psum-bob", "gather-bob"}
         assert {(e.program, e.client, e.program_id, e.kind) for e in theirs} == {
             ("bob", "bob/default", -1, "compute")}
