@@ -163,6 +163,14 @@ def stop_head(record: dict, grace: float = 5.0) -> list[int]:
     psutil.wait_procs(left, timeout=grace)
     if record.get("temp_dir"):
         shutil.rmtree(record["temp_dir"], ignore_errors=True)
+    # Ray notes the newest cluster of the machine here whatever --temp-dir says; a stale note
+    # would send a later `ray.init("auto")` to this dead one
+    current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")
+    try:
+        if current.read_text().strip() == record.get("address"):
+            current.unlink()
+    except OSError:
+        pass
     return sorted(p.pid for p in procs + left)
 
 

@@ -12,7 +12,6 @@ import os
 import secrets
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,91 +20,52 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from tests.helpers import ROOT
 
 TIMEOUT = 120.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Head:
-    """A Ray head of our own on 127.0.0.1, with token authentication."""
+    """A Ray head of our own on 127.0.0.1 with token authentication: the pool command's own
+    (``pwkernel.pool.head``), with a token in a temporary file, for tests that make the pool's
+    islands themselves."""
 
-    port: int
-    temp_dir: Path
+    record: dict       # ``head.start_head``'s: address, temp_dir, pids, ...
     token_path: Path
     env: dict = field(default_factory=dict)  # what a process needs to join it
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return self.record["address"]
 
     @classmethod
     def start(cls) -> Head:
-        temp_dir = Path(tempfile.mkdtemp(prefix="pwp-", dir="/tmp"))  # short: Ray's sockets
-        token_path = temp_dir / "token"
-        token_path.write_text(secrets.token_hex(32))
-        token_path.chmod(0o600)
+        from pwkernel.pool import head
+
+        token_dir = Path(tempfile.mkdtemp(prefix="pwp-token-"))
+        token_path = token_dir / "token"
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        try:
+            record = head.start_head("test", token_path)
+        except BaseException:
+            shutil.rmtree(token_dir, ignore_errors=True)
+            raise
         env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path),
                    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # bind 127.0.0.1 only
                    PYTHONPATH=os.pathsep.join(p for p in (str(ROOT),
                                                           os.environ.get("PYTHONPATH")) if p))
         env.pop("RAY_AUTH_TOKEN", None)
-        ray_cli = str(Path(sys.executable).with_name("ray"))
-        for _attempt in (1, 2):  # a port taken meanwhile (the free port is only free now)
-            head = cls(free_port(), temp_dir, token_path, env)
-            try:
-                done = subprocess.run([ray_cli, "start", "--head", "--node-ip-address",
-                                       "127.0.0.1", "--port", str(head.port), "--num-cpus",
-                                       "1", "--include-dashboard", "false",
-                                       "--disable-usage-stats", "--temp-dir", str(temp_dir)],
-                                      env=env, capture_output=True, text=True,
-                                      timeout=TIMEOUT)
-            except BaseException:
-                head.stop()
-                raise
-            if done.returncode == 0:
-                return head
-            head.stop(keep_dir=True)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        raise AssertionError(f"ray start failed twice: {done.stdout[-2000:]}"
-                             f"{done.stderr[-2000:]}")
+        return cls(record, token_path, env)
 
-    def processes(self) -> list[psutil.Process]:
-        marks = (str(self.temp_dir), f"127.0.0.1:{self.port}", f"gcs_server_port={self.port}")
-        found: dict[int, psutil.Process] = {}
-        for p in psutil.process_iter(["cmdline"]):
-            line = " ".join(p.info["cmdline"] or [])
-            if any(m in line for m in marks):
-                found[p.pid] = p
-                try:
-                    found |= {c.pid: c for c in p.children(recursive=True)}
-                except psutil.NoSuchProcess:
-                    pass
-        found.pop(os.getpid(), None)  # this process joined the head; it is not the head's
-        return list(found.values())
+    def stop(self) -> None:
+        from pwkernel.pool import head
 
-    def stop(self, keep_dir: bool = False) -> None:
-        procs = self.processes()
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=60)
-        assert not alive, f"head processes left: {[p.name() for p in alive]}"
-        current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")
-        if current.exists() and current.read_text().strip() == self.address:
-            current.unlink()
-        if not keep_dir:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        head.stop_head(self.record)
+        assert not head.processes(self.record), "head processes left"
+        shutil.rmtree(self.token_path.parent, ignore_errors=True)
 
 
 class Tenant:
