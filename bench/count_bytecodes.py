@@ -7,7 +7,8 @@ Timings on a shared 2-core machine move by a quarter from one run to the next; t
 do not (they move by well under 1 %), so two checkouts can be compared on a busy machine:
 run it with ``PYTHONPATH=<another checkout>`` for that one. Every thread is counted (the
 tracer is installed before the controller starts its threads), only code under the imported
-``pwkernel`` package (JAX's own work is the same in every checkout), after warm-up rounds.
+``pwkernel`` package and the code generated for it that it calls (a dataclass's ``__init__``;
+JAX's own work is the same in every checkout), after warm-up rounds.
 
 - ``chained``, ``opbyop``: the dispatch benchmark's small steps (``pwkernel.bench.dispatch``'s
   ``variants``: 64-step chains of a 256-element step on a 1-device slice), per computation.
@@ -60,8 +61,16 @@ class Counter:
         code = frame.f_code
         own = self._own.get(code)
         if own is None:
-            own = self._own[code] = code.co_filename.startswith(ROOT)
-        if not own:
+            name = code.co_filename
+            if name.startswith("<"):  # generated (a dataclass's __init__): its caller's
+                back = frame.f_back
+                if back is None or not self._own.get(back.f_code, False):
+                    return None
+            else:
+                own = self._own[code] = name.startswith(ROOT)
+                if not own:
+                    return None
+        elif not own:
             return None
         if self.on:
             self.calls[code] = self.calls.get(code, 0) + 1
@@ -79,11 +88,16 @@ class Counter:
                "calls": round(sum(self.calls.values()) / per, 2)}
         if top:
             rows = sorted(self.bytecodes.items(), key=lambda kv: -kv[1])[:top]
-            out["top"] = [{"function": f"{Path(c.co_filename).relative_to(Path(ROOT).parent)}:"
+            out["top"] = [{"function": f"{_where(c.co_filename)}:"
                                        f"{c.co_name}:{c.co_firstlineno}",
                            "bytecodes": round(n / per, 1),
                            "calls": round(self.calls.get(c, 0) / per, 2)} for c, n in rows]
         return out
+
+
+def _where(filename: str) -> str:
+    return filename if filename.startswith("<") else str(
+        Path(filename).relative_to(Path(ROOT).parent))
 
 
 def small(kind: str, counter: Counter, top: int) -> dict:

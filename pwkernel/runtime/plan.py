@@ -90,6 +90,7 @@ class PlanNode:
     sharding: Any = None          # the destination layout
     out_nbytes: tuple[dict[int, int], ...] = ()  # per output: bytes on each device (both)
     memory: int = 0               # bytes per device its outputs take (what a budget counts)
+    returns: tuple[tuple[int, int], ...] = ()  # (position, slot) of its outputs the user sees
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
 
 
@@ -172,8 +173,10 @@ def build(graph: Graph) -> Plan:
                               cost_key=cost_key(node.fn, node.signature), memory=p.memory,
                               waits=tuple(waits), after=tuple(after), external=p.external > 0)
         nodes.append(p)
+    seen = frozenset(graph.outputs)
     for p in nodes:
         p.notifies = any(notify[s] for s in p.outputs)
+        p.returns = tuple((k, s) for k, s in enumerate(p.outputs) if s in seen)
     islands: dict[int, list[NodeSpec]] = {}
     for p in nodes:
         if p.is_compute:

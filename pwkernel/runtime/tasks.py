@@ -15,7 +15,7 @@ A transfer skips QUEUED (it needs no devices to itself) unless a memory budget m
 destination's scheduler admit its bytes first. A backend says only that a launch completed
 (``Task.completed``); the runtime reports the end once the rule of ``ends.py`` allows (launch
 order per device set, after the inputs' ends). Every task leaves through one path,
-``ProgramRun._end``: a task that ran comes there from ``Task.report_end`` (or ``Task.ended``,
+``ProgramRun.end``: a task that ran comes there from ``Task.report_end`` (or ``Task.ended``,
 the simulator's), one that never ran from ``ProgramRun.fail``. That path records the trace,
 tells the island's scheduler, resolves or fails the outputs, spreads a failure to every
 dependent with the same exception, frees inputs nobody needs any more, and counts the run
@@ -151,7 +151,7 @@ class Task:
         line = self.line
         if line is not None:
             line.remove(self)
-        self.run.ran(self, t_start, t_end, error, values)
+        self.run.end(self, t_start, t_end, error, values)
 
     def report_end(self, t_inputs: float) -> None:
         """The completion may be reported now (``ends.py`` said so): its end, with its span."""
@@ -175,7 +175,7 @@ class Task:
                     last_end[d] = t  # the next work there starts after this end
         if t < t_start:
             t = t_start
-        self.run.ran(self, t_start, t, error, values)
+        self.run.end(self, t_start, t, error, values)
 
     def expedite(self, timeout: float | None = None) -> None:
         """Someone waits for this task's outputs: its executor may let that thread see the
@@ -242,7 +242,8 @@ class ProgramRun(RunSlots):
         base = self.base
         self.tasks = [Task(base + p.index, p, self) for p in plan.nodes]
         self.t_submit = owner.now()
-        self._remaining = self._unended = len(self.tasks)
+        self._ntasks = self._unended = len(self.tasks)
+        self._bookkept = itertools.count(1)  # tasks whose end's bookkeeping is done
         self._ended = False
         self._ended_event: threading.Event | None = None  # made when someone waits on the run
 
@@ -300,7 +301,7 @@ class ProgramRun(RunSlots):
         return len(dropped)
 
     def __repr__(self) -> str:
-        state = "ended" if self.done() else f"{self._remaining} nodes left"
+        state = "ended" if self.done() else f"{self._unended} nodes left"
         return f"ProgramRun(id={self.id}, name={self.name!r}, client={self.client!r}, {state})"
 
     # --- a task's life ---------------------------------------------------------------------
@@ -339,21 +340,6 @@ class ProgramRun(RunSlots):
             Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
         return True
 
-    def ran(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
-            values=None) -> None:
-        """A task that ran has ended (its end reported, ``Task.report_end``)."""
-        if self.errors:
-            upstream = self.slot_error(task.node.inputs)
-            if upstream is not None:
-                error = upstream
-        # launched and ended at once: _end puts the values in their slots, and its futures
-        # resolve there (which fires their launch hooks)
-        if self._end(task, True, error, t_start, t_end,
-                     values if values is not None and not task.has_outputs else None):
-            node = task.node
-            if self.parallel and node.notifies and error is None:
-                self._outputs_arrived(node)  # consumers counted no launch: now, with its end
-
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
         ``error``, and so, through its outputs, does everything that depends on it.
@@ -367,41 +353,52 @@ class ProgramRun(RunSlots):
                     if not task.drop():
                         return
         t = self.owner.now()
-        self._end(task, False, error, t, t)
+        self.end(task, t, t, error, ran=False)
 
-    def _end(self, task: Task, ran: bool, error, t_start: float, t_end: float,
-             fresh=None) -> bool:
-        """The one way out (see the module docstring). ``fresh``: output values the task
-        ended with that were never launched (``launched``); True if they were put in their
-        slots here."""
+    def end(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
+            fresh=None, ran: bool = True) -> None:
+        """The one way out (see the module docstring): ``task`` ran over ``[t_start, t_end]``
+        (its end reported, ``Task.report_end``), or (``ran=False``) it never will. ``fresh``:
+        output values it ended with, if it ended at once (put in their slots here unless
+        ``launched`` did; its futures resolve here, which fires their launch hooks)."""
         node = task.node
         owner = self.owner
         if ran:
+            if self.errors:  # an upstream error wins
+                upstream = self.slot_error(node.inputs)
+                if upstream is not None:
+                    error = upstream
             task.move(_ENDED)
             trace = owner.trace
             if trace.enabled:
                 what, where, tail = node.trace  # the fixed fields were made with the plan
                 trace.record_span(what, self.trace_fields, where, tail, task.t_submit, t_start,
                                   t_end, "ok" if error is None else "error")
-        values, futures = self.values, self.futures
-        spread, dropped, unparked = [], [], None
+        values, futures, dropped, unparked = self.values, self.futures, None, None
         with self.lock:
             if fresh is not None:
                 if task.has_outputs or values is None:
                     fresh = None
                 else:
                     task.has_outputs = True
-            for k, s in enumerate(node.outputs):
-                self.t_done[s] = t_end
-                if error is not None:
-                    self.errors[s] = error
+            t_done = self.t_done
+            if error is not None:
+                errors = self.errors
+                for s in node.outputs:
+                    t_done[s] = t_end
+                    errors[s] = error
                     values[s] = None
-                    spread.append(s)
-                else:
+            else:
+                refs = self.refs
+                for k, s in enumerate(node.outputs):
+                    t_done[s] = t_end
                     if fresh is not None:
                         values[s] = fresh[k]
-                    if s not in futures and not self.refs[s]:  # nobody reads it
-                        dropped.append((values[s], node, k))
+                    if not refs[s] and s not in futures:  # nobody reads it
+                        if dropped is None:
+                            dropped = [(values[s], node, k)]
+                        else:
+                            dropped.append((values[s], node, k))
                         values[s] = None
             if self._waiters:
                 self._changed.notify_all()
@@ -418,26 +415,29 @@ class ProgramRun(RunSlots):
             Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
         if dropped:
             self._free(dropped)
-        if futures:
-            made = [(fut, values[s], node.out_nbytes[k]) for k, s in enumerate(node.outputs)
-                    if (fut := futures.get(s)) is not None]
+        if node.returns:  # its outputs the user sees
+            nbytes = node.out_nbytes
+            made = [(futures[s], values[s], nbytes[k]) for k, s in node.returns]
             if error is not None:
                 for fut, _, _ in made:
                     fut.set_exception(error, t_end)
-            elif made:  # computations and copies alike reserved their outputs' memory when
+            else:  # computations and copies alike reserved their outputs' memory when
                 Future.set_results(made, t_end, True)  # launched
         if unparked:
             resume(unparked)
-        for s in spread:
-            self.spread(s, error)
-        if error is None and not self.parallel:
+        if error is not None:
+            for s in node.outputs:
+                self.spread(s, error)
+        elif not self.parallel:
             owner.arrived(self, *node.outputs)
+        elif fresh is not None and node.notifies:  # consumers counted no launch: now
+            self._outputs_arrived(node)
         if node.inputs:
             self._release_inputs(node)
-        with self.lock:  # (another task's end may still be freeing values: the last to
-            self._remaining -= 1  # end its own bookkeeping closes the run)
-            over = self._remaining == 0
-        if over:  # keep nothing alive: the run stays reachable from its futures
+        # another task's end may still be freeing values: the last to end its own
+        # bookkeeping closes the run (the count's next() is one atomic step)
+        if next(self._bookkept) == self._ntasks:
+            # keep nothing alive: the run stays reachable from its futures
             owner.run_ended(self)
             self.tasks = []
             self.values = None
@@ -450,7 +450,6 @@ class ProgramRun(RunSlots):
                 event.set()
         if ran and owner.memory_budget is not None:  # in flight until its frees are
             owner.work_ended()  # done: an idle check must not count what it is freeing
-        return fresh is not None
 
     def spread(self, slot: int, error: BaseException) -> None:
         """Every task reading ``slot`` that has not started fails with ``error``."""

@@ -14,6 +14,7 @@ import threading
 import numpy as np
 
 import pwkernel as pw
+from pwkernel.runtime.objects import Future
 from pwkernel.runtime.plan import Plan, build
 from pwkernel.runtime.tasks import ClientSpec, ProgramRun
 
@@ -107,12 +108,14 @@ def pair_plan(ctl: pw.Controller, first, second, island: int = 0) -> Plan:
 
 def start(plan: Plan, owner: Owner | None = None, parallel: bool = True,
           x=None) -> ProgramRun:
-    """A run of ``plan`` with its inputs there (``x``, default ones), as the dispatcher leaves
-    one after submission (no task launched yet)."""
+    """A run of ``plan`` with its inputs there (``x``, default ones) and a ``Future`` for each
+    of its outputs, as the dispatcher leaves one after submission (no task launched yet)."""
     run = ProgramRun(owner or Owner(), plan, ClientSpec("tester"), parallel)
     for slot in plan.inputs:
         run.values[slot] = np.ones(4, np.float32) if x is None else x
         run.t_done[slot] = 0.0
+    for out in plan.made:
+        run.futures[out.slot] = Future(out.shape, out.dtype, name=out.name)
     return run
 
 
