@@ -84,8 +84,9 @@ def stage_order_seen(events: Iterable[Event]) -> dict[int, list[Call]]:
 def peak_residuals(events: Iterable[Event], residual_bytes: Sequence[int]) -> list[int]:
     """Per stage, the most bytes of microbatch residuals alive at once during ``events`` (one
     or more steps): ``residual_bytes[s]`` for each microbatch between the start of its forward
-    and the end of its backward on stage s (``Pipeline.residual_bytes``)."""
-    marks: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    and the end of its backward on stage s (``Pipeline.residual_bytes``). Marks at equal times
+    go in the trace's order, which on a stage's devices is the order they ran the calls in."""
+    marks: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
     for e in _computations(events):
         call = parse_name(e.name)
         if call is None or call.kind is Kind.UPDATE:
@@ -94,13 +95,16 @@ def peak_residuals(events: Iterable[Event], residual_bytes: Sequence[int]) -> li
             raise ValueError(f"the trace has stage {call.stage} but residual_bytes has "
                              f"{len(residual_bytes)} entries (one per stage).")
         n = residual_bytes[call.stage]
-        # at equal times an end comes before a start: a backward ending as the next forward
-        # starts on the same devices does not overlap it
-        marks[call.stage].append((e.t_start, n) if call.kind is Kind.FWD else (e.t_end, -n))
+        # At equal times, the order the stage's devices ran the calls in, which is the order
+        # their ends were recorded (the trace's index): a backward ending as the next forward
+        # starts does not overlap it, but a forward and the backward behind it, both stamped
+        # at the instant a late end was seen (zero-length spans), do.
+        marks[call.stage].append((e.t_start, e.index, n) if call.kind is Kind.FWD
+                                 else (e.t_end, e.index, -n))
     out = []
     for s in range(len(residual_bytes)):
         live = peak = 0
-        for _, delta in sorted(marks.get(s, []), key=lambda m: (m[0], m[1])):
+        for _, _, delta in sorted(marks.get(s, [])):
             live += delta
             peak = max(peak, live)
         out.append(peak)

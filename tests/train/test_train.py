@@ -192,6 +192,30 @@ def test_bubble_is_the_idle_share_of_device_time():
         pw.train.bubble([])
 
 
+def test_peak_residuals_breaks_ties_in_the_order_the_devices_ran():
+    """Calls on one device set are reported (and so indexed) in the order they ran there, and
+    a call whose end was seen late makes the calls behind it start and end at that instant
+    (spans are clamped after the previous end there). At equal times, an end comes before a
+    start only if its call ran first."""
+    from pwkernel.runtime.trace import Event
+
+    def run(*calls):  # (name, t_start, t_end) in the order one device ran them
+        return [Event(i, "compute", n, "p", 1, "c", 1, (4,), 0.0, a, b)
+                for i, (n, a, b) in enumerate(calls)]
+
+    # GPipe's last stage (s1) as a loaded run traced it: the forward of m3 and the backward of
+    # m0 both at 10.731 (zero-length, behind a late end), the forward first
+    late = run(("s1.fwd[m0]", 5.652, 10.393), ("s1.fwd[m1]", 10.393, 10.507),
+               ("s1.fwd[m2]", 10.507, 10.577), ("s1.fwd[m3]", 10.731, 10.731),
+               ("s1.bwd[m0]", 10.731, 10.731), ("s1.bwd[m1]", 11.406, 11.916),
+               ("s1.bwd[m2]", 13.521, 13.956), ("s1.bwd[m3]", 16.081, 16.537))
+    assert pw.train.peak_residuals(late, [5, 7]) == [0, 4 * 7]
+    # 1F1B's last stage: each backward ends as the next forward starts, the backward first
+    assert pw.train.peak_residuals(run(("s1.fwd[m0]", 0, 1), ("s1.bwd[m0]", 1, 2),
+                                       ("s1.fwd[m1]", 2, 3), ("s1.bwd[m1]", 3, 4)),
+                                   [5, 7]) == [0, 7]
+
+
 def test_memory_stays_flat_and_the_state_is_donated(tctl, pipe):
     state = pw.train.wait(pipe.init(0))
     data, held = batches(2), []
