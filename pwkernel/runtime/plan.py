@@ -91,6 +91,7 @@ class PlanNode:
     out_nbytes: tuple[dict[int, int], ...] = ()  # per output: bytes on each device (both)
     memory: int = 0               # bytes per device its outputs take (what a budget counts)
     returns: tuple[tuple[int, int], ...] = ()  # (position, slot) of its outputs the user sees
+    donates: tuple[int, ...] = ()  # positions of the inputs it donates (computations)
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
 
 
@@ -137,7 +138,7 @@ def build(graph: Graph) -> Plan:
             p = PlanNode(index, node, node.name, node.island, node.devices, tuple(ins),
                          tuple(outs), True, fn=node.fn, exe=exe, call=exe.call,
                          asynchronous=exe.asynchronous, out_nbytes=exe.out_nbytes,
-                         memory=exe.memory)
+                         memory=exe.memory, donates=tuple(exe.donated))
         else:
             spec = graph.values[node.output]
             nbytes = shard_bytes(spec.shape, spec.dtype, spec.sharding)

@@ -334,11 +334,16 @@ class ProgramRun(RunSlots):
             slots = self.values
             for s, v in zip(node.outputs, values, strict=True):
                 slots[s] = v
-        futures = self.futures
-        if futures and node.is_compute and node.exe.donated:
-            get, inputs = futures.get, node.inputs
-            Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
+        if node.donates:
+            self._consume_donated(node)
         return True
+
+    def _consume_donated(self, node: PlanNode) -> None:
+        """The futures whose buffers ``node`` donated are consumed (its outputs are held)."""
+        futures = self.futures
+        if futures:
+            get, inputs = futures.get, node.inputs
+            Future.consumed_many([get(inputs[i]) for i in node.donates])
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
@@ -410,9 +415,8 @@ class ProgramRun(RunSlots):
                 owner.computation_ended(task, t_end - t_start)  # ends are known by then)
             if error is not None:  # the memory its outputs reserved (under a budget)
                 owner.release_memory(node.island, node.devices, node.memory)
-        if fresh is not None and futures and node.is_compute and node.exe.donated:
-            get, inputs = futures.get, node.inputs  # the futures whose buffers it donated
-            Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
+        if fresh is not None and node.donates:
+            self._consume_donated(node)
         if dropped:
             self._free(dropped)
         if node.returns:  # its outputs the user sees
