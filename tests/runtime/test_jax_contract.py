@@ -149,8 +149,9 @@ def test_a_chain_of_donating_calls_runs_ahead_and_ends(ctl):
     assert ctl.wait(60)
 
 
-def test_a_donating_call_is_launched_behind_its_running_producer(ctl):
-    """As jax.jit enqueues a call that donates a value still being computed, so does
+@pytest.mark.parametrize("donate", [0, ()], ids=["donating", "plain"])
+def test_a_call_is_launched_behind_its_running_producer(ctl, donate):
+    """As jax.jit enqueues a call on a value still being computed (donated or not), so does
     pw.function: the submitting thread launches it at once (its end is watched on a fence,
     not on the buffer it donates), long before its producer ends."""
     s = ctl.slice(2)
@@ -161,7 +162,7 @@ def test_a_donating_call_is_launched_behind_its_running_producer(ctl):
         return w
 
     slow = pw.function(heavy, slice=s)
-    step = pw.function(lambda w: w * 0.5, slice=s, donate_argnums=0)
+    step = pw.function(lambda w: w * 0.5, slice=s, donate_argnums=donate)
     w0 = np.full((1024, 1024), 1 / 1024, np.float32)
     slow(w0).result(60)  # compiled
     step(slow(w0)).result(60)
