@@ -325,21 +325,22 @@ def test_inputs_from_elsewhere_hold_a_program_node_until_ready():
     assert s.queued == ()
 
 
-class Looks(dict):
-    """The scheduler's task table, counting how many tasks a pass looks at."""
+class Looks(list):
+    """A client's ready list, counting how many of its entries a pass looks at."""
 
     looked = 0
 
-    def __getitem__(self, key):
+    def __getitem__(self, i):
         self.looked += 1
-        return super().__getitem__(key)
+        return super().__getitem__(i)
 
 
 def test_ready_work_is_not_walked_again_for_every_launch():
     s = GangScheduler(ALL)
     s.handle(Submit(task=0, devices=ALL, ready=True))  # holds every device
     s.handle(*(Submit(task=t, devices=(t % 4,), ready=True) for t in range(1, 2001)))
-    s._tasks = table = Looks(s._tasks)
+    client = s._clients["default"]
+    client.ready = table = Looks(client.ready)
     assert launched(s.handle(Submit(task=5000, devices=ALL, ready=True))) == []
     # 2000 ready and blocked: a pass stops once every device is reserved (after 4 looks);
     # it neither sorts them again nor walks all of them
