@@ -95,8 +95,8 @@ class _Task:
     pending: int = 0  # conditions before it is ready: its Ready event, producers to launch
     external: bool = False  # still waits for its Ready event
     dependents: list | None = None  # tasks whose ``waits`` name this one
-    charged: float = 0.0
     copy: bool = False  # a copy onto the island: it needs only memory
+    charged: float = field(init=False, repr=False)  # its estimate, set when it launches
 
 
 @dataclass
@@ -162,8 +162,12 @@ class GangScheduler:
                 changed = True
             else:
                 raise TypeError(f"GangScheduler cannot handle {event!r}")
-        if changed:
-            self._schedule(out)
+        if changed:  # a pass; with one client, its list is the order (its dependents join it)
+            sole = self._sole
+            if sole is None:
+                self._schedule(out)
+            elif sole.ready:
+                self._pass_one(sole.ready, out)
         return out
 
     # --- queries ---------------------------------------------------------------------------
@@ -341,6 +345,7 @@ class GangScheduler:
         del self._tasks[t.id]
         self._unready(t)
         t.client.active -= 1
+        t.pending = -1  # never ready, whichever of its producers launches
 
     def _fits_memory(self, t: _Task) -> bool:
         if self.memory_budget is None or not t.memory:
@@ -356,12 +361,8 @@ class GangScheduler:
 
     def _schedule(self, out: list) -> None:
         """Passes over the ready computations in policy order, launching each that can start
-        and reserving the devices of each that cannot, until one pass launches nothing."""
-        sole = self._sole
-        if sole is not None:  # one client's list is the order (its dependents join it)
-            if sole.ready:
-                self._pass_one(sole.ready, out)
-            return
+        and reserving the devices of each that cannot, until one pass launches nothing (of
+        several clients; ``handle`` passes over the one client's list itself)."""
         while True:
             clients = [c for c in self._clients.values() if c.ready]
             if not clients:
@@ -492,9 +493,7 @@ class GangScheduler:
         client.passes = passes + charged / client.weight
         out.append(Launch(task=tid))
         if t.dependents:
-            tasks = self._tasks
-            for dep in t.dependents:
-                if dep.id in tasks:
-                    dep.pending -= 1
-                    if not dep.pending:
-                        self._make_ready(dep)
+            for dep in t.dependents:  # (a dropped one stays below zero)
+                dep.pending -= 1
+                if not dep.pending:
+                    self._make_ready(dep)
