@@ -143,7 +143,7 @@ class IslandQueue:
                     task.drop()
                     rejects = [] if rejects is None else rejects
                     rejects.append((task, decision.reason))
-            drain = self._claim()
+            drain = self._claim() if self._todo else False  # (mostly nothing waits)
         if rejects:
             for task, reason in rejects:
                 what = task.node.name if task.node.is_compute else (

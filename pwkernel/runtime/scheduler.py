@@ -322,9 +322,8 @@ class GangScheduler:
         t = self._tasks.pop(task, None)
         if t is None:
             return
-        busy = self._busy
         for d in t.devices:
-            queue = busy[d]
+            queue = self._busy[d]
             if queue:
                 if queue[0] == task:  # (ends come in launch order: the usual case)
                     del queue[0]
@@ -337,9 +336,8 @@ class GangScheduler:
         client.active -= 1
         key = t.cost_key
         if key is not None:
-            estimates = self._estimates
-            old = estimates.get(key)
-            estimates[key] = actual if old is None else 0.5 * (old + actual)
+            old = self._estimates.get(key)
+            self._estimates[key] = actual if old is None else 0.5 * (old + actual)
 
     def _drop(self, t: _Task) -> None:
         del self._tasks[t.id]
@@ -479,9 +477,8 @@ class GangScheduler:
             t.client.active -= 1
             out.append(Launch(task=tid))
             return
-        busy = self._busy
         for d in t.devices:
-            busy[d].append(tid)
+            self._busy[d].append(tid)
         client = t.client
         passes = client.passes
         if passes > self._vtime:
