@@ -323,6 +323,11 @@ def test_inputs_from_elsewhere_hold_a_program_node_until_ready():
     assert 21 in s.queued and launched(s.handle(Ended(task=10), Ended(task=11))) == []
     s.handle(Cancel(task=21))
     assert s.queued == ()
+    # nor does a dropped node when its producer launches afterwards
+    s.handle(SubmitProgram(base=30, nodes=specs[:2]), Cancel(task=31))
+    assert launched(s.handle(Ready(task=30))) == [30]
+    assert s.running == (12, 30) and s.queued == ()
+    assert launched(s.handle(Ended(task=30))) == []
 
 
 class Looks(list):
