@@ -75,8 +75,8 @@ class _Client:
     passes: float = 0.0  # stride scheduling's pass value, in device-seconds / weight
     active: int = 0      # queued + running tasks
     device_seconds: float = 0.0
-    # (key, task) of its ready tasks, sorted by key; keys are unique (they end with the
-    # task's ``seq``), so two tasks are never compared
+    # (key, task) of its ready tasks, sorted by key; keys are unique (each is, or ends with,
+    # the task's ``seq``), so two tasks are never compared
     ready: list = field(default_factory=list)
 
 
@@ -89,7 +89,7 @@ class _Task:
     priority: int
     cost_key: Hashable
     memory: int
-    after: tuple[int, ...] = ()  # as offsets from ``base``: a program's node specs, as they are
+    after: tuple[int, ...] = ()  # task ids less ``base`` (a program node's ``after`` as is)
     base: int = 0
     group: Hashable = None
     pending: int = 0  # conditions before it is ready: its Ready event, producers to launch
