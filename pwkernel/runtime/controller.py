@@ -21,6 +21,7 @@ from jax.sharding import AxisType
 from . import executor as executors
 from .dispatcher import Dispatcher, DispatchMode
 from .errors import ControllerClosedError, DeviceSetupError, SliceError
+from .events import DEFAULT_CLIENT
 from .executor import Executor, IslandFacts
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
@@ -222,7 +223,7 @@ class Controller:
 
     @property
     def current_client(self) -> ClientSpec:
-        return _client.get() or ClientSpec()
+        return _client.get() or DEFAULT_CLIENT
 
     # --- programs --------------------------------------------------------------------------
     def submit(self, graph: Graph, leaves: list,

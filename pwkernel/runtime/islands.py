@@ -22,10 +22,21 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from . import budget
-from . import scheduler as sch
 from .ends import EndOrder
 from .errors import MemoryBudgetError
+from .events import (
+    Cancel,
+    Ended,
+    Launch,
+    MemoryFreed,
+    Policy,
+    Ready,
+    SetPolicy,
+    Submit,
+    SubmitProgram,
+)
 from .objects import BufferRecord
+from .scheduler import GangScheduler
 from .tasks import ProgramRun, Task, TaskState
 
 if TYPE_CHECKING:
@@ -41,8 +52,8 @@ class IslandQueue:
     def __init__(self, island: Island, executor: Executor, policy, memory_budget):
         self.island = island
         self.executor = executor
-        self.scheduler = sch.GangScheduler(island.device_ids, policy, memory_budget,
-                                           program_ahead=executor.program_ahead)
+        self.scheduler = GangScheduler(island.device_ids, policy, memory_budget,
+                                       program_ahead=executor.program_ahead)
         self._lock = threading.RLock()
         self._tasks: dict[int, Task] = {}
         self._handling = False
@@ -53,7 +64,7 @@ class IslandQueue:
         self.ends = EndOrder()  # launch order per device set, for reporting ends
 
     # --- what the dispatcher and the task life post ----------------------------------------
-    def submit_program(self, tasks: list[Task], event: sch.SubmitProgram,
+    def submit_program(self, tasks: list[Task], event: SubmitProgram,
                        ready: list[Task]) -> None:
         """A run's computations on this island, with those whose inputs are already there."""
         t, mine = self.executor.now(), self._tasks
@@ -62,12 +73,12 @@ class IslandQueue:
                 task.queued(t)
                 mine[task.id] = task
         if ready:
-            self.post(event, *[sch.Ready(task=task.id, after=task.run.after(task)
-                                         if task.node.foreign else ()) for task in ready])
+            self.post(event, *[Ready(task=task.id, after=task.run.after(task)
+                                     if task.node.foreign else ()) for task in ready])
         else:
             self.post(event)
 
-    def submit(self, task: Task, event: sch.Submit) -> None:
+    def submit(self, task: Task, event: Submit) -> None:
         """One computation whose inputs exist (sequential dispatch)."""
         with self._lock:
             task.t_submit = self.executor.now()
@@ -75,12 +86,11 @@ class IslandQueue:
         self.post(event)
 
     def ready(self, task: Task) -> None:
-        self.post(sch.Ready(task=task.id,
-                            after=task.run.after(task) if task.node.foreign else ()))
+        self.post(Ready(task=task.id, after=task.run.after(task) if task.node.foreign else ()))
 
     def ended(self, task: Task, seconds: float) -> None:
         """A launched computation ended: its devices are free."""
-        self.post(sch.Ended(task=task.id, seconds=seconds))
+        self.post(Ended(task=task.id, seconds=seconds))
 
     def cancel(self, *tasks: Task) -> list[Task]:
         """Drop those of ``tasks`` not yet launched, all in one step of the scheduler (so
@@ -92,20 +102,19 @@ class IslandQueue:
                     task.drop()
                     dropped.append(task)
         if dropped:
-            self.post(*[sch.Cancel(task=task.id) for task in dropped])
+            self.post(*[Cancel(task=task.id) for task in dropped])
         return dropped
 
     def release_memory(self, devices, nbytes: int) -> None:
         if nbytes and self.scheduler.memory_budget is not None:
-            self.post(*(sch.MemoryFreed(device=d, nbytes=nbytes) for d in devices))
+            self.post(*(MemoryFreed(device=d, nbytes=nbytes) for d in devices))
 
-    def set_policy(self, policy: sch.Policy) -> None:
-        self.post(sch.SetPolicy(policy=policy))
+    def set_policy(self, policy: Policy) -> None:
+        self.post(SetPolicy(policy=policy))
 
     # --- the one place decisions are taken -------------------------------------------------
     def post(self, *events) -> None:
         """Feed events to the scheduler and hand its launches to the executor, in order."""
-        rejects = []
         with self._lock:
             if self._handling:  # re-entered from a GC finalizer freeing memory mid-handle
                 self._deferred.extend(events)
@@ -118,28 +127,29 @@ class IslandQueue:
                     decisions += self.scheduler.handle(*more)
             finally:
                 self._handling = False
-            tasks, todo, copies = self._tasks, self._todo, None
-            budget, line = self.scheduler.memory_budget, self.ends.line
+            rejects = copies = None  # (a decision or two at a time, mostly: nothing hoisted)
             for decision in decisions:
-                task = tasks.pop(decision.task)
-                if type(decision) is sch.Launch:
+                task = self._tasks.pop(decision.task)
+                if type(decision) is Launch:
                     if task.node.is_compute:
-                        task.launch(line(task.node.devices))
-                        todo.append(task)
-                        if budget is not None:
+                        task.launch(self.ends.line(task.node.devices))
+                        self._todo.append(task)
+                        if self.scheduler.memory_budget is not None:
                             task.run.owner.work_began()
                     else:  # a copy admitted under the memory budget
                         task.launch(None)
                         copies = [task] if copies is None else copies + [task]
                 else:
                     task.drop()
+                    rejects = [] if rejects is None else rejects
                     rejects.append((task, decision.reason))
-            drain = self._claim()
-        for task, reason in rejects:
-            what = task.node.name if task.node.is_compute else (
-                f"the copy {task.node.name} onto devices {list(task.node.devices)}")
-            task.run.fail(task, MemoryBudgetError(
-                f"{what} on island {self.island.id}: {reason}"), dropped=True)
+            drain = self._claim() if self._todo else False  # (mostly nothing waits)
+        if rejects:
+            for task, reason in rejects:
+                what = task.node.name if task.node.is_compute else (
+                    f"the copy {task.node.name} onto devices {list(task.node.devices)}")
+                task.run.fail(task, MemoryBudgetError(
+                    f"{what} on island {self.island.id}: {reason}"), dropped=True)
         if copies:
             for task in copies:
                 task.run.owner.start_copy(task)

@@ -36,7 +36,8 @@ The events, decisions and policies live in ``runtime/events.py`` (re-exported he
 The order is kept incrementally: each client's ready computations sit in a list sorted by the
 policy's key (inserted with a binary search when they become ready), and a scheduling pass
 merges the clients' lists, stopping as soon as every device is reserved. Nothing is sorted again
-per launch.
+per launch. These lists are the only record of what is ready, and each device's queue of
+computations in flight (``_busy``) the only record of what runs.
 
 With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers) are
 admitted here too, in the same order: a copy needs only memory, never its devices to itself, so
@@ -69,31 +70,33 @@ from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
 
 
 @dataclass(slots=True)
-class _Task:
-    id: int
-    seq: int
-    devices: frozenset[int]
-    client: str
-    priority: int
-    cost_key: Hashable
-    memory: int
-    after: tuple[int, ...] = ()
-    group: Hashable = None
-    pending: int = 0  # conditions before it is ready: its Ready event, producers to launch
-    external: bool = False  # still waits for its Ready event
-    dependents: list | None = None  # tasks whose ``waits`` name this one
-    key: tuple = ()  # its place in its client's ready list (while ready)
-    charged: float = 0.0
-    copy: bool = False  # a copy onto the island: it needs only memory
-
-
-@dataclass(slots=True)
 class _Client:
     weight: float = 1.0
     passes: float = 0.0  # stride scheduling's pass value, in device-seconds / weight
     active: int = 0      # queued + running tasks
     device_seconds: float = 0.0
-    ready: list = field(default_factory=list)  # (key, task id) of its ready tasks, sorted
+    # (key, task) of its ready tasks, sorted by key; keys are unique (each is, or ends with,
+    # the task's ``seq``), so two tasks are never compared
+    ready: list = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class _Task:
+    id: int
+    seq: int
+    devices: frozenset[int]
+    client: _Client  # its client's state (one per client name)
+    priority: int
+    cost_key: Hashable
+    memory: int
+    after: tuple[int, ...] = ()  # task ids less ``base`` (a program node's ``after`` as is)
+    base: int = 0
+    group: Hashable = None
+    pending: int = 0  # conditions before it is ready: its Ready event, producers to launch
+    external: bool = False  # still waits for its Ready event
+    dependents: list | None = None  # tasks whose ``waits`` name this one
+    copy: bool = False  # a copy onto the island: it needs only memory
+    charged: float = field(init=False, repr=False)  # its estimate, set when it launches
 
 
 @dataclass
@@ -107,11 +110,10 @@ class GangScheduler:
     depth: int = 32  # computations in flight on one device (a chain launched ahead)
     program_ahead: bool = False  # may queue behind in-flight computations of its own group
     _tasks: dict[int, _Task] = field(default_factory=dict)
-    _ready: dict[int, _Task] = field(default_factory=dict)  # ready, not yet launched
     _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
-    _running: set[int] = field(default_factory=set)  # launched, not ended
     _memory: dict[int, int] = field(default_factory=dict)
     _clients: dict[str, _Client] = field(default_factory=dict)
+    _sole: _Client | None = None  # the client, while there is only one
     _estimates: dict[Hashable, float] = field(default_factory=dict)
     _seq: int = 0
     _vtime: float = 0.0
@@ -121,6 +123,7 @@ class GangScheduler:
         self._device_set = frozenset(self.devices)
         self.policy = Policy.parse(self.policy)
         self._memory = {d: 0 for d in self.devices}
+        self._busy = {d: [] for d in self.devices}
 
     # --- the one entry point ---------------------------------------------------------------
     def handle(self, *events) -> list[Launch | Reject]:
@@ -137,7 +140,7 @@ class GangScheduler:
                 if task is not None and task.external:
                     task.external = False
                     if event.after:
-                        task.after = tuple(event.after)
+                        task.after, task.base = tuple(event.after), 0
                     task.pending -= 1
                     if task.pending == 0:
                         self._make_ready(task)
@@ -149,9 +152,9 @@ class GangScheduler:
             elif kind is MemoryFreed:
                 self._memory[event.device] = max(0, self._memory[event.device] - event.nbytes)
                 changed = True
-            elif kind is Cancel:
+            elif kind is Cancel:  # (one launched and not ended is in its devices' queues)
                 task = self._tasks.get(event.task)
-                if task is not None and event.task not in self._running:
+                if task is not None and not any(task.id in self._busy[d] for d in task.devices):
                     self._drop(task)
                     changed = True
             elif kind is SetPolicy:
@@ -159,20 +162,28 @@ class GangScheduler:
                 changed = True
             else:
                 raise TypeError(f"GangScheduler cannot handle {event!r}")
-        if changed and self._ready:
-            self._schedule(out)
+        if changed:  # a pass; with one client, its list is the order (its dependents join it)
+            sole = self._sole
+            if sole is None:
+                self._schedule(out)
+            elif sole.ready:
+                self._pass_one(sole.ready, out)
         return out
 
     # --- queries ---------------------------------------------------------------------------
     @property
     def running(self) -> tuple[int, ...]:
         """Launched and not yet ended, oldest first."""
-        return tuple(sorted(self._running, key=lambda t: self._tasks[t].seq))
+        return tuple(sorted(self._launched(), key=lambda t: self._tasks[t].seq))
 
     @property
     def queued(self) -> tuple[int, ...]:
-        return tuple(sorted((t for t in self._tasks if t not in self._running),
+        running = self._launched()
+        return tuple(sorted((t for t in self._tasks if t not in running),
                             key=lambda t: self._tasks[t].seq))
+
+    def _launched(self) -> set[int]:
+        return {t for queue in self._busy.values() for t in queue}
 
     def memory_in_use(self) -> dict[int, int]:
         return dict(self._memory)
@@ -193,9 +204,9 @@ class GangScheduler:
     def _in_order(self) -> list[_Task]:
         """The ready tasks in policy order now (a snapshot: for queries, not scheduling)."""
         share = self.policy is Policy.SHARE
-        keyed = [((c.passes, key) if share else key, tid)
-                 for c in self._clients.values() for key, tid in c.ready]
-        return [self._tasks[tid] for _, tid in sorted(keyed)]
+        keyed = [((c.passes, key) if share else key, t)
+                 for c in self._clients.values() for key, t in c.ready]
+        return [t for _, t in sorted(keyed)]
 
     def shares(self) -> dict[str, float]:
         """Each client's fraction of the device-seconds charged so far."""
@@ -207,6 +218,7 @@ class GangScheduler:
         client = self._clients.get(spec.name)
         if client is None:
             client = self._clients[spec.name] = _Client()
+            self._sole = client if len(self._clients) == 1 else None
         if spec.weight != client.weight:
             client.weight = max(float(spec.weight), 1e-9)
         if client.active == 0:  # a client returning from idle starts at the current time
@@ -237,8 +249,8 @@ class GangScheduler:
         spec = ev.client
         client = self._client(spec)
         client.active += 1
-        task = _Task(ev.task, self._seq, devices, spec.name, spec.priority, ev.cost_key,
-                     ev.memory, tuple(ev.after), ev.group, copy=ev.copy)
+        task = _Task(ev.task, self._seq, devices, client, spec.priority, ev.cost_key,
+                     ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy)
         self._seq += 1
         self._tasks[ev.task] = task
         if ev.ready:
@@ -248,21 +260,18 @@ class GangScheduler:
         return False
 
     def _submit_program(self, ev: SubmitProgram, out: list) -> bool:
-        who = ev.client
-        client = self._client(who)
-        name, priority = who.name, who.priority
+        client = self._client(ev.client)
+        priority, group = ev.client.priority, ev.group
         tasks, base, seq, ready = self._tasks, ev.base, self._seq, False
         island, budget = self._device_set, self.memory_budget
         for spec in ev.nodes:
-            tid = base + spec.index
-            if not (spec.devices and spec.devices <= island
-                    and (budget is None or spec.memory <= budget)):
+            tid, devices = base + spec.index, spec.devices
+            if not (devices and devices <= island and (budget is None or spec.memory <= budget)):
                 # its dependents wait for the runtime to cancel them
-                out.append(self._refuse(tid, spec.devices, spec.memory))
+                out.append(self._refuse(tid, devices, spec.memory))
                 continue
-            after = spec.after
-            task = _Task(tid, seq, spec.devices, name, priority, spec.cost_key,
-                         spec.memory, after and tuple([base + a for a in after]), ev.group)
+            task = _Task(tid, seq, devices, client, priority, spec.cost_key, spec.memory,
+                         spec.after, base, group)
             seq += 1
             pending = 0
             for w in spec.waits:
@@ -278,65 +287,63 @@ class GangScheduler:
                 task.external = True
             task.pending = pending
             tasks[tid] = task
-            client.active += 1
             if not pending:
                 self._make_ready(task)
                 ready = True
+        client.active += seq - self._seq  # (one per task taken)
         self._seq = seq
         return ready
 
+    def _key(self, t: _Task) -> tuple[int, int] | int:
+        """``t``'s place in its client's ready list (``_make_ready`` has it inline)."""
+        return (-t.priority, t.seq) if self.policy is Policy.PRIORITY else t.seq
+
     def _make_ready(self, t: _Task) -> None:
-        self._ready[t.id] = t
-        t.key = key = (-t.priority, t.seq) if self.policy is Policy.PRIORITY else (t.seq,)
-        ready = self._clients[t.client].ready
+        key = (-t.priority, t.seq) if self.policy is Policy.PRIORITY else t.seq
+        ready = t.client.ready
         if not ready or ready[-1][0] < key:
-            ready.append((key, t.id))
+            ready.append((key, t))
         else:
-            bisect.insort(ready, (key, t.id))
+            bisect.insort(ready, (key, t))
 
     def _unready(self, t: _Task) -> None:
-        if self._ready.pop(t.id, None) is not None:
-            lst = self._clients[t.client].ready
-            i = bisect.bisect_left(lst, (t.key, t.id))
-            if i < len(lst) and lst[i][1] == t.id:
-                del lst[i]
+        ready = t.client.ready
+        i = bisect.bisect_left(ready, (self._key(t), t))
+        if i < len(ready) and ready[i][1] is t:
+            del ready[i]
 
     def _set_policy(self, policy: Policy) -> None:
         self.policy = policy
         for client in self._clients.values():
-            client.ready = []
-        for t in self._ready.values():
-            t.key = (-t.priority, t.seq) if policy is Policy.PRIORITY else (t.seq,)
-            self._clients[t.client].ready.append((t.key, t.id))
-        for client in self._clients.values():
+            client.ready = [(self._key(t), t) for _, t in client.ready]
             client.ready.sort()
 
     def _end(self, task: int, seconds: float) -> None:
         t = self._tasks.pop(task, None)
         if t is None:
             return
-        busy = self._busy
         for d in t.devices:
-            queue = busy.get(d)
+            queue = self._busy[d]
             if queue:
                 if queue[0] == task:  # (ends come in launch order: the usual case)
                     del queue[0]
                 elif task in queue:
                     queue.remove(task)
-        self._running.discard(task)
         actual = (seconds if seconds > 0.0 else 0.0) * len(t.devices)
-        client = self._clients[t.client]
+        client = t.client
         client.passes += (actual - t.charged) / client.weight
         client.device_seconds += actual
         client.active -= 1
-        if t.cost_key is not None:
-            old = self._estimates.get(t.cost_key)
-            self._estimates[t.cost_key] = actual if old is None else 0.5 * (old + actual)
+        key = t.cost_key
+        if key is not None:
+            old = self._estimates.get(key)
+            self._estimates[key] = actual if old is None else 0.5 * (old + actual)
 
     def _drop(self, t: _Task) -> None:
         del self._tasks[t.id]
         self._unready(t)
-        self._clients[t.client].active -= 1
+        t.client.active -= 1
+        t.pending = -1  # never ready, whichever of its producers launches
 
     def _fits_memory(self, t: _Task) -> bool:
         if self.memory_budget is None or not t.memory:
@@ -352,21 +359,23 @@ class GangScheduler:
 
     def _schedule(self, out: list) -> None:
         """Passes over the ready computations in policy order, launching each that can start
-        and reserving the devices of each that cannot, until one pass launches nothing."""
-        while self._ready:
+        and reserving the devices of each that cannot, until one pass launches nothing (of
+        several clients; ``handle`` passes over the one client's list itself)."""
+        while True:
             clients = [c for c in self._clients.values() if c.ready]
-            if len(clients) == 1:  # one client's list is the order (its dependents join it)
+            if not clients:
+                return
+            if len(clients) == 1:
                 self._pass_one(clients[0].ready, out)
                 return
             if not self._pass_many(clients, out):
                 return
 
     def _pass_one(self, ready: list, out: list) -> None:
-        tasks, everything = self._tasks, len(self.devices)
         reserved: set[int] | None = None
         i = 0
         while i < len(ready):
-            t = tasks[ready[i][1]]
+            t = ready[i][1]
             if reserved is not None and not reserved.isdisjoint(t.devices):
                 i += 1
                 continue
@@ -375,7 +384,7 @@ class GangScheduler:
                 if reserved is None:
                     reserved = set()
                 reserved |= t.devices
-                if len(reserved) == everything:
+                if len(reserved) == len(self.devices):
                     return
                 i += 1
                 continue
@@ -400,7 +409,7 @@ class GangScheduler:
             if best is None:
                 return False
             i = cursor[id(best)]
-            t = self._tasks[best.ready[i][1]]
+            t = best.ready[i][1]
             if not reserved.isdisjoint(t.devices):
                 cursor[id(best)] = i + 1
                 continue
@@ -419,11 +428,10 @@ class GangScheduler:
         """Does ``t`` read ``a``'s outputs, directly or through computations of this island
         still known here? (A link through one already ended is missed: ``t`` then waits,
         which is safe.)"""
-        after = t.after
-        if a in after:
+        if a - t.base in t.after:  # (``_devices_free`` has this first look inline)
             return True
         tasks, seen = self._tasks, set()
-        todo = list(after)
+        todo = [t.base + x for x in t.after]
         while todo:
             x = todo.pop()
             if x == a:
@@ -432,7 +440,7 @@ class GangScheduler:
                 seen.add(x)
                 xt = tasks.get(x)
                 if xt is not None:
-                    todo.extend(xt.after)
+                    todo += [xt.base + y for y in xt.after]
         return False
 
     def _devices_free(self, t: _Task) -> bool:
@@ -442,53 +450,47 @@ class GangScheduler:
         # (that is how it got there), so without program_ahead the last one decides for all.
         if t.copy:
             return True
-        same_group = self.program_ahead and t.group is not None
         for d in t.devices:
-            queue = self._busy.get(d)
+            queue = self._busy[d]
             if queue:
                 if len(queue) >= self.depth:
                     return False
                 if not self.program_ahead:
-                    if not self._is_ancestor(queue[-1], t):
+                    last = queue[-1]
+                    if last - t.base not in t.after and not self._is_ancestor(last, t):
                         return False
                     continue
-                if same_group and all(self._tasks[q].group == t.group for q in queue):
+                if t.group is not None and all(self._tasks[q].group == t.group for q in queue):
                     continue
                 if not all(self._is_ancestor(q, t) for q in queue):
                     return False
         return True
 
     def _launch(self, t: _Task, out: list) -> None:
-        del self._ready[t.id]
-        if t.copy:  # it takes its memory and is done here: it never occupies the devices
-            self._drop(t)
-            if self.memory_budget is not None:
-                for d in t.devices:
-                    self._memory[d] += t.memory
-            out.append(Launch(task=t.id))
-            return
-        self._running.add(t.id)
-        budget, busy = self.memory_budget is not None, self._busy
-        for d in t.devices:
-            queue = busy.get(d)
-            if queue is None:
-                busy[d] = [t.id]
-            else:
-                queue.append(t.id)
-            if budget:
+        """``t`` starts (its caller took it out of its client's ready list)."""
+        tid = t.id
+        if self.memory_budget is not None:
+            for d in t.devices:
                 self._memory[d] += t.memory
-        client = self._clients[t.client]
-        if client.passes > self._vtime:
-            self._vtime = client.passes
+        if t.copy:  # it takes its memory and is done here: it never occupies the devices
+            del self._tasks[tid]
+            t.client.active -= 1
+            out.append(Launch(task=tid))
+            return
+        for d in t.devices:
+            self._busy[d].append(tid)
+        client = t.client
+        passes = client.passes
+        if passes > self._vtime:
+            self._vtime = passes
         charged = self._estimates.get(t.cost_key)  # (``_estimate``'s usual case, inline)
-        t.charged = charged = self._estimate(t) if charged is None else charged
-        client.passes += charged / client.weight
-        out.append(Launch(task=t.id))
+        if charged is None:
+            charged = self._estimate(t)
+        t.charged = charged
+        client.passes = passes + charged / client.weight
+        out.append(Launch(task=tid))
         if t.dependents:
-            tasks = self._tasks
-            for dep in t.dependents:
-                if dep.id in tasks:
-                    dep.pending -= 1
-                    if dep.pending == 0:
-                        self._make_ready(dep)
-            t.dependents = None
+            for dep in t.dependents:  # (a dropped one stays below zero)
+                dep.pending -= 1
+                if not dep.pending:
+                    self._make_ready(dep)

@@ -323,23 +323,29 @@ def test_inputs_from_elsewhere_hold_a_program_node_until_ready():
     assert 21 in s.queued and launched(s.handle(Ended(task=10), Ended(task=11))) == []
     s.handle(Cancel(task=21))
     assert s.queued == ()
+    # nor does a dropped node when its producer launches afterwards
+    s.handle(SubmitProgram(base=30, nodes=specs[:2]), Cancel(task=31))
+    assert launched(s.handle(Ready(task=30))) == [30]
+    assert s.running == (12, 30) and s.queued == ()
+    assert launched(s.handle(Ended(task=30))) == []
 
 
-class Looks(dict):
-    """The scheduler's task table, counting how many tasks a pass looks at."""
+class Looks(list):
+    """A client's ready list, counting how many of its entries a pass looks at."""
 
     looked = 0
 
-    def __getitem__(self, key):
+    def __getitem__(self, i):
         self.looked += 1
-        return super().__getitem__(key)
+        return super().__getitem__(i)
 
 
 def test_ready_work_is_not_walked_again_for_every_launch():
     s = GangScheduler(ALL)
     s.handle(Submit(task=0, devices=ALL, ready=True))  # holds every device
     s.handle(*(Submit(task=t, devices=(t % 4,), ready=True) for t in range(1, 2001)))
-    s._tasks = table = Looks(s._tasks)
+    client = s._clients["default"]
+    client.ready = table = Looks(client.ready)
     assert launched(s.handle(Submit(task=5000, devices=ALL, ready=True))) == []
     # 2000 ready and blocked: a pass stops once every device is reserved (after 4 looks);
     # it neither sorts them again nor walks all of them
