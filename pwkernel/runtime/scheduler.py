@@ -274,10 +274,10 @@ class GangScheduler:
                          spec.after, base, group)
             seq += 1
             pending = 0
-            for w in spec.waits:
+            for w in spec.waits:  # (one refused above is not among tasks: its dependents
+                pending += 1      # wait for the runtime to cancel them)
                 producer = tasks.get(base + w)
                 if producer is not None:
-                    pending += 1
                     if producer.dependents is None:
                         producer.dependents = [task]
                     else:

@@ -212,6 +212,20 @@ def test_cancel_drops_queued_tasks_and_policy_switches():
         s.handle(SetPolicy(policy="lottery"))
 
 
+def test_a_program_node_reading_a_rejected_one_waits_to_be_cancelled():
+    """Its input will never exist: it is not launched, and the runtime's Cancel drops it."""
+    s = GangScheduler((0, 1), memory_budget=100)
+    out = s.handle(SubmitProgram(base=10, nodes=(
+        NodeSpec(index=0, devices=frozenset({0}), memory=500),
+        NodeSpec(index=1, devices=frozenset({0}), memory=10, waits=(0,), after=(0,)),
+        NodeSpec(index=2, devices=frozenset({1}), memory=10))))
+    assert [type(d) for d in out] == [Reject, Launch] and out[0].task == 10
+    assert launched(out) == [12]  # the node that reads nothing of it runs
+    assert s.queued == (11,)
+    s.handle(Cancel(task=11))
+    assert s.queued == () and launched(s.handle(Ended(task=12))) == []
+
+
 def test_unknown_devices_are_rejected():
     s = GangScheduler((0, 1))
     (out,) = s.handle(Submit(task=0, devices=(5,), ready=True))
