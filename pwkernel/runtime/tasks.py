@@ -26,10 +26,13 @@ into the dispatcher.
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 from enum import StrEnum
+from itertools import compress, repeat, starmap
 from typing import TYPE_CHECKING
 
+from .batch import exhaust
 from .deferred import soon
 from .errors import CancelledError
 from .events import ClientSpec
@@ -115,10 +118,9 @@ class Task:
     def donated_makers(self) -> list[Task]:
         """The tasks making the inputs this computation donates that have not ended (each
         once in a row)."""
-        run, inputs = self.run, self.node.inputs
-        t_done, out = run.t_done, []
-        run.slot_makers([s for i in self.node.exe.donated if t_done[s := inputs[i]] is None],
-                        out)
+        run, slots, out = self.run, self.node.donated_slots, []
+        run.slot_makers(list(compress(slots, map(operator.is_, map(
+            run.t_done.__getitem__, slots), repeat(None)))), out)
         return out
 
     def launched(self, values) -> None:
@@ -311,7 +313,7 @@ class ProgramRun(RunSlots):
         node, futures = task.node, self.futures
         if futures:
             get = futures.get
-            Future.set_launched_many([get(s) for s in node.outputs], values)
+            Future.set_launched_many(list(map(get, node.outputs)), values)
         if self.parallel and node.notifies:
             self._outputs_arrived(node)
 
@@ -330,13 +332,10 @@ class ProgramRun(RunSlots):
             if task.has_outputs or self.values is None:
                 return False
             task.has_outputs = True
-            slots = self.values
-            for s, v in zip(node.outputs, values, strict=True):
-                slots[s] = v
+            exhaust(starmap(self.values.__setitem__, zip(node.outputs, values, strict=True)))
         futures = self.futures
-        if futures and node.is_compute and node.exe.donated:
-            get, inputs = futures.get, node.inputs
-            Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
+        if futures and node.donated_slots:
+            Future.consumed_many(list(map(futures.get, node.donated_slots)))
         return True
 
     def ran(self, task: Task, t_start: float, t_end: float, error: BaseException | None,
@@ -413,19 +412,19 @@ class ProgramRun(RunSlots):
                 owner.computation_ended(task, t_end - t_start)  # ends are known by then)
             if error is not None:  # the memory its outputs reserved (under a budget)
                 owner.release_memory(node.island, node.devices, node.memory)
-        if fresh is not None and futures and node.is_compute and node.exe.donated:
-            get, inputs = futures.get, node.inputs  # the futures whose buffers it donated
-            Future.consumed_many([get(inputs[i]) for i in node.exe.donated])
+        if fresh is not None and futures and node.donated_slots:  # the futures whose buffers
+            Future.consumed_many(list(map(futures.get, node.donated_slots)))  # it donated
         if dropped:
             self._free(dropped)
         if futures:
-            made = [(fut, values[s], node.out_nbytes[k]) for k, s in enumerate(node.outputs)
-                    if (fut := futures.get(s)) is not None]
+            made = list(map(futures.get, node.outputs))  # (None: an output no future shows)
             if error is not None:
-                for fut, _, _ in made:
-                    fut.set_exception(error, t_end)
-            elif made:  # computations and copies alike reserved their outputs' memory when
-                Future.set_results(made, t_end, True)  # launched
+                for fut in made:
+                    if fut is not None:
+                        fut.set_exception(error, t_end)
+            elif made != [None]:  # (one output no future shows: nothing to resolve)
+                Future.set_values(made, list(map(values.__getitem__, node.outputs)),
+                                  node.out_nbytes, t_end, True)  # (memory reserved at launch)
         if unparked:
             resume(unparked)
         for s in spread:
