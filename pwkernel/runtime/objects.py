@@ -342,7 +342,7 @@ class Future(OnValue):
         if None in futures:
             futures = list(compress(futures, map(operator.is_not, futures, repeat(None))))
         exhaust(map(setattr, futures, repeat("donated"), repeat(True, len(futures))))
-        held = list(filter(None, map(_buffer_of, futures)))  # (a store's entry, or _Buffer)
+        held = list(filter(not_none, map(_buffer_of, futures)))  # (a store entry, or _Buffer)
         exhaust(map(setattr, held, repeat("donated"), repeat(True, len(held))))
 
     @staticmethod
@@ -412,8 +412,12 @@ class Future(OnValue):
         them in one batch, then under all their locks (taken in output order: no other code
         holds two) they resolve together, and what waits on each is woken, in order."""
         if len(futures) == 1:  # (one output: a batch costs more than it saves)
-            if futures[0] is not None:
-                futures[0].set_result(values[0], t_done, reserved, nbytes[0])
+            one: Future = futures[0]
+            if one is not None:  # (set_result, inline)
+                store = one._store
+                one._buffer = _Buffer(values[0]) if store is None else store.add(
+                    one, values[0], reserved, nbytes[0])
+                one._resolve(_DONE, None, t_done)
             return
         if None in futures:
             keep = list(map(operator.is_not, futures, repeat(None)))
@@ -470,7 +474,8 @@ class Future(OnValue):
             launch_hooks, hooks, callbacks = self._launch_hooks, self._hooks, self._callbacks
             self._launch_hooks = self._hooks = self._callbacks = None
             event = self._event
-        self._resolved(event, launch_hooks, hooks, callbacks)
+        if event is not None or launch_hooks is not None or hooks is not None or callbacks:
+            self._resolved(event, launch_hooks, hooks, callbacks)
         return True
 
     def _resolved(self, event, launch_hooks, hooks, callbacks) -> None:

@@ -297,11 +297,11 @@ def take_arguments(run: RunSlots, graph: Graph, leaves: list, store) -> dict:
     """Put a run's arguments and constants in their slots; returns the arguments still
     pending, by the task making them: a state of many leaves is one group, ``[watched,
     (slot, future), ...]``, watched on the one of its futures its producer resolves last.
-    Many futures are read in columns (``Future.columns``): no Python work per leaf."""
+    Many futures are read in columns (``_take_futures``): no Python work per leaf; fewer
+    than ``MANY`` leaves go one by one here, which costs less for them."""
     plan, pending = run.plan, {}
-    if len(leaves) < MANY:
-        _take_few(run, graph, zip(plan.inputs, leaves, strict=True), store, pending)
-    else:
+    values, futures, t_done, parallel = run.values, run.futures, run.t_done, run.parallel
+    if len(leaves) >= MANY:
         given = list(map(isinstance, leaves, repeat(Future)))
         for slot, leaf in compress(zip(plan.inputs, leaves, strict=True),
                                    map(operator.not_, given)):
@@ -309,7 +309,29 @@ def take_arguments(run: RunSlots, graph: Graph, leaves: list, store) -> dict:
         if any(given):
             _take_futures(run, list(compress(plan.inputs, given)),
                           list(compress(leaves, given)), store, pending)
-    values, t_done = run.values, run.t_done
+    else:
+        checked = group = None  # the last producer whose futures were checked, its group
+        for slot, leaf in zip(plan.inputs, leaves, strict=True):
+            if not isinstance(leaf, Future):
+                _put_array(run, graph, slot, leaf)
+                continue
+            producer = leaf.producer
+            if producer is None or producer is not checked:  # (one run, one store)
+                held_by = leaf.store
+                if held_by is not store and held_by is not None:
+                    _refuse_foreign(leaf)
+                checked = producer
+            futures[slot] = leaf
+            if leaf.done():
+                if leaf.error is not None:
+                    run.errors[slot] = leaf.error
+                else:
+                    values[slot] = leaf.peek()
+                t_done[slot] = leaf.t_done
+            else:
+                group = _join(pending, group, slot, leaf)
+                if parallel:
+                    values[slot] = leaf.peek()  # launched already, or None
     for slot, const in plan.consts:
         values[slot] = const
         t_done[slot] = 0.0
@@ -321,33 +343,6 @@ def _put_array(run: RunSlots, graph: Graph, slot: int, leaf) -> None:
     run.values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
         leaf, graph.values[slot].dtype)
     run.t_done[slot] = 0.0
-
-
-def _take_few(run: RunSlots, graph: Graph, given, store, pending: dict) -> None:
-    """``take_arguments`` one ``(slot, leaf)`` at a time (fewer than ``MANY``: cheaper so)."""
-    values, futures, t_done, parallel = run.values, run.futures, run.t_done, run.parallel
-    checked = group = None  # the last producer whose futures were checked, its group
-    for slot, leaf in given:
-        if not isinstance(leaf, Future):
-            _put_array(run, graph, slot, leaf)
-            continue
-        producer = leaf.producer
-        if producer is None or producer is not checked:  # (one run, one store)
-            held_by = leaf.store
-            if held_by is not store and held_by is not None:
-                _refuse_foreign(leaf)
-            checked = producer
-        futures[slot] = leaf
-        if leaf.done():
-            if leaf.error is not None:
-                run.errors[slot] = leaf.error
-            else:
-                values[slot] = leaf.peek()
-            t_done[slot] = leaf.t_done
-        else:
-            group = _join(pending, group, slot, leaf)
-            if parallel:
-                values[slot] = leaf.peek()  # launched already, or None
 
 
 def _take_futures(run: RunSlots, slots: list, futs: list, store, pending: dict) -> None:

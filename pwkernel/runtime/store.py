@@ -104,8 +104,10 @@ class ObjectStore:
         held.value, held.exported, held.donated = value, False, fut.donated
         if nbytes is None:
             nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-        held.record = tuple.__new__(BufferRecord, (nbytes, *_labels(fut.run), fut.island,
-                                                   reserved))
+        run = fut.run  # (_labels, inline: this runs per value of a small step)
+        held.record = tuple.__new__(BufferRecord, (
+            nbytes, *(("", -1, "default") if run is None else (run.name, run.id, run.client)),
+            fut.island, reserved))
         key = id(held)
         with self._lock:  # (an entry's key is its id: unique while it is in the dict)
             self._held[key] = self._unfreed[key] = held
