@@ -137,6 +137,7 @@ def train(counter: Counter, top: int) -> dict:
             counter.on = counting
             for _ in range(COUNTED if counting else WARM):
                 state, loss = spmd.step(state, batch)
+            ctl.wait()  # every counted step's end counted too (not only those seen in time)
             counter.on = False
             jax.block_until_ready(fetch((state, loss)))
     finally:

@@ -26,10 +26,13 @@ into the dispatcher.
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 from enum import StrEnum
+from itertools import compress, repeat, starmap
 from typing import TYPE_CHECKING
 
+from .batch import exhaust
 from .deferred import soon
 from .errors import CancelledError
 from .events import ClientSpec
@@ -115,10 +118,9 @@ class Task:
     def donated_makers(self) -> list[Task]:
         """The tasks making the inputs this computation donates that have not ended (each
         once in a row)."""
-        run, inputs = self.run, self.node.inputs
-        t_done, out = run.t_done, []
-        run.slot_makers([s for i in self.node.exe.donated if t_done[s := inputs[i]] is None],
-                        out)
+        run, slots, out = self.run, self.node.donated_slots, []
+        run.slot_makers(list(compress(slots, map(operator.is_, map(
+            run.t_done.__getitem__, slots), repeat(None)))), out)
         return out
 
     def launched(self, values) -> None:
@@ -312,7 +314,7 @@ class ProgramRun(RunSlots):
         node, futures = task.node, self.futures
         if futures:
             get = futures.get
-            Future.set_launched_many([get(s) for s in node.outputs], values)
+            Future.set_launched_many(list(map(get, node.outputs)), values)
         if self.parallel and node.notifies:
             self._outputs_arrived(node)
 
@@ -331,10 +333,8 @@ class ProgramRun(RunSlots):
             if task.has_outputs or self.values is None:
                 return False
             task.has_outputs = True
-            slots = self.values
-            for s, v in zip(node.outputs, values, strict=True):
-                slots[s] = v
-        if node.donates:
+            exhaust(starmap(self.values.__setitem__, zip(node.outputs, values, strict=True)))
+        if node.donated_slots:
             self._consume_donated(node)
         return True
 
@@ -342,8 +342,7 @@ class ProgramRun(RunSlots):
         """The futures whose buffers ``node`` donated are consumed (its outputs are held)."""
         futures = self.futures
         if futures:
-            get, inputs = futures.get, node.inputs
-            Future.consumed_many([get(inputs[i]) for i in node.donates])
+            Future.consumed_many(list(map(futures.get, node.donated_slots)))
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
@@ -415,18 +414,19 @@ class ProgramRun(RunSlots):
                 owner.computation_ended(task, t_end - t_start)  # ends are known by then)
             if error is not None:  # the memory its outputs reserved (under a budget)
                 owner.release_memory(node.island, node.devices, node.memory)
-        if fresh is not None and node.donates:
+        if fresh is not None and node.donated_slots:
             self._consume_donated(node)
         if dropped:
             self._free(dropped)
         if node.returns:  # its outputs the user sees
-            nbytes = node.out_nbytes
-            made = [(futures[s], values[s], nbytes[k]) for k, s in node.returns]
+            made = list(map(futures.get, node.outputs))  # (None: an output no future shows)
             if error is not None:
-                for fut, _, _ in made:
-                    fut.set_exception(error, t_end)
-            else:  # computations and copies alike reserved their outputs' memory when
-                Future.set_results(made, t_end, True)  # launched
+                for fut in made:
+                    if fut is not None:
+                        fut.set_exception(error, t_end)
+            else:  # (computations and copies alike reserved their memory when launched)
+                Future.set_values(made, list(map(values.__getitem__, node.outputs)),
+                                  node.out_nbytes, t_end, True)
         if unparked:
             resume(unparked)
         if error is not None:

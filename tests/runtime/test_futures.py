@@ -145,3 +145,61 @@ def test_running_is_true_from_launch_to_end_only(ctl):
         release.set()
     assert queued.result(timeout=30).tolist() == [2.0, 2.0]
     assert held.done() and not held.running() and not queued.running()
+
+
+# --- a node's outputs in batches: made, counted and resolved in C-level passes ---------------
+def test_a_runs_output_futures_are_made_whole_from_their_plans_templates():
+    # Future.outputs sets every field of every future: one left out would be an
+    # AttributeError on first read, one set from the wrong column a wrong future.
+    templates = [((2,), np.dtype(np.float32), None, 0, "f", False, k, ("dev", k)) for k in
+                 range(3)]
+    made = Future.outputs(templates, ["p0", "p1", "p2"], "the run", None, 7.5)
+    fields = [n for n in Future.__slots__ if n != "__weakref__"]
+    for k, fut in enumerate(made):
+        for name in fields:
+            getattr(fut, name)  # every slot is set
+        assert (fut.shape, fut.order, fut.placement, fut.producer, fut.run, fut.t_created) == \
+            ((2,), k, ("dev", k), f"p{k}", "the run", 7.5)
+        assert fut.state is FutureState.PENDING and not fut.done() and not fut.donated
+        assert fut.island == 0 and fut.name == "f" and fut.store is None
+    made[1].set_result(1.0)  # each has its own lock and state
+    assert [f.done() for f in made] == [False, True, False]
+
+
+def test_set_values_skips_outputs_without_a_future_and_wakes_only_what_waits(sharded):
+    store = ObjectStore()
+    futs, _ = made(store, sharded)
+    (a, _), (b, _) = sharded
+    seen = []
+    futs[1].hook(lambda f: seen.append(("hook", f.done(), futs[0].done())))
+    futs[1].add_done_callback(lambda f: seen.append(("callback", f.result() is b)))
+    Future.set_values([futs[0], None, futs[1]], [a, "no future", b], [None, None, {0: 4}], 3.0,
+                      True)
+    assert seen == [("hook", True, True), ("callback", True)]
+    assert [f.t_done for f in futs] == [3.0, 3.0] and [f.state for f in futs] == \
+        [FutureState.DONE] * 2
+    assert [r.reserved for r in store.records()] == [True, True]
+    assert store.memory() == {0: 16 + 4, 1: 16}
+
+
+def test_set_values_leaves_a_future_resolved_already_as_it_was(sharded):
+    store = ObjectStore()
+    futs, _ = made(store, sharded)
+    (a, _), (b, _) = sharded
+    error = ValueError("cancelled first")
+    futs[0].set_exception(error)
+    Future.set_values(futs, [a, b], [None, None])
+    assert futs[0].exception() is error and futs[1].result() is b
+
+
+def test_a_batch_of_buffers_of_several_runs_carries_each_runs_labels(ctl, sharded):
+    s = ctl.slice(1, island=0)
+    f = pw.function(lambda x: x + 1, slice=s, name="one")
+    g = pw.function(lambda x: x * 2, slice=s, name="two")
+    x, y = f(np.ones(2, np.float32)), g(np.ones(2, np.float32))
+    store = ObjectStore()
+    (a, _), (b, _) = sharded
+    store.add_values([x, y], [a, b], [{0: 1}, {0: 2}])
+    assert [(r.program, r.program_id, r.nbytes) for r in store.records()] == \
+        [("one", x.run.id, {0: 1}), ("two", y.run.id, {0: 2})]
+    x.result(timeout=30), y.result(timeout=30)
