@@ -171,13 +171,16 @@ class RunSlots:
             else:
                 slots, futs = zip(*group, strict=True)
                 cols = Future.columns(futs)
-                came = compress(slots, _fill(values, slots, cols))
-        self.owner.arrived(self, *came)
+                came = list(compress(slots, _fill(values, slots, cols)))
+        if came:  # (none: its end was seen first and counted them, ``inputs_ended``)
+            self.owner.arrived(self, *came)
 
     def inputs_ended(self, group) -> None:
         """Program arguments given as futures, ``(slot, future)`` pairs, resolved: their end
-        times, or their errors (many read in columns, as ``inputs_arrived``)."""
-        failed = []
+        times, or their errors (many read in columns, as ``inputs_arrived``). A value that
+        arrives here first (the end was seen in another thread before the launch's hook ran
+        here) is counted here: each slot once, by whichever of the two fills it."""
+        failed, came = [], None
         with self.lock:
             values, errors, t_done = self.values, self.errors, self.t_done
             if values is None:
@@ -190,6 +193,10 @@ class RunSlots:
                         failed.append(slot)
                     elif values[slot] is None:
                         values[slot] = fut.peek()
+                        if came is None:
+                            came = [slot]
+                        else:
+                            came.append(slot)
                     t_done[slot] = fut.t_done
             else:
                 slots, futs = zip(*group, strict=True)
@@ -198,7 +205,9 @@ class RunSlots:
                                             map(not_none, cols.errors)):
                     errors[slot] = error
                     failed.append(slot)
-                _fill(values, slots, cols)
+                fresh = _fill(values, slots, cols)
+                if any(fresh):
+                    came = list(compress(slots, fresh))
                 exhaust(starmap(t_done.__setitem__, zip(slots, cols.t_done, strict=True)))
             if self._waiters:
                 self._changed.notify_all()
@@ -210,6 +219,8 @@ class RunSlots:
         if not self.parallel:
             self.owner.arrived(self, *filterfalse(set(failed).__contains__,
                                                   next(zip(*group, strict=True))))
+        elif came:  # (its launch hook finds them filled and counts none)
+            self.owner.arrived(self, *came)
 
     def park(self, task) -> float | None:
         """When ``task``'s inputs ended; None if one has not: then ``task`` is parked, and

@@ -120,3 +120,27 @@ def test_many_outputs_resolve_together_with_their_own_values_and_bytes(ctl, n):
 
     check()
     assert sum(ctl.memory().values()) == before  # each freed when its future went
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_a_donating_call_behind_a_reader_of_a_host_callbacks_outputs_runs(ctl, n):
+    """The donating call waits for its inputs' ends; their launch and end are seen in two
+    threads, in either order, and it still becomes ready (it once waited for ever when the
+    end was seen first)."""
+    s = ctl.slice(1, island=0)
+    entered, release = threading.Event(), threading.Event()
+    make = pw.function(held(n, entered, release), slice=s, name="make")
+    total = pw.function(lambda leaves, x: sum(leaves) + x, slice=s, name="total")
+    step = pw.function(lambda leaves: [a * 2 for a in leaves], slice=s, donate_argnums=(0,),
+                       name="step")
+    try:
+        outs = make(np.ones(3, np.float32))
+        assert entered.wait(30)
+        result = total(outs[::-1], np.ones(3, np.float32))
+        new = step(outs)
+    finally:
+        release.set()
+    np.testing.assert_allclose(np.asarray(result.result(timeout=60)),
+                               np.full(3, n + sum(range(n)) + 1))
+    for i, f in enumerate(new):
+        np.testing.assert_allclose(np.asarray(f.result(timeout=60)), np.full(3, 2.0 * (1 + i)))

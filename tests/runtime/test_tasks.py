@@ -7,8 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import pwkernel as pw
+from pwkernel.runtime.batch import MANY
 from pwkernel.runtime.ends import Line
 from pwkernel.runtime.objects import Future
+from pwkernel.runtime.plan import build
 from pwkernel.runtime.tasks import TaskState
 from tests.helpers.runs import Owner, by_name, chain_plan, start
 
@@ -189,3 +192,37 @@ def test_the_dispatcher_and_the_test_owner_implement_the_port():
     for cls in (Dispatcher, Owner):  # (a dispatcher's ``now`` is its executor's, per instance)
         assert not [n for n in methods - {"now"} if not callable(getattr(cls, n, None))], cls
     assert set(RunOwner.__annotations__) == {"virtual", "memory_budget", "trace"}
+
+
+def sum_plan(ctl, n: int):
+    """``sum(xs)`` of ``n`` arguments on one device: a plan with ``n`` argument slots."""
+    f = pw.function(lambda xs: sum(xs), slice=ctl.slice(1, island=0), name="sum")
+
+    @pw.program
+    def total(xs):
+        return f(xs)
+
+    return build(total.trace([np.ones(4, np.float32)] * n))
+
+
+@pytest.mark.parametrize("n", [1, MANY])  # one by one, and in columns
+@pytest.mark.parametrize("first", ["launch", "end"])
+def test_argument_futures_are_counted_once_whichever_hook_runs_first(ctl, first, n):
+    """Pending arguments are watched twice (their launch, their end), and the two hooks may
+    run in different threads: the end's can come first. Each value is counted as arrived
+    exactly once either way (once lost, its reader never became ready)."""
+    owner = Owner()
+    plan = sum_plan(ctl, n)
+    run = start(plan, owner)
+    group = []
+    for slot in plan.inputs:  # given as futures still computing
+        run.values[slot] = run.t_done[slot] = None
+        fut = Future((4,), np.float32)
+        fut.set_result(np.ones(4, np.float32), 1.0)
+        group.append((slot, fut))
+    hooks = [run.inputs_arrived, run.inputs_ended]
+    for hook in hooks if first == "launch" else hooks[::-1]:
+        hook(group)
+    arrived = [s for c in owner.calls if c[0] == "arrived" for s in c[1:]]
+    assert sorted(arrived) == sorted(plan.inputs)
+    assert all(run.t_done[s] == 1.0 for s in plan.inputs)
