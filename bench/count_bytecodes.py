@@ -17,7 +17,15 @@ JAX's own work is the same in every checkout), after warm-up rounds.
 
 A count is not a time: a call costs more than a plain bytecode, and C code called from Python
 (JAX's dispatch, locks, dict operations) is not seen. It tells what changed in the runtime's
-Python; ``python -m pwkernel.bench dispatch`` tells what that costs.
+Python; ``python -m pwkernel.bench dispatch`` tells what that costs. Two cautions:
+
+- Work moved from Python loops into chains of C iterators (``map``, ``starmap``,
+  ``compress``, ``setattr`` per element) leaves the count but not the time: one such rewrite
+  of the per-leaf path cut the ``train`` count six-fold and made a step of 83 leaves a fifth
+  slower. Time a change of that kind against bare JAX in the same run (``bench train``,
+  ``bench dispatch``) before trusting its count.
+- ``chained`` and ``opbyop`` depend a little on load: a completion seen at once costs less
+  than one handed to a watcher thread. Compare checkouts back to back.
 """
 
 from __future__ import annotations

@@ -20,21 +20,22 @@ executor reports completions to the task (``tasks.py``), where a task's life end
 
 from __future__ import annotations
 
-import operator
 import queue
 import threading
 import time
 from enum import StrEnum
-from itertools import repeat
+
+import jax
+import numpy as np
 
 from . import scheduler as sch
 from .deferred import later, soon
+from .errors import ControllerClosedError, ProgramError
 from .executor import Executor, NoGroup
 from .graph import Graph
 from .islands import IslandQueue
 from .objects import Future, ObjectStore, resolved
 from .plan import Plan, build
-from .slots import take_arguments
 from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
 
@@ -107,24 +108,19 @@ class Dispatcher:
         parallel = (mode or self.mode) is DispatchMode.PARALLEL
         run = ProgramRun(self, plan, client, parallel)
         values, futures, store = run.values, run.futures, self.store
-        pending = take_arguments(run, graph, leaves, store)
-        tasks, now = run.tasks, _clock()
-        if plan.fresh:  # (a state of many leaves: its futures made in one batch)
-            outputs = Future.outputs(plan.templates, map(tasks.__getitem__, plan.made_by),
-                                     run, store, now)
-            futures.update(zip(plan.outputs, outputs, strict=True))
-        else:
-            outputs = []
-            for out, template in zip(plan.made, plan.templates, strict=True):
-                fut = futures.get(out.slot)
-                if fut is None:
-                    if out.producer < 0:  # the program returns an argument or a constant
-                        fut = resolved(values[out.slot])
-                    else:
-                        fut = Future.outputs((template,), (tasks[out.producer],), run, store,
-                                             now)[0]
-                    futures[out.slot] = fut
-                outputs.append(fut)
+        pending = _take_arguments(run, graph, leaves, store)
+        outputs = []
+        tasks, made, now = run.tasks, Future.output, _clock()
+        for slot, src, shape, dtype, sharding, island, name, weak, order, key in plan.made:
+            fut = futures.get(slot)
+            if fut is None:
+                if src < 0:  # the program returns an argument or a constant as it is
+                    fut = resolved(values[slot])
+                else:
+                    fut = made(shape, dtype, sharding, name, island, run, store, tasks[src],
+                               weak, order, key, now)
+                futures[slot] = fut
+            outputs.append(fut)
         self.runs[run.id] = run  # one dict operation: atomic without a lock
         if self._submitted is not None:
             self._submitted(run)
@@ -145,20 +141,14 @@ class Dispatcher:
         then transfers whose source exists start, and pending arguments are watched."""
         plan, values, waiting, tasks, errors = run.plan, run.values, run.waiting, run.tasks, \
             run.errors
-        notify, notified, ready = plan.notify, plan.notified, []
-        if plan.sole_reader >= 0 and not errors:  # (a one-node program: counted at once)
-            came = sum(map(operator.is_not, map(values.__getitem__, notified), repeat(None)))
-            c = plan.sole_reader
-            waiting[c] -= came
-            if came and not waiting[c]:
-                ready.append(tasks[c])
-        else:
-            for slot in notified:
-                if values[slot] is not None and slot not in errors:
-                    for c in notify[slot]:
-                        waiting[c] -= 1
-                        if not waiting[c]:
-                            ready.append(tasks[c])
+        notify = plan.notify
+        ready: list[Task] = []
+        for slot in plan.sources:
+            if notify[slot] and values[slot] is not None and slot not in errors:
+                for c in notify[slot]:
+                    waiting[c] -= 1
+                    if not waiting[c]:
+                        ready.append(tasks[c])
         client = run.client_spec
         several = len(plan.islands) > 1
         if several:  # no launch may reach an island before it knows the run
@@ -380,3 +370,60 @@ class _Group:
 
     def __call__(self, _fut) -> None:
         self.fn(self.group)
+
+
+
+def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
+    """Put a run's arguments and constants in their slots; returns the arguments still
+    pending, by the task
+    making them: a state of many leaves is one group, ``[watched, (slot, future), ...]``,
+    watched on the one of its futures its producer resolves last."""
+    plan, parallel = run.plan, run.parallel
+    values, futures, t_done = run.values, run.futures, run.t_done
+    pending: dict = {}
+    checked = group = None  # the last producer whose futures were checked, its group
+    for slot, leaf in zip(plan.inputs, leaves, strict=True):
+        if isinstance(leaf, Future):
+            producer = leaf.producer
+            if producer is None or producer is not checked:  # (one run, one store)
+                held_by = leaf.store
+                if held_by is not store and held_by is not None:
+                    _refuse_foreign(leaf)
+                checked = producer
+            futures[slot] = leaf
+            if leaf.done():
+                if leaf.error is not None:
+                    run.errors[slot] = leaf.error
+                else:
+                    values[slot] = leaf.peek()
+                t_done[slot] = leaf.t_done
+            else:
+                if producer is None or group is None or group[1][1].producer is not \
+                        producer:
+                    key = leaf if producer is None else producer
+                    group = pending.get(key)
+                    if group is None:
+                        group = pending[key] = [leaf]
+                group.append((slot, leaf))
+                if leaf.order > group[0].order:
+                    group[0] = leaf
+                if parallel:
+                    values[slot] = leaf.peek()  # launched already, or None
+        else:
+            values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
+                leaf, graph.values[slot].dtype)
+            t_done[slot] = 0.0
+    for slot, const in plan.consts:
+        values[slot] = const
+        t_done[slot] = 0.0
+    return pending
+
+
+def _refuse_foreign(leaf: Future) -> None:
+    """A future of another controller's store was passed to a program: say what to pass."""
+    if leaf.store.closed:
+        raise ControllerClosedError(
+            "a future from a closed controller was passed to a program; its buffer is gone. "
+            "Pass fut.result() (a jax.Array) or rerun the program that made it.")
+    raise ProgramError("a future from another controller was passed to a program; pass "
+                       "fut.result() to move the value across.")

@@ -10,22 +10,21 @@ program fails or is cancelled, since then nothing holds it.
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
-from itertools import chain, compress, repeat, starmap
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from .batch import exhaust, not_none
 from .errors import CancelledError, ControllerClosedError
 from .store import BufferRecord, ObjectStore, shard_bytes
-from .values import OnValue
 
-__all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved", "shard_bytes"]
+__all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved",
+           "shard_bytes"]
 
 
 class FutureState(StrEnum):
@@ -38,19 +37,6 @@ class FutureState(StrEnum):
 _PENDING, _DONE = FutureState.PENDING, FutureState.DONE
 _RUNNING = "running"  # a producer task's state from its launch to its end (a TaskState value)
 _clock = time.perf_counter
-#: a program output's fields, in the order ``Future.outputs`` sets them: its plan's, its
-#: run's, then the start of every future's life
-_FIELDS = ("shape", "dtype", "sharding", "island", "name", "weak_type", "order", "placement",
-           "run", "_store", "producer", "t_created", "_lock",
-           "_buffer", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks", "_launched",
-           "_state", "t_done", "donated")
-_START = (None,) * 7 + (_PENDING, 0.0, False)
-(_store_of, _lock_of, _state_of, _error_of, _buffer_of, _launch_hooks_of, _producer_of,
- _t_done_of, _launched_of, _value_of) = map(operator.attrgetter, (
-    "_store", "_lock", "_state", "_error", "_buffer", "_launch_hooks", "producer", "t_done",
-    "_launched", "value"))
-_waiting = operator.attrgetter("_event", "_launch_hooks", "_hooks", "_callbacks")  # _resolved's
-_acquire, _release = type(threading.Lock()).acquire, type(threading.Lock()).release
 _DTYPES: dict[Any, np.dtype] = {}  # np.dtype() of each dtype given: a lookup is 10x cheaper
 
 
@@ -62,6 +48,15 @@ def _dtype(dtype) -> np.dtype:
         except TypeError:
             pass
     return out
+
+
+def _on_value(op: Callable) -> Callable:
+    """A method of ``Future`` that applies ``op`` to the value (waiting for it), as a
+    ``jax.Array`` would do it."""
+    def method(self, *args):
+        return op(self.result(), *args)
+    method.__name__ = getattr(op, "__name__", "method")
+    return method
 
 
 def _added(hooks, fn):
@@ -92,20 +87,7 @@ class _Buffer:
         self.value, self.exported, self.donated = value, True, False
 
 
-class Columns(NamedTuple):
-    """``Future.columns``: per future (in order) its store, whether it is pending, its error,
-    its value as a consumer reads it (``peek``: maybe still computing, or None), when it
-    resolved, and the task making it (None: none)."""
-
-    stores: list
-    pending: list[bool]
-    errors: list
-    values: list
-    t_done: list[float]
-    producers: list
-
-
-class Future(OnValue):
+class Future:
     """A value a program will produce.
 
     ``shape``, ``dtype`` and ``sharding`` are known at once; ``result()`` waits for the value.
@@ -235,6 +217,55 @@ class Future(OnValue):
             self.run.cancel()
         return self.cancelled()
 
+    def __await__(self):
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def wake(fut: Future) -> None:
+            def settle() -> None:
+                if waiter.cancelled():
+                    return
+                try:
+                    waiter.set_result(fut.result(0))
+                except BaseException as e:  # noqa: BLE001 - hand the error to the awaiter
+                    waiter.set_exception(e)
+            loop.call_soon_threadsafe(settle)
+
+        self.add_done_callback(wake)
+        return waiter.__await__()
+
+    # --- values on demand: where Python needs the value, wait for it (as jax.Array does) ---
+    def __array__(self, dtype=None, copy=None):
+        out = np.asarray(self.result())
+        return out.astype(dtype) if dtype is not None else out
+
+    def __jax_array__(self):
+        return self.result()
+
+    # (each of these: the value's own, once it is there)
+    item = _on_value(lambda v, *args: v.item(*args))
+    tolist = _on_value(lambda v: v.tolist())
+    __float__, __int__, __complex__, __bool__ = map(_on_value, (float, int, complex, bool))
+    __index__ = _on_value(operator.index)
+    __lt__, __le__, __gt__, __ge__ = map(_on_value, (operator.lt, operator.le, operator.gt,
+                                                     operator.ge))
+
+    def __format__(self, spec: str) -> str:
+        return format(self.result(), spec) if spec else repr(self)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d (scalar) Future")
+        return self.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
     def __repr__(self) -> str:
         return (f"Future(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
                 f"state={self._state.value})")
@@ -251,21 +282,22 @@ class Future(OnValue):
         return fut
 
     @classmethod
-    def outputs(cls, templates: Sequence[tuple], producers: Iterable, run, store,
-                t_created: float) -> list[Future]:
-        """A run's output futures, one per template: ``(shape, dtype, sharding, island, name,
-        weak_type, order, placement)`` from its plan (a plan's ``Output`` from its shape on),
-        made by ``producers`` (the run's tasks, in the same order) at ``t_created``. What
-        ``__init__`` makes, without its per-value checks, every field set in one C-level pass
-        (a state of many leaves: no Python work per leaf)."""
-        n = len(templates)
-        futs = list(map(cls.__new__, repeat(cls, n)))
-        per_run = zip(repeat(run, n), repeat(store, n), producers, repeat(t_created, n),
-                      starmap(threading.Lock, repeat((), n)), strict=True)
-        rows = map(operator.add, map(operator.add, templates, per_run), repeat(_START, n))
-        exhaust(map(setattr, chain.from_iterable(map(repeat, futs, repeat(len(_FIELDS), n))),
-                     _FIELDS * n, chain.from_iterable(rows)))
-        return futs
+    def output(cls, shape: tuple, dtype: np.dtype, sharding, name: str, island, run, store,
+                producer, weak: bool, order: int, placement: tuple, t_created: float) -> Future:
+        """A program output's future, from its plan's precomputed fields (``shape`` a tuple,
+        ``dtype`` a NumPy dtype; ``t_created``: ``perf_counter()`` once for a run's outputs):
+        what ``__init__`` makes, without its per-value checks."""
+        fut: Future = cls.__new__(cls)
+        fut.shape, fut.dtype, fut.sharding, fut.name, fut.island = (shape, dtype, sharding,
+                                                                      name, island)
+        fut.run, fut._store, fut.producer, fut.weak_type = run, store, producer, weak
+        fut.order, fut.placement, fut.donated = order, placement, False
+        fut._buffer = fut._error = fut._event = fut._callbacks = fut._hooks = None
+        fut._launch_hooks = fut._launched = None
+        fut._state = _PENDING
+        fut._lock = threading.Lock()
+        fut.t_created, fut.t_done = t_created, 0.0
+        return fut
 
     # --- runtime side ----------------------------------------------------------------------
     # (the runtime's hooks: None, one callable, or a list of them; dropped once fired)
@@ -308,77 +340,41 @@ class Future(OnValue):
     @staticmethod
     def set_launched_many(futures: Sequence[Future | None], values: Sequence) -> None:
         """``set_launched`` for a node's outputs at once (``None``: an output no future
-        shows), in order: under all their locks (taken in output order: no other code holds
-        two) they take their values together, then their launch hooks fire, in order."""
-        if len(futures) != len(values):
-            raise ValueError(f"set_launched_many got {len(futures)} futures and {len(values)} "
-                             "values; give one value per output.")
-        if None in futures:
-            keep = list(map(operator.is_not, futures, repeat(None)))
-            futures, values = list(compress(futures, keep)), list(compress(values, keep))
-            if not futures:
-                return
-        locks = list(map(_lock_of, futures))
-        exhaust(map(_acquire, locks))
-        try:
-            pending = list(map(operator.is_, map(_state_of, futures), repeat(_PENDING)))
-            if not all(pending):
-                futures, values = list(compress(futures, pending)), list(compress(values,
-                                                                                  pending))
-            hooks = list(map(_launch_hooks_of, futures))
-            exhaust(map(setattr, futures, repeat("_launched"), values))
-            if any(hooks):
-                exhaust(map(setattr, futures, repeat("_launch_hooks"), repeat(None,
-                                                                               len(futures))))
-        finally:
-            exhaust(map(_release, locks))
-        for f, fire in compress(zip(futures, hooks, strict=True), hooks):
-            _fire(fire, f)
+        shows), in order."""
+        for f, value in zip(futures, values, strict=True):
+            if f is None:
+                continue
+            fut: Future = f
+            with fut._lock:
+                if fut._state is not _PENDING:
+                    continue
+                fut._launched = value
+                hooks, fut._launch_hooks = fut._launch_hooks, None
+            if hooks is not None:
+                _fire(hooks, fut)
 
     @staticmethod
     def consumed_many(futures: Sequence[Future | None]) -> None:
         """A launched computation was given these futures' buffers to reuse (donated): the
         store has nothing left to delete when they go (``None``: not a future)."""
-        if None in futures:
-            futures = list(compress(futures, map(operator.is_not, futures, repeat(None))))
-        exhaust(map(setattr, futures, repeat("donated"), repeat(True, len(futures))))
-        held = list(filter(not_none, map(_buffer_of, futures)))  # (a store entry, or _Buffer)
-        exhaust(map(setattr, held, repeat("donated"), repeat(True, len(held))))
-
-    @staticmethod
-    def columns(futures: Sequence[Future]) -> Columns:
-        """What a run reads of the futures it is given, one column each, in C-level passes
-        (a state of many leaves: no Python work per leaf); see ``Columns``."""
-        n = len(futures)
-        held = list(map(_buffer_of, futures))
-        if None not in held:  # (all resolved with a value)
-            values = list(map(_value_of, held))
-        elif held.count(None) == n:  # (none resolved with a value)
-            values = list(map(_launched_of, futures))
-        else:
-            values = list(map(Future.peek, futures))
-        return Columns(list(map(_store_of, futures)),
-                       list(map(operator.is_, map(_state_of, futures), repeat(_PENDING, n))),
-                       list(map(_error_of, futures)), values, list(map(_t_done_of, futures)),
-                       list(map(_producer_of, futures)))
-
-    @staticmethod
-    def producers_of(futures: Iterable[Future], running: bool = True) -> Iterator:
-        """The tasks making ``futures`` (those made by none skipped), in order, with repeats;
-        with ``running``, only those of futures still pending. One C-level pass."""
-        if running:
-            futures = list(futures)
-            futures = compress(futures, map(operator.is_, map(_state_of, futures),
-                                            repeat(_PENDING)))
-        return filter(not_none, map(_producer_of, futures))
+        for f in futures:
+            if f is not None:
+                fut: Future = f
+                fut.donated = True
+                buf = fut._buffer
+                if buf is not None:
+                    buf.donated = True
 
     @staticmethod
     def first_error(leaves) -> BaseException | None:
         """The error of the first future among ``leaves`` that failed (other leaves are
         skipped), without waiting for any."""
-        leaves = list(leaves)
-        errors = map(_error_of, compress(leaves, map(isinstance, leaves, repeat(Future))))
-        return next(filter(not_none, errors), None)
+        for leaf in leaves:
+            if isinstance(leaf, Future):
+                fut: Future = leaf
+                if fut._error is not None:
+                    return fut._error
+        return None
 
     def peek(self):
         """The value (possibly not ready yet) without marking it exported, for consumers."""
@@ -398,62 +394,32 @@ class Future(OnValue):
         """``set_result`` for many futures at once (a node's outputs): ``made`` holds
         ``(future, value, nbytes)`` (nbytes: its bytes per device; None: from its sharding).
         Their store counts them all under one lock; then each resolves, in order."""
-        if made:
-            futs, values, nbytes = zip(*made, strict=True)
-            Future.set_values(futs, values, nbytes, t_done, reserved)
-
-    @staticmethod
-    def set_values(futures: Sequence[Future | None], values: Sequence,
-                   nbytes: Sequence[dict[int, int] | None], t_done: float = 0.0,
-                   reserved: bool = False) -> None:
-        """``set_results`` in columns: a node's output futures (``None``: an output no
-        future shows), their values and their bytes per device. The per-future work is done
-        in C-level passes (a state of many leaves: no Python work per leaf): the store counts
-        them in one batch, then under all their locks (taken in output order: no other code
-        holds two) they resolve together, and what waits on each is woken, in order."""
-        if len(futures) == 1:  # (one output: a batch costs more than it saves)
-            one: Future = futures[0]
-            if one is not None:  # (set_result, inline)
-                store = one._store
-                one._buffer = _Buffer(values[0]) if store is None else store.add(
-                    one, values[0], reserved, nbytes[0])
-                one._resolve(_DONE, None, t_done)
+        if not made:
             return
-        if None in futures:
-            keep = list(map(operator.is_not, futures, repeat(None)))
-            futures, values = list(compress(futures, keep)), list(compress(values, keep))
-            nbytes = list(compress(nbytes, keep))
-        if not futures:
-            return
-        first: Future = futures[0]
+        first: Future = made[0][0]
         store = first._store
-        if any(map(operator.is_not, map(_store_of, futures), repeat(store))):
-            raise ValueError("Future.set_results takes futures of one object store (a "
-                             "node's outputs); resolve futures of others one by one.")
-        held = list(map(_Buffer, values)) if store is None else store.add_values(
-            futures, values, nbytes, reserved)
-        exhaust(map(setattr, futures, repeat("_buffer"), held))
-        locks = list(map(_lock_of, futures))
-        exhaust(map(_acquire, locks))
-        try:
-            if any(map(operator.is_not, map(_state_of, futures), repeat(_PENDING))):
-                woken = None  # (one resolved already: each on its own, below)
-            else:
-                woken = list(map(_waiting, futures))
-                for name, value in (("_state", _DONE), ("t_done", t_done), ("_launched", None),
-                                    ("_launch_hooks", None), ("_hooks", None),
-                                    ("_callbacks", None)):
-                    exhaust(map(setattr, futures, repeat(name), repeat(value, len(futures))))
-        finally:
-            exhaust(map(_release, locks))
-        if woken is None:
-            for f in futures:
-                fut: Future = f
-                fut._resolve(_DONE, None, t_done)
-            return
-        for f, waiting in compress(zip(futures, woken, strict=True), map(any, woken)):
+        for f, _, _ in made:
             fut: Future = f
-            fut._resolved(*waiting)
+            if fut._store is not store:
+                raise ValueError("Future.set_results takes futures of one object store (a "
+                                 "node's outputs); resolve futures of others one by one.")
+        held = None if store is None else store.add_many(made, reserved)
+        for i, (f, value, _) in enumerate(made):
+            fut: Future = f
+            fut._buffer = _Buffer(value) if held is None else held[i]
+            with fut._lock:  # (``_resolve``, inlined: this runs per output)
+                if fut._state is not _PENDING:
+                    continue
+                fut._state, fut.t_done, fut._launched = _DONE, t_done, None
+                launch_hooks, hooks, callbacks = fut._launch_hooks, fut._hooks, fut._callbacks
+                if launch_hooks is None and hooks is None and callbacks is None:
+                    if fut._event is None:
+                        continue
+                    event = fut._event
+                else:
+                    fut._launch_hooks = fut._hooks = fut._callbacks = None
+                    event = fut._event
+            fut._resolved(event, launch_hooks, hooks, callbacks)
 
     def set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
@@ -474,8 +440,7 @@ class Future(OnValue):
             launch_hooks, hooks, callbacks = self._launch_hooks, self._hooks, self._callbacks
             self._launch_hooks = self._hooks = self._callbacks = None
             event = self._event
-        if event is not None or launch_hooks is not None or hooks is not None or callbacks:
-            self._resolved(event, launch_hooks, hooks, callbacks)
+        self._resolved(event, launch_hooks, hooks, callbacks)
         return True
 
     def _resolved(self, event, launch_hooks, hooks, callbacks) -> None:

@@ -90,11 +90,9 @@ class PlanNode:
     sharding: Any = None          # the destination layout
     out_nbytes: tuple[dict[int, int], ...] = ()  # per output: bytes on each device (both)
     memory: int = 0               # bytes per device its outputs take (what a budget counts)
-    returns: tuple[int, ...] = ()  # its output slots the user sees (a Future each)
+    returns: tuple[tuple[int, int], ...] = ()  # (position, slot) of its outputs the user sees
+    donates: tuple[int, ...] = ()  # positions of the inputs it donates (computations)
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
-    donated_slots: tuple[int, ...] = ()  # the input slots it donates (donate_argnums)
-    releases: tuple[int, ...] = ()  # its input slots made by the plan's nodes (a run frees
-                                    # those after their last reader; arguments are the user's)
 
 
 @dataclass(slots=True, eq=False)
@@ -119,12 +117,6 @@ class Plan:
     sources: tuple[int, ...] = ()         # argument and constant slots
     made: tuple[Output, ...] = ()         # per output: what its Future is made of
     makers: tuple = ()                    # slot -> (producer node, output position), or None
-    templates: tuple[tuple, ...] = ()     # per output: its Future's fields (Future.outputs)
-    made_by: tuple[int, ...] = ()         # per output: the node making it (-1: none)
-    fresh: bool = False                   # every output is a node's and listed once: a run's
-                                          # output futures are made in one batch
-    notified: tuple[int, ...] = ()        # the sources whose arrival someone counts
-    sole_reader: int = -1                 # the one node counting them all, each once (or -1)
 
 
 def build(graph: Graph) -> Plan:
@@ -146,8 +138,7 @@ def build(graph: Graph) -> Plan:
             p = PlanNode(index, node, node.name, node.island, node.devices, tuple(ins),
                          tuple(outs), True, fn=node.fn, exe=exe, call=exe.call,
                          asynchronous=exe.asynchronous, out_nbytes=exe.out_nbytes,
-                         memory=exe.memory)
-            p.donated_slots = tuple(p.inputs[i] for i in exe.donated)
+                         memory=exe.memory, donates=tuple(exe.donated))
         else:
             spec = graph.values[node.output]
             nbytes = shard_bytes(spec.shape, spec.dtype, spec.sharding)
@@ -162,7 +153,6 @@ def build(graph: Graph) -> Plan:
             link=node.link, node_id=node.id)
         distinct = tuple(dict.fromkeys(ins))
         p.n_inputs, p.distinct = len(distinct), distinct
-        p.releases = tuple(slot for slot in distinct if producer[slot] >= 0)
         waits, after = [], []
         for slot in distinct:
             consumers[slot].append(index)
@@ -187,12 +177,12 @@ def build(graph: Graph) -> Plan:
     seen = frozenset(graph.outputs)
     for p in nodes:
         p.notifies = any(notify[s] for s in p.outputs)
-        p.returns = tuple(s for s in p.outputs if s in seen)
+        p.returns = tuple((k, s) for k, s in enumerate(p.outputs) if s in seen)
     islands: dict[int, list[NodeSpec]] = {}
     for p in nodes:
         if p.is_compute:
             islands.setdefault(p.island, []).append(p.spec)
-    plan = Plan(graph, nodes, nslots, tuple(graph.inputs), tuple(graph.consts.items()),
+    return Plan(graph, nodes, nslots, tuple(graph.inputs), tuple(graph.consts.items()),
                 tuple(graph.outputs), tuple(producer), tuple(map(tuple, notify)),
                 tuple(map(tuple, consumers)), tuple(len(c) for c in consumers),
                 frozenset(graph.outputs), {i: tuple(s) for i, s in islands.items()},
@@ -202,15 +192,6 @@ def build(graph: Graph) -> Plan:
                       for v in (graph.values[s],)),
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)))
-    plan.templates = tuple(tuple(out)[2:] for out in plan.made)
-    plan.made_by = tuple(out.producer for out in plan.made)
-    plan.notified = tuple(s for s in plan.sources if plan.notify[s])
-    readers = {plan.notify[s] for s in plan.notified}
-    plan.sole_reader = next(iter(readers))[0] if len(readers) == 1 and len(
-        next(iter(readers))) == 1 else -1
-    plan.fresh = all(out.producer >= 0 for out in plan.made) and len(set(plan.outputs)) == len(
-        plan.outputs)
-    return plan
 
 
 def _output(slot: int, v, producer: int, nodes: list[PlanNode]) -> Output:

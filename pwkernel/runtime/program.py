@@ -14,10 +14,8 @@ called outside a program is a one-node program.
 from __future__ import annotations
 
 import functools
-import operator
 import threading
 from collections.abc import Callable
-from itertools import compress, repeat
 from typing import Any
 
 import jax
@@ -27,7 +25,6 @@ from jax.sharding import PartitionSpec as P
 
 from . import executor as executors
 from .arguments import Arguments
-from .batch import MANY
 from .errors import NeedsValueError, ProgramError, SliceError, SpecError
 from .executable import Executable
 from .graph import Graph
@@ -330,20 +327,6 @@ def leaf_placement(leaf) -> tuple:
     return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, _is_weak(leaf))
 
 
-def _placements(leaves: list) -> tuple:
-    """Each argument's ``leaf_placement``; a pytree of futures that carry theirs (a program's
-    outputs: a training state) is read in one C-level pass, with no Python work per leaf."""
-    if len(leaves) < MANY:  # (one by one: cheaper so)
-        return tuple([leaf.placement if type(leaf) is Future and leaf.placement
-                      else leaf_placement(leaf) for leaf in leaves])
-    out = list(map(getattr, leaves, repeat("placement"), repeat(None)))
-    for i in compress(range(len(out)), map(operator.or_, map(operator.is_, out, repeat(None)),
-                                           map(operator.is_not, map(type, leaves),
-                                               repeat(Future)))):
-        out[i] = leaf_placement(leaves[i])  # (an array, or a future without one)
-    return tuple(out)
-
-
 def _is_weak(leaf) -> bool:
     return type(leaf) in (int, float, complex)
 
@@ -372,7 +355,8 @@ class Program:
         return self._graph(tree, leaves)
 
     def _graph(self, tree, leaves) -> Graph:
-        key = (tree, _placements(leaves))
+        key = (tree, tuple([leaf.placement if type(leaf) is Future and leaf.placement
+                            else leaf_placement(leaf) for leaf in leaves]))
         last = self._last  # the key of the last call, compared without hashing: a program's
         if last is not None and last[0] == key:  # futures share their placement tuples
             graph = last[1]

@@ -9,25 +9,13 @@ reader ends.
 
 from __future__ import annotations
 
-import functools
-import operator
 import threading
-from itertools import chain, compress, filterfalse, repeat, starmap
 from typing import TYPE_CHECKING, Any
 
-import jax
-import numpy as np
-
-from .batch import MANY, exhaust, not_none
-from .errors import ControllerClosedError, ProgramError
-from .objects import Columns, Future
+from .objects import Future
 
 if TYPE_CHECKING:
-    from .graph import Graph
     from .plan import Plan, PlanNode
-
-_order_of = operator.attrgetter("order")
-_made_here = functools.partial(operator.le, 0)  # a slot's producer: a node of this plan
 
 
 class RunSlots:
@@ -61,9 +49,14 @@ class RunSlots:
         """When the last of ``slots`` ended; None if one has not (after waiting up to
         ``timeout`` seconds; None waits as long as it takes)."""
         t_done = self.t_done
-        ends = list(map(t_done.__getitem__, slots))
-        if None not in ends:
-            return max(max(ends, default=0.0), 0.0)
+        latest = 0.0
+        for s in slots:
+            t = t_done[s]
+            if t is None:
+                break
+            latest = t if t > latest else latest
+        else:
+            return latest
         if timeout == 0.0:
             return None
         with self.lock:
@@ -101,34 +94,24 @@ class RunSlots:
         return tuple(t.id for t in self.producers(task) if t.node.island == island)
 
     def slot_makers(self, slots, out: list, running: bool = True) -> None:
-        """Append the tasks that make ``slots`` (each once: a state of many leaves has one
-        producer for all of them); with ``running``, only those not ended. The slots are
-        read in C-level passes (no Python work per slot): this run's own producers first,
-        then those of the futures given as arguments."""
-        if len(slots) < MANY:  # (one by one: cheaper so)
-            producer, tasks, futures, last = self.plan.producer, self.tasks, self.futures, None
-            get = futures.get
-            for s in slots:
-                p = producer[s]
-                if p >= 0:
-                    t = tasks[p] if tasks else None
-                else:  # (a future's done() is asked only of a producer not just appended)
-                    fut = get(s)
-                    if fut is None:
-                        continue
-                    t = fut.producer
-                    if t is None or t is last or (running and fut.done()):
-                        continue
-                if t is not None and t is not last:
-                    out.append(t)
-                    last = t
-            return
-        producer = list(map(self.plan.producer.__getitem__, slots))
-        tasks = self.tasks
-        made = map(tasks.__getitem__, filter(_made_here, producer)) if tasks else ()
-        given = filter(not_none, map(self.futures.get, compress(slots, map(
-            operator.lt, producer, repeat(0)))))
-        out.extend(dict.fromkeys(chain(made, Future.producers_of(given, running))))
+        """Append the tasks that make ``slots`` (each once in a row: a state of many leaves
+        has one producer for all of them); with ``running``, only those not ended."""
+        producer, tasks, futures, last = self.plan.producer, self.tasks, self.futures, None
+        get = futures.get
+        for s in slots:
+            p = producer[s]
+            if p >= 0:
+                t = tasks[p] if tasks else None
+            else:  # (a future's done() is asked only of a producer not just appended)
+                fut = get(s)
+                if fut is None:
+                    continue
+                t = fut.producer
+                if t is None or t is last or (running and fut.done()):
+                    continue
+            if t is not None and t is not last:
+                out.append(t)
+                last = t
 
     def internal_bytes(self) -> list[dict[int, int]]:
         """Bytes on each device of every value it keeps that is not a future (alive until
@@ -157,58 +140,38 @@ class RunSlots:
 
     def inputs_arrived(self, group) -> None:
         """Program arguments given as futures, ``(slot, future)`` pairs, were launched (or
-        resolved). Many are read in columns (``Future.columns``): no Python work per leaf."""
+        resolved)."""
         with self.lock:
             values = self.values
             if values is None:
                 return
-            if len(group) < MANY:
-                came = []
-                for slot, fut in group:
-                    if fut.error is None and values[slot] is None:
-                        values[slot] = fut.peek()
-                        came.append(slot)
-            else:
-                slots, futs = zip(*group, strict=True)
-                cols = Future.columns(futs)
-                came = list(compress(slots, _fill(values, slots, cols)))
+            came = []
+            for slot, fut in group:
+                if fut.error is None and values[slot] is None:
+                    values[slot] = fut.peek()
+                    came.append(slot)
         if came:  # (none: its end was seen first and counted them, ``inputs_ended``)
             self.owner.arrived(self, *came)
 
     def inputs_ended(self, group) -> None:
         """Program arguments given as futures, ``(slot, future)`` pairs, resolved: their end
-        times, or their errors (many read in columns, as ``inputs_arrived``). A value that
-        arrives here first (the end was seen in another thread before the launch's hook ran
-        here) is counted here: each slot once, by whichever of the two fills it."""
-        failed, came = [], None
+        times, or their errors. A value that arrives here first (the end was seen in another
+        thread before the launch's hook ran here) is counted here: each slot once, by
+        whichever of the two fills it."""
+        failed, came = [], []
         with self.lock:
             values, errors, t_done = self.values, self.errors, self.t_done
             if values is None:
                 return
-            if len(group) < MANY:
-                for slot, fut in group:
-                    error = fut.error
-                    if error is not None:
-                        errors[slot] = error
-                        failed.append(slot)
-                    elif values[slot] is None:
-                        values[slot] = fut.peek()
-                        if came is None:
-                            came = [slot]
-                        else:
-                            came.append(slot)
-                    t_done[slot] = fut.t_done
-            else:
-                slots, futs = zip(*group, strict=True)
-                cols = Future.columns(futs)
-                for slot, error in compress(zip(slots, cols.errors, strict=True),
-                                            map(not_none, cols.errors)):
+            for slot, fut in group:
+                error = fut.error
+                if error is not None:
                     errors[slot] = error
                     failed.append(slot)
-                fresh = _fill(values, slots, cols)
-                if any(fresh):
-                    came = list(compress(slots, fresh))
-                exhaust(starmap(t_done.__setitem__, zip(slots, cols.t_done, strict=True)))
+                elif values[slot] is None:
+                    values[slot] = fut.peek()
+                    came.append(slot)
+                t_done[slot] = fut.t_done
             if self._waiters:
                 self._changed.notify_all()
             unparked = self._unpark() if self._parked else None
@@ -217,18 +180,22 @@ class RunSlots:
         for slot in failed:
             self.spread(slot, errors[slot])
         if not self.parallel:
-            self.owner.arrived(self, *filterfalse(set(failed).__contains__,
-                                                  next(zip(*group, strict=True))))
+            self.owner.arrived(self, *(s for s, _ in group if s not in failed))
         elif came:  # (its launch hook finds them filled and counts none)
             self.owner.arrived(self, *came)
 
     def park(self, task) -> float | None:
         """When ``task``'s inputs ended; None if one has not: then ``task`` is parked, and
         the end of its last input reports it (``ends.py``)."""
-        slots = task.node.inputs
-        ends = list(map(self.t_done.__getitem__, slots))  # (slots_ended, inline: this runs
-        if None not in ends:                              # per computation)
-            return max(max(ends, default=0.0), 0.0)
+        slots, t_done, latest = task.node.inputs, self.t_done, 0.0
+        for s in slots:  # (slots_ended, inline: this runs per computation)
+            t = t_done[s]
+            if t is None:
+                break
+            if t > latest:
+                latest = t
+        else:
+            return latest
         with self.lock:
             t = self.slots_ended(slots)
             if t is None:
@@ -253,7 +220,7 @@ class RunSlots:
             values = self.values
             if values is None:
                 return  # the run is over: its values went with it
-            for s in node.releases:
+            for s in node.distinct:
                 refs[s] -= 1
                 if not refs[s] and s not in futures:
                     made = makers[s]
@@ -285,15 +252,6 @@ class RunSlots:
                                      max(nbytes.values(), default=0))
 
 
-def _fill(values: list, slots, cols: Columns) -> list[bool]:
-    """Put each future's value (``Future.columns``) in its slot where the slot has none and
-    the future no error; returns where it did."""
-    fresh = list(map(operator.and_, map(operator.is_, cols.errors, repeat(None)),
-                     map(operator.is_, map(values.__getitem__, slots), repeat(None))))
-    exhaust(starmap(values.__setitem__, compress(zip(slots, cols.values, strict=True), fresh)))
-    return fresh
-
-
 def resume(unparked: list[tuple[Any, float]]) -> None:
     """Report the parked completions whose inputs have ended (outside the run's lock)."""
     for task, t_inputs in unparked:
@@ -302,115 +260,3 @@ def resume(unparked: list[tuple[Any, float]]) -> None:
             task.report_end(t_inputs)
         else:
             line.pump()
-
-
-def take_arguments(run: RunSlots, graph: Graph, leaves: list, store) -> dict:
-    """Put a run's arguments and constants in their slots; returns the arguments still
-    pending, by the task making them: a state of many leaves is one group, ``[watched,
-    (slot, future), ...]``, watched on the one of its futures its producer resolves last.
-    Many futures are read in columns (``_take_futures``): no Python work per leaf; fewer
-    than ``MANY`` leaves go one by one here, which costs less for them."""
-    plan, pending = run.plan, {}
-    values, futures, t_done, parallel = run.values, run.futures, run.t_done, run.parallel
-    if len(leaves) >= MANY:
-        given = list(map(isinstance, leaves, repeat(Future)))
-        for slot, leaf in compress(zip(plan.inputs, leaves, strict=True),
-                                   map(operator.not_, given)):
-            _put_array(run, graph, slot, leaf)
-        if any(given):
-            _take_futures(run, list(compress(plan.inputs, given)),
-                          list(compress(leaves, given)), store, pending)
-    else:
-        checked = group = None  # the last producer whose futures were checked, its group
-        for slot, leaf in zip(plan.inputs, leaves, strict=True):
-            if not isinstance(leaf, Future):
-                _put_array(run, graph, slot, leaf)
-                continue
-            producer = leaf.producer
-            if producer is None or producer is not checked:  # (one run, one store)
-                held_by = leaf.store
-                if held_by is not store and held_by is not None:
-                    _refuse_foreign(leaf)
-                checked = producer
-            futures[slot] = leaf
-            if leaf.done():
-                if leaf.error is not None:
-                    run.errors[slot] = leaf.error
-                else:
-                    values[slot] = leaf.peek()
-                t_done[slot] = leaf.t_done
-            else:
-                group = _join(pending, group, slot, leaf)
-                if parallel:
-                    values[slot] = leaf.peek()  # launched already, or None
-    for slot, const in plan.consts:
-        values[slot] = const
-        t_done[slot] = 0.0
-    return pending
-
-
-def _put_array(run: RunSlots, graph: Graph, slot: int, leaf) -> None:
-    """An argument given as an array (or a host value, made one)."""
-    run.values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
-        leaf, graph.values[slot].dtype)
-    run.t_done[slot] = 0.0
-
-
-def _take_futures(run: RunSlots, slots: list, futs: list, store, pending: dict) -> None:
-    """The arguments given as futures (in ``slots``), read in columns; pending ones are
-    grouped into ``pending`` by their producer."""
-    values, t_done = run.values, run.t_done
-    cols = Future.columns(futs)
-    if any(map(operator.is_not, cols.stores, repeat(store))):
-        for leaf, held_by in zip(futs, cols.stores, strict=True):
-            if held_by is not store and held_by is not None:
-                _refuse_foreign(leaf)
-    run.futures.update(zip(slots, futs, strict=True))
-    ended = list(map(operator.not_, cols.pending))
-    if run.parallel or not any(cols.pending):  # (launched already, or None)
-        exhaust(starmap(values.__setitem__, zip(slots, cols.values, strict=True)))
-    else:
-        exhaust(starmap(values.__setitem__, compress(zip(slots, cols.values, strict=True),
-                                                     ended)))
-    if any(ended):  # resolved already: a value (or an error) and an end time
-        exhaust(starmap(t_done.__setitem__, compress(zip(slots, cols.t_done, strict=True),
-                                                     ended)))
-        for slot, error in compress(zip(slots, cols.errors, strict=True),
-                                    map(not_none, cols.errors)):  # (only resolved ones fail)
-            run.errors[slot] = error
-            values[slot] = None
-    if not any(cols.pending):
-        return
-    makers = dict.fromkeys(compress(cols.producers, cols.pending))
-    if len(makers) == 1 and None not in makers:  # (a state: one producer, one group)
-        pending[next(iter(makers))] = [max(compress(futs, cols.pending), key=_order_of),
-                                       *compress(zip(slots, futs, strict=True), cols.pending)]
-        return
-    group = None
-    for slot, leaf in compress(zip(slots, futs, strict=True), cols.pending):
-        group = _join(pending, group, slot, leaf)
-
-
-def _join(pending: dict, group: list | None, slot: int, leaf: Future) -> list:
-    """Add a pending argument to its producer's group in ``pending`` (``group``: the last
-    one joined, most often the same producer's); returns its group."""
-    producer = leaf.producer
-    if producer is None or group is None or group[1][1].producer is not producer:
-        key = leaf if producer is None else producer
-        group = pending.get(key)
-        if group is None:
-            group = pending[key] = [leaf]
-    group.append((slot, leaf))
-    if leaf.order > group[0].order:
-        group[0] = leaf
-    return group
-
-
-def _refuse_foreign(leaf: Future) -> None:
-    """A future of another controller's store was passed to a program: say what to pass."""
-    if leaf.store.closed:
-        raise ControllerClosedError(
-            "a future from a closed controller was passed to a program; its buffer is gone. "
-            "Pass fut.result() (a jax.Array) or rerun the program that made it.")
-    raise ProgramError("a future from another controller was passed to a program; pass "
-                       "fut.result() to move the value across.")

@@ -9,17 +9,13 @@ still reading it have run), so its host cost does not grow with the buffer's siz
 
 from __future__ import annotations
 
-import operator
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
-
-from .batch import exhaust
 
 
 class Future(Protocol):
@@ -39,23 +35,14 @@ def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
     return {d.id: per for d in sharding.device_set}
 
 
-_run_of, _island_of, _donated_of = (operator.attrgetter(a) for a in ("run", "island",
-                                                                      "donated"))
-
-
-def _labels(run) -> tuple:
-    """A run's ownership labels, as its buffers' records carry them."""
-    return ("", -1, "default") if run is None else (run.name, run.id, run.client)
-
-
 class _Held(weakref.ref):
     """The store's entry for one live buffer, in one object (one is made per value a program
     returns): a weak reference to the future (its callback frees the buffer), the value, whether
     the user took it (``exported``: never deleted then), whether a launched computation consumed
-    it (``donated``: a ``jax.Array`` has nothing left to delete then) and its
-    ``BufferRecord``."""
+    it (``donated``: a ``jax.Array`` has nothing left to delete then), its ``BufferRecord``, and
+    ``freeing`` (set once, under the store's lock, by whoever frees it)."""
 
-    __slots__ = ("value", "exported", "donated", "record")
+    __slots__ = ("key", "value", "exported", "donated", "record", "freeing")
 
 
 class BufferRecord(NamedTuple):
@@ -73,9 +60,8 @@ class BufferRecord(NamedTuple):
 class ObjectStore:
     """Tracks the device memory held by live futures, per device, with ownership labels.
 
-    ``on_free(record)`` (None: nobody to tell) is called (from whichever thread dropped the
-    last reference) when a buffer is freed, so the schedulers can admit work that was
-    waiting for memory.
+    ``on_free(record)`` is called (from whichever thread dropped the last reference) when a
+    buffer is freed, so the schedulers can admit work that was waiting for memory.
     ``fetch(value, sharding)``: the value as a local ``jax.Array`` (the executor's; a value
     that is already one is handed out as it is, and then never deleted by the store).
 
@@ -84,11 +70,10 @@ class ObjectStore:
     it deletes the array, and XLA returns the memory after the computations still reading it.
     """
 
-    def __init__(self, on_free: Callable[[BufferRecord], None] | None = None,
+    def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None,
                  fetch: Callable[[Any, Any], Any] | None = None):
         self._fetch = fetch
         self._held: dict[int, _Held] = {}  # key -> entry, until its memory is given back
-        self._unfreed: dict[int, _Held] = {}  # key -> entry, until someone starts freeing it
         # Reentrant: a garbage collection inside a locked section may free on this thread
         # (so readers iterate over a copy of the entries).
         self._lock = threading.RLock()
@@ -100,56 +85,30 @@ class ObjectStore:
             nbytes: dict[int, int] | None = None) -> _Held:
         """Count ``value``, the value of ``fut``, until ``fut`` goes (or is freed).
         ``nbytes``: its bytes per device (None: from its sharding)."""
-        held = _Held(fut, self._on_drop)
-        held.value, held.exported, held.donated = value, False, fut.donated
-        if nbytes is None:
-            nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-        run = fut.run  # (_labels, inline: this runs per value of a small step)
-        held.record = tuple.__new__(BufferRecord, (
-            nbytes, *(("", -1, "default") if run is None else (run.name, run.id, run.client)),
-            fut.island, reserved))
-        key = id(held)
-        with self._lock:  # (an entry's key is its id: unique while it is in the dict)
-            self._held[key] = self._unfreed[key] = held
-        return held
+        return self.add_many(((fut, value, nbytes),), reserved)[0]
 
     def add_many(self, made: Iterable[tuple[Future, Any, dict[int, int] | None]],
                  reserved: bool = False) -> list[_Held]:
         """``add`` for many values at once (a node's outputs), under one lock: ``made`` holds
         ``(future, value, nbytes)``; the entries come back in that order."""
-        made = list(made)
-        if not made:
-            return []
-        futures, values, nbytes = zip(*made, strict=True)
-        return self.add_values(futures, values, nbytes, reserved)
-
-    def add_values(self, futures: Sequence[Future], values: Sequence,
-                   nbytes: Sequence[dict[int, int] | None], reserved: bool = False
-                   ) -> list[_Held]:
-        """``add_many`` in columns: futures, their values, their bytes per device (None:
-        from its sharding). Entries and records are made in C-level passes, so a node of
-        many outputs (a training state's leaves) costs no Python work per output."""
-        n = len(futures)
-        if n == 1:  # (one output: a batch costs more than it saves)
-            return [self.add(futures[0], values[0], reserved, nbytes[0])]
-        if None in nbytes:
-            nbytes = [shard_bytes(f.shape, f.dtype, f.sharding) if b is None and f.sharding
-                      else {} if b is None else b for f, b in zip(futures, nbytes, strict=True)]
-        first = futures[0].run
-        if any(map(operator.is_not, map(_run_of, futures), repeat(first, n))):
-            labels = map(_labels, map(_run_of, futures))  # (futures of several runs)
-        else:
-            labels = repeat(_labels(first), n)
-        records = list(map(tuple.__new__, repeat(BufferRecord, n), map(
-            operator.add, map(operator.add, zip(nbytes), labels),
-            zip(map(_island_of, futures), repeat(reserved, n), strict=True))))
-        out = list(map(_Held, futures, repeat(self._on_drop, n)))
-        columns = (values, repeat(False, n), map(_donated_of, futures), records)
-        for name, column in zip(_Held.__slots__, columns, strict=True):
-            exhaust(map(setattr, out, repeat(name, n), column))
+        out, on_drop, last, labels, new = [], self._on_drop, _Held, (), tuple.__new__
+        for fut, value, nbytes in made:
+            held = _Held(fut, on_drop)
+            held.value, held.exported, held.freeing = value, False, False
+            held.donated = fut.donated
+            if nbytes is None:
+                nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
+            run = fut.run
+            if run is not last:  # (a node's outputs share their run's labels)
+                last, labels = run, ("", -1, "default") if run is None else (
+                    run.name, run.id, run.client)
+            held.record = new(BufferRecord, (nbytes, *labels, fut.island, reserved))
+            out.append(held)
+        entries = self._held
         with self._lock:  # (an entry's key is its id: unique while it is in the dict)
-            self._held.update(zip(map(id, out), out, strict=True))
-            self._unfreed.update(zip(map(id, out), out, strict=True))
+            for held in out:
+                held.key = key = id(held)
+                entries[key] = held
         return out
 
     def fetch(self, fut: Future, held: _Held):
@@ -163,24 +122,22 @@ class ObjectStore:
         return value
 
     def _free(self, held: _Held) -> None:
-        if self._unfreed.pop(id(held), None) is None:  # (one dict operation: atomic, so
-            return  # whoever takes the entry out frees it; freed already, or being freed)
+        with self._lock:
+            if held.freeing:
+                return  # freed already (or being freed by another thread)
+            held.freeing = True
         value, held.value = held.value, None
-        if not (held.exported or held.donated and isinstance(value, jax.Array)):
+        if not held.exported and not (held.donated and isinstance(value, jax.Array)):
             delete = getattr(value, "delete", None)
             if delete is not None:
                 try:
                     delete()
                 except Exception:  # already deleted or donated: nothing left to free
                     pass
-        on_free = self._on_free
-        if on_free is None:  # (no memory budget: nobody to tell)
-            self._held.pop(id(held), None)
-            return
         try:
-            on_free(held.record)
+            self._on_free(held.record)
         finally:  # counted until the scheduler has its memory back: memory() == 0 says so
-            self._held.pop(id(held), None)  # (one dict operation: atomic; readers copy)
+            self._held.pop(held.key, None)  # (one dict operation: atomic; readers copy)
 
     def memory(self) -> dict[int, int]:
         """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
@@ -199,12 +156,12 @@ class ObjectStore:
         """Each live buffer's record with its future (None once it is being freed). The
         caller holds those futures: it should drop the list outside its own locks."""
         with self._lock:
-            return [(held.record, held()) for held in list(self._unfreed.values())]
+            return [(held.record, held()) for held in list(self._held.values()) if not held.freeing]
 
     def close(self) -> None:
         """Free every buffer; futures of this store refuse to hand out values from now on."""
         self.closed = True
         with self._lock:
-            todo = list(self._unfreed.values())
+            todo = [held for held in list(self._held.values()) if not held.freeing]
         for held in todo:
             self._free(held)

@@ -26,13 +26,10 @@ into the dispatcher.
 from __future__ import annotations
 
 import itertools
-import operator
 import threading
 from enum import StrEnum
-from itertools import compress, repeat, starmap
 from typing import TYPE_CHECKING
 
-from .batch import exhaust
 from .deferred import soon
 from .errors import CancelledError
 from .events import ClientSpec
@@ -118,9 +115,10 @@ class Task:
     def donated_makers(self) -> list[Task]:
         """The tasks making the inputs this computation donates that have not ended (each
         once in a row)."""
-        run, slots, out = self.run, self.node.donated_slots, []
-        run.slot_makers(list(compress(slots, map(operator.is_, map(
-            run.t_done.__getitem__, slots), repeat(None)))), out)
+        run, inputs = self.run, self.node.inputs
+        t_done, out = run.t_done, []
+        run.slot_makers([s for i in self.node.exe.donated if t_done[s := inputs[i]] is None],
+                        out)
         return out
 
     def launched(self, values) -> None:
@@ -314,7 +312,7 @@ class ProgramRun(RunSlots):
         node, futures = task.node, self.futures
         if futures:
             get = futures.get
-            Future.set_launched_many(list(map(get, node.outputs)), values)
+            Future.set_launched_many([get(s) for s in node.outputs], values)
         if self.parallel and node.notifies:
             self._outputs_arrived(node)
 
@@ -333,8 +331,10 @@ class ProgramRun(RunSlots):
             if task.has_outputs or self.values is None:
                 return False
             task.has_outputs = True
-            exhaust(starmap(self.values.__setitem__, zip(node.outputs, values, strict=True)))
-        if node.donated_slots:
+            slots = self.values
+            for s, v in zip(node.outputs, values, strict=True):
+                slots[s] = v
+        if node.donates:
             self._consume_donated(node)
         return True
 
@@ -342,7 +342,8 @@ class ProgramRun(RunSlots):
         """The futures whose buffers ``node`` donated are consumed (its outputs are held)."""
         futures = self.futures
         if futures:
-            Future.consumed_many(list(map(futures.get, node.donated_slots)))
+            get, inputs = futures.get, node.inputs
+            Future.consumed_many([get(inputs[i]) for i in node.donates])
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
@@ -414,19 +415,18 @@ class ProgramRun(RunSlots):
                 owner.computation_ended(task, t_end - t_start)  # ends are known by then)
             if error is not None:  # the memory its outputs reserved (under a budget)
                 owner.release_memory(node.island, node.devices, node.memory)
-        if fresh is not None and node.donated_slots:
+        if fresh is not None and node.donates:
             self._consume_donated(node)
         if dropped:
             self._free(dropped)
         if node.returns:  # its outputs the user sees
-            made = list(map(futures.get, node.outputs))  # (None: an output no future shows)
+            nbytes = node.out_nbytes
+            made = [(futures[s], values[s], nbytes[k]) for k, s in node.returns]
             if error is not None:
-                for fut in made:
-                    if fut is not None:
-                        fut.set_exception(error, t_end)
-            else:  # (computations and copies alike reserved their memory when launched)
-                Future.set_values(made, list(map(values.__getitem__, node.outputs)),
-                                  node.out_nbytes, t_end, True)
+                for fut, _, _ in made:
+                    fut.set_exception(error, t_end)
+            else:  # computations and copies alike reserved their outputs' memory when
+                Future.set_results(made, t_end, True)  # launched
         if unparked:
             resume(unparked)
         if error is not None:

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
+from tests.helpers.programs import gate
 
 
 def test_keyword_static_and_pytree_arguments(ctl):
@@ -208,3 +209,28 @@ def test_out_specs_over_a_result_with_none(ctl):
     y, nothing, d = f(np.ones(4, np.float32))
     assert nothing is None and y.result(60).tolist() == [2.0] * 4
     assert d["a"].result(60).tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("n", [3, 12])
+def test_a_donating_call_behind_a_reader_of_a_host_callbacks_outputs_runs(ctl, n):
+    """The donating call waits for its inputs' ends; their launch and end are seen in two
+    threads, in either order, and it still becomes ready (it once waited for ever when the
+    end was seen first)."""
+    s = ctl.slice(1, island=0)
+    entered, release = threading.Event(), threading.Event()
+    hold = gate(entered, release)
+    make = pw.function(lambda x: [hold(x) + i for i in range(n)], slice=s, name="make")
+    total = pw.function(lambda leaves, x: sum(leaves) + x, slice=s, name="total")
+    step = pw.function(lambda leaves: [a * 2 for a in leaves], slice=s, donate_argnums=(0,),
+                       name="step")
+    try:
+        outs = make(np.ones(3, np.float32))
+        assert entered.wait(30)
+        result = total(outs[::-1], np.ones(3, np.float32))
+        new = step(outs)
+    finally:
+        release.set()
+    np.testing.assert_allclose(np.asarray(result.result(timeout=60)),
+                               np.full(3, n + sum(range(n)) + 1))
+    for i, f in enumerate(new):
+        np.testing.assert_allclose(np.asarray(f.result(timeout=60)), np.full(3, 2.0 * (1 + i)))
