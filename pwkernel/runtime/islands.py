@@ -141,7 +141,8 @@ class IslandQueue:
                         copies = [task] if copies is None else copies + [task]
                 else:
                     task.drop()
-                    rejects = [] if rejects is None else rejects
+                    if rejects is None:
+                        rejects = []
                     rejects.append((task, decision.reason))
             drain = self._claim() if self._todo else False  # (mostly nothing waits)
         if rejects:

@@ -155,10 +155,11 @@ class PoolIslandActor:
                 self._watchers -= 1
             return self._changes
 
-    def _changed(self) -> None:
-        """Under the lock: count a change; wake whoever waits in ``changed``."""
+    def _changed(self, wake_all: bool = False) -> None:
+        """Under the lock: count a change; wake whoever waits in ``changed`` (``wake_all``:
+        every waiter on the lock, for what else the change concerns)."""
         self._changes += 1
-        if self._watchers:
+        if wake_all or self._watchers:
             self._cv.notify_all()
 
     # --- tenants ---------------------------------------------------------------------------
@@ -218,8 +219,7 @@ class PoolIslandActor:
             self._post(*events)
         if not tenant.running and not tenant.issuing:
             tenant.issued.put(None)
-        self._changes += 1
-        self._cv.notify_all()
+        self._changed(wake_all=True)
 
     def _lease_loop(self) -> None:
         tick = threading.Event()
@@ -416,8 +416,7 @@ class PoolIslandActor:
                         break
                 else:
                     tenant.records.append(record)
-                self._changes += 1
-                self._cv.notify_all()
+                self._changed(wake_all=True)
 
 
 # --- a pool's islands on the connected Ray cluster ---------------------------------------
