@@ -129,7 +129,9 @@ class Controller:
         record_into = getattr(self._backend, "record_into", None)
         if record_into is not None:  # work it sees but did not launch (a pool's other tenants)
             record_into(self.trace)
-        self.store = ObjectStore(self._on_free, self._backend.fetch)
+        # (freed memory is given back to the islands' schedulers only under a budget)
+        self.store = ObjectStore(None if memory_budget is None else self._on_free,
+                                 self._backend.fetch)
         self._dispatcher = Dispatcher(self._backend, self.store, self.trace, mode, policy,
                                       memory_budget)
         self._policy = policy

@@ -111,14 +111,17 @@ class Dispatcher:
         pending = _take_arguments(run, graph, leaves, store)
         outputs = []
         tasks, made, now = run.tasks, Future.output, _clock()
+        last, lock = -1, None  # a task's outputs share one lock (``Future.output``)
         for slot, src, shape, dtype, sharding, island, name, weak, order, key in plan.made:
             fut = futures.get(slot)
             if fut is None:
                 if src < 0:  # the program returns an argument or a constant as it is
                     fut = resolved(values[slot])
                 else:
+                    if src != last:
+                        last, lock = src, threading.Lock()
                     fut = made(shape, dtype, sharding, name, island, run, store, tasks[src],
-                               weak, order, key, now)
+                               weak, order, key, now, lock)
                 futures[slot] = fut
             outputs.append(fut)
         self.runs[run.id] = run  # one dict operation: atomic without a lock

@@ -283,10 +283,14 @@ class Future:
 
     @classmethod
     def output(cls, shape: tuple, dtype: np.dtype, sharding, name: str, island, run, store,
-                producer, weak: bool, order: int, placement: tuple, t_created: float) -> Future:
+                producer, weak: bool, order: int, placement: tuple, t_created: float,
+                lock=None) -> Future:
         """A program output's future, from its plan's precomputed fields (``shape`` a tuple,
         ``dtype`` a NumPy dtype; ``t_created``: ``perf_counter()`` once for a run's outputs):
-        what ``__init__`` makes, without its per-value checks."""
+        what ``__init__`` makes, without its per-value checks. ``lock``: the lock it shares
+        with the other outputs of its producer (they launch and resolve together, so
+        ``set_launched_many`` and ``set_results`` take it once for all of them); None: its
+        own."""
         fut: Future = cls.__new__(cls)
         fut.shape, fut.dtype, fut.sharding, fut.name, fut.island = (shape, dtype, sharding,
                                                                       name, island)
@@ -295,7 +299,7 @@ class Future:
         fut._buffer = fut._error = fut._event = fut._callbacks = fut._hooks = None
         fut._launch_hooks = fut._launched = None
         fut._state = _PENDING
-        fut._lock = threading.Lock()
+        fut._lock = threading.Lock() if lock is None else lock
         fut.t_created, fut.t_done = t_created, 0.0
         return fut
 
@@ -340,17 +344,34 @@ class Future:
     @staticmethod
     def set_launched_many(futures: Sequence[Future | None], values: Sequence) -> None:
         """``set_launched`` for a node's outputs at once (``None``: an output no future
-        shows), in order."""
-        for f, value in zip(futures, values, strict=True):
-            if f is None:
-                continue
-            fut: Future = f
-            with fut._lock:
+        shows), in order; their hooks fire once all are set."""
+        fired = None
+        lock = None  # the lock held now (a node's outputs share theirs: taken once)
+        try:
+            for f, value in zip(futures, values, strict=True):
+                if f is None:
+                    continue
+                fut: Future = f
+                if fut._lock is not lock:
+                    if lock is not None:
+                        lock.release()
+                    lock = fut._lock
+                    lock.acquire()
                 if fut._state is not _PENDING:
                     continue
                 fut._launched = value
-                hooks, fut._launch_hooks = fut._launch_hooks, None
-            if hooks is not None:
+                hooks = fut._launch_hooks
+                if hooks is not None:
+                    fut._launch_hooks = None
+                    if fired is None:
+                        fired = [(hooks, fut)]
+                    else:
+                        fired.append((hooks, fut))
+        finally:
+            if lock is not None:
+                lock.release()
+        if fired is not None:
+            for hooks, fut in fired:
                 _fire(hooks, fut)
 
     @staticmethod
@@ -393,33 +414,47 @@ class Future:
                      t_done: float = 0.0, reserved: bool = False) -> None:
         """``set_result`` for many futures at once (a node's outputs): ``made`` holds
         ``(future, value, nbytes)`` (nbytes: its bytes per device; None: from its sharding).
-        Their store counts them all under one lock; then each resolves, in order."""
+        Their store counts them all under one lock; then they resolve, in order, and what
+        waits on them is woken once all have."""
         if not made:
             return
-        first: Future = made[0][0]
-        store = first._store
+        store = made[0][0]._store
         for f, _, _ in made:
-            fut: Future = f
-            if fut._store is not store:
+            if f._store is not store:
                 raise ValueError("Future.set_results takes futures of one object store (a "
                                  "node's outputs); resolve futures of others one by one.")
         held = None if store is None else store.add_many(made, reserved)
-        for i, (f, value, _) in enumerate(made):
-            fut: Future = f
-            fut._buffer = _Buffer(value) if held is None else held[i]
-            with fut._lock:  # (``_resolve``, inlined: this runs per output)
-                if fut._state is not _PENDING:
+        fired = None
+        lock = None  # the lock held now (a node's outputs share theirs: taken once)
+        try:
+            for i, (f, value, _) in enumerate(made):
+                fut: Future = f
+                fut._buffer = _Buffer(value) if held is None else held[i]
+                if fut._lock is not lock:
+                    if lock is not None:
+                        lock.release()
+                    lock = fut._lock
+                    lock.acquire()
+                if fut._state is not _PENDING:  # (``_resolve``, inlined: this runs per output)
                     continue
                 fut._state, fut.t_done, fut._launched = _DONE, t_done, None
+                event = fut._event
                 launch_hooks, hooks, callbacks = fut._launch_hooks, fut._hooks, fut._callbacks
                 if launch_hooks is None and hooks is None and callbacks is None:
-                    if fut._event is None:
+                    if event is None:
                         continue
-                    event = fut._event
                 else:
                     fut._launch_hooks = fut._hooks = fut._callbacks = None
-                    event = fut._event
-            fut._resolved(event, launch_hooks, hooks, callbacks)
+                if fired is None:
+                    fired = [(fut, event, launch_hooks, hooks, callbacks)]
+                else:
+                    fired.append((fut, event, launch_hooks, hooks, callbacks))
+        finally:
+            if lock is not None:
+                lock.release()
+        if fired is not None:
+            for fut, *waiting in fired:
+                fut._resolved(*waiting)
 
     def set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED

@@ -74,8 +74,7 @@ class RunSlots:
         """The computations whose outputs ``task`` reads, on any island (through transfers,
         and through arguments made by other runs): not yet ended, or (``running=False``) also
         those that have (one may have ended before its outputs' errors are recorded)."""
-        todo: list = []
-        self.slot_makers(task.node.distinct, todo, running)
+        todo = list(makers(task))
         seen: set[int] = set()
         while todo:
             t = todo.pop()
@@ -85,7 +84,7 @@ class RunSlots:
             if t.node.is_compute:
                 yield t
             else:
-                t.run.slot_makers(t.node.distinct, todo, running)
+                todo.extend(makers(t))
 
     def after(self, task) -> tuple[int, ...]:
         """The computations on ``task``'s island, still running, whose outputs it reads: it
@@ -250,6 +249,19 @@ class RunSlots:
                 nbytes = producer.out_nbytes[k]
                 owner.release_memory(producer.island, list(nbytes),
                                      max(nbytes.values(), default=0))
+
+
+def makers(task) -> list:
+    """The tasks that make ``task``'s inputs, ended or not (each once in a row), found once
+    per task while it has not ended (a run's plan and its argument futures fix them; an
+    ended task keeps none, so no chain of past steps' tasks stays alive through it)."""
+    out = task.makers
+    if out is None:
+        out = []
+        task.run.slot_makers(task.node.distinct, out, running=False)
+        if not task.has_ended:
+            task.makers = out
+    return out
 
 
 def resume(unparked: list[tuple[Any, float]]) -> None:

@@ -35,19 +35,36 @@ def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
     return {d.id: per for d in sharding.device_set}
 
 
+_ARRAYS: set[type] = set()  # the concrete jax.Array types seen (a type test is cheaper)
+
+
+def _is_array(value) -> bool:
+    if isinstance(value, jax.Array):
+        _ARRAYS.add(type(value))
+        return True
+    return False
+
+
 class _Held(weakref.ref):
     """The store's entry for one live buffer, in one object (one is made per value a program
     returns): a weak reference to the future (its callback frees the buffer), the value, whether
     the user took it (``exported``: never deleted then), whether a launched computation consumed
-    it (``donated``: a ``jax.Array`` has nothing left to delete then), its ``BufferRecord``, and
-    ``freeing`` (set once, under the store's lock, by whoever frees it)."""
+    it (``donated``: a ``jax.Array`` has nothing left to delete then), its bytes per device
+    and its labels (its ``BufferRecord``'s other fields, one tuple shared by a node's
+    outputs: the record is made when asked for), and
+    ``claim`` (a one-item list: whoever pops the item frees the buffer, one atomic step, so
+    the future's going and ``close()`` never free it twice; empty once it is being freed)."""
 
-    __slots__ = ("key", "value", "exported", "donated", "record", "freeing")
+    __slots__ = ("key", "value", "exported", "donated", "nbytes", "labels", "claim")
+
+    @property
+    def record(self) -> BufferRecord:
+        return BufferRecord(self.nbytes, *self.labels)
 
 
 class BufferRecord(NamedTuple):
     """What the store records of one live buffer: bytes per device and its ownership labels
-    (a named tuple: one is made per value a program returns)."""
+    (a named tuple, made when asked for: ``records()``, ``live()``, ``on_free``)."""
 
     nbytes: dict[int, int]
     program: str
@@ -61,7 +78,8 @@ class ObjectStore:
     """Tracks the device memory held by live futures, per device, with ownership labels.
 
     ``on_free(record)`` is called (from whichever thread dropped the last reference) when a
-    buffer is freed, so the schedulers can admit work that was waiting for memory.
+    buffer is freed, so the schedulers can admit work that was waiting for memory (None: no
+    one needs telling, and no record is made).
     ``fetch(value, sharding)``: the value as a local ``jax.Array`` (the executor's; a value
     that is already one is handed out as it is, and then never deleted by the store).
 
@@ -70,7 +88,7 @@ class ObjectStore:
     it deletes the array, and XLA returns the memory after the computations still reading it.
     """
 
-    def __init__(self, on_free: Callable[[BufferRecord], None] = lambda r: None,
+    def __init__(self, on_free: Callable[[BufferRecord], None] | None = None,
                  fetch: Callable[[Any, Any], Any] | None = None):
         self._fetch = fetch
         self._held: dict[int, _Held] = {}  # key -> entry, until its memory is given back
@@ -91,18 +109,20 @@ class ObjectStore:
                  reserved: bool = False) -> list[_Held]:
         """``add`` for many values at once (a node's outputs), under one lock: ``made`` holds
         ``(future, value, nbytes)``; the entries come back in that order."""
-        out, on_drop, last, labels, new = [], self._on_drop, _Held, (), tuple.__new__
+        out, on_drop, last, island, labels = [], self._on_drop, _Held, _Held, ()
         for fut, value, nbytes in made:
             held = _Held(fut, on_drop)
-            held.value, held.exported, held.freeing = value, False, False
+            held.value, held.exported, held.claim = value, False, [True]
             held.donated = fut.donated
             if nbytes is None:
                 nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
+            held.nbytes = nbytes
             run = fut.run
-            if run is not last:  # (a node's outputs share their run's labels)
-                last, labels = run, ("", -1, "default") if run is None else (
-                    run.name, run.id, run.client)
-            held.record = new(BufferRecord, (nbytes, *labels, fut.island, reserved))
+            if run is not last or fut.island is not island:  # (a node's outputs share them)
+                last, island = run, fut.island
+                labels = ("", -1, "default", island, reserved) if run is None else (
+                    run.name, run.id, run.client, island, reserved)
+            held.labels = labels
             out.append(held)
         entries = self._held
         with self._lock:  # (an entry's key is its id: unique while it is in the dict)
@@ -122,12 +142,13 @@ class ObjectStore:
         return value
 
     def _free(self, held: _Held) -> None:
-        with self._lock:
-            if held.freeing:
-                return  # freed already (or being freed by another thread)
-            held.freeing = True
+        try:
+            held.claim.pop()
+        except IndexError:
+            return  # freed already (or being freed by another thread)
         value, held.value = held.value, None
-        if not held.exported and not (held.donated and isinstance(value, jax.Array)):
+        if not held.exported and not (held.donated and (type(value) in _ARRAYS
+                                                        or _is_array(value))):
             delete = getattr(value, "delete", None)
             if delete is not None:
                 try:
@@ -135,7 +156,8 @@ class ObjectStore:
                 except Exception:  # already deleted or donated: nothing left to free
                     pass
         try:
-            self._on_free(held.record)
+            if self._on_free is not None:
+                self._on_free(held.record)
         finally:  # counted until the scheduler has its memory back: memory() == 0 says so
             self._held.pop(held.key, None)  # (one dict operation: atomic; readers copy)
 
@@ -144,7 +166,7 @@ class ObjectStore:
         out: dict[int, int] = {}
         with self._lock:
             for held in list(self._held.values()):
-                for d, n in held.record.nbytes.items():
+                for d, n in held.nbytes.items():
                     out[d] = out.get(d, 0) + n
         return out
 
@@ -156,12 +178,12 @@ class ObjectStore:
         """Each live buffer's record with its future (None once it is being freed). The
         caller holds those futures: it should drop the list outside its own locks."""
         with self._lock:
-            return [(held.record, held()) for held in list(self._held.values()) if not held.freeing]
+            return [(held.record, held()) for held in list(self._held.values()) if held.claim]
 
     def close(self) -> None:
         """Free every buffer; futures of this store refuse to hand out values from now on."""
         self.closed = True
         with self._lock:
-            todo = [held for held in list(self._held.values()) if not held.freeing]
+            todo = [held for held in list(self._held.values()) if held.claim]
         for held in todo:
             self._free(held)

@@ -67,7 +67,7 @@ class Task:
     ``runtime/executor.py``)."""
 
     __slots__ = ("id", "node", "run", "state", "t_submit", "t_launch", "has_outputs", "line",
-                 "report")
+                 "report", "makers")
 
     def __init__(self, tid: int, node: PlanNode, run: ProgramRun):
         self.id = tid
@@ -78,6 +78,7 @@ class Task:
         self.has_outputs = False
         self.line: Line | None = None  # a launched computation's device set (ends.py)
         self.report: tuple | None = None  # a completion not yet reported as the end
+        self.makers: list[Task] | None = None  # who makes its inputs (``slots.makers``)
 
     @property
     def is_compute(self) -> bool:
@@ -368,6 +369,7 @@ class ProgramRun(RunSlots):
         ``launched`` did; its futures resolve here, which fires their launch hooks)."""
         node = task.node
         owner = self.owner
+        task.makers = None  # (see ``slots.makers``)
         if ran:
             if self.errors:  # an upstream error wins
                 upstream = self.slot_error(node.inputs)

@@ -145,3 +145,29 @@ def test_running_is_true_from_launch_to_end_only(ctl):
         release.set()
     assert queued.result(timeout=30).tolist() == [2.0, 2.0]
     assert held.done() and not held.running() and not queued.running()
+
+
+def test_what_waits_on_a_nodes_outputs_runs_once_all_of_them_are_set(sharded):
+    # A node's outputs resolve (and launch) together: a callback or hook of one of them sees
+    # the others resolved (launched) already, whichever it is.
+    store = ObjectStore()
+    futs, outs = made(store, sharded)
+    seen = []
+    futs[0].on_launch(lambda f: seen.append(("launch", futs[1].peek() is not None)))
+    futs[0].add_done_callback(lambda f: seen.append(("done", futs[1].done())))
+    Future.set_launched_many(futs, [v for _, v, _ in outs])
+    Future.set_results(outs, t_done=1.0)
+    assert seen == [("launch", True), ("done", True)]
+
+
+def test_a_callback_may_wait_on_and_hook_a_sibling_output(ctl):
+    # The outputs of one computation share one lock: a callback on one that waits on another
+    # or hooks it must not find that lock held.
+    s = ctl.slice(2, island=0)
+    both = pw.function(lambda x: (x + 1, x * 2), slice=s)
+    got, hooked = [], threading.Event()
+    a, b = both(np.arange(4, dtype=np.float32))
+    b.add_done_callback(lambda f: got.append(a.result().tolist()))
+    b.add_done_callback(lambda f: a.add_done_callback(lambda g: hooked.set()))
+    assert b.result(timeout=30).tolist() == [0, 2, 4, 6]
+    assert hooked.wait(10) and got == [[1, 2, 3, 4]]

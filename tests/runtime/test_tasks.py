@@ -225,3 +225,26 @@ def test_argument_futures_are_counted_once_whichever_hook_runs_first(ctl, first,
     arrived = [s for c in owner.calls if c[0] == "arrived" for s in c[1:]]
     assert sorted(arrived) == sorted(plan.inputs)
     assert all(run.t_done[s] == 1.0 for s in plan.inputs)
+
+
+def test_a_step_keeps_no_earlier_steps_task_alive(ctl):
+    # A task finds who makes its inputs once (``slots.makers``) and forgets it at its end:
+    # else each step's producer would hold the one before it, and a training loop would keep
+    # every step it ever ran.
+    import gc
+
+    from pwkernel.runtime.tasks import Task
+
+    s = ctl.slice(4, island=0)
+    step = pw.function(lambda xs: [x * 0.5 + 1 for x in xs], slice=s, donate_argnums=0,
+                       name="halve")
+
+    def alive() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) is Task and o.run.name == "halve")
+
+    state = step([np.ones(4, np.float32) for _ in range(3)])
+    for _ in range(8):  # each submitted while the one before may still run
+        state = step(state)
+    assert state[0].result().tolist() == [1.998046875] * 4
+    assert alive() == 1  # the last step's, which its outputs name as their producer
