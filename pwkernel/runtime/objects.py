@@ -418,9 +418,11 @@ class Future:
         waits on them is woken once all have."""
         if not made:
             return
-        store = made[0][0]._store
+        first: Future = made[0][0]
+        store = first._store
         for f, _, _ in made:
-            if f._store is not store:
+            fut: Future = f
+            if fut._store is not store:
                 raise ValueError("Future.set_results takes futures of one object store (a "
                                  "node's outputs); resolve futures of others one by one.")
         held = None if store is None else store.add_many(made, reserved)

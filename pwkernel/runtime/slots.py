@@ -139,14 +139,17 @@ class RunSlots:
 
     def inputs_arrived(self, group) -> None:
         """Program arguments given as futures, ``(slot, future)`` pairs, were launched (or
-        resolved)."""
+        resolved). A group's futures have one producer: they launch, resolve and fail
+        together (``_take_arguments``), so one of them answers for all."""
+        if group[0][1].error is not None:
+            return  # (failed: its end counts nothing as arrived)
         with self.lock:
             values = self.values
             if values is None:
                 return
             came = []
             for slot, fut in group:
-                if fut.error is None and values[slot] is None:
+                if values[slot] is None:
                     values[slot] = fut.peek()
                     came.append(slot)
         if came:  # (none: its end was seen first and counted them, ``inputs_ended``)
@@ -158,19 +161,20 @@ class RunSlots:
         thread before the launch's hook ran here) is counted here: each slot once, by
         whichever of the two fills it."""
         failed, came = [], []
+        first = group[0][1]  # (one producer: one end, one error; see ``inputs_arrived``)
+        error, t = first.error, first.t_done
         with self.lock:
             values, errors, t_done = self.values, self.errors, self.t_done
             if values is None:
                 return
             for slot, fut in group:
-                error = fut.error
                 if error is not None:
                     errors[slot] = error
                     failed.append(slot)
                 elif values[slot] is None:
                     values[slot] = fut.peek()
                     came.append(slot)
-                t_done[slot] = fut.t_done
+                t_done[slot] = t
             if self._waiters:
                 self._changed.notify_all()
             unparked = self._unpark() if self._parked else None
