@@ -170,13 +170,16 @@ def jax_train(spmd, T, S, fetch, steps: int = 8, size: int = 4):
 
 
 def alternate(runs: dict, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """Each callable once per round, in turn: (wall, process CPU) seconds of each call."""
+    """Each callable once per round, in turn, the order reversed every other round (what
+    runs just before a call, its threads winding down, weighs on every side alike):
+    (wall, process CPU) seconds of each call."""
     for fn in runs.values():  # compiled, planned, warm
         fn()
         fn()
     seen: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
-    for _ in range(rounds):
-        for name, fn in runs.items():
+    order = list(runs.items())
+    for r in range(rounds):
+        for name, fn in order if r % 2 == 0 else order[::-1]:
             w, c = time.perf_counter(), time.process_time()
             fn()
             seen[name].append((time.perf_counter() - w, time.process_time() - c))

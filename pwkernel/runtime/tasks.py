@@ -34,7 +34,7 @@ from .deferred import soon
 from .errors import CancelledError
 from .events import ClientSpec
 from .objects import Future
-from .slots import RunSlots, resume
+from .slots import RunSlots, makers, resume
 
 if TYPE_CHECKING:
     from .ends import Line
@@ -113,14 +113,16 @@ class Task:
         """The computations whose outputs it reads (``ProgramRun.producers``)."""
         return self.run.producers(self, running)
 
-    def donated_makers(self) -> list[Task]:
-        """The tasks making the inputs this computation donates that have not ended (each
-        once in a row)."""
+    def donates_a_copy(self) -> bool:
+        """Whether an input this computation donates is made by a copy (a transfer) that
+        has not ended."""
+        if all(t.node.is_compute for t in makers(self)):
+            return False  # (no copy makes any of its inputs, the usual case: no slot walk)
         run, inputs = self.run, self.node.inputs
         t_done, out = run.t_done, []
         run.slot_makers([s for i in self.node.exe.donated if t_done[s := inputs[i]] is None],
                         out)
-        return out
+        return any(not t.node.is_compute for t in out)
 
     def launched(self, values) -> None:
         """The outputs exist (maybe still computing): what waits for them may launch."""

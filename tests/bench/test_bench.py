@@ -281,3 +281,26 @@ def test_pool_helpers_read_an_islands_launch_log():
                             t0=1.0)
     assert cols["device"] == [0, 1, 1, 2, 5] and cols["tenant"] == ["a", "a", "b", "b", "c"]
     assert cols["left"][-1] == 4.0 and cols["top"][-1] == pytest.approx(5.4)
+
+
+def test_ab_runs_two_checkouts_in_one_process_and_reports_every_figure():
+    """bench/ab.py against this checkout itself (imported a second time as pwkernel_base):
+    every workload reports both sides beside JAX; a bad base or workload is refused."""
+    root = Path(__file__).resolve().parents[2]
+    tool = [sys.executable, str(root / "bench" / "ab.py")]
+    done = subprocess.run([*tool, "--base", str(root), "--rounds", "1"], capture_output=True,
+                          text=True, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    for side in ("base", "this"):
+        assert out["cpu"][f"cpu_us_per_node_{side}_chained"] > 0
+        assert out["cpu"][f"cpu_opbyop_vs_jax_call_{side}"] > 0
+        for work in ("leaf", "train"):
+            assert out[work][f"{side}_wall_us_per_step"] > 0
+            assert out[work][f"{side}_vs_jax_wall"] > 0
+    bad = subprocess.run([*tool, "--base", "/nonexistent"], capture_output=True, text=True,
+                         timeout=120, cwd=root)
+    assert bad.returncode != 0 and "no pwkernel package there" in bad.stderr
+    wrong = subprocess.run([*tool, "--base", str(root), "speed"], capture_output=True,
+                           text=True, timeout=120, cwd=root)
+    assert wrong.returncode != 0 and "unknown workload 'speed'" in wrong.stderr

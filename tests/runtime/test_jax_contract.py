@@ -150,6 +150,29 @@ def test_a_chain_of_donating_calls_runs_ahead_and_ends(ctl):
     assert ctl.wait(60)
 
 
+def test_a_donating_call_on_a_copys_output_runs_behind_the_copy(ctl):
+    """A donated input that a transfer makes (a value moved to the caller's slice, in a
+    program and from the run before) is donated only once the copy has landed: every step
+    ends, with jax.jit's values."""
+    a = ctl.slice(2, island=0, devices=[0, 1])
+    b = ctl.slice(2, island=0, devices=[2, 3])
+    fn = lambda w: jnp.tanh(w @ w) + 0.5  # noqa: E731
+    grow = pw.function(fn, slice=a)
+    eat = pw.function(fn, slice=b, donate_argnums=0)
+
+    @pw.program
+    def step(w):
+        return grow(eat(grow(w)))  # grow's output goes to b by a copy, which eat donates
+
+    w = np.full((64, 64), 1 / 64, np.float32)
+    want = w
+    for _ in range(8):
+        w = step(w)
+        want = jax.jit(fn)(jax.jit(fn)(jax.jit(fn)(want)))
+    np.testing.assert_allclose(np.asarray(w.result(60)), np.asarray(want), rtol=1e-5)
+    assert ctl.wait(60)
+
+
 @pytest.mark.parametrize("donate", [0, ()], ids=["donating", "plain"])
 def test_a_call_is_launched_behind_its_running_producer(ctl, donate):
     """As jax.jit enqueues a call on a value still being computed (donated or not), so does

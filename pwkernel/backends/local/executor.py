@@ -221,7 +221,7 @@ def _waits(task: Task) -> bool:
         if not t.node.asynchronous:
             return True
     # made by a copy (of this run, or of the run it comes from)?
-    return any(not maker.node.is_compute for maker in task.donated_makers())
+    return task.donates_a_copy()
 
 
 def _ready(outs) -> bool:
