@@ -319,16 +319,20 @@ class GangScheduler:
             client.ready.sort()
 
     def _end(self, task: int, seconds: float) -> None:
-        t = self._tasks.pop(task, None)
+        t = self._tasks.get(task)
         if t is None:
             return
-        for d in t.devices:
+        for d in t.devices:  # (a launched task is in the queue of each of its devices)
             queue = self._busy[d]
-            if queue:
-                if queue[0] == task:  # (ends come in launch order: the usual case)
-                    del queue[0]
-                elif task in queue:
-                    queue.remove(task)
+            if queue and queue[0] == task:  # (ends come in launch order: the usual case)
+                del queue[0]
+            elif task in queue:
+                queue.remove(task)
+            else:  # (the first device already: nothing has changed)
+                raise ValueError(f"Ended(task={task}): task {task} was never launched, so it "
+                                 f"cannot end; take a task that will not run out with "
+                                 f"Cancel(task={task}).")
+        del self._tasks[task]
         actual = (seconds if seconds > 0.0 else 0.0) * len(t.devices)
         client = t.client
         client.passes += (actual - t.charged) / client.weight

@@ -263,8 +263,9 @@ def makers(task) -> list:
     if out is None:
         out = []
         task.run.slot_makers(task.node.distinct, out, running=False)
-        if not task.has_ended:
-            task.makers = out
+        task.makers = out
+        if task.has_ended:  # (its end came meanwhile; it clears this after its move)
+            task.makers = None
     return out
 
 

@@ -1,10 +1,11 @@
 """The object store: the device memory held by live futures, per device, with ownership
 labels, and the freeing of a buffer when its future goes.
 
-One entry per live buffer (``_Held``, a weak reference to the future that carries the value
-and its ``BufferRecord``); ``add_many`` counts a node's outputs under one lock. A free walks
-nothing of the buffer: it deletes the array (XLA gives the memory back once the computations
-still reading it have run), so its host cost does not grow with the buffer's size.
+One entry per live buffer (``_Held``, a weak reference to the future that carries the value,
+its bytes and its labels; its ``BufferRecord`` is made when asked for); ``add_many`` counts a
+node's outputs under one lock. A free takes no lock (one atomic claim) and walks nothing of the
+buffer: it deletes the array (XLA gives the memory back once the computations still reading it
+have run), so its host cost does not grow with the buffer's size.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class ObjectStore:
                 nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
             held.nbytes = nbytes
             run = fut.run
-            if run is not last or fut.island is not island:  # (a node's outputs share them)
+            if run is not last or fut.island != island:  # (a node's outputs share them)
                 last, island = run, fut.island
                 labels = ("", -1, "default", island, reserved) if run is None else (
                     run.name, run.id, run.client, island, reserved)

@@ -371,7 +371,6 @@ class ProgramRun(RunSlots):
         ``launched`` did; its futures resolve here, which fires their launch hooks)."""
         node = task.node
         owner = self.owner
-        task.makers = None  # (see ``slots.makers``)
         if ran:
             if self.errors:  # an upstream error wins
                 upstream = self.slot_error(node.inputs)
@@ -383,6 +382,7 @@ class ProgramRun(RunSlots):
                 what, where, tail = node.trace  # the fixed fields were made with the plan
                 trace.record_span(what, self.trace_fields, where, tail, task.t_submit, t_start,
                                   t_end, "ok" if error is None else "error")
+        task.makers = None  # (after the move: see ``slots.makers``)
         values, futures, dropped, unparked = self.values, self.futures, None, None
         with self.lock:
             if fresh is not None:

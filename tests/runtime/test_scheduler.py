@@ -48,6 +48,16 @@ def test_events_are_built_by_keyword_and_carry_one_client_spec():
     assert Finished is Ended
 
 
+def test_an_end_of_a_task_never_launched_is_refused_and_changes_nothing():
+    s = GangScheduler(ALL)
+    s.handle(Submit(task=0, devices=ALL, ready=True), Submit(task=1, devices=ALL, ready=True))
+    with pytest.raises(ValueError, match=r"never launched.*Cancel\(task=1\)"):
+        s.handle(Ended(task=1, seconds=1.0))
+    assert s.running == (0,) and s.queued == (1,)  # its queries still answer
+    assert launched(s.handle(Ended(task=0, seconds=1.0))) == [1]
+    s.handle(Ended(task=9, seconds=1.0))  # (one it does not know: ended and gone already)
+
+
 def test_disjoint_gangs_run_together_and_waiting_tasks_do_not_block():
     s = GangScheduler(ALL)
     out = s.handle(Submit(task=0, devices=(0, 1)), Submit(task=1, devices=(2, 3), ready=True),
