@@ -40,11 +40,13 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from pwkernel.bench import dispatch  # noqa: E402
+from pwkernel.bench.dispatch_steps import chains  # noqa: E402
 
 WORKLOADS = ("cpu", "leaf", "train")
 
@@ -62,43 +64,13 @@ def load_base(checkout: Path, into: Path):
     return importlib.import_module("pwkernel_base")
 
 
-def _tiny_step(x):
-    return jnp.tanh(x) * 0.5 + x * 0.5
-
-
-def cpu_workload(pw, ctl, n: int = 64):
-    """OpByOp and Chained: ``n`` tiny steps on a 1-device slice; returns the two callables."""
+def cpu_workload(pw, ctl, n: int = 64) -> dict:
+    """OpByOp, Chained (``pw``'s) and JAX OpByOp: ``n`` tiny steps (``bench dispatch``'s) on a
+    1-device slice."""
     vs = ctl.slice(1, island=0)
     x0 = jax.device_put(np.linspace(-1, 1, 256, dtype=np.float32), vs.devices[0])
-    f = pw.function(_tiny_step, slice=vs, name="step")
-
-    @pw.program(name="chain")
-    def chain(x):
-        for _ in range(n):
-            x = f(x)
-        return x
-
-    def opbyop():
-        x = x0
-        for _ in range(n):
-            x = f(x)
-        x.result().block_until_ready()
-
-    def chained():
-        chain(x0).result().block_until_ready()
-    return {"opbyop": opbyop, "chained": chained}
-
-
-def jax_opbyop(n: int = 64):
-    x0 = jax.device_put(np.linspace(-1, 1, 256, dtype=np.float32), jax.devices()[0])
-    f = jax.jit(_tiny_step)
-
-    def run():
-        x = x0
-        for _ in range(n):
-            x = f(x)
-        x.block_until_ready()
-    return run
+    f = pw.function(dispatch.step, slice=vs, name="step")
+    return chains(f, jax.jit(dispatch.step), x0, n, program=pw.program)
 
 
 def _leaves_step(state):
@@ -221,11 +193,11 @@ def main(argv: list[str]) -> dict:
 
 def _workload(work: str, versions: dict, ctls: dict, rounds: int) -> dict:
     if work == "cpu":
-        n = 64
-        runs = {"jax": jax_opbyop(n)}
+        n, runs = 64, {}
         for k, (pw, _) in versions.items():
-            for mode, fn in cpu_workload(pw, ctls[k], n).items():
-                runs[f"{k}_{mode}"] = fn
+            ways = cpu_workload(pw, ctls[k], n)
+            runs.setdefault("jax", ways["jax_opbyop"])
+            runs[f"{k}_opbyop"], runs[f"{k}_chained"] = ways["pw_opbyop"], ways["pw_chained"]
         seen = alternate(runs, rounds)
         per = {k: [c / n * 1e6 for _, c in v] for k, v in seen.items()}
         res = {f"cpu_us_per_node_{k}": round(_median(v), 2) for k, v in per.items()}

@@ -61,10 +61,12 @@ def jax_chain(jax_step: Callable, x0, n: int, *args) -> Callable[[], None]:
 
 
 def chains(pw_step: pw.CompiledFunction, jax_step: Callable, x0, n: int,
-           *args) -> dict[str, Callable[[], None]]:
+           *args, program: Callable | None = None) -> dict[str, Callable[[], None]]:
     """OpByOp, Chained and JAX OpByOp: ``n`` steps from ``x0``, each on the previous step's
-    output; ``args``, the step's other inputs, are the same at every step."""
-    @pw.program(name="chain")
+    output; ``args``, the step's other inputs, are the same at every step. ``program``: the
+    ``pw.program`` of the runtime ``pw_step`` belongs to (``bench/ab.py`` runs another
+    checkout's; default: this one's)."""
+    @(program or pw.program)(name="chain")
     def chain(x, *rest):
         for _ in range(n):
             x = pw_step(x, *rest)

@@ -282,8 +282,8 @@ class Controller:
                         PoolView.of_executor(self._backend))
 
     def _on_free(self, record: BufferRecord) -> None:
-        if record.reserved and self.memory_budget is not None and record.island is not None \
-                and not self.closed:
+        # (installed only under a memory budget: see __init__)
+        if record.reserved and record.island is not None and not self.closed:
             queue = self._dispatcher.islands[record.island]
             queue.release_memory(list(record.nbytes), max(record.nbytes.values(), default=0))
 

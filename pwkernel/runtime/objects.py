@@ -448,15 +448,15 @@ class Future:
                 else:
                     fut._launch_hooks = fut._hooks = fut._callbacks = None
                 if fired is None:
-                    fired = [(fut, event, launch_hooks, hooks, callbacks)]
+                    fired = [(fut._resolved, event, launch_hooks, hooks, callbacks)]
                 else:
-                    fired.append((fut, event, launch_hooks, hooks, callbacks))
+                    fired.append((fut._resolved, event, launch_hooks, hooks, callbacks))
         finally:
             if lock is not None:
                 lock.release()
         if fired is not None:
-            for fut, *waiting in fired:
-                fut._resolved(*waiting)
+            for wake, *waiting in fired:
+                wake(*waiting)
 
     def set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
