@@ -36,6 +36,7 @@ from .graph import Graph
 from .islands import IslandQueue
 from .objects import Future, ObjectStore, resolved
 from .plan import Plan, build
+from .slots import ArgumentGroup
 from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
 
@@ -175,8 +176,9 @@ class Dispatcher:
                 self._admit(task)
         for slot, error in failed:
             run.spread(slot, error)
-        for watched, *group in pending.values():
-            watched.watch(_Group(group, run.inputs_arrived), _Group(group, run.inputs_ended))
+        for group in pending.values():
+            group.watched.watch(_Group(group, run.inputs_arrived),
+                                _Group(group, run.inputs_ended))
 
     def _start_sequential(self, run: ProgramRun, pending: dict) -> None:
         plan = run.plan
@@ -188,8 +190,8 @@ class Dispatcher:
                 self._sequential(task)
         for slot, error in list(run.errors.items()):
             run.spread(slot, error)
-        for watched, *group in pending.values():
-            watched.hook(_Group(group, run.inputs_ended))
+        for group in pending.values():
+            group.watched.hook(_Group(group, run.inputs_ended))
 
     def arrived(self, run: ProgramRun, *slots: int) -> None:
         """Values of ``run`` are there: launched (parallel) or resolved (sequential). Count
@@ -368,7 +370,7 @@ class _Group:
 
     __slots__ = ("group", "fn")
 
-    def __init__(self, group: list, fn):
+    def __init__(self, group: ArgumentGroup, fn):
         self.group, self.fn = group, fn
 
     def __call__(self, _fut) -> None:
@@ -378,13 +380,12 @@ class _Group:
 
 def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
     """Put a run's arguments and constants in their slots; returns the arguments still
-    pending, by the task
-    making them: a state of many leaves is one group, ``[watched, (slot, future), ...]``,
+    pending, by the task making them: a state of many leaves is one ``ArgumentGroup``,
     watched on the one of its futures its producer resolves last."""
     plan, parallel = run.plan, run.parallel
     values, futures, t_done = run.values, run.futures, run.t_done
     pending: dict = {}
-    checked = group = None  # the last producer whose futures were checked, its group
+    checked = group = made_by = None  # the last producer checked; the last group, its maker
     for slot, leaf in zip(plan.inputs, leaves, strict=True):
         if isinstance(leaf, Future):
             producer = leaf.producer
@@ -401,15 +402,16 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
                     values[slot] = leaf.peek()
                 t_done[slot] = leaf.t_done
             else:
-                if producer is None or group is None or group[1][1].producer is not \
-                        producer:
+                if producer is None or group is None or made_by is not producer:
                     key = leaf if producer is None else producer
                     group = pending.get(key)
                     if group is None:
-                        group = pending[key] = [leaf]
-                group.append((slot, leaf))
-                if leaf.order > group[0].order:
-                    group[0] = leaf
+                        group = pending[key] = ArgumentGroup(leaf)
+                    made_by = producer
+                group.slots.append(slot)
+                group.futures.append(leaf)
+                if leaf.order > group.watched.order:
+                    group.watched = leaf
                 if parallel:
                     values[slot] = leaf.peek()  # launched already, or None
         else:

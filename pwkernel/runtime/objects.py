@@ -147,9 +147,8 @@ class Future:
 
     def running(self) -> bool:
         """True while the computation that makes this value runs: launched on its devices
-        (possibly behind its running predecessor there, as JAX enqueues it) and not ended.
-        False while it waits for its inputs or is queued, and once it has ended, as in
-        ``concurrent.futures``."""
+        (maybe behind its running predecessor there, as JAX enqueues it) and not ended; False
+        while it waits or is queued, and once it has ended (``concurrent.futures``)."""
         if self._state is not _PENDING:
             return False
         producer = self.producer
@@ -192,6 +191,8 @@ class Future:
         buf = self._buffer
         if self._store is None:
             return buf.value
+        if buf is None:  # donated before its computation ended: the store never counted it,
+            return self._launched  # and the value is the deleted array jax.jit leaves
         return self._store.fetch(self, buf)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -285,12 +286,9 @@ class Future:
     def output(cls, shape: tuple, dtype: np.dtype, sharding, name: str, island, run, store,
                 producer, weak: bool, order: int, placement: tuple, t_created: float,
                 lock=None) -> Future:
-        """A program output's future, from its plan's precomputed fields (``shape`` a tuple,
-        ``dtype`` a NumPy dtype; ``t_created``: ``perf_counter()`` once for a run's outputs):
-        what ``__init__`` makes, without its per-value checks. ``lock``: the lock it shares
-        with the other outputs of its producer (they launch and resolve together, so
-        ``set_launched_many`` and ``set_results`` take it once for all of them); None: its
-        own."""
+        """A program output's future from its plan's fields (``__init__`` without its checks;
+        ``t_created``: once for a run's outputs). ``lock``: the one it shares with its
+        producer's other outputs, which launch and resolve together (None: its own)."""
         fut: Future = cls.__new__(cls)
         fut.shape, fut.dtype, fut.sharding, fut.name, fut.island = (shape, dtype, sharding,
                                                                       name, island)
@@ -410,28 +408,28 @@ class Future:
         self._resolve(_DONE, None, t_done)
 
     @staticmethod
-    def set_results(made: Sequence[tuple[Future, Any, dict[int, int] | None]],
-                     t_done: float = 0.0, reserved: bool = False) -> None:
-        """``set_result`` for many futures at once (a node's outputs): ``made`` holds
-        ``(future, value, nbytes)`` (nbytes: its bytes per device; None: from its sharding).
+    def set_results(futures: Sequence[Future], values: Sequence,
+                    nbytes: Sequence[dict[int, int] | None] | None = None,
+                    t_done: float = 0.0, reserved: bool = False) -> None:
+        """``set_result`` for many futures at once (a node's outputs), with their ``values``
+        and ``nbytes`` side by side (each its bytes per device; None: from its sharding).
         Their store counts them all under one lock; then they resolve, in order, and what
         waits on them is woken once all have."""
-        if not made:
+        if not futures:
             return
-        first: Future = made[0][0]
-        store = first._store
-        for f, _, _ in made:
-            fut: Future = f
+        store = futures[0]._store
+        for fut in futures:
             if fut._store is not store:
                 raise ValueError("Future.set_results takes futures of one object store (a "
                                  "node's outputs); resolve futures of others one by one.")
-        held = None if store is None else store.add_many(made, reserved)
+        held = None if store is None else store.add_many(futures, values, nbytes, reserved,
+                                                          skip_donated=True)
         fired = None
         lock = None  # the lock held now (a node's outputs share theirs: taken once)
         try:
-            for i, (f, value, _) in enumerate(made):
-                fut: Future = f
-                fut._buffer = _Buffer(value) if held is None else held[i]
+            for i, fut in enumerate(futures):
+                value = values[i]
+                buf = fut._buffer = _Buffer(value) if held is None else held[i]
                 if fut._lock is not lock:
                     if lock is not None:
                         lock.release()
@@ -439,7 +437,9 @@ class Future:
                     lock.acquire()
                 if fut._state is not _PENDING:  # (``_resolve``, inlined: this runs per output)
                     continue
-                fut._state, fut.t_done, fut._launched = _DONE, t_done, None
+                # (one donated already, with no store entry, keeps the consumed array)
+                fut._state, fut.t_done, fut._launched = _DONE, t_done, (
+                    None if buf is not None else value)
                 event = fut._event
                 launch_hooks, hooks, callbacks = fut._launch_hooks, fut._hooks, fut._callbacks
                 if launch_hooks is None and hooks is None and callbacks is None:
@@ -461,7 +461,6 @@ class Future:
     def set_exception(self, error: BaseException, t_done: float = 0.0) -> None:
         state = FutureState.CANCELLED if isinstance(error, CancelledError) else FutureState.FAILED
         self._resolve(state, error, t_done)
-
 
     @property
     def error(self) -> BaseException | None:

@@ -90,7 +90,8 @@ class PlanNode:
     sharding: Any = None          # the destination layout
     out_nbytes: tuple[dict[int, int], ...] = ()  # per output: bytes on each device (both)
     memory: int = 0               # bytes per device its outputs take (what a budget counts)
-    returns: tuple[tuple[int, int], ...] = ()  # (position, slot) of its outputs the user sees
+    returns: tuple[int, ...] = ()  # the slots of its outputs the user sees
+    returns_nbytes: tuple[dict[int, int], ...] = ()  # and their ``out_nbytes``
     donates: tuple[int, ...] = ()  # positions of the inputs it donates (computations)
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
 
@@ -177,7 +178,8 @@ def build(graph: Graph) -> Plan:
     seen = frozenset(graph.outputs)
     for p in nodes:
         p.notifies = any(notify[s] for s in p.outputs)
-        p.returns = tuple((k, s) for k, s in enumerate(p.outputs) if s in seen)
+        p.returns = tuple(s for s in p.outputs if s in seen)
+        p.returns_nbytes = tuple(p.out_nbytes[k] for k, s in enumerate(p.outputs) if s in seen)
     islands: dict[int, list[NodeSpec]] = {}
     for p in nodes:
         if p.is_compute:

@@ -18,6 +18,19 @@ if TYPE_CHECKING:
     from .plan import Plan, PlanNode
 
 
+class ArgumentGroup:
+    """A run's arguments given as futures of one producer still pending (a state of many
+    leaves is one group): their slots and futures side by side, and the one of them its
+    producer launches and resolves last (``watched``: when it has, all of them have)."""
+
+    __slots__ = ("watched", "slots", "futures")
+
+    def __init__(self, watched: Future):
+        self.watched = watched
+        self.slots: list[int] = []
+        self.futures: list[Future] = []
+
+
 class RunSlots:
     """The values of one run, by slot (see the module docstring). ``ProgramRun`` adds
     ``owner``, ``parallel`` and ``waiting`` (the count of inputs each node still waits for)."""
@@ -137,37 +150,37 @@ class RunSlots:
                         go.append(tasks[c])
         return go
 
-    def inputs_arrived(self, group) -> None:
-        """Program arguments given as futures, ``(slot, future)`` pairs, were launched (or
+    def inputs_arrived(self, group: ArgumentGroup) -> None:
+        """Program arguments given as futures (an ``ArgumentGroup``) were launched (or
         resolved). A group's futures have one producer: they launch, resolve and fail
         together (``_take_arguments``), so one of them answers for all."""
-        if group[0][1].error is not None:
+        if group.watched.error is not None:
             return  # (failed: its end counts nothing as arrived)
         with self.lock:
             values = self.values
             if values is None:
                 return
             came = []
-            for slot, fut in group:
+            for slot, fut in zip(group.slots, group.futures, strict=True):
                 if values[slot] is None:
                     values[slot] = fut.peek()
                     came.append(slot)
         if came:  # (none: its end was seen first and counted them, ``inputs_ended``)
             self.owner.arrived(self, *came)
 
-    def inputs_ended(self, group) -> None:
-        """Program arguments given as futures, ``(slot, future)`` pairs, resolved: their end
+    def inputs_ended(self, group: ArgumentGroup) -> None:
+        """Program arguments given as futures (an ``ArgumentGroup``) resolved: their end
         times, or their errors. A value that arrives here first (the end was seen in another
         thread before the launch's hook ran here) is counted here: each slot once, by
         whichever of the two fills it."""
         failed, came = [], []
-        first = group[0][1]  # (one producer: one end, one error; see ``inputs_arrived``)
+        first = group.watched  # (one producer: one end, one error; see ``inputs_arrived``)
         error, t = first.error, first.t_done
         with self.lock:
             values, errors, t_done = self.values, self.errors, self.t_done
             if values is None:
                 return
-            for slot, fut in group:
+            for slot, fut in zip(group.slots, group.futures, strict=True):
                 if error is not None:
                     errors[slot] = error
                     failed.append(slot)
@@ -183,7 +196,7 @@ class RunSlots:
         for slot in failed:
             self.spread(slot, errors[slot])
         if not self.parallel:
-            self.owner.arrived(self, *(s for s, _ in group if s not in failed))
+            self.owner.arrived(self, *(s for s in group.slots if s not in failed))
         elif came:  # (its launch hook finds them filled and counts none)
             self.owner.arrived(self, *came)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -104,20 +104,34 @@ class ObjectStore:
             nbytes: dict[int, int] | None = None) -> _Held:
         """Count ``value``, the value of ``fut``, until ``fut`` goes (or is freed).
         ``nbytes``: its bytes per device (None: from its sharding)."""
-        return self.add_many(((fut, value, nbytes),), reserved)[0]
+        return self.add_many((fut,), (value,), (nbytes,), reserved)[0]
 
-    def add_many(self, made: Iterable[tuple[Future, Any, dict[int, int] | None]],
-                 reserved: bool = False) -> list[_Held]:
-        """``add`` for many values at once (a node's outputs), under one lock: ``made`` holds
-        ``(future, value, nbytes)``; the entries come back in that order."""
+    def add_many(self, futures: Sequence[Future], values: Sequence,
+                 nbytes: Sequence[dict[int, int] | None] | None = None,
+                 reserved: bool = False, skip_donated: bool = False) -> list[_Held | None]:
+        """``add`` for many values at once (a node's outputs), under one lock: ``futures``
+        with their ``values`` and ``nbytes`` (in order, as sequences side by side: no tuple
+        per value; None: every size from its sharding); the entries come back in that
+        order. ``skip_donated``: a ``jax.Array`` a later launch consumed already (its future
+        ``donated``) gets no entry (None) where nobody is told of frees: that buffer is the
+        consumer's now, nothing is left to count or delete (a training step's state, donated
+        into the next step before its own step has ended, the usual case, costs the store
+        nothing). A backend's handle is entered all the same: deleting it is what frees the
+        island's copy."""
         out, on_drop, last, island, labels = [], self._on_drop, _Held, _Held, ()
-        for fut, value, nbytes in made:
+        skip_donated = skip_donated and self._on_free is None
+        for i, fut in enumerate(futures):
+            value = values[i]
+            if skip_donated and fut.donated and (type(value) in _ARRAYS or _is_array(value)):
+                out.append(None)
+                continue
             held = _Held(fut, on_drop)
             held.value, held.exported, held.claim = value, False, [True]
             held.donated = fut.donated
-            if nbytes is None:
-                nbytes = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-            held.nbytes = nbytes
+            size = None if nbytes is None else nbytes[i]
+            if size is None:
+                size = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
+            held.nbytes = size
             run = fut.run
             if run is not last or fut.island != island:  # (a node's outputs share them)
                 last, island = run, fut.island
@@ -128,8 +142,9 @@ class ObjectStore:
         entries = self._held
         with self._lock:  # (an entry's key is its id: unique while it is in the dict)
             for held in out:
-                held.key = key = id(held)
-                entries[key] = held
+                if held is not None:
+                    held.key = key = id(held)
+                    entries[key] = held
         return out
 
     def fetch(self, fut: Future, held: _Held):

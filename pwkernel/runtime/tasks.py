@@ -424,13 +424,13 @@ class ProgramRun(RunSlots):
         if dropped:
             self._free(dropped)
         if node.returns:  # its outputs the user sees
-            nbytes = node.out_nbytes
-            made = [(futures[s], values[s], nbytes[k]) for k, s in node.returns]
+            made = list(map(futures.__getitem__, node.returns))
             if error is not None:
-                for fut, _, _ in made:
+                for fut in made:
                     fut.set_exception(error, t_end)
             else:  # computations and copies alike reserved their outputs' memory when
-                Future.set_results(made, t_end, True)  # launched
+                Future.set_results(made, list(map(values.__getitem__, node.returns)),
+                                   node.returns_nbytes, t_end, True)  # launched
         if unparked:
             resume(unparked)
         if error is not None:

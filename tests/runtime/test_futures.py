@@ -27,9 +27,10 @@ def sharded():
 
 
 def made(store, sharded, nbytes=(None, None)):
-    """Two pending futures of ``store`` and what ``_set_results`` takes for them."""
+    """Two pending futures of ``store`` and what ``set_results`` takes for them: the futures,
+    their values and their sizes, side by side."""
     futs = [Future(v.shape, v.dtype, s, island=0, store=store) for v, s in sharded]
-    return futs, [(f, v, n) for f, (v, _), n in zip(futs, sharded, nbytes, strict=True)]
+    return futs, (futs, [v for v, _ in sharded], list(nbytes))
 
 
 def test_a_nodes_outputs_are_counted_at_once_per_device_and_freed_one_by_one(sharded):
@@ -37,7 +38,7 @@ def test_a_nodes_outputs_are_counted_at_once_per_device_and_freed_one_by_one(sha
     store = ObjectStore(on_free=freed.append)
     (a, _), (b, _) = sharded
     futs, outs = made(store, sharded, (None, {0: 100}))  # b's bytes as the plan gives them
-    store.add_many(outs, reserved=True)
+    store.add_many(*outs, reserved=True)
     assert store.memory() == {0: 16 + 100, 1: 16}
     assert [(r.program, r.client, r.island, r.reserved) for r in store.records()] == \
         [("", "default", 0, True)] * 2
@@ -56,7 +57,7 @@ def test_set_results_resolves_each_future_in_order_with_its_value(sharded):
     order = []
     for k, f in enumerate(futs):
         f.add_done_callback(lambda _f, k=k: order.append(k))
-    Future.set_results(outs, t_done=2.5, reserved=False)
+    Future.set_results(*outs, t_done=2.5, reserved=False)
     assert order == [0, 1]
     assert [f.state for f in futs] == [FutureState.DONE] * 2 and [f.t_done for f in futs] == \
         [2.5, 2.5]
@@ -68,27 +69,68 @@ def test_a_value_the_user_took_is_never_deleted_by_the_store(sharded):
     store = ObjectStore()
     (a, _), (b, _) = sharded
     futs, outs = made(store, sharded)
-    Future.set_results(outs)
+    Future.set_results(*outs)
     del outs
     assert futs[0].result() is a  # handed out: the user's now
     futs.clear()
     assert not a.is_deleted() and b.is_deleted() and store.memory() == {}
 
 
+@pytest.mark.parametrize("told", [False, True], ids=["no_budget", "budget"])
+def test_a_future_donated_before_it_resolved_costs_the_store_nothing(sharded, told):
+    """A later launch consumed (donated) a's buffer before a's computation ended, as a
+    training step consumes the step before it: without anyone told of frees (no memory
+    budget) the store makes no entry for it and counts nothing; a's value is the consumed
+    array, as jax.jit leaves it. Under a budget it is counted until it goes, as before (its
+    free gives the reserved memory back)."""
+    freed = []
+    store = ObjectStore(on_free=freed.append if told else None)
+    (a, _), (b, _) = sharded
+    futs, outs = made(store, sharded)
+    Future.consumed_many([futs[0], None])
+    Future.set_results(*outs, t_done=1.0, reserved=told)
+    assert [f.state for f in futs] == [FutureState.DONE] * 2
+    assert futs[0].result() is a and futs[0].peek() is a
+    assert store.memory() == ({0: 16 + 8, 1: 16 + 8} if told else {0: 8, 1: 8})
+    assert [f for _, f in store.live()] == (futs if told else futs[1:])
+    del outs
+    futs.clear()
+    assert store.memory() == {} and not a.is_deleted()  # (a donated buffer is not deleted)
+    assert len(freed) == (2 if told else 0)
+
+
+def test_a_donated_backend_handle_is_still_entered_and_deleted():
+    """Only a ``jax.Array`` consumed before it resolved is left out of the store: a backend's
+    handle (a Ray island's buffer id) is entered all the same, since deleting it is what
+    frees the island's own copy."""
+    deleted = []
+
+    class Handle:
+        def delete(self):
+            deleted.append(self)
+
+    store, handle = ObjectStore(), Handle()
+    fut = Future((2,), np.float32, None, island=0, store=store)
+    Future.consumed_many([fut])
+    Future.set_results([fut], [handle], [{0: 8}])
+    assert store.memory() == {0: 8}
+    del fut
+    assert deleted == [handle] and store.memory() == {}
+
+
 def test_set_results_takes_futures_of_one_store_only(sharded):
     one, other = ObjectStore(), ObjectStore()
     (a, s), (b, t) = sharded
-    outs = [(Future(a.shape, a.dtype, s, store=one), a, None),
-            (Future(b.shape, b.dtype, t, store=other), b, None)]
+    futs = [Future(a.shape, a.dtype, s, store=one), Future(b.shape, b.dtype, t, store=other)]
     with pytest.raises(ValueError, match="one object store"):
-        Future.set_results(outs)
-    assert one.memory() == other.memory() == {} and not any(f.done() for f, _, _ in outs)
+        Future.set_results(futs, [a, b])
+    assert one.memory() == other.memory() == {} and not any(f.done() for f in futs)
 
 
 def test_set_results_without_a_store_keeps_the_values_as_given(sharded):
     (a, s), (b, t) = sharded
     futs = [Future(a.shape, a.dtype, s), Future(b.shape, b.dtype, t)]
-    Future.set_results([(futs[0], a, None), (futs[1], b, None)])
+    Future.set_results(futs, [a, b])
     assert futs[0].result() is a and futs[1].result() is b
     futs.clear()
     assert not a.is_deleted() and not b.is_deleted()
@@ -155,8 +197,8 @@ def test_what_waits_on_a_nodes_outputs_runs_once_all_of_them_are_set(sharded):
     seen = []
     futs[0].on_launch(lambda f: seen.append(("launch", futs[1].peek() is not None)))
     futs[0].add_done_callback(lambda f: seen.append(("done", futs[1].done())))
-    Future.set_launched_many(futs, [v for _, v, _ in outs])
-    Future.set_results(outs, t_done=1.0)
+    Future.set_launched_many(futs, outs[1])
+    Future.set_results(*outs, t_done=1.0)
     assert seen == [("launch", True), ("done", True)]
 
 

@@ -11,6 +11,7 @@ import pwkernel as pw
 from pwkernel.runtime.ends import Line
 from pwkernel.runtime.objects import Future
 from pwkernel.runtime.plan import build
+from pwkernel.runtime.slots import ArgumentGroup
 from pwkernel.runtime.tasks import TaskState
 from tests.helpers.runs import Owner, by_name, chain_plan, start
 
@@ -213,12 +214,14 @@ def test_argument_futures_are_counted_once_whichever_hook_runs_first(ctl, first,
     owner = Owner()
     plan = sum_plan(ctl, n)
     run = start(plan, owner)
-    group = []
+    group = None
     for slot in plan.inputs:  # given as futures still computing
         run.values[slot] = run.t_done[slot] = None
         fut = Future((4,), np.float32)
         fut.set_result(np.ones(4, np.float32), 1.0)
-        group.append((slot, fut))
+        group = group or ArgumentGroup(fut)
+        group.slots.append(slot)
+        group.futures.append(fut)
     hooks = [run.inputs_arrived, run.inputs_ended]
     for hook in hooks if first == "launch" else hooks[::-1]:
         hook(group)
