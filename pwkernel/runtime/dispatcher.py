@@ -381,14 +381,30 @@ class _Group:
 def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
     """Put a run's arguments and constants in their slots; returns the arguments still
     pending, by the task making them: a state of many leaves is one ``ArgumentGroup``,
-    watched on the one of its futures its producer resolves last."""
+    watched on the one of its futures its producer resolves last.
+
+    A group's first future is looked at in full; the rest of its producer's futures that
+    follow it join it as they come (a state's leaves: one check per state, not per leaf).
+    One of them that resolved meanwhile is the group's to count, through its hooks, like a
+    value that arrives later. Their values are read now only if the producer has launched
+    (``has_outputs``); else the group's launch hook puts them in their slots."""
     plan, parallel = run.plan, run.parallel
     values, futures, t_done = run.values, run.futures, run.t_done
     pending: dict = {}
     checked = group = made_by = None  # the last producer checked; the last group, its maker
+    peek = False  # the group's producer has launched: its values exist (maybe computing)
     for slot, leaf in zip(plan.inputs, leaves, strict=True):
         if isinstance(leaf, Future):
             producer = leaf.producer
+            if producer is made_by and producer is not None:  # (the group being filled)
+                futures[slot] = leaf
+                group.slots.append(slot)
+                group.futures.append(leaf)
+                if leaf.order > group.watched.order:
+                    group.watched = leaf
+                if peek:
+                    values[slot] = leaf.peek()
+                continue
             if producer is None or producer is not checked:  # (one run, one store)
                 held_by = leaf.store
                 if held_by is not store and held_by is not None:
@@ -401,23 +417,25 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
                 else:
                     values[slot] = leaf.peek()
                 t_done[slot] = leaf.t_done
+                made_by = None  # (its next future is looked at in full too)
             else:
-                if producer is None or group is None or made_by is not producer:
-                    key = leaf if producer is None else producer
-                    group = pending.get(key)
-                    if group is None:
-                        group = pending[key] = ArgumentGroup(leaf)
-                    made_by = producer
+                key = leaf if producer is None else producer
+                group = pending.get(key)
+                if group is None:
+                    group = pending[key] = ArgumentGroup(leaf)
+                made_by = producer
                 group.slots.append(slot)
                 group.futures.append(leaf)
                 if leaf.order > group.watched.order:
                     group.watched = leaf
-                if parallel:
+                peek = parallel and (producer is None or producer.has_outputs)
+                if peek:
                     values[slot] = leaf.peek()  # launched already, or None
         else:
             values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
                 leaf, graph.values[slot].dtype)
             t_done[slot] = 0.0
+            made_by = None
     for slot, const in plan.consts:
         values[slot] = const
         t_done[slot] = 0.0

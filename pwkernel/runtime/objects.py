@@ -374,8 +374,7 @@ class Future:
 
     @staticmethod
     def consumed_many(futures: Sequence[Future | None]) -> None:
-        """A launched computation was given these futures' buffers to reuse (donated): the
-        store has nothing left to delete when they go (``None``: not a future)."""
+        """A launch was given these futures' buffers (donated; ``None``: not a future)."""
         for f in futures:
             if f is not None:
                 fut: Future = f
@@ -386,8 +385,7 @@ class Future:
 
     @staticmethod
     def first_error(leaves) -> BaseException | None:
-        """The error of the first future among ``leaves`` that failed (other leaves are
-        skipped), without waiting for any."""
+        """The first error among the futures of ``leaves`` (others skipped); no waiting."""
         for leaf in leaves:
             if isinstance(leaf, Future):
                 fut: Future = leaf
@@ -417,8 +415,10 @@ class Future:
         waits on them is woken once all have."""
         if not futures:
             return
-        store = futures[0]._store
-        for fut in futures:
+        first: Future = futures[0]
+        store = first._store
+        for f in futures:
+            fut: Future = f
             if fut._store is not store:
                 raise ValueError("Future.set_results takes futures of one object store (a "
                                  "node's outputs); resolve futures of others one by one.")
@@ -427,7 +427,8 @@ class Future:
         fired = None
         lock = None  # the lock held now (a node's outputs share theirs: taken once)
         try:
-            for i, fut in enumerate(futures):
+            for i, f in enumerate(futures):
+                fut: Future = f
                 value = values[i]
                 buf = fut._buffer = _Buffer(value) if held is None else held[i]
                 if fut._lock is not lock:

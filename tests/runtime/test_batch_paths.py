@@ -59,6 +59,27 @@ def test_a_pytree_of_pending_futures_arrives_whole_in_any_order(ctl, order):
     np.testing.assert_allclose(np.asarray(result.result(timeout=60)), np.full(3, expected))
 
 
+def test_a_pytree_of_a_producer_not_yet_launched_arrives_at_its_launch(ctl):
+    # Futures of a producer still queued (behind a computation holding the device) have no
+    # values yet: the call that reads them takes them as one group, reads none of them when
+    # it is submitted, and the group's launch hook puts every value in its slot.
+    s = ctl.slice(1, island=0)
+    entered, release = threading.Event(), threading.Event()
+    hold = pw.function(held_many(entered, release), slice=s, name="hold")
+    make = pw.function(lambda x: [x + i for i in range(N)], slice=s, name="make")
+    total = pw.function(lambda leaves, k: sum(leaves) * k, slice=s, name="total")
+    held = hold(np.ones(3, np.float32))
+    assert entered.wait(30)
+    outs = make(np.full(3, 2.0, np.float32))  # queued: the device is held
+    assert not outs[0].producer.has_outputs and outs[0].peek() is None
+    result = total(outs, 3.0)
+    assert not result.done()
+    release.set()
+    np.testing.assert_allclose(np.asarray(result.result(timeout=60)),
+                               np.full(3, 3.0 * (N * 2 + sum(range(N)))))
+    assert held[0].result(60).tolist() == [1.0] * 3
+
+
 def test_a_failed_producer_fails_its_whole_groups_consumer(ctl):
     s = ctl.slice(1, island=0)
     entered, release = threading.Event(), threading.Event()
