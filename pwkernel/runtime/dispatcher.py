@@ -394,23 +394,20 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
     checked = group = made_by = None  # the last producer checked; the last group, its maker
     peek = False  # the group's producer has launched: its values exist (maybe computing)
     for slot, leaf in zip(plan.inputs, leaves, strict=True):
-        if isinstance(leaf, Future):
-            producer = leaf.producer
-            if producer is made_by and producer is not None:  # (the group being filled)
-                futures[slot] = leaf
-                group.slots.append(slot)
-                group.futures.append(leaf)
-                if leaf.order > group.watched.order:
-                    group.watched = leaf
-                if peek:
-                    values[slot] = leaf.peek()
-                continue
+        if not isinstance(leaf, Future):
+            values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
+                leaf, graph.values[slot].dtype)
+            t_done[slot] = 0.0
+            made_by = None
+            continue
+        futures[slot] = leaf
+        producer = leaf.producer
+        if producer is not made_by or producer is None:  # (not the group being filled)
             if producer is None or producer is not checked:  # (one run, one store)
                 held_by = leaf.store
                 if held_by is not store and held_by is not None:
                     _refuse_foreign(leaf)
                 checked = producer
-            futures[slot] = leaf
             if leaf.done():
                 if leaf.error is not None:
                     run.errors[slot] = leaf.error
@@ -418,24 +415,19 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
                     values[slot] = leaf.peek()
                 t_done[slot] = leaf.t_done
                 made_by = None  # (its next future is looked at in full too)
-            else:
-                key = leaf if producer is None else producer
-                group = pending.get(key)
-                if group is None:
-                    group = pending[key] = ArgumentGroup(leaf)
-                made_by = producer
-                group.slots.append(slot)
-                group.futures.append(leaf)
-                if leaf.order > group.watched.order:
-                    group.watched = leaf
-                peek = parallel and (producer is None or producer.has_outputs)
-                if peek:
-                    values[slot] = leaf.peek()  # launched already, or None
-        else:
-            values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
-                leaf, graph.values[slot].dtype)
-            t_done[slot] = 0.0
-            made_by = None
+                continue
+            key = leaf if producer is None else producer
+            group = pending.get(key)
+            if group is None:
+                group = pending[key] = ArgumentGroup(leaf)
+            made_by = producer
+            peek = parallel and (producer is None or producer.has_outputs)
+        group.slots.append(slot)
+        group.futures.append(leaf)
+        if leaf.order > group.watched.order:
+            group.watched = leaf
+        if peek:
+            values[slot] = leaf.peek()  # launched already, or None
     for slot, const in plan.consts:
         values[slot] = const
         t_done[slot] = 0.0
