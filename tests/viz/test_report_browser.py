@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 import pwkernel as pw
 from pwkernel.viz.columns import human_bytes, human_rate
@@ -77,7 +78,14 @@ def _hover(page, path: Path, renderer: str) -> list[str]:
     page.wait_for_function(f"""() => {{ try {{ return ({BAR_XY_JS})("{renderer}")[0] > 0 }}
                                catch (e) {{ return false }} }}""")
     x, y = page.evaluate(BAR_XY_JS, renderer)
-    page.mouse.move(x - 3, y)
-    page.mouse.move(x, y)
-    page.wait_for_function(f"() => ({TOOLTIP_JS})().length > 0")
+    # (under load the plot may take the first moves before its hover tool listens: move
+    # again until the tooltip shows, for up to a minute in all)
+    for _ in range(12):
+        page.mouse.move(x - 3, y)
+        page.mouse.move(x, y)
+        try:
+            page.wait_for_function(f"() => ({TOOLTIP_JS})().length > 0", timeout=5000)
+            break
+        except PlaywrightTimeout:
+            continue
     return [v.strip() for v in page.evaluate(TOOLTIP_JS)]
