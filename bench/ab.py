@@ -16,9 +16,17 @@ drift, and the figures printed are medians of per-round values:
   per call in the same round (``cpu_*_vs_jax_call``);
 - ``leaf``: an 83-leaf state donated from step to step (``bench/leaf_step.py``'s step), wall
   per step over JAX's, and the extra CPU per step;
+- ``leaf1``: the same on a 1-device slice, where a step's outputs are ready when its call
+  returns and no watcher thread sees its end: the runtime's own Python per leaf, with the
+  least of XLA's threads around it;
 - ``train``: ``pw.train.SPMD``'s step of ``bench train --quick``'s model at batch 4 (about
   8 ms under JAX here), 8 steps a round, wall ratio to JAX and extra CPU per step; skipped if
   the base has no ``pw.train``.
+
+For ``leaf``, ``leaf1`` and ``train`` the extra CPU per step is also given for the calling
+thread alone (``*_extra_thread_cpu_us_per_step``): the user's thread, where a 1-device step's
+runtime work happens, without the other threads' share (XLA's spin, the watcher), and so with
+less noise between rounds.
 
 Printed as JSON. Each figure compares code in one process only: the absolute numbers are this
 machine's at this minute.
@@ -48,7 +56,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from pwkernel.bench import dispatch  # noqa: E402
 from pwkernel.bench.dispatch_steps import chains  # noqa: E402
 
-WORKLOADS = ("cpu", "leaf", "train")
+WORKLOADS = ("cpu", "leaf", "leaf1", "train")
 
 
 def load_base(checkout: Path, into: Path):
@@ -77,8 +85,8 @@ def _leaves_step(state):
     return jax.tree_util.tree_map(lambda x: x * 0.9 + 0.1, state)
 
 
-def leaf_workload(pw, ctl, leaves: int = 83, steps: int = 100):
-    s = ctl.slice(4, island=0)
+def leaf_workload(pw, ctl, leaves: int = 83, steps: int = 100, devices: int = 4):
+    s = ctl.slice(devices, island=0)
     step = pw.function(_leaves_step, slice=s, donate_argnums=0, name="step")
     copy = pw.function(lambda x: x * 1, slice=s)
     box = [[copy(np.full(16, i, np.float32)) for i in range(leaves)]]
@@ -90,8 +98,8 @@ def leaf_workload(pw, ctl, leaves: int = 83, steps: int = 100):
     return run
 
 
-def jax_leaf(leaves: int = 83, steps: int = 100):
-    sharding = NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:4]), ("d",)), P())
+def jax_leaf(leaves: int = 83, steps: int = 100, devices: int = 4):
+    sharding = NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("d",)), P())
     step = jax.jit(_leaves_step, donate_argnums=0)
     box = [[jax.device_put(np.full(16, i, np.float32), sharding) for i in range(leaves)]]
 
@@ -141,20 +149,21 @@ def jax_train(spmd, T, S, fetch, steps: int = 8, size: int = 4):
     return run
 
 
-def alternate(runs: dict, rounds: int) -> dict[str, list[tuple[float, float]]]:
+def alternate(runs: dict, rounds: int) -> dict[str, list[tuple[float, float, float]]]:
     """Each callable once per round, in turn, the order reversed every other round (what
     runs just before a call, its threads winding down, weighs on every side alike):
-    (wall, process CPU) seconds of each call."""
+    (wall, process CPU, the calling thread's CPU) seconds of each call."""
     for fn in runs.values():  # compiled, planned, warm
         fn()
         fn()
-    seen: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+    seen: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runs}
     order = list(runs.items())
     for r in range(rounds):
         for name, fn in order if r % 2 == 0 else order[::-1]:
-            w, c = time.perf_counter(), time.process_time()
+            w, c, t = time.perf_counter(), time.process_time(), time.thread_time()
             fn()
-            seen[name].append((time.perf_counter() - w, time.process_time() - c))
+            seen[name].append((time.perf_counter() - w, time.process_time() - c,
+                               time.thread_time() - t))
     return seen
 
 
@@ -199,18 +208,18 @@ def _workload(work: str, versions: dict, ctls: dict, rounds: int) -> dict:
             runs.setdefault("jax", ways["jax_opbyop"])
             runs[f"{k}_opbyop"], runs[f"{k}_chained"] = ways["pw_opbyop"], ways["pw_chained"]
         seen = alternate(runs, rounds)
-        per = {k: [c / n * 1e6 for _, c in v] for k, v in seen.items()}
+        per = {k: [c / n * 1e6 for _, c, _ in v] for k, v in seen.items()}
         res = {f"cpu_us_per_node_{k}": round(_median(v), 2) for k, v in per.items()}
         for k in versions:
             for mode in ("opbyop", "chained"):
                 res[f"cpu_{mode}_vs_jax_call_{k}"] = round(_median(
                     a / j for a, j in zip(per[f"{k}_{mode}"], per["jax"], strict=True)), 3)
         return res
-    if work == "leaf":
-        steps = 100
-        runs = {"jax": jax_leaf(steps=steps)}
-        runs.update({k: leaf_workload(pw, ctls[k], steps=steps) for k, (pw, _) in
-                     versions.items()})
+    if work in ("leaf", "leaf1"):
+        steps, devices = 100, 1 if work == "leaf1" else 4
+        runs = {"jax": jax_leaf(steps=steps, devices=devices)}
+        runs.update({k: leaf_workload(pw, ctls[k], steps=steps, devices=devices)
+                     for k, (pw, _) in versions.items()})
     else:
         missing = [k for k, (_, mod) in versions.items()
                    if importlib.util.find_spec(f"{mod}.train") is None]
@@ -221,13 +230,15 @@ def _workload(work: str, versions: dict, ctls: dict, rounds: int) -> dict:
             runs[k], spmd, T, S, fetch = train_workload(pw, ctls[k], mod, steps)
         runs = {"jax": jax_train(spmd, T, S, fetch, steps), **runs}
     seen = alternate(runs, rounds)
-    res: dict = {f"{k}_wall_us_per_step": round(_median(w for w, _ in v) / steps * 1e6, 1)
+    res: dict = {f"{k}_wall_us_per_step": round(_median(w for w, _, _ in v) / steps * 1e6, 1)
                  for k, v in seen.items()}
     for k in versions:
         res[f"{k}_vs_jax_wall"] = round(_median(
             j[0] / a[0] for a, j in zip(seen[k], seen["jax"], strict=True)), 3)
         res[f"{k}_extra_cpu_us_per_step"] = round(_median(
             (a[1] - j[1]) / steps * 1e6 for a, j in zip(seen[k], seen["jax"], strict=True)), 1)
+        res[f"{k}_extra_thread_cpu_us_per_step"] = round(_median(
+            (a[2] - j[2]) / steps * 1e6 for a, j in zip(seen[k], seen["jax"], strict=True)), 1)
     return res
 
 

@@ -77,10 +77,8 @@ class CellPlan:
 
 
 def _is_array(value: Any) -> bool:
-    # Typed PRNG keys (jax.random.key) are not buffers the runtime moves: the cell captures
-    # them as constants, as a plain jax.jit does.
-    return isinstance(value, Future | jax.Array | np.ndarray) and not jax.dtypes.issubdtype(
-        value.dtype, jax.dtypes.extended)
+    # (typed PRNG keys, jax.random.key, included: the runtime moves them like any array)
+    return isinstance(value, Future | jax.Array | np.ndarray)
 
 
 def is_state(value: Any) -> bool:

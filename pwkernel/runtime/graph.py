@@ -13,8 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from .dtypes import as_dtype, itemsize
 from .trace import LinkKind
 
 
@@ -24,14 +23,14 @@ class ValueSpec:
 
     id: int
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: Any  # an np.dtype, or a JAX extended dtype (dtypes.py)
     sharding: Any = None          # None: the value lives on the host
     island: int | None = None     # None: host, or devices outside every island
     weak: bool = False            # weakly typed (a Python scalar, as JAX types it)
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * itemsize(self.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +100,7 @@ class Graph:
         return ctl is None or ctl.closed or ctl.resources.epoch != self.epoch
 
     def new_value(self, shape, dtype, sharding=None, island=None, weak=False) -> ValueSpec:
-        spec = ValueSpec(len(self.values), tuple(shape), np.dtype(dtype), sharding, island,
+        spec = ValueSpec(len(self.values), tuple(shape), as_dtype(dtype), sharding, island,
                          weak)
         self.values[spec.id] = spec
         return spec

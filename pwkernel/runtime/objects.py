@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
 
+from .dtypes import as_dtype
 from .errors import CancelledError, ControllerClosedError
 from .store import BufferRecord, ObjectStore, shard_bytes
 
@@ -37,17 +37,6 @@ class FutureState(StrEnum):
 _PENDING, _DONE = FutureState.PENDING, FutureState.DONE
 _RUNNING = "running"  # a producer task's state from its launch to its end (a TaskState value)
 _clock = time.perf_counter
-_DTYPES: dict[Any, np.dtype] = {}  # np.dtype() of each dtype given: a lookup is 10x cheaper
-
-
-def _dtype(dtype) -> np.dtype:
-    out = np.dtype(dtype)
-    if out.metadata is None and out.fields is None:  # (equal dtypes that differ in those)
-        try:
-            _DTYPES[dtype] = out
-        except TypeError:
-            pass
-    return out
 
 
 def _on_value(op: Callable) -> Callable:
@@ -108,10 +97,7 @@ class Future:
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
         self.shape = shape if type(shape) is tuple else tuple(shape)
-        try:
-            self.dtype = _DTYPES[dtype]
-        except (KeyError, TypeError):  # (TypeError: an unhashable dtype spec)
-            self.dtype = _dtype(dtype)
+        self.dtype = as_dtype(dtype)
         self.sharding, self.name, self.island, self.run, self._store = (sharding, name, island,
                                                                           run, store)
         self._buffer = None  # the store's entry for the value (or a _Buffer), once done

@@ -23,8 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
-
+from .dtypes import as_dtype
 from .graph import ComputeNode, Graph, TransferNode
 from .objects import shard_bytes
 from .scheduler import NodeSpec
@@ -53,7 +52,7 @@ class Output(NamedTuple):
     slot: int
     producer: int              # node index; -1: an argument or constant returned as it is
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: Any  # an np.dtype, or a JAX extended dtype (dtypes.py)
     sharding: Any
     island: int | None
     name: str                  # the producer's name
@@ -93,6 +92,9 @@ class PlanNode:
     returns: tuple[int, ...] = ()  # the slots of its outputs the user sees
     returns_nbytes: tuple[dict[int, int], ...] = ()  # and their ``out_nbytes``
     donates: tuple[int, ...] = ()  # positions of the inputs it donates (computations)
+    donated: tuple[int, ...] = ()  # and their slots
+    internal: tuple[int, ...] = ()  # its distinct input slots made by the run (freed after
+    #                                 their last reader; arguments and constants never are)
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
 
 
@@ -154,6 +156,8 @@ def build(graph: Graph) -> Plan:
             link=node.link, node_id=node.id)
         distinct = tuple(dict.fromkeys(ins))
         p.n_inputs, p.distinct = len(distinct), distinct
+        p.internal = tuple(s for s in distinct if producer[s] >= 0)
+        p.donated = tuple(ins[i] for i in p.donates)
         waits, after = [], []
         for slot in distinct:
             consumers[slot].append(index)
@@ -197,7 +201,7 @@ def build(graph: Graph) -> Plan:
 
 
 def _output(slot: int, v, producer: int, nodes: list[PlanNode]) -> Output:
-    dtype, weak = np.dtype(v.dtype), bool(v.weak)
+    dtype, weak = as_dtype(v.dtype), bool(v.weak)
     return Output(slot, producer, v.shape, dtype, v.sharding, v.island,
                   nodes[producer].name if producer >= 0 else "", weak,
                   nodes[producer].outputs.index(slot) if producer >= 0 else -1,

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from . import executor as executors
 from .arguments import Arguments
+from .dtypes import weak_type
 from .errors import NeedsValueError, ProgramError, SliceError, SpecError
 from .executable import Executable
 from .graph import Graph
@@ -286,7 +287,7 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
         # a placed array captured while tracing: a constant that keeps its layout
         isl = graph.controller.resources.island_of(leaf.sharding.device_set)
         spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
-                               None if isl is None else isl.id, leaf.weak_type)
+                               None if isl is None else isl.id, weak_type(leaf))
         graph.consts[spec.id] = leaf
         return spec.id
     try:
@@ -315,7 +316,7 @@ def leaf_placement(leaf) -> tuple:
     if isinstance(leaf, Future):
         return leaf.placement or ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     if isinstance(leaf, jax.Array):
-        return ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
+        return ("dev", leaf.shape, leaf.dtype, leaf.sharding, weak_type(leaf))
     try:
         arr = np.asarray(leaf)
     except Exception:

@@ -236,11 +236,11 @@ class RunSlots:
             values = self.values
             if values is None:
                 return  # the run is over: its values went with it
-            for s in node.distinct:
+            for s in node.internal:  # (made by this run: not an argument or a constant)
                 refs[s] -= 1
                 if not refs[s] and s not in futures:
                     made = makers[s]
-                    if made is not None:  # made by this run (not an argument or a constant)
+                    if made is not None:
                         value, values[s] = values[s], None
                         if dropped is None:
                             dropped = [(value, *made)]

@@ -18,6 +18,8 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import numpy as np
 
+from .dtypes import itemsize
+
 
 class Future(Protocol):
     """What the store reads of a ``runtime.objects.Future`` (which imports this module)."""
@@ -32,7 +34,7 @@ class Future(Protocol):
 
 def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
     """Bytes a buffer of ``shape``/``dtype`` laid out by ``sharding`` holds on each device."""
-    per = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * np.dtype(dtype).itemsize
+    per = int(np.prod(sharding.shard_shape(shape), dtype=np.int64)) * itemsize(dtype)
     return {d.id: per for d in sharding.device_set}
 
 

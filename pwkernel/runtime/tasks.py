@@ -314,8 +314,7 @@ class ProgramRun(RunSlots):
             return
         node, futures = task.node, self.futures
         if futures:
-            get = futures.get
-            Future.set_launched_many([get(s) for s in node.outputs], values)
+            Future.set_launched_many(list(map(futures.get, node.outputs)), values)
         if self.parallel and node.notifies:
             self._outputs_arrived(node)
 
@@ -345,8 +344,7 @@ class ProgramRun(RunSlots):
         """The futures whose buffers ``node`` donated are consumed (its outputs are held)."""
         futures = self.futures
         if futures:
-            get, inputs = futures.get, node.inputs
-            Future.consumed_many([get(inputs[i]) for i in node.donates])
+            Future.consumed_many(list(map(futures.get, node.donated)))
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
@@ -440,7 +438,7 @@ class ProgramRun(RunSlots):
             owner.arrived(self, *node.outputs)
         elif fresh is not None and node.notifies:  # consumers counted no launch: now
             self._outputs_arrived(node)
-        if node.inputs:
+        if node.internal:
             self._release_inputs(node)
         # another task's end may still be freeing values: the last to end its own
         # bookkeeping closes the run (the count's next() is one atomic step)

@@ -295,9 +295,10 @@ def test_ab_runs_two_checkouts_in_one_process_and_reports_every_figure():
     for side in ("base", "this"):
         assert out["cpu"][f"cpu_us_per_node_{side}_chained"] > 0
         assert out["cpu"][f"cpu_opbyop_vs_jax_call_{side}"] > 0
-        for work in ("leaf", "train"):
+        for work in ("leaf", "leaf1", "train"):
             assert out[work][f"{side}_wall_us_per_step"] > 0
             assert out[work][f"{side}_vs_jax_wall"] > 0
+            assert f"{side}_extra_thread_cpu_us_per_step" in out[work]
     bad = subprocess.run([*tool, "--base", "/nonexistent"], capture_output=True, text=True,
                          timeout=120, cwd=root)
     assert bad.returncode != 0 and "no pwkernel package there" in bad.stderr

@@ -12,6 +12,7 @@ passed as they are (static arguments, a Python float).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 
 class State(NamedTuple):
@@ -34,6 +36,23 @@ class MLP(nn.Module):
 
 
 MODEL = MLP()
+
+
+class Dropped(nnx.Module):
+    """An nnx model whose state holds its dropout's random stream: a typed key and a count."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.linear, self.dropout = nnx.Linear(8, 4, rngs=rngs), nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        return self.dropout(self.linear(x))
+
+
+@functools.cache
+def dropped() -> tuple:
+    """``nnx.split`` of a ``Dropped`` (made on first use: importing this file starts no JAX
+    backend): its graph and its state."""
+    return nnx.split(Dropped(nnx.Rngs(0)))
 OPTIMIZER = optax.sgd(1e-2, momentum=0.9)
 
 
@@ -55,8 +74,10 @@ def inputs() -> dict[str, Any]:
         "pair": (x, normal(8)),
         "state": State(normal(8), np.int32(3)),
         "key": np.asarray(jax.random.PRNGKey(42)),  # a legacy key: uint32[2]
+        "typed_key": jax.random.key(42),  # a typed key (key<fry>[]): a jax.Array, not NumPy
         "variables": jax.tree.map(lambda s: normal(*s.shape), shapes),
         "opt_state": jax.tree.map(np.asarray, OPTIMIZER.init(params)),
+        "nnx_state": dropped()[1],  # jax.Arrays, a typed key among them
     }
 
 
@@ -149,6 +170,11 @@ def noisy(key, x):
     return x + jax.random.normal(key, x.shape)
 
 
+def split_and_draw(key, x):  # a typed key in and out, as a training loop carries its own
+    key, sub = jax.random.split(key)
+    return key, x + jax.random.normal(sub, x.shape)
+
+
 def dict_in_out(tree):
     return {"sum": tree["a"] + tree["b"], "prod": tree["a"] * tree["b"], "n": tree["a"].sum()}
 
@@ -203,6 +229,11 @@ def positive(x):
 
 def flax_apply(variables, x):
     return MODEL.apply(variables, x)
+
+
+def nnx_dropout(state, x):  # flax nnx: merge, call, and the state after (its key moved on)
+    model = nnx.merge(dropped()[0], state)
+    return model(x), nnx.state(model)
 
 
 def optax_step(params, opt_state, x, y):
@@ -265,6 +296,7 @@ CASES = [
     Case(transposed, ("x",)),
     Case(rectified, ("x",)),
     Case(noisy, ("key", "x")),
+    Case(split_and_draw, ("typed_key", "x")),
     Case(dict_in_out, ("tree",)),
     Case(tuple_in_out, ("pair",)),
     Case(namedtuple_in_out, ("state",)),
@@ -279,4 +311,5 @@ CASES = [
     Case(positive, ("x",)),
     Case(flax_apply, ("variables", "x")),
     Case(optax_step, ("params", "opt_state", "x", "y")),
+    Case(nnx_dropout, ("nnx_state", "x")),
 ]

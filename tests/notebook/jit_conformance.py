@@ -56,6 +56,8 @@ def check(call, got, want):
         for sharding in (fut.sharding, g.sharding):  # known at once, and as it came
             assert sharding.is_equivalent_to(w.sharding, w.ndim), (
                 f"{what}: laid out as {sharding.spec}; jax.jit gives {w.sharding.spec}")
+        if jax.dtypes.issubdtype(w.dtype, jax.dtypes.prng_key):  # a typed key: its key data
+            g, w = jax.random.key_data(g), jax.random.key_data(w)
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
                                    rtol=1e-5, atol=1e-5, err_msg=what)
     CHECKED.append(where)

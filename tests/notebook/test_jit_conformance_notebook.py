@@ -28,7 +28,7 @@ def test_pathways_cells_agree_with_jax_jit(kernel_env, monkeypatch, tmp_path):
     assert not errors, "\n\n".join(errors)
     ok = [o.text for c in nb.cells for o in c.get("outputs", [])
           if o.output_type == "stream" and o.text.startswith("ok:")]
-    assert len(ok) == source.expected_checks() == 6 * 34, ok
+    assert len(ok) == source.expected_checks() == 6 * 36, ok
     known = [o.text for c in nb.cells for o in c.get("outputs", [])
              if o.output_type == "stream" and o.text.startswith("known bug:")]
     assert len(known) == len(source.KNOWN_BUGS), known

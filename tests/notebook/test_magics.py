@@ -7,6 +7,7 @@ import os
 import re
 import threading
 
+import jax
 import numpy as np
 import pytest
 from IPython.core.error import UsageError
@@ -57,6 +58,24 @@ def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
     run(ip, "%%pathways --slice s0\nw = y + z")
     np.testing.assert_allclose(np.asarray(ip.user_ns["w"].result()),
                                np.asarray(y.result()) + float(z.result()), rtol=1e-6)
+
+
+def test_a_typed_key_flows_from_cell_to_cell(ip):
+    """A jax.random.key carried between %%pathways cells, as a training loop does, draws
+    what plain JAX draws (before, a typed key was captured as a constant)."""
+    run(ip, "%pathways slice s0 2")
+    run(ip, "key = jax.random.key(0)")
+    for name in ("x", "y"):
+        run(ip, f"%%pathways --slice s0\nkey, sub = jax.random.split(key)\n"
+                f"{name} = jax.random.normal(sub, (4,))")
+    key, want = ip.user_ns["key"], jax.random.key(0)
+    assert isinstance(key, pw.Future) and key.dtype == want.dtype
+    for name in ("x", "y"):
+        want, sub = jax.random.split(want)
+        np.testing.assert_array_equal(np.asarray(ip.user_ns[name].result()),
+                                      np.asarray(jax.random.normal(sub, (4,))))
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(key.result())),
+                                  np.asarray(jax.random.key_data(want)))
 
 
 def test_the_ambient_mesh_is_the_cell_slice(ip):

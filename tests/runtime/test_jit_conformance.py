@@ -126,6 +126,8 @@ def check_leaf(what: str, fut, want) -> None:
     for which, sharding in (("future", fut.sharding), ("result", got.sharding)):
         assert sharding.is_equivalent_to(want.sharding, want.ndim), (
             f"{what}: {which} laid out as {sharding}; jax.jit gives {want.sharding}")
+    if jax.dtypes.issubdtype(want.dtype, jax.dtypes.prng_key):  # a typed key: its key data
+        got, want = jax.random.key_data(got), jax.random.key_data(want)
     if np.issubdtype(want.dtype, np.inexact):
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                    rtol=1e-5, atol=1e-5, err_msg=what)

@@ -141,7 +141,7 @@ class LocalBackend(NoGroup):
             self.transfers.submit(self._land, task, None, e)
             return
         if not self._emulated(task):
-            if out.is_ready():
+            if _is_ready(out):
                 task.completed(_now(), None, [out])
                 return
             task.launched([out])  # an emulated link releases it only when it lands
@@ -222,6 +222,12 @@ def _waits(task: Task) -> bool:
             return True
     # made by a copy (of this run, or of the run it comes from)?
     return task.donates_a_copy()
+
+
+def _is_ready(value) -> bool:
+    """``value.is_ready()``; a typed key array (``jax.random.key``) has none: its key data's."""
+    ready = getattr(value, "is_ready", None)
+    return ready() if ready is not None else jax.random.key_data(value).is_ready()
 
 
 def _ready(outs) -> bool:

@@ -41,6 +41,7 @@ import queue
 import threading
 from typing import Any
 
+from .hostvalues import to_host
 from .ops import IslandDevices, now
 
 _now = now
@@ -146,9 +147,7 @@ class IslandActor:
 
     def fetch(self, bid: int):
         """A buffer's value as a host array (the controller asked for ``fut.result()``)."""
-        import numpy as np
-
-        return np.asarray(self.ops.arg(self._buffers, bid, None))
+        return to_host(self.ops.arg(self._buffers, bid, None))
 
     # --- the executor: issues operations in message order --------------------------------
     def _execute(self) -> None:

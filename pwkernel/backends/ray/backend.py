@@ -33,7 +33,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError
@@ -44,6 +43,7 @@ from ...runtime.tasks import Task
 from ..local import request_host_devices
 from . import attach, cluster, others
 from .cluster import IslandHost
+from .hostvalues import to_host
 from .island import RaySite, RemoteBuffer, host_lost, layout
 
 
@@ -249,7 +249,7 @@ class RayBackend:
                     site.enqueue(("recv", handle.bid, lay, value.host.island,
                                   value.host.generation), task, [handle], value.host)
             else:  # a host value (program argument, constant, a fetched result)
-                site.enqueue(("put", handle.bid, np.asarray(value), lay), task, [handle])
+                site.enqueue(("put", handle.bid, to_host(value), lay), task, [handle])
         except BaseException as e:  # noqa: BLE001 - failed in order, by the island's watcher
             site.enqueue(None, task, [], error=e)
             return

@@ -20,13 +20,12 @@ import queue
 import threading
 import time
 
-import jax
-import numpy as np
 import ray
 
 from ...runtime.errors import CancelledError, IslandLostError
 from ...runtime.tasks import Task
 from .cluster import IslandHost
+from .hostvalues import from_host, to_host
 
 _now = time.perf_counter
 _WAIT_INPUTS = 60.0  # seconds of silence from an actor, while closing, before giving up
@@ -64,7 +63,7 @@ class RemoteBuffer:
             except ray.exceptions.RayActorError:
                 self.host.mark_lost()
                 raise self.lost_error() from None
-            self._local = jax.device_put(value, sharding) if sharding is not None else value
+            self._local = from_host(value, sharding)
         return self._local
 
     def delete(self) -> None:
@@ -237,7 +236,7 @@ class RaySite:
                     raise value.lost_error()
                 refs.append(value.bid)
             else:
-                refs.append(np.asarray(value))
+                refs.append(to_host(value))
         exe = task.node.exe
         key, blob = self._exported(task.node, host)
         host.sent.add(key)

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .hostvalues import from_host, to_host
+
 now = time.perf_counter
 
 
@@ -77,7 +79,7 @@ class IslandDevices:
                 raise KeyError(f"buffer {ref} is not on island {self.island} (its producer "
                                "failed, or it was freed)")
             return buffers[ref]
-        return self.jax.device_put(ref, self.sharding(layout))
+        return from_host(ref, self.sharding(layout))
 
     def compiled(self, executables: dict, key: str, blob: bytes | None, in_layouts,
                  out_layouts):
@@ -179,14 +181,12 @@ class IslandDevices:
         return record
 
     def _send(self, array, deliver, bid: int, t_launch: float) -> None:
-        import numpy as np
-
         if array is None:
             deliver(bid, None, f"the value to send (island {self.island}) was never made: "
                     "its producer failed", t_launch)
             raise RuntimeError("nothing to send: the producer failed")
         try:
-            value = np.asarray(array)
+            value = to_host(array)
         except Exception as e:  # noqa: BLE001 - the receiver fails with the same error
             deliver(bid, None, f"{type(e).__name__}: {e}", t_launch)
             raise

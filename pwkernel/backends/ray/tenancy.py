@@ -53,6 +53,7 @@ from ...runtime.scheduler import (
     Submit,
 )
 from .actor import linger
+from .hostvalues import to_host
 from .ops import IslandDevices, compute_positions, now
 from .poolfile import check_name
 from .tenants import Item, Tenant, TenantRefused
@@ -258,11 +259,9 @@ class PoolIslandActor:
 
     def fetch(self, secret: str, bid: int):
         """One of the tenant's buffers as a host array."""
-        import numpy as np
-
         with self._cv:
             buffers = self._tenant(secret).buffers
-        return np.asarray(self.ops.arg(buffers, bid, None))
+        return to_host(self.ops.arg(buffers, bid, None))
 
     def executables(self, secret: str) -> list[str]:
         with self._cv:

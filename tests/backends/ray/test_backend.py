@@ -159,6 +159,28 @@ def test_values_stay_on_islands_until_asked(rctl):
     assert any(n.startswith("b-") for n in names[1]) and any(n.startswith("c-") for n in names[1])
 
 
+def test_typed_keys_travel_to_islands_between_them_and_back(rctl):
+    """A typed PRNG key (jax.random.key), which NumPy cannot hold, is sent as its key data
+    and implementation: put on island 0, split there, one half sent to island 1, fetched."""
+    split = pw.function(lambda k: tuple(jax.random.split(k)), slice=rctl.slice(2, island=0))
+    draw = pw.function(lambda k: jax.random.normal(k, (4,)), slice=rctl.slice(2, island=1))
+
+    @pw.program
+    def two_islands(k):
+        a, b = split(k)
+        return draw(a), b
+
+    for impl in ("threefry2x32", "rbg"):
+        x, b = two_islands(jax.random.key(5, impl=impl))
+        want_a, want_b = jax.random.split(jax.random.key(5, impl=impl))
+        np.testing.assert_array_equal(np.asarray(x.result(TIMEOUT)),
+                                      np.asarray(jax.random.normal(want_a, (4,))))
+        got = b.result(TIMEOUT)
+        assert got.dtype == want_b.dtype and got.sharding == b.sharding
+        np.testing.assert_array_equal(np.asarray(jax.random.key_data(got)),
+                                      np.asarray(jax.random.key_data(want_b)))
+
+
 def test_dropped_futures_free_island_buffers(rctl):
     f = figure2(rctl).f
     y, z = f(np.array([1.0, 2.0, 3.0, 4.0]))

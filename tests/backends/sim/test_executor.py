@@ -139,6 +139,18 @@ def test_a_real_array_is_uploaded_to_simulated_chips():
         assert [e.name for e in ctl.trace.events()] == ["host:host->0", "double"]
 
 
+def test_a_typed_key_is_lowered_and_timed_like_any_array():
+    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+        s = ctl.slice(2)
+        split = pw.function(lambda k: tuple(jax.random.split(k)), slice=s, name="split")
+        draw = pw.function(lambda k: jax.random.normal(k, (1024,)), slice=s, name="draw")
+        key, sub = split(jax.random.key(0))
+        x = draw(sub)
+        assert x.wait(timeout=10) and key.wait(timeout=10)
+        assert key.dtype == jax.random.key(0).dtype and x.shape == (1024,)
+        assert [e.name for e in ctl.trace.events() if e.kind == "compute"] == ["split", "draw"]
+
+
 def test_a_program_whose_values_do_not_fit_a_chips_hbm_is_refused():
     # TINY's chips have 1 GB of HBM. A 4 GiB value replicated on 4 chips is 4 GiB on each
     # (it used to "run"); a 1 GiB one sharded over the 4 is 256 MiB each and fits.
