@@ -92,7 +92,7 @@ class PlanNode:
     returns: tuple[int, ...] = ()  # the slots of its outputs the user sees
     returns_nbytes: tuple[dict[int, int], ...] = ()  # and their ``out_nbytes``
     donates: tuple[int, ...] = ()  # positions of the inputs it donates (computations)
-    donated: tuple[int, ...] = ()  # and their slots
+    donated_slots: tuple[int, ...] = ()  # and their slots
     internal: tuple[int, ...] = ()  # its distinct input slots made by the run (freed after
     #                                 their last reader; arguments and constants never are)
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
@@ -157,7 +157,7 @@ def build(graph: Graph) -> Plan:
         distinct = tuple(dict.fromkeys(ins))
         p.n_inputs, p.distinct = len(distinct), distinct
         p.internal = tuple(s for s in distinct if producer[s] >= 0)
-        p.donated = tuple(ins[i] for i in p.donates)
+        p.donated_slots = tuple(ins[i] for i in p.donates)
         waits, after = [], []
         for slot in distinct:
             consumers[slot].append(index)

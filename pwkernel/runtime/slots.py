@@ -239,13 +239,11 @@ class RunSlots:
             for s in node.internal:  # (made by this run: not an argument or a constant)
                 refs[s] -= 1
                 if not refs[s] and s not in futures:
-                    made = makers[s]
-                    if made is not None:
-                        value, values[s] = values[s], None
-                        if dropped is None:
-                            dropped = [(value, *made)]
-                        else:
-                            dropped.append((value, *made))
+                    value, values[s] = values[s], None
+                    if dropped is None:
+                        dropped = [(value, *makers[s])]
+                    else:
+                        dropped.append((value, *makers[s]))
         if dropped:
             self._free(dropped)
 

@@ -344,7 +344,7 @@ class ProgramRun(RunSlots):
         """The futures whose buffers ``node`` donated are consumed (its outputs are held)."""
         futures = self.futures
         if futures:
-            Future.consumed_many(list(map(futures.get, node.donated)))
+            Future.consumed_many(list(map(futures.get, node.donated_slots)))
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
