@@ -44,6 +44,7 @@ import pwkernel as pw
 from ..train import (
     SPMD,
     MemorySampler,
+    PackedState,
     Pipeline,
     bubble,
     fetch,
@@ -78,7 +79,8 @@ class Trainer:
         loss = None
         for _ in range(self.steps):
             self.state, loss = self.step(self.state, self.batch)
-        jax.block_until_ready(fetch((self.state, loss)))
+        held = self.state.futures if isinstance(self.state, PackedState) else self.state
+        jax.block_until_ready(fetch((held, loss)))  # (a packed state is not unpacked)
 
     def sample(self) -> float:
         return rate(self.once, self.steps * self.tokens)
@@ -111,16 +113,26 @@ def compare(rows: list, key: str, trainers: dict, rounds: int, **about) -> float
     return ratio
 
 
-def spmd_rows(cfg: dict, spmd: SPMD, rows: list) -> float:
-    """pw.train.SPMD against plain jax.jit at each batch size; returns the worst ratio."""
-    model, k, worst = cfg["model"], cfg["steps"], float("inf")
+def spmd_rows(cfg: dict, spmd: SPMD, packed: SPMD, rows: list) -> dict[str, float]:
+    """pw.train.SPMD (a future per state leaf, and packed) against plain jax.jit at each batch
+    size, the three interleaved; returns each key's worst ratio."""
+    model, k = cfg["model"], cfg["steps"]
+    worst = {"train_spmd_vs_jax": float("inf"), "train_spmd_packed_vs_jax": float("inf")}
     for size in cfg["spmd_batches"]:
         batch, tokens = T.batch(model, size, seed=0), size * model.seq
-        pair = {"pw_spmd": Trainer(spmd.step, spmd.init(0), spmd.place(batch), k, tokens),
-                "jax_spmd": jax_trainer(spmd, spmd.init(0), batch, k, tokens)}
-        worst = min(worst, compare(rows, "train_spmd_vs_jax", pair, cfg["rounds"], batch=size))
-        rows[-1]["jax_step_ms"] = round(1e3 * tokens / rows[-1]["tokens_per_s"]["jax_spmd"][
-            "median"], 2)
+        trainers = {"pw_spmd": Trainer(spmd.step, spmd.init(0), spmd.place(batch), k, tokens),
+                    "pw_spmd_packed": Trainer(packed.step, packed.init(0), packed.place(batch),
+                                              k, tokens),
+                    "jax_spmd": jax_trainer(spmd, spmd.init(0), batch, k, tokens)}
+        samples = interleave({n: t.sample for n, t in trainers.items()}, rounds=cfg["rounds"])
+        jax_ms = round(1e3 * tokens / summarize(samples["jax_spmd"])["median"], 2)
+        for key, name in (("train_spmd_vs_jax", "pw_spmd"),
+                          ("train_spmd_packed_vs_jax", "pw_spmd_packed")):
+            ratio = paired_ratio(samples, name, "jax_spmd")
+            rows.append({"comparison": key, "batch": size, "jax_step_ms": jax_ms, "ratio": ratio,
+                         "tokens_per_s": {n: summarize(samples[n])
+                                          for n in (name, "jax_spmd")}})
+            worst[key] = min(worst[key], ratio)
     return worst
 
 
@@ -141,10 +153,12 @@ def run(mode: str = "quick") -> Result:
             return Pipeline(stages, slices, loss=T.cross_entropy, optimizer=optax.adam(LR),
                             microbatches=microbatches, name=name)
 
-        spmd = SPMD(stages, ctl.slice(4, island=0, devices=isl0), loss=T.cross_entropy,
-                    optimizer=optax.adam(LR))
-        ratios["train_spmd_vs_jax"] = spmd_rows(cfg, spmd, rows)
+        spmd, packed = (SPMD(stages, ctl.slice(4, island=0, devices=isl0), loss=T.cross_entropy,
+                             optimizer=optax.adam(LR), packed=p, name=n)
+                        for p, n in ((False, "spmd"), (True, "spmd_packed")))
+        ratios.update(spmd_rows(cfg, spmd, packed, rows))
         extra["state_futures"] = len(jax.tree_util.tree_leaves(spmd.init(0)))
+        extra["packed_state_futures"] = len(packed.init(0).futures)
         one = pipeline([(0, isl0[:2]), (0, isl0[2:])], cfg["microbatches"], "one_island")
         two = pipeline([(0, isl0[:2]), (1, isl1[:2])], cfg["microbatches"], "two_islands")
         piped = Trainer(one.step, one.init(0), one.place(batch), k, tokens)
@@ -175,6 +189,11 @@ def run(mode: str = "quick") -> Result:
         f"step, then making, resolving and freeing one future per leaf of the state: "
         f"{extra['state_futures']} here), which on a CPU-only machine the XLA computation "
         "itself needs (docs/training.md, Figures).",
+        "train_spmd_packed_vs_jax: the same with packed=True (the state as "
+        f"{extra['packed_state_futures']} flat arrays, one per dtype, packed inside the step): "
+        "a few futures a step, for one more pass over the state on the devices, which on "
+        "these CPU devices (four replicas of the state in one machine's memory) costs more "
+        "than the futures it saves (docs/training.md, Packed state).",
         "train_pipeline_vs_spmd, train_two_islands_vs_one: reported, not expected to meet the "
         "paper's figures: the 8 virtual devices share this machine's CPU cores, so stages do "
         "not run at the same time and a pipeline only adds its calls and transfers.",

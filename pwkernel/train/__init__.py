@@ -5,7 +5,8 @@
   decoder-only Transformer's.
 - ``Pipeline(stages, slices, loss=, optimizer=, schedule="1f1b"|"gpipe", microbatches=M)``:
   each stage on its own slice (any island), one training step as ONE program.
-- ``SPMD(stages, slice, loss=, optimizer=)``: the same model data-parallel on one slice.
+- ``SPMD(stages, slice, loss=, optimizer=)``: the same model data-parallel on one slice
+  (``packed=True``: its state as a ``PackedState``, a few flat arrays).
 - Both: ``state = t.init(key)``, ``state, loss = t.step(state, (x, y))`` (futures at once).
 - Measured from the trace: ``bubble(events)``, ``peak_residuals(events, bytes)``; sampled:
   ``MemorySampler(ctl)``.
@@ -35,10 +36,11 @@ from .pipeline import Microbatches, Pipeline
 from .schedule import Call, Kind, Schedule, order, stage_order
 from .spmd import SPMD, init_state, train_step
 from .stage import Stage, backward, forward, model_loss
-from .state import TrainState, fetch, wait
+from .state import PackedState, TrainState, fetch, wait
 
 __all__ = [
-    "SPMD", "Call", "Kind", "MemorySampler", "Microbatches", "Pipeline", "Schedule", "Stage",
-    "TrainState", "backward", "bubble", "fetch", "forward", "init_state", "model_loss", "order",
-    "peak_residuals", "stage_order", "stage_order_seen", "train_step", "transformer", "wait",
+    "SPMD", "Call", "Kind", "MemorySampler", "Microbatches", "PackedState", "Pipeline",
+    "Schedule", "Stage", "TrainState", "backward", "bubble", "fetch", "forward", "init_state",
+    "model_loss", "order", "peak_residuals", "stage_order", "stage_order_seen", "train_step",
+    "transformer", "wait",
 ]

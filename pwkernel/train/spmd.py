@@ -8,6 +8,11 @@ all-reduce is the compiler's. It is the same step as ``train_step`` under plain 
 ``Pipeline`` of the same stages. On a simulated slice (``backend="sim"``) the step is timed
 by the simulator's cost model and computes nothing (``pipeline.py``'s doc says what that gives).
 
+With ``packed=True`` the state goes from step to step packed (``PackedState``: one flat array
+per dtype, packed and unpacked inside the compiled step, ``packed.py``), so the runtime
+carries a few values a step however many leaves the model has; ``state.params`` unpacks it
+on demand.
+
 >>> spmd = SPMD(stages, ctl.slice(4), loss=cross_entropy,                # doctest: +SKIP
 ...             optimizer=optax.adam(1e-3))
 >>> state = spmd.init(0)                                                  # doctest: +SKIP
@@ -25,8 +30,10 @@ from jax.sharding import PartitionSpec as P
 
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
+from .packed import Layout
 from .stage import Stage, model_loss
 from .state import (
+    PackedState,
     Placer,
     TrainState,
     apply_optimizer,
@@ -68,26 +75,61 @@ def init_state(stages: Sequence[Stage], optimizer: optax.GradientTransformation)
 
 class SPMD:
     """Train ``stages`` data-parallel on one ``slice``: the same ``init`` / ``step`` as a
-    ``Pipeline``, one compiled function per step (trace name ``{name}.step``)."""
+    ``Pipeline``, one compiled function per step (trace name ``{name}.step``).
+
+    ``packed=False`` (the default): the state is a ``TrainState`` with a future per leaf, as a
+    ``Pipeline`` carries it. ``packed=True``: it travels from step to step as a
+    ``PackedState``, one flat array per dtype packed and unpacked inside the step
+    (``packed.py``): the same values, a few futures a step instead of one per leaf, for one
+    more pass over the state on the devices (docs/training.md says when that pays)."""
 
     def __init__(self, stages: Sequence[Stage], slice: VirtualSlice, *, loss: Callable,
                  optimizer: optax.GradientTransformation, check_finite: bool = False,
-                 name: str = "spmd"):
+                 packed: bool = False, name: str = "spmd"):
         check_stages(stages)
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
-        self.name = name
+        self.name, self.packed = name, packed
         check = check_finite and not simulated(slice)  # no values to check on a simulation
-        self._step = function(train_step(self.stages, loss, optimizer, check),
-                              slice=slice, in_specs=(None, BATCH, BATCH), out_specs=P(),
-                              donate_argnums=(0,), name=f"{name}.step")
-        self._init = function(init_state(self.stages, optimizer), slice=slice, out_specs=P(),
-                              name=f"{name}.init")
+        self._train, self._make = train_step(self.stages, loss, optimizer, check), init_state(
+            self.stages, optimizer)
+        self._fns: dict[str, Callable] | None = None
         self._placer: Placer | None = None
 
-    def init(self, key) -> TrainState:
+    @property
+    def layout(self) -> Layout | None:
+        """How a ``PackedState`` of this model holds its leaves (None unless ``packed``)."""
+        return self._functions()["layout"] if self.packed else None
+
+    def _functions(self) -> dict:
+        """The compiled functions, made on first use (a packed layout traces ``init`` once)."""
+        if self._fns is not None:
+            return self._fns
+        train, make, name = self._train, self._make, self.name
+
+        def placed(fn, what, **kw):
+            return function(fn, slice=self.slice, out_specs=P(), name=f"{name}.{what}", **kw)
+        if not self.packed:
+            self._fns = {"step": placed(train, "step", in_specs=(None, BATCH, BATCH),
+                                        donate_argnums=(0,)), "init": placed(make, "init")}
+            return self._fns
+        layout = Layout(jax.eval_shape(make, stage_keys(0, len(self.stages))))
+
+        def step(packed, x, y):
+            state, value = train(layout.unpack(packed), x, y)
+            return layout.pack(state), value
+        self._fns = {"layout": layout,
+                     "step": placed(step, "step", in_specs=(None, BATCH, BATCH),
+                                    donate_argnums=(0,)),
+                     "init": placed(lambda keys: layout.pack(make(keys)), "init"),
+                     "pack": placed(layout.pack, "pack"), "unpack": placed(layout.unpack, "unpack")}
+        return self._fns
+
+    def init(self, key) -> TrainState | PackedState:
         """Parameters and optimizer state on the slice, replicated (futures); the same values
         as ``Pipeline.init(key)`` gives for the same stages."""
-        return self._init(stage_keys(key, len(self.stages)))
+        fns = self._functions()
+        made = fns["init"](stage_keys(key, len(self.stages)))
+        return PackedState(made, fns["layout"], fns["unpack"]) if self.packed else made
 
     def place(self, batch):
         """``batch`` put on the slice, sharded as ``step`` reads it (ahead of time)."""
@@ -95,15 +137,39 @@ class SPMD:
             self._placer = Placer(self.slice, "the batch")
         return tuple(self._placer(tuple(batch)))
 
-    def step(self, state: TrainState, batch) -> tuple[TrainState, Any]:
-        """One step: ``(new_state, loss)`` as futures at once; ``state`` is consumed
-        (donated). ``batch``: ``(inputs, targets)`` with a leading batch axis."""
-        if not isinstance(state, TrainState):
-            raise TypeError(f"step takes the TrainState that init() or step() returned, got "
-                            f"{type(state).__name__}.")
+    def step(self, state: TrainState | PackedState, batch) -> tuple[Any, Any]:
+        """One step: ``(new_state, loss)`` as futures at once. ``state``: what ``init()`` or
+        ``step()`` returned, consumed (donated); or a ``TrainState`` of this model's (e.g. a
+        ``Pipeline``'s, or values from ``fetch``), which a packed trainer packs into a copy
+        and does not consume. ``batch``: ``(inputs, targets)`` with a leading batch axis."""
+        fns = self._functions()
+        ready_to_donate(self._check(state))
+        if self.packed and isinstance(state, TrainState):
+            state = PackedState(fns["pack"](state), fns["layout"], fns["unpack"])
         x, y = batch
-        ready_to_donate(state)
-        return self._step(state, x, y)
+        if not self.packed:
+            return fns["step"](state, x, y)
+        packed, value = fns["step"](state.packed, x, y)
+        return PackedState(packed, fns["layout"], fns["unpack"]), value
+
+    def _check(self, state):
+        if isinstance(state, PackedState):
+            if state.layout != self.layout:
+                raise ValueError(
+                    f"this packed state does not fit this trainer: it holds "
+                    f"{state.layout.describe()}, {self!r} takes "
+                    + (self.layout.describe() if self.packed else "a TrainState")
+                    + ". Maybe you want pw.train.fetch(state), the TrainState of its values, "
+                    "or the state this trainer's init() returned.")
+        elif self.packed and isinstance(state, TrainState):
+            why = self.layout.misfit(state)
+            if why is not None:
+                raise ValueError(f"this TrainState is not one of {self!r}'s: {why}. Maybe "
+                                 "you want the state this trainer's init() returned.")
+        elif not isinstance(state, TrainState):
+            raise TypeError(f"step takes the state that init() or step() returned (or a "
+                            f"TrainState), got {type(state).__name__}.")
+        return state
 
     def __repr__(self) -> str:
         return f"pw.train.SPMD({len(self.stages)} stages on {self.slice!r})"

@@ -28,6 +28,62 @@ class TrainState(NamedTuple):
     opt_state: list[Any]
 
 
+class PackedState:
+    """A ``TrainState`` as ``SPMD(..., packed=True)`` carries it from step to step: a few flat
+    arrays (one per dtype; ``packed.py``) instead of a future per leaf. ``params``,
+    ``opt_state``, indexing and unpacking (``params, opt_state = state``) give the
+    ``TrainState``'s futures, made by one unpacking call on the slice the first time they are
+    asked for; ``fetch(state)`` gives its values and ``wait(state)`` waits without unpacking.
+    ``futures`` are the packs."""
+
+    __slots__ = ("packed", "layout", "_unpack", "_state")
+
+    def __init__(self, packed, layout, unpack):
+        self.packed, self.layout, self._unpack = packed, layout, unpack
+        self._state: TrainState | None = None
+
+    @property
+    def futures(self) -> list[Any]:
+        return jax.tree_util.tree_leaves(self.packed)
+
+    def unpacked(self) -> TrainState:
+        """The ``TrainState`` (futures; the same ones on every call)."""
+        if self._state is None:
+            self._state = self._unpack(self.packed)
+        return self._state
+
+    @property
+    def params(self) -> list[Any]:
+        return self.unpacked().params
+
+    @property
+    def opt_state(self) -> list[Any]:
+        return self.unpacked().opt_state
+
+    def __iter__(self):
+        return iter(self.unpacked())
+
+    def __getitem__(self, i):
+        return self.unpacked()[i]
+
+    def __len__(self) -> int:
+        return 2
+
+    def __repr__(self) -> str:
+        return f"PackedState({self.layout.describe()})"
+
+
+def _expand(tree) -> list[Any]:
+    """``tree``'s leaves, a ``PackedState`` standing for its packs."""
+    out: list[Any] = []
+    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, PackedState)):
+        if isinstance(leaf, PackedState):
+            out.extend(leaf.futures)
+        else:
+            out.append(leaf)
+    return out
+
+
 def stage_keys(key, stages: int) -> np.ndarray:
     """One raw ``uint32[2]`` PRNG key per stage from ``key`` (an int seed, a raw key or a
     typed ``jax.random.key``): the same split for every trainer, so a pipeline and SPMD
@@ -67,8 +123,9 @@ def raise_if_not_finite(loss) -> None:
 
 def wait(tree, timeout: float | None = None) -> Any:
     """Wait for every future in ``tree``; returns ``tree``. Raises the first failure (as
-    ``Future.result`` does) or ``TimeoutError``."""
-    for leaf in jax.tree_util.tree_leaves(tree):
+    ``Future.result`` does) or ``TimeoutError``. A ``PackedState`` is waited for as it is
+    (its packs), without unpacking it."""
+    for leaf in _expand(tree):
         if isinstance(leaf, Future):
             if not leaf.wait(timeout):
                 raise TimeoutError(f"a training future ({leaf.name}) was not ready after "
@@ -78,7 +135,7 @@ def wait(tree, timeout: float | None = None) -> Any:
     return tree
 
 
-def ready_to_donate(state: TrainState) -> None:
+def ready_to_donate(state: TrainState | PackedState) -> None:
     """Refuse a state that comes from a failed step, without waiting for a running one.
 
     A step is submitted while the one before it still runs (as ``jax.jit`` with
@@ -88,7 +145,7 @@ def ready_to_donate(state: TrainState) -> None:
     step has already failed is refused here with an error that says what to pass instead; one
     whose step fails later fails this step's futures with the same error.
     """
-    error = Future.first_error(jax.tree_util.tree_leaves(state))
+    error = Future.first_error(_expand(state))
     if error is not None:
         raise ValueError(
             "this state comes from a step that failed "
@@ -99,8 +156,12 @@ def ready_to_donate(state: TrainState) -> None:
 
 def fetch(tree) -> Any:
     """``tree`` with every future replaced by its value (``jax.Array``), e.g. to compare a
-    state with plain JAX's or to save it."""
-    return jax.tree.map(lambda x: x.result() if isinstance(x, Future) else x, tree)
+    state with plain JAX's or to save it; a ``PackedState`` becomes its ``TrainState``'s."""
+    def value(x):
+        if isinstance(x, PackedState):
+            return fetch(x.unpacked())
+        return x.result() if isinstance(x, Future) else x
+    return jax.tree.map(value, tree, is_leaf=lambda x: isinstance(x, PackedState))
 
 
 def split_batch(batch, microbatches: int, what: str = "batch") -> list:

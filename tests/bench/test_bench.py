@@ -30,8 +30,8 @@ EXPECTED = {
     "dcn": {"two_islands_vs_one"},
     "tracing": {"tracing_overhead", "tracing_and_view_cpu"},
     "sim-paper": {"sim_breakeven_error_pct", "sim_prediction_error_pct", "sim_share_error"},
-    "train": {"train_spmd_vs_jax", "train_pipeline_vs_spmd", "train_two_islands_vs_one",
-              "train_1f1b_vs_gpipe_peak_memory"},
+    "train": {"train_spmd_vs_jax", "train_spmd_packed_vs_jax", "train_pipeline_vs_spmd",
+              "train_two_islands_vs_one", "train_1f1b_vs_gpipe_peak_memory"},
     "pool": {"pool_aggregate_vs_alone_1", "pool_aggregate_vs_alone_2",
              "pool_aggregate_vs_alone_4", "pool_share_error", "pool_reclaim_s"},
 }
@@ -167,9 +167,11 @@ def test_train_reports_both_memory_measures_and_every_comparison():
     assert memory["gpipe"]["trace"] == m * max(r0, r1)
     assert memory["1f1b"]["trace"] == max(2 * r0, r1)
     assert {r["comparison"] for r in result.rows} == {
-        "train_spmd_vs_jax", "train_pipeline_vs_spmd", "train_two_islands_vs_one"}
-    assert all(r["jax_step_ms"] > 0 for r in result.rows if r["comparison"] ==
-               "train_spmd_vs_jax")
+        "train_spmd_vs_jax", "train_spmd_packed_vs_jax", "train_pipeline_vs_spmd",
+        "train_two_islands_vs_one"}
+    assert all(r["jax_step_ms"] > 0 for r in result.rows if r["comparison"].startswith(
+        "train_spmd"))
+    assert result.extra["packed_state_futures"] < result.extra["state_futures"]
 
 
 def test_cli_writes_json_with_every_ratio_key_and_a_plot(tmp_path: Path):

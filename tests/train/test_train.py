@@ -59,15 +59,6 @@ def plain_jax_losses(stages, params, data, opt=None, loss=T.cross_entropy):
 
 
 @pytest.fixture(scope="module")
-def tctl():
-    ctl = pw.Controller(islands=(4, 4))
-    try:
-        yield ctl
-    finally:
-        ctl.close()
-
-
-@pytest.fixture(scope="module")
 def stages():
     return T.split(CFG, 2)
 
@@ -400,9 +391,11 @@ def test_a_pipeline_steps_on_a_simulated_pod(sim_ctl, schedule):
     assert pipe.step(state, placed)[1].wait(60)    # the next step takes the returned state
 
 
-def test_spmd_steps_on_a_simulated_slice(sim_ctl):
+@pytest.mark.parametrize("packed", [False, True])
+def test_spmd_steps_on_a_simulated_slice(sim_ctl, packed):
     spmd = pw.train.SPMD(T.split(CFG, 2), sim_ctl.slice(8, island=1), loss=T.cross_entropy,
-                         optimizer=optax.adam(LR), check_finite=True, name="simspmd")
+                         optimizer=optax.adam(LR), check_finite=True, packed=packed,
+                         name=f"simspmd{int(packed)}")
     state, loss = pw.train.wait(spmd.step(spmd.init(0), spmd.place(T.batch(CFG, 16))))
     assert loss.shape == () and [e.name for e in sim_ctl.trace.events()
-                                 if e.program == "simspmd.step"] == ["simspmd.step"]
+                                 if e.program == spmd.name + ".step"] == [spmd.name + ".step"]
