@@ -76,6 +76,14 @@ fi
 timeout $((DEADLINE - SECONDS)) "$PY" -m pwkernel.bench "${BENCH[@]}" "${ARGS[@]}" 2>&1 | tee -a "$LOG"
 
 LEFT=$((DEADLINE - SECONDS))
+if (( NGPU >= 1 && LEFT > 300 )); then
+  say "a packed training state against a future per leaf and bare JAX (bench/packed_state.py)"
+  PWKERNEL_BENCH_ISLANDS=$(( NGPU >= 8 ? 4 : 1 )) timeout 180 "$PY" bench/packed_state.py \
+    --devices $(( NGPU >= 8 ? 4 : 1 )) --batch 32 --rounds 9 > "$OUT_DIR/packed_state.json" \
+    2>>"$LOG" || say "packed_state stopped (see run.log)"
+fi
+
+LEFT=$((DEADLINE - SECONDS))
 if [[ "$MODE" == quick ]] && (( LEFT > 240 )); then
   say "full dispatch sweep with ${LEFT}s left"
   FULL=(--json "$OUT_DIR/dispatch-full.json" --plot "$OUT_DIR/dispatch-full.png")

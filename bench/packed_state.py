@@ -4,6 +4,7 @@ calling thread's CPU per step (submitting the steps), medians over alternating r
 
     .venv/bin/python bench/packed_state.py                     # batch 4 (~10 ms steps here)
     .venv/bin/python bench/packed_state.py --batch 32 --rounds 9
+    PWKERNEL_BENCH_ISLANDS=1 python bench/packed_state.py --devices 1   # one GPU (bench/gpu.sh)
 
 The model and optimizer are ``bench train --quick``'s (83 state leaves with Adam); each round
 runs ``--steps`` steps per way, the state donated from step to step, waited for at the end.
@@ -25,6 +26,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 import optax  # noqa: E402
 
 import pwkernel as pw  # noqa: E402
+from pwkernel.bench.harness import islands  # noqa: E402
 from pwkernel.bench.train import CONFIGS, LR, Trainer, jax_trainer  # noqa: E402
 from pwkernel.train import SPMD, PackedState, fetch  # noqa: E402
 from pwkernel.train import transformer as T  # noqa: E402
@@ -50,11 +52,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--devices", type=int, default=4, help="the slice (island 0)")
     args = ap.parse_args()
     model = CONFIGS["quick"]["model"]
-    ctl = pw.Controller(islands=(4, 4))
+    ctl = pw.Controller(islands=islands())
     try:
-        stages, vs = T.split(model, 2), ctl.slice(4, island=0)
+        stages, vs = T.split(model, 2), ctl.slice(args.devices, island=0)
+        devices = list(vs.device_ids)
         kw = {"loss": T.cross_entropy, "optimizer": optax.adam(LR)}
         packed = SPMD(stages, vs, packed=True, name="packed", **kw)
         leaves = SPMD(stages, vs, name="leaves", **kw)
@@ -76,7 +80,8 @@ def main() -> None:
                   for i, field in enumerate(("wall_ms", "process_cpu_us",
                                              "calling_thread_cpu_us"))}
            for name, samples in seen.items()}
-    out["config"] = {"batch": args.batch, "rounds": args.rounds, "steps": args.steps,
+    out["config"] = {"devices": devices, "platform": jax.devices()[0].platform,
+                     "batch": args.batch, "rounds": args.rounds, "steps": args.steps,
                      "state_leaves": packed.layout.leaves,
                      "packs": len(packed.layout.groups) + len(packed.layout.loose)}
     print(json.dumps(out, indent=1))
