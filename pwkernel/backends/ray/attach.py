@@ -9,8 +9,10 @@ island exactly as to its own. ``close()`` unregisters; it never kills the pool's
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 
 import ray
 
@@ -21,8 +23,8 @@ from .tenancy import find_islands
 
 #: the island actor's methods that act for one tenant: they take its secret first
 TENANT_CALLS = frozenset({"submit", "poll", "buffers", "fetch", "executables", "source_lost",
-                          "unregister"})
-HEARTBEAT = 1.0  # s between polls of an idle island: the pool's lease runs from the last one
+                          "unregister", "renew"})
+HEARTBEAT = 1.0  # s between renewals of this tenant's lease on each island (KeepAlive)
 
 
 def tenant_name(given: str | None = None) -> str:
@@ -113,6 +115,40 @@ class PoolIslandHost(IslandHost):
             return ray.get(self.handle.pool_status.remote(), timeout=30)
         except ray.exceptions.RayError:
             return None
+
+
+class KeepAlive:
+    """Renews this controller's lease on each of its pool islands every ``HEARTBEAT`` seconds,
+    from a thread that does nothing else: the pool drops a tenant silent for its lease (a
+    killed notebook's memory comes back), so the renewals must not wait behind anything a
+    busy controller does (a watcher thread resolving futures runs the user's done-callbacks;
+    a poll can wait on a long computation). A refused renewal (the pool dropped this tenant)
+    is logged once; an island whose actor died is marked lost, as a failed call marks it."""
+
+    def __init__(self, hosts: list[PoolIslandHost]):
+        self.hosts, self._stop, self._refused = hosts, threading.Event(), False
+        self._thread = threading.Thread(target=self._loop, name="pw-pool-keepalive",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT):
+            for host in self.hosts:
+                actor = host.actor
+                if actor is None or host.lost:
+                    continue
+                try:
+                    ray.get(actor.renew.remote(), timeout=10)
+                except ray.exceptions.RayActorError:
+                    host.mark_lost()
+                except ray.exceptions.RayError as e:  # refused, or a timeout: say it once
+                    if not self._refused:
+                        logging.getLogger("pwkernel").warning("island %s: %s", host.island, e)
+                    self._refused = True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def attach(pool: str, sizes: tuple[int, ...] | None, tenant: str | None,

@@ -156,9 +156,10 @@ class RayBackend:
             host.on_lost = self._island_lost
         self._exports: dict[int, tuple] = {}  # id(executable) -> (executable, key, bytes)
         self._export_lock = threading.Lock()
-        beat = attach.HEARTBEAT if pool is not None else None
-        self.sites = {isl.id: RaySite(isl, self.hosts[isl.id], self.exported, beat)
+        self.sites = {isl.id: RaySite(isl, self.hosts[isl.id], self.exported)
                       for isl in self.islands}
+        # a pool drops a tenant silent for its lease: renewed from a thread of its own
+        self.keepalive = attach.KeepAlive(list(self.hosts.values())) if pool else None
         self._introduce()
 
     def _introduce(self) -> None:
@@ -311,6 +312,8 @@ class RayBackend:
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "keepalive", None) is not None:
+            self.keepalive.close()
         if self.others is not None:
             self.others.close()
         for site in getattr(self, "sites", {}).values():

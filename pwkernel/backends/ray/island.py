@@ -92,12 +92,10 @@ class RaySite:
     thread (completion records, in launch order). ``exported(task, host)`` gives a
     computation's serialized executable (see ``RayBackend``)."""
 
-    def __init__(self, island, host: IslandHost, exported, heartbeat: float | None = None):
+    def __init__(self, island, host: IslandHost, exported):
         self.island = island
         self.host = host
         self._exported = exported
-        self._heartbeat = heartbeat  # a pool's island drops a tenant that stays silent
-        self._heartbeat_ok = True  # (a refused heartbeat is logged once, not every second)
         self._closing = False
         self._pending: list = []  # items of the next message, in order
         self._held = 0
@@ -246,7 +244,7 @@ class RaySite:
 
     # --- seeing work end -----------------------------------------------------------------
     def _watch_loop(self) -> None:
-        while (entry := self._next_entry()) is not None:
+        while (entry := self._completions.get()) is not None:
             task, rid, handles, error, src_host, sent = entry
             try:
                 record = None
@@ -259,36 +257,6 @@ class RaySite:
             # Drop this entry's references now, not when the next one arrives: an idle
             # watcher must not keep a finished node's buffers alive.
             entry = task = handles = error = src_host = record = None
-
-    def _next_entry(self):
-        """The next item to watch; with a ``heartbeat``, polls the actor every ``heartbeat``
-        seconds while there is none (the pool keeps a tenant while it hears from it)."""
-        if self._heartbeat is None:
-            return self._completions.get()
-        while True:
-            try:
-                return self._completions.get(timeout=self._heartbeat)
-            except queue.Empty:
-                self._beat()
-
-    def _beat(self) -> None:
-        host = self.host
-        actor = host.actor
-        if actor is None or host.lost:
-            return
-        try:
-            records = ray.get(actor.poll.remote(0.0))
-        except ray.exceptions.RayActorError:
-            host.mark_lost()
-            return
-        except ray.exceptions.RayError as e:  # refused (dropped by the pool): work fails
-            if self._heartbeat_ok:
-                logging.getLogger("pwkernel").warning("island %s: %s", host.island, e)
-            self._heartbeat_ok = False
-            return
-        self._heartbeat_ok = True
-        for r in records:
-            self._records[r["rid"]] = r
 
     def _record(self, rid: int, sent) -> tuple[dict | None, BaseException | None]:
         """``(record, error)`` of item ``rid``: poll the actor until its record arrives."""

@@ -26,7 +26,7 @@ launch log (``launches``), the island's one issue order as it happened.
 
 A tenant registers (``register(name, weight)`` returns its id and a random secret), passes the
 secret in every later call, and is dropped by ``unregister`` (a controller's ``close``) or when
-it has been silent for ``lease`` seconds (its controller polls every second while open): its
+it has been silent for ``lease`` seconds (its controller renews every second while open): its
 queued work is cancelled and its buffers are freed at once.
 
 Helpers (for ``python -m pwkernel.pool`` and tests): ``namespace``, ``create_islands``,
@@ -178,6 +178,11 @@ class PoolIslandActor:
                          name=f"pool-tenant{tenant.id}", daemon=True).start()
         return {"tenant": tenant.id, "secret": tenant.secret}
 
+    def renew(self, secret: str) -> None:
+        """The tenant is alive (its controller's ``KeepAlive``): its lease runs from now."""
+        with self._cv:
+            self._tenant(secret)
+
     def unregister(self, secret: str) -> None:
         """The tenant leaves: its queued work is cancelled and its buffers freed now."""
         with self._cv:
@@ -223,10 +228,13 @@ class PoolIslandActor:
         self._changed(wake_all=True)
 
     def _lease_loop(self) -> None:
-        tick = threading.Event()
-        while not tick.wait(min(0.25, self.lease / 4)):
-            with self._cv:
+        tick, period, seen = threading.Event(), min(0.25, self.lease / 4), now()
+        while not tick.wait(period):
+            with self._cv:  # time this process did not run (stopped, starved) is no silence
                 t = now()
+                credit, seen = max(0.0, t - seen - 2 * period), t  # (calls waited for it too)
+                for tenant in self._tenants.values():
+                    tenant.last += credit
                 for tenant in [x for x in self._tenants.values() if t - x.last > self.lease]:
                     self._drop(tenant)
 

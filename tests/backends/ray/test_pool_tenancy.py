@@ -8,6 +8,8 @@ One head and one pool (2 islands x 4 devices) for the module; the tests run in f
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -348,6 +350,63 @@ def test_a_killed_tenant_is_dropped_and_its_buffers_freed_while_others_carry_on(
         ctl.close()
     wait_until(lambda: sum(s["bytes"] for s in statuses()) == baseline, 10,
                "the island's bytes back at the baseline", island_changes(islands()[0]))
+
+
+def test_a_controller_whose_watcher_is_held_keeps_its_lease(pool):
+    """A done-callback of the user's holds island 0's watcher thread (where the island's
+    futures resolve) for two leases: the controller's keep-alive thread renews the lease
+    meanwhile, so the pool keeps the tenant, and its work runs on afterwards."""
+    ctl = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="busy")
+    held, release = threading.Event(), threading.Event()
+
+    def hold(_) -> None:
+        if threading.current_thread().name.startswith("pw-ray-island0"):
+            held.set()
+            release.wait(TIMEOUT)
+
+    def island0_tenants() -> set[str]:
+        return {t["name"] for t in statuses()[0]["tenants"]}
+
+    try:
+        double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=0))
+        for i in range(20):  # until one resolves on the watcher, not at once on this thread
+            double(np.full(4, float(i))).add_done_callback(hold)
+            if held.is_set():
+                break
+        assert held.wait(TIMEOUT)
+        until = time.monotonic() + 2 * LEASE
+        wait_until(lambda: time.monotonic() > until or "busy" not in island0_tenants(),
+                   2 * LEASE + TIMEOUT, "two leases, or the tenant dropped",
+                   island_changes(islands()[0]))
+        assert "busy" in island0_tenants()
+        release.set()
+        assert double(np.full(4, 3.0)).result(TIMEOUT).tolist() == [6.0] * 4
+    finally:
+        release.set()
+        ctl.close()
+
+
+def test_an_island_stopped_for_two_leases_keeps_its_tenants(pool):
+    """The island's process itself does not run for two leases (SIGSTOP, as a machine
+    starved of CPU or swapping would stop it): its tenants' calls waited for it, so that is no
+    silence of theirs, and when it runs again it keeps them."""
+    import os
+    import signal
+
+    ctl = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="patient")
+    try:
+        double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=0))
+        assert double(np.ones(4)).result(TIMEOUT).tolist() == [2.0] * 4
+        pid = ray.get(islands()[0].__ray_call__.remote(lambda actor: os.getpid()), timeout=TIMEOUT)
+        os.kill(pid, signal.SIGSTOP)
+        try:  # the stop's length is what the test is about, not a wait for something to happen
+            threading.Event().wait(2 * LEASE)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert double(np.full(4, 5.0)).result(TIMEOUT).tolist() == [10.0] * 4
+        assert "patient" in {t["name"] for t in statuses()[0]["tenants"]}
+    finally:
+        ctl.close()
 
 
 def test_a_lost_island_fails_only_the_futures_that_needed_it(pool):
