@@ -28,7 +28,7 @@ import optax  # noqa: E402
 import pwkernel as pw  # noqa: E402
 from pwkernel.bench.harness import islands  # noqa: E402
 from pwkernel.bench.train import CONFIGS, LR, Trainer, jax_trainer  # noqa: E402
-from pwkernel.train import SPMD, PackedState, fetch  # noqa: E402
+from pwkernel.train import SPMD, wait  # noqa: E402
 from pwkernel.train import transformer as T  # noqa: E402
 
 
@@ -40,8 +40,7 @@ def one_round(trainer: Trainer) -> tuple[float, float, float]:
         state, loss = trainer.step(state, trainer.batch)
     submit = time.thread_time() - t0
     trainer.state = state
-    held = state.futures if isinstance(state, PackedState) else state
-    jax.block_until_ready(fetch((held, loss)))
+    jax.block_until_ready(wait((state, loss)))  # (a packed state is not unpacked)
     n = trainer.steps
     return ((time.perf_counter() - w0) / n * 1e3, (time.process_time() - c0) / n * 1e6,
             submit / n * 1e6)

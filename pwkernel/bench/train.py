@@ -44,12 +44,12 @@ import pwkernel as pw
 from ..train import (
     SPMD,
     MemorySampler,
-    PackedState,
     Pipeline,
     bubble,
     fetch,
     peak_residuals,
     train_step,
+    wait,
 )
 from ..train import transformer as T
 from ..train.measure import steps as step_runs
@@ -79,8 +79,7 @@ class Trainer:
         loss = None
         for _ in range(self.steps):
             self.state, loss = self.step(self.state, self.batch)
-        held = self.state.futures if isinstance(self.state, PackedState) else self.state
-        jax.block_until_ready(fetch((held, loss)))  # (a packed state is not unpacked)
+        jax.block_until_ready(wait((self.state, loss)))  # (a packed state is not unpacked)
 
     def sample(self) -> float:
         return rate(self.once, self.steps * self.tokens)

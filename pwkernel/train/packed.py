@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..runtime.dtypes import as_dtype
+from ..runtime.dtypes import as_dtype, weak_type
 
 
 class Layout:
@@ -53,9 +53,6 @@ class Layout:
     def __eq__(self, other) -> bool:
         return (isinstance(other, Layout) and self.tree == other.tree
                 and self.structs == other.structs)
-
-    def __hash__(self) -> int:
-        return hash((self.tree, self.structs))
 
     @property
     def leaves(self) -> int:
@@ -108,12 +105,5 @@ def _dtype(x):
 
 
 def _weak(x) -> bool:
-    """A leaf's weak type: a ``ShapeDtypeStruct``'s or a ``jax.Array``'s flag, else its
-    traced type's (a future's value is strongly typed unless its computation said so)."""
-    weak = getattr(x, "weak_type", None)
-    if weak is None:
-        try:
-            weak = jax.typeof(x).weak_type
-        except TypeError:
-            weak = False
-    return bool(weak)
+    """A leaf's weak type, as the runtime reads it; a Python number is weakly typed too."""
+    return weak_type(x) or type(x) in (int, float, complex)
