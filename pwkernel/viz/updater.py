@@ -8,7 +8,9 @@ It keeps to a budget: updates may take ``budget`` of the thread's time (CPU seco
 thread per wall second, 1 % by default). When programs run so fast that an update costs more
 than that at ``interval``, it waits longer between updates, so each update takes more events
 at once (cheaper per event) and the view never slows the programs by more than about the
-budget; at ordinary rates it updates every ``interval``.
+budget; at ordinary rates it updates every ``interval``. It never waits more than
+``max_wait`` (1 s by default) all the same: one costly update (the first, which draws the
+plot, on a busy machine) must not leave a view a minute behind the programs it shows.
 
 >>> import threading
 >>> ticks = threading.Event()
@@ -31,18 +33,21 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 0.1  # seconds: ~10 updates a second is smooth and costs next to nothing
 DEFAULT_BUDGET = 0.01  # fraction of the time the updates may take (see the module docstring)
+DEFAULT_MAX_WAIT = 1.0  # seconds: the longest a view lags, whatever its updates cost
 
 
 class LiveUpdater:
     """Calls ``tick()`` every ``interval`` seconds (or less often, to keep within ``budget``)
-    in a daemon thread until stopped; ``pause()``/``resume()`` hold it without stopping it.
+    in a daemon thread until stopped, never more than ``max_wait`` apart; ``pause()`` and
+    ``resume()`` hold it without stopping it.
 
     ``tick`` returning normally keeps it going; an exception is logged once and stops the
     thread (a broken view must not spam the kernel log ten times a second).
     """
 
     def __init__(self, ctl, tick: Callable[[], object], interval: float = DEFAULT_INTERVAL,
-                 name: str = "pwkernel-viz-updater", budget: float = DEFAULT_BUDGET):
+                 name: str = "pwkernel-viz-updater", budget: float = DEFAULT_BUDGET,
+                 max_wait: float = DEFAULT_MAX_WAIT):
         if not interval > 0:
             raise ValueError(f"the update interval must be > 0 seconds, got {interval!r}.")
         if not 0 < budget <= 1:
@@ -52,6 +57,7 @@ class LiveUpdater:
         self._tick = tick
         self.interval = float(interval)
         self.budget = float(budget)
+        self.max_wait = max(float(max_wait), self.interval)  # a slow interval is kept
         self.wait = self.interval  # the current wait between updates
         self.ticks = 0  # updates made
         self.cpu_seconds = 0.0  # this thread's CPU time in updates
@@ -79,7 +85,7 @@ class LiveUpdater:
             spent = time.thread_time() - spent
             self.ticks += 1
             self.cpu_seconds += spent
-            self.wait = max(self.interval, spent / self.budget - spent)
+            self.wait = min(self.max_wait, max(self.interval, spent / self.budget - spent))
         # A last update so the view shows the events that ended with the controller.
         if getattr(self._ctl, "closed", False) and self.error is None and not self._stop.is_set():
             try:

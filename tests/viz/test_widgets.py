@@ -7,6 +7,7 @@ the view's own condition (``wait_for``), never on a timer.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -209,6 +210,34 @@ def test_live_thread_streams_and_stops_on_close(ctl, programs):
     finally:
         v.close()
     assert not thread.is_alive()
+
+
+def test_a_costly_update_never_leaves_the_view_more_than_max_wait_behind():
+    # 20 ms of this thread's CPU per update under a 1 % budget asks for ~2 s between updates;
+    # max_wait caps it (the CI flake: a first update that cost 0.3 s waited 30 s).
+    from pwkernel.viz.updater import LiveUpdater
+
+    ticks = threading.Semaphore(0)
+
+    def costly():
+        start = time.thread_time()
+        while time.thread_time() - start < 0.02:
+            pass
+        ticks.release()
+
+    class Ctl:
+        closed = False
+
+    u = LiveUpdater(Ctl(), costly, interval=0.01, max_wait=0.05)
+    try:
+        assert ticks.acquire(timeout=30.0) and ticks.acquire(timeout=30.0)
+        assert u.wait == 0.05
+        assert u.cpu_seconds >= 0.04
+    finally:
+        u.stop()
+    slow = LiveUpdater(Ctl(), lambda: None, interval=2.0)
+    slow.stop()
+    assert slow.max_wait == 2.0  # a slow interval is kept, not cut to max_wait
 
 
 def test_threads_stop_when_the_controller_closes():
