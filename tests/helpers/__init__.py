@@ -8,7 +8,7 @@ memory-budget fan-in), ``gang_order`` (the gang scheduler's order, read from its
 an IPython shell), ``jit_cases`` (plain JAX functions and their inputs), ``lab`` and
 ``sidebar_lab`` (a private JupyterLab and a chromium page, for the browser tests), ``pool``
 (a Ray head with token authentication and tenant processes for a device pool, which run
-``pool_tenant``).
+``pool_tenant``), ``doc_images`` (where the browser tests' screenshots go).
 """
 
 from __future__ import annotations

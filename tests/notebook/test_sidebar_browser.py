@@ -5,7 +5,8 @@ shows islands, named slices and a running program, cancels, switches the policy,
 trace; it cancels a ``%%pathways`` cell that blocks the kernel (answered at once: the comm lives
 on a kernel subshell) and inserts the schedule view; it follows the active notebook to a plain
 Python kernel, loads pwkernel there, and reconnects after a kernel restart. The screenshot goes
-to docs/img/sidebar.png.
+to test-artifacts/sidebar.png (and docs/img/ with ``PWKERNEL_DOC_IMAGES=1``:
+``tests/helpers/doc_images.py``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests.helpers import ROOT
+from tests.helpers.doc_images import ARTIFACTS, keep
 from tests.helpers.lab import kernel_client, run_code
 from tests.helpers.sidebar_lab import CHROMIUM, chromium_page, lab_with_pwkernel, write_notebook
 
-SCREENSHOT = ROOT / "docs" / "img" / "sidebar.png"
+SCREENSHOT = ARTIFACTS / "sidebar.png"
 SIDEBAR = "#pwkernel-sidebar"
 KERNEL_START_MS = 180_000  # a cold kernel imports JAX on 2 shared cores
 MS = 60_000
@@ -139,8 +140,9 @@ def test_sidebar_follows_the_kernel(tmp_path):
         page.wait_for_function(
             f"[...document.querySelectorAll('{SIDEBAR} .pw-device[data-busy=\"true\"] "
             ".pw-dev-util')].some(e => parseInt(e.textContent) >= 90)", timeout=MS)
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(SCREENSHOT))
+        keep(SCREENSHOT, "sidebar.png")  # docs/img/, when PWKERNEL_DOC_IMAGES=1
 
         # actions: cancel the queued second step, switch the policy, export the trace
         running.locator(".pw-cancel").click()
