@@ -232,7 +232,7 @@ def test_a_costly_update_never_leaves_the_view_more_than_max_wait_behind():
     try:
         assert ticks.acquire(timeout=30.0) and ticks.acquire(timeout=30.0)
         assert u.wait == 0.05
-        assert u.cpu_seconds >= 0.04
+        assert u.cpu_seconds >= 0.02  # (the first update counted: the second may be running)
     finally:
         u.stop()
     slow = LiveUpdater(Ctl(), lambda: None, interval=2.0)
