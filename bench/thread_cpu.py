@@ -13,8 +13,9 @@ resolves 10 ms / N per step.
 
 A fourth way, ``jax_watched``, is plain JAX with a stand-in for pwkernel's watcher: a Python
 thread that waits for each step's output as it is dispatched and then spends ``--watch-us``
-microseconds of its own CPU (the order of what pwkernel's watcher spends per computation). It
-tells what any per-step host work costs the step on these cores, with no pwkernel in it.
+microseconds of its own CPU (the order of what pwkernel's watcher spends per computation;
+its CPU is counted as a watcher's). It tells what any per-step host work costs the step on
+these cores, with no pwkernel in it.
 """
 
 from __future__ import annotations
