@@ -443,12 +443,14 @@ class ProgramRun(RunSlots):
         # another task's end may still be freeing values: the last to end its own
         # bookkeeping closes the run (the count's next() is one atomic step)
         if next(self._bookkept) == self._ntasks:
-            # keep nothing alive: the run stays reachable from its futures
-            owner.run_ended(self)
+            # keep nothing alive: the run stays reachable from its futures. Dropped before
+            # the run leaves the dispatcher's runs: ``ctl.wait()`` then ``ctl.memory()`` must
+            # not find a buffer the run still held (a donated state's futures, say).
             self.tasks = []
             self.values = None
             self.futures = {}
             values = futures = fut = made = None  # nor does this frame, once the run has ended
+            owner.run_ended(self)
             with self.lock:
                 self._ended = True
                 event = self._ended_event
