@@ -4,16 +4,16 @@
 
 A thread that waits for a step's output (``block_until_ready``, as pwkernel's watcher waits on
 a launch's fence and as a JAX user waits once per chain) is handed each step by the main thread
-of the same process: the dispatch benchmark's step (``tanh(x @ w) @ w.T``, ``w`` 256 x 256) on
-one device, at batches that take about 1, 3, 10 and 30 ms. For each it prints, in microseconds
-of that thread's CPU (medians of ``ROUNDS`` steps): the wait itself, and then a fixed piece of
-Python run right after the wait (``WORK``: dictionary and list operations, about what a
-computation's end costs the runtime) against the same piece run by the same thread after a
-wait for nothing (the step's output already ready, the step having just run) and after no
-step at all (the thread's own data still in the caches). The wait is one futex wait whatever its
-length (``strace -f`` shows no periodic wake-up), so what grows is the cost of resuming: the
-step has filled the caches with its own data, and the thread's first microseconds afterwards
-run from memory.
+of the same process: the dispatch benchmark's step (``dispatch_steps.matmul_step``, ``w``
+``WIDTH`` x ``WIDTH``) on one device, at batches that take about 1, 3, 10 and 30 ms. For each
+it prints, in microseconds of that thread's CPU (medians of ``ROUNDS`` steps): the wait itself,
+and then a fixed piece of Python run right after the wait (``work()``: dictionary and list
+operations, about what a computation's end costs the runtime) against the same piece run by the
+same thread after a wait for nothing (the step's output already ready, the step having just
+run) and after no step at all (the thread's own data still in the caches). The wait is one
+futex wait whatever its length (``strace -f`` shows no periodic wake-up), so what grows is the
+cost of resuming: the step has filled the caches with its own data, and the thread's first
+microseconds afterwards run from memory.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ jax.config.update("jax_num_cpu_devices", 8)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-WIDTH, ROUNDS = 256, 60
+from pwkernel.bench.dispatch_steps import WIDTH, matmul_step  # noqa: E402
+
+ROUNDS = 60
 BATCHES = {1: 512, 3: 1536, 10: 5120, 30: 15360}  # about that many ms a step on this machine
 
 
@@ -83,7 +85,7 @@ def _measure(step, x, w) -> dict:
 
 
 def main() -> list[dict]:
-    step = jax.jit(lambda x, w: jnp.tanh(x @ w) @ w.T)
+    step = jax.jit(matmul_step)
     rng = np.random.default_rng(0)
     w = jnp.asarray(rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.sqrt(WIDTH))
     rows = []
