@@ -1,6 +1,7 @@
 """A training step with its state packed (``pw.train.SPMD(..., packed=True)``) against a future
-per leaf (the default) and plain ``jax.jit``, in the same run: wall time, process CPU and the
-calling thread's CPU per step (submitting the steps), medians over alternating rounds.
+per leaf (the default) and plain ``jax.jit`` (the step as it is, ``jax``, and the same packed
+step, ``jax_packed``), in the same run: wall time, process CPU and the calling thread's CPU per
+step (submitting the steps), medians over alternating rounds.
 
     .venv/bin/python bench/packed_state.py                     # batch 4 (~10 ms steps here)
     .venv/bin/python bench/packed_state.py --batch 32 --rounds 9
@@ -10,6 +11,9 @@ The model and optimizer are ``bench train --quick``'s (83 state leaves with Adam
 runs ``--steps`` steps per way, the state donated from step to step, waited for at the end.
 The calling thread's CPU is the host cost a packed state removes; the wall time shows what
 the extra pass over the state costs the devices (on CPU devices: more than it saves).
+``pw_packed_vs_jax_packed`` (steps per second, paired by round) is what the runtime costs a
+step once the state is a few futures: the per-step part of its host cost, without the
+per-leaf part (``pw_leaves_vs_jax`` beside it, the default's).
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ def main() -> None:
                                   tokens),
                 "leaves": Trainer(leaves.step, leaves.init(0), leaves.place(batch), args.steps,
                                   tokens),
-                "jax": jax_trainer(leaves, leaves.init(0), batch, args.steps, tokens)}
+                "jax": jax_trainer(leaves, leaves.init(0), batch, args.steps, tokens),
+                "jax_packed": jax_trainer(packed, packed.init(0), batch, args.steps, tokens)}
         for t in ways.values():
             one_round(t)  # compile, first plans
         seen: dict[str, list[tuple[float, float, float]]] = {k: [] for k in ways}
@@ -75,10 +80,15 @@ def main() -> None:
                 seen[name].append(one_round(ways[name]))
     finally:
         ctl.close()
+    pairs = {name: [s[0] for s in samples] for name, samples in seen.items()}
     out = {name: {field: round(statistics.median(s[i] for s in samples), 2)
                   for i, field in enumerate(("wall_ms", "process_cpu_us",
                                              "calling_thread_cpu_us"))}
            for name, samples in seen.items()}
+    for key, a, b in (("pw_packed_vs_jax_packed", "packed", "jax_packed"),
+                      ("pw_leaves_vs_jax", "leaves", "jax")):  # steps/s: JAX's time over ours
+        out[key] = round(statistics.median(tb / ta for ta, tb in zip(pairs[a], pairs[b],
+                                                                     strict=True)), 3)
     out["config"] = {"devices": devices, "platform": jax.devices()[0].platform,
                      "batch": args.batch, "rounds": args.rounds, "steps": args.steps,
                      "state_leaves": packed.layout.leaves,

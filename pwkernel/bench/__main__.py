@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 import jax
@@ -16,6 +17,13 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 
 from .runner import BENCHMARKS, NOT_IN_ALL, run_benchmarks  # noqa: E402
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM (``timeout``, a job scheduler, ``kill``) ends a run as Ctrl-C does: by an
+    exception in the main thread, so what it started (the pool benchmark's Ray cluster and
+    tenant processes, controllers) is stopped on the way out, not left running."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,4 +65,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.exit(main())

@@ -314,8 +314,9 @@ def run(mode: str = "quick") -> Result:
     t0 = time.perf_counter()
     phases = {}
 
-    def phase(what: str) -> None:
+    def phase(what: str) -> None:  # (on stderr too: the run takes minutes)
         phases[what] = round(time.perf_counter() - t0, 2)
+        print(f"pool benchmark: {what} at {phases[what]:.1f} s", file=sys.stderr, flush=True)
 
     name, sizes, env = f"bench-{os.getpid()}", cfg["islands"], child_env()
     common = ["--devices", str(cfg["devices"]), "--size", str(cfg["size"]),

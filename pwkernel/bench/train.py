@@ -86,11 +86,19 @@ class Trainer:
 
 
 def jax_trainer(spmd: SPMD, state, batch, steps: int, tokens: int) -> Trainer:
-    """The SPMD step under plain ``jax.jit``: same function, mesh, shardings and donation."""
+    """The SPMD step under plain ``jax.jit``: same function, mesh, shardings and donation.
+    A packed trainer's (``state``: its ``init()``) is its packed step, on the packs."""
     mesh = spmd.slice.mesh
     rep = NamedSharding(mesh, P())
     data = NamedSharding(mesh, P(mesh.axis_names[0]))
     step = train_step(spmd.stages, spmd.loss, spmd.optimizer)
+    if spmd.packed:
+        layout, train = spmd.layout, step
+
+        def step(packs, x, y):
+            new, value = train(layout.unpack(packs), x, y)
+            return layout.pack(new), value
+        state = jax.tree.map(lambda f: f.result(), state.packed)
     state = jax.device_put(fetch(state), rep)
     x, y = (jax.device_put(a, data) for a in batch)
     with jax.set_mesh(mesh):  # as pw.function compiles: under the slice's mesh

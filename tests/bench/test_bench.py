@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,39 @@ def test_pool_runs_tiny_and_leaves_no_process(tmp_path, monkeypatch):
     ours = [c for c in psutil.Process().children(recursive=True)
             if "pwkernel.bench.pool_tenant" in _cmdline(c)]
     assert ours == [], ours  # the dedicated client too
+
+
+def test_pool_benchmark_ended_by_sigterm_stops_its_pool_and_tenants(tmp_path):
+    """``timeout`` or a job scheduler ends a run with SIGTERM: the CLI stops what it started
+    (the pool's Ray cluster, the tenant processes) on the way out, as on Ctrl-C."""
+    env = dict(os.environ, PWKERNEL_POOL_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "pwkernel.bench", "pool", "--tiny"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    mark, seen = f"bench-{proc.pid}", []
+    try:
+        for line in proc.stderr:  # its phases; tenants attached and compiled: all is running
+            seen.append(line)
+            if "processes ready" in line:
+                break
+        assert seen and "processes ready" in seen[-1], "".join(seen)[-3000:]  # (not at EOF)
+        assert any(mark in " ".join(p.info["cmdline"] or ())
+                   for p in psutil.process_iter(["cmdline"]))  # its tenants run now
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        assert proc.wait(120) == 128 + signal.SIGTERM, rest[-3000:]
+        assert list(tmp_path.iterdir()) == []  # the pool stopped: its files went
+        left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                if any(mark in part for part in p.info["cmdline"] or ())]
+        assert left == [], left
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+        proc.stderr.close()
+        if any(tmp_path.iterdir()):  # (a failure left it running: stop it, as a user would)
+            subprocess.run([sys.executable, "-m", "pwkernel.pool", "stop", "--name", mark],
+                           env=env, capture_output=True, timeout=300)
 
 
 def test_dispatch_rows_have_every_variant_and_slice_and_the_steps_sweep():

@@ -114,3 +114,20 @@ def test_packed_state_memory_stays_flat_over_steps(tctl):
     assert len(set(held)) == 1, held
     kept = sum(f.result().nbytes for f in state.futures) + loss.result().nbytes
     assert held[0] == kept  # the packs and the loss: nothing else is left behind
+
+
+def test_the_benchmarks_plain_jax_packed_step_is_the_packed_trainers_step(tctl):
+    """``bench/packed_state.py`` compares pwkernel's packed step with plain JAX running the
+    same packed step (``jax_trainer`` of a packed trainer): the same losses step by step."""
+    from pwkernel.bench.train import Trainer, jax_trainer
+
+    packed, _ = trainers(tctl, optax.adam(1e-2))
+    batch = T.batch(CFG, 8, seed=3)
+    ours = Trainer(packed.step, packed.init(0), packed.place(batch), 1, 1)
+    plain = jax_trainer(packed, packed.init(0), batch, 1, 1)
+    assert [leaf.dtype for leaf in jax.tree.leaves(plain.state)] == [
+        f.dtype for f in ours.state.futures]  # its state is the packs, as arrays
+    for _ in range(3):
+        ours.state, loss_ours = ours.step(ours.state, ours.batch)
+        plain.state, loss_plain = plain.step(plain.state, plain.batch)
+        assert float(loss_ours) == float(loss_plain)
