@@ -80,15 +80,14 @@ def main() -> None:
                 seen[name].append(one_round(ways[name]))
     finally:
         ctl.close()
-    pairs = {name: [s[0] for s in samples] for name, samples in seen.items()}
     out = {name: {field: round(statistics.median(s[i] for s in samples), 2)
                   for i, field in enumerate(("wall_ms", "process_cpu_us",
                                              "calling_thread_cpu_us"))}
            for name, samples in seen.items()}
     for key, a, b in (("pw_packed_vs_jax_packed", "packed", "jax_packed"),
                       ("pw_leaves_vs_jax", "leaves", "jax")):  # steps/s: JAX's time over ours
-        out[key] = round(statistics.median(tb / ta for ta, tb in zip(pairs[a], pairs[b],
-                                                                     strict=True)), 3)
+        out[key] = round(statistics.median(sb[0] / sa[0] for sa, sb in zip(seen[a], seen[b],
+                                                                         strict=True)), 3)
     out["config"] = {"devices": devices, "platform": jax.devices()[0].platform,
                      "batch": args.batch, "rounds": args.rounds, "steps": args.steps,
                      "state_leaves": packed.layout.leaves,

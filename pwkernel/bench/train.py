@@ -93,12 +93,7 @@ def jax_trainer(spmd: SPMD, state, batch, steps: int, tokens: int) -> Trainer:
     data = NamedSharding(mesh, P(mesh.axis_names[0]))
     step = train_step(spmd.stages, spmd.loss, spmd.optimizer)
     if spmd.packed:
-        layout, train = spmd.layout, step
-
-        def step(packs, x, y):
-            new, value = train(layout.unpack(packs), x, y)
-            return layout.pack(new), value
-        state = jax.tree.map(lambda f: f.result(), state.packed)
+        step, state = spmd.layout.wrap(step), state.packed
     state = jax.device_put(fetch(state), rep)
     x, y = (jax.device_put(a, data) for a in batch)
     with jax.set_mesh(mesh):  # as pw.function compiles: under the slice's mesh

@@ -92,6 +92,14 @@ class Layout:
             out[i] = leaf
         return jax.tree_util.tree_unflatten(self.tree, out)
 
+    def wrap(self, train):
+        """``train`` (``(state, *batch) -> (state, value)``) over packs: the state unpacked
+        going in and packed coming out, inside the same compiled step."""
+        def step(packed, *batch):
+            state, value = train(self.unpack(packed), *batch)
+            return self.pack(state), value
+        return step
+
     def describe(self) -> str:
         """For error messages: the leaves, and how they are held."""
         return (f"{len(self.structs)} leaves in {len(self.groups)} packs "

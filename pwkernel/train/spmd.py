@@ -113,12 +113,8 @@ class SPMD:
                                         donate_argnums=(0,)), "init": placed(make, "init")}
             return self._fns
         layout = Layout(jax.eval_shape(make, stage_keys(0, len(self.stages))))
-
-        def step(packed, x, y):
-            state, value = train(layout.unpack(packed), x, y)
-            return layout.pack(state), value
         self._fns = {"layout": layout,
-                     "step": placed(step, "step", in_specs=(None, BATCH, BATCH),
+                     "step": placed(layout.wrap(train), "step", in_specs=(None, BATCH, BATCH),
                                     donate_argnums=(0,)),
                      "init": placed(lambda keys: layout.pack(make(keys)), "init"),
                      "pack": placed(layout.pack, "pack"), "unpack": placed(layout.unpack, "unpack")}
