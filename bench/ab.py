@@ -19,6 +19,9 @@ drift, and the figures printed are medians of per-round values:
 - ``leaf1``: the same on a 1-device slice, where a step's outputs are ready when its call
   returns and no watcher thread sees its end: the runtime's own Python per leaf, with the
   least of XLA's threads around it;
+- ``steps``: the ``steps`` sweep's matmul step at 1 ms on a 4-device slice (what
+  ``chained_vs_jax_at_1ms`` and ``opbyop_vs_jax_at_1ms`` read), wall ratio to JAX for OpByOp
+  and Chained;
 - ``train``: ``pw.train.SPMD``'s step of ``bench train --quick``'s model at batch 4 (about
   8 ms under JAX here), 8 steps a round, wall ratio to JAX and extra CPU per step; skipped if
   the base has no ``pw.train``.
@@ -54,9 +57,9 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from pwkernel.bench import dispatch  # noqa: E402
-from pwkernel.bench.dispatch_steps import chains  # noqa: E402
+from pwkernel.bench.dispatch_steps import CALLS, Slice, chains, matmul_step  # noqa: E402
 
-WORKLOADS = ("cpu", "leaf", "leaf1", "train")
+WORKLOADS = ("cpu", "leaf", "leaf1", "train", "steps")
 
 
 def load_base(checkout: Path, into: Path):
@@ -149,6 +152,22 @@ def jax_train(spmd, T, S, fetch, steps: int = 8, size: int = 4):
     return run
 
 
+def steps_workload(versions: dict, ctls: dict, ms: float = 1.0, devices: int = 4):
+    """``bench dispatch``'s ``steps`` sweep at one point: its matmul step at about ``ms`` under
+    JAX on ``devices`` devices; JAX, and each version's OpByOp and Chained, ``CALLS`` steps a
+    call."""
+    sl = Slice(next(iter(ctls.values())), devices)
+    batch, _ = sl.calibrate(ms / 1e3, 128 * ms, 4, 5)
+    runs = {}
+    for k, (pw, _) in versions.items():
+        s = ctls[k].slice(devices, island=0)
+        f = pw.function(matmul_step, slice=s, in_specs=(P("x"), P()), out_specs=P("x"))
+        ways = chains(f, sl.jax_step, sl.x0(batch), CALLS, sl.w, program=pw.program)
+        runs.setdefault("jax", ways["jax_opbyop"])
+        runs[f"{k}_opbyop"], runs[f"{k}_chained"] = ways["pw_opbyop"], ways["pw_chained"]
+    return runs, CALLS
+
+
 def alternate(runs: dict, rounds: int) -> dict[str, list[tuple[float, float, float]]]:
     """Each callable once per round, in turn, the order reversed every other round (what
     runs just before a call, its threads winding down, weighs on every side alike):
@@ -201,6 +220,16 @@ def main(argv: list[str]) -> dict:
 
 
 def _workload(work: str, versions: dict, ctls: dict, rounds: int) -> dict:
+    if work == "steps":
+        runs, n = steps_workload(versions, ctls)
+        seen = alternate(runs, rounds)
+        res = {f"{k}_wall_us_per_step": round(_median(w for w, _, _ in v) / n * 1e6, 1)
+               for k, v in seen.items()}
+        for k in runs:
+            if k != "jax":
+                res[f"{k}_vs_jax_wall"] = round(_median(
+                    j[0] / a[0] for a, j in zip(seen[k], seen["jax"], strict=True)), 3)
+        return res
     if work == "cpu":
         n, runs = 64, {}
         for k, (pw, _) in versions.items():

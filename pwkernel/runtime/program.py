@@ -40,6 +40,7 @@ from .specs import (
     batch_spec,
     check_spec,
     check_specs_arg,
+    from_shardings,
     is_spec,
     on_mesh,
     prefix_leaves,
@@ -100,7 +101,8 @@ class CompiledFunction:
 
     def __init__(self, fn: Callable, slice: VirtualSlice, in_specs=None, out_specs=None,
                  name: str | None = None, sim_cost=None, static_argnums=None,
-                 static_argnames=None, donate_argnums=None, donate_argnames=None):
+                 static_argnames=None, donate_argnums=None, donate_argnames=None,
+                 in_shardings=None, out_shardings=None):
         if not callable(fn):
             raise ProgramError(f"pw.function needs a callable, got {type(fn).__name__}.")
         if not isinstance(slice, VirtualSlice):
@@ -110,6 +112,8 @@ class CompiledFunction:
             )
         if name is not None and not isinstance(name, str):
             raise ProgramError(f"pw.function's name must be a str, got {type(name).__name__}.")
+        in_specs = from_shardings("in_shardings", in_shardings, in_specs, slice.mesh)
+        out_specs = from_shardings("out_shardings", out_shardings, out_specs, slice.mesh)
         check_specs_arg("in_specs", in_specs)
         check_specs_arg("out_specs", out_specs)
         self.fn, self.slice = fn, slice
@@ -420,7 +424,8 @@ def program(fn: Callable | None = None, *, name: str | None = None):
 
 def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, out_specs=None,
              static_argnums=None, static_argnames=None, donate_argnums=None,
-             donate_argnames=None, name: str | None = None, sim_cost=None):
+             donate_argnames=None, name: str | None = None, sim_cost=None, in_shardings=None,
+             out_shardings=None):
     """``jax.jit`` placed on ``slice``; usable as ``pw.function(fn, slice=s)`` or a decorator.
 
     Calls as ``jax.jit`` does (positional and keyword arguments, pytrees, ``static_argnums``/
@@ -433,6 +438,10 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
     (keyword arguments take the default), each a ``PartitionSpec``, ``pw.BATCH`` (the leading
     axis over the whole slice: data parallelism) or None (the default). ``out_specs``: a
     pytree prefix of the result (``PartitionSpec``, ``pw.BATCH``, ``pw.INFERRED``).
+    ``in_shardings``/``out_shardings``: the same, as ``jax.jit`` takes them (pytrees of
+    ``NamedSharding``, ``PartitionSpec`` or None): each NamedSharding's spec is used on the
+    slice's mesh, so code written for ``jax.jit`` keeps its arguments. Give one of
+    ``in_specs`` and ``in_shardings`` (and of ``out_specs`` and ``out_shardings``).
 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
     (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.
@@ -440,5 +449,6 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
     """
     def make(f):
         return CompiledFunction(f, slice, in_specs, out_specs, name, sim_cost, static_argnums,
-                                static_argnames, donate_argnums, donate_argnames)
+                                static_argnames, donate_argnums, donate_argnames, in_shardings,
+                                out_shardings)
     return make if fn is None else make(fn)

@@ -142,6 +142,50 @@ def describe(shape, dtype, spec, chosen_by: str) -> str:
     return f"{short.get(name, name)}[{','.join(map(str, shape))}] {spec} ({chosen_by})"
 
 
+def _default_memory(mesh) -> str:
+    """The memory kind arrays on ``mesh`` live in by default (simulated chips: "device")."""
+    default_memory = getattr(mesh.devices.flat[0], "default_memory", None)
+    return "device" if default_memory is None else default_memory().kind
+
+
+def from_shardings(what: str, shardings, specs, mesh) -> Any:
+    """``jax.jit``'s ``in_shardings`` or ``out_shardings`` (``what``) as specs on the slice's
+    ``mesh``: a ``NamedSharding`` gives its spec (the slice places the function, so the
+    sharding's own mesh only has to name the same axes), a ``PartitionSpec`` or None stays as
+    it is. ``specs``: the matching ``in_specs``/``out_specs``, which must then be None."""
+    if shardings is None:
+        return specs
+    kind = what.split("_")[0]
+    if specs is not None:
+        raise SpecError(f"give {kind}_specs or {what}, not both: they say the same thing "
+                        f"(a NamedSharding's spec, or a PartitionSpec).")
+
+    def spec_of(s):
+        if s is None or isinstance(s, P):
+            return s
+        if not isinstance(s, NamedSharding):
+            raise SpecError(
+                f"{what} takes NamedShardings, PartitionSpecs or None, or pytrees of them (as "
+                f"jax.jit's do), got {type(s).__name__} {s!r}. A slice places its function: "
+                f"give the layout, e.g. {what}=NamedSharding(slice.mesh, P('x')) or P('x').")
+        if s.memory_kind not in (None, "device", _default_memory(mesh)):
+            raise SpecError(f"{what}: {s!r} asks for memory kind {s.memory_kind!r}; pwkernel "
+                            "keeps values in the devices' own memory. Leave memory_kind unset.")
+        names = [n for entry in s.spec if entry is not None and entry is not P.UNCONSTRAINED
+                 for n in ((entry,) if isinstance(entry, str) else entry)]
+        unknown = [n for n in names if n not in mesh.shape]
+        if unknown:
+            raise SpecError(
+                f"{what}: {s!r} shards over mesh axis {unknown[0]!r}, but the slice's mesh has "
+                f"axes {tuple(mesh.axis_names)}. Name the slice's axes the same "
+                f"(ctl.slice(..., axis_names={tuple(s.mesh.axis_names)!r})) or use the slice's "
+                "mesh in the sharding.")
+        return s.spec
+
+    return jax.tree_util.tree_map(
+        spec_of, shardings, is_leaf=lambda x: x is None or isinstance(x, P | jax.sharding.Sharding))
+
+
 def check_specs_arg(what: str, specs) -> None:
     leaves = jax.tree_util.tree_leaves(specs, is_leaf=is_spec)
     bad = [x for x in leaves if not is_spec(x)]

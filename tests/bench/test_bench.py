@@ -335,6 +335,9 @@ def test_ab_runs_two_checkouts_in_one_process_and_reports_every_figure():
             assert out[work][f"{side}_wall_us_per_step"] > 0
             assert out[work][f"{side}_vs_jax_wall"] > 0
             assert f"{side}_extra_thread_cpu_us_per_step" in out[work]
+        for way in ("opbyop", "chained"):
+            assert out["steps"][f"{side}_{way}_vs_jax_wall"] > 0
+    assert out["steps"]["jax_wall_us_per_step"] > 0
     bad = subprocess.run([*tool, "--base", "/nonexistent"], capture_output=True, text=True,
                          timeout=120, cwd=root)
     assert bad.returncode != 0 and "no pwkernel package there" in bad.stderr

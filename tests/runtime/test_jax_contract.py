@@ -52,6 +52,31 @@ def test_out_specs_are_pytree_prefixes(ctl):
         pw.function(step, slice=s, out_specs=(P(), P()))(params, np.ones(4, np.float32))
 
 
+def test_in_and_out_shardings_as_jax_jit_takes_them(ctl):
+    s = ctl.slice(4, island=0)
+    rows, whole = NamedSharding(s.mesh, P("x")), NamedSharding(s.mesh, P())
+
+    def step(x, w):
+        return jnp.tanh(x @ w), (x.sum(), w)
+
+    x, w = np.arange(32.0, dtype=np.float32).reshape(8, 4) / 32, np.eye(4, dtype=np.float32)
+    shardings = {"in_shardings": (rows, whole), "out_shardings": (whole, (None, rows))}
+    with jax.set_mesh(s.mesh):
+        want = jax.jit(step, **shardings)(x, w)
+    got = pw.function(step, slice=s, **shardings)(x, w)  # host inputs: placed as asked
+    for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g.result(60), v)
+        assert g.sharding.is_equivalent_to(v.sharding, v.ndim), (g.sharding, v.sharding)
+    assert got[0].sharding.is_equivalent_to(whole, 2)
+    assert got[1][1].sharding.is_equivalent_to(rows, 2)
+    # a sharding written for another mesh with the slice's axis names: its spec, on the slice
+    elsewhere = jax.make_mesh((2,), ("x",), devices=jax.devices()[6:8])
+    moved = pw.function(lambda v: v * 2, slice=s, in_shardings=NamedSharding(elsewhere, P("x")))
+    out = moved(x)
+    assert out.sharding.is_equivalent_to(rows, 2)
+    np.testing.assert_allclose(out.result(60), x * 2)
+
+
 def test_donation_only_when_asked(ctl):
     s = ctl.slice(2)
     x = jax.device_put(jnp.ones(8), NamedSharding(s.mesh, P()))
@@ -108,6 +133,15 @@ def test_tracing_errors_name_the_inputs_who_chose_them_and_the_fix(ctl):
     (lambda ctl: ctl.slice(2, devices=[0, 5]), "not all on one island"),
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), in_specs="x"),
      "in_specs must be PartitionSpecs"),
+    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), in_shardings=jax.sharding.
+                             SingleDeviceSharding(jax.devices()[0])),
+     "in_shardings takes NamedShardings, PartitionSpecs or None"),
+    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), in_specs=P(), in_shardings=P()),
+     "give in_specs or in_shardings, not both"),
+    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(2), out_shardings=NamedSharding(
+        jax.make_mesh((2,), ("data",)), P("data"))), "axis_names=\\('data',\\)"),
+    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), out_shardings=NamedSharding(
+        ctl.slice(1).mesh, P(), memory_kind="pinned_host")), "Leave memory_kind unset"),
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), static_argnums="0"),
      "static_argnums must be non-negative ints"),
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), name=3), "name must be a str"),

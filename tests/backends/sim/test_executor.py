@@ -130,6 +130,11 @@ def test_futures_have_shapes_shardings_and_times_but_no_values():
             2 * 4096**3 / 4 / 275e12 + 2e-6, rel=0.02)
         # the memory it holds is JAX's shard bytes on the simulated chips
         assert ctl.memory()[ctl.islands[1].devices[0]] == 4096 // 4 * 4096 * 2
+        # jax.jit's in_shardings/out_shardings over the simulated chips' mesh
+        g = pw.function(lambda x: x * 2, slice=s, in_shardings=NamedSharding(s.mesh, P("x")),
+                        out_shardings=NamedSharding(s.mesh, P()))
+        z = g(np.ones((8, 4), np.float32))
+        assert z.sharding.is_equivalent_to(NamedSharding(s.mesh, P()), 2)
 
 
 def test_a_real_array_is_uploaded_to_simulated_chips():
