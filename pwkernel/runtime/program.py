@@ -60,6 +60,15 @@ def _current_graph() -> Graph | None:
     return getattr(_tracing, "graph", None)
 
 
+_Tracer = jax.core.Tracer
+
+
+class _Traced(Exception):
+    """A compiled function or program was called on JAX tracers: inside ``jax.jit``,
+    ``jax.grad``, ``jax.vmap`` or another ``pw.function``'s body. There it is what a nested
+    ``jax.jit`` is: its body, traced inline, placed by the computation around it."""
+
+
 class Value:
     """A placeholder for a value while a program is traced: shape, dtype and sharding only."""
 
@@ -239,13 +248,24 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = _current_graph()
-        if graph is not None:
-            return _record_call(graph, self, dyn, dkw, statics)
-        program = self._programs.get(statics)
-        if program is None:  # one one-node program per static key (its graph cache is its own)
-            program = self._programs[statics] = Program(
-                lambda a, k: _record_call(_current_graph(), self, a, k, statics), name=self.name)
-        return program(dyn, dkw)
+        try:
+            if graph is not None:
+                return _record_call(graph, self, dyn, dkw, statics)
+            program = self._programs.get(statics)
+            if program is None:  # one one-node program per static key (its own graph cache)
+                program = self._programs[statics] = Program(
+                    lambda a, k: _record_call(_current_graph(), self, a, k, statics),
+                    name=self.name, inline=None)
+            return program(dyn, dkw)
+        except _Traced:  # on JAX tracers: what a nested jax.jit is
+            return self.inlined(*args, **kwargs)
+
+    @functools.cached_property
+    def inlined(self) -> Callable:
+        """``jax.jit`` of the function with its static arguments: what a call on JAX tracers
+        runs (see ``_Traced``); donation does not apply there, as in a nested ``jax.jit``."""
+        return jax.jit(self.fn, static_argnums=self.arguments.static_nums,
+                       static_argnames=self.arguments.static_names)
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
@@ -287,7 +307,9 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
             f"{fn.name} got a Future while a program was being traced; pass futures as "
             "arguments of the program instead of capturing them."
         )
-    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+    if isinstance(leaf, _Tracer):
+        raise _Traced
+    if isinstance(leaf, jax.Array):
         # a placed array captured while tracing: a constant that keeps its layout
         isl = graph.controller.resources.island_of(leaf.sharding.device_set)
         spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
@@ -320,6 +342,8 @@ def leaf_placement(leaf) -> tuple:
     if isinstance(leaf, Future):
         return leaf.placement or ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     if isinstance(leaf, jax.Array):
+        if isinstance(leaf, _Tracer):
+            raise _Traced
         return ("dev", leaf.shape, leaf.dtype, leaf.sharding, weak_type(leaf))
     try:
         arr = np.asarray(leaf)
@@ -346,9 +370,12 @@ class Program:
     >>> y, z = f(np.array([1.0, 2.0]))        # doctest: +SKIP
     """
 
-    def __init__(self, fn: Callable, name: str | None = None):
+    def __init__(self, fn: Callable, name: str | None = None, inline: Any = ...):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "program")
+        # what a call on JAX tracers runs (``_Traced``): the function itself, its compiled
+        # functions inlined; None: the caller handles it (a ``pw.function``'s own program)
+        self.inline = fn if inline is ... else inline
         self._graphs: dict[Any, Graph] = {}
         self._last: tuple | None = None  # (key, graph) of the last call
         self._lock = threading.Lock()
@@ -407,7 +434,12 @@ class Program:
         if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args, **kwargs)  # inside another trace: inline this program's calls
         leaves, tree = _flatten((args, kwargs))
-        graph = self._graph(tree, leaves)
+        try:
+            graph = self._graph(tree, leaves)
+        except _Traced:
+            if self.inline is None:
+                raise
+            return self.inline(*args, **kwargs)
         futures = graph.controller.submit(graph, leaves, dispatch)
         return _unflatten(graph.out_tree, futures)
 
@@ -442,6 +474,9 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
     ``NamedSharding``, ``PartitionSpec`` or None): each NamedSharding's spec is used on the
     slice's mesh, so code written for ``jax.jit`` keeps its arguments. Give one of
     ``in_specs`` and ``in_shardings`` (and of ``out_specs`` and ``out_shardings``).
+
+    Called on JAX tracers (inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` or another
+    ``pw.function``'s body) it is what a nested ``jax.jit`` is: its body, traced inline.
 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
     (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.

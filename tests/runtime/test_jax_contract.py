@@ -77,6 +77,35 @@ def test_in_and_out_shardings_as_jax_jit_takes_them(ctl):
     np.testing.assert_allclose(out.result(60), x * 2)
 
 
+def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):
+    """Inside jax.jit, jax.grad, jax.vmap or another pw.function's body, a pw.function is what
+    a nested jax.jit is (its body, inline), and so is a pw.program."""
+    s = ctl.slice(2)
+    x = np.arange(4.0, dtype=np.float32)
+
+    def scale(a, n):
+        return jnp.sin(a) * n
+
+    inner = pw.function(scale, slice=s, static_argnums=1, donate_argnums=0)
+    plain = jax.jit(scale, static_argnums=1)
+    outer = pw.function(lambda a: inner(a, 3) + 1, slice=s)
+    np.testing.assert_allclose(outer(x).result(60), np.sin(x) * 3 + 1, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda a: inner(a, 2))(x), plain(x, 2))
+    np.testing.assert_allclose(jax.grad(lambda a: inner(a, 2).sum())(x),
+                               jax.grad(lambda a: plain(a, 2).sum())(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(lambda a: inner(a, 2))(x), plain(x, 2))
+
+    @pw.program
+    def prog(a):
+        return inner(a, 5)
+
+    np.testing.assert_allclose(jax.jit(prog)(x), plain(x, 5))
+    kept = jnp.asarray(x)
+    jax.jit(lambda a: inner(a, 2))(kept)
+    assert not kept.is_deleted()  # donation is for calls on the slice, as in a nested jit
+    assert float(prog(x).result(60)[1]) == pytest.approx(np.sin(1.0) * 5)  # on the slice
+
+
 def test_donation_only_when_asked(ctl):
     s = ctl.slice(2)
     x = jax.device_put(jnp.ones(8), NamedSharding(s.mesh, P()))
