@@ -483,4 +483,13 @@ class Future:
                     logging.getLogger("pwkernel").exception("future done-callback raised")
 
 
+# Arithmetic, indexing and iteration as a jax.Array's, on the value once it is there (so
+# ``f(x) + 1`` works as after ``jax.jit``; inside a program, traced calls chain instead).
+for _op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
+            "xor", "lshift", "rshift"):
+    _f, _name = getattr(operator, _op), _op.rstrip("_")
+    setattr(Future, f"__{_name}__", _on_value(_f))
+    setattr(Future, f"__r{_name}__", _on_value(lambda v, other, f=_f: f(other, v)))
+for _op in ("neg", "pos", "abs", "invert", "getitem", "iter"):
+    setattr(Future, f"__{_op}__", _on_value(getattr(operator, _op, iter)))
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)

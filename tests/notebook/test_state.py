@@ -115,6 +115,17 @@ y.sum()
     np.testing.assert_allclose(np.asarray(ip.user_ns["y"]), np.arange(8.0) * 2)
 
 
+def test_a_cell_that_does_arithmetic_on_a_pw_function_result(ip):
+    """``double(jnp.sin(x)) + 1``: a compiled function's result used as an array (before: a
+    TypeError, Future + int)."""
+    run(ip, "import jax.numpy as jnp, numpy as np, pwkernel as pw")
+    run(ip, "%pathways slice s 2")
+    run(ip, "double = pw.function(lambda v: v * 2, slice=s)")
+    run(ip, "%%pathways --slice s\nx = jnp.arange(4.0)\ny = double(jnp.sin(x)) + 1\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["y"]), np.sin(np.arange(4.0)) * 2 + 1,
+                               rtol=1e-6)
+
+
 def test_a_loop_that_stops_on_a_value(ip, capsys):
     run(ip, "import jax.numpy as jnp")
     run(ip, "%pathways slice s 2")

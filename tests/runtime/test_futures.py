@@ -213,3 +213,31 @@ def test_a_callback_may_wait_on_and_hook_a_sibling_output(ctl):
     b.add_done_callback(lambda f: a.add_done_callback(lambda g: hooked.set()))
     assert b.result(timeout=30).tolist() == [0, 2, 4, 6]
     assert hooked.wait(10) and got == [[1, 2, 3, 4]]
+
+
+def test_a_future_does_arithmetic_as_the_array_it_holds(ctl):
+    """Operators, indexing and iteration on the value once it is there, as after jax.jit: the
+    same values, a jax.Array where JAX's operation puts it; a failed future raises its error."""
+    s = ctl.slice(2)
+    f, jf = pw.function(lambda a: a * 2 - 3, slice=s), jax.jit(lambda a: a * 2 - 3)
+    x = np.arange(1, 9, dtype=np.int32).reshape(4, 2)
+    y, v, eye = f(x), jf(x), np.eye(2, dtype=np.int32)
+    pairs = [(y + 1, v + 1), (1 + y, 1 + v), (y - v, v - v), (10 - y, 10 - v), (y * y, v * v),
+             (y / 2, v / 2), (2 / y, 2 / v), (y // 2, v // 2), (7 % y, 7 % v), (y ** 2, v ** 2),
+             (y @ eye, v @ eye), (-y, -v), (abs(y), abs(v)), (~y, ~v), (y & 6, v & 6),
+             (3 | y, 3 | v), (y ^ 1, v ^ 1), (y << 1, v << 1), (y >> 1, v >> 1),
+             (y[1], v[1]), (y[:, 0], v[:, 0]), (list(y)[2], list(v)[2])]
+    for got, want in pairs:
+        assert isinstance(got, jax.Array)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+    assert (y + 1).sharding.device_set == y.sharding.device_set  # where the value is
+    assert y == y and y != f(x) and len({y, y}) == 1  # futures compare (and hash) as futures
+    bad = pw.function(lambda a: jax.pure_callback(_fail, jax.ShapeDtypeStruct((2,), np.float32),
+                                                  a), slice=s)(np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="no value here"):
+        bad + 1
+
+
+def _fail(a):
+    raise ValueError("no value here")
