@@ -273,6 +273,9 @@ class CompiledFunction:
 
 def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, statics):
     """Add one compute node (and the transfers its inputs need) to the graph being traced."""
+    leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+    if any(isinstance(leaf, _Tracer) for leaf in leaves):
+        raise _Traced  # (before the graph gains anything of this call)
     vs = fn.slice
     island, devices = vs.island.id, vs.device_ids
     ctl = fn.controller
@@ -281,7 +284,6 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     elif graph.controller is not ctl:
         raise ProgramError(f"{fn.name} belongs to another controller than the functions called "
                            "before it; a program runs on one controller.")
-    leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
     vids = [_as_value_id(graph, leaf, fn) for leaf in leaves]
     values = graph.values
     avals = tuple((values[v].shape, values[v].dtype, values[v].sharding, values[v].weak)
@@ -307,8 +309,6 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
             f"{fn.name} got a Future while a program was being traced; pass futures as "
             "arguments of the program instead of capturing them."
         )
-    if isinstance(leaf, _Tracer):
-        raise _Traced
     if isinstance(leaf, jax.Array):
         # a placed array captured while tracing: a constant that keeps its layout
         isl = graph.controller.resources.island_of(leaf.sharding.device_set)

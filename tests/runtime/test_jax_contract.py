@@ -90,6 +90,9 @@ def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):
     plain = jax.jit(scale, static_argnums=1)
     outer = pw.function(lambda a: inner(a, 3) + 1, slice=s)
     np.testing.assert_allclose(outer(x).result(60), np.sin(x) * 3 + 1, rtol=1e-6)
+    add = pw.function(lambda c, a: c + a, slice=s)  # a host constant before the tracer
+    np.testing.assert_allclose(pw.function(lambda a: add(np.ones(4, np.float32), a), slice=s)(
+        x).result(60), x + 1)
     np.testing.assert_allclose(jax.jit(lambda a: inner(a, 2))(x), plain(x, 2))
     np.testing.assert_allclose(jax.grad(lambda a: inner(a, 2).sum())(x),
                                jax.grad(lambda a: plain(a, 2).sum())(x), rtol=1e-6)
