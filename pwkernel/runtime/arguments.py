@@ -4,6 +4,9 @@
 pytrees, ``static_argnums``/``static_argnames`` (hashable values that are part of the
 compilation key, not arrays) and ``donate_argnums``/``donate_argnames`` (inputs whose buffers the
 computation may reuse for its outputs: the user asked to give them away).
+
+Also how a program's argument leaves enter its cache key (``leaf_placement``), and what a call
+on JAX tracers is (``Traced``: a nested ``jax.jit``).
 """
 
 from __future__ import annotations
@@ -12,8 +15,13 @@ import inspect
 from collections.abc import Callable, Sequence
 
 import jax
+import numpy as np
 
+from .dtypes import weak_type
 from .errors import ProgramError
+from .objects import Future
+
+NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
 
 
 class Arguments:
@@ -108,3 +116,42 @@ def _both(fn_name: str, what: str, nums, names, positional: list[str]):
     nums_set = set(nums) | {positional.index(n) for n in names if n in positional}
     names_set = set(names) | {positional[i] for i in nums if i < len(positional)}
     return frozenset(nums_set), frozenset(names_set)
+
+
+Tracer = jax.core.Tracer
+
+
+class Traced(Exception):
+    """A compiled function or program was called on JAX tracers: inside ``jax.jit``,
+    ``jax.grad``, ``jax.vmap`` or another ``pw.function``'s body. There it is what a nested
+    ``jax.jit`` is: its body, traced inline, placed by the computation around it."""
+
+
+def canonical(arr: np.ndarray) -> np.ndarray:
+    # What jax would turn a host value into (float64 -> float32 unless x64 is on).
+    dtype = jax.dtypes.canonicalize_dtype(arr.dtype)
+    return arr if arr.dtype == dtype else arr.astype(dtype)
+
+
+def leaf_placement(leaf) -> tuple:
+    """A program argument's part of the cache key: how it is laid out now, and whether it is
+    weakly typed (a Python scalar, as ``jax.jit`` types it)."""
+    if isinstance(leaf, Future):
+        return leaf.placement or ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
+    if isinstance(leaf, jax.Array):
+        if isinstance(leaf, Tracer):
+            raise Traced
+        return ("dev", leaf.shape, leaf.dtype, leaf.sharding, weak_type(leaf))
+    try:
+        arr = np.asarray(leaf)
+    except Exception:
+        arr = np.asarray(None)
+    if arr.dtype.kind not in NUMERIC:
+        raise ProgramError(f"a program got an argument of type {type(leaf).__name__}; programs "
+                           "take arrays, scalars, futures and pytrees of them. Maybe you want "
+                           "static_argnums=... (or functools.partial) for static arguments.")
+    return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, is_weak(leaf))
+
+
+def is_weak(leaf) -> bool:
+    return type(leaf) in (int, float, complex)

@@ -24,14 +24,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import executor as executors
-from .arguments import Arguments
+from .arguments import NUMERIC, Arguments, Traced, Tracer, canonical, is_weak, leaf_placement
 from .dtypes import weak_type
 from .errors import NeedsValueError, ProgramError, SliceError, SpecError
 from .executable import Executable
-from .graph import Graph
+from .graph import ComputeNode, Graph
 from .objects import Future
 from .resources import VirtualSlice
-from .specialization import Specialization, compile_here
+from .specialization import Specialization, compile_here, replay
 from .specs import (
     BATCH,
     INFERRED,
@@ -53,20 +53,10 @@ __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Infe
 
 _tracing = threading.local()
 _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
-_NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
 
 
 def _current_graph() -> Graph | None:
     return getattr(_tracing, "graph", None)
-
-
-_Tracer = jax.core.Tracer
-
-
-class _Traced(Exception):
-    """A compiled function or program was called on JAX tracers: inside ``jax.jit``,
-    ``jax.grad``, ``jax.vmap`` or another ``pw.function``'s body. There it is what a nested
-    ``jax.jit`` is: its body, traced inline, placed by the computation around it."""
 
 
 class Value:
@@ -251,19 +241,52 @@ class CompiledFunction:
         try:
             if graph is not None:
                 return _record_call(graph, self, dyn, dkw, statics)
-            program = self._programs.get(statics)
-            if program is None:  # one one-node program per static key (its own graph cache)
-                program = self._programs[statics] = Program(
-                    lambda a, k: _record_call(_current_graph(), self, a, k, statics),
-                    name=self.name, inline=None)
-            return program(dyn, dkw)
-        except _Traced:  # on JAX tracers: what a nested jax.jit is
+            return self._program(statics)(dyn, dkw)
+        except Traced:  # on JAX tracers: what a nested jax.jit is
             return self.inlined(*args, **kwargs)
+
+    def _program(self, statics) -> Program:
+        """The one-node program of a call with these static values (its own graph cache)."""
+        program = self._programs.get(statics)
+        if program is None:
+            program = self._programs[statics] = Program(
+                lambda a, k: _record_call(_current_graph(), self, a, k, statics),
+                name=self.name, inline=None)
+        return program
+
+    def specialization(self, *args, **kwargs) -> Executable:
+        """The compiled specialization a call with these arguments runs (compiled now if it
+        is new; nothing runs)."""
+        dyn, dkw, statics = self.arguments.split(args, kwargs)
+        graph = self._program(statics).trace(dyn, dkw)
+        node = next(n for n in graph.nodes if isinstance(n, ComputeNode))
+        return self.executable(node.signature)
+
+    def eval_shape(self, *args, **kwargs):
+        """The result's shapes, dtypes and shardings (``jax.ShapeDtypeStruct``s), as
+        ``jax.jit(...).eval_shape`` gives them: what a call's futures say at once."""
+        exe = self.specialization(*args, **kwargs)
+        return _unflatten(exe.out_tree, [
+            jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh, weak_type=o.weak_type)
+            for o, sh in zip(exe.out_shapes, exe.out_shardings, strict=True)])
+
+    def lower(self, *args, **kwargs) -> jax.stages.Lowered:
+        """The computation a call with these arguments runs, lowered as ``jax.jit(...).lower``
+        lowers it (``.as_text()``, ``.compile().memory_analysis()``, ...): over the flat array
+        leaves of the arguments (static ones bound), with the shardings pwkernel placed them
+        with. On simulated chips: lowered for them."""
+        exe = self.specialization(*args, **kwargs)
+        if exe.lowered is not None:
+            return exe.lowered
+        with self.slice.ambient():
+            return jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
+                           out_shardings=exe.out_shardings, donate_argnums=exe.donated
+                           ).lower(*exe.structs)
 
     @functools.cached_property
     def inlined(self) -> Callable:
         """``jax.jit`` of the function with its static arguments: what a call on JAX tracers
-        runs (see ``_Traced``); donation does not apply there, as in a nested ``jax.jit``."""
+        runs (see ``Traced``); donation does not apply there, as in a nested ``jax.jit``."""
         return jax.jit(self.fn, static_argnums=self.arguments.static_nums,
                        static_argnames=self.arguments.static_names)
 
@@ -274,8 +297,8 @@ class CompiledFunction:
 def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, statics):
     """Add one compute node (and the transfers its inputs need) to the graph being traced."""
     leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-    if any(isinstance(leaf, _Tracer) for leaf in leaves):
-        raise _Traced  # (before the graph gains anything of this call)
+    if any(isinstance(leaf, Tracer) for leaf in leaves):
+        raise Traced  # (before the graph gains anything of this call)
     vs = fn.slice
     island, devices = vs.island.id, vs.device_ids
     ctl = fn.controller
@@ -320,44 +343,14 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
         arr = np.asarray(leaf)
     except Exception:
         arr = None
-    if arr is None or arr.dtype.kind not in _NUMERIC:
+    if arr is None or arr.dtype.kind not in NUMERIC:
         raise ProgramError(f"{fn.name} got an argument of type {type(leaf).__name__}; compiled "
                            "functions take arrays, scalars and pytrees of them. Maybe you want "
                            "static_argnums=... (or static_argnames=...) for that argument.")
-    arr = _canonical(arr)
-    spec = graph.new_value(arr.shape, arr.dtype, weak=_is_weak(leaf))
+    arr = canonical(arr)
+    spec = graph.new_value(arr.shape, arr.dtype, weak=is_weak(leaf))
     graph.consts[spec.id] = arr
     return spec.id
-
-
-def _canonical(arr: np.ndarray) -> np.ndarray:
-    # What jax would turn a host value into (float64 -> float32 unless x64 is on).
-    dtype = jax.dtypes.canonicalize_dtype(arr.dtype)
-    return arr if arr.dtype == dtype else arr.astype(dtype)
-
-
-def leaf_placement(leaf) -> tuple:
-    """A program argument's part of the cache key: how it is laid out now, and whether it is
-    weakly typed (a Python scalar, as ``jax.jit`` types it)."""
-    if isinstance(leaf, Future):
-        return leaf.placement or ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
-    if isinstance(leaf, jax.Array):
-        if isinstance(leaf, _Tracer):
-            raise _Traced
-        return ("dev", leaf.shape, leaf.dtype, leaf.sharding, weak_type(leaf))
-    try:
-        arr = np.asarray(leaf)
-    except Exception:
-        arr = np.asarray(None)
-    if arr.dtype.kind not in _NUMERIC:
-        raise ProgramError(f"a program got an argument of type {type(leaf).__name__}; programs "
-                           "take arrays, scalars, futures and pytrees of them. Maybe you want "
-                           "static_argnums=... (or functools.partial) for static arguments.")
-    return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, _is_weak(leaf))
-
-
-def _is_weak(leaf) -> bool:
-    return type(leaf) in (int, float, complex)
 
 
 class Program:
@@ -373,7 +366,7 @@ class Program:
     def __init__(self, fn: Callable, name: str | None = None, inline: Any = ...):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "program")
-        # what a call on JAX tracers runs (``_Traced``): the function itself, its compiled
+        # what a call on JAX tracers runs (``Traced``): the function itself, its compiled
         # functions inlined; None: the caller handles it (a ``pw.function``'s own program)
         self.inline = fn if inline is ... else inline
         self._graphs: dict[Any, Graph] = {}
@@ -436,7 +429,7 @@ class Program:
         leaves, tree = _flatten((args, kwargs))
         try:
             graph = self._graph(tree, leaves)
-        except _Traced:
+        except Traced:
             if self.inline is None:
                 raise
             return self.inline(*args, **kwargs)

@@ -109,6 +109,32 @@ def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):
     assert float(prog(x).result(60)[1]) == pytest.approx(np.sin(1.0) * 5)  # on the slice
 
 
+def test_eval_shape_and_lower_as_jax_jit_has_them(ctl):
+    """What a call would give (shapes, dtypes, shardings) and what it would run (the lowered
+    computation), without running anything."""
+    s = ctl.slice(4, island=0)
+
+    def step(x, w, n):
+        return {"y": jnp.tanh(x @ w) * n, "total": x.sum()}
+
+    f = pw.function(step, slice=s, static_argnums=2, in_specs=(pw.BATCH, P()))
+    x, w = np.ones((8, 4), np.float32), np.eye(4, dtype=np.float32)
+    before = len(ctl.trace.events())
+    shapes = f.eval_shape(x, w, 3)
+    lowered = f.lower(x, w, 3)
+    assert len(ctl.trace.events()) == before  # nothing ran
+    assert "tanh" in lowered.as_text() and lowered.compile().memory_analysis() is not None
+    assert len(f._cache) == 1 and len(f.lower(x, w, 4).as_text()) > 0 and len(f._cache) == 2
+    out = f(x, w, 3)
+    for struct, fut in zip(jax.tree.leaves(shapes), jax.tree.leaves(out), strict=True):
+        assert (struct.shape, struct.dtype) == (fut.shape, fut.dtype)
+        assert struct.sharding == fut.sharding == fut.result(60).sharding
+    assert shapes["y"].sharding.spec == P("x", None)  # the batch, sharded as asked
+    with pw.Controller(backend="sim", islands=(8,)) as sim:  # simulated chips: lowered for them
+        g = pw.function(lambda a: a @ a, slice=sim.slice(4))
+        assert "dot" in g.lower(np.ones((64, 64), np.float32)).as_text()
+
+
 def test_donation_only_when_asked(ctl):
     s = ctl.slice(2)
     x = jax.device_put(jnp.ones(8), NamedSharding(s.mesh, P()))
