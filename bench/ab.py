@@ -219,17 +219,21 @@ def main(argv: list[str]) -> dict:
     return out
 
 
+def _walls(seen: dict, steps: int, sides: list[str]) -> dict:
+    """Each run's median wall time per step, and each side's paired ratio to JAX's."""
+    res = {f"{k}_wall_us_per_step": round(_median(w for w, _, _ in v) / steps * 1e6, 1)
+           for k, v in seen.items()}
+    for k in sides:
+        res[f"{k}_vs_jax_wall"] = round(_median(
+            j[0] / a[0] for a, j in zip(seen[k], seen["jax"], strict=True)), 3)
+    return res
+
+
 def _workload(work: str, versions: dict, ctls: dict, rounds: int) -> dict:
     if work == "steps":
         runs, n = steps_workload(versions, ctls)
         seen = alternate(runs, rounds)
-        res = {f"{k}_wall_us_per_step": round(_median(w for w, _, _ in v) / n * 1e6, 1)
-               for k, v in seen.items()}
-        for k in runs:
-            if k != "jax":
-                res[f"{k}_vs_jax_wall"] = round(_median(
-                    j[0] / a[0] for a, j in zip(seen[k], seen["jax"], strict=True)), 3)
-        return res
+        return _walls(seen, n, [k for k in runs if k != "jax"])
     if work == "cpu":
         n, runs = 64, {}
         for k, (pw, _) in versions.items():
@@ -259,11 +263,8 @@ def _workload(work: str, versions: dict, ctls: dict, rounds: int) -> dict:
             runs[k], spmd, T, S, fetch = train_workload(pw, ctls[k], mod, steps)
         runs = {"jax": jax_train(spmd, T, S, fetch, steps), **runs}
     seen = alternate(runs, rounds)
-    res: dict = {f"{k}_wall_us_per_step": round(_median(w for w, _, _ in v) / steps * 1e6, 1)
-                 for k, v in seen.items()}
+    res = _walls(seen, steps, list(versions))
     for k in versions:
-        res[f"{k}_vs_jax_wall"] = round(_median(
-            j[0] / a[0] for a, j in zip(seen[k], seen["jax"], strict=True)), 3)
         res[f"{k}_extra_cpu_us_per_step"] = round(_median(
             (a[1] - j[1]) / steps * 1e6 for a, j in zip(seen[k], seen["jax"], strict=True)), 1)
         res[f"{k}_extra_thread_cpu_us_per_step"] = round(_median(

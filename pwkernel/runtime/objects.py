@@ -490,6 +490,7 @@ for _op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", 
     _f, _name = getattr(operator, _op), _op.rstrip("_")
     setattr(Future, f"__{_name}__", _on_value(_f))
     setattr(Future, f"__r{_name}__", _on_value(lambda v, other, f=_f: f(other, v)))
-for _op in ("neg", "pos", "abs", "invert", "getitem", "iter"):
-    setattr(Future, f"__{_op}__", _on_value(getattr(operator, _op, iter)))
+for _name, _f in (("neg", operator.neg), ("pos", operator.pos), ("abs", abs),
+                 ("invert", operator.invert), ("getitem", operator.getitem), ("iter", iter)):
+    setattr(Future, f"__{_name}__", _on_value(_f))
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)

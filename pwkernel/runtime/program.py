@@ -31,7 +31,7 @@ from .executable import Executable
 from .graph import ComputeNode, Graph
 from .objects import Future
 from .resources import VirtualSlice
-from .specialization import Specialization, compile_here, replay
+from .specialization import Specialization, compile_here, jitted
 from .specs import (
     BATCH,
     INFERRED,
@@ -279,9 +279,7 @@ class CompiledFunction:
         if exe.lowered is not None:
             return exe.lowered
         with self.slice.ambient():
-            return jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
-                           out_shardings=exe.out_shardings, donate_argnums=exe.donated
-                           ).lower(*exe.structs)
+            return jitted(exe, donate=True).lower(*exe.structs)
 
     @functools.cached_property
     def inlined(self) -> Callable:

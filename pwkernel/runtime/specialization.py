@@ -80,6 +80,14 @@ def compile_here(spec: Specialization) -> Executable:
     return spec.executable(out_shardings, compiled, call, asynchronous=asynchronous)
 
 
+def jitted(exe: Executable, donate: bool = False):
+    """``jax.jit`` of an executable's recorded body with its shardings (and its donations, if
+    ``donate``): what is exported to another process or lowered again, never the user's Python.
+    Lower it under the slice's mesh (its types name the mesh's axes)."""
+    return jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
+                   out_shardings=exe.out_shardings, donate_argnums=exe.donated if donate else ())
+
+
 def replay(jaxpr) -> Callable:
     """A traced body (``Executable.jaxpr``) as a function over its flat input leaves that
     returns a tuple: tracing it (to compile, to lower for simulated chips, to export) runs the

@@ -108,6 +108,13 @@ def batch_spec(shape: tuple[int, ...], vs, what: str) -> P:
     return P(names[0] if len(names) == 1 else tuple(names))
 
 
+def entry_axes(entry) -> tuple[str, ...]:
+    """The mesh axes one dimension of a spec is sharded over (none: replicated)."""
+    if entry is None or entry is P.UNCONSTRAINED:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def check_spec(spec: P, shape: tuple[int, ...], mesh, what: str) -> None:
     """Refuse a spec that does not fit ``shape`` on ``mesh``, naming the fix."""
     if len(spec) > len(shape):
@@ -115,9 +122,9 @@ def check_spec(spec: P, shape: tuple[int, ...], mesh, what: str) -> None:
                         f"{shape} ({len(shape)} dimensions). Maybe you want P() (replicate).")
     used: set[str] = set()
     for dim, entry in enumerate(spec):
-        if entry is None or entry is P.UNCONSTRAINED:
+        names = entry_axes(entry)
+        if not names:
             continue
-        names = (entry,) if isinstance(entry, str) else tuple(entry)
         for name in names:
             if name not in mesh.shape:
                 raise SpecError(f"{what}: {spec} uses mesh axis {name!r}, but the slice's mesh "
@@ -171,9 +178,7 @@ def from_shardings(what: str, shardings, specs, mesh) -> Any:
         if s.memory_kind not in (None, "device", _default_memory(mesh)):
             raise SpecError(f"{what}: {s!r} asks for memory kind {s.memory_kind!r}; pwkernel "
                             "keeps values in the devices' own memory. Leave memory_kind unset.")
-        names = [n for entry in s.spec if entry is not None and entry is not P.UNCONSTRAINED
-                 for n in ((entry,) if isinstance(entry, str) else entry)]
-        unknown = [n for n in names if n not in mesh.shape]
+        unknown = [n for entry in s.spec for n in entry_axes(entry) if n not in mesh.shape]
         if unknown:
             raise SpecError(
                 f"{what}: {s!r} shards over mesh axis {unknown[0]!r}, but the slice's mesh has "

@@ -38,7 +38,7 @@ from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError
 from ...runtime.executor import IslandFacts
 from ...runtime.resources import DEFAULT_ISLANDS, Island
-from ...runtime.specialization import replay
+from ...runtime.specialization import jitted
 from ...runtime.tasks import Task
 from ..local import request_host_devices
 from . import attach, cluster, others
@@ -204,17 +204,16 @@ class RayBackend:
                 # jax.export takes only a jax.jit function and traces it itself (a Lowered is
                 # for this process, docs/ray.md): what it traces is the jaxpr recorded when
                 # the function was first traced, so the user's Python runs once, not again.
-                jitted = jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
-                                 out_shardings=exe.out_shardings)
+                body = jitted(exe)
                 structs = exe.structs
                 platform = "cuda" if host.platform == "gpu" else "cpu"
                 # under the slice's mesh, as when it was traced: its types name its axes
                 with jax.set_mesh(node.fn.slice.mesh):
                     try:
-                        blob = bytes(jax.export.export(jitted, platforms=[platform])(*structs)
+                        blob = bytes(jax.export.export(body, platforms=[platform])(*structs)
                                      .serialize())
                     except Exception as e:  # host callbacks fail in several ways in there
-                        hosts = callbacks.found(jitted.trace(*structs).jaxpr)
+                        hosts = callbacks.found(body.trace(*structs).jaxpr)
                         if hosts:
                             raise callbacks.not_exportable(node.name, hosts) from e
                         raise
