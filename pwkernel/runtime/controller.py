@@ -8,6 +8,7 @@ live) -> objects (futures, store) -> trace. The backend comes by name from the r
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import threading
@@ -356,6 +357,10 @@ def _register(ctl: Controller) -> None:
         shared = [other for other in _open if not other.closed and other.backend == "local"
                   and mine & set(other.devices)]
         _open.append(ctl)
+    # Registered again with every controller, so that it runs before the exit hooks of what
+    # the backend just started (atexit runs the last registered first): Ray's shutdown.
+    atexit.unregister(_close_at_exit)
+    atexit.register(_close_at_exit)
     if shared:
         ids = sorted(d.id for d in mine & set(shared[0].devices))
         warnings.warn(
@@ -364,6 +369,21 @@ def _register(ctl: Controller) -> None:
             "(collectives from both may deadlock). Maybe you want pw.controller() (the "
             "process-wide one), or to close the other first (ctl.close()).",
             SharedDevicesWarning, stacklevel=3)
+
+
+def _close_at_exit() -> None:
+    """Close every open controller, newest first, while the interpreter still runs threads: a
+    script that ends without ``ctl.close()`` leaves its watcher threads to be stopped by the
+    interpreter's finalization, where one that drops a ``jax.Array`` aborts the process
+    (status 134, "FATAL: exception not rethrown")."""
+    with _lock:
+        left = _open[::-1]
+    for ctl in left:
+        try:
+            ctl.close()
+        except Exception as e:  # noqa: BLE001 - the others are closed all the same
+            warnings.warn(f"closing {ctl!r} at exit failed: {type(e).__name__}: {e}",
+                          RuntimeWarning, stacklevel=1)
 
 
 def _unregister(ctl: Controller) -> None:
