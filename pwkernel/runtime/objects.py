@@ -11,7 +11,6 @@ program fails or is cancelled, since then nothing holds it.
 from __future__ import annotations
 
 import asyncio
-import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from .arraylike import ArrayOnDemand
 from .dtypes import as_dtype
 from .errors import CancelledError, ControllerClosedError
 from .store import BufferRecord, ObjectStore, shard_bytes
@@ -37,15 +37,6 @@ class FutureState(StrEnum):
 _PENDING, _DONE = FutureState.PENDING, FutureState.DONE
 _RUNNING = "running"  # a producer task's state from its launch to its end (a TaskState value)
 _clock = time.perf_counter
-
-
-def _on_value(op: Callable) -> Callable:
-    """A method of ``Future`` that applies ``op`` to the value (waiting for it), as a
-    ``jax.Array`` would do it."""
-    def method(self, *args):
-        return op(self.result(), *args)
-    method.__name__ = getattr(op, "__name__", "method")
-    return method
 
 
 def _added(hooks, fn):
@@ -76,11 +67,13 @@ class _Buffer:
         self.value, self.exported, self.donated = value, True, False
 
 
-class Future:
+class Future(ArrayOnDemand):
     """A value a program will produce.
 
     ``shape``, ``dtype`` and ``sharding`` are known at once; ``result()`` waits for the value.
-    Futures can be passed into later programs before they resolve.
+    Futures can be passed into later programs before they resolve. Anything else that needs
+    the value (operators, ``jax.Array`` methods, ``jnp`` functions, ``jax.jit``) waits for it
+    and is then the value's own (``runtime/arraylike.py``).
 
     >>> y, z = f(np.array([1.0, 2.0]))       # doctest: +SKIP
     >>> y.shape, y.dtype                       # doctest: +SKIP
@@ -220,38 +213,6 @@ class Future:
 
         self.add_done_callback(wake)
         return waiter.__await__()
-
-    # --- values on demand: where Python needs the value, wait for it (as jax.Array does) ---
-    def __array__(self, dtype=None, copy=None):
-        out = np.asarray(self.result())
-        return out.astype(dtype) if dtype is not None else out
-
-    def __jax_array__(self):
-        return self.result()
-
-    # (each of these: the value's own, once it is there)
-    item = _on_value(lambda v, *args: v.item(*args))
-    tolist = _on_value(lambda v: v.tolist())
-    __float__, __int__, __complex__, __bool__ = map(_on_value, (float, int, complex, bool))
-    __index__ = _on_value(operator.index)
-    __lt__, __le__, __gt__, __ge__ = map(_on_value, (operator.lt, operator.le, operator.gt,
-                                                     operator.ge))
-
-    def __format__(self, spec: str) -> str:
-        return format(self.result(), spec) if spec else repr(self)
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d (scalar) Future")
-        return self.shape[0]
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
 
     def __repr__(self) -> str:
         return (f"Future(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
@@ -483,14 +444,5 @@ class Future:
                     logging.getLogger("pwkernel").exception("future done-callback raised")
 
 
-# Arithmetic, indexing and iteration as a jax.Array's, on the value once it is there (so
-# ``f(x) + 1`` works as after ``jax.jit``; inside a program, traced calls chain instead).
-for _op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
-            "xor", "lshift", "rshift"):
-    _f, _name = getattr(operator, _op), _op.rstrip("_")
-    setattr(Future, f"__{_name}__", _on_value(_f))
-    setattr(Future, f"__r{_name}__", _on_value(lambda v, other, f=_f: f(other, v)))
-for _name, _f in (("neg", operator.neg), ("pos", operator.pos), ("abs", abs),
-                 ("invert", operator.invert), ("getitem", operator.getitem), ("iter", iter)):
-    setattr(Future, f"__{_name}__", _on_value(_f))
+
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)

@@ -126,6 +126,18 @@ def test_a_cell_that_does_arithmetic_on_a_pw_function_result(ip):
                                rtol=1e-6)
 
 
+def test_a_plain_cell_reads_a_pw_function_result_with_jax_functions(ip, capsys):
+    """``jnp.mean(loss)``, ``loss.mean()`` and ``jax.block_until_ready`` on a compiled
+    function's result, outside ``%%pathways`` (before: a ValueError, "Triggering
+    __jax_array__() during abstractification is no longer supported", and no wait)."""
+    run(ip, "import jax, jax.numpy as jnp, numpy as np, pwkernel as pw")
+    run(ip, "%pathways slice s 2")
+    run(ip, "sq = pw.function(lambda v: (v - 1.0) ** 2, slice=s)")
+    run(ip, "loss = jax.block_until_ready(sq(jnp.arange(4.0)))\n"
+            "print(f'{jnp.mean(loss):.2f} {loss.mean():.2f} {jax.jit(jnp.max)(loss):.1f}')")
+    assert capsys.readouterr().out.splitlines()[-1] == "1.50 1.50 4.0"
+
+
 def test_a_loop_that_stops_on_a_value(ip, capsys):
     run(ip, "import jax.numpy as jnp")
     run(ip, "%pathways slice s 2")

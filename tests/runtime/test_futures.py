@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
@@ -237,6 +238,52 @@ def test_a_future_does_arithmetic_as_the_array_it_holds(ctl):
                                                   a), slice=s)(np.ones(2, np.float32))
     with pytest.raises(ValueError, match="no value here"):
         bad + 1
+
+
+def test_jax_functions_transformations_and_array_methods_take_a_future(ctl):
+    """Where JAX takes a jax.Array it takes a future, as the value it holds: jnp functions and
+    jax.jit (which no longer call __jax_array__), jax.grad, jax.Array's methods, pickling;
+    jax.block_until_ready waits for it. Same values, dtypes and shardings as on the value."""
+    import copy
+    import pickle
+
+    s = ctl.slice(2)
+    f = pw.function(lambda a: a * 2 - 3, slice=s, in_specs=P("x"))
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    y, z = f(x), pw.function(lambda a: a - 1, slice=s)(x)  # sharded on "x"; replicated
+    v, w = y.result(), z.result()
+    assert y.devices() == v.devices()
+    pairs = [(jnp.sum(y), jnp.sum(v)), (jnp.where(y > 0, y, 0), jnp.where(v > 0, v, 0)),
+             (jax.jit(lambda a: jnp.tanh(a) + 1)(y), jax.jit(lambda a: jnp.tanh(a) + 1)(v)),
+             (jnp.concatenate([y, y]), jnp.concatenate([v, v])), (jnp.exp(y), jnp.exp(v)),
+             (y.sum(axis=0), v.sum(axis=0)), (y.mean(), v.mean()), (y.T, v.T),
+             (y.astype(jnp.int32), v.astype(jnp.int32)), (z.reshape(2, 4), w.reshape(2, 4)),
+             (y.max(), v.max()), (pickle.loads(pickle.dumps(y)), pickle.loads(pickle.dumps(v))),
+             (copy.copy(y), copy.copy(v)), (copy.deepcopy([y])[0], copy.deepcopy([v])[0])]
+    with jax.set_mesh(s.mesh):  # (explicit mesh axes: JAX asks for the mesh around these)
+        grad = jax.grad(lambda a: (a ** 2).mean())
+        pairs += [(grad(y), grad(v)), (z.at[0, 0].set(9.0), w.at[0, 0].set(9.0))]
+    for got, want in pairs:
+        assert isinstance(got, jax.Array)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype and got.sharding == want.sharding
+    # jax.block_until_ready waits for the futures in a tree (it returned at once before)
+    gate = threading.Event()
+    slow = pw.function(lambda a: jax.pure_callback(lambda b: (gate.wait(), b)[1],
+                                                   jax.ShapeDtypeStruct((2,), np.float32), a),
+                       slice=s)(np.ones(2, np.float32))
+    seen = []
+    waiter = threading.Thread(target=lambda: seen.append(
+        (jax.block_until_ready({"w": slow}), slow.done())))
+    waiter.start()
+    gate.set()
+    waiter.join()
+    assert seen == [({"w": slow}, True)] and slow.block_until_ready() is slow
+    bad = pw.function(lambda a: jax.pure_callback(_fail, jax.ShapeDtypeStruct((2,), np.float32),
+                                                  a), slice=s)(np.ones(2, np.float32))
+    for use in (jnp.sum, jax.jit(lambda a: a + 1), lambda a: a.block_until_ready()):
+        with pytest.raises(ValueError, match="no value here"):
+            use(bad)
 
 
 def _fail(a):

@@ -1,0 +1,156 @@
+"""A value that arrives later, taken wherever JAX takes an array: ``ArrayOnDemand``, the base
+of ``pw.Future``. Whatever needs the value waits for it (``result()``), then is the value's own,
+as after ``jax.jit``:
+
+- Python's operators, indexing, iteration and conversions (``f(x) + 1``, ``fut[0]``,
+  ``float(loss)``, ``np.asarray(fut)``, f-strings with a format spec);
+- the ``jax.Array`` methods in ``ARRAY_METHODS`` and properties in ``ARRAY_PROPERTIES``
+  (``loss.mean()``, ``w.T``, ``x.astype(jnp.bfloat16)``, ``x.at[0].set(1)``);
+- JAX's own functions and transformations: ``jnp.sum(fut)``, ``jax.jit(g)(fut)``,
+  ``jax.grad(loss)(params)`` with futures in ``params``. JAX no longer calls ``__jax_array__``
+  where it abstracts an argument ("Triggering __jax_array__() during abstractification is no
+  longer supported"), so the class is registered with JAX's type of a value and its argument
+  canonicalization (``register_with_jax``): both take the value the future holds;
+- ``pickle``, ``copy.copy`` and ``copy.deepcopy``: as the array it holds;
+- ``block_until_ready()``: waits and returns the future, so ``jax.block_until_ready(tree)``
+  waits for the futures in ``tree`` as for arrays (before, it returned at once).
+
+What the future knows before its value (shape, dtype, sharding, ``ndim``, ``size``,
+``len()``, ``devices()``) does not wait. ``==`` and ``hash`` stay the future's own: a future
+is a key in dictionaries and sets, which an array cannot be. A future is not an instance of
+``jax.Array`` (a plain class, which takes no virtual subclasses): code that checks for one
+(``jax.random`` with a typed key, ``flax.serialization``) needs ``result()``.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Callable
+
+import numpy as np
+
+# jax.Array's methods a future answers on its value (``delete`` and ``is_ready`` are not among
+# them: the runtime asks values whether they have them).
+ARRAY_METHODS = (
+    "all", "any", "argmax", "argmin", "argsort", "astype", "choose", "clip", "compress", "conj",
+    "conjugate", "copy", "cumprod", "cumsum", "diagonal", "dot", "flatten", "max", "mean",
+    "min", "nonzero", "prod", "ptp", "ravel", "repeat", "reshape", "round", "searchsorted",
+    "sort", "squeeze", "std", "sum", "swapaxes", "take", "trace", "transpose", "var", "view",
+    "addressable_data", "copy_to_host_async", "to_device",
+)
+ARRAY_PROPERTIES = ("T", "mT", "real", "imag", "at", "flat", "addressable_shards",
+                    "global_shards", "is_fully_replicated", "is_fully_addressable", "nbytes",
+                    "itemsize", "committed", "format")
+_BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
+           "xor", "lshift", "rshift")
+_UNARY = (("neg", operator.neg), ("pos", operator.pos), ("abs", abs), ("invert", operator.invert),
+          ("getitem", operator.getitem), ("iter", iter), ("float", float), ("int", int),
+          ("complex", complex), ("bool", bool), ("index", operator.index), ("lt", operator.lt),
+          ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
+          ("divmod", divmod), ("round", round))
+
+
+def on_value(op: Callable) -> Callable:
+    """A method that applies ``op`` to the value (waiting for it), as a ``jax.Array`` would."""
+    def method(self, *args, **kwargs):
+        return op(self.result(), *args, **kwargs)
+    method.__name__ = getattr(op, "__name__", "method")
+    return method
+
+
+def _method(name: str) -> Callable:
+    def method(self, *args, **kwargs):
+        return getattr(self.result(), name)(*args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = f"``jax.Array.{name}`` of the value (waits for it)."
+    return method
+
+
+def _property(name: str) -> property:
+    return property(lambda self: getattr(self.result(), name),
+                    doc=f"``jax.Array.{name}`` of the value (waits for it).")
+
+
+class ArrayOnDemand:
+    """The array surface of a value that arrives later; a subclass has ``result()`` (the value,
+    waiting for it) and ``shape``, ``dtype`` and ``sharding`` known before it."""
+
+    __slots__ = ()
+
+    def result(self, timeout: float | None = None):
+        raise NotImplementedError
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.asarray(self.result())
+        return out.astype(dtype) if dtype is not None else out
+
+    def __jax_array__(self):
+        return self.result()
+
+    item = on_value(lambda v, *args: v.item(*args))
+    tolist = on_value(lambda v: v.tolist())
+
+    def __reduce__(self):
+        """A future pickles as the array it holds."""
+        return self.result().__reduce__()
+
+    __copy__ = on_value(copy.copy)
+    __deepcopy__ = on_value(copy.deepcopy)
+
+    def block_until_ready(self):
+        """Wait for the value (raising the computation's error if it failed); returns the
+        future itself, as ``jax.Array.block_until_ready`` returns the array."""
+        self.result()
+        return self
+
+    def devices(self) -> set:
+        """The devices the value lives on (known before it is there)."""
+        return set(self.sharding.device_set)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.result(), spec) if spec else repr(self)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d (scalar) Future")
+        return self.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+for _op in _BINARY:
+    _f, _name = getattr(operator, _op), _op.rstrip("_")
+    setattr(ArrayOnDemand, f"__{_name}__", on_value(_f))
+    setattr(ArrayOnDemand, f"__r{_name}__", on_value(lambda v, other, f=_f: f(other, v)))
+for _name, _f in _UNARY:
+    setattr(ArrayOnDemand, f"__{_name}__", on_value(_f))
+for _name in ARRAY_METHODS:
+    setattr(ArrayOnDemand, _name, _method(_name))
+for _name in ARRAY_PROPERTIES:
+    setattr(ArrayOnDemand, _name, _property(_name))
+
+
+def register_with_jax(cls: type) -> bool:
+    """Let JAX's functions and transformations take ``cls``'s instances as the arrays they
+    hold: JAX's type of one is its value's, and an argument is canonicalized to the value.
+    JAX looks both up along a type's bases, so registering the base covers its subclasses.
+    Returns False where this JAX has neither registry (older versions call ``__jax_array__``
+    there instead)."""
+    try:
+        from jax._src import core, dtypes
+        avals, canonical = core.pytype_aval_mappings, dtypes.canonicalize_value_handlers
+    except (ImportError, AttributeError):
+        return False
+    avals[cls] = lambda x: core.typeof(x.result())
+    canonical[cls] = lambda x: dtypes.canonicalize_value(x.result())
+    return True
+
+
+register_with_jax(ArrayOnDemand)
