@@ -37,7 +37,7 @@ ARRAY_METHODS = (
     "conjugate", "copy", "cumprod", "cumsum", "diagonal", "dot", "flatten", "max", "mean",
     "min", "nonzero", "prod", "ptp", "ravel", "repeat", "reshape", "round", "searchsorted",
     "sort", "squeeze", "std", "sum", "swapaxes", "take", "trace", "transpose", "var", "view",
-    "addressable_data", "copy_to_host_async", "to_device",
+    "addressable_data", "copy_to_host_async", "to_device", "item", "tolist",
 )
 ARRAY_PROPERTIES = ("T", "mT", "real", "imag", "at", "flat", "addressable_shards",
                     "global_shards", "is_fully_replicated", "is_fully_addressable", "nbytes",
@@ -60,8 +60,7 @@ def on_value(op: Callable) -> Callable:
 
 
 def _method(name: str) -> Callable:
-    def method(self, *args, **kwargs):
-        return getattr(self.result(), name)(*args, **kwargs)
+    method = on_value(lambda v, *args, **kwargs: getattr(v, name)(*args, **kwargs))
     method.__name__ = name
     method.__doc__ = f"``jax.Array.{name}`` of the value (waits for it)."
     return method
@@ -78,18 +77,12 @@ class ArrayOnDemand:
 
     __slots__ = ()
 
-    def result(self, timeout: float | None = None):
-        raise NotImplementedError
-
     def __array__(self, dtype=None, copy=None):
         out = np.asarray(self.result())
         return out.astype(dtype) if dtype is not None else out
 
     def __jax_array__(self):
         return self.result()
-
-    item = on_value(lambda v, *args: v.item(*args))
-    tolist = on_value(lambda v: v.tolist())
 
     def __reduce__(self):
         """A future pickles as the array it holds."""

@@ -444,5 +444,4 @@ class Future(ArrayOnDemand):
                     logging.getLogger("pwkernel").exception("future done-callback raised")
 
 
-
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)
