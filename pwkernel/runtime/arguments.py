@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from .dtypes import weak_type
-from .errors import ProgramError
+from .errors import ProgramError, retyped
 from .objects import Future
 
 NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
@@ -34,14 +34,15 @@ class Arguments:
         try:
             params = list(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError):
-            params = []
-        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
-                                                            p.POSITIONAL_OR_KEYWORD)]
+            params = None  # no signature (some built-ins): nothing to check against
         self.name = name
+        # a parameter named ``dispatch`` is the function's own; else a call's ``dispatch=``
+        # is pwkernel's (this call's dispatch mode)
+        self.takes_dispatch = any(p.name == "dispatch" for p in params or ())
         self.static_nums, self.static_names = _both(
-            name, "static", static_argnums, static_argnames, positional)
+            name, "static", static_argnums, static_argnames, params)
         self.donate_nums, self.donate_names = _both(
-            name, "donate", donate_argnums, donate_argnames, positional)
+            name, "donate", donate_argnums, donate_argnames, params)
         both = self.static_nums & self.donate_nums
         if both:
             raise ProgramError(f"{name}: argument {min(both)} is both static and donated; a "
@@ -51,12 +52,14 @@ class Arguments:
         """``(dynamic positional, dynamic keyword, static key)``; the key is hashable."""
         nums, names = self.static_nums, self.static_names
         if not nums and not names:
-            return args, kwargs, (len(args), (), ())
+            return args, kwargs, (len(args), (), (), ())
         dyn = tuple(a for i, a in enumerate(args) if i not in nums)
         spos = tuple((i, args[i]) for i in sorted(nums) if i < len(args))
         skw = tuple(sorted((k, v) for k, v in kwargs.items() if k in names))
         dkw = {k: v for k, v in kwargs.items() if k not in names}
-        key = (len(args), spos, skw)
+        # jax.jit keeps statics that compare equal but differ in type apart (2 and 2.0,
+        # 1 and True): they can trace to different dtypes.
+        key = (len(args), spos, skw, tuple(type(v) for _, v in spos + skw))
         try:
             hash(key)
         except TypeError:
@@ -69,7 +72,7 @@ class Arguments:
 
     def rebuild(self, dyn: Sequence, kwargs: dict, key: tuple) -> tuple[list, dict]:
         """The full call from the dynamic arguments and the static key."""
-        nargs, spos, skw = key
+        nargs, spos, skw, _ = key
         args, it, statics = [], iter(dyn), dict(spos)
         for i in range(nargs):
             args.append(statics[i] if i in statics else next(it))
@@ -79,7 +82,7 @@ class Arguments:
         """Flat leaf indices of the donated arguments (in the (positional, keyword) tree)."""
         if not self.donate_nums and not self.donate_names:
             return ()
-        nargs, spos, _ = key
+        nargs, spos, _, _ = key
         positions = [i for i in range(nargs) if i not in dict(spos)]
         out, at = [], 0
         for pos, arg in zip(positions, dyn, strict=True):
@@ -103,16 +106,44 @@ def _hashable(v) -> bool:
         return False
 
 
-def _both(fn_name: str, what: str, nums, names, positional: list[str]):
-    """``(positions, names)`` of ``what`` arguments, each completed from the other."""
+def _both(fn_name: str, what: str, nums, names, params):
+    """``(positions, names)`` of ``what`` arguments, each completed from the other and
+    checked against the signature as ``jax.jit`` checks them (a negative position counts
+    from the end of the positional parameters)."""
     nums = () if nums is None else (nums,) if isinstance(nums, int) else tuple(nums)
     names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in nums):
-        raise ProgramError(f"{fn_name}: {what}_argnums must be non-negative ints (positions of "
-                           f"arguments), got {nums!r}. Maybe you want {what}_argnums=(1,).")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in nums):
+        raise ProgramError(f"{fn_name}: {what}_argnums must be ints (positions of arguments), "
+                           f"got {nums!r}. Maybe you want {what}_argnums=(1,).")
     if not all(isinstance(n, str) for n in names):
         raise ProgramError(f"{fn_name}: {what}_argnames must be argument names (str), got "
                            f"{names!r}. Maybe you want {what}_argnames=('n',).")
+    params = params or []
+    kinds = {p.kind for p in params}
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                        p.POSITIONAL_OR_KEYWORD)]
+    if params and inspect.Parameter.VAR_POSITIONAL not in kinds:
+        bad = [i for i in nums if not -len(positional) <= i < len(positional)]
+        if bad:
+            raise retyped(ProgramError(
+                f"{fn_name}: {what}_argnums={nums} names position {bad[0]}, but the function "
+                f"takes {len(positional)} positional arguments ({', '.join(positional)})."),
+                ValueError)
+        nums = tuple(i % len(positional) for i in nums)
+    elif any(i < 0 for i in nums):
+        raise ProgramError(f"{fn_name}: {what}_argnums={nums}: a negative position needs a "
+                           "function with a fixed number of positional arguments (this one "
+                           "takes *args); give positions from the start.")
+    keyword = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = inspect.Parameter.VAR_KEYWORD in kinds or not params
+    unknown = sorted(set(names) - keyword) if not takes_any else sorted(
+        set(names) & {p.name for p in params if p.kind == p.POSITIONAL_ONLY})
+    if unknown:
+        raise retyped(ProgramError(
+            f"{fn_name}: {what}_argnames names {unknown}, which the function does not take by "
+            f"keyword (it takes {', '.join(sorted(keyword)) or 'no keyword arguments'}). "
+            f"Check the spelling, or use {what}_argnums for positional-only arguments."),
+            ValueError)
     nums_set = set(nums) | {positional.index(n) for n in names if n in positional}
     names_set = set(names) | {positional[i] for i in nums if i < len(positional)}
     return frozenset(nums_set), frozenset(names_set)

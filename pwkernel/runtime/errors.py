@@ -49,3 +49,37 @@ class NeedsValueError(ProgramError):
     """Python asked for the value of something a program has not computed yet, while the
     program was traced (``float(v)``, ``if v:``): a ``%%pathways`` cell runs that statement
     as plain Python instead."""
+
+
+_RETYPED: dict[tuple[type, type], type] = {}
+
+
+def retyped(err: PathwaysError, base: type[BaseException]) -> PathwaysError:
+    """``err``, made also an instance of ``base``: the type of the error it stands for, so
+    that an ``except`` clause written for plain JAX (``except ValueError``) still catches it.
+    ``err`` itself where ``base`` already is one of its types, is not an ``Exception``, or
+    cannot be combined with it (built-ins with their own instance layout, e.g. ``OSError``)."""
+    cls = type(err)
+    if issubclass(cls, base) or not issubclass(base, Exception):
+        return err
+    both = _RETYPED.get((cls, base))
+    if both is None:
+        try:
+            both = type(cls.__name__, (cls, base), {
+                "__init__": _plain_init, "__str__": BaseException.__str__,
+                "__reduce__": _reduce_as_own, "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+        except TypeError:
+            both = cls
+        _RETYPED[cls, base] = both
+    return err if both is cls else both(*err.args)
+
+
+def _plain_init(self, *args):
+    # The combined type takes a message, whatever ``base``'s own constructor takes.
+    BaseException.__init__(self, *args)
+
+
+def _reduce_as_own(self):
+    # Pickled (e.g. across Ray) as the pwkernel error alone: the combined type is made here.
+    return type(self).__mro__[1], self.args

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from . import executor as executors
 from .arguments import NUMERIC, Arguments, Traced, Tracer, canonical, is_weak, leaf_placement
+from .arraylike import ArrayOnDemand
 from .dtypes import weak_type
 from .errors import NeedsValueError, ProgramError, SliceError, SpecError
 from .executable import Executable
@@ -59,8 +60,10 @@ def _current_graph() -> Graph | None:
     return getattr(_tracing, "graph", None)
 
 
-class Value:
-    """A placeholder for a value while a program is traced: shape, dtype and sharding only."""
+class Value(ArrayOnDemand):
+    """A placeholder for a value while a program is traced: shape, dtype and sharding only.
+    Whatever needs the value itself (operators, ``jax.Array``'s methods, ``jnp`` functions,
+    comparisons, ``range(v)``) raises ``NeedsValueError``, which says where the work goes."""
 
     __slots__ = ("graph", "id", "shape", "dtype", "sharding")
 
@@ -69,20 +72,12 @@ class Value:
         self.graph, self.id = graph, vid
         self.shape, self.dtype, self.sharding = spec.shape, spec.dtype, spec.sharding
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def _refuse(self, *_, **__):
+    def result(self, *_, **__):
         raise NeedsValueError(
             f"inside @pw.program, values (here one of shape {self.shape}) are futures of "
             "computations that have not run yet; only compiled functions can operate on them. "
             "Maybe you want to put this operation inside a pw.function."
         )
-
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
-    __truediv__ = __rtruediv__ = __matmul__ = __rmatmul__ = __neg__ = __pow__ = _refuse
-    __getitem__ = __array__ = __bool__ = __float__ = __int__ = __iter__ = _refuse
 
     def __repr__(self) -> str:
         return f"Value(shape={self.shape}, dtype={self.dtype})"
@@ -236,12 +231,13 @@ class CompiledFunction:
                 "element of a returned tuple.") from None
 
     def __call__(self, *args, **kwargs):
+        dispatch = None if self.arguments.takes_dispatch else kwargs.pop("dispatch", None)
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = _current_graph()
         try:
             if graph is not None:
                 return _record_call(graph, self, dyn, dkw, statics)
-            return self._program(statics)(dyn, dkw)
+            return self._program(statics)(dyn, dkw, dispatch=dispatch)
         except Traced:  # on JAX tracers: what a nested jax.jit is
             return self.inlined(*args, **kwargs)
 
@@ -361,25 +357,35 @@ class Program:
     >>> y, z = f(np.array([1.0, 2.0]))        # doctest: +SKIP
     """
 
-    def __init__(self, fn: Callable, name: str | None = None, inline: Any = ...):
+    def __init__(self, fn: Callable, name: str | None = None, inline: Any = ...,
+                 static_argnums=None, static_argnames=None):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "program")
         # what a call on JAX tracers runs (``Traced``): the function itself, its compiled
         # functions inlined; None: the caller handles it (a ``pw.function``'s own program)
         self.inline = fn if inline is ... else inline
+        self.arguments = Arguments(fn, self.name, static_argnums, static_argnames, None, None)
+        self._statics = bool(self.arguments.static_nums or self.arguments.static_names)
         self._graphs: dict[Any, Graph] = {}
         self._last: tuple | None = None  # (key, graph) of the last call
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn, updated=())
 
+    def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
+        """The dynamic arguments and the static ones' key (as ``jax.jit`` splits them)."""
+        if not self._statics:
+            return args, kwargs, ()
+        return self.arguments.split(args, kwargs)
+
     def trace(self, *args, **kwargs) -> Graph:
         """The graph for these arguments (traced now, or from the cache)."""
+        args, kwargs, statics = self._split(args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        return self._graph(tree, leaves)
+        return self._graph(tree, leaves, statics)
 
-    def _graph(self, tree, leaves) -> Graph:
+    def _graph(self, tree, leaves, statics: tuple = ()) -> Graph:
         key = (tree, tuple([leaf.placement if type(leaf) is Future and leaf.placement
-                            else leaf_placement(leaf) for leaf in leaves]))
+                            else leaf_placement(leaf) for leaf in leaves]), statics)
         last = self._last  # the key of the last call, compared without hashing: a program's
         if last is not None and last[0] == key:  # futures share their placement tuples
             graph = last[1]
@@ -394,7 +400,7 @@ class Program:
         return graph
 
     def _build(self, key) -> Graph:
-        tree, placement = key
+        tree, placement, statics = key
         graph = Graph(self.name)
         values = []
         for kind, shape, dtype, sharding, weak in placement:
@@ -402,6 +408,8 @@ class Program:
             graph.inputs.append(spec.id)
             values.append(Value(graph, spec.id))
         args, kwargs = jax.tree_util.tree_unflatten(tree, values)
+        if statics:
+            args, kwargs = self.arguments.rebuild(args, kwargs, statics)
         _tracing.graph = graph
         try:
             result = self.fn(*args, **kwargs)
@@ -418,15 +426,18 @@ class Program:
                                "work in pw.function(fn, slice=...) and call that.")
         return graph
 
-    def __call__(self, *args, dispatch: str | None = None, **kwargs):
+    def __call__(self, *args, **kwargs):
         """Submit the program on ``args`` and ``kwargs``; ``dispatch="sequential"`` (or
-        ``"parallel"``) for this call only, else the controller's mode. Inside another
-        program: inlined."""
+        ``"parallel"``) for this call only, else the controller's mode (unless the function
+        has a parameter of that name: then it is the function's). Inside another program:
+        inlined."""
+        dispatch = None if self.arguments.takes_dispatch else kwargs.pop("dispatch", None)
         if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args, **kwargs)  # inside another trace: inline this program's calls
-        leaves, tree = _flatten((args, kwargs))
+        dyn, dkw, statics = self._split(args, kwargs)
+        leaves, tree = _flatten((dyn, dkw))
         try:
-            graph = self._graph(tree, leaves)
+            graph = self._graph(tree, leaves, statics)
         except Traced:
             if self.inline is None:
                 raise
@@ -438,11 +449,15 @@ class Program:
         return f"pw.program({self.name})"
 
 
-def program(fn: Callable | None = None, *, name: str | None = None):
-    """Decorator: trace ``fn`` into one dataflow program (see ``Program``)."""
-    if fn is None:
-        return lambda f: Program(f, name=name)
-    return Program(fn, name=name)
+def program(fn: Callable | None = None, *, name: str | None = None, static_argnums=None,
+            static_argnames=None):
+    """Decorator: trace ``fn`` into one dataflow program (see ``Program``).
+    ``static_argnums``/``static_argnames``: arguments that are Python values at trace time
+    (a layer count, a mode string), part of the graph's cache key, as in ``jax.jit``."""
+    def make(f):
+        return Program(f, name=name, static_argnums=static_argnums,
+                       static_argnames=static_argnames)
+    return make if fn is None else make(fn)
 
 
 def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, out_specs=None,

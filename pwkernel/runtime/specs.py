@@ -21,7 +21,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .errors import ProgramError, SpecError
+from .errors import ProgramError, SpecError, retyped
 
 
 class Inferred(enum.Enum):
@@ -202,7 +202,8 @@ def check_specs_arg(what: str, specs) -> None:
 
 def tracing_error(name: str, e: Exception, in_avals, in_shardings, why) -> ProgramError:
     """One pwkernel line on top of JAX's error: which function, how its inputs were laid
-    out and who chose that, and the likely fix."""
+    out and who chose that, and the likely fix. A ``ProgramError`` that is also of the
+    error's own type, so ``except ValueError`` catches what ``jax.jit`` would raise."""
     cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     inputs = [describe(s, d, sh.spec, w)
               for (s, d, _, _), sh, w in zip(in_avals, in_shardings, why, strict=True)]
@@ -219,5 +220,5 @@ def tracing_error(name: str, e: Exception, in_avals, in_shardings, why) -> Progr
                "replicate, or jax.sharding.reshard(x, P(...)) inside the function.")
     else:
         fix = "(JAX raised it while tracing the function: its error is the cause, below.)"
-    return ProgramError(f"{name} could not be traced: {kind}: {cause}\n  inputs: "
-                        f"{shown}\n  {fix}")
+    return retyped(ProgramError(f"{name} could not be traced: {kind}: {cause}\n  inputs: "
+                                f"{shown}\n  {fix}"), type(e))

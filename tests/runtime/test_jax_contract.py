@@ -38,6 +38,52 @@ def test_keyword_static_and_pytree_arguments(ctl):
         named(x, n=[1, 2])
 
 
+def test_static_values_equal_but_of_other_types_compile_apart_and_argnums_are_checked(ctl):
+    """jax.jit keeps 2 and 2.0 (1 and True) apart as static values, counts a negative
+    position from the end, and refuses positions and names the function does not take."""
+    s = ctl.slice(2)
+    scale = lambda x, s: x * s  # noqa: E731
+    x = jnp.arange(3)
+    pf, jf = pw.function(scale, slice=s, static_argnums=-1), jax.jit(scale, static_argnums=-1)
+    for v in (2, 2.0, True, 2):
+        got, want = pf(x, v).result(60), jf(x, v)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist(), (v, got, want)
+    assert len(pf._cache) == 3
+    for kw, jax_kw in [({"static_argnums": 5}, "static_argnums"),
+                       ({"static_argnames": "nn"}, "invalid argnames"),
+                       ({"donate_argnums": (0, 2)}, "donate_argnums")]:
+        with pytest.raises(ValueError, match=jax_kw):
+            jax.jit(scale, **kw)
+        with pytest.raises(ValueError, match="position|does not take") as info:
+            pw.function(scale, slice=s, **kw)
+        assert isinstance(info.value, pw.ProgramError) and "\n" not in str(info.value)
+    star = pw.function(lambda *a, **k: a[0] * a[1], slice=s, static_argnums=1,
+                       static_argnames="any")  # *args and **kwargs take any position or name
+    assert star(x, 3).result(60).tolist() == [0, 3, 6]
+
+
+def test_errors_raised_while_tracing_keep_their_type(ctl):
+    """An error the user's function raises while JAX traces it is caught by the same
+    ``except`` clause as under jax.jit, and is also a pw.ProgramError with pwkernel's line."""
+    s = ctl.slice(2)
+
+    def rows3(x):
+        if x.shape[0] != 3:
+            raise ValueError("need 3 rows")
+        return x
+
+    with pytest.raises(ValueError, match="need 3 rows"):
+        jax.jit(rows3)(jnp.ones(2))
+    with pytest.raises(ValueError, match="rows3 could not be traced: ValueError: need 3 rows"
+                       ) as info:
+        pw.function(rows3, slice=s)(jnp.ones(2))
+    assert isinstance(info.value, pw.ProgramError)
+    assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(jax.errors.TracerBoolConversionError):
+        pw.function(lambda x: x if x.sum() > 0 else -x, slice=s)(jnp.ones(2))
+    assert pw.function(rows3, slice=s)(jnp.ones(3)).result(60).tolist() == [1.0] * 3
+
+
 def test_out_specs_are_pytree_prefixes(ctl):
     s = ctl.slice(2)
 
@@ -149,6 +195,35 @@ def test_donation_only_when_asked(ctl):
     assert not y.is_deleted()
 
 
+def test_a_value_donated_already_fails_the_call_as_jax_jit_does(ctl):
+    """A donating call given a buffer an earlier call consumed, or one it also reads, fails
+    its futures with a RuntimeError that says so (this jaxlib's compiled call, and jax.jit on
+    a sharded array, crash the process there), and the controller and other values carry on."""
+    s = ctl.slice(2)
+    f = pw.function(lambda x: x * 2, slice=s, donate_argnums=0)
+    add = pw.function(lambda x, y: x + y, slice=s, donate_argnums=0)
+    y = f(jnp.ones(8))
+    assert f(y).result(60).tolist() == [4.0] * 8
+    x = jax.device_put(jnp.ones(8), NamedSharding(s.mesh, P()))
+    f(x).result(60)
+    pending = f(jnp.ones(8))  # two donating calls on one value, the first not yet ended
+    first, second = f(pending), f(pending)
+
+    @pw.program
+    def twice(v):
+        return f(v), f(v)
+
+    q = pw.function(lambda v: v + 1, slice=s)(jnp.arange(4.0))
+    for fut in (f(y), f(x), second, twice(jnp.ones(8))[1], add(q, q)):
+        with pytest.raises(RuntimeError, match="deleted.*donated to an earlier call|donates "
+                           "input 0 and also reads") as info:
+            fut.result(60)
+        assert isinstance(info.value, pw.ProgramError)
+    assert first.result(60).tolist() == [4.0] * 8
+    assert add(q, q * 1).result(60).tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert ctl.wait(60)
+
+
 def test_user_jax_arrays_survive_every_call(ctl):
     """The arrays a flax model's init or jnp.ones gives, passed as they are: alive after."""
     s = ctl.slice(4)
@@ -201,7 +276,7 @@ def test_tracing_errors_name_the_inputs_who_chose_them_and_the_fix(ctl):
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), out_shardings=NamedSharding(
         ctl.slice(1).mesh, P(), memory_kind="pinned_host")), "Leave memory_kind unset"),
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), static_argnums="0"),
-     "static_argnums must be non-negative ints"),
+     "static_argnums must be ints"),
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), name=3), "name must be a str"),
     (lambda ctl: pw.Controller(islands=4), "islands must be a sequence of positive"),
     (lambda ctl: pw.Controller(islands="4,4"), "Maybe you want islands=\\(4, 4\\)"),

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
+from pwkernel.runtime.errors import NeedsValueError
 
 
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
@@ -133,6 +134,47 @@ def test_tracing_errors_say_what_to_do(ctl):
         pw.function(lambda x: x, slice=2)
     with pytest.raises(pw.ProgramError, match="could not be traced"):
         pw.function(lambda x: jnp.dot(x, x.T[:1]), slice=ctl.slice(1))(np.ones((2, 3)))
+    # whatever needs a value gets the same line: methods, properties, comparisons, jnp,
+    # range() over a traced argument (jnp's own TypeError wraps it: its context says it)
+    x = np.ones(2)
+    for body, arg in ((lambda v: f(v).sum(), x), (lambda v: f(v).T, x),
+                      (lambda v: f(v) > 0, x), (lambda v: f(v)[0], x),
+                      (lambda n: [f(x) for _ in range(n)], 2)):
+        with pytest.raises(NeedsValueError, match="only compiled functions can operate"):
+            pw.program(body)(arg)
+    with pytest.raises(TypeError) as info:
+        pw.program(lambda v: jnp.sin(f(v)))(x)
+    assert isinstance(info.value.__context__, NeedsValueError)
+
+
+def test_program_static_arguments_and_its_own_dispatch_parameter(ctl):
+    """@pw.program takes static_argnums/static_argnames as jax.jit does (a Python value at
+    trace time, part of the cache key); a parameter named ``dispatch`` is the function's."""
+    s = ctl.slice(2)
+    double = pw.function(lambda x: x * 2, slice=s)
+
+    @pw.program(static_argnums=1, static_argnames="mode")
+    def repeat(x, n, mode="same"):
+        for _ in range(n):
+            x = double(x)
+        return x if mode == "same" else double(x)
+
+    assert repeat(np.ones(2), 3).result(60).tolist() == [8.0, 8.0]
+    assert repeat(np.ones(2), 2, mode="more").result(60).tolist() == [8.0, 8.0]
+    assert repeat(np.ones(2), 1, dispatch="sequential").result(60).tolist() == [2.0, 2.0]
+    assert len(repeat._graphs) == 3
+    with pytest.raises(ValueError, match="static_argnames names \\['nn'\\]"):
+        pw.program(lambda x: x, static_argnames="nn")
+
+    @pw.program
+    def both(x, dispatch):
+        return double(x), double(dispatch)
+
+    got = both(np.ones(2), dispatch=np.full(2, 3.0))
+    assert [g.result(60).tolist() for g in got] == [[2.0, 2.0], [6.0, 6.0]]
+    assert double(np.ones(2), dispatch="sequential").result(60).tolist() == [2.0, 2.0]
+    add = pw.function(lambda x, dispatch: x + dispatch, slice=s)
+    assert add(np.ones(2), dispatch=np.ones(2)).result(60).tolist() == [2.0, 2.0]
 
 
 def test_decorator_forms(ctl):

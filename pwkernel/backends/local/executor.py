@@ -34,6 +34,7 @@ from typing import Any
 import jax
 
 from ...runtime.callbacks import failure
+from ...runtime.errors import ProgramError, retyped
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
@@ -210,7 +211,30 @@ def _donatable(task: Task, waits: bool) -> BaseException | None:
         for producer in task.producers():
             producer.expedite()  # its watcher reports it at once
         task.inputs_ended(None)
-    return task.input_error()
+    error = task.input_error()
+    return error if error is not None else _consumed(task)
+
+
+def _consumed(task: Task) -> BaseException | None:
+    """The error ``jax.jit`` raises (or should) for a donating call given an input that is
+    gone already (an earlier launch was given it) or that it both donates and reads: XLA's
+    compiled call, unlike ``jax.jit``'s own path, does not check, and crashes the process."""
+    inputs, node = task.inputs(), task.node
+    for i, value in enumerate(inputs):
+        deleted = getattr(value, "is_deleted", None)
+        if deleted is not None and deleted():
+            return retyped(ProgramError(
+                f"Array has been deleted with shape={value.aval.str_short()}: input {i} of "
+                f"{node.name} was donated to an earlier call, which now owns its buffer. Use "
+                "that call's result, or pass each donating call its own copy "
+                "(jnp.copy(x))."), RuntimeError)
+    for i in node.exe.donated:
+        if sum(v is inputs[i] for v in inputs) > 1:
+            return retyped(ProgramError(
+                f"{node.name} donates input {i} and also reads the same array as another "
+                "input: a computation cannot be given a buffer it still reads. Pass a copy "
+                "(jnp.copy(x)) as one of them, or donate neither."), RuntimeError)
+    return None
 
 
 def _waits(task: Task) -> bool:
