@@ -1,11 +1,11 @@
 """A ``%%pathways`` cell as ONE Pathways program.
 
-The cell is parsed with ``ast`` and rewritten into a function::
+The cell's top level runs as a notebook's top level runs, in a namespace of its own over the
+user's (``CellScope``), wrapped in a function of the cell's array inputs::
 
     def cell(<inputs>):          # free names of the cell that hold arrays or futures
-        <plain names it rebinds> = <their current values>
-        <the cell's body>        # same line numbers as in the notebook
-        return {<names the cell binds>}
+        exec(<the cell's body>, scope)   # same line numbers as in the notebook
+        return {<names the cell bound or deleted>}
 
 Then, in one of two ways:
 
@@ -52,8 +52,8 @@ from ..runtime.program import program as pw_program
 from ..runtime.resources import VirtualSlice
 
 LAST = "__pw_last__"  # holds the value of a cell's last expression
-_MAKE, _CELL, _STATIC, _PRINT, _PICK, _PUT = ("__pw_make__", "__pw_cell__", "__pw_static__",
-                                              "__pw_print__", "__pw_pick__", "__pw_put__")
+_PRINT, _PUT = "__pw_print__", "__pw_put__"
+DELETED = object()  # the value of a name the cell deleted (``del x``): unbound after it
 
 
 @dataclasses.dataclass
@@ -62,7 +62,6 @@ class CellPlan:
 
     fn: Callable[..., dict[str, Any]]
     params: list[str]          # names passed in: arrays, jax arrays and futures
-    outputs: list[str]         # names the cell binds (and LAST when it ends in an expression)
     uses_pw: bool              # the cell calls compiled functions or programs
     filename: str
     last_name: str | None = None  # the cell ends with a bare name: show that value
@@ -106,38 +105,113 @@ def _rebuild(tree, plain: list[Any], arrays: Sequence[Any]) -> Any:
     return jax.tree_util.tree_unflatten(tree, [next(it) if x is None else x for x in plain])
 
 
-class _Bound(ast.NodeVisitor):
-    """Names bound in the cell's own scope (not inside nested functions or classes)."""
+class CellScope(dict):
+    """The cell's top-level names over the user's namespace, as a notebook's top level has
+    them: a name the cell does not bind is read from the user's namespace, ``global`` and
+    ``del`` work, and functions, lambdas and classes defined in the cell read their globals
+    here when called. The names the cell reads are seeded (its array inputs with their traced
+    values), because a class body looks its globals up without ``__missing__``. Once the
+    trace ends (``close``) it keeps nothing of its own and every read falls through: a
+    function the cell defined then sees the notebook's current names, never a traced value."""
 
-    def __init__(self) -> None:
-        self.names: list[str] = []
+    def __init__(self, user_ns: dict[str, Any], helpers: dict[str, Any],
+                 seeded: dict[str, Any]):
+        super().__init__(helpers)
+        self.update(seeded)
+        self.user_ns, self.helpers, self.seeded = user_ns, frozenset(helpers), seeded
+        self.written: set[str] = set()
+        self.deleted: set[str] = set()
 
-    def _add(self, name: str) -> None:
-        if name not in self.names:
-            self.names.append(name)
+    def __missing__(self, key: str) -> Any:
+        return self.user_ns[key]
 
-    def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Store):
-            self._add(node.id)
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.written.add(key)
+        self.deleted.discard(key)
+        dict.__setitem__(self, key, value)
 
-    def visit_FunctionDef(self, node) -> None:
-        self._add(node.name)  # the body is another scope
+    def __delitem__(self, key: str) -> None:
+        if dict.__contains__(self, key):
+            dict.__delitem__(self, key)
+        elif key not in self.user_ns:
+            raise KeyError(key)
+        self.deleted.add(key)
 
-    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+    def bound(self) -> dict[str, Any]:
+        """The names the cell bound (``DELETED`` for those it deleted), in binding order.
+        (Rebinding through ``global`` in a function writes past ``__setitem__``: a value
+        that is not the seeded one tells it.)"""
+        seeded, out = self.seeded, {}
+        for key, value in self.items():
+            if key in self.helpers or key == "__builtins__":
+                continue
+            if key in self.written or key not in seeded or value is not seeded[key]:
+                out[key] = value
+        gone = self.deleted | {k for k in seeded if not dict.__contains__(self, k)}
+        out.update((k, DELETED) for k in gone if k in self.user_ns and k not in out)
+        return out
 
-    def visit_Lambda(self, node) -> None:
-        pass
+    def close(self) -> None:
+        for key in list(self):
+            if key not in self.helpers:
+                dict.__delitem__(self, key)
 
-    def visit_ListComp(self, node) -> None:
-        pass
 
-    visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+def _check_kept(user_ns: dict[str, Any]) -> None:
+    """Refuse a cell that stored a traced value into a list, dict or set of the notebook's
+    (through a function: statements that do it themselves run as plain Python,
+    ``segments.py``), looked for two levels deep. The traced values are taken out again
+    (outside its trace one is good for nothing), so the next cell starts clean."""
+    for name, value in list(user_ns.items()):
+        if type(value) in _CONTAINERS and not name.startswith("_") and (
+                _drop_traced(value) + sum(_drop_traced(x) for x in list(_items(value))
+                                          if type(x) in _CONTAINERS)):
+            raise UsageError(
+                f"%%pathways: the cell stored an array it computes into {name!r} (a "
+                f"{type(value).__name__} from outside the cell), where it would stay a traced "
+                "placeholder, not the array; it was taken out again. Bind the array to a name "
+                f"in the cell and store it in a statement of its own ({name}.append(loss) "
+                "runs as plain Python).")
 
-    def visit_Import(self, node) -> None:
-        for alias in node.names:
-            self._add((alias.asname or alias.name).split(".")[0])
 
-    visit_ImportFrom = visit_Import
+_CONTAINERS = (list, dict, set)
+
+
+def _items(container) -> Any:
+    return container.values() if type(container) is dict else container
+
+
+def _drop_traced(container) -> int:
+    """Take traced values out of ``container`` (by identity: a traced value compares as an
+    array); how many there were."""
+    def traced(x) -> bool:
+        return isinstance(x, jax.core.Tracer | Value)
+
+    if type(container) is dict:
+        gone = [k for k, v in container.items() if traced(v)]
+        for k in gone:
+            del container[k]
+        return len(gone)
+    kept = [x for x in container if not traced(x)]
+    n = len(container) - len(kept)
+    if n:
+        container.clear()
+        (container.extend if type(container) is list else container.update)(kept)
+    return n
+
+
+def _rehome(value: Any, scope: CellScope, user_ns: dict[str, Any]) -> Any:
+    """A function the cell defined, with the user's namespace as its globals (as without the
+    magic); anything else as it is (decorated functions keep the scope, which then reads
+    through to the user's namespace)."""
+    if isinstance(value, types.FunctionType) and value.__globals__ is scope:
+        out = types.FunctionType(value.__code__, user_ns, value.__name__, value.__defaults__,
+                                 value.__closure__)
+        out.__kwdefaults__, out.__qualname__ = value.__kwdefaults__, value.__qualname__
+        out.__dict__.update(value.__dict__)
+        out.__doc__, out.__module__ = value.__doc__, value.__module__
+        return out
+    return value
 
 
 class _Route(ast.NodeTransformer):
@@ -203,18 +277,14 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         tree.body[-1] = ast.copy_location(
             ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
     tree = _Route().visit(tree)
-    bound = _Bound()
-    for node in tree.body:
-        bound.visit(node)
     loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
-              and isinstance(n.ctx, ast.Load)}
+              and isinstance(n.ctx, ast.Load | ast.Del)}
+    loaded |= {t.target.id for t in ast.walk(tree)  # ``x += 1`` reads x first
+               if isinstance(t, ast.AugAssign) and isinstance(t.target, ast.Name)}
     params = sorted(n for n in loaded if n in user_ns and is_state(user_ns[n]))
-    # Plain values the cell both reads and rebinds are locals of the function: seed them.
-    statics = {n: user_ns[n] for n in bound.names if n in loaded and n in user_ns
-               and n not in params}
+    seeded = sorted(n for n in loaded if n in user_ns and n not in params)
     uses_pw = any(isinstance(user_ns.get(n), CompiledFunction | Program) for n in loaded)
-    outputs = list(bound.names)
-    fn = _build(tree, params, statics, outputs, user_ns, filename, line_offset, printer)
+    fn = _build(tree, params, seeded, user_ns, filename, line_offset, printer)
     mixed = {n: m for n in params if (m := _mixed(user_ns[n])) is not None}
     if mixed:
         inner = fn
@@ -222,36 +292,27 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         def fn(*args):
             return inner(*[_rebuild(*mixed[p], a) if p in mixed else a
                            for p, a in zip(params, args, strict=True)])
-    return CellPlan(fn, params, outputs, uses_pw, filename, last_name, mixed)
+    return CellPlan(fn, params, uses_pw, filename, last_name, mixed)
 
 
-def _build(tree: ast.Module, params: list[str], statics: dict[str, Any], outputs: list[str],
-           user_ns: dict[str, Any], filename: str, line_offset: int,
+def _build(tree: ast.Module, params: list[str], seeded: list[str], user_ns: dict[str, Any],
+           filename: str, line_offset: int,
            printer: Callable[..., None]) -> Callable[..., dict[str, Any]]:
     ast.increment_lineno(tree, line_offset)
-    loc = dict(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)
-    seed = [ast.Assign([ast.Name(n, ast.Store())],
-                       ast.Subscript(ast.Name(_STATIC, ast.Load()), ast.Constant(n), ast.Load()),
-                       **loc) for n in statics]
-    pick = ast.Return(ast.Call(ast.Name(_PICK, ast.Load()),
-                               [ast.Call(ast.Name("locals", ast.Load()), [], [])], []), **loc)
-    inner = ast.FunctionDef(
-        _CELL, ast.arguments([], [ast.arg(p) for p in params], None, [], [], None, []),
-        seed + tree.body + [pick], [], None, **loc)
-    outer = ast.FunctionDef(
-        _MAKE, ast.arguments([], [ast.arg(_STATIC), ast.arg(_PRINT), ast.arg(_PICK),
-                                  ast.arg(_PUT)], None, [], [], None, []),
-        [inner, ast.Return(ast.Name(_CELL, ast.Load()), **loc)], [], None, **loc)
-    module = ast.fix_missing_locations(ast.Module([outer], []))
-    code = compile(module, filename, "exec")
-    scratch: dict[str, Any] = {}
-    exec(code, user_ns, scratch)  # globals: the user's namespace, so the cell sees its names
-    wanted = frozenset(outputs)
+    code = compile(ast.fix_missing_locations(tree), filename, "exec")
+    helpers = {_PRINT: printer, _PUT: placed}
 
-    def pick_outputs(local_vars: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in local_vars.items() if k in wanted}
+    def cell(*args: Any) -> dict[str, Any]:
+        names = {n: user_ns[n] for n in seeded if n in user_ns}
+        scope = CellScope(user_ns, helpers, names | dict(zip(params, args, strict=True)))
+        try:
+            exec(code, scope)  # noqa: S102 - the user's own cell, at its top level
+            _check_kept(user_ns)
+            return {k: _rehome(v, scope, user_ns) for k, v in scope.bound().items()}
+        finally:
+            scope.close()
 
-    return scratch[_MAKE](statics, printer, pick_outputs, placed)
+    return cell
 
 
 # --- splitting a cell's results into arrays (futures) and plain values ---------------------
@@ -259,21 +320,40 @@ def _array_leaf(leaf: Any) -> bool:
     return isinstance(leaf, jax.core.Tracer | jax.Array | np.ndarray | np.generic | Value)
 
 
+@dataclasses.dataclass(frozen=True)
+class MixedOutput:
+    """A name the cell bound to a pytree of arrays and plain values (``loss, step``): the
+    plain leaves, with None where the arrays (returned as a list) go back."""
+
+    tree: Any
+    plain: list[Any]
+
+
 def split_outputs(out: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
-    """Array-valued outputs are returned; plain ones go to ``plain``."""
+    """Array-valued outputs are returned; plain ones go to ``plain``; a pytree of both
+    returns its arrays and leaves the rest in ``plain`` as a ``MixedOutput``."""
     arrays: dict[str, Any] = {}
     for name, value in out.items():
-        leaves = jax.tree_util.tree_leaves(value)
+        leaves, tree = jax.tree_util.tree_flatten(value)
         if leaves and all(_array_leaf(leaf) for leaf in leaves):
             arrays[name] = value
-        elif any(isinstance(leaf, jax.core.Tracer | Value) for leaf in leaves):
-            raise UsageError(
-                f"%%pathways: {name!r} mixes arrays computed in the cell with Python objects "
-                f"({type(value).__name__}); a cell's names must hold arrays (or pytrees of "
-                "them) or plain values. Maybe bind the arrays to their own names.")
+        elif any(_array_leaf(leaf) for leaf in leaves):
+            arrays[name] = [leaf for leaf in leaves if _array_leaf(leaf)]
+            plain[name] = MixedOutput(tree, [None if _array_leaf(x) else x for x in leaves])
         else:
             plain[name] = value
     return arrays
+
+
+def bound_values(plain: dict[str, Any], results: Any) -> dict[str, Any]:
+    """What each name the cell bound holds now: its plain value, its future(s), or both
+    put back together (``MixedOutput``)."""
+    out = dict(plain)
+    for name, value in (results or {}).items():
+        mixed = out.get(name)
+        out[name] = (_rebuild(mixed.tree, mixed.plain, value)
+                     if isinstance(mixed, MixedOutput) else value)
+    return out
 
 
 @contextlib.contextmanager

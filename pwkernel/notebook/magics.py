@@ -206,7 +206,7 @@ class PathwaysMagics(Magics):
         """The cell as one program, or split where its Python needs values (segments.py)."""
         __tracebackhide__ = True
         shell = self.shell
-        source = f"%%pathways {line}\n{cell}"
+        source = f"%%pathways {line}".rstrip() + f"\n{cell}"  # as the history holds it
         count = _cell_number(shell, source)
         name = f"cell[{count}]"
         filename = shell.compile.cache(source, count, raw_code=source)
@@ -266,7 +266,8 @@ class PathwaysMagics(Magics):
             raise
         except Exception as e:
             if segments.needs_value(e):  # its Python needs a value: run it as plain Python
-                return self._run_plain(body, filename, vs, last)
+                # (compiled functions carry their own slices: no ambient mesh for them)
+                return self._run_plain(body, filename, None if plan.uses_pw else vs, last)
             raise cells.user_error(e, filename) from None
         if temporary is not None:
             self.state.temporary.append((run, temporary))
@@ -375,19 +376,21 @@ class PathwaysMagics(Magics):
 
     def _bind(self, plain: dict[str, Any], results: Any) -> None:
         ns = self.shell.user_ns
-        for key, value in plain.items():
-            if key != cells.LAST:
-                ns[key] = value
-        for key, value in (results or {}).items():
-            if key != cells.LAST:
+        for key, value in cells.bound_values(plain, results).items():
+            if key == cells.LAST:
+                continue
+            if value is cells.DELETED:
+                ns.pop(key, None)
+            else:
                 ns[key] = value
 
     def _last(self, plan, plain: dict[str, Any], results: Any):
         if plan.last_name is not None:
-            return self.shell.user_ns.get(plan.last_name)
-        if results and cells.LAST in results:
-            return results[cells.LAST]
-        return plain.get(cells.LAST)
+            if plan.last_name not in self.shell.user_ns:  # as Python evaluates it: at the end
+                raise NameError(f"name {plan.last_name!r} is not defined",
+                                name=plan.last_name)
+            return self.shell.user_ns[plan.last_name]
+        return cells.bound_values(plain, results).get(cells.LAST)
 
 
 PathwaysMagics.pathways.__doc__ = (

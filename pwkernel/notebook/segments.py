@@ -32,6 +32,10 @@ from .cell import ambient_mesh
 _CONVERT = {"print", "float", "int", "bool", "complex", "str", "repr", "format", "display"}
 _METHODS = {"item", "tolist", "block_until_ready", "__array__"}
 _NUMPY = {"np", "numpy", "onp"}
+# methods that store their argument into the object they are called on (a list of losses,
+# a dict of metrics): the object would keep a traced value, so the statement runs as Python
+_MUTATORS = {"append", "extend", "insert", "update", "add", "setdefault", "appendleft",
+             "extendleft", "put", "put_nowait"}
 _VALUE_ERRORS = tuple(getattr(jax.errors, n) for n in (
     "ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
     "TracerArrayConversionError") if hasattr(jax.errors, n))
@@ -60,16 +64,33 @@ def _needs_value(stmt: ast.stmt) -> bool:
             continue
         if isinstance(node, ast.If | ast.While | ast.Assert | ast.IfExp | ast.JoinedStr):
             return True
+        if _stores_into_an_object(node):
+            return True
         if isinstance(node, ast.Call):
             f = node.func
             if isinstance(f, ast.Name) and f.id in _CONVERT:
                 return True
             if isinstance(f, ast.Attribute) and (f.attr in _METHODS or (
                     f.attr in ("asarray", "array") and isinstance(f.value, ast.Name)
-                    and f.value.id in _NUMPY)):
+                    and f.value.id in _NUMPY) or (
+                    f.attr == "device_get" and isinstance(f.value, ast.Name)
+                    and f.value.id == "jax")):
                 return True
         todo.extend(ast.iter_child_nodes(node))
     return False
+
+
+def _stores_into_an_object(node: ast.AST) -> bool:
+    """``metrics["loss"] = ...``, ``box.w = ...``, ``losses.append(...)`` (a statement of its
+    own, unlike ``opt.update(...)`` whose result is used): a value stored into an object, not
+    bound to a name, where it would stay a traced value after the trace."""
+    if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(isinstance(t, ast.Subscript | ast.Attribute) for target in targets
+                   for t in ast.walk(target))
+    call = node.value if isinstance(node, ast.Expr) else None  # its result unused
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr in _MUTATORS)
 
 
 def segments(body: str) -> list[Segment]:

@@ -143,7 +143,7 @@ def check_spec(spec: P, shape: tuple[int, ...], mesh, what: str) -> None:
 
 def describe(shape, dtype, spec, chosen_by: str) -> str:
     """``f32[8,8] P('x',) (kept from the argument)``: one input, for error messages."""
-    name = getattr(jax.numpy.dtype(dtype), "name", str(dtype)) if dtype is not None else "?"
+    name = "?" if dtype is None else getattr(dtype, "name", None) or str(dtype)
     short = {"float32": "f32", "float64": "f64", "int32": "i32", "uint32": "u32",
              "bfloat16": "bf16", "float16": "f16", "bool": "bool", "int64": "i64"}
     return f"{short.get(name, name)}[{','.join(map(str, shape))}] {spec} ({chosen_by})"

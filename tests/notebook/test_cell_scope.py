@@ -1,0 +1,101 @@
+"""A %%pathways cell's top level is a notebook's top level: functions it defines read the
+notebook's names when called, ``x += 1``, ``global`` and ``del`` work, values stored into
+outside objects are real arrays, and what the cell binds is what plain Python binds."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+
+import pwkernel as pw
+from tests.helpers.shell import run
+
+
+@pytest.fixture
+def nb(ip):
+    run(ip, "%pathways slice s 2")
+    return ip
+
+
+def test_functions_a_cell_defines_work_in_later_cells(nb):
+    run(nb, "%%pathways --slice s\nx = jnp.arange(3.0)\n")
+    run(nb, "xs = np.ones((4, 3), np.float32)")
+    run(nb, "%%pathways --slice s\n"
+            "def f(v):\n    return v * x\n"
+            "loss_fn = lambda w: jnp.mean((xs @ w) ** 2)\n"
+            "class Scale:\n    k = 2.0\n    def __call__(self, v):\n"
+            "        return v * x * self.k\n"
+            "y = f(2.0) + loss_fn(x)\n")
+    np.testing.assert_allclose(np.asarray(nb.user_ns["y"]), np.arange(3.0) * 2 + 9.0)
+    run(nb, "%%pathways --slice s\nz = f(3.0) + Scale()(1.0)\n")
+    np.testing.assert_allclose(np.asarray(nb.user_ns["z"]), np.arange(3.0) * 5)
+    assert float(run(nb, "loss_fn(jnp.ones(3))")) == 9.0  # plain cell: real values
+    run(nb, "x = jnp.ones(3)")  # a function reads the notebook's names when it is called
+    np.testing.assert_allclose(np.asarray(run(nb, "f(3.0)")), np.full(3, 3.0))
+    assert nb.user_ns["f"].__globals__ is nb.user_ns
+
+
+def test_augmented_assignment_global_and_del(nb):
+    run(nb, "step = 0")
+    run(nb, "%%pathways --slice s\nx = jnp.ones(4)\n")
+    run(nb, "%%pathways --slice s\nx += 1\nstep += 1\n")
+    np.testing.assert_allclose(np.asarray(nb.user_ns["x"]), np.full(4, 2.0))
+    assert nb.user_ns["step"] == 1
+    run(nb, "%%pathways --slice s\nglobal g\ng = x + 1\n"
+            "def put():\n    global h\n    h = jnp.ones(2) * 5\nput()\nk = h + 1\n")
+    np.testing.assert_allclose(np.asarray(nb.user_ns["g"]), np.full(4, 3.0))
+    np.testing.assert_allclose(np.asarray(nb.user_ns["k"]), np.full(2, 6.0))
+    assert isinstance(nb.user_ns["h"], pw.Future)
+    run(nb, "%%pathways --slice s\nz = x + 1\ndel x\nw = jnp.ones(2)\ndel w\n")
+    assert "x" not in nb.user_ns and "w" not in nb.user_ns
+    np.testing.assert_allclose(np.asarray(nb.user_ns["z"]), np.full(4, 3.0))
+
+
+def test_values_stored_into_outside_objects_are_arrays(nb):
+    run(nb, "losses, metrics = [], {'hist': []}\nclass Box: pass\nbox = Box()")
+    run(nb, "%%pathways --slice s\nx = jnp.arange(8.0)\nlosses.append(x.sum())\n"
+            "metrics['m'] = x.mean()\nbox.w = x * 3\ny = x + 1\n"
+            "metrics['hist'].append(y[0])\n")
+    assert [float(v) for v in nb.user_ns["losses"]] == [28.0]
+    assert [float(v) for v in nb.user_ns["metrics"]["hist"]] == [1.0]
+    assert float(nb.user_ns["metrics"]["m"]) == 3.5
+    np.testing.assert_allclose(np.asarray(nb.user_ns["box"].w), np.arange(8.0) * 3)
+    np.testing.assert_allclose(np.asarray(nb.user_ns["y"]), np.arange(8.0) + 1)
+    run(nb, "def record(v):\n    losses.append(v)")  # stored by a function: refused, clearly
+    with pytest.raises(UsageError, match="stored an array it computes into 'losses'"):
+        run(nb, "%%pathways --slice s\nrecord(jnp.ones(2).sum())\n")
+
+
+def test_mixed_results_undefined_last_name_and_device_get(nb):
+    run(nb, "step = 3")
+    got = run(nb, "%%pathways --slice s\nloss = jnp.ones(2).sum()\nhist = {'loss': loss, "
+                  "'step': step}\nloss, step\n")
+    assert float(got[0]) == 2.0 and got[1] == 3
+    assert nb.user_ns["hist"]["step"] == 3 and float(nb.user_ns["hist"]["loss"]) == 2.0
+    with pytest.raises(NameError, match="undefined_thing"):
+        run(nb, "%%pathways --slice s\ny = jnp.ones(2)\nundefined_thing\n")
+    run(nb, "%%pathways --slice s\nm = jnp.arange(4.0)\nhost = jax.device_get(m)\n")
+    assert isinstance(nb.user_ns["host"], np.ndarray)
+
+
+def test_a_bare_cell_on_a_functions_own_slice_and_its_cell_number(ip):
+    """Without --slice, a compiled function's result is used where it lives (no ambient mesh
+    of the default slice), and the cell's program is named after the cell's own number."""
+    run(ip, "ctl = pw.controller()\ndouble = pw.function(lambda v: v * 2, "
+            "slice=ctl.slice(2, island=0))\nx = np.arange(4.0)")
+    run(ip, "%%pathways\ny = double(x) + 1\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["y"]), np.arange(4.0) * 2 + 1)
+    count = ip.execution_count
+    run(ip, "%%pathways\nz = jnp.ones(3) * 2\n")
+    assert ip.user_ns["z"].run.name == f"cell[{count}]"
+
+
+def test_an_error_in_a_cell_with_a_key_is_the_users_error(nb):
+    run(nb, "%%pathways --slice s\nkey = jax.random.key(0)\n")
+    with pytest.raises(TypeError, match="reshape") as info:
+        run(nb, "%%pathways --slice s\ny = jax.random.normal(key, (2,)).reshape(3, 5)\n")
+    assert "data type" not in str(info.value)
+    key = nb.user_ns["key"]
+    assert jax.random.key_data(key.result() if isinstance(key, pw.Future) else key).shape == (2,)
