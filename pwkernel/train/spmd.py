@@ -51,16 +51,32 @@ def train_step(stages: Sequence[Stage], loss: Callable, optimizer: optax.Gradien
     """The whole training step as a plain JAX function, ``step(state, x, y) -> (state,
     loss)``: ``jax.value_and_grad`` of every stage then ``loss``, and an optax update per
     stage. What ``SPMD`` places on a slice, and what plain ``jax.jit`` runs to compare."""
-    full = model_loss(stages, loss)
+    grads, update = step_parts(stages, loss, optimizer, check_finite)
 
     def step(state: TrainState, x, y):
-        value, grads = jax.value_and_grad(full)(state.params, x, y)
+        g, value = grads(state, x, y)
+        return update(state, g, value), value
+    return step
+
+
+def step_parts(stages: Sequence[Stage], loss: Callable, optimizer: optax.GradientTransformation,
+               check_finite: bool = False) -> tuple[Callable, Callable]:
+    """The step in two: ``grads(state, x, y) -> (grads, loss)`` (with the NaN check) and
+    ``update(state, grads, loss) -> state``. ``SPMD(check_finite=True)`` runs them as two
+    computations, so a failed check fails the update before it consumes the state."""
+    full = model_loss(stages, loss)
+
+    def grads(state: TrainState, x, y):
+        value, g = jax.value_and_grad(full)(state.params, x, y)
         if check_finite:
             jax.debug.callback(raise_if_not_finite, value)
-        new = [apply_optimizer(optimizer, p, o, g)
-               for p, o, g in zip(state.params, state.opt_state, grads, strict=True)]
-        return TrainState([p for p, _ in new], [o for _, o in new]), value
-    return step
+        return g, value
+
+    def update(state: TrainState, g, value):  # (``value``: the check's result, waited for)
+        new = [apply_optimizer(optimizer, p, o, gs)
+               for p, o, gs in zip(state.params, state.opt_state, g, strict=True)]
+        return TrainState([p for p, _ in new], [o for _, o in new])
+    return grads, update
 
 
 def init_state(stages: Sequence[Stage], optimizer: optax.GradientTransformation) -> Callable:
@@ -89,9 +105,11 @@ class SPMD:
         check_stages(stages)
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
         self.name, self.packed = name, packed
-        check = check_finite and not simulated(slice)  # no values to check on a simulation
-        self._train, self._make = train_step(self.stages, loss, optimizer, check), init_state(
+        # no values to check on a simulation; a checked step is two computations (``parts``)
+        self._finite = check_finite and not simulated(slice)
+        self._train, self._make = train_step(self.stages, loss, optimizer), init_state(
             self.stages, optimizer)
+        self._parts = step_parts(self.stages, loss, optimizer, True) if self._finite else None
         self._fns: dict[str, Callable] | None = None
         self._placer: Placer | None = None
 
@@ -111,13 +129,22 @@ class SPMD:
         if not self.packed:
             self._fns = {"step": placed(train, "step", in_specs=(None, BATCH, BATCH),
                                         donate_argnums=(0,)), "init": placed(make, "init")}
-            return self._fns
-        layout = Layout(jax.eval_shape(make, stage_keys(0, len(self.stages))))
-        self._fns = {"layout": layout,
-                     "step": placed(layout.wrap(train), "step", in_specs=(None, BATCH, BATCH),
-                                    donate_argnums=(0,)),
-                     "init": placed(lambda keys: layout.pack(make(keys)), "init"),
-                     "pack": placed(layout.pack, "pack"), "unpack": placed(layout.unpack, "unpack")}
+        else:
+            layout = Layout(jax.eval_shape(make, stage_keys(0, len(self.stages))))
+            self._fns = {"layout": layout,
+                         "step": placed(layout.wrap(train), "step",
+                                        in_specs=(None, BATCH, BATCH), donate_argnums=(0,)),
+                         "init": placed(lambda keys: layout.pack(make(keys)), "init"),
+                         "pack": placed(layout.pack, "pack"),
+                         "unpack": placed(layout.unpack, "unpack")}
+        if self._parts is not None:
+            grads, update = self._parts
+            if self.packed:
+                unpack, pack = layout.unpack, layout.pack
+                grads = lambda s, x, y, g=grads: g(unpack(s), x, y)  # noqa: E731
+                update = lambda s, gs, v, u=update: pack(u(unpack(s), gs, v))  # noqa: E731
+            self._fns["grads"] = placed(grads, "grads", in_specs=(None, BATCH, BATCH))
+            self._fns["update"] = placed(update, "update", donate_argnums=(0,))
         return self._fns
 
     def init(self, key) -> TrainState | PackedState:
@@ -143,10 +170,13 @@ class SPMD:
         if self.packed and isinstance(state, TrainState):
             state = PackedState(fns["pack"](state), fns["layout"], fns["unpack"])
         x, y = batch
-        if not self.packed:
-            return fns["step"](state, x, y)
-        packed, value = fns["step"](state.packed, x, y)
-        return PackedState(packed, fns["layout"], fns["unpack"]), value
+        given = state.packed if self.packed else state
+        if self._parts is not None:  # the check, then the update: it fails before donating
+            grads, value = fns["grads"](given, x, y)
+            new = fns["update"](given, grads, value)
+        else:
+            new, value = fns["step"](given, x, y)
+        return (PackedState(new, fns["layout"], fns["unpack"]) if self.packed else new), value
 
     def _check(self, state):
         if isinstance(state, PackedState):

@@ -214,9 +214,13 @@ def test_a_value_donated_already_fails_the_call_as_jax_jit_does(ctl):
         return f(v), f(v)
 
     q = pw.function(lambda v: v + 1, slice=s)(jnp.arange(4.0))
-    for fut in (f(y), f(x), second, twice(jnp.ones(8))[1], add(q, q)):
-        with pytest.raises(RuntimeError, match="deleted.*donated to an earlier call|donates "
-                           "input 0 and also reads") as info:
+    read = pw.function(lambda v: v + 1, slice=s)  # not donating, its executable run before
+    v = pw.function(lambda v: v * 1, slice=s)(jnp.ones(8))
+    read(v).result(60)
+    f(v).result(60)
+    for fut in (f(y), f(x), second, twice(jnp.ones(8))[1], add(q, q), read(v)):
+        with pytest.raises(RuntimeError, match="deleted.*given to an earlier call that "
+                           "donates|donates input 0 and also reads") as info:
             fut.result(60)
         assert isinstance(info.value, pw.ProgramError)
     assert first.result(60).tolist() == [4.0] * 8

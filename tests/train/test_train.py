@@ -280,6 +280,30 @@ def test_a_failed_step_fails_its_futures_and_the_next_step_runs(tctl):
     np.testing.assert_allclose([float(loss1), float(loss2)], want, rtol=RTOL)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_checked_spmd_step_that_fails_leaves_the_state_it_was_given(tctl, packed):
+    """SPMD(check_finite=True): a NaN loss fails the step before its update consumes the
+    state (the check and the update are two computations), so the same state steps again."""
+    stages = mlp_stages()
+    spmd = pw.train.SPMD(stages, tctl.slice(2, island=0), loss=mse, optimizer=optax.adam(LR),
+                         check_finite=True, packed=packed, name=f"nanspmd{int(packed)}")
+    rng = np.random.default_rng(1)
+    good = [(rng.standard_normal((4, 4), np.float32), rng.standard_normal((4, 1), np.float32))
+            for _ in range(2)]
+    bad = (good[0][0].copy(), good[0][1])
+    bad[0][1, 2] = np.nan
+    state0 = pw.train.wait(spmd.init(0))
+    params0 = jax.device_get(pw.train.fetch(state0).params)
+    state1, loss1 = spmd.step(state0, good[0])
+    _, loss_bad = spmd.step(pw.train.wait(state1), bad)
+    with pytest.raises(FloatingPointError, match="not finite"):
+        loss_bad.result(timeout=60)
+    pw.train.wait(state1)  # not consumed
+    state2, loss2 = spmd.step(state1, good[1])
+    want, _ = plain_jax_losses(stages, params0, good, optax.adam(LR), loss=mse)
+    np.testing.assert_allclose([float(loss1), float(loss2)], want, rtol=RTOL)
+
+
 def test_the_backward_does_not_compute_the_forward_again(stages):
     """The backward re-traces the vjp for its structure only: XLA drops that forward."""
     st = stages[1]

@@ -99,6 +99,10 @@ class LocalBackend(NoGroup):
                 site.watch(task, None, error)
                 return
         inputs = task.inputs()
+        error = _deleted(node, inputs)
+        if error is not None:
+            site.watch(task, None, error)
+            return
         t_launch = task.t_launch = _now()
         try:
             outs = node.call(*inputs)
@@ -212,26 +216,35 @@ def _donatable(task: Task, waits: bool) -> BaseException | None:
             producer.expedite()  # its watcher reports it at once
         task.inputs_ended(None)
     error = task.input_error()
-    return error if error is not None else _consumed(task)
+    return error if error is not None else _read_and_donated(task)
 
 
-def _consumed(task: Task) -> BaseException | None:
-    """The error ``jax.jit`` raises (or should) for a donating call given an input that is
-    gone already (an earlier launch was given it) or that it both donates and reads: XLA's
-    compiled call, unlike ``jax.jit``'s own path, does not check, and crashes the process."""
-    inputs, node = task.inputs(), task.node
+def _deleted(node, inputs: list) -> BaseException | None:
+    """The error ``jax.jit`` raises for an input that is gone (an earlier call was given it,
+    ``donate_argnums``, or it was deleted): XLA's compiled call does not check, and crashes
+    the process (so does ``jax.jit``'s own path here, on an executable it has run before)."""
     for i, value in enumerate(inputs):
-        deleted = getattr(value, "is_deleted", None)
-        if deleted is not None and deleted():
+        try:
+            gone = value.is_deleted()
+        except AttributeError:  # (not an array: nothing to check)
+            continue
+        if gone:
             return retyped(ProgramError(
                 f"Array has been deleted with shape={value.aval.str_short()}: input {i} of "
-                f"{node.name} was donated to an earlier call, which now owns its buffer. Use "
-                "that call's result, or pass each donating call its own copy "
-                "(jnp.copy(x))."), RuntimeError)
-    for i in node.exe.donated:
+                f"{node.name} was given to an earlier call that donates it, which now owns "
+                "its buffer (or it was deleted). Use that call's result, or pass each "
+                "donating call its own copy (jnp.copy(x))."), RuntimeError)
+    return None
+
+
+def _read_and_donated(task: Task) -> BaseException | None:
+    """A donating launch that would also read the array it is given: refused (XLA's compiled
+    call crashes the process there)."""
+    inputs = task.inputs()
+    for i in task.node.exe.donated:
         if sum(v is inputs[i] for v in inputs) > 1:
             return retyped(ProgramError(
-                f"{node.name} donates input {i} and also reads the same array as another "
+                f"{task.node.name} donates input {i} and also reads the same array as another "
                 "input: a computation cannot be given a buffer it still reads. Pass a copy "
                 "(jnp.copy(x)) as one of them, or donate neither."), RuntimeError)
     return None
