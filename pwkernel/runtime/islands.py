@@ -67,16 +67,20 @@ class IslandQueue:
     def submit_program(self, tasks: list[Task], event: SubmitProgram,
                        ready: list[Task]) -> None:
         """A run's computations on this island, with those whose inputs are already there."""
-        t, mine = self.executor.now(), self._tasks
+        t, mine, ended = self.executor.now(), self._tasks, None
         with self._lock:
             for task in tasks:
-                task.queued(t)
+                if not task.enqueue():  # a failure on another island spread to it first
+                    ended = [task] if ended is None else ended + [task]
+                task.t_submit = t
                 mine[task.id] = task
         if ready:
             self.post(event, *[Ready(task=task.id, after=task.run.after(task)
                                      if task.node.foreign else ()) for task in ready])
         else:
             self.post(event)
+        if ended:  # the scheduler knows the whole program; it forgets those at once
+            self.cancel(*ended)
 
     def submit(self, task: Task, event: Submit) -> None:
         """One computation whose inputs exist (sequential dispatch)."""
@@ -139,8 +143,7 @@ class IslandQueue:
                     else:  # a copy admitted under the memory budget
                         task.launch(None)
                         copies = [task] if copies is None else copies + [task]
-                else:
-                    task.drop()
+                elif task.drop():  # (False: a failure upstream ended it already)
                     if rejects is None:
                         rejects = []
                     rejects.append((task, decision.reason))

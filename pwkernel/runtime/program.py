@@ -41,6 +41,7 @@ from .specs import (
     batch_spec,
     check_spec,
     check_specs_arg,
+    explicit_axes,
     from_shardings,
     is_spec,
     on_mesh,
@@ -106,6 +107,7 @@ class CompiledFunction:
             )
         if name is not None and not isinstance(name, str):
             raise ProgramError(f"pw.function's name must be a str, got {type(name).__name__}.")
+        self._typed_by_value = in_shardings is not None  # a host value: as jax.jit types it
         in_specs = from_shardings("in_shardings", in_shardings, in_specs, slice.mesh)
         out_specs = from_shardings("out_shardings", out_shardings, out_specs, slice.mesh)
         check_specs_arg("in_specs", in_specs)
@@ -166,6 +168,9 @@ class CompiledFunction:
             elif spec is BATCH:
                 spec = batch_spec(shape, vs, what)
                 why.append("in_specs=pw.BATCH")
+            elif self._typed_by_value and placed is None and explicit_axes(spec, mesh):
+                spec = P()
+                why.append("a host value under in_shardings: replicated, as jax.jit types it")
             else:
                 why.append("your in_specs")
             check_spec(spec, shape, mesh, what)

@@ -115,6 +115,13 @@ def entry_axes(entry) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def explicit_axes(spec, mesh) -> bool:
+    """``spec`` shards over axes of ``mesh``, all of them explicit (sharding in types)."""
+    names = [a for entry in spec for a in entry_axes(entry)]
+    types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+    return bool(names) and all(types.get(a) == jax.sharding.AxisType.Explicit for a in names)
+
+
 def check_spec(spec: P, shape: tuple[int, ...], mesh, what: str) -> None:
     """Refuse a spec that does not fit ``shape`` on ``mesh``, naming the fix."""
     if len(spec) > len(shape):

@@ -47,6 +47,7 @@ anything: the state given to the failed step is still valid.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -266,8 +267,9 @@ class Pipeline:
         if not isinstance(batch, tuple | list) or len(batch) != 2:
             raise TypeError(f"a batch is (inputs, targets), got {type(batch).__name__}. Maybe "
                             "you want pipe.step(state, (x, y)).")
-        xs = split_batch(batch[0], self.microbatches, "inputs")
-        ys = split_batch(batch[1], self.microbatches, "targets")
+        devices = math.lcm(*(vs.size for vs in self.slices))
+        xs = split_batch(batch[0], self.microbatches, "inputs", devices)
+        ys = split_batch(batch[1], self.microbatches, "targets", devices)
         return xs, ys
 
     def _residual_bytes(self, params, x, y) -> list[int]:

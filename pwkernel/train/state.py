@@ -164,19 +164,24 @@ def fetch(tree) -> Any:
     return jax.tree.map(value, tree, is_leaf=lambda x: isinstance(x, PackedState))
 
 
-def split_batch(batch, microbatches: int, what: str = "batch") -> list:
+def split_batch(batch, microbatches: int, what: str = "batch", devices: int = 1) -> list:
     """``batch`` (a pytree of arrays with a leading batch axis) cut into ``microbatches``
-    equal parts along that axis (host arrays: NumPy views; others: sliced by JAX)."""
+    equal parts along that axis (host arrays: NumPy views; others: sliced by JAX), each part
+    a multiple of ``devices`` (the most devices a stage's slice shards it over)."""
     leaves, tree = jax.tree_util.tree_flatten(batch)
     if not leaves:
         raise ValueError(f"the {what} has no arrays; expected (inputs, targets).")
     sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
     size = sizes.pop() if len(sizes) == 1 else None
-    if size is None or size % microbatches:
-        raise ValueError(f"the {what}'s arrays must share one leading (batch) axis divisible by "
-                         f"microbatches={microbatches}; got leading sizes "
-                         f"{[np.shape(x)[:1] for x in leaves]}. Maybe you want a batch of "
-                         f"{microbatches * max(1, (size or 0) // microbatches)} examples.")
+    step = microbatches * devices
+    if size is None or size % step:
+        per = (f"microbatches={microbatches} x {devices} devices per stage slice = {step}"
+               if devices > 1 else f"microbatches={microbatches}")
+        raise ValueError(f"the arrays of the {what} must share one leading (batch) axis "
+                         f"divisible by {per} (each microbatch is sharded over a stage's "
+                         "devices); got "
+                         f"leading sizes {[np.shape(x)[:1] for x in leaves]}. Maybe you want a "
+                         f"batch of {step * max(1, (size or 0) // step)} examples.")
     per = size // microbatches
     return [jax.tree_util.tree_unflatten(tree, [leaf[m * per:(m + 1) * per] for leaf in leaves])
             for m in range(microbatches)]

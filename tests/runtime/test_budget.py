@@ -33,6 +33,29 @@ def test_a_fan_in_that_cannot_fit_fails_and_says_who_holds_the_memory():
         assert small(np.ones(4, np.float32)).result(timeout=60).tolist() == [2.0] * 4
 
 
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_program_too_big_on_two_islands_fails_its_futures(dispatch):
+    """The first island refuses its node and the failure reaches the second island's node
+    before that island knows the program: the call still returns futures, each failing with
+    the MemoryBudgetError, and the second island's scheduler keeps nothing of the run."""
+    with pw.Controller(islands=(4, 4), memory_budget=MiB, dispatch=dispatch) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        big = pw.function(lambda: jnp.ones(1 << 19), slice=s0)  # 2 MiB
+        grow = pw.function(lambda x: jnp.concatenate([x, x]), slice=s1)
+
+        @pw.program
+        def both():
+            a = big()
+            return a, grow(a)
+
+        for fut in both():
+            assert isinstance(fut.exception(timeout=60), pw.MemoryBudgetError)
+        assert ctl.wait(60) and not ctl.runs()
+        assert all(not i["queued"] and not i["running"] for i in ctl.status()["islands"])
+        small = pw.function(lambda x: x * 2, slice=s1)
+        assert small(np.ones(4, np.float32)).result(timeout=60).tolist() == [2.0] * 4
+
+
 def test_a_program_that_fits_only_after_its_values_are_consumed_finishes():
     # Four 1 MiB producers, each consumed before the budget runs out: back-pressure, no error.
     with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:

@@ -118,9 +118,17 @@ def test_in_and_out_shardings_as_jax_jit_takes_them(ctl):
     # a sharding written for another mesh with the slice's axis names: its spec, on the slice
     elsewhere = jax.make_mesh((2,), ("x",), devices=jax.devices()[6:8])
     moved = pw.function(lambda v: v * 2, slice=s, in_shardings=NamedSharding(elsewhere, P("x")))
-    out = moved(x)
+    out = moved(jax.device_put(x, rows))
     assert out.sharding.is_equivalent_to(rows, 2)
     np.testing.assert_allclose(out.result(60), x * 2)
+    # a host value under in_shardings is typed as jax.jit types it on explicit axes (by
+    # itself: replicated); in_specs places and types it
+    with jax.set_mesh(s.mesh):
+        want = jax.jit(lambda v: v * 2, in_shardings=P("x"))(x)
+    got = pw.function(lambda v: v * 2, slice=s, in_shardings=P("x"))(x).result(60)
+    assert jax.typeof(got) == jax.typeof(want) and got.sharding.is_equivalent_to(whole, 2)
+    assert pw.function(lambda v: v * 2, slice=s, in_specs=P("x"))(x).sharding.is_equivalent_to(
+        rows, 2)
 
 
 def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):

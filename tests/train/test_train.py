@@ -367,6 +367,11 @@ def test_bad_input_gets_errors_that_name_the_fix(tctl, stages):
                              microbatches=3, name="bad")
     with pytest.raises(ValueError, match="divisible by microbatches=3"):
         pipe.step(pw.train.TrainState([], []), T.batch(CFG, 8))
+    two = pw.train.Pipeline(stages, [tctl.slice(2, island=0), tctl.slice(2, island=1)],
+                            loss=T.cross_entropy, optimizer=optax.sgd(0.1), microbatches=2,
+                            name="bad2")  # a microbatch is sharded over a stage's 2 devices
+    with pytest.raises(ValueError, match="2 x 2 devices per stage slice = 4.*a batch of 4 "):
+        two.step(pw.train.TrainState([], []), T.batch(CFG, 6))
     with pytest.raises(ValueError, match="do not split into 3 equal stages"):
         T.split(CFG, 3)
 
