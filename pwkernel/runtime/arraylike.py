@@ -3,7 +3,8 @@ of ``pw.Future``. Whatever needs the value waits for it (``result()``), then is 
 as after ``jax.jit``:
 
 - Python's operators, indexing, iteration and conversions (``f(x) + 1``, ``fut[0]``,
-  ``float(loss)``, ``np.asarray(fut)``, f-strings with a format spec);
+  ``float(loss)``, ``np.asarray(fut)``, ``str``, ``print`` and f-strings (``repr`` is the
+  future's own: its name, shape and state, without waiting);
 - the ``jax.Array`` methods in ``ARRAY_METHODS`` and properties in ``ARRAY_PROPERTIES``
   (``loss.mean()``, ``w.T``, ``x.astype(jnp.bfloat16)``, ``x.at[0].set(1)``);
 - JAX's own functions and transformations: ``jnp.sum(fut)``, ``jax.jit(g)(fut)``,
@@ -102,7 +103,10 @@ class ArrayOnDemand:
         return set(self.sharding.device_set)
 
     def __format__(self, spec: str) -> str:
-        return format(self.result(), spec) if spec else repr(self)
+        return format(self.result(), spec)
+
+    def __str__(self) -> str:
+        return str(self.result())
 
     def __len__(self) -> int:
         if not self.shape:

@@ -5,6 +5,7 @@ values (``ValueSpec``: shape, dtype, sharding, island). Wherever a computation n
 laid out differently from where it was produced (another slice, another island, or the host),
 the graph gets a ``TransferNode``; one transfer is shared by every consumer that needs the same
 layout. Nodes refer to values by integer ids, so the graph never grows edges per shard.
+While a program is traced, its values are ``Value`` placeholders (shape, dtype, sharding).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .arraylike import ArrayOnDemand
 from .dtypes import as_dtype, itemsize
+from .errors import NeedsValueError
 from .trace import LinkKind
 
 
@@ -149,3 +152,28 @@ def _same_layout(a, b, shape) -> bool:
         return a.is_equivalent_to(b, len(shape))
     except Exception:  # shardings of different kinds: not equivalent
         return False
+
+
+class Value(ArrayOnDemand):
+    """A placeholder for a value while a program is traced: shape, dtype and sharding only.
+    Whatever needs the value itself (operators, ``jax.Array``'s methods, ``jnp`` functions,
+    comparisons, ``range(v)``) raises ``NeedsValueError``, which says where the work goes."""
+
+    __slots__ = ("graph", "id", "shape", "dtype", "sharding")
+
+    def __init__(self, graph: Graph, vid: int):
+        spec = graph.values[vid]
+        self.graph, self.id = graph, vid
+        self.shape, self.dtype, self.sharding = spec.shape, spec.dtype, spec.sharding
+
+    def result(self, *_, **__):
+        raise NeedsValueError(
+            f"inside @pw.program, values (here one of shape {self.shape}) are futures of "
+            "computations that have not run yet; only compiled functions can operate on them. "
+            "Maybe you want to put this operation inside a pw.function."
+        )
+
+    def __repr__(self) -> str:
+        return f"Value(shape={self.shape}, dtype={self.dtype})"
+
+    __str__ = __repr__  # (printed while tracing, as a tracer prints)

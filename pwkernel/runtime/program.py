@@ -25,11 +25,10 @@ from jax.sharding import PartitionSpec as P
 
 from . import executor as executors
 from .arguments import NUMERIC, Arguments, Traced, Tracer, canonical, is_weak, leaf_placement
-from .arraylike import ArrayOnDemand
 from .dtypes import weak_type
-from .errors import NeedsValueError, ProgramError, SliceError, SpecError
+from .errors import ProgramError, SliceError, SpecError
 from .executable import Executable
-from .graph import ComputeNode, Graph
+from .graph import ComputeNode, Graph, Value
 from .objects import Future
 from .resources import VirtualSlice
 from .specialization import Specialization, compile_here, jitted
@@ -59,29 +58,6 @@ _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
 
 def _current_graph() -> Graph | None:
     return getattr(_tracing, "graph", None)
-
-
-class Value(ArrayOnDemand):
-    """A placeholder for a value while a program is traced: shape, dtype and sharding only.
-    Whatever needs the value itself (operators, ``jax.Array``'s methods, ``jnp`` functions,
-    comparisons, ``range(v)``) raises ``NeedsValueError``, which says where the work goes."""
-
-    __slots__ = ("graph", "id", "shape", "dtype", "sharding")
-
-    def __init__(self, graph: Graph, vid: int):
-        spec = graph.values[vid]
-        self.graph, self.id = graph, vid
-        self.shape, self.dtype, self.sharding = spec.shape, spec.dtype, spec.sharding
-
-    def result(self, *_, **__):
-        raise NeedsValueError(
-            f"inside @pw.program, values (here one of shape {self.shape}) are futures of "
-            "computations that have not run yet; only compiled functions can operate on them. "
-            "Maybe you want to put this operation inside a pw.function."
-        )
-
-    def __repr__(self) -> str:
-        return f"Value(shape={self.shape}, dtype={self.dtype})"
 
 
 class CompiledFunction:
