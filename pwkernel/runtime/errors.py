@@ -83,3 +83,15 @@ def _plain_init(self, *args):
 def _reduce_as_own(self):
     # Pickled (e.g. across Ray) as the pwkernel error alone: the combined type is made here.
     return type(self).__mro__[1], self.args
+
+
+def launch_error(e: BaseException, name: str) -> BaseException:
+    """What a compiled call of ``name`` raised, as ``jax.jit`` raises it: JAX's internal NaN/Inf
+    check error (``jax_debug_nans``/``jax_debug_infs``, which only ``jax.jit``'s own path turns
+    into a ``FloatingPointError``) becomes that; anything else is itself."""
+    if type(e).__name__ != "InternalFloatingPointError":
+        return e
+    return FloatingPointError(
+        f"invalid value ({getattr(e, 'ty', 'nan')}) encountered in {name} (jax_debug_nans / "
+        "jax_debug_infs is on). To find the operation, call the function with "
+        "jax.disable_jit() on the same inputs.")

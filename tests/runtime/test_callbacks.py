@@ -215,3 +215,19 @@ def test_a_raising_callback_in_a_cell_leaves_the_kernel_running(kernel_env):
     assert "alive [8.0, 8.0, 8.0, 8.0, 8.0, 8.0, 8.0, 8.0]" in text(c[3]), text(c[3])
     assert "Error" not in text(c[4]), text(c[4])
     assert "next cell [9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0]" in text(c[5]), text(c[5])
+
+
+def test_jax_debug_nans_fails_the_futures_with_jax_jits_floating_point_error(ctl):
+    """Under jax_debug_nans a NaN fails the call's futures (and what reads them) with the
+    FloatingPointError jax.jit raises, not JAX's internal error type; the next call runs."""
+    s = ctl.slice(2)
+    log = pw.function(jnp.log, slice=s)
+    with jax.debug_nans(True):
+        with pytest.raises(FloatingPointError, match="invalid value"):
+            jax.jit(jnp.log)(-np.ones(4, np.float32))
+        y = log(-np.ones(4, np.float32))
+        z = pw.function(lambda a: a + 1, slice=s)(y)
+        for fut in (y, z):
+            with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) .* log"):
+                fut.result(60)
+    assert log(np.ones(4, np.float32)).result(60).tolist() == [0.0] * 4

@@ -34,7 +34,7 @@ from typing import Any
 import jax
 
 from ...runtime.callbacks import failure
-from ...runtime.errors import ProgramError, retyped
+from ...runtime.errors import ProgramError, launch_error, retyped
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
@@ -107,7 +107,7 @@ class LocalBackend(NoGroup):
         try:
             outs = node.call(*inputs)
         except BaseException as e:  # noqa: BLE001 - a failed launch fails its outputs
-            site.watch(task, None, e)
+            site.watch(task, None, launch_error(e, node.name))
             return
         inputs = None  # (a donated input is the callee's now)
         watcher = site.watchers.get(node.devices)
