@@ -270,7 +270,7 @@ def test_jax_functions_transformations_and_array_methods_take_a_future(ctl):
     # str, print and f-strings show the value, as a jax.Array's do (checkify's messages
     # format their payloads so); repr stays the future's own
     assert str(y) == str(v) and f"{y}" == f"{v}" and f"{y.sum():.2f}" == f"{v.sum():.2f}"
-    assert "{:}".format(z) == str(w) and repr(y).startswith("Future(")
+    assert format(z) == str(w) and repr(y).startswith("Future(")
     # jax.block_until_ready waits for the futures in a tree (it returned at once before)
     gate = threading.Event()
     slow = pw.function(lambda a: jax.pure_callback(lambda b: (gate.wait(), b)[1],
