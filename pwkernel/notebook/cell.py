@@ -153,7 +153,7 @@ class CellScope(dict):
 
     def close(self) -> None:
         for key in list(self):
-            if key not in self.helpers:
+            if key not in self.helpers and key != "__builtins__":
                 dict.__delitem__(self, key)
 
 
@@ -210,6 +210,7 @@ def _rehome(value: Any, scope: CellScope, user_ns: dict[str, Any]) -> Any:
         out.__kwdefaults__, out.__qualname__ = value.__kwdefaults__, value.__qualname__
         out.__dict__.update(value.__dict__)
         out.__doc__, out.__module__ = value.__doc__, value.__module__
+        out.__annotations__ = value.__annotations__
         return out
     return value
 
