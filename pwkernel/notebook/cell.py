@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import symtable
 import types
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -278,10 +279,7 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         tree.body[-1] = ast.copy_location(
             ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
     tree = _Route().visit(tree)
-    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
-              and isinstance(n.ctx, ast.Load | ast.Del)}
-    loaded |= {t.target.id for t in ast.walk(tree)  # ``x += 1`` reads x first
-               if isinstance(t, ast.AugAssign) and isinstance(t.target, ast.Name)}
+    loaded = _reads(tree)
     params = sorted(n for n in loaded if n in user_ns and is_state(user_ns[n]))
     seeded = sorted(n for n in loaded if n in user_ns and n not in params)
     uses_pw = any(isinstance(user_ns.get(n), CompiledFunction | Program) for n in loaded)
@@ -294,6 +292,33 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
             return inner(*[_rebuild(*mixed[p], a) if p in mixed else a
                            for p, a in zip(params, args, strict=True)])
     return CellPlan(fn, params, uses_pw, filename, last_name, mixed)
+
+
+def _reads(tree: ast.Module) -> set[str]:
+    """The notebook names the cell reads: at its top level, and as globals of the functions,
+    lambdas, classes and comprehensions it defines (not their own parameters and locals: a
+    ``v`` in ``def f(v)`` is no input, whatever the notebook holds under that name)."""
+    def globals_read(table: symtable.SymbolTable) -> set[str]:
+        out = {s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global()}
+        for child in table.get_children():
+            out |= globals_read(child)
+        return out
+
+    top = symtable.symtable(ast.unparse(tree), "<cell>", "exec")
+    names = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    for child in top.get_children():
+        names |= globals_read(child)
+    todo: list[ast.AST] = list(tree.body)  # ``x += 1`` and ``del x`` at the top level read x
+    while todo:  # first (symtable counts them as assignments only)
+        n = todo.pop()
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            names.add(n.target.id)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Del):
+            names.add(n.id)
+        todo.extend(ast.iter_child_nodes(n))
+    return names
 
 
 def _build(tree: ast.Module, params: list[str], seeded: list[str], user_ns: dict[str, Any],

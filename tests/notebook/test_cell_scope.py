@@ -4,7 +4,10 @@ outside objects are real arrays, and what the cell binds is what plain Python bi
 
 from __future__ import annotations
 
+import warnings
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from IPython.core.error import UsageError
@@ -20,6 +23,12 @@ def nb(ip):
 
 
 def test_functions_a_cell_defines_work_in_later_cells(nb):
+    with warnings.catch_warnings():  # a stale name (a future of a closed controller) that
+        warnings.simplefilter("ignore")  # the cell only uses as a parameter: no input of it
+        other = pw.Controller(islands=(4, 4))
+    nb.user_ns["v"] = pw.function(lambda: jnp.ones(2), slice=other.slice(1))()
+    nb.user_ns["v"].result(60)
+    other.close()
     run(nb, "%%pathways --slice s\nx = jnp.arange(3.0)\n")
     run(nb, "xs = np.ones((4, 3), np.float32)")
     run(nb, "%%pathways --slice s\n"
