@@ -88,8 +88,9 @@ class Controller:
                  address: str | None = None, pool: str | None = None,
                  tenant: str | None = None, weight: float | None = None):
         given = islands is not _NOT_GIVEN
-        if not given:  # a pool brings its islands, as an executor object does
-            islands = DEFAULT_ISLANDS if isinstance(backend, str) and pool is None else None
+        if not given:  # a pool brings its islands, as an executor object and a cluster do
+            islands = DEFAULT_ISLANDS if isinstance(backend, str) and pool is None and not (
+                backend == "sim" and cluster is not None) else None
         if islands is not None and (isinstance(islands, str | bytes) or not isinstance(
                 islands, Sequence) or not islands or not all(
                 isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0

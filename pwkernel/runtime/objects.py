@@ -11,6 +11,7 @@ program fails or is cancelled, since then nothing holds it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -142,6 +143,7 @@ class Future(ArrayOnDemand):
         """Wait until the future resolves; False on timeout."""
         if self._state is not _PENDING:
             return True
+        deadline = None if timeout is None else time.monotonic() + timeout
         producer = self.producer
         if producer is not None:  # the waiting thread may see its end itself
             producer.expedite(timeout)
@@ -151,7 +153,7 @@ class Future(ArrayOnDemand):
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
-        return event.wait(timeout)
+        return event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def result(self, timeout: float | None = None):
         """The value as a ``jax.Array``; raises the computation's error if it failed."""
@@ -203,16 +205,30 @@ class Future(ArrayOnDemand):
 
         def wake(fut: Future) -> None:
             def settle() -> None:
-                if waiter.cancelled():
+                if waiter.done():  # (the awaiter gave up: cancelled, timed out)
                     return
                 try:
                     waiter.set_result(fut.result(0))
                 except BaseException as e:  # noqa: BLE001 - hand the error to the awaiter
                     waiter.set_exception(e)
-            loop.call_soon_threadsafe(settle)
+            if not waiter.done() and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile)
+                    loop.call_soon_threadsafe(settle)
 
+        producer = self.producer
+        if producer is not None and self._state is _PENDING:
+            producer.expedite(0)  # a simulated clock moves for it (a real one: not blocking)
         self.add_done_callback(wake)
         return waiter.__await__()
+
+    def block_until_ready(self):
+        """Wait for the value's computation to end (raising its error if it failed); returns
+        the future itself, as ``jax.Array.block_until_ready`` returns the array. (A simulated
+        future, which has no value, waits too.)"""
+        error = self.exception()
+        if error is not None:
+            raise error
+        return self
 
     def __repr__(self) -> str:
         return (f"Future(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "

@@ -235,8 +235,10 @@ class Trace:
                                 "tid": d, "ts": us(e.t_start), "dur": us(e.t_end) - us(e.t_start),
                                 "args": args})
                 continue
-            tid = 10_000 + (e.src if e.src is not None else 0)
-            track(e.dst, tid, f"transfers from island {e.src} ({e.link})")
+            host = e.src is None  # (one track per source: the host's is its own)
+            tid = 10_000 + (0 if host else 1 + e.src)
+            track(e.dst, tid, "transfers from the host" if host
+                  else f"transfers from island {e.src} ({e.link})")
             args |= {"nbytes": e.nbytes, "src": e.src, "dst": e.dst, "link": e.link}
             out.append({"ph": "X", "name": e.name, "cat": "transfer", "pid": e.dst, "tid": tid,
                         "ts": us(e.t_start), "dur": us(e.t_end) - us(e.t_start), "args": args})

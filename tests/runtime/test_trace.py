@@ -50,6 +50,15 @@ def test_chrome_trace_has_a_track_per_device_and_transfer_flows(ctl, tmp_path):
     assert len(flows) == 2 and flows[0]["id"] == flows[1]["id"]
     names = [e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"]
     assert "island 0" in names and "device 4" in names
+    # each transfer on its source's track: the host's uploads apart from island 0's sends
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+              if e["name"] == "thread_name"}
+    moved = [e for e in spans if e["cat"] == "transfer"]
+    assert {e["args"]["src"] for e in moved} >= {None, 0}
+    for e in moved:
+        src = e["args"]["src"]
+        assert tracks[e["pid"], e["tid"]] == ("transfers from the host" if src is None else
+                                              f"transfers from island {src} ({e['args']['link']})")
 
 
 

@@ -32,6 +32,7 @@ memory budgets act as they do on real devices.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -132,7 +133,7 @@ class SimExecutor(NoGroup):
                            "pw.sim.Cluster.preset('tpu-v4', chips=2048) or 'tpu-v4'.")
         else:
             per_island = tuple(h * cluster.chips_per_host for h in cluster.islands)
-            if islands is not None and tuple(islands) not in (DEFAULT_ISLANDS, per_island):
+            if islands is not None and tuple(islands) != per_island:
                 raise ValueError(f"islands={tuple(islands)} but the cluster has islands of "
                                  f"{list(per_island)} chips; drop islands= (the cluster "
                                  "decides them).")
@@ -180,8 +181,8 @@ class SimExecutor(NoGroup):
     def advance(self, seconds: float) -> float:
         """Let ``seconds`` of virtual time pass (what ends meanwhile ends, what it launches
         is launched); returns the clock. Submissions after it happen at the new time."""
-        if not isinstance(seconds, int | float) or not seconds >= 0:
-            raise SimError(f"advance takes seconds >= 0, got {seconds!r}.")
+        if not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+            raise SimError(f"advance takes finite seconds >= 0, got {seconds!r}.")
         timing = self.timing
         with self._cv:
             until = timing.now + seconds

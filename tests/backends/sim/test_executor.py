@@ -266,6 +266,27 @@ def test_runs_are_deterministic():
     assert len(first) == 30 and first == once()
 
 
+def test_await_and_block_until_ready_move_the_clock_and_advance_refuses_infinity():
+    """A simulated future is awaited and blocked on as a real one (the virtual clock moves
+    for it; awaiting ends as result() does: no value), and the clock only moves finitely."""
+    import asyncio
+
+    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+        f = pw.function(lambda x: x * 2, slice=ctl.slice(2), sim_cost=1e-3)
+        y = f(np.ones(4, np.float32))
+
+        async def main():
+            return await asyncio.wait_for(y, timeout=60)
+
+        with pytest.raises(pw.NoValueError):
+            asyncio.run(main())
+        assert y.done() and ctl.executor.now() >= 1e-3
+        z = f(np.ones(4, np.float32))
+        assert jax.block_until_ready({"z": z})["z"] is z and z.block_until_ready() is z
+        with pytest.raises(sim.SimError, match="finite seconds"):
+            ctl.executor.advance(float("inf"))
+
+
 def test_advance_lets_time_pass_between_submissions():
     with pw.Controller(backend="sim", cluster=TINY) as ctl:
         step = pw.function(lambda x: x + 1, slice=ctl.slice(4), name="step", sim_cost=1e-3)
@@ -324,6 +345,11 @@ def test_bad_input_is_refused_with_the_fix():
         pw.Controller(islands=(6, 6), backend="sim")
     with pw.Controller(islands=(16, 16), backend="sim", cluster="h100") as gpus:
         assert gpus.executor.cluster.chip.name == "H100 SXM" and len(gpus.devices) == 32
+    with pw.Controller(backend="sim", cluster="h100") as node:  # a preset alone: its machine
+        assert len(node.devices) == 8 and len(node.islands) == 1
+    with pytest.raises(ValueError, match="islands=\\(4, 4\\) but the cluster has islands of "
+                       "\\[4\\] chips"):
+        pw.Controller(islands=(4, 4), backend="sim", cluster=TINY)  # (the old default too)
     with pw.Controller(backend="sim", cluster=TINY) as ctl:
         with pytest.raises(pw.ProgramError, match="sim_cost must be seconds"):
             pw.function(lambda x: x, slice=ctl.slice(1), sim_cost=-1)
