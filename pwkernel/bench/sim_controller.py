@@ -49,7 +49,7 @@ def run(computations: int = 10_000, chips: int = 2048) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m pwkernel.bench.sim_controller",
-                                description=__doc__.splitlines()[0])
+                                description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--computations", type=int, default=10_000)
     p.add_argument("--chips", type=int, default=2048)
     p.add_argument("--json", type=Path, default=None, metavar="PATH")

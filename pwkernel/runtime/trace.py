@@ -168,6 +168,11 @@ class Trace:
 
     def events(self, since: int = 0) -> list[Event]:
         """Events with ``index >= since``, oldest first."""
+        try:
+            since = operator.index(since)
+        except TypeError:
+            raise TypeError(f"since is an event index (an int: trace.next_index, or an event's "
+                            f".index), got {type(since).__name__} {since!r}.") from None
         return as_events(self.rows(since))
 
     def rows(self, since: int = 0) -> list[tuple]:

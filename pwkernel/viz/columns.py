@@ -108,6 +108,11 @@ class DeviceLayout:
         islands = tuple((int(i), tuple(int(d) for d in ds)) for i, ds in islands)
         if devices is not None:
             keep = set(devices)
+            known = {d for _, ds in islands for d in ds}
+            if not keep or not keep <= known:
+                raise ValueError(f"devices must be ids of the controller's devices "
+                                 f"({min(known)}..{max(known)}), got {sorted(keep)}. Maybe you "
+                                 "want devices=None (all of them).")
             return cls(tuple((i, tuple(d for d in ds if d in keep)) for i, ds in islands
                              if any(d in keep for d in ds)), partial=True)
         if rows not in ROW_MODES:

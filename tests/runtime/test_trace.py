@@ -113,3 +113,6 @@ def test_clear_and_disable(ctl):
     threading.Thread(target=lambda: (run_figure2(ctl), done.set())).start()
     assert ctl.trace.wait_for(n + 3, timeout=60) and done.wait(60)
     assert ctl.trace.events(since=n)[0].index == n
+    assert ctl.trace.events(since=np.int64(n))[0].index == n
+    with pytest.raises(TypeError, match="since is an event index"):
+        ctl.trace.events(since=2.5)

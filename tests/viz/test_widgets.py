@@ -299,6 +299,9 @@ def test_bad_arguments_say_what_to_do(ctl):
         pw.ScheduleView(ctl, programs=[1], live=False)
     with pytest.raises(TypeError, match="needs a pw.Controller"):
         pw.TopologyView(None)
+    for devices in ([99999], []):
+        with pytest.raises(ValueError, match="devices must be ids of the controller's devices"):
+            pw.ScheduleView(ctl, devices=devices, live=False)
 
 
 def test_topology_view(ctl, programs):
