@@ -4,7 +4,8 @@ as after ``jax.jit``:
 
 - Python's operators, indexing, iteration and conversions (``f(x) + 1``, ``fut[0]``,
   ``float(loss)``, ``np.asarray(fut)``, ``str``, ``print`` and f-strings (``repr`` is the
-  future's own: its name, shape and state, without waiting);
+  future's own: its name, shape and state, without waiting; a simulated future, which has no
+  value, prints that too);
 - the ``jax.Array`` methods in ``ARRAY_METHODS`` and properties in ``ARRAY_PROPERTIES``
   (``loss.mean()``, ``w.T``, ``x.astype(jnp.bfloat16)``, ``x.at[0].set(1)``);
 - JAX's own functions and transformations: ``jnp.sum(fut)``, ``jax.jit(g)(fut)``,
@@ -30,6 +31,8 @@ import operator
 from collections.abc import Callable
 
 import numpy as np
+
+from .errors import NoValueError
 
 # jax.Array's methods a future answers on its value (``delete`` and ``is_ready`` are not among
 # them: the runtime asks values whether they have them).
@@ -103,10 +106,13 @@ class ArrayOnDemand:
         return set(self.sharding.device_set)
 
     def __format__(self, spec: str) -> str:
-        return format(self.result(), spec)
+        return format(self.result(), spec) if spec else str(self)
 
     def __str__(self) -> str:
-        return str(self.result())
+        try:
+            return str(self.result())
+        except NoValueError:  # a simulated future: shape, dtype and times, no value
+            return repr(self)
 
     def __len__(self) -> int:
         if not self.shape:

@@ -281,6 +281,7 @@ def test_await_and_block_until_ready_move_the_clock_and_advance_refuses_infinity
         with pytest.raises(pw.NoValueError):
             asyncio.run(main())
         assert y.done() and ctl.executor.now() >= 1e-3
+        assert str(y) == f"{y}" == repr(y)  # printed as what it is: no value to print
         z = f(np.ones(4, np.float32))
         assert jax.block_until_ready({"z": z})["z"] is z and z.block_until_ready() is z
         with pytest.raises(sim.SimError, match="finite seconds"):
