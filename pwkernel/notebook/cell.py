@@ -51,10 +51,10 @@ from ..runtime.program import INFERRED, CompiledFunction, Program, Value
 from ..runtime.program import function as pw_function
 from ..runtime.program import program as pw_program
 from ..runtime.resources import VirtualSlice
+from .scope import CellScope, check_kept, rehome
 
 LAST = "__pw_last__"  # holds the value of a cell's last expression
 _PRINT, _PUT = "__pw_print__", "__pw_put__"
-DELETED = object()  # the value of a name the cell deleted (``del x``): unbound after it
 
 
 @dataclasses.dataclass
@@ -104,116 +104,6 @@ def _mixed(value: Any) -> tuple[Any, list[Any]] | None:
 def _rebuild(tree, plain: list[Any], arrays: Sequence[Any]) -> Any:
     it = iter(arrays)
     return jax.tree_util.tree_unflatten(tree, [next(it) if x is None else x for x in plain])
-
-
-class CellScope(dict):
-    """The cell's top-level names over the user's namespace, as a notebook's top level has
-    them: a name the cell does not bind is read from the user's namespace, ``global`` and
-    ``del`` work, and functions, lambdas and classes defined in the cell read their globals
-    here when called. The names the cell reads are seeded (its array inputs with their traced
-    values), because a class body looks its globals up without ``__missing__``. Once the
-    trace ends (``close``) it keeps nothing of its own and every read falls through: a
-    function the cell defined then sees the notebook's current names, never a traced value."""
-
-    def __init__(self, user_ns: dict[str, Any], helpers: dict[str, Any],
-                 seeded: dict[str, Any]):
-        super().__init__(helpers)
-        self.update(seeded)
-        self.user_ns, self.helpers, self.seeded = user_ns, frozenset(helpers), seeded
-        self.written: set[str] = set()
-        self.deleted: set[str] = set()
-
-    def __missing__(self, key: str) -> Any:
-        return self.user_ns[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.written.add(key)
-        self.deleted.discard(key)
-        dict.__setitem__(self, key, value)
-
-    def __delitem__(self, key: str) -> None:
-        if dict.__contains__(self, key):
-            dict.__delitem__(self, key)
-        elif key not in self.user_ns:
-            raise KeyError(key)
-        self.deleted.add(key)
-
-    def bound(self) -> dict[str, Any]:
-        """The names the cell bound (``DELETED`` for those it deleted), in binding order.
-        (Rebinding through ``global`` in a function writes past ``__setitem__``: a value
-        that is not the seeded one tells it.)"""
-        seeded, out = self.seeded, {}
-        for key, value in self.items():
-            if key in self.helpers or key == "__builtins__":
-                continue
-            if key in self.written or key not in seeded or value is not seeded[key]:
-                out[key] = value
-        gone = self.deleted | {k for k in seeded if not dict.__contains__(self, k)}
-        out.update((k, DELETED) for k in gone if k in self.user_ns and k not in out)
-        return out
-
-    def close(self) -> None:
-        for key in list(self):
-            if key not in self.helpers and key != "__builtins__":
-                dict.__delitem__(self, key)
-
-
-def _check_kept(user_ns: dict[str, Any]) -> None:
-    """Refuse a cell that stored a traced value into a list, dict or set of the notebook's
-    (through a function: statements that do it themselves run as plain Python,
-    ``segments.py``), looked for two levels deep. The traced values are taken out again
-    (outside its trace one is good for nothing), so the next cell starts clean."""
-    for name, value in list(user_ns.items()):
-        if type(value) in _CONTAINERS and not name.startswith("_") and (
-                _drop_traced(value) + sum(_drop_traced(x) for x in list(_items(value))
-                                          if type(x) in _CONTAINERS)):
-            raise UsageError(
-                f"%%pathways: the cell stored an array it computes into {name!r} (a "
-                f"{type(value).__name__} from outside the cell), where it would stay a traced "
-                "placeholder, not the array; it was taken out again. Bind the array to a name "
-                f"in the cell and store it in a statement of its own ({name}.append(loss) "
-                "runs as plain Python).")
-
-
-_CONTAINERS = (list, dict, set)
-
-
-def _items(container) -> Any:
-    return container.values() if type(container) is dict else container
-
-
-def _drop_traced(container) -> int:
-    """Take traced values out of ``container`` (by identity: a traced value compares as an
-    array); how many there were."""
-    def traced(x) -> bool:
-        return isinstance(x, jax.core.Tracer | Value)
-
-    if type(container) is dict:
-        gone = [k for k, v in container.items() if traced(v)]
-        for k in gone:
-            del container[k]
-        return len(gone)
-    kept = [x for x in container if not traced(x)]
-    n = len(container) - len(kept)
-    if n:
-        container.clear()
-        (container.extend if type(container) is list else container.update)(kept)
-    return n
-
-
-def _rehome(value: Any, scope: CellScope, user_ns: dict[str, Any]) -> Any:
-    """A function the cell defined, with the user's namespace as its globals (as without the
-    magic); anything else as it is (decorated functions keep the scope, which then reads
-    through to the user's namespace)."""
-    if isinstance(value, types.FunctionType) and value.__globals__ is scope:
-        out = types.FunctionType(value.__code__, user_ns, value.__name__, value.__defaults__,
-                                 value.__closure__)
-        out.__kwdefaults__, out.__qualname__ = value.__kwdefaults__, value.__qualname__
-        out.__dict__.update(value.__dict__)
-        out.__doc__, out.__module__ = value.__doc__, value.__module__
-        out.__annotations__ = value.__annotations__
-        return out
-    return value
 
 
 class _Route(ast.NodeTransformer):
@@ -326,15 +216,17 @@ def _build(tree: ast.Module, params: list[str], seeded: list[str], user_ns: dict
            printer: Callable[..., None]) -> Callable[..., dict[str, Any]]:
     ast.increment_lineno(tree, line_offset)
     code = compile(ast.fix_missing_locations(tree), filename, "exec")
-    helpers = {_PRINT: printer, _PUT: placed}
+    helpers = {_PRINT: printer, _PUT: placed, "__name__": user_ns.get("__name__", "__main__")}
 
     def cell(*args: Any) -> dict[str, Any]:
         names = {n: user_ns[n] for n in seeded if n in user_ns}
         scope = CellScope(user_ns, helpers, names | dict(zip(params, args, strict=True)))
+        before = dict(user_ns)
         try:
             exec(code, scope)  # noqa: S102 - the user's own cell, at its top level
-            _check_kept(user_ns)
-            return {k: _rehome(v, scope, user_ns) for k, v in scope.bound().items()}
+            bound = scope.bound()
+            check_kept(user_ns, before, bound)
+            return {k: rehome(v, scope, user_ns) for k, v in bound.items()}
         finally:
             scope.close()
 

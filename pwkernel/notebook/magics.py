@@ -27,6 +27,7 @@ from . import attach, segments, tenants
 from . import cell as cells
 from .display import Status
 from .output import CellOutput
+from .scope import DELETED
 from .summary import summary_text
 
 
@@ -379,7 +380,7 @@ class PathwaysMagics(Magics):
         for key, value in cells.bound_values(plain, results).items():
             if key == cells.LAST:
                 continue
-            if value is cells.DELETED:
+            if value is DELETED:
                 ns.pop(key, None)
             else:
                 ns[key] = value
