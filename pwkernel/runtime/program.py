@@ -212,12 +212,15 @@ class CompiledFunction:
                 "element of a returned tuple.") from None
 
     def __call__(self, *args, **kwargs):
-        dispatch = None if self.arguments.takes_dispatch else kwargs.pop("dispatch", None)
+        dispatch = kwargs.pop("dispatch", None) if kwargs and not self.arguments.takes_dispatch \
+            else None
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = _current_graph()
         try:
             if graph is not None:
                 return _record_call(graph, self, dyn, dkw, statics)
+            if dispatch is None:
+                return self._program(statics)(dyn, dkw)
             return self._program(statics)(dyn, dkw, dispatch=dispatch)
         except Traced:  # on JAX tracers: what a nested jax.jit is
             return self.inlined(*args, **kwargs)
@@ -412,10 +415,12 @@ class Program:
         ``"parallel"``) for this call only, else the controller's mode (unless the function
         has a parameter of that name: then it is the function's). Inside another program:
         inlined."""
-        dispatch = None if self.arguments.takes_dispatch else kwargs.pop("dispatch", None)
+        dispatch = kwargs.pop("dispatch", None) if kwargs and not self.arguments.takes_dispatch \
+            else None
         if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args, **kwargs)  # inside another trace: inline this program's calls
-        dyn, dkw, statics = self._split(args, kwargs)
+        dyn, dkw, statics = self.arguments.split(args, kwargs) if self._statics else (
+            args, kwargs, ())
         leaves, tree = _flatten((dyn, dkw))
         try:
             graph = self._graph(tree, leaves, statics)

@@ -223,10 +223,15 @@ def _deleted(node, inputs: list) -> BaseException | None:
     """The error ``jax.jit`` raises for an input that is gone (an earlier call was given it,
     ``donate_argnums``, or it was deleted): XLA's compiled call does not check, and crashes
     the process (so does ``jax.jit``'s own path here, on an executable it has run before)."""
+    try:  # (one pass, as cheap as it gets, where every input is an array: the common case)
+        if not any([value.is_deleted() for value in inputs]):
+            return None
+    except AttributeError:  # (an input that is not an array: nothing to check on it)
+        pass
     for i, value in enumerate(inputs):
         try:
             gone = value.is_deleted()
-        except AttributeError:  # (not an array: nothing to check)
+        except AttributeError:
             continue
         if gone:
             return retyped(ProgramError(
