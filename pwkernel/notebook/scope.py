@@ -90,7 +90,7 @@ def check_kept(user_ns: dict[str, Any], before: dict[str, Any], bound: dict[str,
     cell runs as plain Python instead (``NeedsValueError``: see ``segments.needs_value``)."""
     where = None
     for name, value in list(user_ns.items()):
-        if isinstance(value, jax.core.Tracer | Value):
+        if _traced(value):
             if name in before:
                 user_ns[name] = before[name]
             else:
@@ -101,6 +101,8 @@ def check_kept(user_ns: dict[str, Any], before: dict[str, Any], bound: dict[str,
                                           if type(x) in _CONTAINERS)):
             where = where or f"{name!r} (a {type(value).__name__} from outside the cell)"
     for name, value in bound.items():
+        if _is_jit(value):  # its traces may hold this cell's traced values as constants:
+            value.clear_cache()  # it traces again, on the notebook's values, when next called
         if _keeps_traced(value) and where is None:
             where = f"what {name!r} holds (a closure, a default or a class attribute)"
     if where is not None:
@@ -108,12 +110,15 @@ def check_kept(user_ns: dict[str, Any], before: dict[str, Any], bound: dict[str,
                               "it runs as plain Python.")
 
 
-def _keeps_traced(value: Any) -> bool:
-    """A function, ``functools.partial`` or class the cell defined holds a traced value. A
-    ``jax.jit`` function met on the way forgets its traces (they may hold this cell's traced
-    values as constants: it traces again, on the notebook's values, when next called)."""
-    if all(hasattr(value, a) for a in ("lower", "clear_cache", "__wrapped__")):
-        value.clear_cache()
+def _keeps_traced(value: Any, seen: set[int] | None = None) -> bool:
+    """A function, ``functools.partial`` or class the cell defined (or the function a
+    ``jax.jit`` wraps) holds a traced value, also through the functions and classes it
+    holds."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return False
+    seen.add(id(value))
+    if _is_jit(value):
         value = value.__wrapped__
     if isinstance(value, functools.partial):
         held = [value.func, value.args, value.keywords]
@@ -124,9 +129,17 @@ def _keeps_traced(value: Any) -> bool:
         held = list(vars(value).values())
     else:
         return False
-    return any(isinstance(x, jax.core.Tracer | Value) or (
-        x is not value and (callable(x) or isinstance(x, type)) and _keeps_traced(x))
-        for x in jax.tree_util.tree_leaves(held))
+    return any(_traced(x) or (callable(x) and _keeps_traced(x, seen))
+               for x in jax.tree_util.tree_leaves(held))
+
+
+def _is_jit(value: Any) -> bool:
+    return all(hasattr(value, a) for a in ("lower", "clear_cache", "__wrapped__"))
+
+
+def _traced(x: Any) -> bool:
+    """A value of a trace: a JAX tracer, or a program's placeholder."""
+    return isinstance(x, jax.core.Tracer | Value)
 
 
 def _filled(cell) -> bool:
@@ -147,15 +160,12 @@ def _items(container) -> Any:
 def _drop_traced(container) -> int:
     """Take traced values out of ``container`` (by identity: a traced value compares as an
     array); how many there were."""
-    def traced(x) -> bool:
-        return isinstance(x, jax.core.Tracer | Value)
-
     if type(container) is dict:
-        gone = [k for k, v in container.items() if traced(v)]
+        gone = [k for k, v in container.items() if _traced(v)]
         for k in gone:
             del container[k]
         return len(gone)
-    kept = [x for x in container if not traced(x)]
+    kept = [x for x in container if not _traced(x)]
     n = len(container) - len(kept)
     if n:
         container.clear()

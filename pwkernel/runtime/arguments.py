@@ -48,6 +48,11 @@ class Arguments:
             raise ProgramError(f"{name}: argument {min(both)} is both static and donated; a "
                                "static argument is not an array, so it cannot be donated.")
 
+    def pop_dispatch(self, kwargs: dict) -> str | None:
+        """A call's ``dispatch=`` (this call's dispatch mode), taken out of ``kwargs``; None
+        when not given, or when it is the function's own parameter."""
+        return kwargs.pop("dispatch", None) if kwargs and not self.takes_dispatch else None
+
     def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
         """``(dynamic positional, dynamic keyword, static key)``; the key is hashable."""
         nums, names = self.static_nums, self.static_names

@@ -212,8 +212,7 @@ class CompiledFunction:
                 "element of a returned tuple.") from None
 
     def __call__(self, *args, **kwargs):
-        dispatch = kwargs.pop("dispatch", None) if kwargs and not self.arguments.takes_dispatch \
-            else None
+        dispatch = self.arguments.pop_dispatch(kwargs)
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = _current_graph()
         try:
@@ -415,12 +414,10 @@ class Program:
         ``"parallel"``) for this call only, else the controller's mode (unless the function
         has a parameter of that name: then it is the function's). Inside another program:
         inlined."""
-        dispatch = kwargs.pop("dispatch", None) if kwargs and not self.arguments.takes_dispatch \
-            else None
+        dispatch = self.arguments.pop_dispatch(kwargs)
         if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args, **kwargs)  # inside another trace: inline this program's calls
-        dyn, dkw, statics = self.arguments.split(args, kwargs) if self._statics else (
-            args, kwargs, ())
+        dyn, dkw, statics = self._split(args, kwargs)
         leaves, tree = _flatten((dyn, dkw))
         try:
             graph = self._graph(tree, leaves, statics)

@@ -105,11 +105,11 @@ class SPMD:
         check_stages(stages)
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
         self.name, self.packed = name, packed
-        # no values to check on a simulation; a checked step is two computations (``parts``)
-        self._finite = check_finite and not simulated(slice)
         self._train, self._make = train_step(self.stages, loss, optimizer), init_state(
             self.stages, optimizer)
-        self._parts = step_parts(self.stages, loss, optimizer, True) if self._finite else None
+        # a checked step is two computations (no values to check on a simulation)
+        self._parts = (step_parts(self.stages, loss, optimizer, True)
+                       if check_finite and not simulated(slice) else None)
         self._fns: dict[str, Callable] | None = None
         self._placer: Placer | None = None
 

@@ -99,7 +99,7 @@ class LocalBackend(NoGroup):
                 site.watch(task, None, error)
                 return
         inputs = task.inputs()
-        error = _deleted(node, inputs)
+        error = _unusable(node, inputs)
         if error is not None:
             site.watch(task, None, error)
             return
@@ -215,41 +215,29 @@ def _donatable(task: Task, waits: bool) -> BaseException | None:
         for producer in task.producers():
             producer.expedite()  # its watcher reports it at once
         task.inputs_ended(None)
-    error = task.input_error()
-    return error if error is not None else _read_and_donated(task)
+    return task.input_error()
 
 
-def _deleted(node, inputs: list) -> BaseException | None:
-    """The error ``jax.jit`` raises for an input that is gone (an earlier call was given it,
-    ``donate_argnums``, or it was deleted): XLA's compiled call does not check, and crashes
-    the process (so does ``jax.jit``'s own path here, on an executable it has run before)."""
+def _unusable(node, inputs: list) -> BaseException | None:
+    """The error for inputs XLA's compiled call would crash the process on, where ``jax.jit``
+    raises (or should): one that is gone (an earlier call was given it, ``donate_argnums``,
+    or it was deleted), or one a donating call both gives away and reads."""
     try:  # (one pass, as cheap as it gets, where every input is an array: the common case)
-        if not any([value.is_deleted() for value in inputs]):
-            return None
+        gone = any([value.is_deleted() for value in inputs])
     except AttributeError:  # (an input that is not an array: nothing to check on it)
-        pass
-    for i, value in enumerate(inputs):
-        try:
-            gone = value.is_deleted()
-        except AttributeError:
-            continue
-        if gone:
+        gone = True
+    for i, value in enumerate(inputs) if gone else ():
+        is_deleted = getattr(value, "is_deleted", None)
+        if is_deleted is not None and is_deleted():
             return retyped(ProgramError(
                 f"Array has been deleted with shape={value.aval.str_short()}: input {i} of "
                 f"{node.name} was given to an earlier call that donates it, which now owns "
                 "its buffer (or it was deleted). Use that call's result, or pass each "
                 "donating call its own copy (jnp.copy(x))."), RuntimeError)
-    return None
-
-
-def _read_and_donated(task: Task) -> BaseException | None:
-    """A donating launch that would also read the array it is given: refused (XLA's compiled
-    call crashes the process there)."""
-    inputs = task.inputs()
-    for i in task.node.exe.donated:
+    for i in node.exe.donated:
         if sum(v is inputs[i] for v in inputs) > 1:
             return retyped(ProgramError(
-                f"{task.node.name} donates input {i} and also reads the same array as another "
+                f"{node.name} donates input {i} and also reads the same array as another "
                 "input: a computation cannot be given a buffer it still reads. Pass a copy "
                 "(jnp.copy(x)) as one of them, or donate neither."), RuntimeError)
     return None
