@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..runtime import interrupts
 from ..runtime.controller import Controller
 from ..runtime.units import device_ids
 from . import comm, display
@@ -30,6 +31,7 @@ def state() -> NotebookState | None:
 
 
 def _pre_run_cell(*_: Any) -> None:
+    interrupts.install()  # (ipykernel puts Python's own SIGINT handler back for each cell)
     st = current()
     if st is not None:
         st.resend()

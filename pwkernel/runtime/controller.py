@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import AxisType
 
 from . import executor as executors
+from . import interrupts
 from .dispatcher import Dispatcher, DispatchMode
 from .errors import ControllerClosedError, DeviceSetupError, SliceError
 from .events import DEFAULT_CLIENT
@@ -137,6 +138,7 @@ class Controller:
         self._dispatcher = Dispatcher(self._backend, self.store, self.trace, mode, policy,
                                       memory_budget)
         self._policy = policy
+        interrupts.install()  # Ctrl-C waits for the runtime's work in the main thread to end
         _register(self)
 
     @property
@@ -214,6 +216,7 @@ class Controller:
         ``weight`` sets its proportional share under ``policy="share"``; ``priority`` its
         rank under ``policy="priority"`` (higher runs first).
         """
+        self._check_open()
         if not isinstance(name, str) or not name:
             raise ValueError(f"a client name must be a non-empty string, got {name!r}.")
         if not weight > 0:
@@ -237,7 +240,8 @@ class Controller:
         self._check_open()
         mode = None if dispatch is None else DispatchMode.parse(dispatch)
         # (the dispatcher refuses futures of another controller in its one pass over leaves)
-        return self._dispatcher.submit(graph, leaves, self.current_client, mode)
+        with interrupts.held:  # (an interrupt now would leave a launch half made)
+            return self._dispatcher.submit(graph, leaves, self.current_client, mode)
 
     def runs(self) -> list[ProgramRun]:
         """Programs submitted and not yet finished."""
@@ -251,7 +255,8 @@ class Controller:
         return True
 
     def cancel_all(self) -> int:
-        return sum(run.cancel() for run in self.runs())
+        with interrupts.held:
+            return sum(run.cancel() for run in self.runs())
 
     # --- memory and status -----------------------------------------------------------------
     def memory(self) -> dict[Any, int]:

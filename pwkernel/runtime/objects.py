@@ -19,6 +19,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from . import interrupts
 from .arraylike import ArrayOnDemand
 from .dtypes import as_dtype
 from .errors import CancelledError, ControllerClosedError
@@ -146,7 +147,8 @@ class Future(ArrayOnDemand):
         deadline = None if timeout is None else time.monotonic() + timeout
         producer = self.producer
         if producer is not None:  # the waiting thread may see its end itself
-            producer.expedite(timeout)
+            with interrupts.held:
+                producer.expedite(timeout)
         with self._lock:
             if self._state is not _PENDING:
                 return True
@@ -196,7 +198,8 @@ class Future(ArrayOnDemand):
         if self.done():
             return False
         if self.run is not None:
-            self.run.cancel()
+            with interrupts.held:
+                self.run.cancel()
         return self.cancelled()
 
     def __await__(self):

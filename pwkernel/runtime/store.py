@@ -19,6 +19,8 @@ import jax
 import numpy as np
 
 from .dtypes import itemsize
+from .interrupts import held as interrupts_held
+from .interrupts import held_quietly
 
 
 class Future(Protocol):
@@ -99,7 +101,7 @@ class ObjectStore:
         # (so readers iterate over a copy of the entries).
         self._lock = threading.RLock()
         self._on_free = on_free
-        self._on_drop = self._free  # the weak references' callback, bound once
+        self._on_drop = self._dropped  # the weak references' callback, bound once
         self.closed = False
 
     def add(self, fut: Future, value, reserved: bool = False,
@@ -159,6 +161,12 @@ class ObjectStore:
         held.exported = True
         return value
 
+    def _dropped(self, held: _Held) -> None:
+        """A future went: free its buffer (run wherever Python collects it, so an interrupt
+        waits for the free's end and is raised by the runtime's next call: ``interrupts``)."""
+        with held_quietly:
+            self._free(held)
+
     def _free(self, held: _Held) -> None:
         try:
             held.claim.pop()
@@ -203,5 +211,6 @@ class ObjectStore:
         self.closed = True
         with self._lock:
             todo = [held for held in list(self._held.values()) if held.claim]
-        for held in todo:
-            self._free(held)
+        with interrupts_held:
+            for held in todo:
+                self._free(held)

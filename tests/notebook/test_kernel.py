@@ -100,6 +100,24 @@ def test_interrupt_cancels_the_cell_and_the_kernel_survives(kernel_env):
     assert "float32[2,256]" in text(c[3]) and "done" in text(c[3])
 
 
+def test_interrupting_a_plain_loop_of_calls_leaves_the_islands_working(kernel_env):
+    """Ctrl-C in a cell that calls pw.function in a loop: the interrupt lands while the main
+    thread is mostly inside the runtime, is raised after the call in hand, and the islands go
+    on working (runtime/interrupts.py, put in place before every cell)."""
+    nb = execute(notebook(
+        "import signal, jax.numpy as jnp, pwkernel as pw\nctl = pw.controller()\n"
+        "f = pw.function(lambda v: v * 0.5 + 1.0, slice=ctl.slice(4, island=0))\n"
+        "x = jnp.ones(8); f(x).result()",
+        "print('handler', signal.getsignal(signal.SIGINT).__module__)\n"
+        "y = x\nprint('started', flush=True)\nfor _ in range(10**6):\n    y = f(y)",
+        "print('after', ctl.wait(60), float(f(x).result(timeout=60)[0]))",
+    ), client_cls=InterruptWhenStarted)
+    c = nb.cells
+    assert "handler pwkernel.runtime.interrupts" in text(c[1]), text(c[1])
+    assert "KeyboardInterrupt" in text(c[1]), text(c[1])
+    assert "after True 1.5" in text(c[2]), text(c[2])
+
+
 def test_comm_target_answers_status(kernel_env):
     from jupyter_client.manager import start_new_kernel
 

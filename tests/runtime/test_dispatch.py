@@ -214,6 +214,8 @@ def test_close_leaves_no_threads_and_cancels_pending_work():
     assert after == before
     with pytest.raises(pw.ControllerClosedError):
         ctl.policy = "share"
+    with pytest.raises(pw.ControllerClosedError), ctl.client("late"):
+        pass
 
 
 def test_share_policy_on_the_real_runtime(ctl):

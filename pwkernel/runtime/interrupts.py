@@ -1,0 +1,93 @@
+"""An interrupt (Ctrl-C, a notebook's stop button) held off while the main thread is inside
+the runtime.
+
+Python raises ``KeyboardInterrupt`` in the main thread between any two bytecodes. Inside the
+runtime that can stop a launch after its island's scheduler decided it, an end half reported,
+a buffer half freed: the island then waits for an end nobody will report, and every later
+call on its devices waits behind it. So the runtime work the main thread does (a submission
+with the launches it drains and the ends it reports on the way, the ends a waiting thread
+reports, a cancellation, a free) runs under ``held``: an interrupt that arrives meanwhile is
+noted, and raised again as soon as that work is done, in the caller's code. It comes late by
+that work (microseconds; a launch's own call at most), and is never lost where the caller can
+take it: a free run by the garbage collector (a weak reference's callback, where Python
+ignores an exception) keeps it for the next submission or wait that ends.
+
+The hold needs this module's handler of ``SIGINT`` (``install``): a controller installs it
+when made in the main thread, and the notebook extension before each cell (ipykernel puts
+Python's default handler back for every cell). It replaces only Python's default handler; a
+handler of the user's own is left alone, and the runtime then behaves as Python does.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import threading
+
+__all__ = ["held", "held_quietly", "install"]
+
+_MAIN = threading.main_thread().ident
+_ident = threading.get_ident
+
+
+class _State:
+    __slots__ = ("depth", "pending")
+
+    def __init__(self):
+        self.depth = 0  # nested holds of the main thread
+        self.pending = False  # an interrupt arrived under a hold and is not raised yet
+
+
+_state = _State()
+
+
+class _Hold:
+    """``with held:`` (a context manager, reusable and nestable; other threads pass through)."""
+
+    __slots__ = ("_raise",)
+
+    def __init__(self, raise_at_exit: bool):
+        self._raise = raise_at_exit
+
+    def __enter__(self) -> None:
+        if _ident() == _MAIN:
+            _state.depth += 1
+
+    def __exit__(self, *_exc) -> bool:
+        if _ident() == _MAIN:
+            state = _state
+            state.depth -= 1
+            if state.pending and not state.depth and self._raise:
+                state.pending = False
+                _thread.interrupt_main()  # raised by the handler at the next bytecode
+        return False
+
+
+#: the main thread's runtime work: an interrupt that arrives inside is raised at its end
+held = _Hold(True)
+#: the same, for work Python runs where it ignores exceptions (a weak reference's callback):
+#: the interrupt is kept for the next ``held`` that ends
+held_quietly = _Hold(False)
+
+
+def _handler(signum, frame) -> None:
+    if _state.depth:
+        _state.pending = True
+        return
+    _state.pending = False
+    signal.default_int_handler(signum, frame)
+
+
+def install() -> bool:
+    """Put this module's handler in place of Python's default ``SIGINT`` handler; True when
+    it is in place (it is not outside the main thread, or over a handler of the user's)."""
+    if _ident() != _MAIN:
+        return False
+    current = signal.getsignal(signal.SIGINT)
+    if current is _handler:
+        return True
+    if current is not signal.default_int_handler:
+        return False
+    _state.pending = False  # (one kept from an earlier cell is not this one's)
+    signal.signal(signal.SIGINT, _handler)
+    return True

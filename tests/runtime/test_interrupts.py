@@ -1,0 +1,116 @@
+"""Ctrl-C while the main thread is inside the runtime (``runtime/interrupts.py``): the work in
+hand ends whole, then the interrupt is raised; the island is never left waiting for an end
+nobody reports, and no buffer leaks.
+
+The interrupt is delivered for real (``_thread.interrupt_main``, what a notebook's stop button
+does through SIGINT) at the first Python call of a chosen runtime function in the main thread.
+"""
+
+from __future__ import annotations
+
+import _thread
+import gc
+import signal
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from pwkernel.backends.local.executor import LocalBackend
+from pwkernel.runtime import interrupts
+from pwkernel.runtime.store import ObjectStore
+from pwkernel.runtime.tasks import Task
+
+
+class _InterruptAt:
+    """Deliver one interrupt to the main thread when it enters ``code``."""
+
+    def __init__(self, code):
+        self.code, self.fired = code, False
+
+    def __enter__(self):
+        def profile(frame, event, _arg):
+            if event == "call" and frame.f_code is self.code and not self.fired:
+                self.fired = True
+                _thread.interrupt_main()
+        sys.setprofile(profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+        return False
+
+
+@pytest.fixture
+def handler():
+    """Python's default SIGINT handler around the test (the runtime's goes over it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _settled(ctl: pw.Controller, f, x) -> None:
+    """The island still works: everything submitted ends, a new call runs, nothing is held."""
+    assert ctl.wait(timeout=60), "a run never ended: the island waits for a lost end"
+    np.testing.assert_allclose(np.asarray(f(x).result(timeout=60)), np.asarray(x) * 2 + 1)
+    gc.collect()
+    assert ctl.wait(timeout=60)
+    assert sum(ctl.memory().values()) == 0, ctl.memory()
+
+
+@pytest.mark.parametrize("where", [LocalBackend.launch, Task.report_end],
+                         ids=["launch", "end"])
+def test_an_interrupt_inside_a_call_is_raised_after_it_and_leaves_the_island_working(
+        handler, where):
+    ctl = pw.Controller(islands=(4,))
+    try:
+        f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
+        x = jnp.arange(8.0)
+        f(x).result()  # compiled: the interrupt lands in the launch, not in tracing
+        with pytest.raises(KeyboardInterrupt), _InterruptAt(where.__code__) as hook:
+            for _ in range(50):  # (an end is reported by this thread within a few calls)
+                f(x)
+        assert hook.fired
+        _settled(ctl, f, x)
+    finally:
+        ctl.close()
+
+
+def test_an_interrupt_inside_a_free_keeps_the_free_whole_and_is_raised_by_the_next_call(
+        handler):
+    ctl = pw.Controller(islands=(4,))
+    try:
+        f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
+        x = jnp.arange(8.0)
+        y = f(x)
+        y.wait()
+        assert sum(ctl.memory().values()) > 0
+        with _InterruptAt(ObjectStore._free.__code__) as hook:
+            del y  # freed by the weak reference's callback, where Python ignores exceptions
+        assert hook.fired
+        assert sum(ctl.memory().values()) == 0, "the interrupted free leaked its buffer"
+        with pytest.raises(KeyboardInterrupt):  # kept, not lost: the next call raises it
+            f(x)
+        _settled(ctl, f, x)
+    finally:
+        ctl.close()
+
+
+def test_the_handler_replaces_only_pythons_default(handler):
+    assert interrupts.install()
+    mine = signal.getsignal(signal.SIGINT)
+    assert mine is not signal.default_int_handler
+    own = signal.signal(signal.SIGINT, lambda *a: None)  # a handler of the user's own
+    try:
+        assert not interrupts.install()
+        assert signal.getsignal(signal.SIGINT) is not mine
+    finally:
+        signal.signal(signal.SIGINT, own)
+    with pytest.raises(KeyboardInterrupt):  # outside a hold: raised where it lands
+        _thread.interrupt_main()
+        for _ in range(10):
+            pass
