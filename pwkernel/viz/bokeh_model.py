@@ -17,6 +17,13 @@ inside it (the streams of three sources, the names, the time axis) into one Boke
 a live update sends its header, metadata and content once. (Arrays stay binary: BokehJS's
 inline base64 form needs gzip, and the page applied level 0 and level 1 streams wrongly.)
 
+A page draws the widget from its ``render_bundle`` (the whole document, made when the widget
+was created) and then applies only the patches it receives after drawing: a view displayed
+after rows were streamed, displayed a second time, or drawn while rows were streaming would
+miss them. ``refresh()`` remakes the bundle from the document as it is now (the views call it
+when they are displayed), and when a page reports its drawing done (Bokeh's
+``DocumentReady``) after patches it may have missed, every data source is sent to it again.
+
 The BokehModel widget renders only if BokehJS is already in the page; ``ensure_bokehjs()``
 puts it there from the installed package (inline, never from a CDN).
 """
@@ -31,6 +38,7 @@ from typing import Any
 
 from bokeh.core.serialization import Serializer
 from bokeh.document.events import ColumnDataChangedEvent, DocumentPatchedEvent
+from bokeh.events import DocumentReady
 from bokeh.models import ColumnDataSource, LayoutDOM
 from bokeh.protocol.messages.patch_doc import PatchJson, patch_doc
 from jupyter_bokeh import BokehModel
@@ -83,7 +91,44 @@ class EchoFreeBokehModel(BokehModel):
         self.ignored_echoes = 0  # how many echoed data events were dropped (for diagnostics)
         self.patches_sent = 0  # Bokeh messages sent to the page (each is 3+ widget messages)
         self._held: list[DocumentPatchedEvent] | None = None  # changes gathered by batch()
+        self.bundled_at = 0  # patches_sent when render_bundle was made
+        self.page_repairs = 0  # data resent to a page that drew an older bundle
         super().__init__(model, **kwargs)
+        self._document.on_event(DocumentReady, self._on_page_ready)
+
+    def refresh(self) -> bool:
+        """Remake ``render_bundle`` (what a page draws the widget from) from the document as
+        it is now, if patches went out since it was made; True if it did. Pages showing the
+        widget draw it again from the new bundle.
+
+        >>> from bokeh.plotting import figure
+        >>> w = EchoFreeBokehModel(figure())
+        >>> w.refresh()   # nothing changed since the widget was made
+        False
+        >>> w._model.title.text = "a"; w.refresh()
+        True
+        >>> w.close()
+        """
+        with self.lock:
+            if (self.patches_sent == self.bundled_at or self._document is None
+                    or self.comm is None):  # closed: no page will draw it again
+                return False
+            self.render_bundle = self._model_to_traits(self._model)
+            self.bundled_at = self.patches_sent
+            return True
+
+    def _on_page_ready(self, event: DocumentReady) -> None:
+        """A page drew the widget: it has the bundle, and only the patches sent after that.
+        Patches went out since the bundle was made, so it may lack some rows: send every
+        data source's data again, in one message."""
+        with self.lock:
+            if self.patches_sent == self.bundled_at or self._document is None:
+                return
+            self.page_repairs += 1
+            with self.batch():
+                for model in list(self._document.models):
+                    if isinstance(model, ColumnDataSource):
+                        resend(model)
 
     @contextmanager
     def batch(self) -> Iterator[None]:

@@ -7,6 +7,7 @@ device; DCN dashed and black, ICI solid and grey).
 
 from __future__ import annotations
 
+import numpy as np
 from bokeh.models import (
     BoxAnnotation,
     CDSView,
@@ -96,6 +97,7 @@ def _link_view(link: str) -> CDSView:
 
 
 DENSE_PX = 2.0
+ASSUMED_WIDTH = 1000  # px of plot a page usually gives a stretched figure, before it is drawn
 _DENSE_JS = """
 const left = bars.data.left, right = bars.data.right;
 const lo = fig.x_range.start, hi = fig.x_range.end;
@@ -169,14 +171,20 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
                       view=_link_view("dcn"), line_color="#000000", line_width=1,
                       line_alpha=0.6, line_dash="dashed", name="dcn-links")
     # Zoomed out, transfers and the links between islands would hatch every row black: drawn
-    # only while the bars in view are DENSE_PX pixels wide or more on average (decided in the
-    # page on every zoom, pan and stream, so zooming with the mouse is covered too).
+    # only while the bars in view are DENSE_PX pixels wide or more on average. Decided in the
+    # page when it first lays the plot out (``inner_width`` is set then: a report or a view
+    # opening on many bars hides them at load) and on every zoom, pan and stream, so zooming
+    # with the mouse is covered too; the figure starts with the same decision made here for
+    # a typical width.
     hide = CustomJS(args=dict(bars=bars, fig=fig, links=[moved, ici, dcn], rows=max(1, rows),
                               min_px=DENSE_PX), code=_DENSE_JS)
     fig.x_range.js_on_change("start", hide)
     fig.x_range.js_on_change("end", hide)
+    fig.js_on_change("inner_width", hide)
     bars.js_on_change("streaming", hide)
     bars.js_on_change("data", hide)
+    for renderer in (moved, ici, dcn):
+        renderer.visible = not dense(bars.data, fig.x_range, rows)
     formatters = _formatters(names)
     fig.add_tools(HoverTool(renderers=[compute], formatters=formatters, tooltips=[
         *_BAR_TIPS, ("device", "@device (island @island)"), ("status", "@status{custom}")]))
@@ -192,6 +200,20 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
                             tooltips=[*_SEGMENT_TIPS, *transfer_tips,
                                       ("devices", "@src_device → @dst_device")]))
     return fig
+
+
+def dense(bars: dict, x_range: Range1d, rows: int, width: float = ASSUMED_WIDTH) -> bool:
+    """Whether the bars in view are narrower than ``DENSE_PX`` pixels on average at
+    ``width`` pixels: the page's rule (``_DENSE_JS``) for hiding transfers and links.
+
+    >>> dense({"left": [0.0] * 2000, "right": [1.0] * 2000}, Range1d(0, 1), rows=1)
+    True
+    """
+    left, right = np.asarray(bars.get("left", ())), np.asarray(bars.get("right", ()))
+    if not len(left):
+        return False
+    n = int(np.count_nonzero((right >= x_range.start) & (left <= x_range.end)))
+    return n * DENSE_PX > width * max(1, rows)
 
 
 def set_color_by(fig, color_by: str) -> None:

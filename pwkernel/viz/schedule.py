@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import ipywidgets as w
@@ -138,7 +139,9 @@ class ScheduleView(w.VBox):
         self._lock = threading.RLock()
         self._updated = threading.Condition(self._lock)  # notified after every update()
         self._quiet = False   # set while the view itself changes its controls
-        self._own: dict[str, dict[str, None]] = {"program": {}, "client": {}}  # legend names
+        # what the plot shows (filters applied): the legend's names and the events' count
+        self._legend: dict[str, dict[str, None]] = {"program": {}, "client": {}, "tenant": {}}
+        self._shown_events = 0
         #: the other tenants of a shared pool whose computations this view has read
         self.tenants: dict[str, None] = {}
         # Typed columns only (see ``encoding``): strings are codes into ``codebook``, whose
@@ -155,12 +158,18 @@ class ScheduleView(w.VBox):
         self.figure = schedule_figure(self.layout_rows, self.source, self.transfers, self.links,
                                       self.lookup, color_by=color_by, x_range=self.x_range,
                                       others=self.others)
-        self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
         self._build_controls(window, color_by, _names(programs, "programs"),
                              _names(clients, "clients"))
-        super().__init__([self._toolbar, self._filters, self.legend, self.plot, self.status])
+        self._refresh_legend()
+        # The history so far goes into the sources before the widget is made: the page draws
+        # the plot from the document the widget holds then (see ``bokeh_model``).
+        self.plot: EchoFreeBokehModel | None = None
+        self._updater: LiveUpdater | None = None
         self.update()
+        self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
+        super().__init__([self._toolbar, self._filters, self.legend, self.plot, self.status])
         self._updater = LiveUpdater(ctl, self.update, interval) if live else None
+        self._refresh_status()
 
     def drill(self, island: int | None = None, hosts: Iterable[int] | int | None = None,
               devices: Iterable[int] | None = None, **options) -> ScheduleView:
@@ -222,12 +231,16 @@ class ScheduleView(w.VBox):
         if self.following:
             self.update()  # catch up with what arrived while paused
 
+    def _batch(self) -> AbstractContextManager:
+        """The plot's batch (one message per update); nothing before the widget exists."""
+        return nullcontext() if self.plot is None else self.plot.batch()
+
     def _on_window(self, change) -> None:
-        with self._lock, self.plot.batch():
+        with self._lock, self._batch():
             self._follow()
 
     def _on_color_by(self, change) -> None:
-        with self._lock, self.plot.batch():
+        with self._lock, self._batch():
             set_color_by(self.figure, change["new"])
             self._refresh_legend()
 
@@ -242,7 +255,7 @@ class ScheduleView(w.VBox):
         Returns how many new events were read. While paused, events are kept in ``history``
         and shown on resume.
         """
-        with self._lock, self.plot.batch():
+        with self._lock, self._batch():
             new = self.ctl.trace.rows(since=self._cursor)  # indices >= the cursor
             if new:
                 self._cursor = _INDEX(new[-1]) + 1
@@ -269,11 +282,11 @@ class ScheduleView(w.VBox):
     def rebuild(self) -> None:
         """Redraw from ``history``: the newest ``max_rows`` rows, and every name.
 
-        The filters call it when they change. Call it to repair a page that missed updates:
-        jupyter_bokeh's page side drops what was streamed before the plot was drawn (in the
-        moment after a view is displayed) or after the page was reloaded.
+        The filters call it when they change. Pages repair themselves (a page that drew the
+        plot from an older bundle gets every row again once it reports being drawn, see
+        ``bokeh_model``); this sends every row and name to every page at once all the same.
         """
-        with self._lock, self.plot.batch():
+        with self._lock, self._batch():
             shown = self._filtered(self._rows)
             t0 = self._t0 or 0.0
             compute, transfers, segments, others = self._arrays(shown, t0)
@@ -285,6 +298,10 @@ class ScheduleView(w.VBox):
             self.others.data = others
             self._shown = len(self._rows)
             self._latest = max(map(_T_END, shown), default=t0) - t0
+            self._legend = {"program": {}, "client": {}, "tenant": {}}
+            self._shown_events = 0
+            self._note_shown(shown)
+            self._refresh_legend()
             self._follow()
             self._refresh_status()
 
@@ -305,6 +322,7 @@ class ScheduleView(w.VBox):
         shown = self._filtered(events)
         if not shown:
             return
+        self._note_shown(shown)
         t0 = self._t0 or 0.0
         self._latest = max(self._latest, max(map(_T_END, shown)) - t0)
         arrays = self._arrays(shown, t0)
@@ -357,17 +375,27 @@ class ScheduleView(w.VBox):
         end = max(self._latest, float(self.window.value))
         self.x_range.update(start=end - float(self.window.value), end=end)
 
+    def _note_shown(self, events: list[tuple]) -> None:
+        """Count the events the plot shows, and note their names for the legend (a shared
+        pool's other tenants get their own part of it, not the programs')."""
+        self._shown_events += len(events)
+        legend = self._legend
+        own, others = own_and_others(events)
+        before = sum(map(len, legend.values()))
+        legend["program"] |= dict.fromkeys(map(_PROGRAM, own))  # first-seen order, C speed
+        legend["client"] |= dict.fromkeys(map(_CLIENT, own))
+        if others:
+            legend["tenant"] |= dict.fromkeys(map(_TENANT, others))
+        if sum(map(len, legend.values())) != before:
+            self._refresh_legend()
+
     def _note_names(self, events: list[Event]) -> None:
+        """New names join the filters' choices, and other tenants ``tenants``."""
         programs = dict.fromkeys(map(_PROGRAM, events))  # first-seen order, at C speed
         clients = dict.fromkeys(map(_CLIENT, events))
-        own, others = own_and_others(events)
-        if others:  # a shared pool's other tenants: their own legend, not the programs'
-            self._own["program"] |= dict.fromkeys(map(_PROGRAM, own))
-            self._own["client"] |= dict.fromkeys(map(_CLIENT, own))
+        others = own_and_others(events)[1]
+        if others:
             self.tenants |= dict.fromkeys(map(_TENANT, others))
-        else:
-            self._own["program"] |= programs
-            self._own["client"] |= clients
         for sel, names in ((self.program_filter, programs), (self.client_filter, clients)):
             missing = [n for n in names if n not in sel.options]
             if missing:
@@ -378,18 +406,29 @@ class ScheduleView(w.VBox):
                     sel.value = value
                 finally:
                     self._quiet = False
-        self._refresh_legend()
 
     def _refresh_legend(self) -> None:
+        """The names of what the plot shows (the filters applied), with their colours."""
         key = self.color_by.value
-        self.legend.value = legend_html({n: COLORS.color(key, n) for n in self._own[key]}, key,
-                                        {n: COLORS.color("tenant", n) for n in self.tenants})
+        self.legend.value = legend_html(
+            {n: COLORS.color(key, n) for n in self._legend[key]}, key,
+            {n: COLORS.color("tenant", n) for n in self._legend["tenant"]})
 
     def _refresh_status(self) -> None:
-        live = "live" if self._updater_alive() else "not live"
+        if getattr(self.ctl, "closed", False):
+            live = "controller closed · final"
+        elif self._updater_alive():
+            live = "live"
+        else:
+            live = "not live"
         mode = "following" if self.following else "paused"
-        self.status.value = (f'<span style="font-size:11px;color:#555">{len(self._rows)} '
-                             f'events · {length(self.source.data)} bars in view · {mode} · '
+        total = len(self._rows)
+        if self.programs is None and self.clients is None:
+            events = f"{total} events"
+        else:
+            events = f"{self._shown_events} of {total} events (filtered)"
+        self.status.value = (f'<span style="font-size:11px;color:#555">{events} · '
+                             f'{length(self.source.data)} bars in view · {mode} · '
                              f'{live}</span>')
 
     def _updater_alive(self) -> bool:
@@ -435,5 +474,8 @@ class ScheduleView(w.VBox):
 
     def _repr_mimebundle_(self, **kwargs):
         ensure_bokehjs()  # the BokehModel renders only when BokehJS is in the page
+        # The page draws the plot from the widget's bundle: make it carry every row so far
+        # (a view made after runs, or shown a second time, would otherwise start empty).
+        self.plot.refresh()
         return super()._repr_mimebundle_(**kwargs)
 

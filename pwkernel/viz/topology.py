@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from contextlib import AbstractContextManager, nullcontext
 
 import ipywidgets as w
 from bokeh.layouts import column
@@ -89,16 +90,20 @@ class TopologyView(w.VBox):
             fig.xaxis.major_label_orientation = 0.8
             fig.xgrid.grid_line_color = None
         self.figure = column(util, mem, sizing_mode="stretch_width")
-        self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
         self.islands = w.HTML()
-        super().__init__([self.islands, self.plot])
+        # The first picture goes into the source before the widget is made: the page draws
+        # the plot from the document the widget holds then (see ``bokeh_model``).
+        self.plot: EchoFreeBokehModel | None = None
         self.update()
+        self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
+        super().__init__([self.islands, self.plot])
         self._updater = LiveUpdater(ctl, self.update, interval,
                                     name="pwkernel-topology-updater") if live else None
 
     def update(self) -> None:
         """Take a snapshot of utilization, memory, slices and queues, and redraw."""
-        with self._lock, self.plot.batch():
+        batch: AbstractContextManager = nullcontext() if self.plot is None else self.plot.batch()
+        with self._lock, batch:
             for e in self.ctl.trace.events(since=self._cursor):
                 if e.index >= self._cursor:
                     self._cursor = e.index + 1
@@ -136,8 +141,10 @@ class TopologyView(w.VBox):
                 for k, v in row.items():
                     data[k].append(v)
             self.source.data = data
-            self.islands.value = (self._islands_html(snap, slices) if live else
-                                  f"<i>simulated: t = {now:.6g} s (virtual)</i>")
+            if snap is None:
+                self.islands.value = f"<i>simulated: t = {now:.6g} s (virtual)</i>"
+            else:  # a closed controller says so
+                self.islands.value = self._islands_html(snap, slices)
 
     def _row_utilization(self, start: float, end: float) -> dict[float, float]:
         """Busy fraction of each row (any of its devices computing) in ``[start, end]``."""
@@ -185,4 +192,5 @@ class TopologyView(w.VBox):
 
     def _repr_mimebundle_(self, **kwargs):
         ensure_bokehjs()
+        self.plot.refresh()  # the page draws the plot from the widget's bundle: the newest
         return super()._repr_mimebundle_(**kwargs)

@@ -89,3 +89,46 @@ def _hover(page, path: Path, renderer: str) -> list[str]:
         except PlaywrightTimeout:
             continue
     return [v.strip() for v in page.evaluate(TOOLTIP_JS)]
+
+
+DRAWN_JS = """() => {
+  const doc = window.Bokeh.documents[0];
+  const bars = doc.get_model_by_name("compute");
+  if (window.Bokeh.index.find_one(bars) == null) return null;  // not drawn yet
+  return ["transfers", "ici-links", "dcn-links"].map((n) => doc.get_model_by_name(n).visible);
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_report_opens_with_transfers_hidden_when_zoomed_out(ctl, tmp_path):
+    """The report opens on the whole run: with bars under 2 px wide on average, transfers and
+    links are hidden at load; the page decides at its own width once it has laid out."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
+                    "chromium) to run the browser tests")
+    fig2, _ = make_programs(ctl)
+    run(fig2)
+    ctl.wait(10.0)
+    events = sorted(ctl.trace.events(), key=lambda e: e.index)
+    one = next(e for e in events if e.kind == "compute")
+    top = events[-1].index + 1
+
+    def spread(n):  # n more computations, side by side after the run
+        return [one._replace(index=top + i, t_start=one.t_end + i * 1e-4,
+                             t_end=one.t_end + i * 1e-4 + 5e-5) for i in range(n)]
+
+    rows = len(ctl.devices)
+    # bars per computation: its devices; dense when bars * 2 px > width * rows
+    dense = pw.report(ctl, tmp_path / "dense.html", events=events + spread(1000 * rows))
+    # dense at the file's assumed 1000 px, not at this page's wider plot
+    wider = pw.report(ctl, tmp_path / "wider.html",
+                      events=events + spread(int(1050 * rows / 2 / len(one.devices))))
+    with chromium_page(tmp_path / "profile", width=1800) as page:
+        page.set_default_timeout(60_000)
+        for path, visible in ((dense, False), (wider, True)):
+            page.goto(path.as_uri())
+            page.wait_for_function(f"() => ({DRAWN_JS})() !== null")
+            page.wait_for_function(
+                f"() => ({DRAWN_JS})().every((v) => v === {str(visible).lower()})")
+        assert page.errors == [], f"errors in the page: {page.errors}"

@@ -129,7 +129,8 @@ def test_schedule_view_streams_live_in_jupyterlab(tmp_path):
             # The kernel is up when the status bar says so; then run every cell.
             page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()
             # The view's cell first; the programs once the page has drawn the plot (what is
-            # streamed before that, jupyter_bokeh's page side drops: see docs/live-views.md).
+            # streamed before that reaches the page only when the kernel is next idle: see
+            # docs/live-views.md, "What the page gets").
             page.click(".jp-Notebook .jp-Cell >> nth=0")
             page.keyboard.press("Escape")
             page.keyboard.press("Shift+Enter")

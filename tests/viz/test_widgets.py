@@ -129,6 +129,9 @@ def test_filters_and_colour_by(ctl, programs, view):
     view.color_by.value = "client"
     assert glyph.fill_color.field == "c_client"
     assert glyph.fill_color.transform is mapper  # one mapper, only the index column changes
+    # the legend names the clients shown: alice ran only "local", which the filter hides
+    assert "default" in view.legend.value and "alice" not in view.legend.value
+    view.program_filter.value = ()
     assert "alice" in view.legend.value
 
 

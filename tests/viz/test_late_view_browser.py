@@ -1,0 +1,180 @@
+"""In a real JupyterLab page: a ScheduleView made after programs ran shows their history, a
+hover over one of its bars shows names (not codes), the same view shown again in a later cell
+shows every row in both outputs, and a view displayed while its cell runs programs (as
+``%%pathways --viz`` does) holds every row once the cell ends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from tests.helpers.lab import (
+    CHROMIUM,
+    chromium_page,
+    jupyter_lab,
+    kernel_client,
+    run_code,
+    write_notebook,
+)
+
+NOTEBOOK = "late-view.ipynb"
+
+SETUP = """\
+import numpy as np
+import pwkernel as pw
+from IPython.display import display
+
+ctl = pw.controller()
+s0, s1, s2 = ctl.slice(2, island=0), ctl.slice(2, island=1), ctl.slice(2, island=0)
+a = pw.function(lambda x: x * 2, slice=s0)
+b = pw.function(lambda x: x + 1, slice=s1)
+c = pw.function(lambda x: x / 2, slice=s1)
+d = pw.function(lambda x: x - 1, slice=s2)
+
+@pw.program
+def fig2(v):
+    x = a(v)
+    return b(x), a(c(x)), d(x)
+
+def runs(n):
+    for i in range(n):
+        with ctl.client("carol"):
+            for out in fig2(np.arange(8, dtype=np.float32)):
+                out.result()
+    ctl.wait(60)
+
+runs(30)
+"""
+LATE = """\
+view = pw.ScheduleView(ctl, window=5.0)
+view
+"""
+AGAIN = """\
+runs(10)
+view.wait_for(ctl.trace.next_index, 60)
+view
+"""
+VIZ = """\
+v2 = pw.ScheduleView(ctl, programs=["fig2"])
+display(v2)
+runs(100)
+v2.wait_for(ctl.trace.next_index, 60)
+print("viz cell done")
+"""
+
+# For each drawn copy of the source with this id: its length, and the names (through the
+# page's lookup, as the hover does) of its newest bar's coded columns.
+COPIES_JS = """(id) => {
+  const out = [];
+  for (const doc of (window.Bokeh && window.Bokeh.documents) || []) {
+    const src = doc.get_model_by_id(id);
+    if (src == null) continue;
+    const names = doc.get_model_by_name("pw-schedule-names").get_column("text");
+    const last = src.get_length() - 1;
+    out.push([src.get_length(), last < 0 ? [] : ["name", "program", "client", "status"].map(
+        (c) => String(names[src.get_column(c)[last]]))]);
+  }
+  return out;
+}"""
+# Zoom the newest drawing of ``id`` onto its newest bar; return that bar's middle in the page.
+BAR_XY_JS = """(id) => {
+  let doc = null;
+  for (const d of window.Bokeh.documents) if (d.get_model_by_id(id) != null) doc = d;
+  const renderer = doc.get_model_by_name("compute");
+  const view = window.Bokeh.index.find_one(renderer);
+  const plot = view.parent, src = renderer.data_source, last = src.get_length() - 1;
+  const left = src.get_column("left")[last], right = src.get_column("right")[last];
+  plot.model.x_range.setv({start: left - (right - left), end: right + (right - left)});
+  plot.canvas_view.el.scrollIntoView({block: "center"});
+  const sx = plot.frame.x_scale.compute((left + right) / 2);
+  const sy = plot.frame.y_scale.compute(src.get_column("y")[last]);
+  const box = plot.canvas_view.el.getBoundingClientRect();
+  return [box.left + sx, box.top + sy];
+}"""
+TOOLTIP_JS = """() => {
+  const found = [];
+  const walk = (root) => {
+    for (const el of root.querySelectorAll("*")) {
+      if (el.shadowRoot) walk(el.shadowRoot);
+      if (el.classList && el.classList.contains("bk-tooltip-row-value")) found.push(el.textContent);
+    }
+  };
+  walk(document);
+  return found;
+}"""
+
+
+def wait_for_copies(page, source_id, rows, names, at_least, timeout=120.0):
+    """Until every drawn copy of ``source_id`` (at least ``at_least``) holds the kernel's
+    ``rows`` rows and newest ``names``."""
+    want = [rows, names]
+    try:
+        page.wait_for_function(
+            f"""(want) => {{ const copies = ({COPIES_JS})(want.id);
+                return copies.length >= want.at_least && copies.every(
+                    (c) => JSON.stringify(c) === JSON.stringify(want.copy)); }}""",
+            arg={"id": source_id, "at_least": at_least, "copy": want},
+            timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"the page's copies of {source_id}: "
+                             f"{page.evaluate(COPIES_JS, source_id)}; the kernel's: "
+                             f"{want}") from None
+
+
+def hover_newest_bar(page, source_id: str) -> list[str]:
+    # (a drawing just made from a new bundle has no layout yet: wait for real coordinates)
+    page.wait_for_function(f"""(id) => {{ try {{ return ({BAR_XY_JS})(id).every(Number.isFinite) }}
+                               catch (e) {{ return false }} }}""", arg=source_id)
+    x, y = page.evaluate(BAR_XY_JS, source_id)
+    for _ in range(12):  # the plot may take the first moves before its hover tool listens
+        page.mouse.move(x - 3, y)
+        page.mouse.move(x, y)
+        try:
+            page.wait_for_function(f"() => ({TOOLTIP_JS})().length > 0", timeout=5000)
+            break
+        except PlaywrightTimeout:
+            continue
+    return [v.strip() for v in page.evaluate(TOOLTIP_JS)]
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(600)
+def test_late_and_repeated_views_show_every_row_and_name(tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
+                    "chromium) to run the browser tests")
+    with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
+        write_notebook(lab.root / NOTEBOOK, [SETUP, LATE, AGAIN, VIZ])
+        with chromium_page(tmp_path / "profile") as page:
+            page.set_default_timeout(180_000)
+            page.goto(lab.notebook_url(NOTEBOOK))
+            page.wait_for_selector(".jp-Notebook .jp-Cell", state="visible")
+            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()
+            page.click(".jp-Notebook .jp-Cell >> nth=0")
+            page.keyboard.press("Escape")
+            page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
+            page.get_by_text("Run Selected Cell and All Below", exact=True).click()
+            page.wait_for_function("() => /viz cell done/.test(document.body.innerText)")
+            # Asked after the cells (the shell queue is FIFO), once the views hold everything.
+            with kernel_client(lab, NOTEBOOK) as client:
+                out = run_code(client, """
+import json
+def state(v):
+    rows = v.decoded()
+    return [v.source.id, len(rows["index"]),
+            [rows[c][-1] for c in ("name", "program", "client", "status")]]
+print(json.dumps([state(view), state(v2)]))""")
+            (first_id, first_rows, first_names), (viz_id, viz_rows, viz_names) = json.loads(out)
+            assert first_rows > 0 and first_names[1:] == ["fig2", "carol", "ok"]
+            # both outputs of ``view`` (made after runs, then shown again) hold every row
+            wait_for_copies(page, first_id, first_rows, first_names, at_least=2)
+            # the view displayed while its cell ran programs: repaired once the cell ended
+            wait_for_copies(page, viz_id, viz_rows, viz_names, at_least=1)
+            # a real hover shows names, looked up from the codes
+            values = hover_newest_bar(page, first_id)
+            assert values[:3] == first_names[:3], values
+            assert values[-1] == "ok", values
+            assert page.errors == [], f"errors in the page: {page.errors}"
