@@ -25,6 +25,8 @@
 # Loading twice is harmless: it prints the banner again. Now the controller and its devices:
 
 # %%
+import time
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -55,7 +57,12 @@ print(s1, "devices", s1.device_ids)
 #
 # `a`, `b`, `c` are compiled functions (`jax.jit` with shardings over their slice). Inside
 # `@pw.program` the three calls are *traced* into one dataflow graph and submitted at once; the
-# runtime inserts the transfers between the two islands.
+# runtime inserts the transfers between the two islands. `f` returns futures once the program
+# is submitted, without waiting for its computations. `print(y)` would wait (it prints the
+# value), so the cell reads `y`'s state the moment `f` returns, and only then waits. This
+# program is tiny: its computations take microseconds, less than submitting them (the first
+# call also traces and compiles), so it may have ended by then (`done`); the futures section
+# below shows calls that return while their work still runs.
 
 # %%
 a = pw.function(lambda x: x * 2, slice=s0, name="a")
@@ -68,13 +75,19 @@ def f(v):
     return b(x), a(c(x))
 
 start = ctl.trace.next_index
+t0 = time.perf_counter()
 y, z = f(np.array([1.0, 2.0]))
-print("returned at once:", y)
+returned_ms = (time.perf_counter() - t0) * 1e3
+at_return = (y.state.value, repr(y.run))      # read at once, before anything waits
+print(f"f returned after {returned_ms:.1f} ms; then y was {at_return[0]}, its run {at_return[1]}")
 print("shape, dtype, sharding known before the value:", y.shape, y.dtype, y.sharding.spec)
-print("the program run:", y.run)
+print("y is a future:", repr(y))               # repr never waits; print(y) waits for the value
+y_value = y.result()                          # the first wait
+print(f"y's value {y_value} came {(time.perf_counter() - t0) * 1e3 - returned_ms:.2f} ms after f"
+      " returned")
 
 # %%
-y_value, z_value = y.result(), z.result()
+z_value = z.result()
 print("y =", y_value, " z =", z_value)
 np.testing.assert_allclose(y_value, [3.0, 5.0])
 np.testing.assert_allclose(z_value, [2.0, 4.0])
@@ -83,7 +96,8 @@ np.testing.assert_allclose(z_value, [2.0, 4.0])
 # ## What ran where
 #
 # Every computation and transfer is an event on one clock. The host argument was copied onto
-# `a`'s devices, and `x` crossed between islands twice (to `c` and `b`, and back to `a`).
+# `a`'s devices, `x` crossed to the other island once (`b` and `c` both read it there), and
+# `c(x)` crossed back to `a`'s island.
 
 # %%
 assert ctl.trace.wait_for(start + 1, timeout=10)
@@ -96,7 +110,8 @@ computations = [e for e in events if e.kind == "compute"]
 crossings = [e for e in events if e.kind == "transfer" and e.link == "dcn"]
 assert len(computations) == 4, "a, b, c and a again"
 assert {e.program for e in computations} == {"f"} and len({e.program_id for e in events}) == 1
-assert crossings, "the runtime should have moved x between the islands"
+# x to island 1 once (b and c share it), c(x) back to island 0
+assert sorted((e.src, e.dst) for e in crossings) == [(0, 1), (1, 0)], crossings
 
 # %% [markdown]
 # ## Futures
@@ -106,12 +121,17 @@ assert crossings, "the runtime should have moved x between the islands"
 
 # %%
 heavy = pw.function(lambda m: jnp.tanh(m @ m) / m.shape[0], slice=s0, name="heavy")
-m = jnp.ones((512, 512), jnp.float32)
+m = jnp.ones((1024, 1024), jnp.float32)
+heavy(heavy(m)).result()             # compile first (both input layouts): now a call only submits
+t0 = time.perf_counter()
 first = heavy(m)
-second = heavy(first)                # `first` may still be running: no wait here
-print("first:", first.shape, first.dtype, "state", first.state)
+second = heavy(first)                # `first` is still running: no wait here
+returned_ms = (time.perf_counter() - t0) * 1e3
+states = (first.state.value, second.state.value)  # read before anything waits
+print(f"both calls returned after {returned_ms:.1f} ms: first {states[0]}, second {states[1]}")
 second_value = second.result(timeout=60)
-assert second_value.shape == first.shape == (512, 512)
+print(f"second's value came {(time.perf_counter() - t0) * 1e3:.1f} ms after the first call")
+assert second_value.shape == first.shape == (1024, 1024)
 print("second resolved:", second.state, "mean", float(second_value.mean()))
 
 # %% [markdown]

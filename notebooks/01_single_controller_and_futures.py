@@ -98,8 +98,9 @@ def measure(size, chain_len, fused_calls, rounds=3):
     us = {v: 1e6 / summarize(samples[v])["median"] for v in dispatch.VARIANTS}
     return samples, us
 
-small, small_us = measure(256, 16, 4)
-large, large_us = measure(2 ** 22, 8, 1)
+SMALL_STEPS, LARGE_STEPS = 16, 8                   # steps per chain (and per fused loop)
+small, small_us = measure(256, SMALL_STEPS, 4)
+large, large_us = measure(2 ** 22, LARGE_STEPS, 1)
 for name, us in (("256 elements", small_us), ("4M elements", large_us)):
     print(f"{name:13}" + "".join(f"  {v} {t:8.1f} us" for v, t in us.items()))
 
@@ -116,7 +117,10 @@ ratios = {
                "Fused/JAX Fused": ("pw_fused", "jax_fused")}.items()},
 }
 overhead_us = small_us["pw_opbyop"] - small_us["jax_opbyop"]
-print(f"per-call overhead of a one-node program vs bare JAX: {overhead_us:.0f} us")
+print(f"per-call overhead of a one-node program vs bare JAX: {overhead_us:.0f} us "
+      f"(pwkernel OpByOp {small_us['pw_opbyop']:.0f} us per call)")
+print(f"Fused: one submission per loop of {SMALL_STEPS} steps at 256 elements, "
+      f"{LARGE_STEPS} at 4M elements")
 print(f"Fused vs OpByOp on tiny steps: {fused_gain:.1f}x more steps per second")
 for size, r in ratios.items():
     print(size, {k: round(v, 2) for k, v in r.items()})
@@ -125,11 +129,12 @@ assert fused_gain > 2, f"fusing should beat one program per step on tiny steps: 
 assert ratios["large"]["Fused/JAX Fused"] > ratios["small"]["Fused/JAX Fused"], ratios
 
 # %% [markdown]
-# The per-call cost is fixed (submission, scheduling, completion: tens of microseconds here), so
-# its share shrinks as a computation grows: that is the paper's "smallest computation at which
-# Pathways matches JAX". The Fused rows show it most clearly (one submission per loop of 8
-# steps); the OpByOp and Chained rows at 4M elements are short chains of long steps and move
-# with the load of this shared machine, so only the Fused direction is asserted.
+# The per-call cost is fixed (submission, scheduling, completion: the per-call overhead printed
+# above, measured on this machine), so its share shrinks as a computation grows: that is the
+# paper's "smallest computation at which Pathways matches JAX". The Fused rows show it most
+# clearly (one submission per loop of many steps, as printed above); the OpByOp and Chained
+# rows at 4M elements are short chains of long steps and move with the load of this shared
+# machine, so only the Fused direction is asserted.
 # `docs/benchmarks.md` has the whole sweep (`python -m pwkernel.bench dispatch`), and explains
 # where the remaining overhead goes.
 #

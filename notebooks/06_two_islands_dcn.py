@@ -31,7 +31,11 @@ import pwkernel as pw
 from pwkernel.bench import dcn
 from pwkernel.bench.harness import interleave, paired_ratio, summarize
 
-pw.controller().close()                  # JAX has exactly 8 devices: one controller at a time
+# JAX has exactly 8 devices: one controller at a time. Close this cell's own controller from
+# an earlier run, if any, then the kernel's.
+if isinstance(previous := globals().get("ctl"), pw.Controller):
+    previous.close()
+pw.controller().close()
 link = pw.Link(bandwidth=1e9, latency=20e-6)        # 1 GB/s, 20 us
 ctl = pw.Controller(islands=(4, 4), dcn=link)
 ctl

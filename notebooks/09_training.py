@@ -182,21 +182,23 @@ assert residuals["1f1b"][-1] < residuals["gpipe"][-1]
 # Tokens per second, three steps per sample, the two trainers alternated in paired rounds.
 
 # %%
-def rate_of(trainer, state):
-    held = {"state": state}
+held = {"spmd": spmd_state, "1f1b": pipe_state}  # each step donates its state: keep the newest
+
+
+def rate_of(name, trainer):
     data = trainer.place(batch)
 
     def sample():
         t0 = time.perf_counter()
         for _ in range(3):
-            held["state"], loss = trainer.step(held["state"], data)
-        pw.train.wait((held["state"], loss))
+            held[name], loss = trainer.step(held[name], data)
+        pw.train.wait((held[name], loss))
         return 3 * BATCH * cfg.seq / (time.perf_counter() - t0)
     return sample
 
 
-samples = interleave({"spmd": rate_of(spmd, spmd_state), "1f1b": rate_of(pipe, pipe_state)},
-                     rounds=3)
+samples = interleave({"spmd": rate_of("spmd", spmd), "1f1b": rate_of("1f1b", pipe)}, rounds=3)
+spmd_state, pipe_state = held["spmd"], held["1f1b"]  # (the old ones were donated): rerunnable
 ratio = paired_ratio(samples, "1f1b", "spmd")
 print(f"SPMD {summarize(samples['spmd'])['median'] / 1e3:.1f}k tok/s, 4-stage 1F1B "
       f"{summarize(samples['1f1b'])['median'] / 1e3:.1f}k tok/s, ratio {ratio:.2f}")

@@ -221,7 +221,26 @@ def parse_line(line: str) -> argparse.Namespace:
         args.command = "status"
     if args.command == "trace" and args.action == "save" and not args.path:
         raise UsageError("%pathways trace save needs a PATH, e.g. %pathways trace save run.json")
+    if args.command == "slice":
+        _check_slice_flags(args)
     return args
+
+
+def _check_slice_flags(a: argparse.Namespace) -> None:
+    """``--axes`` names each dimension of SHAPE once; ``--axis-types`` gives one type, or one
+    per dimension. The error shows the flags as the magic takes them."""
+    dims, shape = len(a.shape), "x".join(map(str, a.shape))
+    usage = f"%pathways slice {a.name} {shape}"
+    if a.axes is not None and (len(a.axes) != dims or len(set(a.axes)) != dims):
+        names = ("x", "y", "z", "w")[:dims] if dims <= 4 else [f"a{i}" for i in range(dims)]
+        raise UsageError(
+            f"%pathways slice {a.name}: --axes {','.join(a.axes)} must name each of the {dims} "
+            f"dimensions of shape {shape} once. Maybe you want {usage} --axes {','.join(names)}.")
+    if a.axis_types is not None and len(a.axis_types) not in (1, dims):
+        raise UsageError(
+            f"%pathways slice {a.name}: --axis-types {','.join(a.axis_types)} gives "
+            f"{len(a.axis_types)} types for the {dims} dimensions of shape {shape}: give one "
+            f"for all, or one each. Maybe you want {usage} --axis-types {a.axis_types[0]}.")
 
 
 def parse_cell(line: str) -> argparse.Namespace:

@@ -169,7 +169,7 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         tree.body[-1] = ast.copy_location(
             ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
     tree = _Route().visit(tree)
-    loaded = _reads(tree)
+    loaded = reads_before_binding(tree)  # its inputs
     params = sorted(n for n in loaded if n in user_ns and is_state(user_ns[n]))
     seeded = sorted(n for n in loaded if n in user_ns and n not in params)
     uses_pw = any(isinstance(user_ns.get(n), CompiledFunction | Program) for n in loaded)
@@ -184,22 +184,37 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
     return CellPlan(fn, params, uses_pw, filename, last_name, mixed)
 
 
-def _reads(tree: ast.Module) -> set[str]:
-    """The notebook names the cell reads: at its top level, and as globals of the functions,
-    lambdas, classes and comprehensions it defines (not their own parameters and locals: a
-    ``v`` in ``def f(v)`` is no input, whatever the notebook holds under that name)."""
+def reads_before_binding(tree: ast.Module) -> set[str]:
+    """The notebook names the cell may read before it binds them (its inputs): at its top
+    level, and as globals of the functions, lambdas, classes and comprehensions it defines
+    (not their own parameters and locals: a ``v`` in ``def f(v)`` is no input, whatever the
+    notebook holds under that name). A name the cell binds first and reads after is its own
+    (``y = f(x); z = y + 1`` reads ``x`` only); where control flow may skip the binding (one
+    branch of an ``if``, a loop's body, a ``try``), the name stays an input."""
+    reads: set[str] = set()
+    _flow(tree.body, frozenset(), reads)
+    return reads
+
+
+def _node_reads(node: ast.AST) -> set[str]:
+    """Names ``node`` (a statement or expression) reads from the cell's top-level scope, in
+    itself and as globals of the scopes it defines (symtable); ``x += 1`` and ``del x`` read
+    ``x`` first (symtable counts them as bindings only)."""
     def globals_read(table: symtable.SymbolTable) -> set[str]:
         out = {s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global()}
         for child in table.get_children():
             out |= globals_read(child)
         return out
 
-    top = symtable.symtable(ast.unparse(tree), "<cell>", "exec")
+    body = node.body if isinstance(node, ast.Module) else [
+        node if isinstance(node, ast.stmt) else ast.Expr(node)]
+    top = symtable.symtable(ast.unparse(ast.Module(body=body, type_ignores=[])), "<cell>",
+                            "exec")
     names = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
     for child in top.get_children():
         names |= globals_read(child)
-    todo: list[ast.AST] = list(tree.body)  # ``x += 1`` and ``del x`` at the top level read x
-    while todo:  # first (symtable counts them as assignments only)
+    todo: list[ast.AST] = list(body)
+    while todo:
         n = todo.pop()
         if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
             continue
@@ -209,6 +224,72 @@ def _reads(tree: ast.Module) -> set[str]:
             names.add(n.id)
         todo.extend(ast.iter_child_nodes(n))
     return names
+
+
+def _binds(node: ast.AST) -> set[str]:
+    """Names a simple statement (or an expression, by ``:=``) binds at the top level."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+    out, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp
+                      | ast.GeneratorExp):
+            continue  # (a ``:=`` in a comprehension binds outside it: no binding counted)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def _step(node: ast.AST | None, bound: frozenset[str], reads: set[str]) -> frozenset[str]:
+    """An expression or simple statement: what it reads first, then what it binds."""
+    if node is None:
+        return bound
+    reads |= _node_reads(node) - bound
+    gone = {t.id for t in getattr(node, "targets", ()) if isinstance(t, ast.Name)} \
+        if isinstance(node, ast.Delete) else set()
+    return (bound | _binds(node)) - gone
+
+
+def _target(target: ast.expr, bound: frozenset[str], reads: set[str]) -> frozenset[str]:
+    """A loop's, ``with``'s or ``except``'s target, as ``target = None``."""
+    return _step(ast.Assign([target], ast.Constant(None), lineno=0), bound, reads)
+
+
+def _flow(body: list[ast.stmt], bound: frozenset[str], reads: set[str]) -> frozenset[str]:
+    """Walk ``body`` in order with the names surely bound so far; collect into ``reads`` the
+    names it may read unbound; return the names surely bound after it."""
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            bound = _step(stmt.test, bound, reads)
+            bound = _flow(stmt.body, bound, reads) & _flow(stmt.orelse, bound, reads)
+        elif isinstance(stmt, ast.For | ast.AsyncFor | ast.While):
+            head = (_target(stmt.target, _step(stmt.iter, bound, reads), reads)
+                    if not isinstance(stmt, ast.While) else _step(stmt.test, bound, reads))
+            _flow(stmt.body, head, reads)  # once is enough: a later pass has bound more
+            bound = _flow(stmt.orelse, head if isinstance(stmt, ast.While) else bound, reads)
+            bound &= head  # the body may not run, the else may be skipped (``break``)
+        elif isinstance(stmt, ast.With | ast.AsyncWith):
+            for item in stmt.items:
+                bound = _step(item.context_expr, bound, reads)
+                if item.optional_vars is not None:
+                    bound = _target(item.optional_vars, bound, reads)
+            bound = _flow(stmt.body, bound, reads)
+        elif isinstance(stmt, ast.Try | ast.TryStar):
+            after = _flow(stmt.orelse, _flow(stmt.body, bound, reads), reads)
+            for handler in stmt.handlers:  # the body may fail before binding anything
+                start = _step(handler.type, bound, reads)
+                start |= {handler.name} if handler.name else set()
+                after &= _flow(handler.body, start, reads)
+            bound = after | (_flow(stmt.finalbody, bound, reads) - bound)
+        elif isinstance(stmt, ast.Match):
+            reads |= _node_reads(stmt) - bound  # cases bind and read in ways not followed
+        else:
+            bound = _step(stmt, bound, reads)
+    return bound
 
 
 def _build(tree: ast.Module, params: list[str], seeded: list[str], user_ns: dict[str, Any],

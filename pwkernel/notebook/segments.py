@@ -10,6 +10,8 @@ is split at its top-level statements:
   exactly as the same cell runs without the magic. The futures it reads are replaced by their
   values first (the wait happens there, where Python needs the value, as JAX's own
   asynchronous dispatch waits on ``float(x)``); the arrays it makes stay on the slice's devices.
+  On a simulated controller (``backend="sim"``) the futures stay futures: their shapes, dtypes
+  and shardings serve the statement, and only reading a value raises ``pw.NoValueError``.
 
 The split is read from the code (``segments``). A program segment whose tracing still needs a
 value (a helper function that calls ``float`` on its argument, say) runs as plain Python too
@@ -25,9 +27,9 @@ from typing import Any
 
 import jax
 
-from ..runtime.errors import NeedsValueError
+from ..runtime.errors import NeedsValueError, NoValueError
 from ..runtime.objects import Future
-from .cell import ambient_mesh
+from .cell import ambient_mesh, reads_before_binding
 
 _CONVERT = {"print", "float", "int", "bool", "complex", "str", "repr", "format", "display"}
 _METHODS = {"item", "tolist", "block_until_ready", "__array__"}
@@ -119,8 +121,20 @@ def needs_value(error: BaseException) -> bool:
     return False
 
 
+def _value(x: Any) -> Any:
+    """A future's value; a simulated one (``backend="sim"``) has none and stays the future:
+    its shape, dtype and sharding work in the statement, and reading its value raises
+    ``pw.NoValueError``, which says so."""
+    if not isinstance(x, Future):
+        return x
+    try:
+        return x.result()
+    except NoValueError:
+        return x
+
+
 def _values(tree: Any) -> Any:
-    return jax.tree_util.tree_map(lambda x: x.result() if isinstance(x, Future) else x, tree)
+    return jax.tree_util.tree_map(_value, tree)
 
 
 def run_plain(source: str, user_ns: dict[str, Any], filename: str, line_offset: int, vs,
@@ -132,9 +146,9 @@ def run_plain(source: str, user_ns: dict[str, Any], filename: str, line_offset: 
     last = None
     if want_value and tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    if last is not None:
-        loaded |= {n.id for n in ast.walk(last) if isinstance(n, ast.Name)}
+    # the names it may read before it binds them (``y = float(x)`` reads x only)
+    loaded = reads_before_binding(ast.Module(
+        body=tree.body + ([ast.Expr(last.body)] if last is not None else []), type_ignores=[]))
     for name in loaded:
         value = user_ns.get(name)
         if value is not None and any(isinstance(x, Future)

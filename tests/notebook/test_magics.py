@@ -89,6 +89,14 @@ def test_the_ambient_mesh_is_the_cell_slice(ip):
     assert ip.user_ns["y"].sharding.spec == ip.user_ns["P"](None, "data")
     with pytest.raises(UsageError, match="must be explicit or auto"):
         run(ip, "%pathways slice s1 4 --axis-types manual")
+    # a flag that does not fit the shape: the fix is written as the magic's flags
+    with pytest.raises(UsageError, match=r"--axes data must name each of the 2 dimensions "
+                                         r".*Maybe you want %pathways slice s1 2x2 --axes x,y"):
+        run(ip, "%pathways slice s1 2,2 --axes data")
+    with pytest.raises(UsageError, match=r"--axes a,a must name.*--axes x,y\.$"):
+        run(ip, "%pathways slice s1 2x2 --axes a,a")
+    with pytest.raises(UsageError, match=r"3 types for the 2 dimensions.*--axis-types auto\.$"):
+        run(ip, "%pathways slice s1 2x2 --axis-types auto,auto,explicit")
 
 
 def test_program_cell_makes_one_node_per_call(ip):
