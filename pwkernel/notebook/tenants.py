@@ -2,7 +2,8 @@
 
 A controller attached with ``pool=NAME`` (``%pathways attach ray --address A --pool NAME``)
 reports the pool in its executor's status: ``ctl.executor.status()["pool"]`` is ``{"name",
-"tenants": [{"name", "queued", "running", "device_seconds", "share", "bytes", "devices"}]}``,
+"tenants": [{"name", "id", "queued", "running", "device_seconds", "share", "bytes",
+"devices", "me"}]}`` (one entry per tenant: names may repeat, ids do not),
 built by the Ray backend from the islands' own records (``share``: the tenant's fraction of
 the pool's device time). ``PoolStatus`` is the usual status with one more section, the pool's
 tenants, this kernel among them.
@@ -44,11 +45,16 @@ def devices_text(devices: Any) -> str:
 
 
 def tenant_rows(pool: dict[str, Any], me: str | None = None) -> list[list[Any]]:
-    """One row per tenant; this kernel's (its ``me`` flag, or named ``me``) is marked."""
-    return [[t["name"] + (" (this kernel)" if t.get("me", t["name"] == me) else ""),
+    """One row per tenant; this kernel's (its ``me`` flag, or named ``me``) is marked. Two
+    tenants may have one name (two kernels started with one ``PWKERNEL_TENANT``): their rows
+    then show their ids too."""
+    tenants = list(pool.get("tenants", ()))
+    names = [t["name"] for t in tenants]
+    return [[t["name"] + (f" [{t['id']}]" if names.count(t["name"]) > 1 and t.get("id") else "")
+             + (" (this kernel)" if t.get("me", t["name"] == me) else ""),
              t["queued"], t["running"], human_seconds(t["device_seconds"]),
              f"{100 * t['share']:.0f}%", human_bytes(t["bytes"]), devices_text(t["devices"])]
-            for t in pool.get("tenants", ())]
+            for t in tenants]
 
 
 class PoolStatus(Status):

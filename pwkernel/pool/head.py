@@ -9,9 +9,11 @@ it starts read both from their environment). The cluster gets a temporary direct
 own (``--temp-dir``): its session directory, sockets and address file are there, so it never
 touches another cluster's ``/tmp/ray`` (``ray.init(address="auto")`` of other programs does
 not find it), and its processes are told apart from every other Ray cluster's by that
-directory on their command lines, or by descending from such a process (Ray's agents and
-workers rename themselves). ``stop_head`` ends exactly those processes: never ``ray stop``,
-which ends every Ray cluster of the user.
+directory in their environment (``MARK``, set only in the processes ``start_head`` starts and
+inherited by every process Ray starts from them: Ray's agents and workers rename themselves),
+or by descending from such a process. ``stop_head`` ends exactly those processes: never
+``ray stop``, which ends every Ray cluster of the user, and never a process that merely names
+the directory on its command line (a user's ``tail -f`` of the pool's logs).
 """
 
 from __future__ import annotations
@@ -103,22 +105,24 @@ def _start_once(name: str, token: Path, port: int | None) -> tuple[dict, str | N
 
 
 def processes(record: dict) -> list[psutil.Process]:
-    """The live processes of a pool's own cluster: those whose command line names its
-    temporary directory or whose environment carries its mark (``ray_env``), the pids it
-    wrote down when they still run since before the pool started (a pid used again later is
-    another program), and their descendants."""
+    """The live processes of a pool's own cluster: those whose environment carries its mark
+    (``ray_env``: only processes the pool started, and what they started, have it), the pids
+    it wrote down when they still run since before the pool started (a pid used again later
+    is another program), and their descendants. A process that only names the pool's
+    directory on its command line is not the pool's."""
     temp_dir = record.get("temp_dir")
     roots: dict[int, psutil.Process] = {}
     if temp_dir:
-        for p in psutil.process_iter(["cmdline", "environ"]):
-            line, env = p.info["cmdline"] or (), p.info["environ"] or {}
-            if env.get(MARK) == temp_dir or any(temp_dir in part for part in line):
+        for p in psutil.process_iter(["environ"]):
+            if (p.info["environ"] or {}).get(MARK) == temp_dir:
                 roots[p.pid] = p
     started = float(record.get("started") or 0.0)
     for pid in record.get("pids") or ():
+        if pid in roots:
+            continue
         try:
             p = psutil.Process(pid)
-            if pid not in roots and p.create_time() <= started + START_TIMEOUT:
+            if p.create_time() <= started + START_TIMEOUT and _may_be_ours(p, temp_dir):
                 roots[pid] = p
         except psutil.Error:
             continue
@@ -129,6 +133,15 @@ def processes(record: dict) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return [p for p in found.values() if _alive(p)]
+
+
+def _may_be_ours(p: psutil.Process, temp_dir: str | None) -> bool:
+    """A recorded pid's process: ours unless its environment, readable, lacks the mark."""
+    try:
+        env = p.environ()
+    except psutil.AccessDenied:
+        return True
+    return not temp_dir or env.get(MARK) == temp_dir
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -42,18 +42,20 @@ def started(record: dict[str, Any]) -> str:
 
 def status_text(st: dict[str, Any]) -> str:
     """What ``status`` prints: the pool, its islands, and every island's tenants."""
-    islands = [[i["island"], i["devices"], i["platform"], i["pid"], i["launches"],
+    islands = [[i["island"], i["devices"], "lost (its actor died)", "-", "-", "-"]
+               if i.get("lost") else
+               [i["island"], i["devices"], i["platform"], i["pid"], i["launches"],
                 human_bytes(i["bytes"])] for i in st["islands"]]
-    tenants = [[t["name"], i["island"], t["queued"], t["running"],
-                human_seconds(t["device_seconds"]), f"{100 * t['share']:.0f}%",
-                human_bytes(t["bytes"]), device_ids(t["devices"])]
+    tenants = [[t["name"], t.get("key") or f"{i['island']}:{t['tenant']}", i["island"],
+                t["queued"], t["running"], human_seconds(t["device_seconds"]),
+                f"{100 * t['share']:.0f}%", human_bytes(t["bytes"]), device_ids(t["devices"])]
                for i in st["islands"] for t in i["tenants"]]
     lines = [f"pool {st['name']!r} {_where(st)}", f"token file: {st['token_path']}", ""]
     lines += table(["island", "devices", "platform", "pid", "launches", "memory"], islands)
     lines.append("")
     if tenants:
-        lines += table(["tenant", "island", "queued", "running", "device time", "share",
-                        "memory", "devices"], tenants)
+        lines += table(["tenant", "id", "island", "queued", "running", "device time",
+                        "share", "memory", "devices"], tenants)
     else:
         lines.append("tenants: none (attach with: " + attach_hint(
             st["name"], st["address"]).splitlines()[0] + ")")

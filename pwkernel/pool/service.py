@@ -19,6 +19,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -59,7 +60,13 @@ def start(name: str, islands: Sequence[int], address: str | None = None, lease: 
     if not (isinstance(lease, int | float) and 0 < lease < float("inf")):
         raise PoolError(f"lease must be a positive number of seconds, got {lease!r}; e.g. 5")
     choice = _platform_choice(platform)
-    _refuse_running(name)
+    with starting(name):
+        _refuse_running(name)
+        return _start(name, sizes, address, float(lease), choice, port)
+
+
+def _start(name: str, sizes: tuple[int, ...], address: str | None, lease: float, choice: str,
+           port: int | None) -> dict[str, Any]:
     record: dict[str, Any] = {
         "name": name, "address": address, "token_path": None, "islands": list(sizes),
         "platform": None, "lease": float(lease), "started_cluster": address is None,
@@ -90,20 +97,66 @@ def start(name: str, islands: Sequence[int], address: str | None = None, lease: 
     return record
 
 
+@contextlib.contextmanager
+def starting(name: str) -> Iterator[None]:
+    """Hold pool ``name``'s start lock: one ``start`` of a name at a time on this machine (an
+    exclusive ``flock`` on ``.<NAME>.starting`` in the pool directory, let go by the kernel if
+    the process dies). A second one is refused at once with ``PoolRunningError``."""
+    folder = poolfile.pool_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / f".{poolfile.check_name(name)}.starting"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise PoolRunningError(
+                f"pool {name!r} is being started right now by another process (pid {holder}); "
+                f"wait for it to finish, then attach (see `python -m pwkernel.pool status "
+                f"--name {name}`), or stop it: python -m pwkernel.pool stop --name {name}") \
+                from None
+        try:  # the file may have been removed (a start ended) between open and lock
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # (still locked: a waiter sees another file, tries again)
+        os.close(fd)
+
+
 def status(name: str) -> dict[str, Any]:
     """Pool ``name``'s record and, under ``islands``, each island's ``pool_status()``
-    (its devices, platform, pid, tenants, bytes held and launches)."""
+    (its devices, platform, pid, tenants, bytes held and launches); an island whose actor
+    died is ``{"island", "devices", "lost": True, "tenants": []}`` (the others keep their
+    numbers)."""
     record = _record(name)
     _require_answer(record)
     import ray
 
-    from ..backends.ray import tenancy
+    from ..backends.ray import attach
 
     with connected(record):
-        handles = tenancy.find_islands(name)
-        islands = ray.get([h.pool_status.remote() for h in handles], timeout=60)
-    return dict(record, islands=sorted(islands, key=lambda i: i["island"]),
-                sizes=record["islands"])
+        handles = attach.island_actors(name)
+        refs = {i: h.pool_status.remote() for i, h in handles.items()}
+        islands = {}
+        for i, ref in refs.items():
+            try:
+                islands[i] = ray.get(ref, timeout=60)
+            except ray.exceptions.RayActorError:
+                continue  # died: shown lost below
+    for i, size in enumerate(record["islands"]):
+        if i not in islands:
+            islands[i] = {"island": i, "devices": size, "lost": True, "tenants": []}
+    return dict(record, islands=[islands[i] for i in sorted(islands)], sizes=record["islands"])
 
 
 def stop(name: str) -> dict[str, Any]:

@@ -96,3 +96,13 @@ def test_this_kernel_is_marked_by_its_default_tenant_name(monkeypatch):
     rows = tenant_rows(view, own_name(view))
     assert [r[0] for r in rows] == ["host:11", "host:12 (this kernel)"]
     assert [r[-1] for r in rows] == ["island 1: [0, 1]", "island 0: [0-2]"]
+
+
+def test_tenants_of_one_name_are_told_apart_by_their_ids():
+    from pwkernel.notebook.tenants import tenant_rows
+
+    pool = {"name": "class", "tenants": [TENANTS[0] | {"id": "a1", "me": True},
+                                         TENANTS[0] | {"id": "b2", "me": False},
+                                         TENANTS[1] | {"id": "c3", "me": False}]}
+    assert [r[0] for r in tenant_rows(pool)] == ["host:11 [a1] (this kernel)", "host:11 [b2]",
+                                                 "host:12"]

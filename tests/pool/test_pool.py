@@ -215,6 +215,12 @@ def test_a_controller_on_this_machine_finds_the_pool_token_by_its_name(started, 
                           env=dict(env, RAY_AUTH_TOKEN="1" * 64), text=True,
                           capture_output=True, timeout=120)
     assert done.returncode != 0 and "AuthenticationError" in done.stderr, done.stderr[-2000:]
+    # ...and the error says what is wrong and the fix, not "start a cluster"
+    assert "refused this process's token" in done.stderr
+    assert "it used the token in RAY_AUTH_TOKEN" in done.stderr
+    assert f"The token of pool '{NAME}' is in {record['token_path']}: unset RAY_AUTH_TOKEN" \
+        in done.stderr
+    assert "ray start --head" not in done.stderr
 
 
 NOTEBOOK = textwrap.dedent("""
@@ -281,7 +287,15 @@ def test_stop_ends_every_process_of_the_pool(started, env, pool_dir):
     before = head.processes(record)
     assert len(before) >= len(record["pids"])
     port = record["address"].rsplit(":", 1)[1]
-    done = cli(env, "stop", "--name", NAME)
+    # a user's process that names the pool's directory (reading its logs) is not the pool's
+    bystander = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()",
+                                  f"{record['session_dir']}/logs"], stdin=subprocess.PIPE)
+    try:
+        done = cli(env, "stop", "--name", NAME)
+        assert bystander.poll() is None, "stop ended a process that is not the pool's"
+    finally:
+        bystander.kill()
+        bystander.wait(TIMEOUT)
     assert done.returncode == 0, done.stderr
     assert f"pool '{NAME}' stopped" in done.stdout
     assert not (pool_dir / f"{NAME}.json").exists()

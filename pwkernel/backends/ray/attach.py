@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 
@@ -19,7 +20,7 @@ import ray
 from ...runtime.errors import DeviceSetupError
 from .cluster import IslandHost, clock_offset
 from .poolfile import check_name, load
-from .tenancy import find_islands
+from .tenancy import find_islands, named_islands, namespace
 
 #: the island actor's methods that act for one tenant: they take its secret first
 TENANT_CALLS = frozenset({"submit", "poll", "buffers", "fetch", "executables", "source_lost",
@@ -77,26 +78,46 @@ class _WithSecret:
         return self.method.remote(self.secret, *args)
 
 
+def island_actors(pool: str) -> dict[int, object]:
+    """Pool ``pool``'s live island actors by island number: an island whose actor died is
+    missing, and the others keep their numbers."""
+    return {i: ray.get_actor(name, namespace=namespace(pool))
+            for i, name in sorted(named_islands(pool).items())}
+
+
+def lost_island(pool: str, island: int) -> DeviceSetupError:
+    """The error for island ``island`` of ``pool`` whose actor died."""
+    return DeviceSetupError(
+        f"pool {pool!r} has no island {island} now: its actor died (the pool does not "
+        f"restart islands). Stop and start the pool to have it again: python -m "
+        f"pwkernel.pool stop --name {pool}, then start.")
+
+
 class PoolIslandHost(IslandHost):
     """One island of a pool, for this controller: registers as a tenant on ``start`` and
-    unregisters on ``kill`` (the actor stays: it is the pool's)."""
+    unregisters on ``kill`` (the actor stays: it is the pool's). ``actor`` None: the island
+    was lost before this controller attached; it starts lost (its work fails)."""
 
     def __init__(self, island: int, actor, info: dict, pool: str, tenant: str,
-                 weight: float):
+                 weight: float, key: str = ""):
         platform = "gpu" if info["platform"] in ("gpu", "cuda") else "cpu"
         super().__init__(island, int(info["size"]), platform)
-        self.pool, self.tenant, self.weight = pool, tenant, weight
-        self.handle, self.tenant_id = actor, None
+        self.pool, self.tenant, self.weight, self.key = pool, tenant, weight, key
+        self.handle, self.tenant_id, self.first_info = actor, None, info
 
     def start(self) -> None:
         """Register (again, after ``reattach``: the pool's actor of that name now)."""
         if self.generation >= 0:
-            actors = find_islands(self.pool)
-            if self.island >= len(actors):
-                raise DeviceSetupError(f"pool {self.pool!r} has no island {self.island} now.")
-            self.handle = actors[self.island]
+            self.handle = island_actors(self.pool).get(self.island)
+            if self.handle is None:
+                raise lost_island(self.pool, self.island)
+        elif self.handle is None:  # lost before this controller came: a lost island
+            self.started(None, dict(self.first_info), 0.0)
+            self.mark_lost()
+            return
         try:
-            reg = ray.get(self.handle.register.remote(self.tenant, self.weight), timeout=60)
+            reg = ray.get(self.handle.register.remote(self.tenant, self.weight, self.key),
+                          timeout=60)
             info = ray.get(self.handle.info.remote(), timeout=60)
         except ray.exceptions.RayError as e:
             raise DeviceSetupError(f"pool {self.pool!r}: island {self.island} did not take "
@@ -105,12 +126,19 @@ class PoolIslandHost(IslandHost):
         self.started(TenantActor(self.handle, reg["secret"]), info, clock_offset(self.handle))
 
     def release(self, actor: TenantActor) -> None:
+        """Unregister, once the island has taken every message this controller sent (Ray
+        may run an actor's calls out of order: a free sent before must not come after, and
+        be refused as a stranger's)."""
+        sent = self.last_message
+        after = sent[1] if sent is not None and sent[0] is actor else -1
         try:
-            ray.get(actor.unregister.remote(), timeout=30)
+            ray.get(actor.unregister.remote(after), timeout=60)
         except Exception:  # noqa: BLE001 - dropped already, or the island died
             pass
 
     def pool_status(self) -> dict | None:
+        if self.handle is None:
+            return None
         try:
             return ray.get(self.handle.pool_status.remote(), timeout=30)
         except ray.exceptions.RayError:
@@ -160,15 +188,36 @@ def attach(pool: str, sizes: tuple[int, ...] | None, tenant: str | None,
         raise DeviceSetupError(f"weight= (this tenant's share of the pool) must be a positive "
                                f"number, got {weight!r}.")
     name = tenant_name(tenant)
-    actors = find_islands(pool)
-    infos = ray.get([a.info.remote() for a in actors], timeout=60)
-    have = tuple(int(i["size"]) for i in infos)
+    actors = island_actors(pool)
+    if not actors:
+        find_islands(pool)  # raises: says there is no such pool, and how to start one
+    infos = {}
+    for i, actor in actors.items():
+        try:
+            infos[i] = ray.get(actor.info.remote(), timeout=60)
+        except ray.exceptions.RayActorError:
+            continue  # it died just now: a lost island
+    layout = next((i["sizes"] for i in infos.values() if i.get("sizes")), None)
+    count = len(layout) if layout else max(actors) + 1
+    lost = [i for i in range(count) if i not in infos]
+    if lost and not layout or not infos:
+        raise lost_island(pool, lost[0])  # (a pool of older code: sizes unknown)
+    have = tuple(int(layout[i]) if layout else int(infos[i]["size"]) for i in range(count))
     if sizes is not None and tuple(sizes) != have:
         raise DeviceSetupError(f"islands={tuple(sizes)} but pool {pool!r} has islands of "
                                f"{have} devices; drop islands= (a pool brings its own) or pass "
                                f"islands={have}.")
-    return [PoolIslandHost(i, a, info, pool, name, float(weight))
-            for i, (a, info) in enumerate(zip(actors, infos, strict=True))]
+    if lost:
+        logging.getLogger("pwkernel").warning(
+            "pool %r: island(s) %s lost (their actors died); work on them fails with "
+            "IslandLostError. Stop and start the pool to have them again.", pool, lost)
+    some = next(iter(infos.values()))
+    key = secrets.token_hex(4)  # this controller on every island: its rows are one tenant
+    return [PoolIslandHost(i, actors[i] if i in infos else None,
+                           infos.get(i) or {"island": i, "size": have[i],
+                                            "platform": some["platform"]},
+                           pool, name, float(weight), key)
+            for i in range(count)]
 
 
 def pool_view(pool: str, hosts: list[PoolIslandHost]) -> dict:
@@ -181,14 +230,17 @@ def pool_view(pool: str, hosts: list[PoolIslandHost]) -> dict:
     for host in hosts:
         status = host.pool_status()
         if status is None:
-            islands.append({"island": host.island, "lost": True})
+            islands.append({"island": host.island, "lost": True, "devices": host.devices})
             continue
         islands.append({k: status[k] for k in ("island", "devices", "platform", "pid",
                                                "bytes", "launches", "policy")})
         for row in status["tenants"]:
-            t = tenants.setdefault(row["name"], {
-                "name": row["name"], "queued": 0, "running": 0, "device_seconds": 0.0,
-                "bytes": 0, "devices": {}, "me": False})
+            # one row per tenant, named or not alike: a controller's key is the same on
+            # every island (one without is a tenant of its island only)
+            key = row.get("key") or f"{status['island']}:{row['tenant']}"
+            t = tenants.setdefault(key, {
+                "name": row["name"], "id": key, "queued": 0, "running": 0,
+                "device_seconds": 0.0, "bytes": 0, "devices": {}, "me": False})
             for key in ("queued", "running", "device_seconds", "bytes"):
                 t[key] += row[key]
             if row["devices"]:

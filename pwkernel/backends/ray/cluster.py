@@ -46,16 +46,52 @@ def connect(address: str | None, pool: str | None = None, own_token: bool = Fals
             try:
                 if pool is not None:
                     _pool_token(pool, own_token)
-                _start_or_join(address)
+                _start_or_join(address, pool)
             except BaseException:
                 _restore()
                 raise
             _initialized_here = True
+        else:
+            _refuse_another_cluster(address, pool)
         _users += 1
 
 
-def _start_or_join(address: str | None) -> None:
-    """``ray.init``: a new local cluster (None), or the cluster at ``address``."""
+def _same_address(a: str, b: str) -> bool:
+    """Whether ``host:port`` ``a`` and ``b`` name the same server (host names resolved)."""
+    def key(address: str) -> tuple[str, str]:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        try:
+            host = socket.gethostbyname(host)
+        except (OSError, UnicodeError):
+            pass
+        return host, port
+    return a == b or key(a) == key(b)
+
+
+def _refuse_another_cluster(address: str | None, pool: str | None) -> None:
+    """Under the lock, connected already: ``address`` must be the cluster this process is
+    connected to (one Ray connection per process), else say which one it is and what to do."""
+    if address is None or address == "auto" or "://" in address or ":" not in address:
+        return
+    current = ray.get_runtime_context().gcs_address
+    if _same_address(address, current):
+        return
+    by = (f"{_users} open controller(s) of this process use it" if _users
+          else "a ray.init() of your own made it")
+    what = f"pool {pool!r} at {address}" if pool is not None else f"the cluster at {address}"
+    raise DeviceSetupError(
+        f"this process is connected to the Ray cluster at {current} ({by}), so it cannot "
+        f"join {what}: a process talks to one Ray cluster at a time. Close those "
+        "controllers first (ctl.close(); in a notebook, %pathways attach replaces the "
+        "kernel's controller) or call ray.shutdown(), then attach again"
+        + ("; or attach to a pool that runs on the cluster at " + current if pool else "")
+        + ".")
+
+
+def _start_or_join(address: str | None, pool: str | None = None) -> None:
+    """``ray.init``: a new local cluster (None), or the cluster at ``address`` (``pool``: the
+    pool it is joined for, named when the cluster refuses the token)."""
     if address is None:
         # Ray's default for a new local cluster is token authentication (a token in
         # ~/.ray/auth_token, made if missing); we keep it and check it in tests.
@@ -83,11 +119,53 @@ def _start_or_join(address: str | None) -> None:
                      **local_ip)
         except ConnectionError as e:
             cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
+            if _refused_token(f"{e}{cause}"):
+                raise DeviceSetupError(_token_advice(address, pool)) from None
             raise DeviceSetupError(
                 f"could not connect to the Ray cluster at {address!r}: {e}{cause}. "
                 "Start one with `ray start --head --node-ip-address <ip> --port 6379` "
                 "(with RAY_AUTH_MODE=token and this machine's ~/.ray/auth_token), or "
                 "pass ray_address=None to start a local cluster.") from None
+
+
+def _refused_token(text: str) -> bool:
+    """Whether Ray's connection error says the cluster refused this process's token."""
+    return any(w in text for w in ("AuthenticationError", "InvalidAuthToken", "Unauthenticated"))
+
+
+def _token_advice(address: str, pool: str | None) -> str:
+    """What went wrong when the cluster at ``address`` refused the token, and the fix."""
+    env = os.environ
+    if env.get("RAY_AUTH_MODE", "").lower() != "token":
+        used = (f"no token (RAY_AUTH_MODE={env['RAY_AUTH_MODE']!r})" if "RAY_AUTH_MODE" in env
+                else "no token")
+    elif env.get("RAY_AUTH_TOKEN"):
+        used = "the token in RAY_AUTH_TOKEN"
+    elif env.get("RAY_AUTH_TOKEN_PATH"):
+        used = f"the token in RAY_AUTH_TOKEN_PATH={env['RAY_AUTH_TOKEN_PATH']}"
+    else:
+        used = "the token in ~/.ray/auth_token"
+    head = (f"the Ray cluster at {address!r} refused this process's token "
+            f"(AuthenticationError: token missing or incorrect); it used {used}. ")
+    if pool is not None:
+        from . import poolfile
+
+        record = poolfile.load(pool)
+        path = record.get("token_path") if record else None
+        if path and env.get("RAY_AUTH_TOKEN_PATH") != path:
+            return head + (f"The token of pool {pool!r} is in {path}: unset RAY_AUTH_TOKEN and "
+                           f"RAY_AUTH_TOKEN_PATH (the pool's file is used when they are not "
+                           f"set), or set RAY_AUTH_TOKEN_PATH={path}.")
+        if path:
+            return head + (f"That is the token file of pool {pool!r} here, so the cluster at "
+                           f"{address} is not that pool's: check the address (`python -m "
+                           f"pwkernel.pool status --name {pool}` prints it).")
+        return head + (f"Pool {pool!r} is not written down on this machine: set "
+                       "RAY_AUTH_TOKEN_PATH to a copy of its token file (`python -m "
+                       "pwkernel.pool start` printed its path on the pool's machine).")
+    return head + ("Give this process the cluster's token: RAY_AUTH_TOKEN_PATH=<file> or "
+                   "RAY_AUTH_TOKEN (`ray get-auth-token` on the cluster's head prints it), "
+                   "with RAY_AUTH_MODE=token.")
 
 
 def _restore() -> None:
@@ -231,6 +309,7 @@ class IslandHost:
         self.info: dict = {}
         self.lost = False
         self.sent: set[str] = set()  # executables this actor has (touched by its launcher)
+        self.last_message: tuple | None = None  # (actor, seq) its launcher sent last
         self._bids = itertools.count()
         self._frees: list[int] = []
         self._lock = threading.Lock()

@@ -24,13 +24,13 @@ another's records), reports ``Ended`` with the device time measured there, and k
 tenant's completion records for its ``poll``. Every issued operation has an entry in the
 launch log (``launches``), the island's one issue order as it happened.
 
-A tenant registers (``register(name, weight)`` returns its id and a random secret), passes the
+A tenant registers (``register(name, weight, key)`` returns its id and a random secret), passes the
 secret in every later call, and is dropped by ``unregister`` (a controller's ``close``) or when
 it has been silent for ``lease`` seconds (its controller renews every second while open): its
 queued work is cancelled and its buffers are freed at once.
 
 Helpers (for ``python -m pwkernel.pool`` and tests): ``namespace``, ``create_islands``,
-``find_islands``, ``destroy_islands``.
+``named_islands`` (by number: a dead island is missing), ``find_islands``, ``destroy_islands``.
 """
 
 from __future__ import annotations
@@ -60,9 +60,8 @@ from .tenants import Item, Tenant, TenantRefused
 
 DEFAULT_LEASE = 5.0  # s without a call after which a pool drops a tenant
 POOL_CONCURRENCY = 64  # actor threads: every tenant's poll waits in one
-# Computations of one tenant in flight on a device. Enough to hide the launch gap; few, since
-# ``share`` charges a launch its estimated cost and corrects it at its end: a deep chain
-# charged on a stale estimate moves its tenant's pass far, and another tenant's with it.
+# Computations of one tenant in flight on a device: enough to hide the launch gap; few, as a
+# deep chain charged on a stale cost estimate (``share``) moves its tenant's pass, and others'.
 DEPTH = 4
 _LOG_KEEP = 100_000  # launch log entries kept (older ones are dropped in halves)
 
@@ -78,10 +77,11 @@ class PoolIslandActor:
     ``create_islands``."""
 
     def __init__(self, island: int, devices: int, platform: str, pool: str,
-                 lease: float = DEFAULT_LEASE):
+                 lease: float = DEFAULT_LEASE, sizes: tuple[int, ...] = ()):
         if not lease > 0:
             raise ValueError(f"lease must be a positive number of seconds, got {lease!r}")
         self.island, self.pool, self.lease = island, pool, float(lease)
+        self.sizes = [int(n) for n in sizes]  # every island's devices (the pool's layout)
         self.ops = IslandDevices(island, devices, platform)
         self._cv = threading.Condition()
         self._scheduler = GangScheduler(range(devices), Policy.SHARE, depth=DEPTH)
@@ -102,7 +102,7 @@ class PoolIslandActor:
     # --- set-up and introspection ----------------------------------------------------------
     def info(self) -> dict:
         return self.ops.info() | {"pool": self.pool, "lease": self.lease,
-                                  "size": len(self.ops.devices)}
+                                  "size": len(self.ops.devices), "sizes": self.sizes}
 
     def peers(self, handles: dict) -> None:
         """The pool's other islands (given by ``create_islands``)."""
@@ -164,14 +164,14 @@ class PoolIslandActor:
             self._cv.notify_all()
 
     # --- tenants ---------------------------------------------------------------------------
-    def register(self, name: str, weight: float = 1.0) -> dict:
-        """A new tenant: its id and the secret its later calls pass."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a tenant name must be a non-empty string, got {name!r}")
+    def register(self, name: str, weight: float = 1.0, key: str | None = None) -> dict:
+        """A new tenant: its id and the secret its later calls pass (``key``: ``Tenant.key``)."""
+        if not isinstance(name, str) or not name or not isinstance(key, str | None):
+            raise ValueError(f"a tenant name must be a non-empty string, got {name!r} ({key!r})")
         if not (isinstance(weight, int | float) and weight > 0):
             raise ValueError(f"a tenant weight must be a positive number, got {weight!r}")
         with self._cv:
-            tenant = Tenant(next(self._ids), name, float(weight), now())
+            tenant = Tenant(next(self._ids), name, float(weight), now(), key=key or "")
             self._tenants[tenant.secret] = tenant
             self._changed()
         threading.Thread(target=self._complete_loop, args=(tenant,),
@@ -183,10 +183,12 @@ class PoolIslandActor:
         with self._cv:
             self._tenant(secret)
 
-    def unregister(self, secret: str) -> None:
-        """The tenant leaves: its queued work is cancelled and its buffers freed now."""
+    def unregister(self, secret: str, after: int = -1) -> None:
+        """The tenant leaves once its messages up to ``after`` came: its work and buffers go."""
         with self._cv:
-            self._drop(self._tenant(secret))
+            tenant = self._tenant(secret)
+            self._cv.wait_for(lambda: tenant.next > after or tenant.dropped, 30.0)
+            self._drop(tenant)
 
     def _tenant(self, secret: str) -> Tenant:
         """Under the lock: the tenant with ``secret``, refreshing its lease."""
@@ -427,13 +429,14 @@ class PoolIslandActor:
 
 
 # --- a pool's islands on the connected Ray cluster ---------------------------------------
-def _named(pool: str) -> list[str]:
+def named_islands(pool: str) -> dict[int, str]:
+    """Pool ``pool``'s island actors' names on the connected cluster, by island number."""
     import ray
 
     ns = namespace(pool)
-    return sorted((a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a["namespace"] == ns and a["name"].startswith("island-")),
-                  key=lambda n: int(n.rsplit("-", 1)[1]))
+    return {int(a["name"].rsplit("-", 1)[1]): a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == ns and a["name"].startswith("island-")}
 
 
 def create_islands(pool: str, sizes: tuple[int, ...], platform: str = "cpu",
@@ -445,13 +448,12 @@ def create_islands(pool: str, sizes: tuple[int, ...], platform: str = "cpu",
     check_name(pool)
     sizes = tuple(sizes)
     if not sizes or not all(isinstance(n, int) and n > 0 for n in sizes):
-        raise DeviceSetupError(f"islands must be positive device counts, got {sizes!r}; e.g. "
-                               "(4, 4).")
+        raise DeviceSetupError(f"islands must be device counts > 0, got {sizes!r}; e.g. (4, 4).")
     if platform not in ("cpu", "gpu"):
         raise DeviceSetupError(f"platform must be 'cpu' or 'gpu', got {platform!r}.")
     if not lease > 0:
         raise DeviceSetupError(f"lease must be a positive number of seconds, got {lease!r}.")
-    existing = _named(pool)
+    existing = sorted(named_islands(pool).values())
     if existing:
         raise DeviceSetupError(
             f"pool {pool!r} already has island actors on this Ray cluster ({existing}); stop "
@@ -461,11 +463,9 @@ def create_islands(pool: str, sizes: tuple[int, ...], platform: str = "cpu",
         for i, n in enumerate(sizes):
             opts: dict = {"name": f"island-{i}", "namespace": namespace(pool),
                           "lifetime": "detached", "max_concurrency": POOL_CONCURRENCY,
-                          "max_restarts": 0, "num_cpus": 0}
-            if platform == "gpu":
-                opts["num_gpus"] = n
+                          "max_restarts": 0, "num_cpus": 0, "num_gpus": n * (platform == "gpu")}
             actors.append(ray.remote(PoolIslandActor).options(**opts).remote(
-                i, n, platform, pool, float(lease)))
+                i, n, platform, pool, float(lease), sizes))
         infos = ray.get([a.info.remote() for a in actors], timeout=300)
         ray.get([a.peers.remote({j: b for j, b in enumerate(actors) if j != i})
                  for i, a in enumerate(actors)], timeout=60)
@@ -480,16 +480,16 @@ def create_islands(pool: str, sizes: tuple[int, ...], platform: str = "cpu",
 
 
 def find_islands(pool: str) -> list:
-    """Pool ``pool``'s island actors on the connected Ray cluster, island 0 first."""
+    """Pool ``pool``'s live island actors on the connected Ray cluster, island 0 first."""
     import ray
 
-    names = _named(pool)
+    names = named_islands(pool)
     if not names:
         raise DeviceSetupError(
             f"no pool named {pool!r} on this Ray cluster (no actors in namespace "
             f"{namespace(pool)!r}). Start it with `python -m pwkernel.pool start --name {pool} "
             "--islands 4,4`, or check the name and the address.")
-    return [ray.get_actor(name, namespace=namespace(pool)) for name in names]
+    return [ray.get_actor(names[i], namespace=namespace(pool)) for i in sorted(names)]
 
 
 def destroy_islands(pool: str) -> None:

@@ -38,6 +38,9 @@ class Tenant:
     weight: float
     last: float  # when it last called (its lease runs from there)
     secret: str = field(default_factory=lambda: secrets.token_hex(16))
+    # One controller's name for itself on every island of the pool (its rows are one tenant),
+    # where its id differs from island to island; "" when it gave none.
+    key: str = ""
     messages: dict[int, list] = field(default_factory=dict)  # seq -> ops, arrived early
     next: int = 0  # the next message to take
     pending: deque = field(default_factory=deque)  # its operations not yet at the scheduler
@@ -71,7 +74,7 @@ class Tenant:
 
     def can_recv(self, op: tuple) -> bool:
         """Has a ``recv``'s value arrived (or its source island been lost)?"""
-        _, _, bid, _, island, generation = op
+        _, _, bid, _, island, generation = op[:6]  # (a recv may carry more after these)
         return bid in self.incoming or (island, generation) in self.lost
 
     def arrived(self, bid: int, island: int, generation: int) -> tuple | None:
@@ -99,7 +102,8 @@ class Tenant:
         queued = (self.head is not None) + sum(op[0] not in ("free", "mark")
                                               for op in self.pending)
         queued += sum(len(ops) for ops in self.messages.values())
-        return {"name": self.name, "tenant": self.id, "weight": self.weight, "queued": queued,
+        return {"name": self.name, "tenant": self.id, "key": self.key or None,
+                "weight": self.weight, "queued": queued,
                 "running": self.in_flight, "device_seconds": self.device_seconds,
                 "share": self.device_seconds / total if total else 0.0,
                 "bytes": sum(int(a.nbytes) for a in list(self.buffers.values())),

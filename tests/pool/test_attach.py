@@ -1,0 +1,134 @@
+"""Attaching to a pool, on a real one (``tests/helpers/pool.py``: a Ray head of our own with
+the pool's island actors, this process connected to it): tenants of one name, a wrong
+cluster, and an island that died. One pool for the module; the last test kills an island."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import ray
+
+import pwkernel as pw
+from pwkernel.backends.ray import poolfile, tenancy
+from pwkernel.notebook.tenants import tenant_rows
+from pwkernel.pool import head as pool_head
+from pwkernel.pool import report, service
+from tests.helpers.pool import TIMEOUT, running_pool
+
+NAME = "attach"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with running_pool(NAME, (2, 2, 2), 4.0) as head:
+        yield head
+
+
+def test_attaching_to_another_cluster_while_connected_says_so(pool):
+    """One Ray connection per process: a pool elsewhere is refused for what it is."""
+    elsewhere = f"127.0.0.1:{pool_head.free_port()}"
+    with pytest.raises(pw.DeviceSetupError) as caught:
+        pw.Controller(backend="ray", address=elsewhere, pool="other")
+    message = str(caught.value)
+    assert f"connected to the Ray cluster at {pool.address}" in message
+    assert f"cannot join pool 'other' at {elsewhere}" in message
+    assert "ctl.close()" in message and "no pool named" not in message
+    # the cluster it is connected to, by another spelling of its address, is fine
+    same = pool.address.replace("127.0.0.1", "localhost")
+    with pw.Controller(backend="ray", address=same, pool=NAME, tenant="same") as ctl:
+        assert [len(i.devices) for i in ctl.islands] == [2, 2, 2]
+
+
+def test_tenants_of_one_name_are_rows_of_their_own(pool):
+    a = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="twin")
+    try:
+        b = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="twin")
+        try:
+            double = pw.function(lambda x: x * 2, slice=b.slice(2, island=2))
+            assert double(np.ones(4)).result(TIMEOUT).tolist() == [2.0] * 4
+            rows = a.executor.status()["pool"]["tenants"]
+            assert [t["name"] for t in rows] == ["twin", "twin"]
+            assert len({t["id"] for t in rows}) == 2
+            assert sorted(t["me"] for t in rows) == [False, True]  # a's view: itself once
+            busy = next(t for t in rows if not t["me"])  # b, by its work on island 2
+            assert busy["devices"] == {2: [0, 1]} and busy["device_seconds"] > 0
+            shown = [r[0] for r in tenant_rows({"tenants": rows})]
+            assert len(set(shown)) == 2 and all(s.startswith("twin [") for s in shown)
+        finally:
+            b.close()
+        assert [t["name"] for t in a.executor.status()["pool"]["tenants"]] == ["twin"]
+    finally:
+        a.close()
+
+
+QUIET = textwrap.dedent("""
+    import gc, sys
+    import numpy as np
+    import pwkernel as pw
+    for _ in range(3):
+        ctl = pw.Controller(backend="ray", address=sys.argv[1], pool=sys.argv[2], tenant="q")
+        f = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=0))
+        g = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=1))
+        values = [g(f(np.full(4, float(i)))) for i in range(20)]
+        values[-1].result(120)
+        last = f(np.zeros(500_000, dtype=np.float32))  # in flight: a big put, then close
+        del values
+        gc.collect()  # their frees are pending as the controller closes
+        ctl.close()
+    print("closed")
+""")
+
+
+def test_closing_is_quiet_and_frees_nothing_after_unregistering(pool):
+    """A tenant that closes with frees pending: nothing reaches an island after the tenant
+    unregistered (which Ray printed as a TenantRefused traceback)."""
+    done = subprocess.run([sys.executable, "-c", QUIET, pool.address, NAME], env=pool.env,
+                          capture_output=True, text=True, timeout=4 * TIMEOUT)
+    assert done.returncode == 0 and "closed" in done.stdout, done.stderr[-3000:]
+    for word in ("TenantRefused", "Unhandled error", "Traceback"):
+        assert word not in done.stderr, done.stderr[-3000:]
+
+
+def test_an_unregister_that_overtakes_a_message_waits_for_it(pool):
+    """Ray may run a threaded actor's calls out of order: an unregister that names the last
+    message sent (``after``) waits for it, so that message is taken, not refused."""
+    actor = tenancy.find_islands(NAME)[0]
+    secret = ray.get(actor.register.remote("leaving", 1.0), timeout=TIMEOUT)["secret"]
+    leaving = actor.unregister.remote(secret, 0)  # sent first: it runs before message 0
+    ray.get(actor.submit.remote(secret, 0, [("free", [])]), timeout=TIMEOUT)  # not refused
+    ray.get(leaving, timeout=TIMEOUT)
+    status = ray.get(actor.pool_status.remote(), timeout=TIMEOUT)
+    assert "leaving" not in {t["name"] for t in status["tenants"]}
+
+
+def test_a_dead_island_is_shown_lost_and_the_others_keep_their_numbers(pool, tmp_path,
+                                                                       monkeypatch):
+    """The last test of the module: island 1's actor dies."""
+    monkeypatch.setenv(poolfile.ENV, str(tmp_path))
+    poolfile.save({"name": NAME, "address": pool.address, "token_path": str(pool.token_path),
+                   "islands": [2, 2, 2], "platform": "cpu", "lease": 4.0,
+                   "started_cluster": False, "session_dir": None, "temp_dir": None,
+                   "pids": [], "started": time.time()})
+    ray.kill(tenancy.find_islands(NAME)[1], no_restart=True)
+    with pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="late") as ctl:
+        assert [len(i.devices) for i in ctl.islands] == [2, 2, 2]
+        on2 = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=2))
+        on1 = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=1))
+        assert on2(np.zeros(4)).result(TIMEOUT).tolist() == [1.0] * 4
+        with pytest.raises(pw.IslandLostError):
+            on1(np.zeros(4)).result(TIMEOUT)
+        view = ctl.executor.status()["pool"]
+        assert [(i["island"], i.get("lost", False)) for i in view["islands"]] == [
+            (0, False), (1, True), (2, False)]
+        me = next(t for t in view["tenants"] if t["me"])
+        assert me["devices"] == {2: [0, 1]}  # its work ran on island 2's actor
+        st = service.status(NAME)  # the command line's view
+        assert [(i["island"], i.get("lost", False)) for i in st["islands"]] == [
+            (0, False), (1, True), (2, False)]
+        text = report.status_text(st)
+        assert any(line.split()[:3] == ["1", "2", "lost"] for line in text.splitlines())
