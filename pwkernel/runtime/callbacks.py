@@ -154,12 +154,15 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
     def fenced(*leaves):
         return (*flat(*leaves), jnp.zeros((), jnp.uint8))
 
-    traced = jax.jit(fenced, in_shardings=tuple(in_shardings), out_shardings=outs,
-                     donate_argnums=donate).trace(*structs)
+    plain = jax.jit(fenced, in_shardings=tuple(in_shardings), out_shardings=outs,
+                    donate_argnums=donate)
+    traced = plain.trace(*structs)
     closed = traced.jaxpr
     if not _Rewriter().has_callbacks(closed.jaxpr):
         compiled = traced.lower().compile()
-        return compiled, FencedCall(compiled)
+        # int4/uint4 inputs: the compiled call wants them packed and JAX places them
+        # unpacked; jax.jit's own call takes them (the same computation, its own cache)
+        return compiled, FencedCall(plain if _sub_byte(structs) else compiled)
 
     def guarded(*args):
         *leaves, tok = args
@@ -171,7 +174,13 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
                      donate_argnums=donate)
     compiled = jitted.lower(*structs, jax.ShapeDtypeStruct((), np.uint32, sharding=token)
                             ).compile()
-    return compiled, GuardedCall(compiled, token)
+    return compiled, GuardedCall(jitted if _sub_byte(structs) else compiled, token)
+
+
+def _sub_byte(structs: Sequence[jax.ShapeDtypeStruct]) -> bool:
+    """Whether an input has elements narrower than a byte (``int4``, ``uint4``, ...)."""
+    return any(jax.dtypes.itemsize_bits(s.dtype) < 8 for s in structs
+               if not jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key))
 
 
 def found(jaxpr) -> list[str]:

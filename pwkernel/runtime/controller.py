@@ -306,7 +306,9 @@ class Controller:
                                  f"islands are {list(self._islands)}. Maybe you want "
                                  "ctl.reattach(ctl.islands[i]) or ctl.reattach(i).")
             island = island.id
-        return self._backend.reattach(island)
+        fresh = self._backend.reattach(island)
+        self.store.forget(island)  # (the old process's buffers went with it)
+        return fresh
 
     def _check_open(self) -> None:
         if self.closed:

@@ -187,6 +187,28 @@ class ObjectStore:
         finally:  # counted until the scheduler has its memory back: memory() == 0 says so
             self._held.pop(held.key, None)  # (one dict operation: atomic; readers copy)
 
+    def forget(self, island: int) -> int:
+        """Stop counting the buffers that lived on ``island``, lost with it (its process died
+        and a new one took its place): their memory is given back at once, while their
+        futures stay, and say the value is lost when read. Returns how many were counted."""
+        with self._lock:
+            todo = [held for held in list(self._held.values())
+                    if held.claim and held.labels[3] == island]
+        count = 0
+        with interrupts_held:
+            for held in todo:
+                try:
+                    held.claim.pop()  # (its future's own free, later, does nothing)
+                except IndexError:
+                    continue
+                count += 1
+                try:
+                    if self._on_free is not None:
+                        self._on_free(held.record)
+                finally:
+                    self._held.pop(held.key, None)
+        return count
+
     def memory(self) -> dict[int, int]:
         """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
         out: dict[int, int] = {}

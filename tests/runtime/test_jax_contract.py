@@ -436,3 +436,20 @@ def test_a_donating_call_behind_a_reader_of_a_host_callbacks_outputs_runs(ctl, n
                                np.full(3, n + sum(range(n)) + 1))
     for i, f in enumerate(new):
         np.testing.assert_allclose(np.asarray(f.result(timeout=60)), np.full(3, 2.0 * (1 + i)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint4])
+def test_sub_byte_integers_as_jax_jit_takes_them(ctl, dtype):
+    """int4/uint4 in and out, across islands: XLA's compiled call wants them packed, the
+    arrays JAX places are not (the runtime calls those through jax.jit's own call)."""
+    def inc(v):
+        return v + jnp.asarray(1, dtype)
+
+    widen = pw.function(lambda v: v.astype(jnp.int8) * 2, slice=ctl.slice(2, island=1))
+    f = pw.function(inc, slice=ctl.slice(2, island=0))
+    x = jnp.arange(6, dtype=dtype)
+    y = f(x)
+    np.testing.assert_array_equal(np.asarray(y.result(60)), np.asarray(jax.jit(inc)(x)))
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(widen(y).result(60)),
+                                  np.asarray(jax.jit(inc)(x)).astype(np.int8) * 2)

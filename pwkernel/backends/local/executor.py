@@ -117,7 +117,9 @@ class LocalBackend(NoGroup):
         # launched before it here is still watched).
         if node.asynchronous and (watcher is None or not watcher.outstanding
                                   or watcher.help()) and _ready(outs):
-            task.completed(_now(), failure(outs), outs)  # (a host callback's exception)
+            # ready is not succeeded: an error raised while it ran (XLA's out of memory, ...)
+            # is read from the fence; else a host callback's exception
+            _observe(task, outs, None, _now())
             return
         site.watch(task, outs, None)  # queued before any consumer can be launched behind it
         task.launched(outs)

@@ -44,7 +44,8 @@ from ..local import request_host_devices
 from . import attach, cluster, others
 from .cluster import IslandHost
 from .hostvalues import to_host
-from .island import RaySite, RemoteBuffer, host_lost, layout
+from .island import RaySite, RemoteBuffer, donated_error, host_lost, layout
+from .ops import jax_settings
 
 
 class RayIsland(Island):
@@ -102,6 +103,25 @@ def _stand_ins(sizes: Sequence[int]) -> list:
     return pool
 
 
+class _JaxSetup:
+    """JAX's host device count before a controller asked for stand-ins, put back by
+    ``restore`` if JAX has not started since (a failed attach changes nothing)."""
+
+    def __init__(self):
+        self.started = _jax_started()
+        self.count = jax.config.jax_num_cpu_devices
+
+    def restore(self) -> None:
+        if not self.started and not _jax_started():
+            jax.config.update("jax_num_cpu_devices", self.count)
+
+
+def _jax_started() -> bool:
+    from jax._src import xla_bridge  # (JAX has no public "are backends up?")
+
+    return xla_bridge.backends_are_initialized()
+
+
 class RayBackend:
     """Owns the Ray connection and the island actors of one controller (the executor of
     ``backend="ray"``)."""
@@ -125,9 +145,17 @@ class RayBackend:
         if sizes is not None and (not sizes or min(sizes) < 1):
             raise DeviceSetupError(f"islands must be a tuple of positive device counts, got "
                                    f"{islands!r}; e.g. islands=(4, 4).")
-        if pool is None:  # JAX may still be asked for stand-in devices before connecting
-            _stand_ins(sizes)
-        cluster.connect(address, pool=pool)  # a pool on this machine lends its token
+        # JAX is asked for the stand-in devices now (before anything starts it), and started
+        # only once the islands are up: a failed attach leaves it as it was, so the local
+        # backend (or another attach) can still have the devices it asks for.
+        before = _JaxSetup()
+        if pool is None:
+            request_host_devices(sum(sizes))
+        try:
+            cluster.connect(address, pool=pool)  # a pool on this machine lends its token
+        except BaseException:
+            before.restore()
+            raise
         self.hosts: dict[int, IslandHost] = {}
         self._closed = False
         self.others: others.OtherTenants | None = None  # a pool's other tenants' work
@@ -138,18 +166,20 @@ class RayBackend:
             else:
                 kind = _device_kind(sizes)
                 hosts = [IslandHost(i, n, kind) for i, n in enumerate(sizes)]
+            for i, host in enumerate(hosts):
+                host.start()
+                self.hosts[i] = host
             stand_ins = _stand_ins(sizes)
             islands_out, start = [], 0
             for i, host in enumerate(hosts):
                 n = host.devices
-                host.start()
-                self.hosts[i] = host
                 isl = RayIsland(i, tuple(stand_ins[start:start + n]), host.info["platform"])
                 isl.__dict__["_host"] = host
                 islands_out.append(isl)
                 start += n
         except BaseException:
             self.close()
+            before.restore()
             raise
         self.islands: tuple[RayIsland, ...] = tuple(islands_out)
         for host in self.hosts.values():
@@ -236,9 +266,13 @@ class RayBackend:
             value = task.inputs()[0]
             lay = layout(node.sharding, site.island)
             handle = RemoteBuffer(dst, dst.new_id())
+            settings = jax_settings()  # (the dtypes a value is placed with there)
             if isinstance(value, RemoteBuffer):
                 if not value.alive:
                     raise value.lost_error()
+                if value.donated is not None:
+                    raise donated_error(f"it was given to {value.donated}, which donates it, "
+                                        "before this copy of it")
                 if value.host is dst:  # inside the island: reshard there
                     site.enqueue(("reshard", value.bid, handle.bid, lay), task, [handle])
                 else:  # island to island: the source pushes the value to the destination
@@ -247,9 +281,11 @@ class RayBackend:
                     self.sites[value.host.island].enqueue(
                         ("send", value.bid, dst.island, handle.bid, *to), None, [])
                     site.enqueue(("recv", handle.bid, lay, value.host.island,
-                                  value.host.generation), task, [handle], value.host)
+                                  value.host.generation, settings), task, [handle],
+                                 value.host)
             else:  # a host value (program argument, constant, a fetched result)
-                site.enqueue(("put", handle.bid, to_host(value), lay), task, [handle])
+                site.enqueue(("put", handle.bid, to_host(value), lay, settings), task,
+                             [handle])
         except BaseException as e:  # noqa: BLE001 - failed in order, by the island's watcher
             site.enqueue(None, task, [], error=e)
             return

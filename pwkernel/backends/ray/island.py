@@ -14,18 +14,21 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import logging
 import queue
 import threading
 import time
 
+import numpy as np
 import ray
 
-from ...runtime.errors import CancelledError, IslandLostError
+from ...runtime.errors import CancelledError, IslandLostError, ProgramError, retyped
 from ...runtime.tasks import Task
 from .cluster import IslandHost
 from .hostvalues import from_host, to_host
+from .ops import jax_settings
 
 _now = time.perf_counter
 _WAIT_INPUTS = 60.0  # seconds of silence from an actor, while closing, before giving up
@@ -37,10 +40,11 @@ class RemoteBuffer:
     """A buffer in an island actor's device memory. ``delete`` (called when the last future
     goes) frees it there, later, from the island's launcher thread."""
 
-    __slots__ = ("host", "generation", "bid", "_local", "__weakref__")
+    __slots__ = ("host", "generation", "bid", "donated", "_local", "__weakref__")
 
     def __init__(self, host: IslandHost, bid: int):
         self.host, self.generation, self.bid = host, host.generation, bid
+        self.donated: str | None = None  # the computation it was given to (donate_argnums)
         self._local = None
 
     @property
@@ -58,6 +62,9 @@ class RemoteBuffer:
         if self._local is None:
             if not self.alive:
                 raise self.lost_error()
+            if self.donated is not None:
+                raise donated_error(f"this value was given to {self.donated}, which "
+                                    "donates it")
             try:
                 value = ray.get(self.host.actor.fetch.remote(self.bid))
             except ray.exceptions.RayActorError:
@@ -81,10 +88,80 @@ def layout(sharding, island) -> tuple:
     return positions, tuple(mesh.devices.shape), tuple(mesh.axis_names), sharding.spec
 
 
+def donated_error(what: str, shape: str = "") -> ProgramError:
+    """What reading a donated buffer raises, as on the local backend (where it is a deleted
+    ``jax.Array``): a ``ProgramError`` that is also the ``RuntimeError`` JAX raises."""
+    return retyped(ProgramError(
+        f"Array has been deleted{f' with shape={shape}' if shape else ''}: {what} (it now "
+        "owns its buffer). Use that call's result, or pass each donating call its own copy "
+        "(jnp.copy(x))."), RuntimeError)
+
+
+def _short(struct) -> str:
+    """``float32[4,2]``, as JAX writes an array's type."""
+    try:
+        name = np.dtype(struct.dtype).name
+    except TypeError:  # (a typed key's dtype)
+        name = str(struct.dtype)
+    return f"{name}[{','.join(map(str, struct.shape))}]"
+
+
+def remote_error(record: dict, island: int) -> BaseException:
+    """The exception an island's failed completion record stands for: the same type as the
+    island raised (an exception class of Python, JAX or pwkernel, made from its message,
+    noted with the island), else a ``RuntimeError`` that names the type in its text."""
+    path, message = record.get("type"), record.get("message")
+    cls = None
+    if path and message is not None:
+        module, _, qualname = path.partition(":")
+        if module.split(".")[0] in ("builtins", "jax", "jaxlib", "pwkernel"):
+            try:
+                cls = importlib.import_module(module)
+                for part in qualname.split("."):
+                    cls = getattr(cls, part)
+            except (ImportError, AttributeError):
+                cls = None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            error = cls(message)
+        except Exception:  # noqa: BLE001 - a constructor that wants more: plain text then
+            error = None
+        if error is not None and str(error) == message:
+            error.add_note(f"(raised on Ray island {island})")
+            return error
+    return RuntimeError(f"on island {island}: {record['error']}")
+
+
 def host_lost(host: IslandHost) -> IslandLostError:
     return IslandLostError(f"island {host.island} was lost (its Ray actor died) while this "
                            f"computation needed it; ctl.reattach({host.island}) starts a new "
                            "one.")
+
+
+def unusable(task: Task) -> BaseException | None:
+    """The error of a launch given a buffer an earlier launch donated, or one that donates an
+    input it also reads; else None, and its donated inputs are marked (``RemoteBuffer``)."""
+    node = task.node
+    donated = node.exe.donated
+    try:
+        inputs = task.inputs()
+    except Exception:  # noqa: BLE001 - (not there yet: the island finds out)
+        return None
+    for i, value in enumerate(inputs):
+        if isinstance(value, RemoteBuffer) and value.donated is not None:
+            return donated_error(
+                f"input {i} of {node.name} was given to an earlier call that donates it "
+                f"({value.donated})", _short(node.exe.structs[i]))
+    for i in donated:
+        if isinstance(inputs[i], RemoteBuffer) and sum(v is inputs[i] for v in inputs) > 1:
+            return retyped(ProgramError(
+                f"{node.name} donates input {i} and also reads the same array as another "
+                "input: a computation cannot be given a buffer it still reads. Pass a copy "
+                "(jnp.copy(x)) as one of them, or donate neither."), RuntimeError)
+    for i in donated:
+        if isinstance(inputs[i], RemoteBuffer):
+            inputs[i].donated = node.name
+    return None
 
 
 class RaySite:
@@ -143,9 +220,15 @@ class RaySite:
 
     def launch(self, task: Task) -> None:
         """A computation the scheduler launched: an item of the next message. Its outputs get
-        their ids now, so consumers can name them before the message leaves."""
+        their ids now, so consumers can name them before the message leaves. Its donated
+        inputs are marked now, in decision order (what reads one later fails), and the
+        launching thread's JAX settings go with it."""
+        error = unusable(task)
+        if error is not None:  # nothing donated: the inputs stay valid
+            self.enqueue(None, task, [], error=error)
+            return
         handles = [RemoteBuffer(self.host, self.host.new_id()) for _ in task.node.outputs]
-        self.enqueue("compute", task, handles)
+        self.enqueue(("compute", jax_settings()), task, handles)
         task.t_launch = _now()
         task.launched(handles)
 
@@ -184,8 +267,8 @@ class RaySite:
             rid = next(self._rids)
             if error is None:
                 try:
-                    ops.append(self._compute_op(task, rid, handles) if op == "compute"
-                               else (op[0], rid, *op[1:]))
+                    ops.append(self._compute_op(task, rid, handles, op[1])
+                               if op[0] == "compute" else (op[0], rid, *op[1:]))
                 except BaseException as e:  # noqa: BLE001 - a failed launch fails its futures
                     error = e
             entries.append((task, rid, handles, error, extra))
@@ -208,13 +291,14 @@ class RaySite:
                 self._seq, self._seq_generation = 0, host.generation
             actor.submit.remote(self._seq, ops)
             self._seq += 1
-            return actor, self._seq - 1
+            host.last_message = (actor, self._seq - 1)  # (a pool's release waits for it)
+            return host.last_message
 
     def sync(self) -> tuple | None:
         """Send pending frees now; returns ``(actor, seq)`` of that message, or None."""
         return self._send([], always=True)
 
-    def _compute_op(self, task: Task, rid: int, handles: list) -> tuple:
+    def _compute_op(self, task: Task, rid: int, handles: list, settings: tuple) -> tuple:
         host = self.host
         if self._closing:
             raise CancelledError(f"{task.node.name}: the controller closed before it ran")
@@ -240,7 +324,8 @@ class RaySite:
         host.sent.add(key)
         return ("run", rid, key, blob, [layout(s, self.island) for s in exe.in_shardings],
                 [layout(s, self.island) for s in exe.out_shardings], refs,
-                [h.bid for h in handles], task.node.name, task.run.client)
+                [h.bid for h in handles], task.node.name, task.run.client, settings,
+                tuple(exe.donated))
 
     # --- seeing work end -----------------------------------------------------------------
     def _watch_loop(self) -> None:
@@ -281,7 +366,7 @@ class RaySite:
                                             f"{_WAIT_INPUTS:.0f} s while the controller closed")
         record = self._records.pop(rid)
         if not record["ok"]:
-            return record, RuntimeError(f"on island {host.island}: {record['error']}")
+            return record, remote_error(record, host.island)
         return record, None
 
     def _ended(self, task: Task, record, handles, error, src_host: IslandHost | None) -> None:

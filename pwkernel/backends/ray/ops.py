@@ -14,9 +14,10 @@ completion side waits for, ``complete`` waits for it and makes its completion re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .hostvalues import from_host, to_host
@@ -24,8 +25,51 @@ from .hostvalues import from_host, to_host
 now = time.perf_counter
 
 
+# Where an operation carries the controller's JAX settings (``settings`` below), by kind.
+SETTINGS_AT = {"run": 10, "put": 5, "recv": 6}
+DONATED_AT = 11  # a run's donated input positions (donate_argnums), after its settings
+# The settings of the controller that an island applies to what it runs: dtypes (float64 and
+# int64 exist only under x64) and the NaN/Inf checks of jax.jit's call.
+JAX_SETTINGS = ("jax_enable_x64", "jax_debug_nans", "jax_debug_infs")
+
+
+def jax_settings() -> tuple[tuple[str, bool], ...]:
+    """This thread's values of ``JAX_SETTINGS`` (the controller's, sent with operations)."""
+    import jax
+
+    return tuple((name, bool(getattr(jax.config, name))) for name in JAX_SETTINGS)
+
+
+@contextlib.contextmanager
+def configured(settings) -> Iterator[None]:
+    """``settings`` (``jax_settings()``'s) in force in this thread: JAX's own context
+    managers, so the island's other threads (and a pool's other tenants) keep theirs."""
+    import jax
+
+    states = {"jax_enable_x64": jax.enable_x64, "jax_debug_nans": jax.debug_nans,
+              "jax_debug_infs": jax.debug_infs}
+    with contextlib.ExitStack() as stack:
+        for name, value in settings or ():
+            state = states.get(name)
+            if state is not None:
+                stack.enter_context(state(value))
+        yield
+
+
+def error_fields(error: BaseException) -> dict:
+    """What a completion record says of ``error``: its text, and its type by import path
+    (``module:qualname``) so the controller can raise the same type (``island.py``)."""
+    cls = type(error)
+    return {"error": f"{cls.__name__}: {error}", "message": str(error),
+            "type": f"{cls.__module__}:{cls.__qualname__}"}
+
+
 class Failed(Exception):
-    """An operation that failed when it was issued (its message is already formatted)."""
+    """An operation that failed when it was issued (``fields``: its record's error fields)."""
+
+    def __init__(self, fields: dict):
+        super().__init__(fields["error"])
+        self.fields = fields
 
 
 class IslandDevices:
@@ -82,7 +126,7 @@ class IslandDevices:
         return from_host(ref, self.sharding(layout))
 
     def compiled(self, executables: dict, key: str, blob: bytes | None, in_layouts,
-                 out_layouts):
+                 out_layouts, donated: tuple[int, ...] = ()):
         exe = executables.get(key)
         if exe is not None:
             return exe
@@ -94,8 +138,15 @@ class IslandDevices:
         out_sh = tuple(self.sharding(lay) for lay in out_layouts)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
                    for a, sh in zip(exported.in_avals, in_sh, strict=True)]
-        jitted = jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
-        exe = executables[key] = jitted.lower(*structs).compile()
+        jitted = jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh,
+                         donate_argnums=tuple(donated))
+        exe = jitted.lower(*structs).compile()
+        if any(jax.dtypes.itemsize_bits(a.dtype) < 8 for a in exported.in_avals
+               if not jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key)):
+            # int4/uint4 (sub-byte) inputs: the compiled call wants them packed, and JAX
+            # places host arrays unpacked; jax.jit's own call takes them (same executable)
+            exe = jitted
+        executables[key] = exe
         return exe
 
     # --- issuing ---------------------------------------------------------------------------
@@ -108,9 +159,19 @@ class IslandDevices:
         or None when its source island was lost. ``deliver(op)``: for a ``send``, the function
         that hands ``(bid, value, error, t_src)`` to the destination."""
         kind = op[0]
+        at = SETTINGS_AT.get(kind)
+        if at is not None and len(op) > at:
+            with configured(op[at]):  # the controller's dtypes and checks
+                return self._issue(op, t_launch, buffers, executables, arrived, deliver)
+        return self._issue(op, t_launch, buffers, executables, arrived, deliver)
+
+    def _issue(self, op: tuple, t_launch: float, buffers: dict, executables: dict,
+               arrived, deliver) -> tuple | None:
+        kind = op[0]
         if kind == "run":
             _, rid, key, blob, in_layouts, out_layouts, inputs, outputs, *_ = op
-            exe = self.compiled(executables, key, blob, in_layouts, out_layouts)
+            donated = op[DONATED_AT] if len(op) > DONATED_AT else ()
+            exe = self.compiled(executables, key, blob, in_layouts, out_layouts, donated)
             t_launch = now()  # compiling (the first time) is host work, not device time
             args = [self.arg(buffers, r, lay)
                     for r, lay in zip(inputs, in_layouts, strict=True)]
@@ -119,7 +180,7 @@ class IslandDevices:
                 buffers[bid] = out
             return ("done", rid, outs, t_launch, compute_positions(op), None)
         if kind == "put":
-            _, rid, bid, value, layout = op
+            _, rid, bid, value, layout, *_ = op
             out = buffers[bid] = self.arg(buffers, value, layout)
             return ("done", rid, out, t_launch, (), None)
         if kind == "reshard":
@@ -133,7 +194,7 @@ class IslandDevices:
             _, rid, src, _island, bid, *_ = op
             return ("send", rid, buffers.get(src), t_launch, (deliver(op), bid), None)
         if kind == "recv":
-            _, rid, bid, layout, island, generation = op
+            _, rid, bid, layout, island, generation, *_ = op
             got = arrived(bid, island, generation)
             if got is None:
                 raise RuntimeError(f"island {island} was lost before it sent buffer {bid}")
@@ -149,8 +210,13 @@ class IslandDevices:
         raise ValueError(f"island {self.island}: unknown operation {kind!r}")
 
     def failed(self, op: tuple, error: Exception, t_launch: float) -> tuple:
-        """The item of an operation whose issue raised ``error``."""
-        return ("error", op[1], f"{type(error).__name__}: {error}", t_launch, (), None)
+        """The item of an operation whose issue raised ``error`` (JAX's NaN/Inf check error
+        becomes the ``FloatingPointError`` ``jax.jit`` raises, as on the local backend)."""
+        if op[0] == "run":
+            from ...runtime.errors import launch_error
+
+            error = launch_error(error, op[8] if len(op) > 8 else op[2])
+        return ("error", op[1], error_fields(error), t_launch, (), None)
 
     # --- seeing issued work end --------------------------------------------------------------
     def complete(self, item: tuple) -> dict:
@@ -166,8 +232,7 @@ class IslandDevices:
             else:
                 self.jax.block_until_ready(value)
         except Exception as e:  # noqa: BLE001 - the record carries it to the controller
-            record |= {"ok": False, "error": str(e) if isinstance(e, Failed)
-                       else f"{type(e).__name__}: {e}"}
+            record |= {"ok": False} | (e.fields if isinstance(e, Failed) else error_fields(e))
         t_end = now()
         # A computation starts when it was issued, or when its devices finished the work
         # issued before it, whichever is later.

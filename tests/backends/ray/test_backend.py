@@ -247,8 +247,12 @@ def test_a_lost_island_fails_its_dependents_and_reattach_restores_it(rctl, expec
     assert rctl._backend.buffers(1) == {}
     assert rctl.status()["islands"][0]["lost"] is True
 
+    island0 = set(rctl.islands[0].device_ids)
+    assert sum(n for d, n in rctl.memory().items() if d.id in island0) > 0  # kept's
     island = rctl.reattach(rctl.islands[0])  # an Island works as well as its id
     assert island.actor is not old and rctl.islands[0].actor is island.actor
+    # what lived on the old process is no longer counted (a budget would wait for it)
+    assert sum(n for d, n in rctl.memory().items() if d.id in island0) == 0, rctl.memory()
     got = run_twice(f)
     for g_, e in zip(got, expected, strict=True):
         np.testing.assert_array_equal(g_, e)

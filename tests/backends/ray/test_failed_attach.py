@@ -1,0 +1,55 @@
+"""A failed first ``%pathways attach ray`` leaves the kernel as it was: JAX not started and its
+host device count unchanged, so the local controller (or another attach) still works. Run in
+a fresh Python process: the test process started JAX long ago."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+SCRIPT = """
+import os
+os.environ["PWKERNEL_ISLANDS"] = "4,4"
+import jax
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from jax._src import xla_bridge
+
+count = jax.config.jax_num_cpu_devices
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "pwkernel")
+try:
+    shell.run_line_magic("pathways", "attach ray --address 127.0.0.1:{port} --islands 3,3")
+except UsageError as e:
+    assert "could not connect" in str(e), e
+else:
+    raise AssertionError("the attach should have failed")
+import ray
+assert not ray.is_initialized()
+assert not xla_bridge.backends_are_initialized(), "a failed attach started JAX"
+assert jax.config.jax_num_cpu_devices == count
+import numpy as np
+import pwkernel as pw
+ctl = pw.controller()  # the kernel's local controller, on PWKERNEL_ISLANDS
+assert ctl.backend == "local" and [len(i.devices) for i in ctl.islands] == [4, 4]
+double = pw.function(lambda x: x * 2, slice=ctl.slice(4, island=1))
+assert double(np.ones(4)).result(60).tolist() == [2.0] * 4
+print("ok")
+"""
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # (closed again: nothing answers there)
+
+
+def test_a_failed_attach_leaves_the_kernel_usable():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT.format(port=_closed_port())],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
