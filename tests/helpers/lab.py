@@ -27,6 +27,38 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-component-update", "--disable-sync"]
 JUPYTER = Path(sys.executable).with_name("jupyter")
 
+#: A notebook cell's source: the paper's Figure 2 program ``fig2`` on the kernel's controller
+#: ``ctl`` (two islands of 2+ devices), plus a consumer ``d`` on a second slice of island 0.
+FIG2_CELL = """\
+import numpy as np
+import pwkernel as pw
+
+ctl = pw.controller()                       # islands from PWKERNEL_ISLANDS=4,4
+s0, s1, s2 = ctl.slice(2, island=0), ctl.slice(2, island=1), ctl.slice(2, island=0)
+a = pw.function(lambda x: x * 2, slice=s0)
+b = pw.function(lambda x: x + 1, slice=s1)
+c = pw.function(lambda x: x / 2, slice=s1)
+d = pw.function(lambda x: x - 1, slice=s2)
+
+@pw.program
+def fig2(v):
+    x = a(v)
+    return b(x), a(c(x)), d(x)
+"""
+
+#: Browser-side: the texts of the Bokeh hover tooltip's values now in the page.
+TOOLTIP_JS = """() => {
+  const found = [];
+  const walk = (root) => {
+    for (const el of root.querySelectorAll("*")) {
+      if (el.shadowRoot) walk(el.shadowRoot);
+      if (el.classList && el.classList.contains("bk-tooltip-row-value")) found.push(el.textContent);
+    }
+  };
+  walk(document);
+  return found;
+}"""
+
 
 @dataclass
 class LabServer:
@@ -186,3 +218,31 @@ def run_code(client, code: str, timeout: float = 60.0) -> str:
     if errors:
         raise AssertionError(f"kernel code failed:\n{code}\n{errors[0][-3000:]}")
     return "".join(out)
+
+
+def hover_tooltip(page, x: float, y: float) -> list[str]:
+    """Move the mouse onto page point ``(x, y)`` until Bokeh's hover tooltip shows (under load
+    a plot may take the first moves before its hover tool listens: up to a minute in all);
+    its values' texts."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(12):
+        page.mouse.move(x - 3, y)
+        page.mouse.move(x, y)
+        try:
+            page.wait_for_function(f"() => ({TOOLTIP_JS})().length > 0", timeout=5000)
+            break
+        except PlaywrightTimeout:
+            continue
+    return [v.strip() for v in page.evaluate(TOOLTIP_JS)]
+
+
+def open_notebook(page, lab: LabServer, notebook: str) -> None:
+    """Open ``notebook`` in JupyterLab, wait for its kernel to be idle, and select its first
+    cell in command mode (ready for Shift+Enter or the Run menu)."""
+    page.set_default_timeout(180_000)
+    page.goto(lab.notebook_url(notebook))
+    page.wait_for_selector(".jp-Notebook .jp-Cell", state="visible")
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()
+    page.click(".jp-Notebook .jp-Cell >> nth=0")
+    page.keyboard.press("Escape")

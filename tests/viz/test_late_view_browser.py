@@ -13,31 +13,20 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.helpers.lab import (
     CHROMIUM,
+    FIG2_CELL,
     chromium_page,
+    hover_tooltip,
     jupyter_lab,
     kernel_client,
+    open_notebook,
     run_code,
     write_notebook,
 )
 
 NOTEBOOK = "late-view.ipynb"
 
-SETUP = """\
-import numpy as np
-import pwkernel as pw
+SETUP = FIG2_CELL + """\
 from IPython.display import display
-
-ctl = pw.controller()
-s0, s1, s2 = ctl.slice(2, island=0), ctl.slice(2, island=1), ctl.slice(2, island=0)
-a = pw.function(lambda x: x * 2, slice=s0)
-b = pw.function(lambda x: x + 1, slice=s1)
-c = pw.function(lambda x: x / 2, slice=s1)
-d = pw.function(lambda x: x - 1, slice=s2)
-
-@pw.program
-def fig2(v):
-    x = a(v)
-    return b(x), a(c(x)), d(x)
 
 def runs(n):
     for i in range(n):
@@ -94,17 +83,6 @@ BAR_XY_JS = """(id) => {
   const box = plot.canvas_view.el.getBoundingClientRect();
   return [box.left + sx, box.top + sy];
 }"""
-TOOLTIP_JS = """() => {
-  const found = [];
-  const walk = (root) => {
-    for (const el of root.querySelectorAll("*")) {
-      if (el.shadowRoot) walk(el.shadowRoot);
-      if (el.classList && el.classList.contains("bk-tooltip-row-value")) found.push(el.textContent);
-    }
-  };
-  walk(document);
-  return found;
-}"""
 
 
 def wait_for_copies(page, source_id, rows, names, at_least, timeout=120.0):
@@ -129,15 +107,7 @@ def hover_newest_bar(page, source_id: str) -> list[str]:
     page.wait_for_function(f"""(id) => {{ try {{ return ({BAR_XY_JS})(id).every(Number.isFinite) }}
                                catch (e) {{ return false }} }}""", arg=source_id)
     x, y = page.evaluate(BAR_XY_JS, source_id)
-    for _ in range(12):  # the plot may take the first moves before its hover tool listens
-        page.mouse.move(x - 3, y)
-        page.mouse.move(x, y)
-        try:
-            page.wait_for_function(f"() => ({TOOLTIP_JS})().length > 0", timeout=5000)
-            break
-        except PlaywrightTimeout:
-            continue
-    return [v.strip() for v in page.evaluate(TOOLTIP_JS)]
+    return hover_tooltip(page, x, y)
 
 
 @pytest.mark.browser
@@ -149,12 +119,7 @@ def test_late_and_repeated_views_show_every_row_and_name(tmp_path):
     with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
         write_notebook(lab.root / NOTEBOOK, [SETUP, LATE, AGAIN, VIZ])
         with chromium_page(tmp_path / "profile") as page:
-            page.set_default_timeout(180_000)
-            page.goto(lab.notebook_url(NOTEBOOK))
-            page.wait_for_selector(".jp-Notebook .jp-Cell", state="visible")
-            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()
-            page.click(".jp-Notebook .jp-Cell >> nth=0")
-            page.keyboard.press("Escape")
+            open_notebook(page, lab, NOTEBOOK)
             page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
             page.get_by_text("Run Selected Cell and All Below", exact=True).click()
             page.wait_for_function("() => /viz cell done/.test(document.body.innerText)")

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 import pwkernel as pw
 from pwkernel.viz.columns import human_bytes, human_rate
-from tests.helpers.lab import CHROMIUM, chromium_page
+from tests.helpers.lab import CHROMIUM, chromium_page, hover_tooltip
 from tests.helpers.programs import make_programs, run
 
 # Page coordinates of the middle of the first computation bar, through BokehJS's views.
@@ -25,17 +24,6 @@ BAR_XY_JS = """(name) => {
   const sy = plot.frame.y_scale.compute(src.get_column("y")[0]);
   const box = plot.canvas_view.el.getBoundingClientRect();
   return [box.left + sx, box.top + sy];
-}"""
-TOOLTIP_JS = """() => {
-  const found = [];
-  const walk = (root) => {
-    for (const el of root.querySelectorAll("*")) {
-      if (el.shadowRoot) walk(el.shadowRoot);
-      if (el.classList && el.classList.contains("bk-tooltip-row-value")) found.push(el.textContent);
-    }
-  };
-  walk(document);
-  return found;
 }"""
 
 
@@ -78,17 +66,7 @@ def _hover(page, path: Path, renderer: str) -> list[str]:
     page.wait_for_function(f"""() => {{ try {{ return ({BAR_XY_JS})("{renderer}")[0] > 0 }}
                                catch (e) {{ return false }} }}""")
     x, y = page.evaluate(BAR_XY_JS, renderer)
-    # (under load the plot may take the first moves before its hover tool listens: move
-    # again until the tooltip shows, for up to a minute in all)
-    for _ in range(12):
-        page.mouse.move(x - 3, y)
-        page.mouse.move(x, y)
-        try:
-            page.wait_for_function(f"() => ({TOOLTIP_JS})().length > 0", timeout=5000)
-            break
-        except PlaywrightTimeout:
-            continue
-    return [v.strip() for v in page.evaluate(TOOLTIP_JS)]
+    return hover_tooltip(page, x, y)
 
 
 DRAWN_JS = """() => {

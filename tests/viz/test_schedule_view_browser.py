@@ -13,31 +13,19 @@ import pytest
 from tests.helpers.doc_images import ARTIFACTS, keep
 from tests.helpers.lab import (
     CHROMIUM,
+    FIG2_CELL,
     chromium_page,
     jupyter_lab,
     kernel_client,
+    open_notebook,
     run_code,
     write_notebook,
 )
 
 NOTEBOOK = "live-schedule.ipynb"
 
-SETUP = """\
+SETUP = FIG2_CELL + """\
 import pathlib
-import numpy as np
-import pwkernel as pw
-
-ctl = pw.controller()                       # islands from PWKERNEL_ISLANDS=4,4
-s0, s1, s2 = ctl.slice(2, island=0), ctl.slice(2, island=1), ctl.slice(2, island=0)
-a = pw.function(lambda x: x * 2, slice=s0)
-b = pw.function(lambda x: x + 1, slice=s1)
-c = pw.function(lambda x: x / 2, slice=s1)
-d = pw.function(lambda x: x - 1, slice=s2)
-
-@pw.program
-def fig2(v):
-    x = a(v)
-    return b(x), a(c(x)), d(x)
 
 with ctl.client("alice"):
     pass
@@ -123,16 +111,10 @@ def test_schedule_view_streams_live_in_jupyterlab(tmp_path):
     with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
         write_notebook(lab.root / NOTEBOOK, [SETUP, LOOP, FLUSH])
         with chromium_page(tmp_path / "profile") as page:
-            page.set_default_timeout(180_000)
-            page.goto(lab.notebook_url(NOTEBOOK))
-            page.wait_for_selector(".jp-Notebook .jp-Cell", state="visible")
-            # The kernel is up when the status bar says so; then run every cell.
-            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()
             # The view's cell first; the programs once the page has drawn the plot (what is
             # streamed before that reaches the page only when the kernel is next idle: see
             # docs/live-views.md, "What the page gets").
-            page.click(".jp-Notebook .jp-Cell >> nth=0")
-            page.keyboard.press("Escape")
+            open_notebook(page, lab, NOTEBOOK)
             page.keyboard.press("Shift+Enter")
             page.wait_for_function(f"({ROWS_JS})() >= 0")
             page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
