@@ -134,7 +134,7 @@ class Controller:
             record_into(self.trace)
         # (freed memory is given back to the islands' schedulers only under a budget)
         self.store = ObjectStore(None if memory_budget is None else self._on_free,
-                                 self._backend.fetch)
+                                 self._backend.fetch, getattr(self._backend, "failure", None))
         self._dispatcher = Dispatcher(self._backend, self.store, self.trace, mode, policy,
                                       memory_budget)
         self._policy = policy

@@ -36,6 +36,10 @@ Optional members, looked up by the runtime with ``getattr``:
 
 - ``expedite(task, timeout)``: a thread is about to wait for ``task``'s outputs;
 - ``submitted(run)``: a program run was just submitted (before any of its tasks launch);
+- ``failure(value) -> BaseException | None``: the error a value holds that its launch's end
+  did not report (the local backend reports a launch ready at once without waiting on it; one
+  that failed while it ran keeps its error in its outputs): ``fut.result()`` raises it and
+  ``fut.exception()`` returns it;
 - ``virtual = True``: time is a virtual clock that moves only while someone waits (the
   simulator): the runtime then does a sequential run's host-side work in the thread that
   causes it (no dispatcher thread), calls ``expedite`` for any task not yet ended, and
@@ -150,7 +154,8 @@ class Executor(Protocol):
         """Wait for what runs, then free every thread, process and buffer."""
 
     # Optional, looked up with getattr (see the module docstring): expedite(task, timeout),
-    # submitted(run), virtual and settle(predicate, timeout), compile(spec) -> Executable
+    # submitted(run), failure(value), virtual and settle(predicate, timeout),
+    # compile(spec) -> Executable
     # (a runtime.specialization.Specialization in, a runtime.executable.Executable out), and
     # check_hint(name, hint).
 

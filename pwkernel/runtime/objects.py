@@ -176,11 +176,16 @@ class Future(ArrayOnDemand):
             return buf.value
         if buf is None:  # donated before its computation ended: the store never counted it,
             return self._launched  # and the value is the deleted array jax.jit leaves
+        error = self._store.failure(buf)
+        if error is not None:
+            raise error
         return self._store.fetch(self, buf)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self.wait(timeout):
             raise TimeoutError(f"future {self.name or ''} not ready after {timeout} s")
+        if self._error is None and self._store is not None and self._buffer is not None:
+            return self._store.failure(self._buffer)  # (one its end did not report)
         return self._error
 
     def add_done_callback(self, fn: Callable[[Future], None]) -> None:

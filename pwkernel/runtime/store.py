@@ -94,8 +94,10 @@ class ObjectStore:
     """
 
     def __init__(self, on_free: Callable[[BufferRecord], None] | None = None,
-                 fetch: Callable[[Any, Any], Any] | None = None):
+                 fetch: Callable[[Any, Any], Any] | None = None,
+                 failure: Callable[[Any], BaseException | None] | None = None):
         self._fetch = fetch
+        self._failure = failure
         self._held: dict[int, _Held] = {}  # key -> entry, until its memory is given back
         # Reentrant: a garbage collection inside a locked section may free on this thread
         # (so readers iterate over a copy of the entries).
@@ -160,6 +162,15 @@ class ObjectStore:
                 return local  # a copy: the store may still free the original
         held.exported = True
         return value
+
+    def failure(self, held: _Held) -> BaseException | None:
+        """The error a value holds that its computation's end did not report (the backend's
+        ``failure``: a local launch that failed while it ran and was seen ready at once);
+        None when there is none, or the backend keeps no such errors."""
+        value = held.value
+        if self._failure is None or value is None:
+            return None
+        return self._failure(value)
 
     def _dropped(self, held: _Held) -> None:
         """A future went: free its buffer (run wherever Python collects it, so an interrupt

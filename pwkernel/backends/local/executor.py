@@ -117,9 +117,10 @@ class LocalBackend(NoGroup):
         # launched before it here is still watched).
         if node.asynchronous and (watcher is None or not watcher.outstanding
                                   or watcher.help()) and _ready(outs):
-            # ready is not succeeded: an error raised while it ran (XLA's out of memory, ...)
-            # is read from the fence; else a host callback's exception
-            _observe(task, outs, None, _now())
+            # (an error raised while it ran, XLA's out of memory, ...: its outputs are ready
+            # and hold it; reading them raises it, and so do its futures: ``failure``.
+            # Asking the fence here would cost every launch a wait, and the GIL with it.)
+            task.completed(_now(), failure(outs), outs)  # (a host callback's exception)
             return
         site.watch(task, outs, None)  # queued before any consumer can be launched behind it
         task.launched(outs)
@@ -188,6 +189,18 @@ class LocalBackend(NoGroup):
     # --- the rest of the interface ---------------------------------------------------------
     def fetch(self, value, sharding) -> Any:
         return value
+
+    @staticmethod
+    def failure(value) -> BaseException | None:
+        """The error ``value`` holds if the launch that made it failed while it ran (seen
+        ready at once, its end reported no error): XLA keeps it in the outputs."""
+        if getattr(value, "is_deleted", None) is None or value.is_deleted():
+            return None  # (not an array, or donated since: nothing to ask)
+        try:
+            value.block_until_ready()
+        except Exception as e:  # noqa: BLE001 - the value's own error, handed to its future
+            return e
+        return None
 
     def status(self, island: int) -> IslandFacts:
         return IslandFacts()
