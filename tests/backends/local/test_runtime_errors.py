@@ -52,7 +52,9 @@ def test_a_run_time_failure_fails_what_reads_it_in_a_program(ctl):
         return y, g(y)
 
     y, z = prog(np.ones(1, np.float32))
+    # (``z``'s copy of ``y`` fails with XLA's own wording of the same error when ``y`` was
+    # seen ready at once, its error read only from its outputs)
     for fut in (y, z):
-        with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
+        with pytest.raises(jax.errors.JaxRuntimeError, match="Out of memory allocating"):
             fut.result(TIMEOUT)
     assert y.run.wait(TIMEOUT)
