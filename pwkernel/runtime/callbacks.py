@@ -162,7 +162,7 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
         compiled = traced.lower().compile()
         # int4/uint4 inputs: the compiled call wants them packed and JAX places them
         # unpacked; jax.jit's own call takes them (the same computation, its own cache)
-        return compiled, FencedCall(plain if _sub_byte(structs) else compiled)
+        return compiled, FencedCall(plain if sub_byte(structs) else compiled)
 
     def guarded(*args):
         *leaves, tok = args
@@ -174,11 +174,13 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
                      donate_argnums=donate)
     compiled = jitted.lower(*structs, jax.ShapeDtypeStruct((), np.uint32, sharding=token)
                             ).compile()
-    return compiled, GuardedCall(jitted if _sub_byte(structs) else compiled, token)
+    return compiled, GuardedCall(jitted if sub_byte(structs) else compiled, token)
 
 
-def _sub_byte(structs: Sequence[jax.ShapeDtypeStruct]) -> bool:
-    """Whether an input has elements narrower than a byte (``int4``, ``uint4``, ...)."""
+def sub_byte(structs: Sequence[jax.ShapeDtypeStruct]) -> bool:
+    """Whether an input has elements narrower than a byte (``int4``, ``uint4``, ...): XLA's
+    compiled call wants those packed, and JAX places them unpacked; ``jax.jit``'s own call
+    takes them (here, and on Ray islands)."""
     return any(jax.dtypes.itemsize_bits(s.dtype) < 8 for s in structs
                if not jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key))
 

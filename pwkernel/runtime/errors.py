@@ -95,3 +95,20 @@ def launch_error(e: BaseException, name: str) -> BaseException:
         f"invalid value ({getattr(e, 'ty', 'nan')}) encountered in {name} (jax_debug_nans / "
         "jax_debug_infs is on). To find the operation, call the function with "
         "jax.disable_jit() on the same inputs.")
+
+
+def deleted_input(what: str, shape: str = "") -> PathwaysError:
+    """What reading a buffer an earlier donating call consumed raises, on every backend: a
+    ``ProgramError`` that is also the ``RuntimeError`` ("Array has been deleted") ``jax.jit``
+    raises; ``what`` says which value and who has it, ``shape`` its type (``float32[4]``)."""
+    return retyped(ProgramError(
+        f"Array has been deleted{f' with shape={shape}' if shape else ''}: {what}. Use that "
+        "call's result, or pass each donating call its own copy (jnp.copy(x))."), RuntimeError)
+
+
+def donated_and_read(name: str, i: int) -> PathwaysError:
+    """What a call of ``name`` that donates its input ``i`` and also reads it raises."""
+    return retyped(ProgramError(
+        f"{name} donates input {i} and also reads the same array as another input: a "
+        "computation cannot be given a buffer it still reads. Pass a copy (jnp.copy(x)) as "
+        "one of them, or donate neither."), RuntimeError)

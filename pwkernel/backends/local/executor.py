@@ -34,7 +34,7 @@ from typing import Any
 import jax
 
 from ...runtime.callbacks import failure
-from ...runtime.errors import ProgramError, launch_error, retyped
+from ...runtime.errors import deleted_input, donated_and_read, launch_error
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
@@ -244,17 +244,12 @@ def _unusable(node, inputs: list) -> BaseException | None:
     for i, value in enumerate(inputs) if gone else ():
         is_deleted = getattr(value, "is_deleted", None)
         if is_deleted is not None and is_deleted():
-            return retyped(ProgramError(
-                f"Array has been deleted with shape={value.aval.str_short()}: input {i} of "
-                f"{node.name} was given to an earlier call that donates it, which now owns "
-                "its buffer (or it was deleted). Use that call's result, or pass each "
-                "donating call its own copy (jnp.copy(x))."), RuntimeError)
+            return deleted_input(
+                f"input {i} of {node.name} was given to an earlier call that donates it, "
+                "which now owns its buffer (or it was deleted)", value.aval.str_short())
     for i in node.exe.donated:
         if sum(v is inputs[i] for v in inputs) > 1:
-            return retyped(ProgramError(
-                f"{node.name} donates input {i} and also reads the same array as another "
-                "input: a computation cannot be given a buffer it still reads. Pass a copy "
-                "(jnp.copy(x)) as one of them, or donate neither."), RuntimeError)
+            return donated_and_read(node.name, i)
     return None
 
 

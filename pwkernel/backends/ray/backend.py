@@ -35,7 +35,7 @@ from typing import Any
 import jax
 
 from ...runtime import callbacks
-from ...runtime.errors import DeviceSetupError
+from ...runtime.errors import DeviceSetupError, deleted_input
 from ...runtime.executor import IslandFacts
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.specialization import jitted
@@ -44,7 +44,7 @@ from ..local import request_host_devices
 from . import attach, cluster, others
 from .cluster import IslandHost
 from .hostvalues import to_host
-from .island import RaySite, RemoteBuffer, donated_error, host_lost, layout
+from .island import RaySite, RemoteBuffer, host_lost, layout
 from .ops import jax_settings
 
 
@@ -271,8 +271,8 @@ class RayBackend:
                 if not value.alive:
                     raise value.lost_error()
                 if value.donated is not None:
-                    raise donated_error(f"it was given to {value.donated}, which donates it, "
-                                        "before this copy of it")
+                    raise deleted_input(f"it was given to {value.donated}, which donates it "
+                                        "and now owns its buffer, before this copy of it")
                 if value.host is dst:  # inside the island: reshard there
                     site.enqueue(("reshard", value.bid, handle.bid, lay), task, [handle])
                 else:  # island to island: the source pushes the value to the destination

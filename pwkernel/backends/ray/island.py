@@ -24,7 +24,7 @@ import time
 import numpy as np
 import ray
 
-from ...runtime.errors import CancelledError, IslandLostError, ProgramError, retyped
+from ...runtime.errors import CancelledError, IslandLostError, deleted_input, donated_and_read
 from ...runtime.tasks import Task
 from .cluster import IslandHost
 from .hostvalues import from_host, to_host
@@ -63,8 +63,8 @@ class RemoteBuffer:
             if not self.alive:
                 raise self.lost_error()
             if self.donated is not None:
-                raise donated_error(f"this value was given to {self.donated}, which "
-                                    "donates it")
+                raise deleted_input(f"this value was given to {self.donated}, which "
+                                    "donates it and now owns its buffer")
             try:
                 value = ray.get(self.host.actor.fetch.remote(self.bid))
             except ray.exceptions.RayActorError:
@@ -86,15 +86,6 @@ def layout(sharding, island) -> tuple:
     index = {d.id: i for i, d in enumerate(island.devices)}
     positions = tuple(index[d.id] for d in mesh.devices.flat)
     return positions, tuple(mesh.devices.shape), tuple(mesh.axis_names), sharding.spec
-
-
-def donated_error(what: str, shape: str = "") -> ProgramError:
-    """What reading a donated buffer raises, as on the local backend (where it is a deleted
-    ``jax.Array``): a ``ProgramError`` that is also the ``RuntimeError`` JAX raises."""
-    return retyped(ProgramError(
-        f"Array has been deleted{f' with shape={shape}' if shape else ''}: {what} (it now "
-        "owns its buffer). Use that call's result, or pass each donating call its own copy "
-        "(jnp.copy(x))."), RuntimeError)
 
 
 def _short(struct) -> str:
@@ -149,15 +140,12 @@ def unusable(task: Task) -> BaseException | None:
         return None
     for i, value in enumerate(inputs):
         if isinstance(value, RemoteBuffer) and value.donated is not None:
-            return donated_error(
+            return deleted_input(
                 f"input {i} of {node.name} was given to an earlier call that donates it "
-                f"({value.donated})", _short(node.exe.structs[i]))
+                f"({value.donated}), which now owns its buffer", _short(node.exe.structs[i]))
     for i in donated:
         if isinstance(inputs[i], RemoteBuffer) and sum(v is inputs[i] for v in inputs) > 1:
-            return retyped(ProgramError(
-                f"{node.name} donates input {i} and also reads the same array as another "
-                "input: a computation cannot be given a buffer it still reads. Pass a copy "
-                "(jnp.copy(x)) as one of them, or donate neither."), RuntimeError)
+            return donated_and_read(node.name, i)
     for i in donated:
         if isinstance(inputs[i], RemoteBuffer):
             inputs[i].donated = node.name

@@ -141,10 +141,9 @@ class IslandDevices:
         jitted = jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh,
                          donate_argnums=tuple(donated))
         exe = jitted.lower(*structs).compile()
-        if any(jax.dtypes.itemsize_bits(a.dtype) < 8 for a in exported.in_avals
-               if not jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key)):
-            # int4/uint4 (sub-byte) inputs: the compiled call wants them packed, and JAX
-            # places host arrays unpacked; jax.jit's own call takes them (same executable)
+        from ...runtime.callbacks import sub_byte
+
+        if sub_byte(exported.in_avals):  # (int4/uint4 inputs: jax.jit's own call)
             exe = jitted
         executables[key] = exe
         return exe
