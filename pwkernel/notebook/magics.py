@@ -66,6 +66,7 @@ class PathwaysMagics(Magics):
         super().__init__(shell)
         self.state = state
         self._submitted = 0  # programs the cells submitted (a split cell may submit none)
+        self._read_arrays = False  # a plain statement of this cell read an array
 
     @property
     def ctl(self):
@@ -217,8 +218,9 @@ class PathwaysMagics(Magics):
         except SyntaxError:
             parts = [segments.Segment(True, 1, len(body.splitlines()))]  # analyse() says why
         if len(parts) == 1 and parts[0].program:
-            return self._run_program(a, body, name, filename, ctl, vs, temporary, True)
-        value, submitted = None, self._submitted
+            value = self._run_program(a, body, name, filename, ctl, vs, temporary, True)
+            return None if segments.quiet(body) else value
+        value, submitted, self._read_arrays = None, self._submitted, False
         for k, part in enumerate(parts):
             last = k == len(parts) - 1
             text = part.source(body)
@@ -227,18 +229,20 @@ class PathwaysMagics(Magics):
                                           last, quiet=True)
             else:
                 value = self._run_plain(text, filename, vs, last)
-        if self._submitted == submitted:
+        if self._submitted == submitted and not self._read_arrays:
             print(f"({name}: no array work in this cell; it ran as plain Python)")
-        return value
+        return None if segments.quiet(body) else value
 
     def _run_plain(self, text: str, filename: str, vs, last: bool):
         __tracebackhide__ = True
         try:
-            return segments.run_plain(text, self.shell.user_ns, filename, 1, vs, last)
+            value, arrays = segments.run_plain(text, self.shell.user_ns, filename, 1, vs, last)
         except (UsageError, KeyboardInterrupt):
             raise
         except Exception as e:
             raise cells.user_error(e, filename) from None
+        self._read_arrays = self._read_arrays or arrays
+        return value
 
     def _run_program(self, a, body: str, name: str, filename: str, ctl, vs, temporary,
                      last: bool, quiet: bool = False):

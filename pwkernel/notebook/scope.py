@@ -41,13 +41,16 @@ class CellScope(dict):
         self.deleted: set[str] = set()
 
     def __missing__(self, key: str) -> Any:
+        if key in self.deleted:  # ``del x`` then ``x``: unbound, as in Python (NameError)
+            raise KeyError(key)
         return self.user_ns[key]
 
     def get(self, key: str, default: Any = None) -> Any:  # (``globals().get(name)``)
         return self[key] if key in self else default
 
     def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or key in self.user_ns
+        return dict.__contains__(self, key) or (key not in self.deleted
+                                                and key in self.user_ns)
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.written.add(key)
@@ -57,7 +60,7 @@ class CellScope(dict):
     def __delitem__(self, key: str) -> None:
         if dict.__contains__(self, key):
             dict.__delitem__(self, key)
-        elif key not in self.user_ns:
+        elif key in self.deleted or key not in self.user_ns:
             raise KeyError(key)
         self.deleted.add(key)
 
@@ -76,6 +79,7 @@ class CellScope(dict):
         return out
 
     def close(self) -> None:
+        self.deleted.clear()  # (what the cell deleted is the notebook's business now)
         for key in list(self):
             if key not in self.helpers and key != "__builtins__":
                 dict.__delitem__(self, key)

@@ -7,9 +7,10 @@ is split at its top-level statements:
 
 - runs of statements that only build array work stay ONE program each, on the cell's slice;
 - a statement whose Python needs a value runs as plain Python under ``jax.set_mesh(slice)``,
-  exactly as the same cell runs without the magic. The futures it reads are replaced by their
-  values first (the wait happens there, where Python needs the value, as JAX's own
-  asynchronous dispatch waits on ``float(x)``); the arrays it makes stay on the slice's devices.
+  exactly as the same cell runs without the magic. The futures it reads are lent to it as their
+  values (the wait happens there, where Python needs the value, as JAX's own asynchronous
+  dispatch waits on ``float(x)``), and the notebook's names hold the same objects after it
+  (``run_plain``); the arrays it makes stay on the slice's devices.
   On a simulated controller (``backend="sim"``) the futures stay futures: their shapes, dtypes
   and shardings serve the statement, and only reading a value raises ``pw.NoValueError``.
 
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import tokenize
 from typing import Any
 
 import jax
+from IPython.core.displayhook import DisplayHook
 
 from ..runtime.errors import NeedsValueError, NoValueError
 from ..runtime.objects import Future
@@ -111,6 +114,14 @@ def segments(body: str) -> list[Segment]:
     return out or [Segment(True, 1, 1)]
 
 
+def quiet(body: str) -> bool:
+    """The cell ends in ``;``: its value is not shown (IPython's rule for a cell)."""
+    try:
+        return DisplayHook.semicolon_at_end_of_expression(body)
+    except (SyntaxError, tokenize.TokenError):
+        return False
+
+
 def needs_value(error: BaseException) -> bool:
     """``error`` (or what it wraps) says the traced Python needed a concrete value."""
     seen = 0
@@ -138,24 +149,77 @@ def _values(tree: Any) -> Any:
 
 
 def run_plain(source: str, user_ns: dict[str, Any], filename: str, line_offset: int, vs,
-              want_value: bool) -> Any:
-    """Run ``source`` as plain Python under the slice's mesh, the futures it reads replaced by
-    their values in the user's namespace; returns its last expression's value if asked."""
+              want_value: bool) -> tuple[Any, bool]:
+    """Run ``source`` as plain Python under the slice's mesh, the futures it reads lent to it
+    as their values; returns its last expression's value if asked, and whether it read any
+    array (a future or a ``jax.Array``).
+
+    The notebook's objects stay the notebook's: a name holding a future, or a pytree of them,
+    reads as its value during the statement and holds what it held once the statement is over
+    (unless the statement rebound it, or changed the stand-in in place, which then stays:
+    what it did is the user's). A container the statement changes in place (``losses.append``,
+    ``state["step"] = 1``) is not lent at all: its futures give their values on demand."""
     tree = ast.parse(source)
     ast.increment_lineno(tree, line_offset)
     last = None
     if want_value and tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     # the names it may read before it binds them (``y = float(x)`` reads x only)
-    loaded = reads_before_binding(ast.Module(
-        body=tree.body + ([ast.Expr(last.body)] if last is not None else []), type_ignores=[]))
-    for name in loaded:
+    module = ast.Module(
+        body=tree.body + ([ast.Expr(last.body)] if last is not None else []), type_ignores=[])
+    changed = _changed_in_place(module)
+    lent, arrays = [], False
+    for name in reads_before_binding(module):
         value = user_ns.get(name)
-        if value is not None and any(isinstance(x, Future)
-                                     for x in jax.tree_util.tree_leaves(value)):
-            user_ns[name] = _values(value)
-    with ambient_mesh(vs):
-        exec(compile(tree, filename, "exec"), user_ns)  # noqa: S102 - the user's own cell
-        if last is not None:
-            return eval(compile(last, filename, "eval"), user_ns)  # noqa: S307
-    return None
+        leaves = jax.tree_util.tree_leaves(value) if value is not None else ()
+        if not any(isinstance(x, Future | jax.Array) for x in leaves):
+            continue
+        arrays = True
+        if not any(isinstance(x, Future) for x in leaves) or (
+                name in changed and not isinstance(value, Future)):
+            continue
+        stand_in = _values(value)
+        if stand_in is not value:
+            user_ns[name] = stand_in
+            lent.append((name, value, stand_in, jax.tree_util.tree_flatten(stand_in)))
+    try:
+        with ambient_mesh(vs):
+            exec(compile(tree, filename, "exec"), user_ns)  # noqa: S102 - the user's own cell
+            if last is not None:
+                return eval(compile(last, filename, "eval"), user_ns), arrays  # noqa: S307
+        return None, arrays
+    finally:
+        for name, value, stand_in, (leaves, treedef) in lent:
+            if user_ns.get(name) is stand_in and _same(stand_in, leaves, treedef):
+                user_ns[name] = value
+
+
+def _same(tree: Any, leaves: list, treedef) -> bool:
+    """``tree`` still has the structure and leaves (by identity) it had."""
+    now, now_def = jax.tree_util.tree_flatten(tree)
+    return now_def == treedef and all(a is b for a, b in zip(now, leaves, strict=True))
+
+
+_CHANGERS = _MUTATORS | {"pop", "popitem", "remove", "discard", "clear", "sort", "reverse",
+                         "__setitem__", "__delitem__"}
+
+
+def _changed_in_place(tree: ast.AST) -> set[str]:
+    """Names whose objects ``tree`` changes in place: ``n[k] = v``, ``n.a = v``, ``del n[k]``,
+    ``n[k] += v``, ``n.append(v)`` and the other methods that change a list, dict or set."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in _CHANGERS):
+            targets = [node.func]
+        for t in targets:
+            while isinstance(t, ast.Subscript | ast.Attribute):
+                t = t.value
+                if isinstance(t, ast.Name):
+                    out.add(t.id)
+    return out

@@ -137,3 +137,43 @@ def test_an_error_in_a_cell_with_a_key_is_the_users_error(nb):
     assert "data type" not in str(info.value)
     key = nb.user_ns["key"]
     assert jax.random.key_data(key.result() if isinstance(key, pw.Future) else key).shape == (2,)
+
+
+def test_a_deleted_name_is_unbound_for_the_rest_of_the_cell(nb):
+    run(nb, "%%pathways --slice s\na = jnp.arange(4.0)\n")
+    run(nb, "n = 5")
+    for body in ("del a\nb = a + 1\n", "del n\nm = n + 1\n", "del n\ndel n\n"):
+        with pytest.raises(NameError, match="name '[an]' is not defined"):
+            run(nb, f"%%pathways --slice s\n{body}")
+    assert "b" not in nb.user_ns and "m" not in nb.user_ns
+    assert float(nb.user_ns["a"][1]) == 1.0 and nb.user_ns["n"] == 5  # nothing bound
+    run(nb, "%%pathways --slice s\ndel n\nn = 7\nc = a * n\n")  # bound again: read again
+    assert nb.user_ns["n"] == 7 and float(nb.user_ns["c"][1]) == 7.0
+
+
+def test_a_statement_that_needs_a_value_leaves_the_notebooks_objects_alone(nb, capsys):
+    run(nb, "%%pathways --slice s\nw = jnp.ones(3)\nloss = w.sum()\n")
+    run(nb, "losses = [loss]\nhistory = losses\nstate = {'w': w, 'step': 0}\n"
+            "trainer_state = state")
+    capsys.readouterr()
+    run(nb, "%%pathways --slice s\nprint(losses[-1], state['w'], float(loss))\n")
+    out = capsys.readouterr().out
+    assert "3.0 [1. 1. 1.] 3.0" in out and "no array work" not in out
+    assert nb.user_ns["losses"] is nb.user_ns["history"]
+    assert nb.user_ns["state"] is nb.user_ns["trainer_state"]
+    assert isinstance(nb.user_ns["loss"], pw.Future)
+    assert isinstance(nb.user_ns["state"]["w"], pw.Future)
+    # changed in place by the statement: the notebook's own object, its futures read on demand
+    run(nb, "%%pathways --slice s\nhistory.append(float(loss))\nstate['step'] = int(loss)\n")
+    assert nb.user_ns["losses"] == nb.user_ns["history"] and len(nb.user_ns["losses"]) == 2
+    assert nb.user_ns["trainer_state"]["step"] == 3
+    # rebound by the statement: what it bound stays
+    run(nb, "%%pathways --slice s\nloss = float(loss)\n")
+    assert nb.user_ns["loss"] == 3.0
+
+
+def test_a_cell_ending_in_a_semicolon_shows_nothing(nb):
+    assert run(nb, "%%pathways --slice s\nq = jnp.ones(2)\nq;\n") is None
+    assert run(nb, "%%pathways --slice s\nprint(float(q.sum()))\nq;  # quiet\n") is None
+    assert run(nb, "%%pathways --slice s\nq\n") is nb.user_ns["q"]
+    assert run(nb, "%%pathways --slice s\nr = 1;\nr\n") == 1
