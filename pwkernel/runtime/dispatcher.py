@@ -395,7 +395,9 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
     peek = False  # the group's producer has launched: its values exist (maybe computing)
     for slot, leaf in zip(plan.inputs, leaves, strict=True):
         if not isinstance(leaf, Future):
-            values[slot] = leaf if isinstance(leaf, jax.Array) else np.asarray(
+            # a host value is read now, as ``jax.jit`` reads it during the call: a copy (the
+            # caller may refill its buffer before the upload runs)
+            values[slot] = leaf if isinstance(leaf, jax.Array) else np.array(
                 leaf, graph.values[slot].dtype)
             t_done[slot] = 0.0
             made_by = None

@@ -49,17 +49,19 @@ class _Hold:
     def __init__(self, raise_at_exit: bool):
         self._raise = raise_at_exit
 
-    def __enter__(self) -> None:
-        if _ident() == _MAIN:
+    # (what they use is bound as defaults: a future dropped while the interpreter exits runs
+    # these after the module's globals are gone)
+    def __enter__(self, _ident=_ident, _main=_MAIN, _state=_state) -> None:
+        if _ident() == _main:
             _state.depth += 1
 
-    def __exit__(self, *_exc) -> bool:
-        if _ident() == _MAIN:
-            state = _state
-            state.depth -= 1
-            if state.pending and not state.depth and self._raise:
-                state.pending = False
-                _thread.interrupt_main()  # raised by the handler at the next bytecode
+    def __exit__(self, *_exc, _ident=_ident, _main=_MAIN, _state=_state,
+                 _interrupt=_thread.interrupt_main) -> bool:
+        if _ident() == _main:
+            _state.depth -= 1
+            if _state.pending and not _state.depth and self._raise:
+                _state.pending = False
+                _interrupt()  # raised by the handler at the next bytecode
         return False
 
 

@@ -325,6 +325,8 @@ def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
                            "functions take arrays, scalars and pytrees of them. Maybe you want "
                            "static_argnums=... (or static_argnames=...) for that argument.")
     arr = canonical(arr)
+    if isinstance(leaf, np.ndarray) and np.may_share_memory(arr, leaf):
+        arr = arr.copy()  # the constant is what it was at trace time, as under ``jax.jit``
     spec = graph.new_value(arr.shape, arr.dtype, weak=is_weak(leaf))
     graph.consts[spec.id] = arr
     return spec.id

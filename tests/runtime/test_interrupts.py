@@ -11,6 +11,7 @@ from __future__ import annotations
 import _thread
 import gc
 import signal
+import subprocess
 import sys
 
 import jax.numpy as jnp
@@ -114,3 +115,16 @@ def test_the_handler_replaces_only_pythons_default(handler):
         _thread.interrupt_main()
         for _ in range(10):
             pass
+
+
+def test_futures_alive_at_interpreter_exit_go_quietly():
+    """A script that ends holding futures of a closed controller exits without "Exception
+    ignored" noise (their frees run after the modules' globals are gone)."""
+    script = ("import jax\njax.config.update('jax_num_cpu_devices', 8)\n"
+              "import numpy as np, pwkernel as pw\nctl = pw.Controller(islands=(4, 4))\n"
+              "y = pw.function(lambda a: a + 1, slice=ctl.slice(2, island=0))(np.arange(4.0))\n"
+              "print(y.result())\nctl.close()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert "[1. 2. 3. 4.]" in done.stdout
+    assert done.stderr.strip() == "", done.stderr

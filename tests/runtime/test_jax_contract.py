@@ -453,3 +453,35 @@ def test_sub_byte_integers_as_jax_jit_takes_them(ctl, dtype):
     assert y.dtype == dtype
     np.testing.assert_array_equal(np.asarray(widen(y).result(60)),
                                   np.asarray(jax.jit(inc)(x)).astype(np.int8) * 2)
+
+
+@pytest.mark.parametrize("dispatch", ["sequential", "parallel"])
+def test_a_host_argument_is_read_when_the_call_is_made(ctl, dispatch):
+    """jax.jit reads a NumPy argument during the call: refilling the buffer afterwards (a data
+    loader reusing its batch) changes nothing, even while the call waits on its inputs; so
+    does a NumPy constant a program captured, between two calls of its cached trace."""
+    s = ctl.slice(1)
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(gate(entered, release), slice=s)
+    add = pw.function(lambda a, b: a + b, slice=s)
+
+    @pw.program
+    def prog(v, w):
+        return add(held(v), w)
+
+    batch = np.ones(4, np.float32)
+    direct = add(held(np.zeros(4, np.float32)), batch, dispatch=dispatch)
+    via_program = prog(np.zeros(4, np.float32), batch, dispatch=dispatch)
+    batch[:] = 100.0  # both wait for the gate: nothing has been uploaded on their behalf yet
+    release.set()
+    assert direct.result(60).tolist() == via_program.result(60).tolist() == [1.0] * 4
+
+    bias = np.ones(4, np.float32)
+
+    @pw.program
+    def shifted(v):
+        return add(v, bias)
+
+    assert shifted(np.zeros(4, np.float32)).result(60).tolist() == [1.0] * 4
+    bias[:] = 100.0
+    assert shifted(np.zeros(4, np.float32)).result(60).tolist() == [1.0] * 4
