@@ -45,8 +45,9 @@ class Arguments:
             name, "donate", donate_argnums, donate_argnames, params)
         both = self.static_nums & self.donate_nums
         if both:
-            raise ProgramError(f"{name}: argument {min(both)} is both static and donated; a "
-                               "static argument is not an array, so it cannot be donated.")
+            raise retyped(ProgramError(
+                f"{name}: argument {min(both)} is both static and donated; a static argument "
+                "is not an array, so it cannot be donated."), ValueError)  # (as jax.jit)
 
     def pop_dispatch(self, kwargs: dict) -> str | None:
         """A call's ``dispatch=`` (this call's dispatch mode), taken out of ``kwargs``; None
@@ -69,10 +70,19 @@ class Arguments:
             hash(key)
         except TypeError:
             bad = next(v for _, v in spos + skw if not _hashable(v))
-            raise ProgramError(
+            raise retyped(ProgramError(
                 f"{self.name}: a static argument must be hashable (it is part of the "
                 f"compilation key, as in jax.jit), got a {type(bad).__name__}. Maybe you want "
-                "a tuple instead of a list, or to pass it as an array argument.") from None
+                "a tuple instead of a list, or to pass it as an array argument."),
+                ValueError) from None
+        for _, v in spos + skw:
+            if isinstance(v, _ARRAYS):  # (a future hashes by identity: it would compile
+                raise retyped(ProgramError(  # and be kept once per future)
+                    f"{self.name}: a static argument must be a Python value known when the "
+                    f"call is made, got a {type(v).__name__} (an array's value is not part "
+                    "of the compilation key, as in jax.jit). Pass it as an array argument, "
+                    "or its value (float(x), tuple(x.tolist())) as the static one."),
+                    ValueError)
         return dyn, dkw, key
 
     def rebuild(self, dyn: Sequence, kwargs: dict, key: tuple) -> tuple[list, dict]:
@@ -101,6 +111,9 @@ class Arguments:
                 out.extend(range(at, at + n))
             at += n
         return tuple(out)
+
+
+_ARRAYS = (Future, jax.Array)  # never static (only a future is hashable; by identity)
 
 
 def _hashable(v) -> bool:

@@ -485,3 +485,26 @@ def test_a_host_argument_is_read_when_the_call_is_made(ctl, dispatch):
     assert shifted(np.zeros(4, np.float32)).result(60).tolist() == [1.0] * 4
     bias[:] = 100.0
     assert shifted(np.zeros(4, np.float32)).result(60).tolist() == [1.0] * 4
+
+
+def test_bad_static_arguments_raise_what_jax_jit_raises(ctl):
+    """An unhashable static, an array given as a static (a future hashes by identity: it would
+    compile, and be kept, once per future) and an argument both static and donated are
+    ValueErrors, as under jax.jit; nothing is compiled or kept for them."""
+    s = ctl.slice(2)
+    scale = lambda x, n: x * n  # noqa: E731
+    f, jf = pw.function(scale, slice=s, static_argnums=1), jax.jit(scale, static_argnums=1)
+    x = jnp.arange(4.0)
+    total = pw.function(lambda v: v.sum(), slice=s)(x)
+    for bad in ([1, 2], np.ones(2), jnp.ones(2), total):
+        if not isinstance(bad, pw.Future):
+            with pytest.raises(ValueError):
+                jf(x, bad)
+        with pytest.raises(ValueError, match="static argument") as info:
+            f(x, bad)
+        assert isinstance(info.value, pw.ProgramError)
+    assert not f._cache
+    with pytest.raises(ValueError):
+        jax.jit(scale, static_argnums=1, donate_argnums=1)
+    with pytest.raises(ValueError, match="both static and donated"):
+        pw.function(scale, slice=s, static_argnums=1, donate_argnums=1)
