@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from jax.sharding import AxisType
 
+from . import done_callbacks, interrupts
 from . import executor as executors
-from . import interrupts
 from .dispatcher import Dispatcher, DispatchMode
 from .errors import ControllerClosedError, DeviceSetupError, SliceError
 from .events import DEFAULT_CLIENT
@@ -319,11 +319,18 @@ class Controller:
         """Cancel what has not run, wait for what is running, free every buffer and thread."""
         if self.closed:
             return
+        here = threading.current_thread()
+        if here.name.startswith("pw-") and not done_callbacks.runner.on_its_thread():
+            raise RuntimeError(  # (before anything changes: the controller stays usable)
+                f"ctl.close() was called on the runtime's own thread {here.name!r} (from a "
+                "host callback, say), which closing must wait for. Call it from your own "
+                "thread, or from a done-callback (add_done_callback).")
         self.closed = True
         self._dispatcher.shutdown()
         self.store.close()
         self.resources.release_all()
         _unregister(self)
+        done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled have run
 
     def set_default(self) -> Controller:
         """Make this the process-wide controller that ``pw.controller()`` returns."""

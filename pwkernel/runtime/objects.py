@@ -19,7 +19,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from . import interrupts
+from . import done_callbacks, interrupts
 from .arraylike import ArrayOnDemand
 from .dtypes import as_dtype
 from .errors import CancelledError, ControllerClosedError
@@ -189,14 +189,16 @@ class Future(ArrayOnDemand):
         return self._error
 
     def add_done_callback(self, fn: Callable[[Future], None]) -> None:
-        """Call ``fn(self)`` when the future resolves (at once if it already has)."""
+        """Call ``fn(self)`` when the future resolves: then on a thread of its own, never the
+        runtime's (see ``done_callbacks``), or at once, in this thread, if it has resolved
+        already. What ``fn`` raises is logged, as ``concurrent.futures`` does."""
         with self._lock:
             if not self.done():
                 if self._callbacks is None:
                     self._callbacks = []
                 self._callbacks.append(fn)
                 return
-        fn(self)
+        done_callbacks.call(fn, self)
 
     def cancel(self) -> bool:
         """Cancel the program this future belongs to (its work not yet started)."""
@@ -459,13 +461,8 @@ class Future(ArrayOnDemand):
             _fire(launch_hooks, self)
         if hooks is not None:
             _fire(hooks, self)
-        if callbacks:
-            for fn in callbacks:
-                try:
-                    fn(self)
-                except Exception:  # a user's callback must not break the runtime
-                    import logging
-                    logging.getLogger("pwkernel").exception("future done-callback raised")
+        if callbacks:  # the user's: on their own thread, never this one (``done_callbacks``)
+            done_callbacks.runner.submit(callbacks, self)
 
 
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)

@@ -14,7 +14,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
+from pwkernel.runtime import done_callbacks
 from pwkernel.runtime.objects import Future, FutureState, ObjectStore
+from tests.helpers.programs import gate
 
 
 @pytest.fixture
@@ -59,7 +61,7 @@ def test_set_results_resolves_each_future_in_order_with_its_value(sharded):
     for k, f in enumerate(futs):
         f.add_done_callback(lambda _f, k=k: order.append(k))
     Future.set_results(*outs, t_done=2.5, reserved=False)
-    assert order == [0, 1]
+    assert done_callbacks.runner.wait_idle(30) and order == [0, 1]
     assert [f.state for f in futs] == [FutureState.DONE] * 2 and [f.t_done for f in futs] == \
         [2.5, 2.5]
     assert futs[0].result().tolist() == list(range(8)) and futs[1].result().tolist() == [1, 1]
@@ -200,7 +202,7 @@ def test_what_waits_on_a_nodes_outputs_runs_once_all_of_them_are_set(sharded):
     futs[0].add_done_callback(lambda f: seen.append(("done", futs[1].done())))
     Future.set_launched_many(futs, outs[1])
     Future.set_results(*outs, t_done=1.0)
-    assert seen == [("launch", True), ("done", True)]
+    assert done_callbacks.runner.wait_idle(30) and seen == [("launch", True), ("done", True)]
 
 
 def test_a_callback_may_wait_on_and_hook_a_sibling_output(ctl):
@@ -292,3 +294,44 @@ def test_jax_functions_transformations_and_array_methods_take_a_future(ctl):
 
 def _fail(a):
     raise ValueError("no value here")
+
+
+def test_a_done_callback_may_wait_for_more_work_on_the_same_devices(ctl):
+    """A callback runs on a thread of its own, not on the thread that saw the end: one that
+    calls the same slice's function and waits for its result (or blocks) holds up no island,
+    and a callback added once the future is done runs at once, its error logged, as
+    concurrent.futures has it."""
+    s = ctl.slice(2, island=0)
+    inc = pw.function(lambda x: x + 1, slice=s)
+    got, waited, release = [], threading.Event(), threading.Event()
+
+    def chain(fut):
+        got.append(inc(fut).result(timeout=30).tolist())
+        waited.set()
+
+    first = inc(np.zeros(2, np.float32))
+    first.add_done_callback(chain)
+    first.add_done_callback(lambda _: release.wait(30))  # blocks the callbacks after it only
+    assert waited.wait(30) and got == [[2.0, 2.0]]
+    assert inc(inc(first)).result(timeout=30).tolist() == [3.0, 3.0]  # the island runs on
+    release.set()
+    assert done_callbacks.runner.wait_idle(30)
+
+    def boom(_):
+        raise RuntimeError("callback bug")
+
+    first.add_done_callback(boom)  # done already: called here, the error logged, not raised
+
+
+def test_close_from_a_done_callback_closes_everything():
+    before = {t.name for t in threading.enumerate() if t.name.startswith("pw-island")}
+    ctl = pw.Controller(islands=(2, 2))
+    entered, release = threading.Event(), threading.Event()
+    f = pw.function(gate(entered, release), slice=ctl.slice(1))
+    fut, closed = f(np.zeros(2, np.float32)), threading.Event()
+    fut.add_done_callback(lambda _: (ctl.close(), closed.set()))  # before it resolves
+    release.set()
+    assert closed.wait(60) and ctl.closed
+    with pytest.raises(pw.ControllerClosedError):
+        fut.result()
+    assert {t.name for t in threading.enumerate() if t.name.startswith("pw-island")} <= before

@@ -353,9 +353,10 @@ def test_a_killed_tenant_is_dropped_and_its_buffers_freed_while_others_carry_on(
 
 
 def test_a_controller_whose_watcher_is_held_keeps_its_lease(pool):
-    """A done-callback of the user's holds island 0's watcher thread (where the island's
-    futures resolve) for two leases: the controller's keep-alive thread renews the lease
-    meanwhile, so the pool keeps the tenant, and its work runs on afterwards."""
+    """Something holds island 0's watcher thread (where the island's futures resolve) for
+    two leases (a runtime hook here: a user's done-callback runs on a thread of its own): the
+    controller's keep-alive thread renews the lease meanwhile, so the pool keeps the tenant,
+    and its work runs on afterwards."""
     ctl = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="busy")
     held, release = threading.Event(), threading.Event()
 
@@ -370,7 +371,7 @@ def test_a_controller_whose_watcher_is_held_keeps_its_lease(pool):
     try:
         double = pw.function(lambda x: x * 2, slice=ctl.slice(2, island=0))
         for i in range(20):  # until one resolves on the watcher, not at once on this thread
-            double(np.full(4, float(i))).add_done_callback(hold)
+            double(np.full(4, float(i))).hook(hold)
             if held.is_set():
                 break
         assert held.wait(TIMEOUT)
