@@ -30,7 +30,7 @@ from .errors import ProgramError, SliceError, SpecError
 from .executable import Executable
 from .graph import ComputeNode, Graph, Value
 from .objects import Future
-from .resources import VirtualSlice
+from .resources import VirtualSlice, placements
 from .specialization import Specialization, compile_here, jitted
 from .specs import (
     BATCH,
@@ -380,7 +380,8 @@ class Program:
             with self._lock:
                 graph = self._graphs.get(key)
                 if graph is None or graph.stale():
-                    graph = self._graphs[key] = self._build(key)
+                    with placements.tracing():  # (no slice moves while it is traced)
+                        graph = self._graphs[key] = self._build(key)
         self._last = (key, graph)
         return graph
 

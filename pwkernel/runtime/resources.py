@@ -14,6 +14,7 @@ tutorials make.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import math
@@ -105,7 +106,7 @@ class VirtualSlice:
         self._manager = manager
         self._island = island
         self._devices = devices
-        self._mesh: Mesh | None = None
+        self._mesh: tuple[tuple[Any, ...], Mesh] | None = None  # (the devices it is over, it)
         self.version = 0
         self.released = False
 
@@ -136,10 +137,13 @@ class VirtualSlice:
     def mesh(self) -> Mesh:
         """A ``jax.sharding.Mesh`` over the physical devices the slice is mapped to now."""
         self.check_usable()
-        if self._mesh is None:
-            grid = np.array(self._devices, dtype=object).reshape(self.shape)
-            self._mesh = Mesh(grid, self.axis_names, axis_types=self.axis_types)
-        return self._mesh
+        devices, made = self._mesh or (None, None)
+        if devices is not self._devices:  # (first use, or moved since: a remap on another
+            devices = self._devices  # thread may change the devices while this builds)
+            grid = np.array(devices, dtype=object).reshape(self.shape)
+            made = Mesh(grid, self.axis_names, axis_types=self.axis_types)
+            self._mesh = (devices, made)
+        return made
 
     def ambient(self) -> contextlib.AbstractContextManager:
         """The slice's mesh as the ambient mesh (``with vs.ambient(): ...``), as
@@ -219,6 +223,44 @@ def _axis_types(dims: tuple[int, ...], axis_types, device: Any) -> tuple[AxisTyp
     return tuple(types)
 
 
+class _Placements:
+    """Slices move only while no other thread traces a program: a trace reads its slices'
+    devices and meshes many times (placing inputs, compiling), and one that read them on both
+    sides of a move would build a graph whose inputs sit on one set of devices and whose
+    computation was compiled for another. Traces do not wait for each other; a remap waits for
+    the traces of other threads to end (its own thread's: a program that remaps while traced,
+    goes on), and traces that start meanwhile wait for the move."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._tracing: collections.Counter = collections.Counter()  # thread -> traces
+
+    @contextlib.contextmanager
+    def tracing(self):
+        me = threading.get_ident()
+        with self._changed:
+            self._tracing[me] += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._tracing[me] -= 1
+                if not self._tracing[me]:
+                    del self._tracing[me]
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def moving(self):
+        me = threading.get_ident()
+        with self._changed:
+            self._changed.wait_for(lambda: not self._tracing.keys() - {me})
+            yield
+
+
+#: the process's: slices of every controller
+placements = _Placements()
+
+
 class ResourceManager:
     """Hands out virtual slices and keeps the virtual -> physical mapping.
 
@@ -272,9 +314,10 @@ class ResourceManager:
         return vs
 
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
-        """Move ``vs`` to other physical devices (on ``island``, or the least loaded one)."""
+        """Move ``vs`` to other physical devices (on ``island``, or the least loaded one),
+        once no other thread is tracing a program (``placements``)."""
         old = vs.devices  # (raises SliceError once it is released)
-        with self._lock:
+        with placements.moving(), self._lock:
             for d in old:
                 self._load[d.id] -= 1
             try:

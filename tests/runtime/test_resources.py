@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import numpy as np
 import pytest
@@ -98,6 +100,42 @@ def test_remap_moves_a_slice_and_functions_are_lowered_again(ctl):
     w = f(y)
     assert w.result().tolist() == [0.0, 9.0, 18.0, 27.0]
     assert any(e.kind == "transfer" and e.link == "dcn" for e in ctl.trace.events())
+
+
+def test_a_remap_waits_for_the_traces_of_other_threads(ctl):
+    """A trace reads its slices' devices many times: a remap from another thread waits until
+    it ends (else its graph could place inputs on the old devices for a computation compiled
+    for the new ones); a program that remaps while it is traced goes on."""
+    s = ctl.slice(2, island=0)
+    double = pw.function(lambda x: x * 2, slice=s)
+    entered, release, moved, got = (threading.Event(), threading.Event(), threading.Event(),
+                                    [])
+
+    @pw.program
+    def twice(x):
+        y = double(x)
+        entered.set()
+        assert release.wait(30)
+        return double(y)
+
+    caller = threading.Thread(target=lambda: got.append(twice(np.ones(2)).result(60)))
+    mover = threading.Thread(target=lambda: (ctl.remap(s, island=1), moved.set()))
+    caller.start()
+    assert entered.wait(30)
+    mover.start()
+    assert not moved.wait(0.5)  # (a negative check: it cannot pass early, only late)
+    release.set()
+    caller.join(60)
+    mover.join(60)
+    assert moved.is_set() and got[0].tolist() == [4.0, 4.0] and s.island.id == 1
+    assert twice(np.ones(2)).result(60).tolist() == [4.0, 4.0]  # traced again, on island 1
+
+    @pw.program
+    def moving(x):
+        ctl.remap(s, island=0)  # its own thread's trace: no wait
+        return double(x)
+
+    assert moving(np.ones(2)).result(60).tolist() == [2.0, 2.0] and s.island.id == 0
 
 
 def test_remap_to_a_full_island_fails_and_keeps_the_mapping(ctl):
