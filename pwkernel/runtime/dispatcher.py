@@ -30,7 +30,7 @@ import numpy as np
 
 from . import scheduler as sch
 from .deferred import later, soon
-from .errors import ControllerClosedError, ProgramError
+from .errors import ControllerClosedError, ProgramError, deleted_input
 from .executor import Executor, NoGroup
 from .graph import Graph
 from .islands import IslandQueue
@@ -413,6 +413,10 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
             if leaf.done():
                 if leaf.error is not None:
                     run.errors[slot] = leaf.error
+                elif leaf.donated and _consumed(leaf.peek()):
+                    run.errors[slot] = deleted_input(
+                        f"an input of {graph.name} was given to an earlier call that donates "
+                        "it, which now owns its buffer", leaf.peek().aval.str_short())
                 else:
                     values[slot] = leaf.peek()
                 t_done[slot] = leaf.t_done
@@ -434,6 +438,15 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
         values[slot] = const
         t_done[slot] = 0.0
     return pending
+
+
+def _consumed(value) -> bool:
+    """A donated value is gone, also in part: a host view of one shard (``np.asarray`` of a
+    replicated array on CPU) keeps that shard from being donated, so ``is_deleted()`` says
+    False while another shard is gone, and XLA's call would crash the process on it."""
+    if getattr(value, "is_deleted", None) is None:
+        return False
+    return value.is_deleted() or any(s.data.is_deleted() for s in value.addressable_shards)
 
 
 def _refuse_foreign(leaf: Future) -> None:

@@ -236,6 +236,23 @@ def test_a_value_donated_already_fails_the_call_as_jax_jit_does(ctl):
     assert ctl.wait(60)
 
 
+def test_a_donated_value_with_a_host_view_of_one_shard_fails_the_next_call(ctl):
+    """A host view kept of a replicated value (np.asarray of it, for a checkpoint: zero-copy on
+    CPU) keeps its first shard from being donated: the array says it is not deleted while its
+    other shard is gone, and XLA's call on it crashed the process. The call fails its futures
+    instead, and the host copy stays good."""
+    s = ctl.slice(2)
+    init = pw.function(lambda: jnp.ones((4, 4)), slice=s, out_specs=P())
+    step = pw.function(lambda w: w * 2, slice=s, donate_argnums=0)
+    w = init()
+    saved = np.asarray(w.result(60))
+    assert step(w).result(60).tolist() == [[2.0] * 4] * 4
+    with pytest.raises(RuntimeError, match="given to an earlier call that donates") as info:
+        step(w).result(60)
+    assert isinstance(info.value, pw.ProgramError)
+    assert saved.tolist() == [[1.0] * 4] * 4 and step(init()).result(60).sum() == 32.0
+
+
 def test_user_jax_arrays_survive_every_call(ctl):
     """The arrays a flax model's init or jnp.ones gives, passed as they are: alive after."""
     s = ctl.slice(4)
