@@ -65,8 +65,10 @@ from .state import (
     Placer,
     TrainState,
     apply_optimizer,
+    check_batch,
     check_stages,
     init_stage,
+    inputs_and_targets,
     raise_if_not_finite,
     ready_to_donate,
     simulated,
@@ -264,12 +266,11 @@ class Pipeline:
         return TrainState([p for p, _ in made], [o for _, o in made])
 
     def _split(self, batch) -> tuple[list, list]:
-        if not isinstance(batch, tuple | list) or len(batch) != 2:
-            raise TypeError(f"a batch is (inputs, targets), got {type(batch).__name__}. Maybe "
-                            "you want pipe.step(state, (x, y)).")
+        x, y = inputs_and_targets(batch, "pipe")
         devices = math.lcm(*(vs.size for vs in self.slices))
-        xs = split_batch(batch[0], self.microbatches, "inputs", devices)
-        ys = split_batch(batch[1], self.microbatches, "targets", devices)
+        check_batch((x, y), self.microbatches, "batch (inputs and targets)", devices)
+        xs = split_batch(x, self.microbatches, "inputs", devices)
+        ys = split_batch(y, self.microbatches, "targets", devices)
         return xs, ys
 
     def _residual_bytes(self, params, x, y) -> list[int]:

@@ -37,8 +37,10 @@ from .state import (
     Placer,
     TrainState,
     apply_optimizer,
+    check_batch,
     check_stages,
     init_stage,
+    inputs_and_targets,
     raise_if_not_finite,
     ready_to_donate,
     simulated,
@@ -169,7 +171,8 @@ class SPMD:
         ready_to_donate(self._check(state))
         if self.packed and isinstance(state, TrainState):
             state = PackedState(fns["pack"](state), fns["layout"], fns["unpack"])
-        x, y = batch
+        x, y = inputs_and_targets(batch, self.name)
+        check_batch((x, y), 1, "batch (inputs and targets)", self.slice.size)
         given = state.packed if self.packed else state
         if self._parts is not None:  # the check, then the update: it fails before donating
             grads, value = fns["grads"](given, x, y)

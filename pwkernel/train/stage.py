@@ -76,6 +76,10 @@ def _vjp(apply, loss, wrt_input: bool, params, x, y):
     index of the stage's input leaf it is (the same traced array), or -1 for a residual."""
     f, extra = _target(apply, loss, wrt_input, x, y)
     out, vjp = jax.vjp(f, params, *extra)
+    if loss is not None and jnp.shape(out) != ():
+        raise TypeError(  # (jax.grad's own rule: a vector seeded with ones is another loss)
+            f"the loss must be a scalar (the mean over the microbatch's examples), got shape "
+            f"{jnp.shape(out)}. Maybe you want jnp.mean(...) over every axis, not axis=1.")
     leaves, tree = _flatten(vjp)
     inputs = {id(leaf): i for i, leaf in enumerate(_leaves((params, x, y)))}
     where = [inputs.get(id(leaf), -1) for leaf in leaves]

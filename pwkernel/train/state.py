@@ -15,6 +15,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
+from ..runtime.errors import ControllerClosedError
 from ..runtime.objects import Future
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
@@ -145,18 +146,27 @@ def ready_to_donate(state: TrainState | PackedState) -> None:
     step has already failed is refused here with an error that says what to pass instead; one
     whose step fails later fails this step's futures with the same error.
     """
-    error = Future.first_error(_expand(state))
-    if error is not None:
-        raise ValueError(
-            "this state comes from a step that failed "
-            f"({type(error).__name__}: {error}); nothing of the "
-            "state given to that step was consumed. Maybe you want to pass that state "
-            "(the one before the failed step) instead.") from error
+    futures = _expand(state)
+    error = Future.first_error(futures)
+    if error is None:
+        return
+    if any(isinstance(f, Future) and f.store is not None and f.store.closed for f in futures):
+        raise ControllerClosedError(
+            "this state belongs to a closed controller: its buffers are gone. Train on from a "
+            "host copy taken before (jax.device_get(pw.train.fetch(state))), on a new "
+            "controller.") from error
+    raise ValueError(
+        f"this state comes from a step that failed ({type(error).__name__}: {error}). Pass "
+        "the state that step was given instead: a Pipeline's failed step consumes none of "
+        "it, and neither does SPMD(..., check_finite=True)'s when its check fails "
+        "(docs/training.md, 'A failed step').") from error
 
 
 def fetch(tree) -> Any:
     """``tree`` with every future replaced by its value (``jax.Array``), e.g. to compare a
-    state with plain JAX's or to save it; a ``PackedState`` becomes its ``TrainState``'s."""
+    state with plain JAX's; a ``PackedState`` becomes its ``TrainState``'s. The arrays are the
+    state's own buffers: the next step donates them, as it donates the state. To keep a copy
+    (a checkpoint), take it to the host: ``jax.device_get(fetch(state))``."""
     def value(x):
         if isinstance(x, PackedState):
             return fetch(x.unpacked())
@@ -164,10 +174,19 @@ def fetch(tree) -> Any:
     return jax.tree.map(value, tree, is_leaf=lambda x: isinstance(x, PackedState))
 
 
-def split_batch(batch, microbatches: int, what: str = "batch", devices: int = 1) -> list:
-    """``batch`` (a pytree of arrays with a leading batch axis) cut into ``microbatches``
-    equal parts along that axis (host arrays: NumPy views; others: sliced by JAX), each part
-    a multiple of ``devices`` (the most devices a stage's slice shards it over)."""
+def inputs_and_targets(batch, trainer: str) -> tuple[Any, Any]:
+    """``batch`` read as ``(inputs, targets)``, or an error that says what a batch is."""
+    if not isinstance(batch, tuple | list) or len(batch) != 2:
+        got = (f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, tuple | list)
+               else f"a {type(batch).__name__}")
+        raise TypeError(f"a batch is (inputs, targets), got {got}. Maybe you want "
+                        f"{trainer}.step(state, (x, y)).")
+    return batch[0], batch[1]
+
+
+def check_batch(batch, microbatches: int, what: str = "batch", devices: int = 1) -> tuple:
+    """``batch``'s leaves, tree and leading size, checked: every leaf has the same leading
+    (batch) axis, divisible by ``microbatches`` x ``devices``."""
     leaves, tree = jax.tree_util.tree_flatten(batch)
     if not leaves:
         raise ValueError(f"the {what} has no arrays; expected (inputs, targets).")
@@ -175,13 +194,25 @@ def split_batch(batch, microbatches: int, what: str = "batch", devices: int = 1)
     size = sizes.pop() if len(sizes) == 1 else None
     step = microbatches * devices
     if size is None or size % step:
-        per = (f"microbatches={microbatches} x {devices} devices per stage slice = {step}"
-               if devices > 1 else f"microbatches={microbatches}")
+        if microbatches == 1:
+            per = f"the slice's {devices} devices (it is sharded over them)"
+        elif devices > 1:
+            per = (f"microbatches={microbatches} x {devices} devices per stage slice = {step} "
+                   "(each microbatch is sharded over a stage's devices)")
+        else:
+            per = f"microbatches={microbatches}"
         raise ValueError(f"the arrays of the {what} must share one leading (batch) axis "
-                         f"divisible by {per} (each microbatch is sharded over a stage's "
-                         "devices); got "
-                         f"leading sizes {[np.shape(x)[:1] for x in leaves]}. Maybe you want a "
+                         f"divisible by {per}; got leading sizes "
+                         f"{[np.shape(x)[:1] for x in leaves]}. Maybe you want a "
                          f"batch of {step * max(1, (size or 0) // step)} examples.")
+    return leaves, tree, size
+
+
+def split_batch(batch, microbatches: int, what: str = "batch", devices: int = 1) -> list:
+    """``batch`` (a pytree of arrays with a leading batch axis) cut into ``microbatches``
+    equal parts along that axis (host arrays: NumPy views; others: sliced by JAX), each part
+    a multiple of ``devices`` (the most devices a stage's slice shards it over)."""
+    leaves, tree, size = check_batch(batch, microbatches, what, devices)
     per = size // microbatches
     return [jax.tree_util.tree_unflatten(tree, [leaf[m * per:(m + 1) * per] for leaf in leaves])
             for m in range(microbatches)]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ import pwkernel as pw
 from pwkernel.train import schedule as sched
 from pwkernel.train import transformer as T
 from pwkernel.train.measure import steps
+from tests.helpers.programs import gate
 
 CFG = T.Config(vocab=32, width=16, heads=2, layers=2, seq=8)
 BATCH = 8
@@ -374,6 +377,21 @@ def test_bad_input_gets_errors_that_name_the_fix(tctl, stages):
         two.step(pw.train.TrainState([], []), T.batch(CFG, 6))
     with pytest.raises(ValueError, match="do not split into 3 equal stages"):
         T.split(CFG, 3)
+    spmd = pw.train.SPMD(stages, tctl.slice(2, island=0), loss=T.cross_entropy,
+                         optimizer=optax.sgd(0.1), name="dp")
+    x, y = T.batch(CFG, 8)
+    for batch, error, match in [
+            (x, TypeError, r"a batch is \(inputs, targets\), got a ndarray.*dp.step"),
+            ((x, y, y), TypeError, "got a tuple of 3"),
+            ((x[:7], y[:7]), ValueError, "divisible by the slice's 2 devices"),
+            ((x, y[:4]), ValueError, r"one leading \(batch\) axis.*\(8,\), \(4,\)")]:
+        with pytest.raises(error, match=match):
+            spmd.step(spmd.init(0), batch)
+    per_example = pw.train.Pipeline(  # a loss per example: the gradient of what, jax.grad asks
+        stages, s * 2, loss=lambda logits, y: T.cross_entropy(logits, y) * jnp.ones(2),
+        optimizer=optax.sgd(0.1), microbatches=2, name="vector")
+    with pytest.raises(TypeError, match=r"loss must be a scalar .* got shape \(2,\)"):
+        per_example.step(per_example.init(0), T.batch(CFG, 8))
 
 
 @pytest.fixture(scope="module")
@@ -428,3 +446,22 @@ def test_spmd_steps_on_a_simulated_slice(sim_ctl, packed):
     state, loss = pw.train.wait(spmd.step(spmd.init(0), spmd.place(T.batch(CFG, 16))))
     assert loss.shape == () and [e.name for e in sim_ctl.trace.events()
                                  if e.program == spmd.name + ".step"] == [spmd.name + ".step"]
+
+
+def test_a_state_whose_controller_closed_says_so(stages):
+    """A step given a state whose futures the controller's close cancelled names the closed
+    controller (not a failed step to go back from) and how to train on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a second controller over the test's devices)
+        ctl = pw.Controller(islands=(2, 2), dispatch="sequential")
+    entered, release = threading.Event(), threading.Event()
+    s = ctl.slice(1)
+    spmd = pw.train.SPMD(stages, s, loss=T.cross_entropy, optimizer=optax.sgd(0.1))
+    pw.train.wait(spmd.step(spmd.init(0), T.batch(CFG, 8)))  # trained on it: compiled
+    held = pw.function(gate(entered, release), slice=s)(np.ones(2, np.float32))
+    pending = pw.function(lambda v: v + 1, slice=s)(held)
+    assert entered.wait(30)
+    pending.add_done_callback(lambda _: release.set())  # close cancels it; the gate opens
+    ctl.close()
+    with pytest.raises(pw.ControllerClosedError, match="closed controller.*device_get"):
+        spmd.step(pw.train.TrainState([pending], [pending]), T.batch(CFG, 8))
