@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 from . import executor as executors
 from .arguments import NUMERIC, Arguments, Traced, Tracer, canonical, is_weak, leaf_placement
 from .dtypes import weak_type
-from .errors import ProgramError, SliceError, SpecError
+from .errors import ProgramError, SliceError, SpecError, retyped
 from .executable import Executable
 from .graph import ComputeNode, Graph, Value
 from .objects import Future
@@ -129,6 +129,11 @@ class CompiledFunction:
         vs = self.slice
         mesh = vs.mesh
         n, specs = len(in_avals), self.in_specs
+        if self._typed_by_value and kwargs:
+            raise retyped(ProgramError(
+                f"{self.name}: keyword arguments ({', '.join(sorted(kwargs))}) with "
+                "in_shardings: jax.jit takes positional arguments only when in_shardings is "
+                "given. Pass them positionally, or give in_specs instead."), ValueError)
         if specs is None or is_spec(specs):  # one spec (or the default) for every input
             given = [specs] * n
         else:  # one per positional argument; keyword arguments take the default
@@ -145,7 +150,8 @@ class CompiledFunction:
                 spec = batch_spec(shape, vs, what)
                 why.append("in_specs=pw.BATCH")
             elif self._typed_by_value and placed is None and explicit_axes(spec, mesh):
-                spec = P()
+                check_spec(spec, shape, mesh, f"{self.name}: input {i} in_shardings")
+                spec = P()  # (checked against the shape first, as jax.jit checks it)
                 why.append("a host value under in_shardings: replicated, as jax.jit types it")
             else:
                 why.append("your in_specs")

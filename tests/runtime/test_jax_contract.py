@@ -129,6 +129,15 @@ def test_in_and_out_shardings_as_jax_jit_takes_them(ctl):
     assert jax.typeof(got) == jax.typeof(want) and got.sharding.is_equivalent_to(whole, 2)
     assert pw.function(lambda v: v * 2, slice=s, in_specs=P("x"))(x).sharding.is_equivalent_to(
         rows, 2)
+    # what jax.jit refuses there, refused: a spec of another rank, a shape the axis does not
+    # divide (checked before the host value is typed), keyword arguments with in_shardings
+    inc = pw.function(lambda a: a + 1, slice=s, in_shardings=P("x"))
+    for args, kwargs in [((np.float32(1),), {}), ((np.ones(3, np.float32),), {}),
+                         ((), {"a": x})]:
+        with jax.set_mesh(s.mesh), pytest.raises(ValueError):
+            jax.jit(lambda a: a + 1, in_shardings=P("x"))(*args, **kwargs)
+        with pytest.raises(ValueError, match="in_shardings"):
+            inc(*args, **kwargs)
 
 
 def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):
