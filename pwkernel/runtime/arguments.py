@@ -191,6 +191,11 @@ def leaf_placement(leaf) -> tuple:
         if isinstance(leaf, Tracer):
             raise Traced
         return ("dev", leaf.shape, leaf.dtype, leaf.sharding, weak_type(leaf))
+    if type(leaf) is jax.ShapeDtypeStruct:  # (eval_shape, lower: traced, never called)
+        sharding = leaf.sharding if isinstance(leaf.sharding, jax.sharding.NamedSharding) \
+            else None
+        return ("host" if sharding is None else "dev", leaf.shape, leaf.dtype, sharding,
+                leaf.weak_type)
     try:
         arr = np.asarray(leaf)
     except Exception:

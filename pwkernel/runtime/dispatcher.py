@@ -397,8 +397,14 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
         if not isinstance(leaf, Future):
             # a host value is read now, as ``jax.jit`` reads it during the call: a copy (the
             # caller may refill its buffer before the upload runs)
-            values[slot] = leaf if isinstance(leaf, jax.Array) else np.array(
-                leaf, graph.values[slot].dtype)
+            if isinstance(leaf, jax.Array):
+                values[slot] = leaf
+            elif type(leaf) is jax.ShapeDtypeStruct:
+                raise ProgramError(
+                    f"{graph.name} was called with a jax.ShapeDtypeStruct, which has no value: "
+                    "eval_shape(...) and lower(...) take it; a call takes arrays.")
+            else:
+                values[slot] = np.array(leaf, graph.values[slot].dtype)
             t_done[slot] = 0.0
             made_by = None
             continue

@@ -264,7 +264,7 @@ class CompiledFunction:
         if exe.lowered is not None:
             return exe.lowered
         with self.slice.ambient():
-            return jitted(exe, donate=True).lower(*exe.structs)
+            return jitted(exe, donate=True, tree=True).lower(*exe.structs)
 
     @functools.cached_property
     def inlined(self) -> Callable:

@@ -80,12 +80,22 @@ def compile_here(spec: Specialization) -> Executable:
     return spec.executable(out_shardings, compiled, call, asynchronous=asynchronous)
 
 
-def jitted(exe: Executable, donate: bool = False):
+def jitted(exe: Executable, donate: bool = False, tree: bool = False):
     """``jax.jit`` of an executable's recorded body with its shardings (and its donations, if
     ``donate``): what is exported to another process or lowered again, never the user's Python.
-    Lower it under the slice's mesh (its types name the mesh's axes)."""
-    return jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
-                   out_shardings=exe.out_shardings, donate_argnums=exe.donated if donate else ())
+    Its result is the flat tuple of output leaves, or (``tree``) the function's own result
+    pytree, as ``jax.jit(f).lower(...).compile()`` returns it. Lower it under the slice's mesh
+    (its types name the mesh's axes)."""
+    body, out_shardings = replay(exe.jaxpr), exe.out_shardings
+    if tree:
+        flat, out_tree = body, exe.out_tree
+
+        def body(*leaves):
+            return jax.tree_util.tree_unflatten(out_tree, flat(*leaves))
+
+        out_shardings = jax.tree_util.tree_unflatten(out_tree, list(out_shardings))
+    return jax.jit(body, in_shardings=exe.in_shardings, out_shardings=out_shardings,
+                   donate_argnums=exe.donated if donate else ())
 
 
 def replay(jaxpr) -> Callable:

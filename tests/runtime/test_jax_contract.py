@@ -193,6 +193,19 @@ def test_eval_shape_and_lower_as_jax_jit_has_them(ctl):
         assert (struct.shape, struct.dtype) == (fut.shape, fut.dtype)
         assert struct.sharding == fut.sharding == fut.result(60).sharding
     assert shapes["y"].sharding.spec == P("x", None)  # the batch, sharded as asked
+    # ahead of time, as with jax.jit: ShapeDtypeStructs for arguments, and the compiled
+    # computation returns the function's own result pytree (over the flat placed inputs)
+    structs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(
+        w.shape, w.dtype, sharding=NamedSharding(s.mesh, P())))
+    assert jax.tree.map(lambda v: v.shape, f.eval_shape(*structs, 3)) == \
+        jax.tree.map(lambda v: v.shape, shapes)
+    compiled = f.lower(*structs, 3).compile()
+    placed = [jax.device_put(v, sh) for v, sh in zip((x, w), compiled.input_shardings[0],
+                                                      strict=True)]
+    ran = compiled(*placed)
+    assert set(ran) == {"y", "total"} and float(ran["total"]) == 32.0
+    with pytest.raises(pw.ProgramError, match="ShapeDtypeStruct, which has no value"):
+        f(*structs, 3)
     with pw.Controller(backend="sim", islands=(8,)) as sim:  # simulated chips: lowered for them
         g = pw.function(lambda a: a @ a, slice=sim.slice(4))
         assert "dot" in g.lower(np.ones((64, 64), np.float32)).as_text()
