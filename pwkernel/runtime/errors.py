@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+
 
 class PathwaysError(Exception):
     """Base class of every error pwkernel raises on purpose."""
@@ -31,8 +33,10 @@ class DeviceSetupError(PathwaysError, RuntimeError):
     """JAX's devices cannot be arranged into the requested islands."""
 
 
-class CancelledError(PathwaysError, RuntimeError):
-    """A computation was cancelled (by the user, an interrupt or a timeout) before it ran."""
+class CancelledError(PathwaysError, RuntimeError, concurrent.futures.CancelledError):
+    """A computation was cancelled (by the user, an interrupt or a timeout) before it ran.
+    Also a ``concurrent.futures.CancelledError``, which code written for those futures
+    catches."""
 
 
 class IslandLostError(PathwaysError, RuntimeError):
