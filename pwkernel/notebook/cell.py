@@ -300,6 +300,7 @@ def _build(tree: ast.Module, params: list[str], seeded: list[str], user_ns: dict
     helpers = {_PRINT: printer, _PUT: placed, "__name__": user_ns.get("__name__", "__main__")}
 
     def cell(*args: Any) -> dict[str, Any]:
+        __tracebackhide__ = True  # (the user's frames only: IPython hides this one)
         names = {n: user_ns[n] for n in seeded if n in user_ns}
         scope = CellScope(user_ns, helpers, names | dict(zip(params, args, strict=True)))
         before = dict(user_ns)

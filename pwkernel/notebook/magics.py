@@ -259,12 +259,17 @@ class PathwaysMagics(Magics):
             with ctl.client(client.name, client.weight, client.priority), \
                     cells.ambient_mesh(None if plan.uses_pw else vs):
                 # (compiled functions carry their own slices: no ambient mesh for them)
-                graph = program.trace(*inputs)
+                try:
+                    graph = program.trace(*inputs)
+                except KeyboardInterrupt:  # (the cell's own Python, traced: no frames of JAX's)
+                    raise KeyboardInterrupt(f"{name} interrupted while its Python ran; nothing "
+                                            "of it was submitted") from None
                 if not _has_work(graph):  # tracing ran the cell's Python: that was all of it
                     self._bind(plain, None)
+                    value = self._last(plan, plain, None)  # (a NameError there: no note)
                     if not quiet:
                         print(f"({name}: no array work in this cell; it ran as plain Python)")
-                    return self._last(plan, plain, None)
+                    return value
                 futures, run = self._submit(ctl, graph, inputs, a.sequential)
                 self._submitted += 1
         except (UsageError, KeyboardInterrupt):
@@ -390,6 +395,7 @@ class PathwaysMagics(Magics):
                 ns[key] = value
 
     def _last(self, plan, plain: dict[str, Any], results: Any):
+        __tracebackhide__ = True
         if plan.last_name is not None:
             if plan.last_name not in self.shell.user_ns:  # as Python evaluates it: at the end
                 raise NameError(f"name {plan.last_name!r} is not defined",

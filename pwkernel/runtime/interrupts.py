@@ -73,6 +73,7 @@ held_quietly = _Hold(False)
 
 
 def _handler(signum, frame) -> None:
+    __tracebackhide__ = True  # (IPython shows the user's frame the interrupt came in)
     if _state.depth:
         _state.pending = True
         return

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
+from pwkernel.notebook import extension
 from tests.helpers.shell import run
 
 
@@ -177,3 +178,18 @@ def test_a_cell_ending_in_a_semicolon_shows_nothing(nb):
     assert run(nb, "%%pathways --slice s\nprint(float(q.sum()))\nq;  # quiet\n") is None
     assert run(nb, "%%pathways --slice s\nq\n") is nb.user_ns["q"]
     assert run(nb, "%%pathways --slice s\nr = 1;\nr\n") == 1
+
+
+def test_an_interrupt_while_the_cells_python_runs_says_what_happened(nb, capsys):
+    """Ctrl-C (or the cell's own raise) while the cell's Python is traced: one line that says
+    nothing was submitted, without JAX's tracing frames; an undefined last name prints no
+    'no array work' note before its NameError."""
+    with pytest.raises(KeyboardInterrupt, match=r"cell\[\d+\] interrupted while its Python "
+                       "ran; nothing of it was submitted") as info:
+        run(nb, "%%pathways --slice s\nq = jnp.ones(2)\nraise KeyboardInterrupt\n")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert "q" not in nb.user_ns and extension.state().ctl.runs() == []
+    capsys.readouterr()
+    with pytest.raises(NameError, match="nosuch_name"):
+        run(nb, "%%pathways --slice s\nnosuch_name\n")
+    assert "no array work" not in capsys.readouterr().out
