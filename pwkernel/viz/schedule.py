@@ -43,6 +43,7 @@ FOLLOW, PAUSE = "follow live", "pause"
 # object is made per event on the update path, and none is kept that Python's garbage
 # collector would have to walk (see ``Trace``).
 _INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
+_T_START = getter("t_start")
 _PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
 _TENANT = getter("tenant")
 
@@ -103,7 +104,9 @@ class ScheduleView(w.VBox):
     would not (a 2048-chip simulated pod); ``drill(...)`` opens the devices of a host, some
     hosts or an island, one row each. ``devices``: show only these devices.
     ``programs``/``clients``: show only these (None: all). ``window``: seconds of the time axis
-    while following. ``max_rows``: rows kept in the page per source (older ones roll over;
+    while following; None (default): 10 s for a live view, and a view made with ``live=False``
+    fits its axis to the events it shows (a simulated run's microseconds, a burst of steps)
+    until a window is set (``view.window.value``). ``max_rows``: rows kept in the page per source (older ones roll over;
     ``history`` keeps everything). ``live=False`` starts no thread: call ``update()`` yourself.
 
     The sources hold NumPy columns; their string columns are codes into ``codebook`` (the
@@ -111,13 +114,15 @@ class ScheduleView(w.VBox):
     """
 
     def __init__(self, ctl, programs: Iterable[str] | str | None = None,
-                 clients: Iterable[str] | str | None = None, window: float = 10.0, *,
+                 clients: Iterable[str] | str | None = None, window: float | None = None, *,
                  color_by: str = "program", max_rows: int = 20_000, live: bool = True,
                  rows: str = "auto", devices: Iterable[int] | None = None,
                  interval: float = DEFAULT_INTERVAL,
                  trace_path: str | Path = "pwkernel-trace.json",
                  report_path: str | Path = "pwkernel-report.html"):
         check_controller(ctl)
+        self._fit = window is None and not live  # the axis fits the events shown
+        window = 10.0 if window is None else window
         if not (isinstance(window, int | float) and window > 0):
             raise ValueError(f"window must be a positive number of seconds, got {window!r}.")
         if color_by not in COLOR_FIELDS:
@@ -136,6 +141,7 @@ class ScheduleView(w.VBox):
         self._shown = 0       # history[:_shown] has been pushed to the sources
         self._t0: float | None = None
         self._latest = 0.0    # right edge of the newest event, in view seconds
+        self._earliest = float("inf")  # left edge of the oldest event shown
         self._lock = threading.RLock()
         self._updated = threading.Condition(self._lock)  # notified after every update()
         self._quiet = False   # set while the view itself changes its controls
@@ -236,6 +242,7 @@ class ScheduleView(w.VBox):
         return nullcontext() if self.plot is None else self.plot.batch()
 
     def _on_window(self, change) -> None:
+        self._fit = self._fit and self._quiet  # a window set by hand: kept from now on
         with self._lock, self._batch():
             self._follow()
 
@@ -298,6 +305,7 @@ class ScheduleView(w.VBox):
             self.others.data = others
             self._shown = len(self._rows)
             self._latest = max(map(_T_END, shown), default=t0) - t0
+            self._earliest = min(map(_T_START, shown), default=float("inf")) - t0
             self._legend = {"program": {}, "client": {}, "tenant": {}}
             self._shown_events = 0
             self._note_shown(shown)
@@ -325,6 +333,7 @@ class ScheduleView(w.VBox):
         self._note_shown(shown)
         t0 = self._t0 or 0.0
         self._latest = max(self._latest, max(map(_T_END, shown)) - t0)
+        self._earliest = min(self._earliest, min(map(_T_START, shown)) - t0)
         arrays = self._arrays(shown, t0)
         self._send_names()  # before the rows that use them, so hovers never miss a name
         sources = (self.source, self.transfers, self.links, self.others)
@@ -371,6 +380,15 @@ class ScheduleView(w.VBox):
 
     def _follow(self) -> None:
         if not self.following:
+            return
+        if self._fit and self._earliest < self._latest:
+            pad = (self._latest - self._earliest) * 0.02
+            self._quiet, quiet = True, self._quiet
+            try:
+                self.window.value = self._latest - self._earliest + 2 * pad
+            finally:
+                self._quiet = quiet
+            self.x_range.update(start=self._earliest - pad, end=self._latest + pad)
             return
         end = max(self._latest, float(self.window.value))
         self.x_range.update(start=end - float(self.window.value), end=end)

@@ -92,6 +92,34 @@ def test_follow_moves_the_window_to_the_newest_event(ctl, programs):
         v.close()
 
 
+def test_a_view_that_is_not_live_fits_its_axis_to_what_it_shows(ctl, programs):
+    """A view made with live=False and no window spans its events (microseconds here, as a
+    simulated run's), not 10 s with the bars squeezed at one edge; a window set by hand is
+    kept from then on."""
+    v = pw.ScheduleView(ctl, live=False)
+    try:
+        run(programs[0])
+        assert ctl.wait(60.0)
+        v.update()
+        left = min(min(v.source.data["left"]), min(v.transfers.data["left"]))
+        right = max(max(v.source.data["right"]), max(v.transfers.data["right"]))
+        start, end = v.x_range.start, v.x_range.end
+        assert start <= left < right <= end and (end - start) < 1.1 * (right - left) < 1.0
+        assert v.window.value == pytest.approx(end - start)
+        v.window.value = 5.0
+        run(programs[0])
+        assert ctl.wait(60.0)
+        v.update()
+        assert v.x_range.end - v.x_range.start == pytest.approx(5.0)
+    finally:
+        v.close()
+    live = pw.ScheduleView(ctl)  # a live view follows the last 10 s by default
+    try:
+        assert live.window.value == 10.0
+    finally:
+        live.close()
+
+
 def test_pause_holds_the_plot_and_resume_catches_up(ctl, programs, view):
     fig2, _ = programs
     run(fig2)
