@@ -22,7 +22,8 @@
 # %load_ext pwkernel
 
 # %% [markdown]
-# Loading twice is harmless: it prints the banner again. Now the controller and its devices:
+# Loading twice is harmless: IPython says the extension is loaded already (this kernel loads it
+# when it starts). Now the controller and its devices:
 
 # %%
 import time

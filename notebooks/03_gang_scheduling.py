@@ -194,7 +194,8 @@ assert careless > 0
 #
 # The island's order is also where policy lives. A *batch* client queues a backlog of
 # computations on four devices; then an *interactive* client submits one urgent computation.
-# Under `fifo` it waits behind the whole backlog; under `priority` (higher first) it goes next.
+# Under `fifo` it waits behind the whole backlog; under `priority` (higher first) it goes
+# next, behind only what is already launched on the devices.
 
 # %%
 quad = ctl.slice(4, island=0)

@@ -91,7 +91,8 @@ for name in p1:
     np.testing.assert_allclose(pb[name], p1[name], rtol=1e-4, atol=1e-6)
 view.update()
 burst = [e for e in view.history if e.index >= k]
-view.window.value = max(e.t_end for e in burst) - min(e.t_start for e in burst)
+shown = [e for e in burst if e.program == "two_islands"]  # what the view draws
+view.window.value = 1.05 * (max(e.t_end for e in shown) - min(e.t_start for e in shown))
 view.stop()
 crossed = [e for e in burst if e.link == "dcn"]
 print(f"same parameters on both islands and on one island; {len(crossed)} DCN transfers, "

@@ -222,10 +222,11 @@ assert list(curve.values()) == sorted(curve.values())  # more hosts, larger brea
 # This part uses the simulator's own engine (`sim.Simulator`), which runs plain program
 # graphs (`sim.SimProgram`) and can do what a controller never does: run without a gang
 # scheduler. Without one (`gang=False`) each chip runs work in the order its host received
-# it. Two clients each submit a program with a collective on chips 0 and 1; alice sits next to
-# host 0, bob next to host 1. The chips receive the two programs in opposite orders and wait
-# for each other forever: the simulator finds the circle and names it. The trace keeps the
-# frozen spans, so the schedule shows where each chip stopped.
+# it. Two clients each submit a program with a collective on chips 0 and 4 (chip 0 on host 0,
+# chip 4 on host 1); alice sits next to host 0, bob next to host 1. The chips receive the two
+# programs in opposite orders and wait for each other forever: the simulator finds the circle
+# and names it. The trace keeps the frozen spans, so the schedule shows where each chip
+# stopped.
 
 # %%
 toy = sim.Cluster.preset("tpu-v4", chips=8)

@@ -11,9 +11,10 @@
 #
 # **What the paper found.** A 3B-parameter decoder-only Transformer trained on 128 TPU cores
 # reached 125.7k tokens/s as SPMD and 131.4k-133.7k tokens/s pipelined over 4, 8 and 16
-# stages, and the same model pipelined over two islands of 64 cores, across DCN, kept about
-# 97 % of one island's throughput. Whole training steps, with forwards, backwards and updates
-# spread over many slices, run as single programs from one controller.
+# stages; larger models (64B, 136B parameters) trained across two islands over DCN kept about
+# 97 % of one island's throughput (figures as summarised from the paper). Whole training
+# steps, with forwards, backwards and updates spread over many slices, run as single programs
+# from one controller.
 #
 # Tutorial 04 pipelined a forward pass. Here we train: `pw.train` (`docs/training.md`) turns a
 # model split into stages into one `@pw.program` per training step, with every forward,
@@ -110,7 +111,7 @@ np.testing.assert_allclose(pipe_losses, spmd_losses, rtol=1e-3)   # one model, t
 # The trace names every call: `s2.fwd[m1]` is stage 2's forward of microbatch 1, `s2.bwd[m1]`
 # its backward, `s2.update` its Adam update, `loss` the step's mean. Under 1F1B each stage
 # runs a few forwards, then one forward and one backward in turn; every update waits for the
-# whole step. In the schedule below, hover a bar to see its name.
+# whole step. In the schedule below (fitted to this one step), hover a bar to see its name.
 
 # %%
 view = pw.ScheduleView(ctl, programs=["pipeline.1f1b"], live=False)
@@ -120,6 +121,7 @@ pw.train.wait((pipe_state, loss))
 ctl.wait()
 [one_step] = pw.train.measure.steps(ctl.trace.events(since=k), program="pipeline.1f1b")
 view.update()
+view.window.value = 1.05 * (max(e.t_end for e in one_step) - min(e.t_start for e in one_step))
 for s, calls in pw.train.stage_order_seen(one_step).items():
     print(f"stage {s}:", " ".join(f"{c.kind.value[0].upper()}{c.microbatch}" for c in calls))
 kinds = {e.name.split(".")[-1].split("[")[0] for e in one_step}
@@ -135,11 +137,13 @@ view
 # needs) alive at once; 1F1B keeps at most S − s on stage s. We read the bubble and the
 # residuals alive at once from the trace, and sample `ctl.memory()` while each step runs.
 #
-# The sampled memory shows the difference only under **sequential dispatch**: under parallel
-# dispatch (the default) the control plane launches a step's calls ahead of their data, and a
-# launched call's outputs count at once, so both schedules look alike there
-# (`docs/training.md`). The trace's residual count follows the order the devices ran, which
-# the schedule fixes, so it is the same every run.
+# Two readings of memory. `ctl.memory()` is sampled while the step runs; its peak is the
+# largest rise on any one device, and with M = S stage 0 holds as many residuals under both
+# schedules, so the sampled peaks lie close together, and under parallel dispatch (the
+# default) the control plane launches a step's calls ahead of their data and a launched call's
+# outputs count at once, which blurs them further (`docs/training.md`). The trace's count of
+# the residuals alive on each stage follows the order the devices ran, which the schedule
+# fixes: it is the same every run, and it is where 1F1B's saving shows, on the later stages.
 
 # %%
 placed = pipe.place(batch)
