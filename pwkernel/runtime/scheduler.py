@@ -20,7 +20,9 @@ order:
 - ``share``: proportional share of device time between clients by ``weight`` (stride
   scheduling: each client has a pass value advanced by device-seconds / weight; the lowest pass
   goes next). A launch is charged an estimate (the last durations of the same computation) and
-  corrected when it ends.
+  corrected when it ends. A client that becomes active starts at the pass of what has run; a
+  guess charged for a computation never seen yet moves no one's start (a guess far too big
+  would otherwise keep a newcomer waiting until the other had used all of it).
 
 A ready computation that cannot start (its devices are busy, or its outputs would exceed the
 memory budget) reserves its devices: later computations may use other devices (backfill) but
@@ -34,16 +36,14 @@ launch a whole chain (up to ``depth``) without a round trip per node.
 The events, decisions and policies live in ``runtime/events.py`` (re-exported here).
 
 The order is kept incrementally: each client's ready computations sit in a list sorted by the
-policy's key (inserted with a binary search when they become ready), and a scheduling pass
-merges the clients' lists, stopping as soon as every device is reserved. Nothing is sorted again
-per launch. These lists are the only record of what is ready, and each device's queue of
+policy's key (binary insertion), merged by a scheduling pass that stops once every device is
+reserved. These lists are the only record of what is ready, and each device's queue of
 computations in flight (``_busy``) the only record of what runs.
 
-With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers) are
-admitted here too, in the same order: a copy needs only memory, never its devices to itself, so
-it is launched as soon as its bytes fit and is done with the scheduler at once (its memory stays
-counted until ``MemoryFreed``). The scheduler never decides that waiting is hopeless; what
-``waiting_for_memory`` reports lets the runtime tell (see ``runtime.budget``).
+With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers)
+are admitted here too, in the same order, launched once their bytes fit (counted until
+``MemoryFreed``). Whether waiting is hopeless is the runtime's call (``waiting_for_memory``,
+``runtime.budget``).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
 class _Client:
     weight: float = 1.0
     passes: float = 0.0  # stride scheduling's pass value, in device-seconds / weight
+    guessed: float = 0.0  # of ``passes``: charges of running tasks whose cost is unknown
     active: int = 0      # queued + running tasks
     device_seconds: float = 0.0
     # (key, task) of its ready tasks, sorted by key; keys are unique (each is, or ends with,
@@ -97,6 +98,7 @@ class _Task:
     dependents: list | None = None  # tasks whose ``waits`` name this one
     copy: bool = False  # a copy onto the island: it needs only memory
     charged: float = field(init=False, repr=False)  # its estimate, set when it launches
+    guessed: float = field(default=0.0, init=False, repr=False)  # the same, never seen yet
 
 
 @dataclass
@@ -233,12 +235,9 @@ class GangScheduler:
             unknown = sorted(devices - self._device_set)
             return Reject(task=task, reason=f"devices {unknown or '[]'} are not on this "
                                             f"island (its devices: {list(self.devices)})")
-        if self.memory_budget is not None and memory > self.memory_budget:
-            return Reject(task=task, reason=f"needs {memory} bytes per device but the memory "
-                                            f"budget is {self.memory_budget}; raise "
-                                            "memory_budget or split the work into smaller "
-                                            "pieces")
-        return None
+        return Reject(task=task, reason=f"needs {memory} bytes per device but the memory "
+                      f"budget is {self.memory_budget}; raise memory_budget or split the work "
+                      "into smaller pieces")
 
     def _submit(self, ev: Submit, out: list) -> bool:
         devices = frozenset(ev.devices)
@@ -267,8 +266,7 @@ class GangScheduler:
         for spec in ev.nodes:
             tid, devices = base + spec.index, spec.devices
             if not (devices and devices <= island and (budget is None or spec.memory <= budget)):
-                # its dependents wait for the runtime to cancel them
-                out.append(self._refuse(tid, devices, spec.memory))
+                out.append(self._refuse(tid, devices, spec.memory))  # (dependents: cancelled)
                 continue
             task = _Task(tid, seq, devices, client, priority, spec.cost_key, spec.memory,
                          spec.after, base, group)
@@ -294,8 +292,7 @@ class GangScheduler:
         self._seq = seq
         return ready
 
-    def _key(self, t: _Task) -> tuple[int, int] | int:
-        """``t``'s place in its client's ready list (``_make_ready`` has it inline)."""
+    def _key(self, t: _Task) -> tuple[int, int] | int:  # (its place in its client's list)
         return (-t.priority, t.seq) if self.policy is Policy.PRIORITY else t.seq
 
     def _make_ready(self, t: _Task) -> None:
@@ -336,6 +333,7 @@ class GangScheduler:
         actual = (seconds if seconds > 0.0 else 0.0) * len(t.devices)
         client = t.client
         client.passes += (actual - t.charged) / client.weight
+        client.guessed -= t.guessed / client.weight
         client.device_seconds += actual
         client.active -= 1
         key = t.cost_key
@@ -484,12 +482,14 @@ class GangScheduler:
         for d in t.devices:
             self._busy[d].append(tid)
         client = t.client
-        passes = client.passes
+        passes = client.passes - client.guessed  # (a guess is no one's starting point)
         if passes > self._vtime:
             self._vtime = passes
         charged = self._estimates.get(t.cost_key)  # (``_estimate``'s usual case, inline)
         if charged is None:
-            charged = self._estimate(t)
+            charged = t.guessed = self._estimate(t)
+            client.guessed += charged / client.weight
+        passes = client.passes
         t.charged = charged
         client.passes = passes + charged / client.weight
         out.append(Launch(task=tid))

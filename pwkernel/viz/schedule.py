@@ -106,8 +106,9 @@ class ScheduleView(w.VBox):
     ``programs``/``clients``: show only these (None: all). ``window``: seconds of the time axis
     while following; None (default): 10 s for a live view, and a view made with ``live=False``
     fits its axis to the events it shows (a simulated run's microseconds, a burst of steps)
-    until a window is set (``view.window.value``). ``max_rows``: rows kept in the page per source (older ones roll over;
-    ``history`` keeps everything). ``live=False`` starts no thread: call ``update()`` yourself.
+    until a window is set (``view.window.value``). ``max_rows``: rows kept in the page per
+    source (older ones roll over; ``history`` keeps everything). ``live=False`` starts no
+    thread: call ``update()`` yourself.
 
     The sources hold NumPy columns; their string columns are codes into ``codebook`` (the
     page's copy is ``lookup``): ``view.decoded()`` gives the rows with the names.

@@ -181,6 +181,33 @@ def test_share_corrects_estimates_with_actual_durations():
     assert shares["long"] == pytest.approx(0.5, abs=0.08)
 
 
+def test_a_guess_for_a_computation_never_seen_does_not_hold_back_a_newcomer():
+    """Before any computation has ended, a launch is charged a guess (a second per device
+    here, for computations of a millisecond). A client that arrives then must not start behind
+    what was guessed: weights 1 (bob) and 3 (alice) share the devices at once, not bob's whole
+    backlog first (which is what happened, on every backend, until one call had ended)."""
+    s = GangScheduler(ALL, policy="share")
+
+    def chains(name, weight, first):  # 6 programs of a 4-step chain each
+        return [SubmitProgram(base=first + 10 * k, client=ClientSpec(name, weight=weight),
+                              nodes=tuple(NodeSpec(index=i, devices=frozenset(ALL),
+                                                   cost_key="step", waits=(i - 1,) if i else (),
+                                                   after=(i - 1,) if i else ())
+                                          for i in range(4)))
+                for k in range(6)]
+
+    running = launched(s.handle(*chains("bob", 1.0, 0)))
+    assert running == [0, 1, 2, 3]  # a chain launched ahead, each charged the guess
+    running += launched(s.handle(*chains("alice", 3.0, 1000)))
+    order = []
+    while running:
+        t = running.pop(0)
+        order.append("a" if t >= 1000 else "b")
+        running += launched(s.handle(Ended(task=t, seconds=1e-3)))
+    assert len(order) == 48 and order[:4] == list("bbbb")
+    assert order[4:20].count("a") >= 10, "".join(order)  # alice served from her arrival
+
+
 def test_idle_client_does_not_bank_credit():
     s = GangScheduler(ALL, policy="share")
     busy = ClientSpec("busy")
