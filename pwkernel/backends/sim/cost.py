@@ -20,6 +20,7 @@ divided by the product of the mesh axes its inputs and outputs are sharded over.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,7 +67,8 @@ class Cost:
     def given(cls, seconds: float, collectives: bool = False) -> Cost:
         """A duration the user knows (for what XLA cannot estimate). ``collectives``: the
         computation waits for all its chips (matters only with ``gang=False``)."""
-        if not isinstance(seconds, int | float) or not seconds >= 0 or math.isinf(seconds):
+        if (not isinstance(seconds, numbers.Real) or isinstance(seconds, bool)
+                or not seconds >= 0 or math.isinf(seconds)):
             raise SimError(f"a given cost must be seconds >= 0, got {seconds!r}; "
                            "e.g. Cost.given(1e-3) for one millisecond.")
         return cls(float(seconds), source="given", has_collectives=bool(collectives))

@@ -33,6 +33,7 @@ memory budgets act as they do on real devices.
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 import weakref
@@ -42,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.errors import NoValueError
+from ...runtime.errors import NoValueError, deleted_input, donated_and_read
 from ...runtime.executable import Executable
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island, islands_from_env
@@ -86,10 +87,11 @@ class SimValue:
     """What a future of a simulated run holds: a value's shape, dtype and sharding, and when
     it exists on the virtual clock (``ready``). There are no numbers in it."""
 
-    __slots__ = ("shape", "dtype", "sharding", "ready")
+    __slots__ = ("shape", "dtype", "sharding", "ready", "deleted")
 
     def __init__(self, shape, dtype, sharding, ready: float):
         self.shape, self.dtype, self.sharding, self.ready = shape, dtype, sharding, ready
+        self.deleted = False  # a launch that donates it was given it
 
     def __repr__(self) -> str:
         return f"SimValue(shape={self.shape}, dtype={self.dtype}, ready={self.ready:.6g} s)"
@@ -181,7 +183,8 @@ class SimExecutor(NoGroup):
     def advance(self, seconds: float) -> float:
         """Let ``seconds`` of virtual time pass (what ends meanwhile ends, what it launches
         is launched); returns the clock. Submissions after it happen at the new time."""
-        if not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+        if (not isinstance(seconds, numbers.Real) or isinstance(seconds, bool)
+                or not 0 <= seconds < math.inf):
             raise SimError(f"advance takes finite seconds >= 0, got {seconds!r}.")
         timing = self.timing
         with self._cv:
@@ -254,8 +257,12 @@ class SimExecutor(NoGroup):
         with self._cv:
             for task in tasks:
                 node, run = task.node, task.run
-                ds = timing.devset(node.devices)
                 task.t_launch = timing.now
+                error = _donation_error(node, task.inputs())
+                if error is not None:  # (what the local backend raises there; nothing runs)
+                    timing.at(timing.now, _refused, (task, error))
+                    continue
+                ds = timing.devset(node.devices)
                 arrived = timing.send_launch(island, self._decided(task), ds.hosts)
                 seconds = run.plan.backend["sim"][0][node.index]
                 start = timing.run_on_chips(ds, max(arrived, _ready(task.inputs())), seconds)
@@ -334,6 +341,29 @@ def _landed(arg) -> None:
 def _report(arg) -> None:
     task, start, end, outs = arg
     task.ended(start, end, None, outs)
+
+
+def _refused(arg) -> None:
+    task, error = arg
+    task.ended(task.t_launch, task.t_launch, error, None)
+
+
+def _donation_error(node, inputs: list) -> BaseException | None:
+    """The errors a real launch raises for donation (``runtime/errors.py``: an input an
+    earlier call consumed, or one this call donates and also reads); else the donated inputs
+    are consumed now."""
+    for i, v in enumerate(inputs):
+        if getattr(v, "deleted", False):
+            return deleted_input(f"input {i} of {node.name} was given to an earlier call that "
+                                 "donates it, which now owns its buffer")
+    donated = node.exe.donated
+    for i in donated:
+        if sum(v is inputs[i] for v in inputs) > 1:
+            return donated_and_read(node.name, i)
+    for i in donated:
+        if isinstance(inputs[i], SimValue):
+            inputs[i].deleted = True
+    return None
 
 
 def _ready(values) -> float:

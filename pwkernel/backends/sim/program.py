@@ -15,6 +15,7 @@ it reads. Chip ids are the simulated cluster's (``Cluster.island_devices``).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -187,7 +188,7 @@ def hinted_seconds(name: str, hint: Any) -> float | None:
     if hint is None:
         return None
     seconds = getattr(hint, "seconds", hint)
-    if (not isinstance(seconds, int | float) or isinstance(seconds, bool)
+    if (not isinstance(seconds, numbers.Real) or isinstance(seconds, bool)
             or not 0 <= seconds < math.inf):
         raise ProgramError(
             f"{name}: sim_cost must be seconds >= 0 (or a pw.sim.Cost), the duration of one "

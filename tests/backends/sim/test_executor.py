@@ -137,6 +137,24 @@ def test_futures_have_shapes_shardings_and_times_but_no_values():
         assert z.sharding.is_equivalent_to(NamedSharding(s.mesh, P()), 2)
 
 
+def test_donation_errors_are_those_of_a_real_backend():
+    """A simulated program that would fail for real fails on the simulator too: reading a
+    value an earlier call donated, and donating a value the same call also reads."""
+    with pw.Controller(backend="sim") as ctl:
+        s = ctl.slice(2)
+        step = pw.function(lambda x: x * 2, slice=s, donate_argnums=0, sim_cost=1e-3)
+        both = pw.function(lambda x, y: x + y, slice=s, donate_argnums=0, sim_cost=1e-3)
+        a = step(np.ones(4, np.float32))
+        b = step(a)
+        again = step(a)
+        for fut, match in ((again, "given to an earlier call that donates it"),
+                           (both(b, b), "donates input 0 and also reads")):
+            error = fut.exception(timeout=30)
+            assert isinstance(error, RuntimeError) and isinstance(error, pw.ProgramError)
+            assert error is not None and match in str(error), error
+        assert step(b).exception(timeout=30) is None  # the newest value carries on
+
+
 def test_a_real_array_is_uploaded_to_simulated_chips():
     with pw.Controller(backend="sim", cluster=TINY) as ctl:
         f = pw.function(lambda x: x * 2, slice=ctl.slice(4), name="double")
@@ -352,8 +370,13 @@ def test_bad_input_is_refused_with_the_fix():
                        "\\[4\\] chips"):
         pw.Controller(islands=(4, 4), backend="sim", cluster=TINY)  # (the old default too)
     with pw.Controller(backend="sim", cluster=TINY) as ctl:
-        with pytest.raises(pw.ProgramError, match="sim_cost must be seconds"):
-            pw.function(lambda x: x, slice=ctl.slice(1), sim_cost=-1)
+        for bad in (-1, True):
+            with pytest.raises(pw.ProgramError, match="sim_cost must be seconds"):
+                pw.function(lambda x: x, slice=ctl.slice(1), sim_cost=bad)
+        f = pw.function(lambda x: x, slice=ctl.slice(1), sim_cost=np.float32(1e-3))  # NumPy's
+        assert f(np.ones(4, np.float32)).exception(timeout=30) is None  # seconds are seconds
+        with pytest.raises(sim.SimError, match="advance takes finite seconds"):
+            ctl.executor.advance(True)
         with pytest.raises(ValueError, match="reattach"):
             ctl.reattach(0)
     assert pw.sim is sim
