@@ -246,8 +246,10 @@ class SimExecutor(NoGroup):
         done = self._planned.get(run)
         if done is not None:
             t = done[task.node.index]
-        else:  # sequential: the client works on a node once its inputs exist
-            t = timing.node_work(run.client, run.plan.backend["sim"][1][task.node.index])
+        else:  # sequential: the client works on a node once its inputs exist (when it was
+            # handed to the scheduler, which may launch it much later: its devices were busy)
+            t = timing.node_work(run.client, run.plan.backend["sim"][1][task.node.index],
+                                 at=task.t_submit)
         return max(timing.now, t + timing.host.rpc_latency)
 
     # --- computations ----------------------------------------------------------------------

@@ -97,11 +97,12 @@ class Timing:
         self.client_free[client] = t
         return t
 
-    def node_work(self, client: str, hosts: int) -> float:
-        """The client's work for one node touching ``hosts`` hosts, from now (after what it
-        is doing already): when it is done."""
+    def node_work(self, client: str, hosts: int, at: float | None = None) -> float:
+        """The client's work for one node touching ``hosts`` hosts, from ``at`` (default: now;
+        after what it is doing already): when it is done."""
         host = self.host
-        done = (max(self.client_free.get(client, 0.0), self.now) + host.client_per_node
+        begin = self.now if at is None else at
+        done = (max(self.client_free.get(client, 0.0), begin) + host.client_per_node
                 + host.fanout_per_host * hosts)
         self.client_free[client] = done
         return done

@@ -110,6 +110,28 @@ def test_sequential_dispatch_pays_a_round_trip_per_node():
                               "b": (1792.0, 2792.0)}
 
 
+def test_a_sequential_node_that_waits_for_chips_is_timed_as_the_engine_times_it():
+    """Under sequential dispatch the client works on a node when its inputs exist (here at
+    once), not when the scheduler launches it after the chips free up: the controller and the
+    engine give the same timeline (b: a's end 1140 us, heard 50 us later, sent to the hosts
+    50 + 10 us after that)."""
+    cluster = sim.Cluster.preset("tpu-v4", chips=8)
+    with pw.Controller(backend="sim", cluster=cluster, dispatch="sequential") as ctl:
+        f = pw.function(lambda: jnp.ones(8), slice=ctl.slice(8), sim_cost=1e-3, name="f")
+        f()
+        f().wait(timeout=10)
+        seen = [(round(e.t_start * 1e6, 1), round(e.t_end * 1e6, 1))
+                for e in ctl.trace.events() if e.kind == "compute"]
+    engine = sim.Simulator(cluster, policy="fifo", dispatch="sequential")
+    for name in ("a", "b"):
+        engine.submit(sim.SimProgram(name, [sim.SimNode(0, "f", cluster.island_devices(0), (),
+                                                        1e-3)]))
+    engine.run()
+    want = [(round(e.t_start * 1e6, 1), round(e.t_end * 1e6, 1))
+            for e in engine.trace.events() if e.kind == "compute"]
+    assert seen == want == [(140.0, 1140.0), (1250.0, 2250.0)]
+
+
 def test_futures_have_shapes_shardings_and_times_but_no_values():
     with pw.Controller(backend="sim") as ctl:  # default: TPU v4, two islands of 4 chips
         assert [len(i.devices) for i in ctl.islands] == [4, 4] and ctl.backend == "sim"
