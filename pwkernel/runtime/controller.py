@@ -357,6 +357,7 @@ class Controller:
 
 # --- the process-wide controller -----------------------------------------------------------
 _lock = threading.Lock()
+_making = threading.local()  # ``default``: pw.controller() is making the controller
 _default: Controller | None = None
 _open: list[Controller] = []
 
@@ -381,8 +382,12 @@ def _register(ctl: Controller) -> None:
         warnings.warn(
             f"another open controller already holds devices {ids}; this one shares them "
             "with its own gang scheduler, so their computations are not ordered together "
-            "(collectives from both may deadlock). Maybe you want pw.controller() (the "
-            "process-wide one), or to close the other first (ctl.close()).",
+            "(collectives from both may deadlock). "
+            + ("pw.controller() made it because no controller was set as the process-wide "
+               "one: call ctl.set_default() on yours first, and pw.controller() returns it."
+               if getattr(_making, "default", False) else
+               "Maybe you want pw.controller() (the process-wide one), or to close the other "
+               "first (ctl.close())."),
             SharedDevicesWarning, stacklevel=3)
 
 
@@ -428,7 +433,11 @@ def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:
             ctl = None
         else:
             return _default
-    ctl = Controller(islands if islands is not None else islands_from_env(), **kwargs)
+    _making.default = True  # (what a warning about shared devices suggests)
+    try:
+        ctl = Controller(islands if islands is not None else islands_from_env(), **kwargs)
+    finally:
+        _making.default = False
     with _lock:
         _default = ctl
     return ctl

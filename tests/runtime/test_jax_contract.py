@@ -344,9 +344,14 @@ def test_slice_on_chosen_devices(ctl):
 
 
 def test_a_second_controller_over_live_devices_warns(ctl):
-    with pytest.warns(pw.SharedDevicesWarning, match="already holds devices"):
+    with pytest.warns(pw.SharedDevicesWarning, match="already holds devices.*Maybe you want "
+                      r"pw.controller\(\)"):
         other = pw.Controller(islands=(4, 4))
     other.close()
+    with pytest.warns(pw.SharedDevicesWarning, match=r"pw.controller\(\) made it.*"
+                      r"ctl.set_default\(\)"):  # (its advice is not pw.controller() again)
+        made = pw.controller()
+    made.close()
     ctl.close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
