@@ -69,6 +69,9 @@ class CellPlan:
     # inputs whose pytrees also hold plain values (ints, strings): those stay plain, only the
     # arrays are passed in (name -> (treedef, leaves with None where an array goes))
     mixed: dict[str, tuple[Any, list[Any]]] = dataclasses.field(default_factory=dict)
+    # a name the cell reads whose object JAX code changes in place (a flax.nnx Module or
+    # Optimizer): the cell runs as plain Python, as a value stored into an object does
+    mutable: str | None = None
 
     def inputs(self, user_ns: dict[str, Any]) -> list[Any]:
         """The values passed for ``params``: each input, or the arrays of a mixed one."""
@@ -91,6 +94,15 @@ def is_state(value: Any) -> bool:
         return False
     leaves = jax.tree_util.tree_leaves(value)
     return bool(leaves) and leaves[0] is not value and any(_is_array(x) for x in leaves)
+
+
+def in_place_state(value: Any) -> bool:
+    """An object that JAX code changes in place rather than returning new values: a flax.nnx
+    Module, Optimizer or Variable (or a list, tuple or dict of them). Traced in a cell, its
+    update would run at the trace's level, which nnx refuses, leaving the object emptied."""
+    items = value.values() if type(value) is dict else value if type(value) in (
+        list, tuple) else (value,)
+    return any(c.__module__.startswith("flax.nnx") for x in items for c in type(x).__mro__)
 
 
 def _mixed(value: Any) -> tuple[Any, list[Any]] | None:
@@ -173,6 +185,8 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
     params = sorted(n for n in loaded if n in user_ns and is_state(user_ns[n]))
     seeded = sorted(n for n in loaded if n in user_ns and n not in params)
     uses_pw = any(isinstance(user_ns.get(n), CompiledFunction | Program) for n in loaded)
+    mutable = next((n for n in sorted(loaded) if n in user_ns and in_place_state(user_ns[n])),
+                   None)
     fn = _build(tree, params, seeded, user_ns, filename, line_offset, printer)
     mixed = {n: m for n in params if (m := _mixed(user_ns[n])) is not None}
     if mixed:
@@ -181,7 +195,7 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         def fn(*args):
             return inner(*[_rebuild(*mixed[p], a) if p in mixed else a
                            for p, a in zip(params, args, strict=True)])
-    return CellPlan(fn, params, uses_pw, filename, last_name, mixed)
+    return CellPlan(fn, params, uses_pw, filename, last_name, mixed, mutable)
 
 
 def reads_before_binding(tree: ast.Module) -> set[str]:

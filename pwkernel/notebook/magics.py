@@ -251,6 +251,8 @@ class PathwaysMagics(Magics):
         shell = self.shell
         out = CellOutput(name)
         plan = cells.analyse(body, shell.user_ns, filename, 1, out.debug_print)
+        if plan.mutable is not None:  # (nnx objects: changed in place, never traced here)
+            return self._run_plain(body, filename, None if plan.uses_pw else vs, last)
         plain: dict[str, Any] = {}
         inputs = plan.inputs(shell.user_ns)
         program = cells.build_program(plan, vs, name, plain, inputs)
@@ -395,7 +397,6 @@ class PathwaysMagics(Magics):
                 ns[key] = value
 
     def _last(self, plan, plain: dict[str, Any], results: Any):
-        __tracebackhide__ = True
         if plan.last_name is not None:
             if plan.last_name not in self.shell.user_ns:  # as Python evaluates it: at the end
                 raise NameError(f"name {plan.last_name!r} is not defined",

@@ -193,3 +193,23 @@ def test_an_interrupt_while_the_cells_python_runs_says_what_happened(nb, capsys)
     with pytest.raises(NameError, match="nosuch_name"):
         run(nb, "%%pathways --slice s\nnosuch_name\n")
     assert "no array work" not in capsys.readouterr().out
+
+
+def test_a_cell_that_steps_a_flax_nnx_model_runs_it_as_plain_python(nb):
+    """nnx Modules and Optimizers change in place: traced in the cell, nnx refused the update
+    and left the notebook's model emptied. The cell runs as plain Python instead, and trains
+    exactly as the same line without the magic."""
+    run(nb, "import optax\nfrom flax import nnx\n"
+            "X, Y = np.ones((16, 8), np.float32), np.ones((16, 1), np.float32)\n"
+            "@nnx.jit\ndef nnx_step(model, optimizer, x, y):\n"
+            "    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)\n"
+            "    optimizer.update(model, grads)\n    return loss\n"
+            "def fresh():\n    m = nnx.Linear(8, 1, rngs=nnx.Rngs(0))\n"
+            "    return m, nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)\n"
+            "model, optimizer = fresh()\nplain_model, plain_opt = fresh()")
+    for _ in range(3):
+        run(nb, "%%pathways --slice s\nloss = nnx_step(model, optimizer, X, Y)\n")
+        run(nb, "plain_loss = nnx_step(plain_model, plain_opt, X, Y)")
+        assert float(nb.user_ns["loss"]) == float(nb.user_ns["plain_loss"])
+    trained, plain = run(nb, "model.kernel[...]"), run(nb, "plain_model.kernel[...]")
+    np.testing.assert_array_equal(np.asarray(trained), np.asarray(plain))
