@@ -39,7 +39,7 @@ def _step(state):
 
 
 def main(argv: list[str]) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--leaves", type=int, default=83)
     ap.add_argument("--steps", type=int, default=200, help="steps per round")
     ap.add_argument("--rounds", type=int, default=5)

@@ -51,7 +51,7 @@ def one_round(trainer: Trainer) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=8)

@@ -103,4 +103,8 @@ def main() -> list[dict]:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " ")
+                            ).parse_args()  # (no options: --help says what it measures)
     main()

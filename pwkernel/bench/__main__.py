@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import sys
+from pathlib import Path
 
 import jax
 
@@ -24,6 +25,33 @@ def _exit_on_sigterm(signum, frame) -> None:
     exception in the main thread, so what it started (the pool benchmark's Ray cluster and
     tenant processes, controllers) is stopped on the way out, not left running."""
     raise SystemExit(128 + signum)
+
+
+def _check(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse what would fail only once the benchmarks have run."""
+    if args.plot and not {"dispatch", "all"} & set(args.names):
+        parser.error("--plot draws the dispatch benchmark; run 'dispatch' (or 'all').")
+    if args.islands:
+        try:
+            sizes = [int(x) for x in args.islands.replace(" ", "").split(",") if x]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            parser.error(f"--islands takes device counts per island, e.g. 4,4 or 1; got "
+                         f"{args.islands!r}.")
+        have = len(jax.devices())
+        if sum(sizes) > have:
+            parser.error(f"--islands {args.islands} needs {sum(sizes)} devices; JAX has {have} "
+                         "here (the benchmarks split a CPU-only host into 8).")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            folder = Path(path).resolve().parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                parser.error(f"{flag} {path}: cannot make its folder ({e.strerror}).")
+            if not os.access(folder, os.W_OK):
+                parser.error(f"{flag} {path}: its folder {folder} is not writable.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="PATH",
                         help="write a PNG of the dispatch benchmark here (needs 'dispatch')")
     args = parser.parse_args(argv)
+    _check(parser, args)  # before minutes of measuring, not after
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     if args.islands:
         os.environ["PWKERNEL_BENCH_ISLANDS"] = args.islands
@@ -56,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"wrote {write_json(args.json, payload)}")
     if args.plot:
-        if "dispatch" not in payload["benchmarks"]:
-            parser.error("--plot draws the dispatch benchmark; run 'dispatch' (or 'all').")
         from .plot import dispatch_png
 
         print(f"wrote {dispatch_png(payload['benchmarks']['dispatch'], args.plot)}")

@@ -213,7 +213,9 @@ def run(mode: str = "quick") -> Result:
         "each slice's, with the largest computation measured when not reached).",
         *dispatch_steps.NOTES,
     ]
-    steps = {"config": dispatch_steps.STEPS_CONFIGS[mode], "rows": steps_rows}
+    measured = sorted({r["devices"] for r in steps_rows})  # (the slices the islands allow)
+    steps = {"config": {**dispatch_steps.STEPS_CONFIGS[mode], "slices": measured},
+             "rows": steps_rows}
     return Result("dispatch", mode, cfg, rows, ratios, notes,
                   time.perf_counter() - t0).with_extra(by_devices=by_devices,
                                                        smallest_match=match,

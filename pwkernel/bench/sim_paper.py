@@ -1,10 +1,11 @@
 """The paper's results on the simulator: ``python -m pwkernel.bench sim-paper [--json PATH]``.
 
-For each result of the paper (as summarised in PAPER.md): the paper's figure, the simulated one
-and the error. Calibration is honest: two control-plane costs are fit, on the two dispatch
-break-even points only (``pwkernel.backends.sim.paper_dispatch.fit``); every other row is a
-prediction with those values, and the table says which is which. Figures the paper states only
-as a direction ("sequential is always slower") are checked as such (error column: ``holds``).
+For each result of the paper (as secondary summaries of it give it; docs/simulator.md): the
+paper's figure, the simulated one and the error. Calibration is honest: two control-plane
+costs are fit, on the two dispatch break-even points only
+(``pwkernel.backends.sim.paper_dispatch.fit``); every other row is a prediction with those
+values, and the table says which is which. Figures the paper states only as a direction
+("sequential is always slower") are checked as such (error column: ``holds``).
 
 The simulated hardware is the one the paper's counts imply (``paper_dispatch.HARDWARE``): the
 break-even point at 16 hosts ("128 TPUs": 8 TensorCores per host) on TPU v3, the one at 512
@@ -113,8 +114,8 @@ def run(mode: str = "quick") -> Result:
         "GPipe data parallel inside each stage; SPMD simulated at "
         f"{pwl.MODEL['3b']['batch_tokens'] / pwl.step_seconds(fitted['params']) / 1e3:.0f}k "
         "tokens/s against the paper's 125.7k (matrix units at peak)",
-        "every row but the two 'fit' rows is a prediction; paper figures from PAPER.md "
-        "(secondary sources for all but the abstract's)",
+        "every row but the two 'fit' rows is a prediction; paper figures as secondary "
+        "summaries of the paper give them (all but the abstract's; docs/simulator.md)",
     ]
     res = Result("sim-paper", mode, {"programs": CONFIG[mode]["programs"],
                                      "assumed": {k: v for k, (v, _) in pd.ASSUMED.items()},

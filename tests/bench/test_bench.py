@@ -233,6 +233,22 @@ def test_cli_rejects_an_unknown_benchmark():
     assert "unknown benchmark 'dispach'" in proc.stderr and "dispatch" in proc.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (["sim-paper", "--plot", "x.png"], "--plot draws the dispatch benchmark"),
+    (["dispatch", "--islands", "16"], "needs 16 devices; JAX has 8"),
+    (["dispatch", "--islands", "abc"], "device counts per island"),
+    (["parallel-dispatch", "--json", "/proc/no/x.json"], "cannot make its folder")])
+def test_cli_refuses_what_would_fail_before_running_anything(args, says, capsys):
+    """Refused at once (exit 2) with what to fix, not after minutes of measuring."""
+    from pwkernel.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--tiny"])
+    seen = capsys.readouterr()
+    assert done.value.code == 2 and says in seen.err
+    assert "running" not in seen.out and not Path("x.png").exists()  # nothing was measured
+
+
 def test_harness_interleaves_and_pairs_rounds():
     calls: list[str] = []
 

@@ -38,7 +38,7 @@ from .engine import Simulator
 from .errors import SimError
 from .program import SimNode, SimProgram
 
-#: the paper's break-even points: hosts -> seconds (PAPER.md; secondary sources)
+#: the paper's break-even points: hosts -> seconds (secondary summaries of the paper)
 BREAK_EVEN = {16: 2.3e-3, 512: 35e-3}
 #: the hardware the paper's counts imply: "16 hosts with 128 TPUs" is 8 TensorCores per host,
 #: TPU v3 (4 chips of 2 cores); "512 hosts with 2048 TPUs" is 4 per host, TPU v4 (megacore:
