@@ -62,6 +62,7 @@ from jax.extend.core.primitives import closed_call_p
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .compiled import compile_once
 from .errors import ProgramError
 
 # The primitives that run Python on the host, and what users call to make them.
@@ -159,7 +160,7 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
     traced = plain.trace(*structs)
     closed = traced.jaxpr
     if not _Rewriter().has_callbacks(closed.jaxpr):
-        compiled = traced.lower().compile()
+        compiled = compile_once(traced, mesh.devices.flat)
         # int4/uint4 inputs: the compiled call wants them packed and JAX places them
         # unpacked; jax.jit's own call takes them (the same computation, its own cache)
         return compiled, FencedCall(plain if sub_byte(structs) else compiled)

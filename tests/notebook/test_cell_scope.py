@@ -13,6 +13,7 @@ import pytest
 
 import pwkernel as pw
 from pwkernel.notebook import extension
+from pwkernel.runtime import compiled
 from tests.helpers.shell import run
 
 
@@ -213,3 +214,19 @@ def test_a_cell_that_steps_a_flax_nnx_model_runs_it_as_plain_python(nb):
         assert float(nb.user_ns["loss"]) == float(nb.user_ns["plain_loss"])
     trained, plain = run(nb, "model.kernel[...]"), run(nb, "plain_model.kernel[...]")
     np.testing.assert_array_equal(np.asarray(trained), np.asarray(plain))
+
+
+def test_a_cell_run_again_compiles_nothing_new_and_sees_a_changed_value(nb):
+    """The same cell run again reuses its executable (runtime/compiled.py); a value its
+    Python reads that changed makes a new computation, as it must."""
+    compiled.clear()
+    run(nb, "w = np.ones(4, np.float32)\nlr = 0.5")
+    body = "%%pathways --slice s\nw2 = w - lr * jnp.tanh(w)\n"
+    run(nb, body)
+    first = compiled.kept()
+    run(nb, body)
+    assert first >= 1 and compiled.kept() == first
+    np.testing.assert_allclose(np.asarray(nb.user_ns["w2"]), 1 - 0.5 * np.tanh(1.0), rtol=1e-6)
+    run(nb, "lr = 0.25")  # a value the cell's Python reads: a new computation
+    run(nb, body)
+    np.testing.assert_allclose(np.asarray(nb.user_ns["w2"]), 1 - 0.25 * np.tanh(1.0), rtol=1e-6)

@@ -1,0 +1,33 @@
+"""XLA compiles an identical computation once (``runtime/compiled.py``): a function made again,
+or a cell run again, reuses the executable; anything that changes the computation, its
+constants, its devices or its types compiles anew."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+import pwkernel as pw
+from pwkernel.runtime import compiled
+
+kept = compiled.kept
+
+
+def test_a_function_made_again_reuses_its_executable_and_nothing_else_does(ctl):
+    compiled.clear()
+    s, other = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    x = np.arange(4.0, dtype=np.float32)
+
+    def make(c, where=s):
+        return pw.function(lambda v: v * c + 1, slice=where)
+
+    assert make(2.0)(x).result(60).tolist() == [1.0, 3.0, 5.0, 7.0]
+    assert kept() == 1
+    assert make(2.0)(x).result(60).tolist() == [1.0, 3.0, 5.0, 7.0]  # made again: reused
+    assert kept() == 1
+    assert make(3.0)(x).result(60).tolist() == [1.0, 4.0, 7.0, 10.0]  # another constant
+    assert make(2.0, other)(x).result(60).tolist() == [1.0, 3.0, 5.0, 7.0]  # other devices
+    assert kept() == 3
+    weak, strong = make(2.0)(3.0), make(2.0)(jnp.float32(3.0))  # the same HLO, other types
+    assert weak.result(60).weak_type and not strong.result(60).weak_type
+    assert float(weak) == float(strong) == 7.0
