@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from IPython.core.error import UsageError
+
 from ..runtime.controller import Controller, controller, running_default
+from ..runtime.errors import DeviceSetupError
 from ..runtime.events import ClientSpec
 from ..runtime.resources import VirtualSlice
 from .output import CellOutput
@@ -34,7 +37,10 @@ class NotebookState:
             if self._ctl is not None:
                 self._default = None
                 self.slices.clear()
-            self._ctl = controller()
+            try:
+                self._ctl = controller()
+            except DeviceSetupError as e:  # (JAX set up before the first cell: one line)
+                raise UsageError(f"%pathways: {e}") from None
         return self._ctl
 
     def peek(self) -> Controller | None:

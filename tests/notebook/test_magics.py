@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 
 import jax
@@ -418,3 +420,21 @@ def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys):
         run(ip, "%pathways attach sim --islands 1024,512")
     run(ip, "%pathways attach local --islands 4,4")
     assert extension.state().ctl.backend == "local"
+
+
+def test_a_controller_that_cannot_start_is_a_one_line_usage_error():
+    """A cell whose controller cannot be made (JAX set up with fewer devices before the first
+    cell) gets one line saying how to fix it, as the line magics do, not a traceback through
+    the runtime. (A fresh process: this one's JAX and controllers are set up already.)"""
+    script = ("import os\nos.environ['PWKERNEL_ISLANDS'] = '8,8'\nimport jax\n"
+              "jax.config.update('jax_num_cpu_devices', 8)\njax.devices()\n"
+              "from IPython.core.interactiveshell import InteractiveShell\n"
+              "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'pwkernel')\n"
+              "for cell in ('%%pathways\\nx = jax.numpy.ones(2)', '%pathways slice s 2'):\n"
+              "    r = ip.run_cell(cell)\n"
+              "    print(type(r.error_in_exec).__name__, r.error_in_exec)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("UsageError")]
+    assert len(lines) == 2 and all("need 16 CPU devices" in ln for ln in lines), done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
