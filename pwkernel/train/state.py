@@ -133,6 +133,11 @@ def wait(tree, timeout: float | None = None) -> Any:
                                    f"{timeout} s; see ctl.status().")
             if leaf.exception() is not None:
                 raise leaf.exception()
+            if leaf.store is not None and leaf.store.closed:  # (its value freed by the close)
+                raise ControllerClosedError(
+                    f"a training future ({leaf.name}) belongs to a closed controller: its "
+                    "value is gone. Train on from a host copy (jax.device_get(fetch(state)), "
+                    "taken before) on a new controller.")
     return tree
 
 

@@ -465,3 +465,5 @@ def test_a_state_whose_controller_closed_says_so(stages):
     ctl.close()
     with pytest.raises(pw.ControllerClosedError, match="closed controller.*device_get"):
         spmd.step(pw.train.TrainState([pending], [pending]), T.batch(CFG, 8))
+    with pytest.raises(pw.ControllerClosedError, match="closed controller"):
+        pw.train.wait(held)  # it ended before the close, and its value went with it
