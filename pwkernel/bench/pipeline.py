@@ -210,7 +210,10 @@ def run(mode: str = "quick") -> Result:
     finally:
         ctl.close()
     notes = ["tokens_per_s: forward pass + loss, tokens per second (median, min, max).",
-             "headline: the worst of the pipelines measured (S=2 and S=4)."]
+             "headline: the worst of the pipelines measured (S="
+             + " and S=".join(map(str, cfg["stages"])) + ").",
+             "config.microbatches is per stage: a pipeline of S stages runs S times as many "
+             "(each row's microbatches)."]
     config = {**cfg, "model": model.__dict__}
     return Result("pipeline", mode, config, rows,
                   {"pipeline_vs_spmd": min(r["pipeline_vs_spmd"] for r in rows)}, notes,
