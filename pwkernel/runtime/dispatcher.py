@@ -421,8 +421,9 @@ def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
                     run.errors[slot] = leaf.error
                 elif leaf.donated and _consumed(leaf.peek()):
                     run.errors[slot] = deleted_input(
-                        f"an input of {graph.name} was given to an earlier call that donates "
-                        "it, which now owns its buffer", leaf.peek().aval.str_short())
+                        f"input {plan.inputs.index(slot)} of {graph.name} was given to an "
+                        "earlier call that donates it, which now owns its buffer",
+                        leaf.peek().aval.str_short())
                 else:
                     values[slot] = leaf.peek()
                 t_done[slot] = leaf.t_done
