@@ -98,11 +98,17 @@ def is_state(value: Any) -> bool:
 
 def in_place_state(value: Any) -> bool:
     """An object that JAX code changes in place rather than returning new values: a flax.nnx
-    Module, Optimizer or Variable (or a list, tuple or dict of them). Traced in a cell, its
-    update would run at the trace's level, which nnx refuses, leaving the object emptied."""
+    Module, Optimizer, Rngs or Variable (or a list, tuple or dict of them); not an
+    ``nnx.State``, which is a plain pytree. Traced in a cell, its update would run at the
+    trace's level, which nnx refuses, leaving the object emptied."""
     items = value.values() if type(value) is dict else value if type(value) in (
         list, tuple) else (value,)
-    return any(c.__module__.startswith("flax.nnx") for x in items for c in type(x).__mro__)
+    return any((c.__module__, c.__name__) in _IN_PLACE for x in items for c in type(x).__mro__)
+
+
+#: the flax.nnx base classes of objects that change in place (graph nodes, variables)
+_IN_PLACE = {("flax.nnx.pytreelib", "Pytree"), ("flax.nnx.object", "Object"),
+             ("flax.nnx.variablelib", "Variable")}
 
 
 def _mixed(value: Any) -> tuple[Any, list[Any]] | None:
