@@ -482,16 +482,15 @@ class GangScheduler:
         for d in t.devices:
             self._busy[d].append(tid)
         client = t.client
-        passes = client.passes - client.guessed  # (a guess is no one's starting point)
-        if passes > self._vtime:
-            self._vtime = passes
+        settled = client.passes - client.guessed  # (a guess is no one's starting point)
+        if settled > self._vtime:
+            self._vtime = settled
         charged = self._estimates.get(t.cost_key)  # (``_estimate``'s usual case, inline)
         if charged is None:
             charged = t.guessed = self._estimate(t)
             client.guessed += charged / client.weight
-        passes = client.passes
         t.charged = charged
-        client.passes = passes + charged / client.weight
+        client.passes += charged / client.weight
         out.append(Launch(task=tid))
         if t.dependents:
             for dep in t.dependents:  # (a dropped one stays below zero)

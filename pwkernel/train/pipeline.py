@@ -65,7 +65,6 @@ from .state import (
     Placer,
     TrainState,
     apply_optimizer,
-    check_batch,
     check_stages,
     init_stage,
     inputs_and_targets,
@@ -266,12 +265,10 @@ class Pipeline:
         return TrainState([p for p, _ in made], [o for _, o in made])
 
     def _split(self, batch) -> tuple[list, list]:
-        x, y = inputs_and_targets(batch, "pipe")
         devices = math.lcm(*(vs.size for vs in self.slices))
-        check_batch((x, y), self.microbatches, "batch (inputs and targets)", devices)
-        xs = split_batch(x, self.microbatches, "inputs", devices)
-        ys = split_batch(y, self.microbatches, "targets", devices)
-        return xs, ys
+        parts = split_batch(inputs_and_targets(batch, "pipe"), self.microbatches,
+                            "batch (inputs and targets)", devices)  # (one check of both)
+        return [x for x, _ in parts], [y for _, y in parts]
 
     def _residual_bytes(self, params, x, y) -> list[int]:
         out, h = [], _struct(x)

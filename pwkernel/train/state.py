@@ -134,10 +134,7 @@ def wait(tree, timeout: float | None = None) -> Any:
             if leaf.exception() is not None:
                 raise leaf.exception()
             if leaf.store is not None and leaf.store.closed:  # (its value freed by the close)
-                raise ControllerClosedError(
-                    f"a training future ({leaf.name}) belongs to a closed controller: its "
-                    "value is gone. Train on from a host copy (jax.device_get(fetch(state)), "
-                    "taken before) on a new controller.")
+                raise _closed(f"a training future ({leaf.name})")
     return tree
 
 
@@ -156,15 +153,18 @@ def ready_to_donate(state: TrainState | PackedState) -> None:
     if error is None:
         return
     if any(isinstance(f, Future) and f.store is not None and f.store.closed for f in futures):
-        raise ControllerClosedError(
-            "this state belongs to a closed controller: its buffers are gone. Train on from a "
-            "host copy taken before (jax.device_get(pw.train.fetch(state))), on a new "
-            "controller.") from error
+        raise _closed("this state") from error
     raise ValueError(
         f"this state comes from a step that failed ({type(error).__name__}: {error}). Pass "
         "the state that step was given instead: a Pipeline's failed step consumes none of "
         "it, and neither does SPMD(..., check_finite=True)'s when its check fails "
         "(docs/training.md, 'A failed step').") from error
+
+
+def _closed(what: str) -> ControllerClosedError:
+    return ControllerClosedError(
+        f"{what} belongs to a closed controller: its buffers are gone. Train on from a host "
+        "copy taken before (jax.device_get(pw.train.fetch(state))), on a new controller.")
 
 
 def fetch(tree) -> Any:
