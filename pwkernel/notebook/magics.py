@@ -352,7 +352,7 @@ class PathwaysMagics(Magics):
         from IPython.display import display
 
         try:
-            view = ScheduleView(ctl, programs=[run.name])  # the cell's program: cell[N]
+            view = ScheduleView(ctl, programs=[run.name], until=run)  # cell[N], to its end
         except Exception as e:  # the view is optional; the text summary always works
             print(f"(schedule view unavailable: {e}; showing the text summary)")
             return None

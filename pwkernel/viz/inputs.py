@@ -1,9 +1,14 @@
 """What every view checks first: that it was given something to show (a ``pw.Controller``, or
-a simulator: anything with a trace and islands)."""
+a simulator: anything with a trace and islands), and arguments of the kinds it takes (NumPy
+numbers too), refused in one line that says what was expected."""
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from typing import Any
+
+WINDOW_RANGE = (1e-6, 1e6)  # seconds a view's time window may span (its window box's bounds)
 
 
 def check_controller(ctl: Any) -> Any:
@@ -12,3 +17,53 @@ def check_controller(ctl: Any) -> Any:
         raise TypeError(f"a view needs a pw.Controller, got {type(ctl).__name__}. "
                         "Maybe you want pw.ScheduleView(pw.controller()).")
     return ctl
+
+
+def window_seconds(value: Any) -> float | None:
+    """A view's ``window`` as float seconds within ``WINDOW_RANGE`` (None stays None)."""
+    if value is None:
+        return None
+    lo, hi = WINDOW_RANGE
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not lo <= value <= hi:
+        raise ValueError(f"window must be a positive number of seconds from {lo:g} to {hi:g}, "
+                         f"got {value!r}. Maybe you want window=10.0 (the last 10 s).")
+    return float(value)
+
+
+def positive_int(value: Any, what: str) -> int:
+    """``value`` as an int > 0 (a NumPy integer too)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{what} must be a positive int, got {value!r}.")
+    return int(value)
+
+
+def filter_names(value: Iterable[str] | str | None, what: str) -> tuple[str, ...]:
+    """A filter's names: one name, several, or None (no filter: ``()``)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    hint = (f" The window is a keyword argument: window={value!r}."
+            if isinstance(value, numbers.Real) else "")
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{what} must be a name or names (str), got {value!r}; e.g. "
+                        f"{what}=['train'].{hint}")
+    found = tuple(value)
+    bad = [v for v in found if not isinstance(v, str)]
+    if bad:
+        raise TypeError(f"{what} must be names (str), got {bad!r}; e.g. {what}=['train'].")
+    return found
+
+
+def device_ids(value: Iterable[int] | None) -> tuple[int, ...] | None:
+    """A view's ``devices``: device ids (None: every device)."""
+    if value is None:
+        return None
+    if not isinstance(value, Iterable) or isinstance(value, str):
+        raise TypeError(f"devices must be device ids (a list of int), got {value!r}; e.g. "
+                        "devices=[0, 1], or devices=None for all of them.")
+    found = tuple(value)
+    bad = [d for d in found if isinstance(d, bool) or not isinstance(d, numbers.Integral)]
+    if bad:
+        raise TypeError(f"devices must be device ids (int), got {bad!r}; e.g. devices=[0, 1].")
+    return tuple(int(d) for d in found)

@@ -33,7 +33,7 @@ from .encoding import (
     transfer_arrays,
 )
 from .figures import COLOR_FIELDS, legend_html, names_source, schedule_figure, set_color_by
-from .inputs import check_controller
+from .inputs import check_controller, device_ids, filter_names, positive_int, window_seconds
 from .palette import COLORS
 from .report import report
 from .updater import DEFAULT_INTERVAL, LiveUpdater
@@ -46,18 +46,6 @@ _INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
 _T_START = getter("t_start")
 _PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
 _TENANT = getter("tenant")
-
-
-def _names(value: Iterable[str] | str | None, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    names = tuple(value)
-    bad = [v for v in names if not isinstance(v, str)]
-    if bad:
-        raise TypeError(f"{what} must be names (str), got {bad!r}; e.g. {what}=['train'].")
-    return names
 
 
 def _drill_devices(ctl, island, hosts, devices) -> list[int]:
@@ -104,11 +92,14 @@ class ScheduleView(w.VBox):
     would not (a 2048-chip simulated pod); ``drill(...)`` opens the devices of a host, some
     hosts or an island, one row each. ``devices``: show only these devices.
     ``programs``/``clients``: show only these (None: all). ``window``: seconds of the time axis
-    while following; None (default): 10 s for a live view, and a view made with ``live=False``
-    fits its axis to the events it shows (a simulated run's microseconds, a burst of steps)
-    until a window is set (``view.window.value``). ``max_rows``: rows kept in the page per
-    source (older ones roll over; ``history`` keeps everything). ``live=False`` starts no
-    thread: call ``update()`` yourself.
+    while following; None (default): 10 s for a live view of real time, and a view made with
+    ``live=False``, or of a simulated controller (a virtual clock), fits its axis to the events
+    it shows (a simulated run's microseconds, a burst of steps) until a window is set
+    (``view.window.value``). ``max_rows``: rows kept in the page per source (older ones roll
+    over; ``history`` keeps everything). ``live=False`` starts no thread: call ``update()``
+    yourself. ``until``: a ``ProgramRun`` (``fut.run``): the view stops following once it has
+    ended, after drawing its end (a ``%%pathways --viz`` cell's view). A view lives until
+    ``view.close()`` or its controller closes, as every widget does.
 
     The sources hold NumPy columns; their string columns are codes into ``codebook`` (the
     page's copy is ``lookup``): ``view.decoded()`` gives the rows with the names.
@@ -118,24 +109,24 @@ class ScheduleView(w.VBox):
                  clients: Iterable[str] | str | None = None, window: float | None = None, *,
                  color_by: str = "program", max_rows: int = 20_000, live: bool = True,
                  rows: str = "auto", devices: Iterable[int] | None = None,
-                 interval: float = DEFAULT_INTERVAL,
+                 interval: float = DEFAULT_INTERVAL, until=None,
                  trace_path: str | Path = "pwkernel-trace.json",
                  report_path: str | Path = "pwkernel-report.html"):
         check_controller(ctl)
-        self._fit = window is None and not live  # the axis fits the events shown
-        window = 10.0 if window is None else window
-        if not (isinstance(window, int | float) and window > 0):
-            raise ValueError(f"window must be a positive number of seconds, got {window!r}.")
+        given = window_seconds(window)
+        virtual = getattr(getattr(ctl, "executor", ctl), "virtual", False) or not live
+        self._fit = given is None and virtual  # the axis fits the events shown
+        window = 10.0 if given is None else given
         if color_by not in COLOR_FIELDS:
             raise ValueError(f"color_by must be one of {sorted(COLOR_FIELDS)}, got "
                              f"{color_by!r}.")
-        if not (isinstance(max_rows, int) and max_rows > 0):
-            raise ValueError(f"max_rows must be a positive int, got {max_rows!r}.")
+        max_rows = positive_int(max_rows, "max_rows")
+        devices = device_ids(devices)
         self.ctl = ctl
         self.max_rows = max_rows
         self.trace_path, self.report_path = Path(trace_path), Path(report_path)
         self.layout_rows = DeviceLayout.from_controller(ctl, rows, devices=devices)
-        self._options = dict(programs=programs, clients=clients, window=window,
+        self._options = dict(programs=programs, clients=clients, window=given,
                              color_by=color_by, max_rows=max_rows, interval=interval)
         self._rows: list[tuple] = []  # every event read, as the trace's tuples
         self._cursor = 0      # next trace index to read
@@ -165,8 +156,8 @@ class ScheduleView(w.VBox):
         self.figure = schedule_figure(self.layout_rows, self.source, self.transfers, self.links,
                                       self.lookup, color_by=color_by, x_range=self.x_range,
                                       others=self.others)
-        self._build_controls(window, color_by, _names(programs, "programs"),
-                             _names(clients, "clients"))
+        self._build_controls(window, color_by, filter_names(programs, "programs"),
+                             filter_names(clients, "clients"))
         self._refresh_legend()
         # The history so far goes into the sources before the widget is made: the page draws
         # the plot from the document the widget holds then (see ``bokeh_model``).
@@ -175,7 +166,8 @@ class ScheduleView(w.VBox):
         self.update()
         self.plot = EchoFreeBokehModel(self.figure, lock=self._lock)
         super().__init__([self._toolbar, self._filters, self.legend, self.plot, self.status])
-        self._updater = LiveUpdater(ctl, self.update, interval) if live else None
+        self._until = until
+        self._updater = LiveUpdater(ctl, self.update, interval, until=until) if live else None
         self._refresh_status()
 
     def drill(self, island: int | None = None, hosts: Iterable[int] | int | None = None,
@@ -187,7 +179,7 @@ class ScheduleView(w.VBox):
         >>> view.drill(hosts=range(8))        # doctest: +SKIP
         """
         chosen = _drill_devices(self.ctl, island, hosts, devices)
-        opts = {**self._options, "live": self._updater is not None, **options}
+        opts = {**self._options, "live": self._updater_alive(), **options}
         return ScheduleView(self.ctl, devices=chosen, **opts)
 
     # --- controls ------------------------------------------------------------------------
@@ -436,6 +428,8 @@ class ScheduleView(w.VBox):
     def _refresh_status(self) -> None:
         if getattr(self.ctl, "closed", False):
             live = "controller closed · final"
+        elif getattr(self, "_until", None) is not None and self._until.done():
+            live = "ended · final"
         elif self._updater_alive():
             live = "live"
         else:

@@ -1,6 +1,7 @@
 """``pw.TopologyView``: islands and devices, which slices map where, and how busy they are.
 
-Per device: utilization over the last ``window`` seconds (from the trace) and memory held by
+Per device: utilization over the last ``window`` seconds (from the trace; on a virtual clock,
+a simulator's, by default over the whole run: its work takes microseconds) and memory held by
 live buffers; per island: computations queued and running in its gang scheduler. Everything
 but the trace comes from ``ctl.snapshot()``, twice a second: snapshots, not a stream.
 
@@ -29,7 +30,7 @@ from ..runtime.trace import Event
 from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
 from .columns import DeviceLayout, merged_busy
-from .inputs import check_controller
+from .inputs import check_controller, window_seconds
 from .updater import LiveUpdater
 
 TOPOLOGY_COLUMNS = ("x", "device", "island", "utilization", "util_text", "memory",
@@ -55,16 +56,18 @@ class TopologyView(w.VBox):
     >>> view.close()                  # doctest: +SKIP
     """
 
-    def __init__(self, ctl, window: float = 10.0, *, live: bool = True, interval: float = 0.5,
-                 rows: str = "auto"):
+    def __init__(self, ctl, window: float | None = None, *, live: bool = True,
+                 interval: float = 0.5, rows: str = "auto"):
         check_controller(ctl)
-        if not (isinstance(window, int | float) and window > 0):
-            raise ValueError(f"window must be a positive number of seconds, got {window!r}.")
+        window = window_seconds(window)
+        virtual = not isinstance(ctl, Controller) or getattr(ctl.executor, "virtual", False)
         self.ctl = ctl
-        self.window_s = float(window)
+        #: seconds of utilization shown; None: the whole run (default on a virtual clock)
+        self.window_s = 10.0 if window is None and not virtual else window
         self._lock = threading.RLock()
         self._cursor = 0
         self._recent: deque[Event] = deque()
+        self._first = float("inf")  # when the first computation seen started
         self.layout_rows = DeviceLayout.from_controller(ctl, rows)
         self.factors = [tuple(label.split(" · ", 1)) for _, label in
                         sorted(self.layout_rows.labels.items())]
@@ -72,7 +75,8 @@ class TopologyView(w.VBox):
                                        name="pw-topology-devices")
         tips = [("device", "@device (island @island)"), ("utilization", "@util_text"),
                 ("memory", "@memory_text"), ("slices", "@slices")]
-        util = figure(title=f"Utilization (last {self.window_s:g} s)", height=220,
+        span = "whole run" if self.window_s is None else f"last {self.window_s:g} s"
+        util = figure(title=f"Utilization ({span})", height=220,
                       sizing_mode="stretch_width", x_range=FactorRange(*self.factors),
                       y_range=Range1d(0, 1.05), tools="", toolbar_location=None)
         util.vbar(x="x", top="utilization", width=0.8, source=self.source, fill_color="color",
@@ -109,11 +113,15 @@ class TopologyView(w.VBox):
                     self._cursor = e.index + 1
                     if e.kind == "compute" and not e.tenant:  # own work (not a pool's others)
                         self._recent.append(e)
+                        self._first = min(self._first, e.t_start)
             if isinstance(self.ctl, Controller):  # its executor's clock is its trace's
                 now = self.ctl.executor.now()
             else:  # a Simulator: its virtual clock
                 now = float(getattr(self.ctl, "now", time.perf_counter()))
-            start = now - self.window_s
+            if self.window_s is None:  # since the first computation
+                start = min(self._first, now)
+            else:
+                start = now - self.window_s
             while self._recent and self._recent[0].t_end < start:
                 self._recent.popleft()
             util = self._row_utilization(start, now)

@@ -12,6 +12,11 @@ budget; at ordinary rates it updates every ``interval``. It never waits more tha
 ``max_wait`` (1 s by default) all the same: one costly update (the first, which draws the
 plot, on a busy machine) must not leave a view a minute behind the programs it shows.
 
+``until``: something with ``done()`` (a ``ProgramRun``): once it is done, one last update
+shows its end and the thread stops (a cell's view, which nothing new will ever enter). A
+paused updater still notices its controller close (within ``max_wait``) and makes that last
+update.
+
 >>> import threading
 >>> ticks = threading.Event()
 >>> class Ctl: closed = False
@@ -47,7 +52,7 @@ class LiveUpdater:
 
     def __init__(self, ctl, tick: Callable[[], object], interval: float = DEFAULT_INTERVAL,
                  name: str = "pwkernel-viz-updater", budget: float = DEFAULT_BUDGET,
-                 max_wait: float = DEFAULT_MAX_WAIT):
+                 max_wait: float = DEFAULT_MAX_WAIT, until=None):
         if not interval > 0:
             raise ValueError(f"the update interval must be > 0 seconds, got {interval!r}.")
         if not 0 < budget <= 1:
@@ -55,6 +60,7 @@ class LiveUpdater:
                              "e.g. budget=0.02 for 2 %.")
         self._ctl = ctl
         self._tick = tick
+        self._until = until
         self.interval = float(interval)
         self.budget = float(budget)
         self.max_wait = max(float(max_wait), self.interval)  # a slow interval is kept
@@ -70,10 +76,11 @@ class LiveUpdater:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.wait):
-            if not self._running.is_set():
-                self._running.wait()  # paused: resume() or stop() (which sets it) wakes it
-                continue
-            if getattr(self._ctl, "closed", False):
+            if not self._running.is_set():  # paused: resume() or stop() (which sets it)
+                self._running.wait(self.max_wait)  # wakes it; a close is seen meanwhile
+                if not self._over():
+                    continue
+            if self._over():
                 break
             spent = time.thread_time()
             try:
@@ -86,12 +93,18 @@ class LiveUpdater:
             self.ticks += 1
             self.cpu_seconds += spent
             self.wait = min(self.max_wait, max(self.interval, spent / self.budget - spent))
-        # A last update so the view shows the events that ended with the controller.
-        if getattr(self._ctl, "closed", False) and self.error is None and not self._stop.is_set():
+        # A last update so the view shows the events that ended with the controller (or
+        # with what it was following).
+        if self._over() and self.error is None and not self._stop.is_set():
             try:
                 self._tick()
             except BaseException as exc:  # noqa: BLE001
                 self.error = exc
+
+    def _over(self) -> bool:
+        """The controller closed, or what the updater follows (``until``) is done."""
+        return (getattr(self._ctl, "closed", False)
+                or (self._until is not None and self._until.done()))
 
     def pause(self) -> None:
         """Hold updates (the thread stays) until ``resume()``."""

@@ -156,9 +156,16 @@ def test_viz_shows_a_live_schedule_of_the_cells_program(kernel_env):
         "%pathways slice s0 2",
         "%%pathways --slice s0 --viz\ny = x * 2",
         "print('done', y.result().tolist())",
+        "%%pathways --slice s0 --viz\nz = x * 3",
+        # each cell's view stops following once its program has ended (nothing new can
+        # enter it): no updater thread is left behind per run of a --viz cell
+        "import threading\nup = [t for t in threading.enumerate() if t.name == "
+        "'pwkernel-viz-updater']\n[t.join(60) for t in up]\n"
+        "print('updaters', len(up), 'alive', sum(t.is_alive() for t in up))",
     ))
     viz = nb.cells[2]
     widgets = [o for o in viz.outputs if o.output_type == "display_data"
                and "application/vnd.jupyter.widget-view+json" in o.data]
     assert widgets, text(viz)
     assert "done [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]" in text(nb.cells[3])
+    assert "alive 0" in text(nb.cells[5]), text(nb.cells[5])

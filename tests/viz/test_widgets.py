@@ -436,3 +436,91 @@ def test_hover_reads_names_from_the_lookup(view):
             assert tool.formatters[field].args["names"] is view.lookup
         assert all("{custom}" in tip for label, tip in tool.tooltips
                    if label in ("name", "program", "client", "status", "link", "tenant"))
+
+
+def test_a_view_until_a_run_draws_its_end_then_stops_following(ctl, programs):
+    """``until=run`` (a ``%%pathways --viz`` cell's view): once the run has ended the view
+    draws its last events and its thread stops; its status says it is final."""
+    fut = programs[0](np.array([1.0, 2.0], dtype=np.float32))[0]
+    v = pw.ScheduleView(ctl, programs=[fut.run.name], interval=0.02, until=fut.run)
+    try:
+        assert fut.run.wait(60.0)
+        v.updater.join(30.0)
+        assert not v.updater.is_alive()
+        with v._lock:
+            assert v.decoded()["index"] == expected(ctl, v, "compute")["index"]
+        assert "ended · final" in v.status.value
+    finally:
+        v.close()
+
+
+def test_a_paused_view_still_sees_its_controller_close():
+    from pwkernel.viz.updater import LiveUpdater
+
+    class Ctl:
+        closed = False
+
+    ticks = []
+    u = LiveUpdater(Ctl, lambda: ticks.append(Ctl.closed), interval=0.01, max_wait=0.02)
+    u.pause()
+    Ctl.closed = True
+    u.join(30.0)
+    assert not u.is_alive()
+    assert ticks and ticks[-1] is True  # one last update shows the closed controller
+
+
+def test_a_fitted_view_drills_down_fitted(ctl, programs):
+    run(programs[0])
+    assert ctl.wait(60.0)
+    v = pw.ScheduleView(ctl, live=False)
+    inner = v.drill(island=0)
+    try:
+        inner.update()
+        assert inner.x_range.end - inner.x_range.start < 1.0  # its events' span, not 10 s
+        assert inner.updater is None  # not live, as the view it came from
+    finally:
+        inner.close()
+        v.close()
+
+
+def test_views_of_a_virtual_clock_fit_the_run():
+    """A simulated run lasts microseconds: a live ScheduleView fits its axis to it (not the
+    last 10 s), and a TopologyView's utilization spans the whole run by default."""
+    from tests.backends.sim.test_executor import TINY
+
+    with pw.Controller(backend="sim", cluster=TINY) as sim_ctl:
+        s = sim_ctl.slice(2)
+        step = pw.function(lambda x: x * 2, slice=s, sim_cost=1e-4)
+        view, topo = pw.ScheduleView(sim_ctl), pw.TopologyView(sim_ctl, live=False)
+        try:
+            x = np.ones(8, np.float32)
+            for _ in range(3):
+                x = step(x)
+            x.run.wait(30.0)
+            view.update()
+            topo.update()
+            assert view.x_range.end - view.x_range.start < 1e-2
+            assert "whole run" in topo.figure.children[0].title.text
+            assert max(topo.source.data["utilization"]) > 0.5
+        finally:
+            view.close()
+            topo.close()
+
+
+def test_view_arguments_take_numpy_numbers_and_refuse_what_would_not_draw(ctl):
+    v = pw.ScheduleView(ctl, window=np.float32(2.0), max_rows=np.int64(100), live=False)
+    try:
+        assert v.window.value == 2.0 and v.max_rows == 100
+    finally:
+        v.close()
+    for window in (float("inf"), 1e7, 1e-8, True):
+        with pytest.raises(ValueError, match="window must be a positive number of seconds"):
+            pw.ScheduleView(ctl, window=window, live=False)
+        with pytest.raises(ValueError, match="window must be a positive number of seconds"):
+            pw.TopologyView(ctl, window=window, live=False)
+    with pytest.raises(TypeError, match=r"programs must be a name or names .*window=5\.0"):
+        pw.ScheduleView(ctl, 5.0, live=False)
+    with pytest.raises(TypeError, match="clients must be a name or names"):
+        pw.ScheduleView(ctl, clients=3, live=False)
+    with pytest.raises(TypeError, match=r"devices must be device ids .*devices=\[0, 1\]"):
+        pw.ScheduleView(ctl, devices=3, live=False)
