@@ -46,6 +46,9 @@ class ComputeNode:
     outputs: tuple[int, ...]
     island: int
     devices: tuple[int, ...]
+    # the executable compiled for those devices when the call was traced: the plan runs this
+    # one, even if the slice moved since (``ctl.remap`` from another thread)
+    exe: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +132,10 @@ class Graph:
         self._transfers[key] = out.id
         return out.id
 
-    def add_compute(self, name: str, fn, signature, inputs, outputs, island, devices) -> None:
+    def add_compute(self, name: str, fn, signature, inputs, outputs, island, devices,
+                    exe) -> None:
         self.nodes.append(ComputeNode(len(self.nodes), name, fn, signature, tuple(inputs),
-                                      tuple(outputs), island, tuple(devices)))
+                                      tuple(outputs), island, tuple(devices), exe))
 
 
 def _shares_blocks(a, b, shape) -> bool:

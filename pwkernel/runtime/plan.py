@@ -123,7 +123,8 @@ class Plan:
 
 
 def build(graph: Graph) -> Plan:
-    """The plan of ``graph``: executables looked up once, readiness wired per island."""
+    """The plan of ``graph``: the executables its calls were traced with, readiness wired per
+    island."""
     nslots = len(graph.values)
     producer = [-1] * nslots
     consumers: list[list[int]] = [[] for _ in range(nslots)]
@@ -137,7 +138,7 @@ def build(graph: Graph) -> Plan:
         ins = node.inputs if compute else (node.input,)
         outs = node.outputs if compute else (node.output,)
         if compute:
-            exe = node.fn.executable(node.signature)
+            exe = node.exe  # (compiled for the devices it was traced on)
             p = PlanNode(index, node, node.name, node.island, node.devices, tuple(ins),
                          tuple(outs), True, fn=node.fn, exe=exe, call=exe.call,
                          asynchronous=exe.asynchronous, out_nbytes=exe.out_nbytes,

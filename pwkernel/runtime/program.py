@@ -244,8 +244,7 @@ class CompiledFunction:
         is new; nothing runs)."""
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = self._program(statics).trace(dyn, dkw)
-        node = next(n for n in graph.nodes if isinstance(n, ComputeNode))
-        return self.executable(node.signature)
+        return next(n for n in graph.nodes if isinstance(n, ComputeNode)).exe
 
     def eval_shape(self, *args, **kwargs):
         """The result's shapes, dtypes and shardings (``jax.ShapeDtypeStruct``s), as
@@ -300,7 +299,8 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
               for v, sh in zip(vids, exe.in_shardings, strict=True)]
     outs = [graph.new_value(o.shape, o.dtype, sh, island, o.weak_type)
             for o, sh in zip(exe.out_shapes, exe.out_shardings, strict=True)]
-    graph.add_compute(fn.name, fn, signature, inputs, [o.id for o in outs], island, devices)
+    graph.add_compute(fn.name, fn, signature, inputs, [o.id for o in outs], island, devices,
+                      exe)
     return jax.tree_util.tree_unflatten(exe.out_tree, [Value(graph, o.id) for o in outs])
 
 

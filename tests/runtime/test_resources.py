@@ -138,6 +138,30 @@ def test_a_remap_waits_for_the_traces_of_other_threads(ctl):
     assert moving(np.ones(2)).result(60).tolist() == [2.0, 2.0] and s.island.id == 0
 
 
+def test_a_call_runs_where_it_was_traced_if_the_slice_moves_before_it_is_submitted(ctl):
+    """Another thread's remap can land between a call finding its graph (traced for the
+    slice's devices then) and submitting it: the call runs the executable it was traced
+    with, on those devices, not one compiled for the new ones (XLA refused the old inputs
+    with a sharding mismatch). The remap lands there every time here: ``ctl.submit`` makes
+    it, as another thread would."""
+    s = ctl.slice(2, island=0)
+    f = pw.function(lambda x: x + 1, slice=s)
+    submit = ctl.submit
+    moves = []
+
+    def moved_first(graph, leaves, dispatch=None):
+        if not moves:
+            moves.append(ctl.remap(s, island=1))
+        return submit(graph, leaves, dispatch)
+
+    ctl.submit = moved_first
+    y = f(np.full(8, 5.0, np.float32))
+    assert y.result(60).tolist() == [6.0] * 8 and y.island == 0  # where it was traced
+    assert moves and s.island.id == 1
+    z = f(y)  # traced again, for the slice where it is now
+    assert z.result(60).tolist() == [7.0] * 8 and z.island == 1
+
+
 def test_remap_to_a_full_island_fails_and_keeps_the_mapping(ctl):
     s = ctl.slice(4, island=0)
     with pytest.raises(pw.SliceError):

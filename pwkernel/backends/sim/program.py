@@ -159,7 +159,7 @@ def xla_cost(cluster: Cluster) -> CostFn:
         fn = node.fn
         key = (id(fn), node.signature)
         if key not in cache:
-            exe = fn.executable(node.signature)
+            exe = node.exe
             mesh = abstract_mesh(tuple(fn.slice.shape), tuple(fn.slice.axis_names))
             args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exe.structs]
             lowered = lower(exe.flat, args, mesh, tuple(sh.spec for sh in exe.in_shardings),
