@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import contextvars
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -248,9 +249,12 @@ class Controller:
         return self._dispatcher.active_runs()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted program has finished; False on timeout."""
+        """Wait until every submitted program has finished; False after ``timeout`` seconds
+        in all."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for run in self._dispatcher.all_runs():
-            if not run.wait(timeout):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not run.wait(left):
                 return False
         return True
 
@@ -326,11 +330,12 @@ class Controller:
                 "host callback, say), which closing must wait for. Call it from your own "
                 "thread, or from a done-callback (add_done_callback).")
         self.closed = True
-        self._dispatcher.shutdown()
-        self.store.close()
-        self.resources.release_all()
-        _unregister(self)
-        done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled have run
+        with interrupts.held:  # (a Ctrl-C meanwhile is raised once all of it is done: a
+            self._dispatcher.shutdown()  # half-closed controller would keep its threads and
+            self.store.close()  # buffers, and a second close() would not finish it)
+            self.resources.release_all()
+            _unregister(self)
+            done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled ran
 
     def set_default(self) -> Controller:
         """Make this the process-wide controller that ``pw.controller()`` returns."""
@@ -360,6 +365,7 @@ _lock = threading.Lock()
 _making = threading.local()  # ``default``: pw.controller() is making the controller
 _default: Controller | None = None
 _open: list[Controller] = []
+_exit_hooked = False  # _close_at_exit is among threading's exit hooks
 
 
 class SharedDevicesWarning(UserWarning):
@@ -373,10 +379,7 @@ def _register(ctl: Controller) -> None:
         shared = [other for other in _open if not other.closed and other.backend == "local"
                   and mine & set(other.devices)]
         _open.append(ctl)
-    # Registered again with every controller, so that it runs before the exit hooks of what
-    # the backend just started (atexit runs the last registered first): Ray's shutdown.
-    atexit.unregister(_close_at_exit)
-    atexit.register(_close_at_exit)
+    _hook_exit()
     if shared:
         ids = sorted(d.id for d in mine & set(shared[0].devices))
         warnings.warn(
@@ -389,6 +392,23 @@ def _register(ctl: Controller) -> None:
                "Maybe you want pw.controller() (the process-wide one), or to close the other "
                "first (ctl.close())."),
             SharedDevicesWarning, stacklevel=3)
+
+
+def _hook_exit() -> None:
+    """Close what is open at exit before the interpreter stops its thread pools: threading's
+    exit hooks run before ``atexit``'s, and one of them shuts ``concurrent.futures``' pools
+    (the transfer threads: a program still running would wait for a copy nobody takes, and
+    its futures' callbacks never run). That is also before the exit hooks of what a backend
+    started (Ray's shutdown). ``atexit`` too, registered again with every controller to run
+    before those hooks, where the first is missing."""
+    global _exit_hooked
+    register = getattr(threading, "_register_atexit", None)
+    if not _exit_hooked and register is not None:
+        with contextlib.suppress(RuntimeError):  # (the interpreter is stopping already)
+            register(_close_at_exit)
+        _exit_hooked = True
+    atexit.unregister(_close_at_exit)
+    atexit.register(_close_at_exit)
 
 
 def _close_at_exit() -> None:

@@ -58,7 +58,10 @@ class TransferEngine:
         self._link_free: dict[tuple[int | None, int], float] = {}
 
     def submit(self, fn, *args) -> None:
-        self._pool.submit(fn, *args)
+        try:
+            self._pool.submit(fn, *args)
+        except RuntimeError:  # the pool takes no more work (closed, or the interpreter is
+            fn(*args)  # stopping): watch this transfer here, as a closing island does
 
     def delay(self, link: str, src: int | None, dst: int, nbytes: int, begin: float) -> None:
         """Delay a DCN transfer that began at ``begin`` until the link model says it landed

@@ -220,6 +220,15 @@ for ctl in ctls:
     x = jnp.ones((256, 256))
     for _ in range(8):
         x = step(x)  # left running: nobody waits for it
+# a program across islands, still running at exit: its copy is watched and its future's
+# done-callback runs (the interpreter stops its thread pools before atexit's hooks)
+s0, s1 = ctls[0].slice(2, island=0), ctls[0].slice(2, island=1)
+slow = pw.function(lambda x: jax.pure_callback(
+    lambda v: (threading.Event().wait(0.3), v)[1], jax.ShapeDtypeStruct(x.shape, x.dtype), x),
+    slice=s0)
+inc = pw.function(lambda x: x + 1, slice=s1)
+later = pw.program(lambda v: inc(slow(v)))(jnp.zeros(8))
+later.add_done_callback(lambda f: print("callback:", f.result().tolist()[:2], flush=True))
 print("submitted", flush=True)
 """
 
@@ -233,4 +242,18 @@ def test_a_script_that_ends_without_closing_its_controllers_exits_cleanly():
     done = subprocess.run([sys.executable, "-c", _ENDS_WITHOUT_CLOSE], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines() == ["submitted", "open: [] threads: []"], done.stdout
+    assert done.stdout.splitlines() == ["submitted", "callback: [1.0, 1.0]",
+                                        "open: [] threads: []"], done.stdout
+
+
+def test_wait_with_a_timeout_gives_up_after_that_long_in_all(ctl):
+    """``ctl.wait(timeout)`` is one deadline over every run, not a timeout per run (which
+    waited 3 s on six half-second runs for timeout=0.8, and said they had all ended)."""
+    s = ctl.slice(2)
+    slow = pw.function(lambda x: jax.pure_callback(
+        lambda v: (threading.Event().wait(0.4), v)[1], jax.ShapeDtypeStruct(x.shape, x.dtype),
+        x), slice=s)
+    runs = [slow(np.zeros(4, np.float32)) for _ in range(5)]  # one after another: 2 s
+    assert not ctl.wait(timeout=0.6)
+    assert not runs[-1].done()
+    assert ctl.wait(timeout=60)

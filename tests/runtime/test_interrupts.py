@@ -13,6 +13,7 @@ import gc
 import signal
 import subprocess
 import sys
+import threading
 
 import jax.numpy as jnp
 import numpy as np
@@ -99,6 +100,23 @@ def test_an_interrupt_inside_a_free_keeps_the_free_whole_and_is_raised_by_the_ne
         _settled(ctl, f, x)
     finally:
         ctl.close()
+
+
+def test_an_interrupt_while_closing_is_raised_once_closing_is_done(handler):
+    """Ctrl-C inside ``ctl.close()`` (it waits for what is running): the close finishes, then
+    the interrupt is raised. Raised half-way, it left a controller marked closed that kept
+    its threads, buffers and slices, and that a second ``close()`` did not finish."""
+    from pwkernel.runtime.dispatcher import Dispatcher
+
+    ctl = pw.Controller(islands=(4,))
+    f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
+    kept = f(jnp.arange(8.0))
+    kept.wait()
+    with pytest.raises(KeyboardInterrupt), _InterruptAt(Dispatcher.shutdown.__code__) as hook:
+        ctl.close()
+    assert hook.fired and ctl.closed
+    assert ctl.store.records() == [] and ctl.resources.slices == ()
+    assert not [t for t in threading.enumerate() if t.name.startswith("pw-island")]
 
 
 def test_the_handler_replaces_only_pythons_default(handler):
