@@ -336,6 +336,7 @@ class Controller:
             self.resources.release_all()
             _unregister(self)
             done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled ran
+        interrupts.raise_kept()
 
     def set_default(self) -> Controller:
         """Make this the process-wide controller that ``pw.controller()`` returns."""

@@ -7,10 +7,14 @@ a buffer half freed: the island then waits for an end nobody will report, and ev
 call on its devices waits behind it. So the runtime work the main thread does (a submission
 with the launches it drains and the ends it reports on the way, the ends a waiting thread
 reports, a cancellation, a free) runs under ``held``: an interrupt that arrives meanwhile is
-noted, and raised again as soon as that work is done, in the caller's code. It comes late by
-that work (microseconds; a launch's own call at most), and is never lost where the caller can
-take it: a free run by the garbage collector (a weak reference's callback, where Python
-ignores an exception) keeps it for the next submission or wait that ends.
+noted, and raised once that work is done and the call in hand has returned its result: at
+the start of the next runtime work of the main thread (the next call, wait, cancellation),
+before anything of it is done, or ``GRACE`` (50 ms) later wherever the main thread is by then,
+whichever comes first. So in ``w = step(w)`` with ``donate_argnums``, the loop's usual shape,
+``w`` is the new state when the interrupt is raised: raised inside the call, it dropped the
+only future of a state whose old buffers the call had already donated. It is never lost: a
+free run by the garbage collector (a weak reference's callback, where Python ignores an
+exception) keeps it the same way.
 
 The hold needs this module's handler of ``SIGINT`` (``install``): a controller installs it
 when made in the main thread, and the notebook extension before each cell (ipykernel puts
@@ -24,10 +28,11 @@ import _thread
 import signal
 import threading
 
-__all__ = ["held", "held_quietly", "install"]
+__all__ = ["held", "held_quietly", "install", "raise_kept"]
 
 _MAIN = threading.main_thread().ident
 _ident = threading.get_ident
+GRACE = 0.05  # s after a hold an interrupt it kept is raised, if no runtime work came first
 
 
 class _State:
@@ -39,6 +44,31 @@ class _State:
 
 
 _state = _State()
+_taking = threading.Lock()  # the main thread and a GRACE timer each take a kept interrupt once
+
+
+def _take(_state=_state, _taking=_taking) -> bool:
+    """Clear a kept interrupt; True if there was one (it is the caller's to raise)."""
+    with _taking:
+        kept, _state.pending = _state.pending, False
+    return kept
+
+
+def raise_kept() -> None:
+    """Raise a kept interrupt now: after work whose caller has no result to take
+    (``ctl.close()``), there is nothing to wait for."""
+    if _ident() == _MAIN and not _state.depth and _take():
+        raise KeyboardInterrupt
+
+
+def _raise_later() -> None:
+    """Interrupt the main thread ``GRACE`` from now, unless runtime work raised it first."""
+    def fire():
+        if _take():
+            _thread.interrupt_main()  # (held again if it lands in runtime work: kept anew)
+    timer = threading.Timer(GRACE, fire)
+    timer.daemon = True
+    timer.start()
 
 
 class _Hold:
@@ -53,15 +83,15 @@ class _Hold:
     # these after the module's globals are gone)
     def __enter__(self, _ident=_ident, _main=_MAIN, _state=_state) -> None:
         if _ident() == _main:
+            if _state.pending and not _state.depth and self._raise and _take():
+                raise KeyboardInterrupt  # kept from work done before: nothing of this begun
             _state.depth += 1
 
-    def __exit__(self, *_exc, _ident=_ident, _main=_MAIN, _state=_state,
-                 _interrupt=_thread.interrupt_main) -> bool:
+    def __exit__(self, *_exc, _ident=_ident, _main=_MAIN, _state=_state) -> bool:
         if _ident() == _main:
             _state.depth -= 1
             if _state.pending and not _state.depth and self._raise:
-                _state.pending = False
-                _interrupt()  # raised by the handler at the next bytecode
+                _raise_later()  # (the call returns its result first)
         return False
 
 

@@ -82,6 +82,26 @@ def test_an_interrupt_inside_a_call_is_raised_after_it_and_leaves_the_island_wor
         ctl.close()
 
 
+def test_an_interrupt_inside_a_donating_call_comes_after_the_caller_took_its_result(handler):
+    """``w = step(w)`` with ``donate_argnums``: Ctrl-C inside the call is raised once it has
+    returned, at the next call's start, so ``w`` is the state that call made. Raised inside
+    it, the new state's only future was dropped after the old state's buffers were donated:
+    the training state was lost on every interrupt."""
+    ctl = pw.Controller(islands=(4,))
+    try:
+        step = pw.function(lambda v: v + 1, slice=ctl.slice(4), donate_argnums=0)
+        w = step(jnp.zeros(8))
+        w.wait()
+        with pytest.raises(KeyboardInterrupt), _InterruptAt(LocalBackend.launch.__code__) as hook:
+            for _ in range(50):
+                w = step(w)
+        assert hook.fired
+        assert w.result(60).tolist() == [2.0] * 8  # the interrupted call's result, kept
+        assert ctl.wait(timeout=60)
+    finally:
+        ctl.close()
+
+
 def test_an_interrupt_inside_a_free_keeps_the_free_whole_and_is_raised_by_the_next_call(
         handler):
     ctl = pw.Controller(islands=(4,))
