@@ -63,14 +63,22 @@ def fits_once_user_frees(w: Waiting, budget: int, in_use: Mapping[int, int],
 
 
 def stuck(waiting: list[Waiting], budget: int, in_use: Mapping[int, int], live: list[LiveBuffer],
-          queued_runs: Iterable[int]) -> tuple[Waiting, int] | None:
+          queued_runs: Iterable[int], freed_by_user: Iterable[int] = ()
+          ) -> tuple[Waiting, int] | None:
     """When nothing runs or is in flight anywhere: the first waiting computation that cannot
     start even once the user frees what they reference, and the program run to fail for it; None
     when each could (that is back-pressure, and it waits).
 
+    ``freed_by_user``: runs whose work waits elsewhere (another island) for memory the user
+    can free: what they pin goes once that work runs, so it counts as the user's to free.
+
     The run chosen is the youngest of those that pin memory on the stuck computation's
     devices and have work queued on the island (failing it frees that memory); when none
     does, the stuck computation's own run."""
+    later = set(freed_by_user)
+    if later:
+        live = [LiveBuffer(h.record, False) if h.record.program_id in later else h
+                for h in live]
     for w in waiting:
         if not fits_once_user_frees(w, budget, in_use, live):
             pinning = {h.record.program_id for h in live

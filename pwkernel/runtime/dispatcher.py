@@ -305,8 +305,11 @@ class Dispatcher:
         ``runtime.budget``); then look again, since that may not have been enough."""
         if later(self._check_memory):  # first let the failures and frees queued before land
             return
-        for island in list(self.islands.values()):
-            found = island.memory_stuck(self)
+        islands = list(self.islands.values())
+        # work on one island may wait for the user's frees while pinning memory on another
+        freed_by_user = frozenset().union(*(i.waits_for_user(self) for i in islands))
+        for island in islands:
+            found = island.memory_stuck(self, freed_by_user)
             if found is not None:
                 run, error = found
                 run.cancel(error=error)  # which looks again, once its frees landed

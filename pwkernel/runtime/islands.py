@@ -201,32 +201,22 @@ class IslandQueue:
             raise interrupted
 
     # --- the memory budget -----------------------------------------------------------------
-    def memory_stuck(self, dispatcher) -> tuple[ProgramRun, MemoryBudgetError] | None:
+    def memory_stuck(self, dispatcher, freed_by_user: frozenset[int] = frozenset()
+                     ) -> tuple[ProgramRun, MemoryBudgetError] | None:
         """When nothing runs or is in flight anywhere: the program run to fail because work
         here waits for memory that only work which cannot run would free (``runtime.budget``),
-        with its error; None when nothing here is stuck."""
+        with its error; None when nothing here is stuck. ``freed_by_user``: runs whose work
+        waits on another island for memory the user can free (``waits_for_user``): what they
+        pin here goes once it runs."""
         live = None  # futures held here are dropped after the lock: a free posts events
         try:
             with self._lock:
-                limit = self.scheduler.memory_budget
-                waiting = self.scheduler.waiting_for_memory() if limit is not None else []
-                if not waiting or not dispatcher.idle():
+                facts = self._memory_facts(dispatcher)
+                if facts is None:
                     return None
-                runs = {r.id: r for r in dispatcher.all_runs()}
-                runs |= {t.run.id: t.run for t in self._tasks.values()}
-                live = dispatcher.store.live()
-                mine = set(self.island.device_ids)
-                held = _held(self.island.id, runs.values(), live,
-                             lambda nbytes: self.island.id if mine & nbytes.keys() else None)
-                heads = []
-                for tid, devices, nbytes in waiting:
-                    task = self._tasks[tid]
-                    run = task.run
-                    heads.append(budget.Waiting(task.node.name, self.island.id, devices,
-                                                nbytes, run.id, run.name, run.client))
-                in_use = self.scheduler.memory_in_use()
+                limit, heads, in_use, held, runs, live = facts
                 found = budget.stuck(heads, limit, in_use, held,
-                                     {t.run.id for t in self._tasks.values()})
+                                     {t.run.id for t in self._tasks.values()}, freed_by_user)
                 if found is None:
                     return None
                 head, victim_id = found
@@ -236,6 +226,44 @@ class IslandQueue:
                 return victim, MemoryBudgetError(text)
         finally:
             del live
+
+    def waits_for_user(self, dispatcher) -> set[int]:
+        """When nothing runs anywhere and work here waits for memory that the user's frees
+        would make (back-pressure: it waits for them): the runs with work queued here, which
+        may go on once it has. Else none."""
+        live = None
+        try:
+            with self._lock:
+                facts = self._memory_facts(dispatcher)
+                if facts is None:
+                    return set()
+                limit, heads, in_use, held, _, live = facts
+                if not any(budget.fits_once_user_frees(w, limit, in_use, held) for w in heads):
+                    return set()
+                return {t.run.id for t in self._tasks.values()}
+        finally:
+            del live
+
+    def _memory_facts(self, dispatcher):
+        """(budget, waiting heads, memory in use, live buffers, runs by id, the store's live
+        futures) when work here waits for memory and nothing runs anywhere; else None.
+        Called under the island's lock."""
+        limit = self.scheduler.memory_budget
+        waiting = self.scheduler.waiting_for_memory() if limit is not None else []
+        if not waiting or not dispatcher.idle():
+            return None
+        runs = {r.id: r for r in dispatcher.all_runs()}
+        runs |= {t.run.id: t.run for t in self._tasks.values()}
+        live = dispatcher.store.live()
+        mine = set(self.island.device_ids)
+        held = _held(self.island.id, runs.values(), live,
+                     lambda nbytes: self.island.id if mine & nbytes.keys() else None)
+        heads = []
+        for tid, devices, nbytes in waiting:
+            run = self._tasks[tid].run
+            heads.append(budget.Waiting(self._tasks[tid].node.name, self.island.id, devices,
+                                        nbytes, run.id, run.name, run.client))
+        return limit, heads, self.scheduler.memory_in_use(), held, runs, live
 
     # --- queries ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -75,6 +75,31 @@ def test_a_program_that_fits_only_after_its_values_are_consumed_finishes():
         assert_all_memory_returned(ctl)
 
 
+def test_work_waiting_on_another_island_for_the_users_frees_is_not_stuck():
+    """Each run of ``inc(mv(x))`` keeps its ``mv`` output on island 1 while its ``inc`` waits
+    for room on island 0, which only the user's values take. Island 1 then fills with those
+    outputs, and its next ``mv`` waits for them: it is back-pressure across islands (the
+    outputs go once the user frees island 0), not a stuck program. It was stopped with a
+    MemoryBudgetError that blamed island 1."""
+    with pw.Controller(islands=(4, 4), memory_budget=1024) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        inc = pw.function(lambda x: x + 1, slice=s0)
+        mv = pw.function(lambda x: x * 2, slice=s1)
+        p = pw.program(lambda v: inc(mv(v)))
+        x = np.ones(64, np.float32)  # 256 B per device
+        held = [inc(x) for _ in range(3)]  # the user's: 768 B of 1 KiB on island 0
+        for h in held:
+            h.wait()
+        runs = [p(x) for _ in range(5)]
+        assert not runs[-1].wait(0.5)  # (a negative check: a wrong stop comes within it)
+        del held, h
+        gc.collect()
+        for i in range(5):
+            assert runs[i].result(timeout=60).tolist() == [3.0] * 64
+            runs[i] = None  # consumed: room for the next
+        assert_all_memory_returned(ctl)
+
+
 def test_uploads_count_against_the_budget_like_computation_outputs():
     with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
         s0 = ctl.slice(2, island=0)
@@ -190,6 +215,14 @@ def test_waiting_for_what_only_the_user_holds_is_back_pressure_not_stuck():
     mine = [held(64, 0, pinned=False), held(32, 1, pinned=True)]
     assert budget.stuck([waiting(64, 1)], 128, in_use, mine, {1}) is None  # 96-64+64 fits
     assert budget.stuck([waiting(100, 1)], 128, in_use, mine, {1}) == (waiting(100, 1), 1)
+
+
+def test_memory_pinned_by_runs_waiting_for_the_user_elsewhere_counts_as_the_users():
+    in_use = {0: 128, 1: 128}
+    pinned = [held(64, 3, pinned=True), held(64, 4, pinned=True)]
+    head = waiting(64, 4)
+    assert budget.stuck([head], 128, in_use, pinned, {3, 4}) is not None
+    assert budget.stuck([head], 128, in_use, pinned, {3, 4}, freed_by_user={3}) is None
 
 
 def test_the_youngest_program_holding_the_memory_is_stopped():
