@@ -234,8 +234,10 @@ def platform_for(sizes: tuple[int, ...], choice: str, gpus: int) -> str:
         sizes_text = ",".join(map(str, sizes))
         raise PoolError(
             f"the pool's Ray cluster has {gpus} GPUs and --islands {sizes_text} needs "
-            f"{needed}; ask for at most {gpus} (e.g. --islands {max(gpus, 1)}), add GPU "
-            "machines to the cluster, or pass --platform cpu for virtual CPU devices.")
+            f"{needed}; "
+            + (f"ask for at most {gpus} (e.g. --islands {gpus}), add GPU machines to the "
+               "cluster, " if gpus else "add GPU machines to the cluster ")
+            + "or pass --platform cpu for virtual CPU devices.")
     return "gpu"
 
 

@@ -94,6 +94,20 @@ def test_closing_is_quiet_and_frees_nothing_after_unregistering(pool):
         assert word not in done.stderr, done.stderr[-3000:]
 
 
+def test_a_tenant_the_pool_dropped_is_told_in_the_pools_own_words(pool):
+    """A tenant dropped by its lease (a stalled process): its next call fails with the pool's
+    ``TenantRefused`` (a PermissionError) and its message, not a RuntimeError wrapping Ray's
+    traceback of the actor call."""
+    with pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="late") as ctl:
+        f = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=0))
+        assert f(np.zeros(4)).result(TIMEOUT).tolist() == [1.0] * 4
+        actor = ctl.executor.hosts[0].actor
+        ray.get(actor.handle.unregister.remote(actor.secret, -1), timeout=TIMEOUT)  # the drop
+        with pytest.raises(PermissionError, match="no tenant with this secret") as caught:
+            f(np.zeros(4)).result(TIMEOUT)
+        assert "ray::" not in str(caught.value) and "\x1b[" not in str(caught.value)
+
+
 def test_an_unregister_that_overtakes_a_message_waits_for_it(pool):
     """Ray may run a threaded actor's calls out of order: an unregister that names the last
     message sent (``after``) waits for it, so that message is taken, not refused."""

@@ -282,6 +282,24 @@ def test_a_pool_that_joins_a_cluster_uses_its_token_and_leaves_it_running(starte
     assert cli(env, "status", "--name", NAME).returncode == 0
 
 
+TENANT = textwrap.dedent("""
+    import sys
+    import numpy as np, ray
+    import pwkernel as pw
+    ctl = pw.Controller(backend="ray", address=sys.argv[1], pool=sys.argv[2])
+    f = pw.function(lambda x: x + 1, slice=ctl.slice(1, island=0))
+    print("value", f(np.arange(2.0)).result(timeout=120).tolist(), flush=True)
+    sys.stdin.readline()  # the pool is stopped meanwhile
+    print("left", ctl.executor.keepalive.join(120), ray.is_initialized(), flush=True)
+    try:
+        f(np.arange(2.0)).result(timeout=60)
+    except pw.IslandLostError as e:
+        print("lost:", e, flush=True)
+    ctl.close()
+    print("closed", ray.is_initialized(), flush=True)
+""")
+
+
 def test_stop_ends_every_process_of_the_pool(started, env, pool_dir):
     _, record = started
     before = head.processes(record)
@@ -290,12 +308,24 @@ def test_stop_ends_every_process_of_the_pool(started, env, pool_dir):
     # a user's process that names the pool's directory (reading its logs) is not the pool's
     bystander = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()",
                                   f"{record['session_dir']}/logs"], stdin=subprocess.PIPE)
+    # an attached tenant (a notebook kernel) outlives the pool: it leaves the cluster when the
+    # pool goes (Ray ended it 60 s later, everything in it lost), its calls say what to do
+    tenant = subprocess.Popen([sys.executable, "-c", TENANT, record["address"], NAME],
+                              env=env, cwd=ROOT, text=True, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
+        assert tenant.stdout.readline().strip() == "value [1.0, 2.0]"
         done = cli(env, "stop", "--name", NAME)
         assert bystander.poll() is None, "stop ended a process that is not the pool's"
+        out, err = tenant.communicate("\n", timeout=TIMEOUT)
     finally:
         bystander.kill()
         bystander.wait(TIMEOUT)
+        tenant.kill()
+    assert tenant.returncode == 0, err[-3000:]
+    assert out.splitlines()[0] == "left True False"
+    assert f"pool '{NAME}' lost it" in out and "attach again once the pool runs" in out
+    assert out.splitlines()[-1] == "closed False"  # (closing started no new cluster)
     assert done.returncode == 0, done.stderr
     assert f"pool '{NAME}' stopped" in done.stdout
     assert not (pool_dir / f"{NAME}.json").exists()

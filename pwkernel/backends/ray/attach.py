@@ -18,6 +18,7 @@ import threading
 import ray
 
 from ...runtime.errors import DeviceSetupError
+from . import cluster
 from .cluster import IslandHost, clock_offset
 from .poolfile import check_name, load
 from .tenancy import find_islands, named_islands, namespace
@@ -105,6 +106,12 @@ class PoolIslandHost(IslandHost):
         self.pool, self.tenant, self.weight, self.key = pool, tenant, weight, key
         self.handle, self.tenant_id, self.first_info = actor, None, info
 
+    def lost_advice(self) -> str:
+        return (f"pool {self.pool!r} lost it (the pool was stopped, or its island died): "
+                f"attach again once the pool runs (pw.Controller(backend='ray', "
+                f"pool={self.pool!r}); python -m pwkernel.pool status --name {self.pool} says "
+                "whether it does)")
+
     def start(self) -> None:
         """Register (again, after ``reattach``: the pool's actor of that name now)."""
         if self.generation >= 0:
@@ -129,6 +136,8 @@ class PoolIslandHost(IslandHost):
         """Unregister, once the island has taken every message this controller sent (Ray
         may run an actor's calls out of order: a free sent before must not come after, and
         be refused as a stranger's)."""
+        if not ray.is_initialized():  # this process left a cluster that went away (a Ray
+            return  # call now would start a new local cluster)
         sent = self.last_message
         after = sent[1] if sent is not None and sent[0] is actor else -1
         try:
@@ -151,7 +160,9 @@ class KeepAlive:
     killed notebook's memory comes back), so the renewals must not wait behind anything a
     busy controller does (a watcher thread resolving futures runs the user's done-callbacks;
     a poll can wait on a long computation). A refused renewal (the pool dropped this tenant)
-    is logged once; an island whose actor died is marked lost, as a failed call marks it."""
+    is logged once; an island whose actor died is marked lost, as a failed call marks it.
+    When the cluster itself has gone (``pool stop``), every island is lost and the process
+    leaves the cluster at once: Ray would end it (a notebook kernel) after 60 s without it."""
 
     def __init__(self, hosts: list[PoolIslandHost]):
         self.hosts, self._stop, self._refused = hosts, threading.Event(), False
@@ -161,6 +172,7 @@ class KeepAlive:
 
     def _loop(self) -> None:
         while not self._stop.wait(HEARTBEAT):
+            failed = False
             for host in self.hosts:
                 actor = host.actor
                 if actor is None or host.lost:
@@ -169,10 +181,28 @@ class KeepAlive:
                     ray.get(actor.renew.remote(), timeout=10)
                 except ray.exceptions.RayActorError:
                     host.mark_lost()
+                    failed = True
                 except ray.exceptions.RayError as e:  # refused, or a timeout: say it once
                     if not self._refused:
                         logging.getLogger("pwkernel").warning("island %s: %s", host.island, e)
-                    self._refused = True
+                    self._refused = failed = True
+            if failed and cluster.gone():
+                self._left()
+                return
+
+    def _left(self) -> None:
+        """The cluster went away: lose every island (their calls fail, saying so), leave."""
+        for host in self.hosts:
+            host.mark_lost()
+        logging.getLogger("pwkernel").warning(
+            "the pool's Ray cluster has gone (the pool was stopped?): its islands are lost; "
+            "this process left the cluster. Attach again once the pool runs.")
+        cluster.drop_lost()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the renewals stop (closed, or the cluster went away); True if so."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def close(self) -> None:
         self._stop.set()

@@ -325,7 +325,8 @@ class RayBackend:
 
         sent = self.sites[island].sync()
         if sent is None:
-            raise DeviceSetupError(f"island {island} was lost; ctl.reattach({island}) first.")
+            raise DeviceSetupError(f"island {island} was lost; "
+                                   f"{self.hosts[island].lost_advice()} first.")
         actor, seq = sent
         return ray.get(actor.buffers.remote(seq))
 

@@ -284,6 +284,33 @@ def disconnect() -> None:
             _restore()
 
 
+def gone() -> bool:
+    """Whether the cluster this process is connected to has gone away (its GCS takes no
+    connection: a pool was stopped, the head died). Never raises."""
+    try:
+        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+            return False
+    except OSError:
+        return True
+    except Exception:  # noqa: BLE001 - not connected, or Ray cannot say: not known gone
+        return False
+
+
+def drop_lost() -> None:
+    """Disconnect from a cluster that has gone away, at once: Ray ends a process that cannot
+    reach its cluster's GCS for 60 s (a notebook kernel, with everything in it). Open
+    controllers keep their lost islands (their calls fail, saying so); their ``close()``
+    finds nothing left to disconnect."""
+    global _initialized_here
+    with _lock:
+        if ray.is_initialized():
+            ray.shutdown()
+        if _initialized_here:
+            _initialized_here = False
+            _restore()
+
+
 def token_auth_enabled() -> bool:
     """Whether this process talks to Ray with token authentication."""
     from ray._raylet import AuthenticationMode, get_authentication_mode
@@ -362,6 +389,10 @@ class IslandHost:
         with self._lock:
             bids, self._frees = self._frees, []
             return bids
+
+    def lost_advice(self) -> str:
+        """What to do once this island is lost."""
+        return f"ctl.reattach({self.island}) starts a new actor"
 
     def mark_lost(self) -> None:
         """The actor died (a call to it failed): its buffers are gone, and the islands that

@@ -54,8 +54,8 @@ class RemoteBuffer:
     def lost_error(self) -> IslandLostError:
         return IslandLostError(
             f"island {self.host.island} was lost (its Ray actor died) and buffer {self.bid} "
-            f"with it; ctl.reattach({self.host.island}) starts a new actor, then rerun the "
-            "program that made this value.")
+            f"with it; {self.host.lost_advice()}, then rerun the program that made this "
+            "value.")
 
     def fetch(self, sharding):
         """The value as a local ``jax.Array`` laid out like the future (once, then cached)."""
@@ -125,8 +125,7 @@ def remote_error(record: dict, island: int) -> BaseException:
 
 def host_lost(host: IslandHost) -> IslandLostError:
     return IslandLostError(f"island {host.island} was lost (its Ray actor died) while this "
-                           f"computation needed it; ctl.reattach({host.island}) starts a new "
-                           "one.")
+                           f"computation needed it; {host.lost_advice()}.")
 
 
 def unusable(task: Task) -> BaseException | None:
@@ -344,7 +343,11 @@ class RaySite:
             except ray.exceptions.RayActorError:
                 host.mark_lost()
                 return None, host_lost(host)
-            except ray.exceptions.RayError as e:
+            except ray.exceptions.RayError as e:  # its own error where it has one (a
+                cause = getattr(e, "cause", None)  # pool's TenantRefused), not Ray's wrapper
+                if isinstance(cause, Exception):
+                    cause.add_note(f"(raised on Ray island {host.island})")
+                    return None, cause
                 return None, RuntimeError(f"island {host.island}: {e}")
             for r in records:
                 self._records[r["rid"]] = r
