@@ -121,8 +121,11 @@ def _start_or_join(address: str | None, pool: str | None = None) -> None:
             cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
             if _refused_token(f"{e}{cause}"):
                 raise DeviceSetupError(_token_advice(address, pool)) from None
+            loopback = (" A head on this machine registers under its own address unless "
+                        "started with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: join that address, "
+                        "or 'auto'." if local_ip else "")
             raise DeviceSetupError(
-                f"could not connect to the Ray cluster at {address!r}: {e}{cause}. "
+                f"could not connect to the Ray cluster at {address!r}: {e}{cause}.{loopback} "
                 "Start one with `ray start --head --node-ip-address <ip> --port 6379` "
                 "(with RAY_AUTH_MODE=token and this machine's ~/.ray/auth_token), or "
                 "pass ray_address=None to start a local cluster.") from None
