@@ -61,12 +61,13 @@ def raise_kept() -> None:
         raise KeyboardInterrupt
 
 
-def _raise_later() -> None:
+def _raise_later(_take=_take, _timer=threading.Timer, _interrupt=_thread.interrupt_main,
+                 _grace=GRACE) -> None:
     """Interrupt the main thread ``GRACE`` from now, unless runtime work raised it first."""
     def fire():
         if _take():
-            _thread.interrupt_main()  # (held again if it lands in runtime work: kept anew)
-    timer = threading.Timer(GRACE, fire)
+            _interrupt()  # (held again if it lands in runtime work: kept anew)
+    timer = _timer(_grace, fire)
     timer.daemon = True
     timer.start()
 
@@ -81,17 +82,18 @@ class _Hold:
 
     # (what they use is bound as defaults: a future dropped while the interpreter exits runs
     # these after the module's globals are gone)
-    def __enter__(self, _ident=_ident, _main=_MAIN, _state=_state) -> None:
+    def __enter__(self, _ident=_ident, _main=_MAIN, _state=_state, _take=_take) -> None:
         if _ident() == _main:
             if _state.pending and not _state.depth and self._raise and _take():
                 raise KeyboardInterrupt  # kept from work done before: nothing of this begun
             _state.depth += 1
 
-    def __exit__(self, *_exc, _ident=_ident, _main=_MAIN, _state=_state) -> bool:
+    def __exit__(self, *_exc, _ident=_ident, _main=_MAIN, _state=_state,
+                 _later=_raise_later) -> bool:
         if _ident() == _main:
             _state.depth -= 1
             if _state.pending and not _state.depth and self._raise:
-                _raise_later()  # (the call returns its result first)
+                _later()  # (the call returns its result first)
         return False
 
 
