@@ -114,8 +114,9 @@ class ScheduleView(w.VBox):
                  report_path: str | Path = "pwkernel-report.html"):
         check_controller(ctl)
         given = window_seconds(window)
-        virtual = getattr(getattr(ctl, "executor", ctl), "virtual", False) or not live
-        self._fit = given is None and virtual  # the axis fits the events shown
+        # a Simulator (no executor) or a simulated controller runs on a virtual clock
+        virtual = getattr(getattr(ctl, "executor", None), "virtual", not hasattr(ctl, "executor"))
+        self._fit = given is None and (virtual or not live)  # the axis fits the events shown
         window = 10.0 if given is None else given
         if color_by not in COLOR_FIELDS:
             raise ValueError(f"color_by must be one of {sorted(COLOR_FIELDS)}, got "
