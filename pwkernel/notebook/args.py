@@ -8,6 +8,8 @@ message in the notebook, no traceback) instead of exiting the kernel.
 from __future__ import annotations
 
 import argparse
+import difflib
+import keyword
 import re
 
 from IPython.core.error import UsageError
@@ -24,6 +26,7 @@ class _Parser(MagicArgumentParser):
     def __init__(self, *args, hint: str = "%pathways?", label: str = "%pathways", **kwargs):
         kwargs.setdefault("add_help", False)
         super().__init__(*args, **kwargs)
+        self.allow_abbrev = False  # (--axis is no --axis-types, but a typo of --axes)
         self.hint, self.label = hint, label
         self.subcommands: dict[str, argparse.ArgumentParser] = {}  # name -> its parser
 
@@ -34,7 +37,19 @@ class _Parser(MagicArgumentParser):
         return action
 
     def error(self, message: str):
-        raise UsageError(f"{self.label}: {message}. See {self.hint} for the accepted arguments.")
+        raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message)} See "
+                         f"{self.hint} for the accepted arguments.")
+
+    def _did_you_mean(self, message: str) -> str:
+        """For unrecognized flags, the flags of this command they look like."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        flags = [f for action in self._actions for f in action.option_strings]
+        for parser in self.subcommands.values():
+            flags += [f for action in parser._actions for f in action.option_strings]
+        near = {m for word in message.split(":", 1)[1].split() if word.startswith("-")
+                for m in difflib.get_close_matches(word.split("=")[0], flags, n=1)}
+        return f" Did you mean {', '.join(sorted(near))}?" if near else ""
 
 
 _DIMS = re.compile(r"[1-9][0-9]*(?:[xX*][1-9][0-9]*)*|[1-9][0-9]*(?:,[1-9][0-9]*)*")
@@ -72,9 +87,9 @@ def _axis_types(text: str) -> tuple[str, ...]:
 
 
 def _name(text: str) -> str:
-    if not text.isidentifier():
+    if not text.isidentifier() or keyword.iskeyword(text):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a Python identifier; pick a variable name such as s0")
+            f"{text!r} is not a name a variable can have; pick one such as s0")
     return text
 
 

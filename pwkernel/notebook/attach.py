@@ -45,9 +45,10 @@ def new_controller(backend: str, address: str | None, islands: tuple[int, ...] |
     check(backend, address, preset, pool)
     if backend == "sim" or pool is not None:  # a preset's machine / the pool's islands
         sizes = islands
-    else:
-        sizes = islands or (tuple(len(i.devices) for i in old.islands) if old is not None
-                            else islands_from_env())
+    elif old is not None and old.backend != "sim" and pool_of(old) is None:
+        sizes = islands or tuple(len(i.devices) for i in old.islands)  # the same devices
+    else:  # (a simulated pod's chip counts, or a pool's islands, are not this machine's)
+        sizes = islands or islands_from_env()
     options = {"pool": pool} if pool is not None else {}
     try:
         with warnings.catch_warnings():  # the old controller closes right after

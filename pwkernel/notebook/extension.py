@@ -83,10 +83,7 @@ def unload_ipython_extension(ip) -> None:
     magics["cell"].pop("pathways", None)
     display.unregister(ip)
     comm.unregister(ip)
-    for name, vs in st.slices.items():
-        if ip.user_ns.get(name) is vs:
-            del ip.user_ns[name]
-    st.release_all()
+    st.release_all(ip.user_ns)
     ctl = st.peek()
     if ctl is not None:
         ctl.close()

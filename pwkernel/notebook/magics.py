@@ -105,7 +105,8 @@ class PathwaysMagics(Magics):
             raise UsageError(f"%pathways release: {a.name!r} is not a slice; slices made here: "
                              f"{', '.join(known)}. Make one with %pathways slice NAME SHAPE.")
         vs.release()
-        self.shell.user_ns.pop(a.name, None)
+        if self.shell.user_ns.get(a.name) is vs:  # (a name rebound since keeps its value)
+            del self.shell.user_ns[a.name]
         print(f"released {a.name}")
 
     def _cmd_policy(self, a) -> None:
@@ -137,9 +138,7 @@ class PathwaysMagics(Magics):
     def _cmd_reset(self, a) -> None:
         runs = self.ctl.runs()
         cancelled = self.ctl.cancel_all()
-        released = self.state.release_all()
-        for name in released:
-            self.shell.user_ns.pop(name, None)
+        released = self.state.release_all(self.shell.user_ns)
         print(f"reset: cancelled {cancelled} computations in {len(runs)} programs; released "
               f"{len(released)} slices" + (f" ({', '.join(released)})" if released else ""))
 
@@ -159,8 +158,7 @@ class PathwaysMagics(Magics):
 
     def _leave(self, old) -> None:
         """Release the magic-made slices and close the kernel's old controller."""
-        for name in self.state.release_all():
-            self.shell.user_ns.pop(name, None)
+        self.state.release_all(self.shell.user_ns)
         if old is not None:
             old.close()
 

@@ -91,10 +91,14 @@ class NotebookState:
         """A cell starts: show ``--no-block`` outputs again, with this cell as the parent."""
         self.live = [out for out in self.live if out.resend()]
 
-    def release_all(self) -> list[str]:
+    def release_all(self, user_ns: dict | None = None) -> list[str]:
+        """Release every slice the magics made; returns their names. ``user_ns``: the
+        notebook's names, unbound where they still hold their slice (not once rebound)."""
         names = list(self.slices)
-        for vs in self.slices.values():
+        for name, vs in self.slices.items():
             vs.release()
+            if user_ns is not None and user_ns.get(name) is vs:
+                del user_ns[name]
         self.slices.clear()
         for _, vs in self.temporary:
             vs.release()

@@ -185,6 +185,10 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
     ("%pathways trace save", "needs a PATH"),
     ("%pathways trace save .json", "the path names no file"),
     ("%pathways frobnicate", "invalid choice"),
+    ("%pathways slice for 2", "'for' is not a name a variable can have"),
+    ("%pathways slice s2 2 --axis x", "unrecognized arguments: --axis x. Did you mean --axes?"),
+    ("%%pathways --noblock\ny = 1", "Did you mean --no-block?"),
+    ("%%pathways --timout 5\ny = 1", "Did you mean --timeout?"),
 ])
 def test_bad_input_is_a_short_usage_error(ip, cell, fix):
     run(ip, "%pathways slice s0 2")
@@ -345,6 +349,14 @@ def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):
     assert s0.released and "s0" not in ip.user_ns
     run(ip, "%pathways reset")
     assert "s1" not in ip.user_ns and "released 1 slices (s1)" in capsys.readouterr().out
+    # a name rebound since the slice was made keeps its new value
+    run(ip, "%pathways slice s0 2")
+    run(ip, "%pathways slice s1 2")
+    run(ip, "s0 = 'my data'\ns1 = 42")
+    run(ip, "%pathways release s0")
+    run(ip, "%pathways reset")
+    assert ip.user_ns["s0"] == "my data" and ip.user_ns["s1"] == 42
+    assert "released 1 slices (s1)" in capsys.readouterr().out
 
 
 def test_help_comes_from_the_shared_specs(ip):
@@ -397,7 +409,7 @@ def test_attach_local_as_the_first_magic_starts_the_controller(ip, capsys, monke
     assert "attached local: island 0: 2 cpu, island 1: 2 cpu" in capsys.readouterr().out
 
 
-def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys):
+def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys, monkeypatch):
     run(ip, "%pathways attach sim --preset tpu-v4 --islands 1024,1024")
     ctl = extension.state().ctl
     assert ctl.backend == "sim" and [len(i.devices) for i in ctl.islands] == [1024, 1024]
@@ -418,8 +430,10 @@ def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys):
         run(ip, "%pathways attach local --preset tpu-v4")
     with pytest.raises(UsageError, match="islands of a preset are equal"):
         run(ip, "%pathways attach sim --islands 1024,512")
-    run(ip, "%pathways attach local --islands 4,4")
-    assert extension.state().ctl.backend == "local"
+    monkeypatch.setenv("PWKERNEL_ISLANDS", "4,4")
+    run(ip, "%pathways attach local")  # this machine's devices again, not the pod's chips
+    ctl = extension.state().ctl
+    assert ctl.backend == "local" and [len(i.devices) for i in ctl.islands] == [4, 4]
 
 
 def test_a_controller_that_cannot_start_is_a_one_line_usage_error():
