@@ -322,8 +322,9 @@ class Connection:
     trace files may be written to (the notebook's)."""
 
     def __init__(self, send: Callable[[dict], Any], get_controller: Callable[[], Any],
-                 root: Path | None = None):
+                 root: Path | None = None, end: Callable[[], Any] | None = None):
         self.send = send
+        self.end = end  # closes the comm from the kernel's side (the frontend is told)
         self.get_controller = get_controller
         self.root = Path.cwd() if root is None else Path(root)
         self.util = Utilization()
@@ -431,7 +432,7 @@ def register(ip, get_controller: Callable[[], Any]) -> bool:
 
     def on_open(comm, open_msg) -> None:
         _route_as_sent(comm)
-        conn = Connection(comm.send, get_controller, root)
+        conn = Connection(comm.send, get_controller, root, end=comm.close)
         comm.on_msg(lambda msg: conn.handle(msg["content"]["data"]))
         comm.on_close(lambda msg: conn.close())
         opts = open_msg["content"].get("data") or {}
@@ -448,9 +449,15 @@ def register(ip, get_controller: Callable[[], Any]) -> bool:
 
 
 def unregister(ip) -> None:
-    """Remove the target and stop every open comm's pushes (``%unload_ext pwkernel``)."""
+    """Remove the target, stop every open comm's pushes and close the comms, so that each
+    sidebar learns the extension went (``%unload_ext pwkernel``)."""
     for conn in connections():
         conn.close()
+        if conn.end is not None:
+            try:
+                conn.end()
+            except Exception:  # noqa: BLE001 - closed already, or the kernel is going away
+                pass
     manager = getattr(getattr(ip, "kernel", None), "comm_manager", None)
     if manager is not None:
         manager.unregister_target(TARGET, manager.targets.get(TARGET))

@@ -145,6 +145,13 @@ def test_comm_target_answers_status(kernel_env):
         send("comm_msg", {"comm_id": comm_id, "data": {"type": "launch"}})
         bad = next_comm_msg()
         assert bad["type"] == "error" and "status" in bad["error"]
+        # unloading the extension closes the comm: the sidebar learns it went
+        kc.execute("%unload_ext pwkernel")
+        while True:
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["msg_type"] == "comm_close":
+                assert msg["content"]["comm_id"] == comm_id
+                break
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
