@@ -99,7 +99,9 @@ class SPMD:
     ``Pipeline`` carries it. ``packed=True``: it travels from step to step as a
     ``PackedState``, one flat array per dtype packed and unpacked inside the step
     (``packed.py``): the same values, a few futures a step instead of one per leaf, for one
-    more pass over the state on the devices (docs/training.md says when that pays)."""
+    more pass over the state on the devices (docs/training.md says when that pays).
+    ``optimizer`` runs per stage, as a ``Pipeline`` runs it (docs/training.md, "Optimizer per
+    stage")."""
 
     def __init__(self, stages: Sequence[Stage], slice: VirtualSlice, *, loss: Callable,
                  optimizer: optax.GradientTransformation, check_finite: bool = False,

@@ -196,7 +196,12 @@ def check_batch(batch, microbatches: int, what: str = "batch", devices: int = 1)
     if not leaves:
         raise ValueError(f"the {what} has no arrays; expected (inputs, targets).")
     sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
-    size = sizes.pop() if len(sizes) == 1 else None
+    if len(sizes) > 1:  # (inputs and targets of different batch sizes, say)
+        raise ValueError(f"the arrays of the {what} must share one leading (batch) axis: one "
+                         "example per row, as many rows in each; got leading sizes "
+                         f"{[np.shape(x)[:1] for x in leaves]}. Maybe inputs and targets "
+                         "come from different batches.")
+    size = sizes.pop()
     step = microbatches * devices
     if size is None or size % step:
         if microbatches == 1:

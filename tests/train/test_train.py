@@ -384,7 +384,8 @@ def test_bad_input_gets_errors_that_name_the_fix(tctl, stages):
             (x, TypeError, r"a batch is \(inputs, targets\), got a ndarray.*dp.step"),
             ((x, y, y), TypeError, "got a tuple of 3"),
             ((x[:7], y[:7]), ValueError, "divisible by the slice's 2 devices"),
-            ((x, y[:4]), ValueError, r"one leading \(batch\) axis.*\(8,\), \(4,\)")]:
+            ((x, y[:4]), ValueError, r"one leading \(batch\) axis.*\(8,\), \(4,\)\]\. "
+                                     r"Maybe inputs and targets come from different batches")]:
         with pytest.raises(error, match=match):
             spmd.step(spmd.init(0), batch)
     per_example = pw.train.Pipeline(  # a loss per example: the gradient of what, jax.grad asks
