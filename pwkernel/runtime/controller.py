@@ -332,7 +332,9 @@ class Controller:
         self.closed = True
         with interrupts.held:  # (a Ctrl-C meanwhile is raised once all of it is done: a
             self._dispatcher.shutdown()  # half-closed controller would keep its threads and
-            self.store.close()  # buffers, and a second close() would not finish it)
+            # buffers, and a second close() would not finish it). The callbacks of what ended
+            done_callbacks.runner.wait_idle()  # meanwhile read values: before they are freed
+            self.store.close()
             self.resources.release_all()
             _unregister(self)
             done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled ran

@@ -186,7 +186,8 @@ class KeepAlive:
                     if not self._refused:
                         logging.getLogger("pwkernel").warning("island %s: %s", host.island, e)
                     self._refused = failed = True
-            if failed and cluster.gone():
+            # (a stop kills the islands before the cluster: look again while any is lost)
+            if (failed or any(h.lost for h in self.hosts)) and cluster.gone():
                 self._left()
                 return
 
