@@ -40,13 +40,17 @@ class _Parser(MagicArgumentParser):
         raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message)} See "
                          f"{self.hint} for the accepted arguments.")
 
+    def flags(self) -> list[str]:
+        """Every option string this parser takes (``--timeout``, ...)."""
+        return [f for action in self._actions for f in action.option_strings]
+
     def _did_you_mean(self, message: str) -> str:
         """For unrecognized flags, the flags of this command they look like."""
         if not message.startswith("unrecognized arguments:"):
             return ""
-        flags = [f for action in self._actions for f in action.option_strings]
+        flags = self.flags()
         for parser in self.subcommands.values():
-            flags += [f for action in parser._actions for f in action.option_strings]
+            flags += parser.flags() if isinstance(parser, _Parser) else []
         near = {m for word in message.split(":", 1)[1].split() if word.startswith("-")
                 for m in difflib.get_close_matches(word.split("=")[0], flags, n=1)}
         return f" Did you mean {', '.join(sorted(near))}?" if near else ""
