@@ -48,7 +48,7 @@ class ComputeNode:
     devices: tuple[int, ...]
     # the executable compiled for those devices when the call was traced: the plan runs this
     # one, even if the slice moved since (``ctl.remap`` from another thread)
-    exe: Any = None
+    exe: Any
 
 
 @dataclass(frozen=True, slots=True)

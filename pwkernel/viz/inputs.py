@@ -19,6 +19,13 @@ def check_controller(ctl: Any) -> Any:
     return ctl
 
 
+def virtual_clock(ctl: Any) -> bool:
+    """Whether ``ctl`` runs on a virtual clock: a simulated controller, or a ``Simulator``
+    given directly (it has no executor)."""
+    executor = getattr(ctl, "executor", None)
+    return executor is None or bool(getattr(executor, "virtual", False))
+
+
 def window_seconds(value: Any) -> float | None:
     """A view's ``window`` as float seconds within ``WINDOW_RANGE`` (None stays None)."""
     if value is None:

@@ -33,7 +33,14 @@ from .encoding import (
     transfer_arrays,
 )
 from .figures import COLOR_FIELDS, legend_html, names_source, schedule_figure, set_color_by
-from .inputs import check_controller, device_ids, filter_names, positive_int, window_seconds
+from .inputs import (
+    check_controller,
+    device_ids,
+    filter_names,
+    positive_int,
+    virtual_clock,
+    window_seconds,
+)
 from .palette import COLORS
 from .report import report
 from .updater import DEFAULT_INTERVAL, LiveUpdater
@@ -114,9 +121,7 @@ class ScheduleView(w.VBox):
                  report_path: str | Path = "pwkernel-report.html"):
         check_controller(ctl)
         given = window_seconds(window)
-        # a Simulator (no executor) or a simulated controller runs on a virtual clock
-        virtual = getattr(getattr(ctl, "executor", None), "virtual", not hasattr(ctl, "executor"))
-        self._fit = given is None and (virtual or not live)  # the axis fits the events shown
+        self._fit = given is None and (virtual_clock(ctl) or not live)  # fit to the events
         window = 10.0 if given is None else given
         if color_by not in COLOR_FIELDS:
             raise ValueError(f"color_by must be one of {sorted(COLOR_FIELDS)}, got "

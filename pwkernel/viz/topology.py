@@ -30,7 +30,7 @@ from ..runtime.trace import Event
 from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
 from .columns import DeviceLayout, merged_busy
-from .inputs import check_controller, window_seconds
+from .inputs import check_controller, virtual_clock, window_seconds
 from .updater import LiveUpdater
 
 TOPOLOGY_COLUMNS = ("x", "device", "island", "utilization", "util_text", "memory",
@@ -60,10 +60,9 @@ class TopologyView(w.VBox):
                  interval: float = 0.5, rows: str = "auto"):
         check_controller(ctl)
         window = window_seconds(window)
-        virtual = not isinstance(ctl, Controller) or getattr(ctl.executor, "virtual", False)
         self.ctl = ctl
         #: seconds of utilization shown; None: the whole run (default on a virtual clock)
-        self.window_s = 10.0 if window is None and not virtual else window
+        self.window_s = 10.0 if window is None and not virtual_clock(ctl) else window
         self._lock = threading.RLock()
         self._cursor = 0
         self._recent: deque[Event] = deque()

@@ -76,12 +76,11 @@ class LiveUpdater:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.wait):
-            if not self._running.is_set():  # paused: resume() or stop() (which sets it)
-                self._running.wait(self.max_wait)  # wakes it; a close is seen meanwhile
-                if not self._over():
-                    continue
             if self._over():
                 break
+            if not self._running.is_set():  # paused: resume() or stop() (which sets it)
+                self._running.wait(self.max_wait)  # wakes it; a close is seen meanwhile
+                continue
             spent = time.thread_time()
             try:
                 self._tick()
