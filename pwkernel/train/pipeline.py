@@ -109,8 +109,10 @@ class Pipeline:
         self.loss, self.optimizer = loss, optimizer
         self.schedule = Schedule.parse(schedule)
         self.microbatches, self.check_finite, self.name = microbatches, check_finite, name
-        #: bytes of one microbatch's residuals per stage (known after the first step)
+        #: bytes of one microbatch's residuals per stage, for the last step's microbatch
+        #: shapes (known after the first step)
         self.residual_bytes: list[int] | None = None
+        self._residual_shapes = None  # the microbatch shapes residual_bytes is for
         S, M = len(self.stages), microbatches
         self._fwd, self._bwd, self._update, self._init = [], [], [], []
         for s, (st, vs) in enumerate(zip(self.stages, self.slices, strict=True)):
@@ -173,8 +175,10 @@ class Pipeline:
                             f"{type(state).__name__}.")
         xs, ys = batch if isinstance(batch, Microbatches) else self._split(batch)
         ready_to_donate(state)
-        if self.residual_bytes is None:
+        shapes = _struct((xs[0], ys[0]))
+        if shapes != self._residual_shapes:  # (first step, or a batch of another shape)
             self.residual_bytes = self._residual_bytes(state.params, xs[0], ys[0])
+            self._residual_shapes = shapes
         run = self.program(self.schedule if schedule is None else schedule)
         return run(list(state.params), list(state.opt_state), list(xs), list(ys),
                    self.constants(), dispatch=dispatch)

@@ -160,6 +160,17 @@ def test_1f1b_holds_fewer_residuals_than_gpipe(tctl, pipe):
     assert peaks["1f1b"] == [2 * r0, 1 * r1]   # stage s holds S - s microbatches' at most
 
 
+def test_residual_bytes_follow_the_batch_shape(tctl, pipe):
+    """A step on a bigger batch has bigger microbatches: the figure is for the last step's."""
+    state, _ = pw.train.wait(pipe.step(pipe.init(0), batches(1)[0]))
+    small = list(pipe.residual_bytes)
+    state, _ = pw.train.wait(pipe.step(state, T.batch(CFG, 2 * BATCH, seed=9)))
+    big = list(pipe.residual_bytes)
+    assert all(b > s for b, s in zip(big, small, strict=True)), (small, big)
+    pw.train.wait(pipe.step(state, batches(1)[0]))
+    assert pipe.residual_bytes == small
+
+
 def test_trace_names_tell_forward_backward_and_update_apart(tctl, pipe):
     tctl.wait()
     k = tctl.trace.next_index
