@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import jax
+
+import pwkernel as pw
+
 
 def run(ip, source: str):
     """Run a cell; return its result, raising the cell's error (UsageError included)."""
@@ -11,3 +15,15 @@ def run(ip, source: str):
     if result.error_in_exec is not None:
         raise result.error_in_exec
     return result.result
+
+
+def forget_futures(shell) -> None:
+    """Drop the shell's references to futures, so the next test's controller starts clean:
+    the output history (``Out``, ``_``, ``_N``; as ``%reset -f out``) and every user name
+    whose value holds one. IPython's own names (``_oh``, ``Out``, ...) stay: its display hook
+    needs them."""
+    shell.displayhook.flush()
+    hidden = shell.user_ns_hidden
+    for name in [n for n, v in shell.user_ns.items() if n not in hidden and any(
+            isinstance(x, pw.Future) for x in jax.tree_util.tree_leaves(v))]:
+        del shell.user_ns[name]

@@ -7,8 +7,8 @@ import os
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-import pwkernel as pw
 from pwkernel.notebook import kernelspec
+from tests.helpers.shell import forget_futures
 
 
 @pytest.fixture
@@ -21,8 +21,7 @@ def ip(capsys):
         yield shell
     finally:
         shell.run_line_magic("unload_ext", "pwkernel")
-        for name in [n for n, v in shell.user_ns.items() if isinstance(v, pw.Future)]:
-            del shell.user_ns[name]
+        forget_futures(shell)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import pwkernel as pw
-from tests.helpers.shell import run
+from tests.helpers.shell import forget_futures, run
 
 SETUP = """
 import jax, jax.numpy as jnp, numpy as np, optax
@@ -44,16 +44,13 @@ print(f"step loss {float(loss):.7f}")
 @pytest.fixture
 def ip(capsys):
     shell = InteractiveShell.instance()
-    shell.init_user_ns()  # (another test module may have cleared the output history names)
     shell.run_line_magic("load_ext", "pwkernel")
     capsys.readouterr()
     try:
         yield shell
     finally:
         shell.run_line_magic("unload_ext", "pwkernel")
-        for name in [n for n, v in shell.user_ns.items()
-                     if any(isinstance(x, pw.Future) for x in jax.tree_util.tree_leaves(v))]:
-            del shell.user_ns[name]
+        forget_futures(shell)
 
 
 def _jit_losses(steps: int) -> list[float]:
