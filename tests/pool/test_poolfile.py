@@ -116,3 +116,14 @@ def test_stop_cleans_up_a_pool_whose_cluster_is_gone(pool_dir):
     assert not token.exists()
     with pytest.raises(service.PoolError, match="no pool named 'old'"):
         service.status("old")
+
+
+def test_a_mistyped_pool_name_is_told_the_name_of_the_pool_at_that_address(pool_dir):
+    """Refused before Ray is asked: with the wrong name, the pool's token is not lent and the
+    cluster refuses the connection only after half a minute of retries."""
+    poolfile.save(record("class", address="127.0.0.1:1"))
+    with pytest.raises(pw.DeviceSetupError, match=r"no pool named 'clas'.*the pool at "
+                       r"localhost:1 is 'class': attach with pool='class'"):
+        pw.Controller(backend="ray", pool="clas", address="localhost:1")
+    with pytest.raises(pw.DeviceSetupError, match=r"pools written down here: 'class'\)"):
+        pw.Controller(backend="ray", pool="clas")

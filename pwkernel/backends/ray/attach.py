@@ -18,7 +18,7 @@ import threading
 import ray
 
 from ...runtime.errors import DeviceSetupError
-from . import cluster
+from . import cluster, poolfile
 from .cluster import IslandHost, clock_offset
 from .poolfile import check_name, load
 from .tenancy import find_islands, named_islands, namespace
@@ -43,15 +43,22 @@ def pool_address(pool: str, address: str | None) -> str:
     """Where to find pool ``pool``: ``address``, else its pool file's (the pool's token is
     lent by ``cluster.connect(address, pool=pool)``)."""
     check_name(pool)
+    record = load(pool)
+    if record is not None:
+        return address if address is not None else record.get("address")
+    here = poolfile.records()
+    # a pool's cluster is its own: a pool here at that address has another name
+    for other in here if address is not None else ():
+        if other.get("address") and cluster.same_address(address, other["address"]):
+            raise DeviceSetupError(
+                f"no pool named {pool!r} is written down on this machine, and the pool at "
+                f"{address} is {other['name']!r}: attach with pool={other['name']!r}.")
     if address is None:
-        record = load(pool)
-        if record is not None:
-            address = record.get("address")
-    if address is None:
+        known = ", ".join(repr(r["name"]) for r in here) or "none"
         raise DeviceSetupError(
             f"pool={pool!r} needs the address of its Ray cluster: pass address='host:port' "
             f"(printed by `python -m pwkernel.pool start --name {pool}`), or start the pool on "
-            "this machine so its pool file is found.")
+            f"this machine so its pool file is found (pools written down here: {known}).")
     return address
 
 

@@ -56,7 +56,7 @@ def connect(address: str | None, pool: str | None = None, own_token: bool = Fals
         _users += 1
 
 
-def _same_address(a: str, b: str) -> bool:
+def same_address(a: str, b: str) -> bool:
     """Whether ``host:port`` ``a`` and ``b`` name the same server (host names resolved)."""
     def key(address: str) -> tuple[str, str]:
         host, _, port = address.rpartition(":")
@@ -75,7 +75,7 @@ def _refuse_another_cluster(address: str | None, pool: str | None) -> None:
     if address is None or address == "auto" or "://" in address or ":" not in address:
         return
     current = ray.get_runtime_context().gcs_address
-    if _same_address(address, current):
+    if same_address(address, current):
         return
     by = (f"{_users} open controller(s) of this process use it" if _users
           else "a ray.init() of your own made it")

@@ -83,6 +83,19 @@ def load(name: str) -> dict[str, Any] | None:
     return record
 
 
+def records() -> list[dict[str, Any]]:
+    """The records of every pool written down here, by name (unreadable files left out)."""
+    found = []
+    for path in sorted(pool_dir().glob("*.json")):
+        try:
+            record = load(path.stem)
+        except DeviceSetupError:  # (not a pool's name, or not a pool's file)
+            continue
+        if record is not None:
+            found.append(record)
+    return found
+
+
 def _private_dir() -> Path:
     folder = pool_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
