@@ -148,8 +148,13 @@ class Simulator:
 
     def run(self, until: float | None = None) -> float:
         """Run until nothing is left to do (or the clock passes ``until``); returns when the
-        last node ended. Raises ``DeadlockError`` when chips wait on each other in a circle."""
+        last node ended. Raises ``DeadlockError`` when chips wait on each other in a circle,
+        ``SimError`` for an ``until`` before the clock (it never goes back)."""
         timing = self.timing
+        if until is not None and not until >= timing.now:  # (NaN too: it compares False)
+            raise SimError(f"run(until={until!r}) is before the clock, already at "
+                           f"{timing.now} s: the clock never goes back. Maybe you want "
+                           f"run(until={timing.now} + seconds) or run().")
         heap, step = timing.heap, timing.step
         while heap:
             if until is not None and heap[0][0] > until:

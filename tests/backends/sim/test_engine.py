@@ -276,6 +276,20 @@ def test_runs_report_their_times_and_bad_input_is_refused_clearly():
         Simulator(toy(), dispatch="eager")
 
 
+def test_run_until_never_moves_the_clock_back():
+    sim = Simulator(toy())
+    sim.submit(chain())
+    sim.run(until=100 * US)  # a's end (the hand timeline: 24..124 us) is still ahead
+    assert sim.now == pytest.approx(100 * US)
+    for earlier in (50 * US, float("nan")):
+        with pytest.raises(SimError, match="before the clock, already at"):
+            sim.run(until=earlier)
+    assert sim.now == pytest.approx(100 * US)
+    with pytest.raises(SimError, match="clock is already at"):
+        sim.submit(chain(), at=60 * US)  # (it was allowed after the clock went back to 50)
+    assert sim.run() == pytest.approx(324 * US)
+
+
 def test_a_transfer_larger_than_its_chips_hbm_is_refused():
     # the toy chip has 1 GB of HBM: 3 GB onto two chips is at least 1.5 GB on one of them
     sim = Simulator(toy())
