@@ -382,8 +382,12 @@ def test_bad_input_is_refused_with_the_fix():
         pw.Controller(islands=(2, 2), backend="sim", cluster=TINY)
     with pytest.raises(sim.SimError, match="islands of a preset are equal"):
         pw.Controller(islands=(8, 4), backend="sim")
-    with pytest.raises(sim.SimError, match="multiple of 4"):
-        pw.Controller(islands=(6, 6), backend="sim")
+    # said in islands, as they were given (it said "chips=12, islands=2 ... chips=16")
+    with pytest.raises(sim.SimError, match=r"preset 'tpu-v4' is whole hosts of 4 chips; "
+                       r"islands=\(7, 7\) are not. Maybe you want islands=\(8, 8\)"):
+        pw.Controller(islands=(7, 7), backend="sim")
+    with pytest.raises(sim.SimError, match=r"whole hosts of 8 chips.*islands=\(8,\)"):
+        pw.Controller(islands=(3,), backend="sim", cluster="h100")
     with pw.Controller(islands=(16, 16), backend="sim", cluster="h100") as gpus:
         assert gpus.executor.cluster.chip.name == "H100 SXM" and len(gpus.devices) == 32
     with pw.Controller(backend="sim", cluster="h100") as node:  # a preset alone: its machine
