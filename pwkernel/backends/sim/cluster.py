@@ -255,16 +255,21 @@ class Cluster:
             if not data.exists():
                 raise SimError(
                     f"the 'this-machine' preset needs a calibration file, and there is none at "
-                    f"{str(data)!r}. It is written by a calibration run of the local runtime; "
-                    "until you have one, use Cluster.from_calibration({...}) with measured "
+                    f"{str(data)!r}. Write it with `python -m pwkernel.bench.sim_calibrate` "
+                    "(it measures the local runtime, about 25 s; --out PATH elsewhere, then "
+                    "PWKERNEL_SIM_CALIBRATION=PATH); or use Cluster.from_calibration({...}) "
+                    "with measured "
                     f"numbers for {sorted(CALIBRATION_KEYS)}, or a published preset such as "
                     "Cluster.preset('tpu-v4', chips=8).")
+        where = ""
         if isinstance(data, str | Path):
+            where = f" (from {str(data)!r})"
             data = json.loads(Path(data).read_text())
         missing = sorted(set(CALIBRATION_KEYS) - set(data))
         if missing:
-            raise SimError(f"calibration data lacks {missing}; expected keys "
-                           f"{sorted(CALIBRATION_KEYS)}.")
+            raise SimError(f"calibration data{where} lacks {missing}; expected keys "
+                           f"{sorted(CALIBRATION_KEYS)}. Maybe you want to write it again with "
+                           "`python -m pwkernel.bench.sim_calibrate`.")
         chip = Chip("this machine", data["peak_flops"], data["hbm_bytes"],
                     data["memory_bandwidth"], launch_overhead=data["launch_overhead"])
         ici = Interconnect(data["ici_bandwidth"], data["ici_latency"])

@@ -78,7 +78,12 @@ def test_this_machine_comes_from_a_calibration_run(tmp_path, monkeypatch):
     assert c.host.client_per_node == 30e-6
     missing = tmp_path / "none.json"
     monkeypatch.setenv("PWKERNEL_SIM_CALIBRATION", str(missing))
-    with pytest.raises(SimError, match="needs a calibration file"):
+    with pytest.raises(SimError, match="needs a calibration file.*Write it with "
+                                       "`python -m pwkernel.bench.sim_calibrate`"):
+        Cluster.preset("this-machine")  # (the error named no command that writes it)
+    missing.write_text(json.dumps({k: v for k, v in _calibration().items() if k != "islands"}))
+    with pytest.raises(SimError, match=r"calibration data \(from '.*none.json'\) lacks "
+                                       r"\['islands'\].*sim_calibrate"):
         Cluster.preset("this-machine")
     missing.write_text(json.dumps(_calibration()))
     assert Cluster.preset("this-machine").chip.peak_flops == 5e10
