@@ -83,9 +83,9 @@ class SimProgram:
             if n.kind is NodeKind.TRANSFER and len(n.inputs) > 1:
                 raise SimError(f"program {self.name!r}: transfer {i} ({n.name}) reads "
                                f"{len(n.inputs)} nodes; a transfer moves one value.")
-            if not n.seconds >= 0:
+            if not 0 <= n.seconds < math.inf:  # (NaN fails both)
                 raise SimError(f"program {self.name!r}: node {i} ({n.name}) has seconds="
-                               f"{n.seconds!r}; expected a duration >= 0.")
+                               f"{n.seconds!r}; expected a finite duration >= 0.")
 
     def check(self, cluster: Cluster) -> None:
         """Raise ``SimError`` unless every node fits ``cluster`` (chips exist; a computation

@@ -276,6 +276,28 @@ def test_runs_report_their_times_and_bad_input_is_refused_clearly():
         Simulator(toy(), dispatch="eager")
 
 
+def test_submit_refuses_what_the_scheduler_or_clock_would_trip_over_mid_run():
+    # each was taken: a priority 'hi' raised a bare TypeError from inside run(), at=NaN gave
+    # a run submitted at NaN, an infinite duration an infinite clock, weight 0 a share of 0
+    sim = Simulator(toy(), policy="priority")
+    for bad, match in [(dict(weight=0), "weight must be a finite number > 0"),
+                       (dict(weight=-1.0), "weight must be"),
+                       (dict(weight=float("inf")), "weight must be"),
+                       (dict(priority="hi"), "priority must be an int"),
+                       (dict(priority=1.5), "priority must be an int"),
+                       (dict(client=None), "client must be a non-empty string"),
+                       (dict(at=float("nan")), "at must be a finite time"),
+                       (dict(at=float("inf")), "at must be a finite time"),
+                       (dict(at="1"), "at must be a finite time")]:
+        with pytest.raises(SimError, match=match):
+            sim.submit(chain(), **bad)
+    with pytest.raises(SimError, match="seconds=inf; expected a finite duration"):
+        SimProgram("forever", [SimNode(0, "x", (0,), seconds=float("inf"))])
+    assert sim.runs == [] and sim.run() == 0.0  # nothing half-submitted
+    sim.submit(chain(), client="alice", weight=2, priority=1)
+    assert sim.run() == pytest.approx(324 * US)
+
+
 def test_run_until_never_moves_the_clock_back():
     sim = Simulator(toy())
     sim.submit(chain())
