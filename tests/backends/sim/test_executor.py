@@ -159,6 +159,19 @@ def test_futures_have_shapes_shardings_and_times_but_no_values():
         assert z.sharding.is_equivalent_to(NamedSharding(s.mesh, P()), 2)
 
 
+def test_a_simulated_future_given_to_another_controller_says_what_to_pass():
+    # the error said "pass fut.result()", which raises NoValueError for a simulated future
+    with pw.Controller(backend="sim", cluster=TINY) as one, \
+            pw.Controller(backend="sim", cluster=TINY) as other:
+        f = pw.function(lambda x: x * 2, slice=one.slice(4), sim_cost=1e-3)
+        g = pw.function(lambda x: x + 1, slice=other.slice(4), sim_cost=1e-3)
+        y = f(np.ones((8, 2), np.float32))
+        with pytest.raises(pw.ProgramError, match=r"a simulated one.*no value to move across"
+                                                  r".*np.zeros\(\(8, 2\), 'float32'\)"):
+            g(y)
+        assert g(np.zeros(y.shape, y.dtype)).shape == (8, 2)  # what it says works
+
+
 def test_donation_errors_are_those_of_a_real_backend():
     """A simulated program that would fail for real fails on the simulator too: reading a
     value an earlier call donated, and donating a value the same call also reads."""
