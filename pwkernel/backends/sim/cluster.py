@@ -214,6 +214,18 @@ class Cluster:
         return np.repeat(np.arange(len(self.islands)),
                          np.array(self.islands) * self.chips_per_host)
 
+    @cached_property
+    def switch_of(self) -> np.ndarray:
+        """The switch (GPU node) of every chip, counted from its island's first chip
+        (``Interconnect.chips_per_switch``); one switch per island when there is no limit."""
+        cps = self.ici.chips_per_switch
+        island = self.island_of
+        if not cps:
+            return island.copy()
+        first = np.concatenate(([0], np.cumsum(np.array(self.islands) * self.chips_per_host)))
+        local = np.arange(self.num_chips, dtype=np.int64) - first[island]
+        return island * (self.num_chips + 1) + local // cps
+
     def island_devices(self, island: int) -> tuple[int, ...]:
         """The chip ids of ``island``, in order."""
         if not 0 <= island < len(self.islands):
