@@ -235,7 +235,7 @@ class SimExecutor(NoGroup):
             value = hinted_seconds(p.fn.name, p.fn.hint)
             if value is None:
                 mesh = p.fn.slice.mesh.abstract_mesh
-                value = roofline(analyze(exe.lowered, mesh), self.cluster).seconds
+                value = roofline(analyze(exe.lowered, mesh, exe.jaxpr), self.cluster).seconds
             known = self._costs[id(exe)] = (exe, value)
         return known[1]
 

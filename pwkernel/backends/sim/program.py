@@ -177,7 +177,7 @@ def xla_cost(cluster: Cluster) -> CostFn:
                                f"{dict(mesh.shape)}: {e.__cause__}. Maybe you want "
                                "pw.function(..., sim_cost=seconds) (both simulators take it), "
                                "or from_graph(..., cost=).") from e.__cause__
-            cache[key] = (fn, roofline(analyze(lowered, mesh), cluster))
+            cache[key] = (fn, roofline(analyze(lowered, mesh, exe.jaxpr), cluster))
         return cache[key][1]
 
     return cost
