@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -236,6 +236,11 @@ class Cluster:
 
     def with_host(self, **costs: float) -> Cluster:
         """A copy with some host-side costs changed, e.g. ``c.with_host(rpc_latency=1e-4)``."""
+        known = [f.name for f in fields(HostCosts)]
+        unknown = sorted(set(costs) - set(known))
+        if unknown:
+            raise SimError(f"with_host got {unknown}, which are not host-side costs; valid: "
+                           f"{known}.")
         return replace(self, host=replace(self.host, **costs))
 
     # --- presets ---------------------------------------------------------------------------

@@ -119,6 +119,8 @@ def _toy(chip: dict | None = None, host: dict | None = None, **fields) -> Cluste
      "a finite number >= 0"),
     (lambda: _toy().with_host(client_per_node=True), "HostCosts.client_per_node",
      "a finite number >= 0"),
+    # a misspelt cost was a bare TypeError from the dataclass, naming none of the valid ones
+    (lambda: _toy().with_host(rpc=1e-6), "with_host got ['rpc']", "valid: ['client_per_node'"),
     (lambda: _toy(chips_per_host=True), "chips_per_host", "an int >= 1"),
     (lambda: _toy(islands=(True,)), "islands", "each an int >= 1"),
 ])
