@@ -116,6 +116,8 @@ def _traced_and_lowered(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, i
     args = tuple(args)
     leaves, tree = jax.tree_util.tree_flatten(args)
     specs = spec_leaves(in_specs, args)
+    _check_axes(specs + jax.tree_util.tree_leaves(
+        out_specs, is_leaf=lambda v: isinstance(v, P)), mesh)
     structs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype,
                                     sharding=NamedSharding(mesh, P() if s is None else s))
                for x, s in zip(leaves, specs, strict=True)]
@@ -132,6 +134,21 @@ def _traced_and_lowered(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, i
         raise SimError(f"could not lower {name} on an abstract mesh {dict(mesh.shape)}: {e}. "
                        "Maybe you want to give its duration instead (Cost.given(seconds)) "
                        "for what XLA cannot estimate.") from e
+
+
+def _check_axes(specs: list, mesh: AbstractMesh) -> None:
+    """Every axis the ``PartitionSpec``s name is one of the mesh's (JAX's own error names no
+    fix: the mesh's axes are ``x, y, ...`` unless ``axis_names=`` says otherwise)."""
+    names = tuple(mesh.axis_names)
+    for spec in specs:
+        if not isinstance(spec, P):
+            continue
+        for entry in spec:
+            for axis in entry if isinstance(entry, tuple) else (entry,):
+                if isinstance(axis, str) and axis not in names:
+                    raise SimError(f"{spec} names axis {axis!r}, but the mesh {dict(mesh.shape)} "
+                                   f"has axes {names}. Maybe you want axis_names=, one name per "
+                                   f"mesh axis ({len(names)}), {axis!r} among them.")
 
 
 def analyze(lowered: jax.stages.Lowered, mesh: AbstractMesh, jaxpr=None) -> Analysis:

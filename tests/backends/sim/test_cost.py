@@ -131,6 +131,16 @@ def test_a_given_duration_and_bad_input():
         abstract_mesh((2, 2), ("x",))
     with pytest.raises(SimError, match="mesh=\\(256, 8\\)"):
         abstract_mesh((0,))
+    # a spec naming an axis the default mesh (x, y) lacks was JAX's bare ValueError
+    x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    for specs in ((P("data"), P(None, "model")), (P(("x", "model")), P())):
+        with pytest.raises(SimError, match=r"names axis '(data|model)', but the mesh "
+                                           r"\{'x': 2, 'y': 2\} has axes \('x', 'y'\). Maybe you "
+                                           r"want axis_names="):
+            estimate(lambda a, b: a @ b, x, x, cluster=switch_cluster(), mesh=(2, 2),
+                     in_specs=specs)
+    with pytest.raises(SimError, match="names axis 'model'"):
+        estimate(lambda a: a, x, cluster=switch_cluster(), mesh=(4,), out_specs=P("model"))
 
 
 def test_loops_of_known_length_count_every_trip():
