@@ -86,6 +86,9 @@ class SimProgram:
             if not 0 <= n.seconds < math.inf:  # (NaN fails both)
                 raise SimError(f"program {self.name!r}: node {i} ({n.name}) has seconds="
                                f"{n.seconds!r}; expected a finite duration >= 0.")
+            if not 0 <= n.nbytes < math.inf:  # (a negative one freed its ports back in time)
+                raise SimError(f"program {self.name!r}: node {i} ({n.name}) has nbytes="
+                               f"{n.nbytes!r}; expected a finite number of bytes >= 0.")
 
     def check(self, cluster: Cluster) -> None:
         """Raise ``SimError`` unless every node fits ``cluster`` (chips exist; a computation

@@ -293,6 +293,9 @@ def test_submit_refuses_what_the_scheduler_or_clock_would_trip_over_mid_run():
             sim.submit(chain(), **bad)
     with pytest.raises(SimError, match="seconds=inf; expected a finite duration"):
         SimProgram("forever", [SimNode(0, "x", (0,), seconds=float("inf"))])
+    for nbytes in (-1e9, float("nan")):  # a negative copy freed its ports back in time
+        with pytest.raises(SimError, match="nbytes=.*expected a finite number of bytes"):
+            SimProgram("up", [SimNode(0, "x", (0,), kind=NodeKind.TRANSFER, nbytes=nbytes)])
     assert sim.runs == [] and sim.run() == 0.0  # nothing half-submitted
     sim.submit(chain(), client="alice", weight=2, priority=1)
     assert sim.run() == pytest.approx(324 * US)
