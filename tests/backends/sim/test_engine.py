@@ -351,6 +351,15 @@ def test_scale_benchmark_runs_both_workloads():
         assert row["computations"] >= 256 and row["virtual_seconds"] > 0
 
 
+def test_the_scale_command_refuses_no_computations(capsys):
+    from pwkernel.backends.sim.scale import main
+
+    for n in ("0", "-5"):  # ran nothing and printed rows of 0 computations as a result
+        with pytest.raises(SystemExit):
+            main(["--computations", n])
+        assert "--computations must be at least 1" in capsys.readouterr().err
+
+
 #: the 2048-chip scale workloads, 300 computations each: (when the last node ended, trace
 #: rows, SHA-256 of the rows). A change that only makes the engine faster must leave these
 #: exactly as they are; a deliberate change of the model updates them (and says so). Last

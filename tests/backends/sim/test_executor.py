@@ -428,3 +428,17 @@ def test_the_scale_benchmark_runs_small():
     assert out["events"] == 201 and out["virtual_s"] > 200 * 1e-4  # the steps, and an upload
     with pytest.raises(ValueError, match="multiple of 100"):
         sim_controller.run(computations=150)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--chips", "6"], "a multiple of 4 chips per host"),
+    (["--computations", "-5"], "positive multiple of 100"),
+])
+def test_the_scale_benchmarks_command_line_refuses_in_one_line(argv, said, capsys):
+    # it was a traceback (the SimError or ValueError of run())
+    from pwkernel.bench import sim_controller
+
+    with pytest.raises(SystemExit) as exit_:
+        sim_controller.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err and "Traceback" not in err
