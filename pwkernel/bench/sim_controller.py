@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--chips", type=int, default=2048)
     p.add_argument("--json", type=Path, default=None, metavar="PATH")
     a = p.parse_args(argv)
-    out = run(a.computations, a.chips)
+    try:
+        out = run(a.computations, a.chips)
+    except ValueError as e:  # (a SimError too: chips that are no whole hosts): one line
+        p.error(str(e))
     print(f"{out['computations']} computations on {out['chips']} simulated chips through the "
           f"whole runtime: {out['wall_s']:.2f} s wall, {out['virtual_s']:.3f} s virtual, "
           f"{out['events']} events traced")

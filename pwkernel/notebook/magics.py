@@ -369,15 +369,17 @@ class PathwaysMagics(Magics):
         try:
             while True:
                 left = None if deadline is None else deadline - time.monotonic()
+                # ended first: a run that ended by the deadline did not time out (a simulated
+                # one runs to its end inside run.wait, however long that takes in real time)
+                if run.done() or (resolved.is_set() and any(
+                        f.exception(0) is not None for f in outputs)):
+                    return
                 if left is not None and left <= 0:
                     run.cancel(f"timed out after {timeout:g} s")
                     raise CellTimeout(
                         f"{name} did not end within --timeout {timeout:g} s; cancelled its "
                         "queued computations (one already running ends first). "
                         "Raise --timeout, or use a bigger slice.") from None
-                if run.done() or (resolved.is_set() and any(
-                        f.exception(0) is not None for f in outputs)):
-                    return
                 # short steps: a long --timeout never overflows a wait, Ctrl-C is seen
                 (run if resolved.is_set() else resolved).wait(
                     0.5 if left is None else min(left, 0.5))

@@ -465,5 +465,10 @@ def _refuse_foreign(leaf: Future) -> None:
         raise ControllerClosedError(
             "a future from a closed controller was passed to a program; its buffer is gone. "
             "Pass fut.result() (a jax.Array) or rerun the program that made it.")
+    if leaf.run is not None and leaf.run.owner.virtual:  # (its result() raises NoValueError)
+        raise ProgramError(
+            f"a future from another controller, a simulated one, was passed to a program; it "
+            f"has no value to move across. Pass an array of its shape and dtype instead, "
+            f"e.g. np.zeros({tuple(leaf.shape)}, {str(leaf.dtype)!r}).")
     raise ProgramError("a future from another controller was passed to a program; pass "
                        "fut.result() to move the value across.")

@@ -403,18 +403,19 @@ class GangScheduler:
         while True:
             best, best_rank = None, None
             for c in clients:
-                i = cursor[id(c)]
-                if i < len(c.ready):
-                    rank = (c.passes, c.ready[i][0]) if share else c.ready[i][0]
+                i, ready = cursor[id(c)], c.ready
+                if reserved:  # what reserved devices block stays blocked all pass; skipping it
+                    while i < len(ready) and not reserved.isdisjoint(ready[i][1].devices):
+                        i += 1  # here (lists are in rank order) spares a look at every client
+                    cursor[id(c)] = i
+                if i < len(ready):
+                    rank = (c.passes, ready[i][0]) if share else ready[i][0]
                     if best is None or rank < best_rank:
                         best, best_rank = c, rank
             if best is None:
                 return False
             i = cursor[id(best)]
             t = best.ready[i][1]
-            if not reserved.isdisjoint(t.devices):
-                cursor[id(best)] = i + 1
-                continue
             if not self._devices_free(t) or not self._fits_memory(t):
                 reserved |= t.devices
                 cursor[id(best)] = i + 1

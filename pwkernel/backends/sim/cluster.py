@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -214,6 +214,18 @@ class Cluster:
         return np.repeat(np.arange(len(self.islands)),
                          np.array(self.islands) * self.chips_per_host)
 
+    @cached_property
+    def switch_of(self) -> np.ndarray:
+        """The switch (GPU node) of every chip, counted from its island's first chip
+        (``Interconnect.chips_per_switch``); one switch per island when there is no limit."""
+        cps = self.ici.chips_per_switch
+        island = self.island_of
+        if not cps:
+            return island.copy()
+        first = np.concatenate(([0], np.cumsum(np.array(self.islands) * self.chips_per_host)))
+        local = np.arange(self.num_chips, dtype=np.int64) - first[island]
+        return island * (self.num_chips + 1) + local // cps
+
     def island_devices(self, island: int) -> tuple[int, ...]:
         """The chip ids of ``island``, in order."""
         if not 0 <= island < len(self.islands):
@@ -224,6 +236,11 @@ class Cluster:
 
     def with_host(self, **costs: float) -> Cluster:
         """A copy with some host-side costs changed, e.g. ``c.with_host(rpc_latency=1e-4)``."""
+        known = [f.name for f in fields(HostCosts)]
+        unknown = sorted(set(costs) - set(known))
+        if unknown:
+            raise SimError(f"with_host got {unknown}, which are not host-side costs; valid: "
+                           f"{known}.")
         return replace(self, host=replace(self.host, **costs))
 
     # --- presets ---------------------------------------------------------------------------
@@ -255,16 +272,21 @@ class Cluster:
             if not data.exists():
                 raise SimError(
                     f"the 'this-machine' preset needs a calibration file, and there is none at "
-                    f"{str(data)!r}. It is written by a calibration run of the local runtime; "
-                    "until you have one, use Cluster.from_calibration({...}) with measured "
+                    f"{str(data)!r}. Write it with `python -m pwkernel.bench.sim_calibrate` "
+                    "(it measures the local runtime, about 25 s; --out PATH elsewhere, then "
+                    "PWKERNEL_SIM_CALIBRATION=PATH); or use Cluster.from_calibration({...}) "
+                    "with measured "
                     f"numbers for {sorted(CALIBRATION_KEYS)}, or a published preset such as "
                     "Cluster.preset('tpu-v4', chips=8).")
+        where = ""
         if isinstance(data, str | Path):
+            where = f" (from {str(data)!r})"
             data = json.loads(Path(data).read_text())
         missing = sorted(set(CALIBRATION_KEYS) - set(data))
         if missing:
-            raise SimError(f"calibration data lacks {missing}; expected keys "
-                           f"{sorted(CALIBRATION_KEYS)}.")
+            raise SimError(f"calibration data{where} lacks {missing}; expected keys "
+                           f"{sorted(CALIBRATION_KEYS)}. Maybe you want to write it again with "
+                           "`python -m pwkernel.bench.sim_calibrate`.")
         chip = Chip("this machine", data["peak_flops"], data["hbm_bytes"],
                     data["memory_bandwidth"], launch_overhead=data["launch_overhead"])
         ici = Interconnect(data["ici_bandwidth"], data["ici_latency"])

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.extend import core as jcore
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -107,9 +108,16 @@ def lower(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, in_specs=None,
     """``fn`` lowered for TPU on ``mesh`` (no devices needed). ``args``: arrays or
     ``jax.ShapeDtypeStruct``s; ``in_specs``/``out_specs``: ``PartitionSpec``s as in
     ``pw.function`` (default: replicated)."""
+    return _traced_and_lowered(fn, args, mesh, in_specs, out_specs)[1]
+
+
+def _traced_and_lowered(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, in_specs=None,
+                        out_specs=None) -> tuple[jax.stages.Traced, jax.stages.Lowered]:
     args = tuple(args)
     leaves, tree = jax.tree_util.tree_flatten(args)
     specs = spec_leaves(in_specs, args)
+    _check_axes(specs + jax.tree_util.tree_leaves(
+        out_specs, is_leaf=lambda v: isinstance(v, P)), mesh)
     structs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype,
                                     sharding=NamedSharding(mesh, P() if s is None else s))
                for x, s in zip(leaves, specs, strict=True)]
@@ -121,24 +129,99 @@ def lower(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, in_specs=None,
     try:
         with jax.sharding.use_abstract_mesh(mesh):
             traced = jax.jit(fn, **kwargs).trace(*jax.tree_util.tree_unflatten(tree, structs))
-            return traced.lower(lowering_platforms=("tpu",))
+            return traced, traced.lower(lowering_platforms=("tpu",))
     except Exception as e:
         raise SimError(f"could not lower {name} on an abstract mesh {dict(mesh.shape)}: {e}. "
                        "Maybe you want to give its duration instead (Cost.given(seconds)) "
                        "for what XLA cannot estimate.") from e
 
 
-def analyze(lowered: jax.stages.Lowered, mesh: AbstractMesh) -> Analysis:
-    """Per-chip flops, bytes and collectives of a function lowered on ``mesh``."""
+def _check_axes(specs: list, mesh: AbstractMesh) -> None:
+    """Every axis the ``PartitionSpec``s name is one of the mesh's (JAX's own error names no
+    fix: the mesh's axes are ``x, y, ...`` unless ``axis_names=`` says otherwise)."""
+    names = tuple(mesh.axis_names)
+    for spec in specs:
+        if not isinstance(spec, P):
+            continue
+        for entry in spec:
+            for axis in entry if isinstance(entry, tuple) else (entry,):
+                if isinstance(axis, str) and axis not in names:
+                    raise SimError(f"{spec} names axis {axis!r}, but the mesh {dict(mesh.shape)} "
+                                   f"has axes {names}. Maybe you want axis_names=, one name per "
+                                   f"mesh axis ({len(names)}), {axis!r} among them.")
+
+
+def analyze(lowered: jax.stages.Lowered, mesh: AbstractMesh, jaxpr=None) -> Analysis:
+    """Per-chip flops, bytes and collectives of a function lowered on ``mesh``. ``jaxpr``:
+    the function's (a ``ClosedJaxpr``), whose loops of known length (``lax.scan``, and
+    ``fori_loop`` with static bounds, which JAX writes as a scan) then count every trip:
+    XLA's cost analysis counts a loop's body once (``loop_work``)."""
     text = lowered.as_text()
+    work = np.array(_xla_work(lowered))
+    if jaxpr is not None:
+        work += loop_work(jaxpr, mesh)
+    shards = _shards(text, dict(mesh.shape))
+    flops, transcendentals, nbytes = (float(w) / shards for w in work)
+    return Analysis(flops, transcendentals, nbytes, tuple(_collectives(text)),
+                    _f32_matmuls(text), shards)
+
+
+def _xla_work(lowered: jax.stages.Lowered) -> tuple[float, float, float]:
+    """XLA's whole-array flops, transcendentals and bytes accessed."""
     costs = lowered.cost_analysis() or {}
     if isinstance(costs, list | tuple):  # older JAX: one dict per computation
         costs = costs[0] if costs else {}
-    shards = _shards(text, dict(mesh.shape))
-    return Analysis(max(float(costs.get("flops", 0.0)), 0.0) / shards,
-                    max(float(costs.get("transcendentals", 0.0)), 0.0) / shards,
-                    max(float(costs.get("bytes accessed", 0.0)), 0.0) / shards,
-                    tuple(_collectives(text)), _f32_matmuls(text), shards)
+    return tuple(max(float(costs.get(k, 0.0)), 0.0)
+                 for k in ("flops", "transcendentals", "bytes accessed"))
+
+
+def loop_work(jaxpr, mesh: AbstractMesh) -> np.ndarray:
+    """The whole-array (flops, transcendentals, bytes) that XLA's cost analysis leaves out of
+    ``jaxpr``: it counts the body of a loop once, so a scan of length n misses n - 1 runs
+    of its body (fewer when unrolled: XLA counts the copies it lowers), and n runs of what the
+    body's own loops miss. Still counted once: a
+    ``while_loop`` whose trip count is data, a loop inside ``shard_map`` (its body cannot be
+    lowered alone, outside the map's manual axes); ``cond`` branches are not searched."""
+    missing = np.zeros(3)
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "scan":
+            body, length = eqn.params["jaxpr"], int(eqn.params["length"])
+            once = _body_work(body, mesh)
+            if once is not None:
+                inner = loop_work(body.jaxpr, mesh)
+                missing += (length - _counted(eqn.params.get("unroll", 1), length)) * np.array(
+                    once) + length * inner
+        elif name not in ("cond", "shard_map"):
+            for sub in jcore.jaxprs_in_params(eqn.params):
+                missing += loop_work(sub, mesh)
+    return missing
+
+
+def _counted(unroll, length: int) -> int:
+    """How many copies of a scan's body XLA counts: it lowers ``unroll`` = k copies in the
+    loop and the ``length % k`` left over after it (all of them when k >= length)."""
+    k = length if unroll is True else max(1, int(unroll))
+    return length if k >= length else k + length % k
+
+
+def _body_work(body, mesh: AbstractMesh) -> tuple[float, float, float] | None:
+    """XLA's figures for a loop body alone (a ``ClosedJaxpr``), lowered with the shardings
+    its types carry, on the mesh they name (else ``mesh``); None if it cannot be."""
+    shardings = [getattr(a, "sharding", None) for a in body.in_avals]
+    named = [sh.mesh for sh in shardings
+             if isinstance(getattr(sh, "mesh", None), AbstractMesh) and not sh.mesh.empty]
+    mesh = named[0] if named else mesh  # (the types' own: their axis types must match)
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=None if sh is None or getattr(
+        sh, "spec", None) is None else NamedSharding(mesh, sh.spec))
+        for a, sh in zip(body.in_avals, shardings, strict=True)]
+    try:
+        with jax.sharding.use_abstract_mesh(mesh):
+            lowered = jax.jit(jcore.jaxpr_as_fun(body)).trace(*structs).lower(
+                lowering_platforms=("tpu",))
+    except Exception:  # noqa: BLE001 - then it counts once, as XLA counted it
+        return None
+    return _xla_work(lowered)
 
 
 def roofline(analysis: Analysis, cluster: Cluster) -> Cost:
@@ -159,7 +242,8 @@ def estimate(fn: Callable, *args, cluster: Cluster, mesh=1, axis_names=None, in_
     """The cost of ``fn(*args)`` on a slice of ``cluster`` shaped ``mesh`` (an int, a tuple,
     or an ``AbstractMesh``)."""
     m = abstract_mesh(mesh, axis_names)
-    return roofline(analyze(lower(fn, args, m, in_specs, out_specs), m), cluster)
+    traced, lowered = _traced_and_lowered(fn, args, m, in_specs, out_specs)
+    return roofline(analyze(lowered, m, traced.jaxpr), cluster)
 
 
 # --- reading the lowered text ----------------------------------------------------------------

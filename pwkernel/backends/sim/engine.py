@@ -36,6 +36,8 @@ opposite orders, each waits for the other forever: ``run`` finds the cycle and r
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -53,6 +55,27 @@ from .tasks import SimRun, SimTask
 from .timing import Timing
 
 _COMPUTE, _TRANSFER = EventKind.COMPUTE.value, EventKind.TRANSFER.value
+
+
+def _check_client(client, weight, priority, at) -> None:
+    """Refuse what the scheduler or the clock would trip over mid-run (a NaN time, a weight
+    that shares nothing, a priority that does not compare), as ``ctl.client`` does."""
+    if not isinstance(client, str) or not client:
+        raise SimError(f"client must be a non-empty string, got {client!r}; e.g. "
+                       "submit(program, client='alice').")
+    if not _is_real(weight) or not 0 < weight < math.inf:
+        raise SimError(f"weight must be a finite number > 0 (its share under policy='share'), "
+                       f"got {weight!r}; e.g. weight=2.")
+    if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
+        raise SimError(f"priority must be an int (higher runs first under "
+                       f"policy='priority'), got {priority!r}; e.g. priority=1.")
+    if at is not None and (not _is_real(at) or not math.isfinite(at)):
+        raise SimError(f"at must be a finite time in seconds on the virtual clock (or None: "
+                       f"now), got {at!r}.")
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 class SimIsland(NamedTuple):
@@ -119,6 +142,7 @@ class Simulator:
             raise SimError(f"submit needs a SimProgram, got {type(program).__name__}. Maybe "
                            "you want from_graph(pw.program(f).trace(*args), cluster).")
         program.check(self.cluster)
+        _check_client(client, weight, priority, at)
         at = self.now if at is None else float(at)
         if at < self.now:
             raise SimError(f"cannot submit at t={at} s: the clock is already at {self.now} s.")
@@ -148,8 +172,13 @@ class Simulator:
 
     def run(self, until: float | None = None) -> float:
         """Run until nothing is left to do (or the clock passes ``until``); returns when the
-        last node ended. Raises ``DeadlockError`` when chips wait on each other in a circle."""
+        last node ended. Raises ``DeadlockError`` when chips wait on each other in a circle,
+        ``SimError`` for an ``until`` before the clock (it never goes back)."""
         timing = self.timing
+        if until is not None and not until >= timing.now:  # (NaN too: it compares False)
+            raise SimError(f"run(until={until!r}) is before the clock, already at "
+                           f"{timing.now} s: the clock never goes back. Maybe you want "
+                           f"run(until={timing.now} + seconds) or run().")
         heap, step = timing.heap, timing.step
         while heap:
             if until is not None and heap[0][0] > until:

@@ -107,7 +107,16 @@ def preset_cluster(name: str, islands: Sequence[int] | None) -> Cluster:
         raise SimError(f"the simulated islands of a preset are equal; islands={sizes} are not. "
                        f"Maybe you want islands={(max(sizes),) * len(sizes)}, or a "
                        "pw.sim.Cluster(...) with hosts per island.")
-    return Cluster.preset(name, chips=sum(sizes), islands=len(sizes))
+    try:
+        return Cluster.preset(name, chips=sum(sizes), islands=len(sizes))
+    except SimError:
+        per_host = Cluster.preset(name).chips_per_host  # (an unknown name raises here)
+        if sizes[0] % per_host == 0:
+            raise
+        whole = per_host * max(1, round(sizes[0] / per_host))
+        raise SimError(f"an island of preset {name!r} is whole hosts of {per_host} chips; "
+                       f"islands={sizes} are not. Maybe you want islands="
+                       f"{(whole,) * len(sizes)}.") from None
 
 
 class SimExecutor(NoGroup):
@@ -226,7 +235,7 @@ class SimExecutor(NoGroup):
             value = hinted_seconds(p.fn.name, p.fn.hint)
             if value is None:
                 mesh = p.fn.slice.mesh.abstract_mesh
-                value = roofline(analyze(exe.lowered, mesh), self.cluster).seconds
+                value = roofline(analyze(exe.lowered, mesh, exe.jaxpr), self.cluster).seconds
             known = self._costs[id(exe)] = (exe, value)
         return known[1]
 

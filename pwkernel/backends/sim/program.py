@@ -83,9 +83,12 @@ class SimProgram:
             if n.kind is NodeKind.TRANSFER and len(n.inputs) > 1:
                 raise SimError(f"program {self.name!r}: transfer {i} ({n.name}) reads "
                                f"{len(n.inputs)} nodes; a transfer moves one value.")
-            if not n.seconds >= 0:
+            if not 0 <= n.seconds < math.inf:  # (NaN fails both)
                 raise SimError(f"program {self.name!r}: node {i} ({n.name}) has seconds="
-                               f"{n.seconds!r}; expected a duration >= 0.")
+                               f"{n.seconds!r}; expected a finite duration >= 0.")
+            if not 0 <= n.nbytes < math.inf:  # (a negative one freed its ports back in time)
+                raise SimError(f"program {self.name!r}: node {i} ({n.name}) has nbytes="
+                               f"{n.nbytes!r}; expected a finite number of bytes >= 0.")
 
     def check(self, cluster: Cluster) -> None:
         """Raise ``SimError`` unless every node fits ``cluster`` (chips exist; a computation
@@ -117,8 +120,9 @@ def from_graph(graph: Graph, cluster: Cluster, cost: CostFn | float | None = Non
     """The simulated program of a traced ``Graph`` (``pw.program(f).trace(*args)``).
 
     ``cost``: a computation's ``Cost`` or seconds, a function of its ``ComputeNode``, or
-    ``None``: XLA's cost analysis of its executable's function, lowered on an abstract mesh
-    shaped like its slice (``xla_cost``). ``devices`` maps the graph's device ids to chips
+    ``None``: its function's ``sim_cost`` where it was given one, as the simulated controller
+    takes it, else XLA's cost analysis of its executable's function, lowered on an abstract
+    mesh shaped like its slice (``xla_cost``). ``devices`` maps the graph's device ids to chips
     (default: the same numbers). Values the graph reads from outside (its arguments) are
     taken to exist when it starts; host arguments become host-to-device transfers.
     """
@@ -151,7 +155,8 @@ def from_graph(graph: Graph, cluster: Cluster, cost: CostFn | float | None = Non
 
 
 def xla_cost(cluster: Cluster) -> CostFn:
-    """A cost function for ``from_graph``: each compiled function lowered once per input
+    """A cost function for ``from_graph``: a function's ``sim_cost`` where it has one (as the
+    simulated controller takes it), else each compiled function lowered once per input
     signature on an abstract mesh of its slice's shape, with the same shardings."""
     cache: dict = {}  # (id(fn), signature) -> (fn, cost); fn is kept so its id stays unique
 
@@ -159,12 +164,23 @@ def xla_cost(cluster: Cluster) -> CostFn:
         fn = node.fn
         key = (id(fn), node.signature)
         if key not in cache:
+            seconds = hinted_seconds(fn.name, fn.hint)
+            if seconds is not None:
+                given = fn.hint if isinstance(fn.hint, Cost) else Cost.given(seconds)
+                cache[key] = (fn, given)
+                return given
             exe = node.exe
             mesh = abstract_mesh(tuple(fn.slice.shape), tuple(fn.slice.axis_names))
             args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exe.structs]
-            lowered = lower(exe.flat, args, mesh, tuple(sh.spec for sh in exe.in_shardings),
-                            tuple(sh.spec for sh in exe.out_shardings))
-            cache[key] = (fn, roofline(analyze(lowered, mesh), cluster))
+            try:
+                lowered = lower(exe.flat, args, mesh, tuple(sh.spec for sh in exe.in_shardings),
+                                tuple(sh.spec for sh in exe.out_shardings))
+            except SimError as e:  # (which says 'flat', the name of the replayed body)
+                raise SimError(f"could not lower {fn.name} on an abstract mesh "
+                               f"{dict(mesh.shape)}: {e.__cause__}. Maybe you want "
+                               "pw.function(..., sim_cost=seconds) (both simulators take it), "
+                               "or from_graph(..., cost=).") from e.__cause__
+            cache[key] = (fn, roofline(analyze(lowered, mesh, exe.jaxpr), cluster))
         return cache[key][1]
 
     return cost

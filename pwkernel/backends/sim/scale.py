@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workload", action="append", choices=WORKLOADS,
                         help="run only these (default: all three)")
     args = parser.parse_args(argv)
+    if args.computations < 1:  # (0 or fewer ran nothing and reported it as a result)
+        parser.error(f"--computations must be at least 1, got {args.computations}.")
     rows = [measure(w, args.computations) for w in (args.workload or WORKLOADS)]
     if args.json:
         print(json.dumps(rows))

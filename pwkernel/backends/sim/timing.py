@@ -153,7 +153,15 @@ class Timing:
         if link == _ICI:
             ports = (("ici_out", src.idx), ("ici_in", dst.idx))
             lanes = max(1, min(len(src.idx), len(dst.idx)))
-            busy, latency = nbytes / lanes / c.ici.link_bandwidth, c.ici.latency
+            ici = c.ici
+            bandwidth, latency = ici.link_bandwidth, ici.latency
+            if ici.chips_per_switch:  # GPU nodes: a copy between two crosses the scale-out
+                switch = c.switch_of  # fabric (InfiniBand), as a collective over both does
+                ends = (switch[src.idx], switch[dst.idx])
+                if min(e.min() for e in ends) != max(e.max() for e in ends):
+                    bandwidth = ici.scaleout_bandwidth or bandwidth
+                    latency = ici.scaleout_latency or latency
+            busy = nbytes / lanes / bandwidth
         elif link == _DCN:
             ports = (("dcn_out", src.hosts), ("dcn_in", dst.hosts))
             lanes = max(1, min(src.nhosts, dst.nhosts))

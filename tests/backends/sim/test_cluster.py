@@ -78,7 +78,12 @@ def test_this_machine_comes_from_a_calibration_run(tmp_path, monkeypatch):
     assert c.host.client_per_node == 30e-6
     missing = tmp_path / "none.json"
     monkeypatch.setenv("PWKERNEL_SIM_CALIBRATION", str(missing))
-    with pytest.raises(SimError, match="needs a calibration file"):
+    with pytest.raises(SimError, match="needs a calibration file.*Write it with "
+                                       "`python -m pwkernel.bench.sim_calibrate`"):
+        Cluster.preset("this-machine")  # (the error named no command that writes it)
+    missing.write_text(json.dumps({k: v for k, v in _calibration().items() if k != "islands"}))
+    with pytest.raises(SimError, match=r"calibration data \(from '.*none.json'\) lacks "
+                                       r"\['islands'\].*sim_calibrate"):
         Cluster.preset("this-machine")
     missing.write_text(json.dumps(_calibration()))
     assert Cluster.preset("this-machine").chip.peak_flops == 5e10
@@ -114,6 +119,8 @@ def _toy(chip: dict | None = None, host: dict | None = None, **fields) -> Cluste
      "a finite number >= 0"),
     (lambda: _toy().with_host(client_per_node=True), "HostCosts.client_per_node",
      "a finite number >= 0"),
+    # a misspelt cost was a bare TypeError from the dataclass, naming none of the valid ones
+    (lambda: _toy().with_host(rpc=1e-6), "with_host got ['rpc']", "valid: ['client_per_node'"),
     (lambda: _toy(chips_per_host=True), "chips_per_host", "an int >= 1"),
     (lambda: _toy(islands=(True,)), "islands", "each an int >= 1"),
 ])

@@ -131,3 +131,70 @@ def test_a_given_duration_and_bad_input():
         abstract_mesh((2, 2), ("x",))
     with pytest.raises(SimError, match="mesh=\\(256, 8\\)"):
         abstract_mesh((0,))
+    # a spec naming an axis the default mesh (x, y) lacks was JAX's bare ValueError
+    x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    for specs in ((P("data"), P(None, "model")), (P(("x", "model")), P())):
+        with pytest.raises(SimError, match=r"names axis '(data|model)', but the mesh "
+                                           r"\{'x': 2, 'y': 2\} has axes \('x', 'y'\). Maybe you "
+                                           r"want axis_names="):
+            estimate(lambda a, b: a @ b, x, x, cluster=switch_cluster(), mesh=(2, 2),
+                     in_specs=specs)
+    with pytest.raises(SimError, match="names axis 'model'"):
+        estimate(lambda a: a, x, cluster=switch_cluster(), mesh=(4,), out_specs=P("model"))
+
+
+def test_loops_of_known_length_count_every_trip():
+    # XLA's cost analysis counts a loop's body once: a 100-step scan was timed as one step
+    x = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+    tpu = Cluster.preset("tpu-v4", chips=8)
+    product = 2 * 512**3  # flops of one 512 x 512 matrix product
+
+    def scan(a):
+        return jax.lax.scan(lambda b, _: (b @ a, None), a, None, length=100)[0]
+
+    def fori(a):  # static bounds: JAX writes it as a scan
+        return jax.lax.fori_loop(0, 100, lambda i, b: b @ a, a)
+
+    def nested(a):  # 4 x (5 + 1) products, one of them in a jit inside the loop
+        def outer(b, _):
+            b = jax.jit(lambda v: jax.lax.fori_loop(0, 5, lambda i, u: u @ a, v))(b)
+            return b @ a, None
+        return jax.lax.scan(outer, a, None, length=4)[0]
+
+    def unrolled(k):  # XLA lowers k bodies in the loop and 100 % k after it: not counted twice
+        return lambda a: jax.lax.scan(lambda b, _: (b @ a, None), a, None, length=100,
+                                      unroll=k)[0]
+
+    for f, products in ((scan, 100), (fori, 100), (nested, 24), (unrolled(3), 100),
+                        (unrolled(True), 100)):
+        assert estimate(f, x, cluster=tpu, mesh=(1,)).flops == pytest.approx(
+            products * product, rel=1e-3)
+        # sharded over 8 chips: each does an eighth
+        assert estimate(f, x, cluster=tpu, mesh=(8,), in_specs=P("x"),
+                        out_specs=P("x")).flops == pytest.approx(products * product / 8, rel=1e-3)
+
+    def data_dependent(a):  # a while_loop's trip count is data: still counted once
+        return jax.lax.while_loop(lambda s: s[0] < 100, lambda s: (s[0] + 1, s[1] @ a),
+                                  (0, a))[1]
+
+    assert estimate(data_dependent, x, cluster=tpu, mesh=(1,)).flops == pytest.approx(
+        product, rel=1e-3)
+
+
+def test_a_simulated_pw_function_with_a_scan_takes_every_trip():
+    import numpy as np
+
+    import pwkernel as pw
+
+    tpu = Cluster.preset("tpu-v4", chips=8)
+    with pw.Controller(backend="sim", cluster=tpu) as ctl:
+        s = ctl.slice(8, axis_names=("x",))
+        w = np.ones((1024, 1024), jnp.bfloat16)
+        f = pw.function(lambda a, w: jax.lax.scan(lambda b, _: (b @ w, None), a, None,
+                                                  length=100)[0],
+                        slice=s, in_specs=(P("x"), P()), out_specs=P("x"))
+        f(np.ones((8192, 1024), jnp.bfloat16), w).wait()
+        step = next(e for e in ctl.trace.events() if e.kind == "compute")
+        # 100 products of (1024 rows per chip) x 1024 x 1024 at 275 TFLOP/s, plus 2 us
+        compute = 100 * 2 * 1024 * 1024 * 1024 / 275e12
+        assert step.t_end - step.t_start == pytest.approx(compute + 2 * US, rel=0.05)

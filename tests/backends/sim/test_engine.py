@@ -276,6 +276,45 @@ def test_runs_report_their_times_and_bad_input_is_refused_clearly():
         Simulator(toy(), dispatch="eager")
 
 
+def test_submit_refuses_what_the_scheduler_or_clock_would_trip_over_mid_run():
+    # each was taken: a priority 'hi' raised a bare TypeError from inside run(), at=NaN gave
+    # a run submitted at NaN, an infinite duration an infinite clock, weight 0 a share of 0
+    sim = Simulator(toy(), policy="priority")
+    for bad, match in [(dict(weight=0), "weight must be a finite number > 0"),
+                       (dict(weight=-1.0), "weight must be"),
+                       (dict(weight=float("inf")), "weight must be"),
+                       (dict(priority="hi"), "priority must be an int"),
+                       (dict(priority=1.5), "priority must be an int"),
+                       (dict(client=None), "client must be a non-empty string"),
+                       (dict(at=float("nan")), "at must be a finite time"),
+                       (dict(at=float("inf")), "at must be a finite time"),
+                       (dict(at="1"), "at must be a finite time")]:
+        with pytest.raises(SimError, match=match):
+            sim.submit(chain(), **bad)
+    with pytest.raises(SimError, match="seconds=inf; expected a finite duration"):
+        SimProgram("forever", [SimNode(0, "x", (0,), seconds=float("inf"))])
+    for nbytes in (-1e9, float("nan")):  # a negative copy freed its ports back in time
+        with pytest.raises(SimError, match="nbytes=.*expected a finite number of bytes"):
+            SimProgram("up", [SimNode(0, "x", (0,), kind=NodeKind.TRANSFER, nbytes=nbytes)])
+    assert sim.runs == [] and sim.run() == 0.0  # nothing half-submitted
+    sim.submit(chain(), client="alice", weight=2, priority=1)
+    assert sim.run() == pytest.approx(324 * US)
+
+
+def test_run_until_never_moves_the_clock_back():
+    sim = Simulator(toy())
+    sim.submit(chain())
+    sim.run(until=100 * US)  # a's end (the hand timeline: 24..124 us) is still ahead
+    assert sim.now == pytest.approx(100 * US)
+    for earlier in (50 * US, float("nan")):
+        with pytest.raises(SimError, match="before the clock, already at"):
+            sim.run(until=earlier)
+    assert sim.now == pytest.approx(100 * US)
+    with pytest.raises(SimError, match="clock is already at"):
+        sim.submit(chain(), at=60 * US)  # (it was allowed after the clock went back to 50)
+    assert sim.run() == pytest.approx(324 * US)
+
+
 def test_a_transfer_larger_than_its_chips_hbm_is_refused():
     # the toy chip has 1 GB of HBM: 3 GB onto two chips is at least 1.5 GB on one of them
     sim = Simulator(toy())
@@ -310,6 +349,15 @@ def test_scale_benchmark_runs_both_workloads():
         row = measure(workload, computations=300)
         assert row["chips"] == 2048
         assert row["computations"] >= 256 and row["virtual_seconds"] > 0
+
+
+def test_the_scale_command_refuses_no_computations(capsys):
+    from pwkernel.backends.sim.scale import main
+
+    for n in ("0", "-5"):  # ran nothing and printed rows of 0 computations as a result
+        with pytest.raises(SystemExit):
+            main(["--computations", n])
+        assert "--computations must be at least 1" in capsys.readouterr().err
 
 
 #: the 2048-chip scale workloads, 300 computations each: (when the last node ended, trace

@@ -159,6 +159,19 @@ def test_futures_have_shapes_shardings_and_times_but_no_values():
         assert z.sharding.is_equivalent_to(NamedSharding(s.mesh, P()), 2)
 
 
+def test_a_simulated_future_given_to_another_controller_says_what_to_pass():
+    # the error said "pass fut.result()", which raises NoValueError for a simulated future
+    with pw.Controller(backend="sim", cluster=TINY) as one, \
+            pw.Controller(backend="sim", cluster=TINY) as other:
+        f = pw.function(lambda x: x * 2, slice=one.slice(4), sim_cost=1e-3)
+        g = pw.function(lambda x: x + 1, slice=other.slice(4), sim_cost=1e-3)
+        y = f(np.ones((8, 2), np.float32))
+        with pytest.raises(pw.ProgramError, match=r"a simulated one.*no value to move across"
+                                                  r".*np.zeros\(\(8, 2\), 'float32'\)"):
+            g(y)
+        assert g(np.zeros(y.shape, y.dtype)).shape == (8, 2)  # what it says works
+
+
 def test_donation_errors_are_those_of_a_real_backend():
     """A simulated program that would fail for real fails on the simulator too: reading a
     value an earlier call donated, and donating a value the same call also reads."""
@@ -382,8 +395,12 @@ def test_bad_input_is_refused_with_the_fix():
         pw.Controller(islands=(2, 2), backend="sim", cluster=TINY)
     with pytest.raises(sim.SimError, match="islands of a preset are equal"):
         pw.Controller(islands=(8, 4), backend="sim")
-    with pytest.raises(sim.SimError, match="multiple of 4"):
-        pw.Controller(islands=(6, 6), backend="sim")
+    # said in islands, as they were given (it said "chips=12, islands=2 ... chips=16")
+    with pytest.raises(sim.SimError, match=r"preset 'tpu-v4' is whole hosts of 4 chips; "
+                       r"islands=\(7, 7\) are not. Maybe you want islands=\(8, 8\)"):
+        pw.Controller(islands=(7, 7), backend="sim")
+    with pytest.raises(sim.SimError, match=r"whole hosts of 8 chips.*islands=\(8,\)"):
+        pw.Controller(islands=(3,), backend="sim", cluster="h100")
     with pw.Controller(islands=(16, 16), backend="sim", cluster="h100") as gpus:
         assert gpus.executor.cluster.chip.name == "H100 SXM" and len(gpus.devices) == 32
     with pw.Controller(backend="sim", cluster="h100") as node:  # a preset alone: its machine
@@ -411,3 +428,17 @@ def test_the_scale_benchmark_runs_small():
     assert out["events"] == 201 and out["virtual_s"] > 200 * 1e-4  # the steps, and an upload
     with pytest.raises(ValueError, match="multiple of 100"):
         sim_controller.run(computations=150)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--chips", "6"], "a multiple of 4 chips per host"),
+    (["--computations", "-5"], "positive multiple of 100"),
+])
+def test_the_scale_benchmarks_command_line_refuses_in_one_line(argv, said, capsys):
+    # it was a traceback (the SimError or ValueError of run())
+    from pwkernel.bench import sim_controller
+
+    with pytest.raises(SystemExit) as exit_:
+        sim_controller.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err and "Traceback" not in err

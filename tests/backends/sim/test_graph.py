@@ -78,3 +78,28 @@ def test_given_costs_and_device_maps(ctl, fig2):
                    devices=lambda d: d + 100)
     with pytest.raises(SimError, match="a dict or a function"):
         from_graph(graph, big, cost=1e-3, devices=[0, 1])
+
+
+def test_a_functions_sim_cost_is_its_cost_in_both_simulators(ctl):
+    # from_graph lowered every function for XLA's figures, sim_cost or not: a host callback
+    # (which cannot be lowered without devices) failed, and a given duration was ignored
+    import jax
+
+    s = ctl.slice(2, island=0)
+
+    def host_side(x):
+        return jax.pure_callback(lambda v: np.asarray(v) + 1,
+                                 jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    f = pw.function(lambda x: x * 2, slice=s, sim_cost=1e-3, name="double")
+    cb = pw.function(host_side, slice=s, sim_cost=2e-3, name="on_host")
+    g = pw.program(lambda x: cb(f(x)))
+    x = np.ones(8, np.float32)
+    cluster = Cluster.preset("tpu-v4", chips=8, islands=2)
+    program = from_graph(g.trace(x), cluster)
+    assert {n.name: n.seconds for n in program.nodes if n.kind is NodeKind.COMPUTE} == {
+        "double": 1e-3, "on_host": 2e-3}
+    bare = pw.function(host_side, slice=s, name="no_cost")
+    with pytest.raises(SimError, match=r"could not lower no_cost on an abstract mesh .*"
+                                       r"sim_cost=seconds"):
+        from_graph(pw.program(lambda x: bare(x)).trace(x), cluster)

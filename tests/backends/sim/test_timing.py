@@ -84,6 +84,29 @@ def test_a_shared_port_takes_one_copy_after_another_and_the_latency_overlaps():
     assert (start, seconds) == pytest.approx((0.0, 10 * US + 1 * US))
 
 
+def test_a_copy_between_gpu_nodes_of_one_island_crosses_infiniband_not_nvlink():
+    # H100 nodes (NVIDIA's datasheet): NVLink 900 GB/s both ways (450 GB/s one way per GPU),
+    # 8 x 400 Gb/s InfiniBand per node (50 GB/s per GPU); latencies assumed 2 us and 5 us.
+    # A copy from node 0 to node 1 was timed over NVLink, 9x too fast.
+    nbytes = 8 * 2**20 * 8  # 8 MiB per GPU
+    t = Timing(sim.Cluster.preset("h100", chips=16))  # one island of two nodes
+    inside = t.claim("ici", nbytes, t.devset(tuple(range(4, 8))), t.devset((0, 1, 2, 3)), 0.0)
+    assert inside == pytest.approx((0.0, nbytes / 4 / 450e9 + 2 * US))
+    node0, node1 = t.devset(tuple(range(8))), t.devset(tuple(range(8, 16)))
+    across = t.claim("ici", nbytes, node1, node0, 0.0)
+    assert across[1] == pytest.approx(nbytes / 8 / 50e9 + 5 * US)
+    # the same through the whole runtime
+    with pw.Controller(backend="sim", cluster=sim.Cluster.preset("h100", chips=16)) as ctl:
+        a, b = ctl.slice(8), ctl.slice(8)
+        assert {d.host for d in a.devices} != {d.host for d in b.devices}
+        f = pw.function(lambda x: x * 2, slice=a, sim_cost=1e-3)
+        g = pw.function(lambda x: x + 1, slice=b, sim_cost=1e-3)
+        k = ctl.trace.next_index
+        g(f(np.ones(nbytes // 4, np.float32))).wait()
+        copy = next(e for e in ctl.trace.events(since=k) if e.link == "ici")
+        assert copy.t_end - copy.t_start == pytest.approx(nbytes / 8 / 50e9 + 5 * US)
+
+
 def test_the_clock_takes_events_in_time_then_creation_order_and_never_goes_back():
     t = Timing(TWO)
     seen = []
