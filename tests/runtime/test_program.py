@@ -190,3 +190,26 @@ def test_decorator_forms(ctl):
 
     assert twice(np.full(2, 2.0)).result().tolist() == [16.0, 16.0]
     assert twice.name == "sq_twice" and square.__name__ == "square"
+
+
+def test_a_program_returning_its_argument_gives_what_jax_jit_gives(ctl):
+    """An argument returned as it is comes back as jax.jit returns it: a jax.Array (a host
+    value on the default device, a Python scalar weakly typed), its sharding known at once."""
+    s = ctl.slice(2, island=0)
+    inc = pw.function(lambda a: a + 1, slice=s)
+
+    @pw.program
+    def passes(a, b):
+        return b, inc(a)
+
+    x = np.arange(4.0, dtype=np.float32)
+    placed = jax.device_put(x, NamedSharding(s.mesh, P()))
+    for b, weak in ((x * 2, False), (3.0, True), (7, True), (placed, False)):
+        fut = passes(x, b)[0]
+        assert fut.sharding is not None and fut.weak_type is weak
+        got = fut.result(timeout=30)
+        assert isinstance(got, jax.Array) and got.weak_type is weak
+        assert got.sharding == fut.sharding
+        assert jax.typeof(got).dtype == jax.typeof(jnp.asarray(b)).dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(b))
+    assert not placed.is_deleted()
