@@ -201,10 +201,39 @@ def leaf_placement(leaf) -> tuple:
     except Exception:
         arr = np.asarray(None)
     if arr.dtype.kind not in NUMERIC:
-        raise ProgramError(f"a program got an argument of type {type(leaf).__name__}; programs "
-                           "take arrays, scalars, futures and pytrees of them. Maybe you want "
-                           "static_argnums=... (or functools.partial) for static arguments.")
+        raise NotAnArray(f"a program got an argument of type {type(leaf).__name__}; programs "
+                         "take arrays, scalars, futures and pytrees of them. Maybe you want "
+                         "static_argnums=... (or functools.partial) for static arguments.")
     return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, is_weak(leaf))
+
+
+class NotAnArray(ProgramError):
+    """An argument leaf that is no array, scalar or future (``not_an_array`` names it)."""
+
+
+def not_an_array(name: str, what: str, args: tuple, kwargs: dict,
+                 arguments: Arguments) -> ProgramError:
+    """The error for a call given something that is no array, scalar or future: which
+    argument (and where in its pytree), what it is, and the fix."""
+    given = [(f"argument {i}", a, f"static_argnums={i}") for i, a in enumerate(args)
+             if i not in arguments.static_nums]
+    given += [(f"argument {k!r}", v, f"static_argnames={k!r}") for k, v in kwargs.items()
+              if k not in arguments.static_names]
+    for where, value, static in given:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            try:
+                leaf_placement(leaf)
+            except NotAnArray:
+                fix = (f"{static} (a static argument: a hashable Python value that is part of "
+                       "the compilation key), or functools.partial" if not path else
+                       "to take it out of the pytree (a static argument, or a field that is "
+                       "not a pytree node, e.g. flax.struct.field(pytree_node=False))")
+                return ProgramError(
+                    f"{name}: {where}{jax.tree_util.keystr(path)} is of type "
+                    f"{type(leaf).__name__}; "
+                    f"{what} takes arrays, Python scalars, futures and pytrees of them, as "
+                    f"jax.jit does. Maybe you want {fix}.")
+    return ProgramError(f"{name}: an argument is no array, scalar or future.")
 
 
 def is_weak(leaf) -> bool:

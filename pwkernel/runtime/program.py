@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from . import arguments
 from . import executor as executors
 from .arguments import NUMERIC, Arguments, Traced, Tracer, canonical, is_weak, leaf_placement
 from .dtypes import weak_type
@@ -229,6 +230,9 @@ class CompiledFunction:
             return self._program(statics)(dyn, dkw, dispatch=dispatch)
         except Traced:  # on JAX tracers: what a nested jax.jit is
             return self.inlined(*args, **kwargs)
+        except arguments.NotAnArray:
+            raise arguments.not_an_array(self.name, "a compiled function", args, kwargs,
+                                         self.arguments) from None
 
     def _program(self, statics) -> Program:
         """The one-node program of a call with these static values (its own graph cache)."""
@@ -434,6 +438,11 @@ class Program:
             if self.inline is None:
                 raise
             return self.inline(*args, **kwargs)
+        except arguments.NotAnArray:
+            if self.inline is None:  # (a pw.function's own program: it names the argument)
+                raise
+            raise arguments.not_an_array(self.name, "a program", args, kwargs,
+                                         self.arguments) from None
         futures = graph.controller.submit(graph, leaves, dispatch)
         return _unflatten(graph.out_tree, futures)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import warnings
 
@@ -552,3 +553,31 @@ def test_bad_static_arguments_raise_what_jax_jit_raises(ctl):
         jax.jit(scale, static_argnums=1, donate_argnums=1)
     with pytest.raises(ValueError, match="both static and donated"):
         pw.function(scale, slice=s, static_argnums=1, donate_argnums=1)
+
+
+def test_an_argument_that_is_no_array_is_named_with_its_fix(ctl):
+    """A string or object given where jax.jit wants an array: a TypeError (as jax.jit's) that
+    names the function, the argument and where in its pytree, counted as the caller wrote
+    the call (static arguments included), and the fix."""
+    s = ctl.slice(2)
+    x = np.arange(4.0, dtype=np.float32)
+    f = pw.function(lambda a, n, b, *, mode=None: a * n + b, slice=s, static_argnums=1,
+                    name="step")
+    cases = [((x, 2, "b"), {}, "argument 2 is of type str", "static_argnums=2"),
+             ((x, 2, {"k": [x, object()]}), {}, r"argument 2\['k'\]\[1\] is of type object",
+              "take it out of the pytree"),
+             ((x, 2, x), {"mode": "fast"}, "argument 'mode' is of type str",
+              "static_argnames='mode'")]
+    for args, kwargs, where, fix in cases:
+        with pytest.raises(TypeError) as info:
+            f(*args, **kwargs)
+        assert isinstance(info.value, pw.ProgramError)
+        assert str(info.value).startswith("step: ") and "\n" not in str(info.value)
+        assert re.search(where, str(info.value)) and fix in str(info.value)
+
+    @pw.program
+    def twice(a, label):
+        return f(a, 2, a)
+
+    with pytest.raises(pw.ProgramError, match="twice: argument 1 is of type str"):
+        twice(x, "run")
