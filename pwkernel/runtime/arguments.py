@@ -19,6 +19,7 @@ import numpy as np
 
 from .dtypes import weak_type
 from .errors import ProgramError, retyped
+from .graph import Graph, Value
 from .objects import Future
 
 NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
@@ -205,6 +206,43 @@ def leaf_placement(leaf) -> tuple:
                          "take arrays, scalars, futures and pytrees of them. Maybe you want "
                          "static_argnums=... (or functools.partial) for static arguments.")
     return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, is_weak(leaf))
+
+
+def value_id(graph: Graph, leaf, name: str) -> int:
+    """The graph value of one argument leaf of a compiled function's call in a program's
+    trace: a traced value, or a constant (a placed array keeps its layout; a host value is
+    copied, as ``jax.jit`` reads it at trace time)."""
+    if isinstance(leaf, Value):
+        if leaf.graph is not graph:
+            raise ProgramError("a Value from another program's trace was used; pass futures "
+                               "between programs, not traced values.")
+        return leaf.id
+    if isinstance(leaf, Future):
+        raise ProgramError(
+            f"{name} got a Future while a program was being traced; pass futures as "
+            "arguments of the program instead of capturing them."
+        )
+    if isinstance(leaf, jax.Array):
+        # a placed array captured while tracing: a constant that keeps its layout
+        isl = graph.controller.resources.island_of(leaf.sharding.device_set)
+        spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
+                               None if isl is None else isl.id, weak_type(leaf))
+        graph.consts[spec.id] = leaf
+        return spec.id
+    try:
+        arr = np.asarray(leaf)
+    except Exception:
+        arr = None
+    if arr is None or arr.dtype.kind not in NUMERIC:
+        raise ProgramError(f"{name} got an argument of type {type(leaf).__name__}; compiled "
+                           "functions take arrays, scalars and pytrees of them. Maybe you want "
+                           "static_argnums=... (or static_argnames=...) for that argument.")
+    arr = canonical(arr)
+    if isinstance(leaf, np.ndarray) and np.may_share_memory(arr, leaf):
+        arr = arr.copy()  # the constant is what it was at trace time, as under ``jax.jit``
+    spec = graph.new_value(arr.shape, arr.dtype, weak=is_weak(leaf))
+    graph.consts[spec.id] = arr
+    return spec.id
 
 
 class NotAnArray(ProgramError):

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import functools
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import arguments
 from . import executor as executors
-from .arguments import NUMERIC, Arguments, Traced, Tracer, canonical, is_weak, leaf_placement
-from .dtypes import weak_type
+from .arguments import Arguments, NotAnArray, Traced, Tracer, leaf_placement, not_an_array, value_id
 from .errors import ProgramError, SliceError, SpecError, retyped
 from .executable import Executable
 from .graph import ComputeNode, Graph, Value
@@ -230,9 +228,9 @@ class CompiledFunction:
             return self._program(statics)(dyn, dkw, dispatch=dispatch)
         except Traced:  # on JAX tracers: what a nested jax.jit is
             return self.inlined(*args, **kwargs)
-        except arguments.NotAnArray:
-            raise arguments.not_an_array(self.name, "a compiled function", args, kwargs,
-                                         self.arguments) from None
+        except NotAnArray:
+            raise not_an_array(self.name, "a compiled function", args, kwargs,
+                               self.arguments) from None
 
     def _program(self, statics) -> Program:
         """The one-node program of a call with these static values (its own graph cache)."""
@@ -276,6 +274,9 @@ class CompiledFunction:
         return jax.jit(self.fn, static_argnums=self.arguments.static_nums,
                        static_argnames=self.arguments.static_names)
 
+    def __get__(self, obj, objtype=None):  # a method, as a jax.jit-decorated one binds self
+        return self if obj is None else types.MethodType(self, obj)
+
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
 
@@ -293,7 +294,7 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     elif graph.controller is not ctl:
         raise ProgramError(f"{fn.name} belongs to another controller than the functions called "
                            "before it; a program runs on one controller.")
-    vids = [_as_value_id(graph, leaf, fn) for leaf in leaves]
+    vids = [value_id(graph, leaf, fn.name) for leaf in leaves]
     values = graph.values
     avals = tuple((values[v].shape, values[v].dtype, values[v].sharding, values[v].weak)
                   for v in vids)
@@ -306,40 +307,6 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     graph.add_compute(fn.name, fn, signature, inputs, [o.id for o in outs], island, devices,
                       exe)
     return jax.tree_util.tree_unflatten(exe.out_tree, [Value(graph, o.id) for o in outs])
-
-
-def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
-    if isinstance(leaf, Value):
-        if leaf.graph is not graph:
-            raise ProgramError("a Value from another program's trace was used; pass futures "
-                               "between programs, not traced values.")
-        return leaf.id
-    if isinstance(leaf, Future):
-        raise ProgramError(
-            f"{fn.name} got a Future while a program was being traced; pass futures as "
-            "arguments of the program instead of capturing them."
-        )
-    if isinstance(leaf, jax.Array):
-        # a placed array captured while tracing: a constant that keeps its layout
-        isl = graph.controller.resources.island_of(leaf.sharding.device_set)
-        spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
-                               None if isl is None else isl.id, weak_type(leaf))
-        graph.consts[spec.id] = leaf
-        return spec.id
-    try:
-        arr = np.asarray(leaf)
-    except Exception:
-        arr = None
-    if arr is None or arr.dtype.kind not in NUMERIC:
-        raise ProgramError(f"{fn.name} got an argument of type {type(leaf).__name__}; compiled "
-                           "functions take arrays, scalars and pytrees of them. Maybe you want "
-                           "static_argnums=... (or static_argnames=...) for that argument.")
-    arr = canonical(arr)
-    if isinstance(leaf, np.ndarray) and np.may_share_memory(arr, leaf):
-        arr = arr.copy()  # the constant is what it was at trace time, as under ``jax.jit``
-    spec = graph.new_value(arr.shape, arr.dtype, weak=is_weak(leaf))
-    graph.consts[spec.id] = arr
-    return spec.id
 
 
 class Program:
@@ -438,13 +405,15 @@ class Program:
             if self.inline is None:
                 raise
             return self.inline(*args, **kwargs)
-        except arguments.NotAnArray:
+        except NotAnArray:
             if self.inline is None:  # (a pw.function's own program: it names the argument)
                 raise
-            raise arguments.not_an_array(self.name, "a program", args, kwargs,
-                                         self.arguments) from None
+            raise not_an_array(self.name, "a program", args, kwargs, self.arguments) from None
         futures = graph.controller.submit(graph, leaves, dispatch)
         return _unflatten(graph.out_tree, futures)
+
+    def __get__(self, obj, objtype=None):  # a method: binds self (see CompiledFunction)
+        return self if obj is None else types.MethodType(self, obj)
 
     def __repr__(self) -> str:
         return f"pw.program({self.name})"

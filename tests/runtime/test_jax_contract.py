@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import warnings
@@ -37,6 +38,41 @@ def test_keyword_static_and_pytree_arguments(ctl):
     assert len(named._cache) == 2  # a static value is part of the compilation key
     with pytest.raises(pw.ProgramError, match="hashable.*tuple instead of a list"):
         named(x, n=[1, 2])
+
+
+def test_methods_bind_self_as_jax_jit_methods_do(ctl):
+    """``@pw.function`` (and ``@pw.program``) on a method binds ``self`` as a
+    ``jax.jit``-decorated method does: the instance is the first argument (here static)."""
+    s = ctl.slice(2)
+
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        def __hash__(self):
+            return hash(self.k)
+
+        def __eq__(self, other):
+            return isinstance(other, Scaler) and other.k == self.k
+
+        @functools.partial(jax.jit, static_argnums=0)
+        def jitted(self, x):
+            return x * self.k
+
+        @pw.function(slice=s, static_argnums=0)
+        def placed(self, x):
+            return x * self.k
+
+        @pw.program(static_argnums=0)
+        def twice(self, x):
+            return self.placed(self.placed(x))
+
+    x = np.arange(4.0, dtype=np.float32)
+    m = Scaler(3.0)
+    np.testing.assert_array_equal(m.placed(x).result(60), m.jitted(x))
+    np.testing.assert_array_equal(Scaler.placed(m, x).result(60), m.jitted(x))
+    np.testing.assert_array_equal(m.twice(x).result(60), x * 9)
+    assert Scaler.placed.name == "placed" and Scaler(3.0).placed.__self__ == m
 
 
 def test_static_values_equal_but_of_other_types_compile_apart_and_argnums_are_checked(ctl):
