@@ -30,7 +30,7 @@ from .executable import Executable
 from .graph import ComputeNode, Graph, Value
 from .objects import Future
 from .resources import VirtualSlice, placements
-from .specialization import Specialization, compile_here, jitted
+from .specialization import Specialization, compile_here, lower_as_called
 from .specs import (
     BATCH,
     INFERRED,
@@ -258,14 +258,15 @@ class CompiledFunction:
 
     def lower(self, *args, **kwargs) -> jax.stages.Lowered:
         """The computation a call with these arguments runs, lowered as ``jax.jit(...).lower``
-        lowers it (``.as_text()``, ``.compile().memory_analysis()``, ...): over the flat array
-        leaves of the arguments (static ones bound), with the shardings pwkernel placed them
-        with. On simulated chips: lowered for them."""
+        lowers it (``.as_text()``, ``.compile().memory_analysis()``, ...): over the call's
+        arguments (static ones bound), with the shardings pwkernel placed them with; its
+        ``.compile()`` is called as ``jax.jit``'s is. On simulated chips: lowered for them."""
         exe = self.specialization(*args, **kwargs)
         if exe.lowered is not None:
             return exe.lowered
+        dyn, dkw, _ = self.arguments.split(args, kwargs)
         with self.slice.ambient():
-            return jitted(exe, donate=True, tree=True).lower(*exe.structs)
+            return lower_as_called(exe, jax.tree_util.tree_structure((dyn, dkw)))
 
     @functools.cached_property
     def inlined(self) -> Callable:

@@ -231,7 +231,7 @@ def test_eval_shape_and_lower_as_jax_jit_has_them(ctl):
         assert struct.sharding == fut.sharding == fut.result(60).sharding
     assert shapes["y"].sharding.spec == P("x", None)  # the batch, sharded as asked
     # ahead of time, as with jax.jit: ShapeDtypeStructs for arguments, and the compiled
-    # computation returns the function's own result pytree (over the flat placed inputs)
+    # computation returns the function's own result pytree
     structs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(
         w.shape, w.dtype, sharding=NamedSharding(s.mesh, P())))
     assert jax.tree.map(lambda v: v.shape, f.eval_shape(*structs, 3)) == \
@@ -246,6 +246,31 @@ def test_eval_shape_and_lower_as_jax_jit_has_them(ctl):
     with pw.Controller(backend="sim", islands=(8,)) as sim:  # simulated chips: lowered for them
         g = pw.function(lambda a: a @ a, slice=sim.slice(4))
         assert "dot" in g.lower(np.ones((64, 64), np.float32)).as_text()
+
+
+def test_a_compiled_lowering_is_called_as_jax_jits_is(ctl):
+    """``f.lower(*args, **kwargs).compile()`` takes the call's dynamic arguments as the
+    caller passes them (pytrees, keywords; static ones left out) and says which it donates,
+    as ``jax.jit``'s does."""
+    s = ctl.slice(2)
+
+    def step(params, x, n, *, scale=1.0):
+        return {"y": (x @ params["w"] + params["b"]) * n * scale, "total": x.sum()}
+
+    params = {"w": np.eye(4, dtype=np.float32), "b": np.ones(4, np.float32)}
+    x = np.ones((2, 4), np.float32)
+    with jax.set_mesh(s.mesh):
+        jit_lowered = jax.jit(step, static_argnums=2).lower(params, x, 3, scale=2.0)
+        want = jit_lowered.compile()(params, x, scale=2.0)
+    f = pw.function(step, slice=s, static_argnums=2, donate_argnames="params")
+    lowered = f.lower(params, x, 3, scale=2.0)
+    assert lowered.in_tree == jit_lowered.in_tree
+    (given, data), _ = lowered.args_info
+    assert all(info.donated for info in jax.tree.leaves(given)) and not data.donated
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (XLA reuses no donated buffer here, and says so)
+        got = lowered.compile()(params, x, scale=2.0)
+    jax.tree.map(np.testing.assert_allclose, got, want)
 
 
 def test_donation_only_when_asked(ctl):
