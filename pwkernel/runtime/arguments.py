@@ -201,7 +201,7 @@ def leaf_placement(leaf) -> tuple:
         arr = np.asarray(leaf)
     except Exception:
         arr = np.asarray(None)
-    if arr.dtype.kind not in NUMERIC:
+    if arr.dtype.kind not in NUMERIC or isinstance(leaf, np.ma.MaskedArray):
         raise NotAnArray(f"a program got an argument of type {type(leaf).__name__}; programs "
                          "take arrays, scalars, futures and pytrees of them. Maybe you want "
                          "static_argnums=... (or functools.partial) for static arguments.")
@@ -233,7 +233,7 @@ def value_id(graph: Graph, leaf, name: str) -> int:
         arr = np.asarray(leaf)
     except Exception:
         arr = None
-    if arr is None or arr.dtype.kind not in NUMERIC:
+    if arr is None or arr.dtype.kind not in NUMERIC or isinstance(leaf, np.ma.MaskedArray):
         raise ProgramError(f"{name} got an argument of type {type(leaf).__name__}; compiled "
                            "functions take arrays, scalars and pytrees of them. Maybe you want "
                            "static_argnums=... (or static_argnames=...) for that argument.")
@@ -266,11 +266,15 @@ def not_an_array(name: str, what: str, args: tuple, kwargs: dict,
                        "the compilation key), or functools.partial" if not path else
                        "to take it out of the pytree (a static argument, or a field that is "
                        "not a pytree node, e.g. flax.struct.field(pytree_node=False))")
-                return ProgramError(
+                masked = isinstance(leaf, np.ma.MaskedArray)  # (its mask would be lost)
+                if masked:
+                    fix = "x.filled(value) (a NumPy masked array's mask would be lost)"
+                err = ProgramError(
                     f"{name}: {where}{jax.tree_util.keystr(path)} is of type "
                     f"{type(leaf).__name__}; "
                     f"{what} takes arrays, Python scalars, futures and pytrees of them, as "
                     f"jax.jit does. Maybe you want {fix}.")
+                return retyped(err, ValueError) if masked else err  # (as jax.jit's)
     return ProgramError(f"{name}: an argument is no array, scalar or future.")
 
 

@@ -642,3 +642,10 @@ def test_an_argument_that_is_no_array_is_named_with_its_fix(ctl):
 
     with pytest.raises(pw.ProgramError, match="twice: argument 1 is of type str"):
         twice(x, "run")
+    masked = np.ma.masked_array(x, mask=x > 1)  # jax.jit refuses it: its mask would be lost
+    with pytest.raises(ValueError):
+        jax.jit(lambda a: a * 2)(masked)
+    with pytest.raises(ValueError, match=r"argument 0 is of type MaskedArray.*x\.filled"):
+        pw.function(lambda a: a * 2, slice=s)(masked)
+    with pytest.raises(pw.ProgramError, match="MaskedArray"):
+        pw.program(lambda a: f(a, 2, masked))(x)  # (a constant the program captures)
