@@ -71,10 +71,13 @@ class Arguments:
             hash(key)
         except TypeError:
             bad = next(v for _, v in spos + skw if not _hashable(v))
+            inner = next((leaf for leaf in jax.tree_util.tree_leaves(bad)
+                          if leaf is not bad and not _hashable(leaf)), None)
+            held = "" if inner is None else f" holding a {type(inner).__name__}"
             raise retyped(ProgramError(
                 f"{self.name}: a static argument must be hashable (it is part of the "
-                f"compilation key, as in jax.jit), got a {type(bad).__name__}. Maybe you want "
-                "a tuple instead of a list, or to pass it as an array argument."),
+                f"compilation key, as in jax.jit), got a {type(bad).__name__}{held}. Maybe you "
+                "want a tuple instead of a list, or to pass it as an array argument."),
                 ValueError) from None
         for _, v in spos + skw:
             if isinstance(v, _ARRAYS):  # (a future hashes by identity: it would compile
@@ -85,6 +88,18 @@ class Arguments:
                     "or its value (float(x), tuple(x.tolist())) as the static one."),
                     ValueError)
         return dyn, dkw, key
+
+    def check_new(self, key: tuple) -> None:
+        """A static key met for the first time (it compiles): no future inside a static
+        value. (A future hashes by identity: it would compile, and be kept, once per future;
+        an array inside one is unhashable, as under jax.jit.)"""
+        for _, v in key[1] + key[2]:
+            if any(isinstance(leaf, Future) for leaf in jax.tree_util.tree_leaves(v)):
+                raise retyped(ProgramError(
+                    f"{self.name}: a static argument holds a pw.Future ({type(v).__name__}); "
+                    "a static value is part of the compilation key and an array's value is "
+                    "not, as in jax.jit. Pass the future as an array argument, or its value "
+                    "(float(x), tuple(x.tolist())) in the static one."), ValueError)
 
     def rebuild(self, dyn: Sequence, kwargs: dict, key: tuple) -> tuple[list, dict]:
         """The full call from the dynamic arguments and the static key."""

@@ -236,6 +236,7 @@ class CompiledFunction:
         """The one-node program of a call with these static values (its own graph cache)."""
         program = self._programs.get(statics)
         if program is None:
+            self.arguments.check_new(statics)
             program = self._programs[statics] = Program(
                 lambda a, k: _record_call(_current_graph(), self, a, k, statics),
                 name=self.name, inline=None)
@@ -373,6 +374,7 @@ class Program:
             values.append(Value(graph, spec.id))
         args, kwargs = jax.tree_util.tree_unflatten(tree, values)
         if statics:
+            self.arguments.check_new(statics)
             args, kwargs = self.arguments.rebuild(args, kwargs, statics)
         _tracing.graph = graph
         try:

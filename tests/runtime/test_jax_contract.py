@@ -610,6 +610,17 @@ def test_bad_static_arguments_raise_what_jax_jit_raises(ctl):
             f(x, bad)
         assert isinstance(info.value, pw.ProgramError)
     assert not f._cache
+    # inside a static container: an array is unhashable (named), a future is refused too
+    # (it hashes by identity: it would compile, and be kept, once per future)
+    with pytest.raises(ValueError, match="got a tuple holding a ArrayImpl"):
+        f(x, (jnp.ones(2),))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="holds a pw.Future"):
+            f(x, (1, pw.function(lambda v: v.sum(), slice=s)(x)))
+    counted = pw.program(lambda v, t: f(v, 2), static_argnums=1)
+    with pytest.raises(ValueError, match="holds a pw.Future"):
+        counted(x, (total,))
+    assert not f._cache and not f._programs
     with pytest.raises(ValueError):
         jax.jit(scale, static_argnums=1, donate_argnums=1)
     with pytest.raises(ValueError, match="both static and donated"):
