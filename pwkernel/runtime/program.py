@@ -173,9 +173,12 @@ class CompiledFunction:
 
         structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh, weak_type=w)
                         for (s, d, _, w), sh in zip(in_avals, in_shardings, strict=True))
-        try:  # the one trace of the user's Python for this signature (as jax.jit makes)
+        # the one trace of the user's Python for this signature, by jax.jit of the function
+        # itself (so JAX's errors name it and its arguments); its inputs are the flat leaves
+        full, kw = rebuild(*_unflatten(in_tree, structs), statics)
+        try:
             with vs.ambient():
-                traced = jax.jit(body).trace(*structs)
+                traced = self.inlined.trace(*full, **kw)
         except Exception as e:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
         out_struct = traced.out_info

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from typing import Any
 
 import jax
@@ -218,9 +219,11 @@ def tracing_error(name: str, e: Exception, in_avals, in_shardings, why) -> Progr
                                      else "")
     kind = type(e).__name__
     if "Concretization" in kind or "TracerBool" in kind or "TracerInteger" in kind:
-        fix = ("Python needs a concrete value while JAX traces this function: use "
-               "jnp.where / jax.lax.cond for data-dependent choices, or mark that argument "
-               "static (static_argnums=... / static_argnames=...).")
+        named = re.search(r"depends on the value of the argument (\S+?)\.?\s", str(e) + " ")
+        which = f"argument {named.group(1)}" if named else "that argument"
+        fix = (f"Python needs a concrete value of {which} while JAX traces this function: "
+               "use jnp.where / jax.lax.cond for data-dependent choices, or mark "
+               f"{which} static (static_argnums=... / static_argnames=...).")
     elif "shard" in str(e).lower():
         fix = ("Maybe you want in_specs=pw.BATCH (the leading axis sharded over the "
                "slice) or in_specs=P(...) for the layout the function expects, P() to "

@@ -371,6 +371,20 @@ def test_tracing_errors_name_the_inputs_who_chose_them_and_the_fix(ctl):
     with pytest.raises(pw.ProgramError, match=r"kept from the argument"):
         pw.function(lambda x: float(x.sum()), slice=s)(sharded)
 
+    def gated(x, scale, *, mode=1.0):  # JAX's own words name this function and its arguments
+        return x * scale if mode > 0 else x
+
+    with pytest.raises(pw.ProgramError, match="concrete value of argument mode") as info:
+        pw.function(gated, slice=s)(np.ones(2, np.float32), 2.0, mode=1.0)
+    cause = str(info.value.__cause__)
+    assert f"function gated at {__file__}" in cause and "the argument mode" in cause
+
+    def text(x):
+        return "done"
+
+    with pytest.raises(pw.ProgramError, match=f"function text at {__file__}"):
+        pw.function(text, slice=s)(np.ones(2, np.float32))
+
 
 @pytest.mark.parametrize("call, match", [
     (lambda ctl: ctl.slice(2.0), "positive int or a tuple of positive ints, got 2.0"),
