@@ -212,6 +212,8 @@ def leaf_placement(leaf) -> tuple:
             else None
         return ("host" if sharding is None else "dev", leaf.shape, leaf.dtype, sharding,
                 leaf.weak_type)
+    if type(leaf) is int:  # weakly typed, of JAX's default int type (not NumPy's choice)
+        return ("host", (), python_int(leaf), None, True)
     try:
         arr = np.asarray(leaf)
     except Exception:
@@ -244,8 +246,9 @@ def value_id(graph: Graph, leaf, name: str) -> int:
                                None if isl is None else isl.id, weak_type(leaf))
         graph.consts[spec.id] = leaf
         return spec.id
+    dtype = python_int(leaf) if type(leaf) is int else None  # (JAX's OverflowError)
     try:
-        arr = np.asarray(leaf)
+        arr = np.asarray(leaf, dtype)
     except Exception:
         arr = None
     if arr is None or arr.dtype.kind not in NUMERIC or isinstance(leaf, np.ma.MaskedArray):
@@ -291,6 +294,22 @@ def not_an_array(name: str, what: str, args: tuple, kwargs: dict,
                     f"jax.jit does. Maybe you want {fix}.")
                 return retyped(err, ValueError) if masked else err  # (as jax.jit's)
     return ProgramError(f"{name}: an argument is no array, scalar or future.")
+
+
+def python_int(value: int) -> np.dtype:
+    """The dtype JAX gives a Python int (int32, or int64 with x64), or JAX's OverflowError
+    for one that does not fit (NumPy would pick uint64, or no integer type)."""
+    dtype, low, high = _PYTHON_INTS[jax.config.jax_enable_x64]
+    if not low <= value <= high:
+        raise retyped(ProgramError(
+            f"Python int {value} does not fit in {dtype.name} (the type JAX gives a Python "
+            "int, weakly typed); pass it as an array of a type that holds it (np.uint64, "
+            "with jax_enable_x64), or as a float."), OverflowError)
+    return dtype
+
+
+_PYTHON_INTS = {x64: (np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max))
+                for x64, t in ((False, np.int32), (True, np.int64))}
 
 
 def is_weak(leaf) -> bool:

@@ -674,3 +674,27 @@ def test_an_argument_that_is_no_array_is_named_with_its_fix(ctl):
         pw.function(lambda a: a * 2, slice=s)(masked)
     with pytest.raises(pw.ProgramError, match="MaskedArray"):
         pw.program(lambda a: f(a, 2, masked))(x)  # (a constant the program captures)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_python_ints_are_typed_as_jax_types_them(ctl, x64):
+    """A Python int is JAX's default int, weakly typed, or jax.jit's OverflowError where it
+    does not fit (NumPy would have typed 2**63 uint64, and 2**64 not as an int at all)."""
+    s = ctl.slice(2)
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", x64)
+    try:
+        ident = pw.function(lambda a: a, slice=s)
+        top = 2**63 - 1 if x64 else 2**31 - 1
+        got = ident(top).result(60)
+        assert got.dtype == (np.int64 if x64 else np.int32) and got.weak_type
+        assert int(got) == top
+        for big in (top + 1, 2**64, -2**70):
+            with pytest.raises(OverflowError):
+                jax.jit(lambda a: a)(big)
+            with pytest.raises(OverflowError, match=f"Python int {big} does not fit"):
+                ident(big)
+            with pytest.raises(OverflowError):
+                pw.program(lambda v, c=big: pw.function(lambda a, b: a + b, slice=s)(v, c))(1)
+    finally:
+        jax.config.update("jax_enable_x64", old)
