@@ -52,11 +52,19 @@ __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Infe
            "Program", "Specialization", "Value", "function", "program", "spec_leaves"]
 
 _tracing = threading.local()
+_config = jax.config
 _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
 
 
 def _current_graph() -> Graph | None:
     return getattr(_tracing, "graph", None)
+
+
+def _traced_under() -> tuple:
+    """JAX's options that change what a trace makes, as ``jax.jit``'s cache key holds them:
+    a function traced before ``jax_enable_x64`` or ``jax.default_matmul_precision(...)``
+    changed is traced again under the new ones."""
+    return _config.jax_enable_x64, _config.jax_default_matmul_precision
 
 
 class CompiledFunction:
@@ -114,7 +122,7 @@ class CompiledFunction:
 
     def executable(self, signature) -> Executable:
         """The compiled specialization for ``signature`` ((tree, ((shape, dtype, sharding),
-        ...), static key))."""
+        ...), static key, JAX's options it is traced under: ``_traced_under``))."""
         key = (self.slice.version, signature)
         exe = self._cache.get(key)
         if exe is None:
@@ -158,7 +166,7 @@ class CompiledFunction:
             shardings.append(NamedSharding(mesh, spec))
         return shardings, why
 
-    def _compile(self, in_tree, in_avals, statics) -> Executable:
+    def _compile(self, in_tree, in_avals, statics, _options) -> Executable:
         vs = self.slice
         mesh = vs.mesh
         dyn, kwargs = _unflatten(in_tree, [jax.ShapeDtypeStruct(s, d, weak_type=w)
@@ -303,7 +311,7 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     values = graph.values
     avals = tuple((values[v].shape, values[v].dtype, values[v].sharding, values[v].weak)
                   for v in vids)
-    signature = (in_tree, avals, statics)
+    signature = (in_tree, avals, statics, _traced_under())
     exe = fn.executable(signature)
     inputs = [graph.placed(v, sh, island, devices)
               for v, sh in zip(vids, exe.in_shardings, strict=True)]
@@ -352,7 +360,8 @@ class Program:
 
     def _graph(self, tree, leaves, statics: tuple = ()) -> Graph:
         key = (tree, tuple([leaf.placement if type(leaf) is Future and leaf.placement
-                            else leaf_placement(leaf) for leaf in leaves]), statics)
+                            else leaf_placement(leaf) for leaf in leaves]), statics,
+               _traced_under())
         last = self._last  # the key of the last call, compared without hashing: a program's
         if last is not None and last[0] == key:  # futures share their placement tuples
             graph = last[1]
@@ -368,7 +377,7 @@ class Program:
         return graph
 
     def _build(self, key) -> Graph:
-        tree, placement, statics = key
+        tree, placement, statics, _ = key
         graph = Graph(self.name)
         values = []
         for kind, shape, dtype, sharding, weak in placement:

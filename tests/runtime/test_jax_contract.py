@@ -698,3 +698,26 @@ def test_python_ints_are_typed_as_jax_types_them(ctl, x64):
                 pw.program(lambda v, c=big: pw.function(lambda a, b: a + b, slice=s)(v, c))(1)
     finally:
         jax.config.update("jax_enable_x64", old)
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_function_is_traced_again_when_jax_options_change(ctl, dispatch):
+    """jax.jit traces again under a new jax_enable_x64 or default matmul precision (its cache
+    key holds them); so does pw.function, instead of running what it traced before."""
+    s = ctl.slice(2)
+    ramp = pw.function(lambda: jnp.arange(3.0), slice=s)
+    mix = pw.function(lambda a, b: a @ b, slice=s)
+    a = np.ones((2, 2), np.float32)
+    assert ramp(dispatch=dispatch).result(60).dtype == np.float32
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        assert ramp(dispatch=dispatch).dtype == np.float64
+        assert ramp(dispatch=dispatch).result(60).dtype == np.float64
+    finally:
+        jax.config.update("jax_enable_x64", old)
+    assert ramp(dispatch=dispatch).result(60).dtype == np.float32
+    assert "HIGHEST" not in mix.lower(a, a).as_text()
+    with jax.default_matmul_precision("highest"):
+        assert "HIGHEST" in mix.lower(a, a).as_text()
+        np.testing.assert_array_equal(mix(a, a, dispatch=dispatch).result(60), a @ a)
