@@ -60,6 +60,11 @@ def _current_graph() -> Graph | None:
     return getattr(_tracing, "graph", None)
 
 
+def _values(tree):
+    """``tree`` with its futures' values in their place (what eager code is given)."""
+    return jax.tree_util.tree_map(lambda v: v.result() if isinstance(v, Future) else v, tree)
+
+
 def _traced_under() -> tuple:
     """JAX's options that change what a trace makes, as ``jax.jit``'s cache key holds them:
     a function traced before ``jax_enable_x64`` or ``jax.default_matmul_precision(...)``
@@ -229,6 +234,9 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         dispatch = self.arguments.pop_dispatch(kwargs)
+        if _config.jax_disable_jit:  # under jax.disable_jit(): eager, as jax.jit is then
+            with self.slice.ambient():
+                return self.inlined(*_values(args), **_values(kwargs))
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = _current_graph()
         try:
@@ -412,6 +420,8 @@ class Program:
         dispatch = self.arguments.pop_dispatch(kwargs)
         if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args, **kwargs)  # inside another trace: inline this program's calls
+        if _config.jax_disable_jit:  # eager: its functions run their bodies (see __call__ there)
+            return self.fn(*args, **kwargs)
         dyn, dkw, statics = self._split(args, kwargs)
         leaves, tree = _flatten((dyn, dkw))
         try:

@@ -721,3 +721,28 @@ def test_a_function_is_traced_again_when_jax_options_change(ctl, dispatch):
     with jax.default_matmul_precision("highest"):
         assert "HIGHEST" in mix.lower(a, a).as_text()
         np.testing.assert_array_equal(mix(a, a, dispatch=dispatch).result(60), a @ a)
+
+
+def test_under_disable_jit_functions_and_programs_run_eagerly(ctl):
+    """Under jax.disable_jit() jax.jit runs the function's Python on concrete values (to debug
+    it with print and branches); so do pw.function and @pw.program (futures given are read)."""
+    s = ctl.slice(2)
+    seen = []
+
+    def relu_sum(x, n):
+        seen.append(type(x).__name__)
+        return x.sum() * n if x.sum() > 0 else -x.sum()  # a Python branch: concrete values
+
+    f = pw.function(relu_sum, slice=s, static_argnums=1)
+    prog = pw.program(lambda v: f(f(v, 2) * np.ones(2, np.float32), 3))
+    x = np.arange(4.0, dtype=np.float32)
+    arrived = pw.function(lambda v: v + 1, slice=s)(x)
+    with jax.disable_jit():
+        with jax.set_mesh(s.mesh):
+            want = jax.jit(relu_sum, static_argnums=1)(x, 2)
+        assert float(f(x, 2)) == float(want) == 12.0
+        assert float(f(arrived, 2)) == 20.0
+        assert float(prog(x)) == 72.0
+        assert not isinstance(pw.function(lambda v: v * 2, slice=s)(x), pw.Future)
+    assert set(seen) <= {"ArrayImpl", "ndarray"}  # never a tracer
+    assert isinstance(pw.function(lambda v: v * 2, slice=s)(x), pw.Future)  # compiled again
