@@ -420,8 +420,8 @@ class Program:
         dispatch = self.arguments.pop_dispatch(kwargs)
         if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args, **kwargs)  # inside another trace: inline this program's calls
-        if _config.jax_disable_jit:  # eager: its functions run their bodies (see __call__ there)
-            return self.fn(*args, **kwargs)
+        if self.inline is not None and _config.jax_disable_jit:  # eager (a pw.function's own
+            return self.fn(*args, **kwargs)                        # program: its caller is)
         dyn, dkw, statics = self._split(args, kwargs)
         leaves, tree = _flatten((dyn, dkw))
         try:
