@@ -149,7 +149,8 @@ class CompiledFunction:
         if specs is None or is_spec(specs):  # one spec (or the default) for every input
             given = [specs] * n
         else:  # one per positional argument; keyword arguments take the default
-            given = spec_leaves(specs, args)
+            given = spec_leaves(specs, args, "in_shardings" if self._typed_by_value
+                                else "in_specs", self.arguments.static_nums)
             given += [None] * (n - len(given))
         shardings, why = [], []
         for i, ((shape, _, placed, _), spec) in enumerate(zip(in_avals, given, strict=True)):

@@ -177,6 +177,23 @@ def test_in_and_out_shardings_as_jax_jit_takes_them(ctl):
             inc(*args, **kwargs)
 
 
+def test_in_shardings_per_argument_leave_out_static_ones_and_say_so(ctl):
+    """As jax.jit reads in_shardings, a tuple has one entry per non-static positional
+    argument; a tuple with an entry for the static one too says that, under its own name."""
+    s = ctl.slice((2, 2), axis_names=("d", "m"))
+    x = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+
+    def f(a, n, b):
+        return a * n + b
+
+    ok = pw.function(f, slice=s, static_argnums=1, in_shardings=(P("d"), P()))(x, 2, x)
+    np.testing.assert_array_equal(ok.result(60), x * 3)
+    for kw in ("in_specs", "in_shardings"):
+        with pytest.raises(pw.SpecError, match=(
+                rf"{kw} must be .*\(2 here: the static ones \(at 1\) take no entry")):
+            pw.function(f, slice=s, static_argnums=1, **{kw: (P("d"), None, P())})(x, 2, x)
+
+
 def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):
     """Inside jax.jit, jax.grad, jax.vmap or another pw.function's body, a pw.function is what
     a nested jax.jit is (its body, inline), and so is a pw.program."""
