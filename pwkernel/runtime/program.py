@@ -403,11 +403,15 @@ class Program:
         finally:
             _tracing.graph = None
         out_leaves, graph.out_tree = jax.tree_util.tree_flatten(result)
+        returned: set[int] = set()
         for leaf in out_leaves:
             if not isinstance(leaf, Value) or leaf.graph is not graph:
                 raise ProgramError(f"program {self.name} returned a {type(leaf).__name__}; a "
                                    "program returns the values of compiled-function calls.")
-            graph.outputs.append(leaf.id)
+            spec = graph.values[leaf.id]  # a value returned again: its own copy, as jax.jit
+            again = leaf.id in returned and spec.island is not None and spec.sharding
+            graph.outputs.append(graph.copied(leaf.id) if again else leaf.id)
+            returned.add(leaf.id)
         if graph.controller is None:
             raise ProgramError(f"program {self.name} called no compiled function; wrap the "
                                "work in pw.function(fn, slice=...) and call that.")
