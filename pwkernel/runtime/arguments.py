@@ -19,6 +19,7 @@ import numpy as np
 
 from .dtypes import weak_type
 from .errors import ProgramError, retyped
+from .graph import Graph, Value
 from .objects import Future
 
 NUMERIC = "biufcV"  # bool, ints, floats, complex (and bfloat16-like void types)
@@ -70,10 +71,13 @@ class Arguments:
             hash(key)
         except TypeError:
             bad = next(v for _, v in spos + skw if not _hashable(v))
+            inner = next((leaf for leaf in jax.tree_util.tree_leaves(bad)
+                          if leaf is not bad and not _hashable(leaf)), None)
+            held = "" if inner is None else f" holding a {type(inner).__name__}"
             raise retyped(ProgramError(
                 f"{self.name}: a static argument must be hashable (it is part of the "
-                f"compilation key, as in jax.jit), got a {type(bad).__name__}. Maybe you want "
-                "a tuple instead of a list, or to pass it as an array argument."),
+                f"compilation key, as in jax.jit), got a {type(bad).__name__}{held}. Maybe you "
+                "want a tuple instead of a list, or to pass it as an array argument."),
                 ValueError) from None
         for _, v in spos + skw:
             if isinstance(v, _ARRAYS):  # (a future hashes by identity: it would compile
@@ -84,6 +88,18 @@ class Arguments:
                     "or its value (float(x), tuple(x.tolist())) as the static one."),
                     ValueError)
         return dyn, dkw, key
+
+    def check_new(self, key: tuple) -> None:
+        """A static key met for the first time (it compiles): no future inside a static
+        value. (A future hashes by identity: it would compile, and be kept, once per future;
+        an array inside one is unhashable, as under jax.jit.)"""
+        for _, v in key[1] + key[2]:
+            if any(isinstance(leaf, Future) for leaf in jax.tree_util.tree_leaves(v)):
+                raise retyped(ProgramError(
+                    f"{self.name}: a static argument holds a pw.Future ({type(v).__name__}); "
+                    "a static value is part of the compilation key and an array's value is "
+                    "not, as in jax.jit. Pass the future as an array argument, or its value "
+                    "(float(x), tuple(x.tolist())) in the static one."), ValueError)
 
     def rebuild(self, dyn: Sequence, kwargs: dict, key: tuple) -> tuple[list, dict]:
         """The full call from the dynamic arguments and the static key."""
@@ -196,15 +212,104 @@ def leaf_placement(leaf) -> tuple:
             else None
         return ("host" if sharding is None else "dev", leaf.shape, leaf.dtype, sharding,
                 leaf.weak_type)
+    if type(leaf) is int:  # weakly typed, of JAX's default int type (not NumPy's choice)
+        return ("host", (), python_int(leaf), None, True)
     try:
         arr = np.asarray(leaf)
     except Exception:
         arr = np.asarray(None)
-    if arr.dtype.kind not in NUMERIC:
-        raise ProgramError(f"a program got an argument of type {type(leaf).__name__}; programs "
-                           "take arrays, scalars, futures and pytrees of them. Maybe you want "
-                           "static_argnums=... (or functools.partial) for static arguments.")
+    if arr.dtype.kind not in NUMERIC or isinstance(leaf, np.ma.MaskedArray):
+        raise NotAnArray(f"a program got an argument of type {type(leaf).__name__}; programs "
+                         "take arrays, scalars, futures and pytrees of them. Maybe you want "
+                         "static_argnums=... (or functools.partial) for static arguments.")
     return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, is_weak(leaf))
+
+
+def value_id(graph: Graph, leaf, name: str) -> int:
+    """The graph value of one argument leaf of a compiled function's call in a program's
+    trace: a traced value, or a constant (a placed array keeps its layout; a host value is
+    copied, as ``jax.jit`` reads it at trace time)."""
+    if isinstance(leaf, Value):
+        if leaf.graph is not graph:
+            raise ProgramError("a Value from another program's trace was used; pass futures "
+                               "between programs, not traced values.")
+        return leaf.id
+    if isinstance(leaf, Future):
+        raise ProgramError(
+            f"{name} got a Future while a program was being traced; pass futures as "
+            "arguments of the program instead of capturing them."
+        )
+    if isinstance(leaf, jax.Array):
+        # a placed array captured while tracing: a constant that keeps its layout
+        isl = graph.controller.resources.island_of(leaf.sharding.device_set)
+        spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
+                               None if isl is None else isl.id, weak_type(leaf))
+        graph.consts[spec.id] = leaf
+        return spec.id
+    dtype = python_int(leaf) if type(leaf) is int else None  # (JAX's OverflowError)
+    try:
+        arr = np.asarray(leaf, dtype)
+    except Exception:
+        arr = None
+    if arr is None or arr.dtype.kind not in NUMERIC or isinstance(leaf, np.ma.MaskedArray):
+        raise ProgramError(f"{name} got an argument of type {type(leaf).__name__}; compiled "
+                           "functions take arrays, scalars and pytrees of them. Maybe you want "
+                           "static_argnums=... (or static_argnames=...) for that argument.")
+    arr = canonical(arr)
+    if isinstance(leaf, np.ndarray) and np.may_share_memory(arr, leaf):
+        arr = arr.copy()  # the constant is what it was at trace time, as under ``jax.jit``
+    spec = graph.new_value(arr.shape, arr.dtype, weak=is_weak(leaf))
+    graph.consts[spec.id] = arr
+    return spec.id
+
+
+class NotAnArray(ProgramError):
+    """An argument leaf that is no array, scalar or future (``not_an_array`` names it)."""
+
+
+def not_an_array(name: str, what: str, args: tuple, kwargs: dict,
+                 arguments: Arguments) -> ProgramError:
+    """The error for a call given something that is no array, scalar or future: which
+    argument (and where in its pytree), what it is, and the fix."""
+    given = [(f"argument {i}", a, f"static_argnums={i}") for i, a in enumerate(args)
+             if i not in arguments.static_nums]
+    given += [(f"argument {k!r}", v, f"static_argnames={k!r}") for k, v in kwargs.items()
+              if k not in arguments.static_names]
+    for where, value, static in given:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            try:
+                leaf_placement(leaf)
+            except NotAnArray:
+                fix = (f"{static} (a static argument: a hashable Python value that is part of "
+                       "the compilation key), or functools.partial" if not path else
+                       "to take it out of the pytree (a static argument, or a field that is "
+                       "not a pytree node, e.g. flax.struct.field(pytree_node=False))")
+                masked = isinstance(leaf, np.ma.MaskedArray)  # (its mask would be lost)
+                if masked:
+                    fix = "x.filled(value) (a NumPy masked array's mask would be lost)"
+                err = ProgramError(
+                    f"{name}: {where}{jax.tree_util.keystr(path)} is of type "
+                    f"{type(leaf).__name__}; "
+                    f"{what} takes arrays, Python scalars, futures and pytrees of them, as "
+                    f"jax.jit does. Maybe you want {fix}.")
+                return retyped(err, ValueError) if masked else err  # (as jax.jit's)
+    return ProgramError(f"{name}: an argument is no array, scalar or future.")
+
+
+def python_int(value: int) -> np.dtype:
+    """The dtype JAX gives a Python int (int32, or int64 with x64), or JAX's OverflowError
+    for one that does not fit (NumPy would pick uint64, or no integer type)."""
+    dtype, low, high = _PYTHON_INTS[jax.config.jax_enable_x64]
+    if not low <= value <= high:
+        raise retyped(ProgramError(
+            f"Python int {value} does not fit in {dtype.name} (the type JAX gives a Python "
+            "int, weakly typed); pass it as an array of a type that holds it (np.uint64, "
+            "with jax_enable_x64), or as a float."), OverflowError)
+    return dtype
+
+
+_PYTHON_INTS = {x64: (np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max))
+                for x64, t in ((False, np.int32), (True, np.int64))}
 
 
 def is_weak(leaf) -> bool:

@@ -116,8 +116,8 @@ class Dispatcher:
         for slot, src, shape, dtype, sharding, island, name, weak, order, key in plan.made:
             fut = futures.get(slot)
             if fut is None:
-                if src < 0:  # the program returns an argument or a constant as it is
-                    fut = resolved(values[slot])
+                if src < 0:  # the program returns an argument as it is
+                    fut = _passed_through(values[slot], weak)
                 else:
                     if src != last:
                         last, lock = src, threading.Lock()
@@ -379,6 +379,16 @@ class _Group:
     def __call__(self, _fut) -> None:
         self.fn(self.group)
 
+
+
+def _passed_through(value, weak: bool) -> Future:
+    """A program's argument returned as it is, as ``jax.jit`` returns one: a ``jax.Array``
+    with its sharding (a host value put on the default device; a Python scalar weakly typed)."""
+    if not isinstance(value, jax.Array):
+        value = jax.numpy.asarray(value.item()) if weak else jax.device_put(value)
+    fut = resolved(value, value.sharding)
+    fut.weak_type = weak
+    return fut
 
 
 def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:

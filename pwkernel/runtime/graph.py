@@ -132,6 +132,17 @@ class Graph:
         self._transfers[key] = out.id
         return out.id
 
+    def copied(self, value: int) -> int:
+        """A copy of ``value`` on its own devices: what a program returns where it returns one
+        value twice (``jax.jit`` returns two arrays: donating one leaves the other)."""
+        spec = self.values[value]
+        out = self.new_value(spec.shape, spec.dtype, spec.sharding, spec.island, spec.weak)
+        devices = tuple(sorted(d.id for d in spec.sharding.device_set))
+        self.nodes.append(TransferNode(len(self.nodes), f"copy:{spec.island}", value, out.id,
+                                       spec.island, spec.island, devices, devices,
+                                       LinkKind.ICI.value, spec.nbytes, True))
+        return out.id
+
     def add_compute(self, name: str, fn, signature, inputs, outputs, island, devices,
                     exe) -> None:
         self.nodes.append(ComputeNode(len(self.nodes), name, fn, signature, tuple(inputs),

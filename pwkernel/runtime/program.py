@@ -15,23 +15,22 @@ from __future__ import annotations
 
 import functools
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import executor as executors
-from .arguments import NUMERIC, Arguments, Traced, Tracer, canonical, is_weak, leaf_placement
-from .dtypes import weak_type
+from .arguments import Arguments, NotAnArray, Traced, Tracer, leaf_placement, not_an_array, value_id
 from .errors import ProgramError, SliceError, SpecError, retyped
 from .executable import Executable
 from .graph import ComputeNode, Graph, Value
 from .objects import Future
 from .resources import VirtualSlice, placements
-from .specialization import Specialization, compile_here, jitted
+from .specialization import Specialization, compile_here, lower_as_called
 from .specs import (
     BATCH,
     INFERRED,
@@ -53,11 +52,24 @@ __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Infe
            "Program", "Specialization", "Value", "function", "program", "spec_leaves"]
 
 _tracing = threading.local()
+_config = jax.config
 _flatten, _unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
 
 
 def _current_graph() -> Graph | None:
     return getattr(_tracing, "graph", None)
+
+
+def _values(tree):
+    """``tree`` with its futures' values in their place (what eager code is given)."""
+    return jax.tree_util.tree_map(lambda v: v.result() if isinstance(v, Future) else v, tree)
+
+
+def _traced_under() -> tuple:
+    """JAX's options that change what a trace makes, as ``jax.jit``'s cache key holds them:
+    a function traced before ``jax_enable_x64`` or ``jax.default_matmul_precision(...)``
+    changed is traced again under the new ones."""
+    return _config.jax_enable_x64, _config.jax_default_matmul_precision
 
 
 class CompiledFunction:
@@ -115,7 +127,7 @@ class CompiledFunction:
 
     def executable(self, signature) -> Executable:
         """The compiled specialization for ``signature`` ((tree, ((shape, dtype, sharding),
-        ...), static key))."""
+        ...), static key, JAX's options it is traced under: ``_traced_under``))."""
         key = (self.slice.version, signature)
         exe = self._cache.get(key)
         if exe is None:
@@ -137,7 +149,8 @@ class CompiledFunction:
         if specs is None or is_spec(specs):  # one spec (or the default) for every input
             given = [specs] * n
         else:  # one per positional argument; keyword arguments take the default
-            given = spec_leaves(specs, args)
+            given = spec_leaves(specs, args, "in_shardings" if self._typed_by_value
+                                else "in_specs", self.arguments.static_nums)
             given += [None] * (n - len(given))
         shardings, why = [], []
         for i, ((shape, _, placed, _), spec) in enumerate(zip(in_avals, given, strict=True)):
@@ -159,7 +172,7 @@ class CompiledFunction:
             shardings.append(NamedSharding(mesh, spec))
         return shardings, why
 
-    def _compile(self, in_tree, in_avals, statics) -> Executable:
+    def _compile(self, in_tree, in_avals, statics, _options) -> Executable:
         vs = self.slice
         mesh = vs.mesh
         dyn, kwargs = _unflatten(in_tree, [jax.ShapeDtypeStruct(s, d, weak_type=w)
@@ -174,9 +187,12 @@ class CompiledFunction:
 
         structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh, weak_type=w)
                         for (s, d, _, w), sh in zip(in_avals, in_shardings, strict=True))
-        try:  # the one trace of the user's Python for this signature (as jax.jit makes)
+        # the one trace of the user's Python for this signature, by jax.jit of the function
+        # itself (so JAX's errors name it and its arguments); its inputs are the flat leaves
+        full, kw = rebuild(*_unflatten(in_tree, structs), statics)
+        try:
             with vs.ambient():
-                traced = jax.jit(body).trace(*structs)
+                traced = self.inlined.trace(*full, **kw)
         except Exception as e:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
         out_struct = traced.out_info
@@ -219,6 +235,9 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         dispatch = self.arguments.pop_dispatch(kwargs)
+        if _config.jax_disable_jit:  # under jax.disable_jit(): eager, as jax.jit is then
+            with self.slice.ambient():
+                return self.inlined(*_values(args), **_values(kwargs))
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = _current_graph()
         try:
@@ -229,11 +248,15 @@ class CompiledFunction:
             return self._program(statics)(dyn, dkw, dispatch=dispatch)
         except Traced:  # on JAX tracers: what a nested jax.jit is
             return self.inlined(*args, **kwargs)
+        except NotAnArray:
+            raise not_an_array(self.name, "a compiled function", args, kwargs,
+                               self.arguments) from None
 
     def _program(self, statics) -> Program:
         """The one-node program of a call with these static values (its own graph cache)."""
         program = self._programs.get(statics)
         if program is None:
+            self.arguments.check_new(statics)
             program = self._programs[statics] = Program(
                 lambda a, k: _record_call(_current_graph(), self, a, k, statics),
                 name=self.name, inline=None)
@@ -256,14 +279,15 @@ class CompiledFunction:
 
     def lower(self, *args, **kwargs) -> jax.stages.Lowered:
         """The computation a call with these arguments runs, lowered as ``jax.jit(...).lower``
-        lowers it (``.as_text()``, ``.compile().memory_analysis()``, ...): over the flat array
-        leaves of the arguments (static ones bound), with the shardings pwkernel placed them
-        with. On simulated chips: lowered for them."""
+        lowers it (``.as_text()``, ``.compile().memory_analysis()``, ...): over the call's
+        arguments (static ones bound), with the shardings pwkernel placed them with; its
+        ``.compile()`` is called as ``jax.jit``'s is. On simulated chips: lowered for them."""
         exe = self.specialization(*args, **kwargs)
         if exe.lowered is not None:
             return exe.lowered
+        dyn, dkw, _ = self.arguments.split(args, kwargs)
         with self.slice.ambient():
-            return jitted(exe, donate=True, tree=True).lower(*exe.structs)
+            return lower_as_called(exe, jax.tree_util.tree_structure((dyn, dkw)))
 
     @functools.cached_property
     def inlined(self) -> Callable:
@@ -271,6 +295,9 @@ class CompiledFunction:
         runs (see ``Traced``); donation does not apply there, as in a nested ``jax.jit``."""
         return jax.jit(self.fn, static_argnums=self.arguments.static_nums,
                        static_argnames=self.arguments.static_names)
+
+    def __get__(self, obj, objtype=None):  # a method, as a jax.jit-decorated one binds self
+        return self if obj is None else types.MethodType(self, obj)
 
     def __repr__(self) -> str:
         return f"pw.function({self.name}, slice={self.slice!r})"
@@ -289,11 +316,11 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     elif graph.controller is not ctl:
         raise ProgramError(f"{fn.name} belongs to another controller than the functions called "
                            "before it; a program runs on one controller.")
-    vids = [_as_value_id(graph, leaf, fn) for leaf in leaves]
+    vids = [value_id(graph, leaf, fn.name) for leaf in leaves]
     values = graph.values
     avals = tuple((values[v].shape, values[v].dtype, values[v].sharding, values[v].weak)
                   for v in vids)
-    signature = (in_tree, avals, statics)
+    signature = (in_tree, avals, statics, _traced_under())
     exe = fn.executable(signature)
     inputs = [graph.placed(v, sh, island, devices)
               for v, sh in zip(vids, exe.in_shardings, strict=True)]
@@ -302,40 +329,6 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     graph.add_compute(fn.name, fn, signature, inputs, [o.id for o in outs], island, devices,
                       exe)
     return jax.tree_util.tree_unflatten(exe.out_tree, [Value(graph, o.id) for o in outs])
-
-
-def _as_value_id(graph: Graph, leaf, fn: CompiledFunction) -> int:
-    if isinstance(leaf, Value):
-        if leaf.graph is not graph:
-            raise ProgramError("a Value from another program's trace was used; pass futures "
-                               "between programs, not traced values.")
-        return leaf.id
-    if isinstance(leaf, Future):
-        raise ProgramError(
-            f"{fn.name} got a Future while a program was being traced; pass futures as "
-            "arguments of the program instead of capturing them."
-        )
-    if isinstance(leaf, jax.Array):
-        # a placed array captured while tracing: a constant that keeps its layout
-        isl = graph.controller.resources.island_of(leaf.sharding.device_set)
-        spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
-                               None if isl is None else isl.id, weak_type(leaf))
-        graph.consts[spec.id] = leaf
-        return spec.id
-    try:
-        arr = np.asarray(leaf)
-    except Exception:
-        arr = None
-    if arr is None or arr.dtype.kind not in NUMERIC:
-        raise ProgramError(f"{fn.name} got an argument of type {type(leaf).__name__}; compiled "
-                           "functions take arrays, scalars and pytrees of them. Maybe you want "
-                           "static_argnums=... (or static_argnames=...) for that argument.")
-    arr = canonical(arr)
-    if isinstance(leaf, np.ndarray) and np.may_share_memory(arr, leaf):
-        arr = arr.copy()  # the constant is what it was at trace time, as under ``jax.jit``
-    spec = graph.new_value(arr.shape, arr.dtype, weak=is_weak(leaf))
-    graph.consts[spec.id] = arr
-    return spec.id
 
 
 class Program:
@@ -376,7 +369,8 @@ class Program:
 
     def _graph(self, tree, leaves, statics: tuple = ()) -> Graph:
         key = (tree, tuple([leaf.placement if type(leaf) is Future and leaf.placement
-                            else leaf_placement(leaf) for leaf in leaves]), statics)
+                            else leaf_placement(leaf) for leaf in leaves]), statics,
+               _traced_under())
         last = self._last  # the key of the last call, compared without hashing: a program's
         if last is not None and last[0] == key:  # futures share their placement tuples
             graph = last[1]
@@ -392,7 +386,7 @@ class Program:
         return graph
 
     def _build(self, key) -> Graph:
-        tree, placement, statics = key
+        tree, placement, statics, _ = key
         graph = Graph(self.name)
         values = []
         for kind, shape, dtype, sharding, weak in placement:
@@ -401,6 +395,7 @@ class Program:
             values.append(Value(graph, spec.id))
         args, kwargs = jax.tree_util.tree_unflatten(tree, values)
         if statics:
+            self.arguments.check_new(statics)
             args, kwargs = self.arguments.rebuild(args, kwargs, statics)
         _tracing.graph = graph
         try:
@@ -408,11 +403,15 @@ class Program:
         finally:
             _tracing.graph = None
         out_leaves, graph.out_tree = jax.tree_util.tree_flatten(result)
+        returned: set[int] = set()
         for leaf in out_leaves:
             if not isinstance(leaf, Value) or leaf.graph is not graph:
                 raise ProgramError(f"program {self.name} returned a {type(leaf).__name__}; a "
                                    "program returns the values of compiled-function calls.")
-            graph.outputs.append(leaf.id)
+            spec = graph.values[leaf.id]  # a value returned again: its own copy, as jax.jit
+            again = leaf.id in returned and spec.island is not None and spec.sharding
+            graph.outputs.append(graph.copied(leaf.id) if again else leaf.id)
+            returned.add(leaf.id)
         if graph.controller is None:
             raise ProgramError(f"program {self.name} called no compiled function; wrap the "
                                "work in pw.function(fn, slice=...) and call that.")
@@ -426,6 +425,8 @@ class Program:
         dispatch = self.arguments.pop_dispatch(kwargs)
         if getattr(_tracing, "graph", None) is not None:
             return self.fn(*args, **kwargs)  # inside another trace: inline this program's calls
+        if self.inline is not None and _config.jax_disable_jit:  # eager (a pw.function's own
+            return self.fn(*args, **kwargs)                        # program: its caller is)
         dyn, dkw, statics = self._split(args, kwargs)
         leaves, tree = _flatten((dyn, dkw))
         try:
@@ -434,8 +435,15 @@ class Program:
             if self.inline is None:
                 raise
             return self.inline(*args, **kwargs)
+        except NotAnArray:
+            if self.inline is None:  # (a pw.function's own program: it names the argument)
+                raise
+            raise not_an_array(self.name, "a program", args, kwargs, self.arguments) from None
         futures = graph.controller.submit(graph, leaves, dispatch)
         return _unflatten(graph.out_tree, futures)
+
+    def __get__(self, obj, objtype=None):  # a method: binds self (see CompiledFunction)
+        return self if obj is None else types.MethodType(self, obj)
 
     def __repr__(self) -> str:
         return f"pw.program({self.name})"

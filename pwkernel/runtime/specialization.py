@@ -80,22 +80,37 @@ def compile_here(spec: Specialization) -> Executable:
     return spec.executable(out_shardings, compiled, call, asynchronous=asynchronous)
 
 
-def jitted(exe: Executable, donate: bool = False, tree: bool = False):
+def jitted(exe: Executable, donate: bool = False):
     """``jax.jit`` of an executable's recorded body with its shardings (and its donations, if
-    ``donate``): what is exported to another process or lowered again, never the user's Python.
-    Its result is the flat tuple of output leaves, or (``tree``) the function's own result
-    pytree, as ``jax.jit(f).lower(...).compile()`` returns it. Lower it under the slice's mesh
-    (its types name the mesh's axes)."""
-    body, out_shardings = replay(exe.jaxpr), exe.out_shardings
-    if tree:
-        flat, out_tree = body, exe.out_tree
-
-        def body(*leaves):
-            return jax.tree_util.tree_unflatten(out_tree, flat(*leaves))
-
-        out_shardings = jax.tree_util.tree_unflatten(out_tree, list(out_shardings))
-    return jax.jit(body, in_shardings=exe.in_shardings, out_shardings=out_shardings,
+    ``donate``): what is exported to another process, never the user's Python. Its result is
+    the flat tuple of output leaves. Lower it under the slice's mesh (its types name the mesh's
+    axes)."""
+    return jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
+                   out_shardings=exe.out_shardings,
                    donate_argnums=exe.donated if donate else ())
+
+
+def lower_as_called(exe: Executable, in_tree) -> jax.stages.Lowered:
+    """``exe``'s recorded body lowered as ``jax.jit(fn).lower(*args, **kwargs)`` lowers it:
+    over the call's dynamic arguments as the caller passes them (``in_tree``: their
+    ``(args, kwargs)`` structure, static ones left out), laid out and donated as the call
+    would, returning the function's result pytree; so its ``.compile()`` is called as
+    ``jax.jit``'s is. Lower it under the slice's mesh."""
+    flat, out_tree = replay(exe.jaxpr), exe.out_tree
+    args, kwargs = jax.tree_util.tree_unflatten(in_tree, exe.structs)  # (with shardings)
+
+    def body(*a, **k):
+        return jax.tree_util.tree_unflatten(out_tree, flat(*jax.tree_util.tree_leaves((a, k))))
+
+    donated, at, nums, names = set(exe.donated), 0, [], []
+    for where, arg in [*enumerate(args), *sorted(kwargs.items())]:  # (leaf order)
+        n = len(jax.tree_util.tree_leaves(arg))
+        if n and at in donated:  # (a whole argument is donated, or none of it)
+            (nums if isinstance(where, int) else names).append(where)
+        at += n
+    out_shardings = jax.tree_util.tree_unflatten(out_tree, list(exe.out_shardings))
+    return jax.jit(body, out_shardings=out_shardings, donate_argnums=tuple(nums),
+                   donate_argnames=tuple(names)).lower(*args, **kwargs)
 
 
 def replay(jaxpr) -> Callable:

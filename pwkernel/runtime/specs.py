@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from typing import Any
 
 import jax
@@ -48,16 +49,21 @@ def is_spec(s: Any) -> bool:
     return s is None or isinstance(s, P | Inferred | Batch)
 
 
-def spec_leaves(specs, args: tuple) -> list[Any]:
+def spec_leaves(specs, args: tuple, what: str = "in_specs", statics=()) -> list[Any]:
     """One spec (or None) per flattened leaf of ``args``: ``specs`` is one spec for all, or a
-    tuple with one pytree prefix per argument (``jax.jit``'s ``in_shardings`` rule)."""
+    tuple with one pytree prefix per argument (``jax.jit``'s ``in_shardings`` rule; ``args``
+    without the static ones, at positions ``statics``)."""
     if is_spec(specs):
         return [specs] * len(jax.tree_util.tree_leaves(args))
     if not isinstance(specs, tuple | list) or len(specs) != len(args):
+        where = ", ".join(map(str, sorted(statics)))
+        static = (f": the static ones (at {where}) take no entry, as in jax.jit" if statics
+                  else "")
+        batch = " or in_specs=pw.BATCH (shard the leading axis)" if what == "in_specs" else ""
         raise SpecError(
-            f"in_specs must be one PartitionSpec, or a tuple with one entry per positional "
-            f"argument ({len(args)} here), got {specs!r}. Maybe you want in_specs=P() "
-            "(replicate) or in_specs=pw.BATCH (shard the leading axis).")
+            f"{what} must be one PartitionSpec, or a tuple with one entry per positional "
+            f"argument ({len(args)} here{static}), got {specs!r}. Maybe you want {what}=P() "
+            f"(replicate){batch}.")
     return [leaf for spec, arg in zip(specs, args, strict=True)
             for leaf in prefix_leaves(spec, arg, "in_specs entry")]
 
@@ -218,9 +224,11 @@ def tracing_error(name: str, e: Exception, in_avals, in_shardings, why) -> Progr
                                      else "")
     kind = type(e).__name__
     if "Concretization" in kind or "TracerBool" in kind or "TracerInteger" in kind:
-        fix = ("Python needs a concrete value while JAX traces this function: use "
-               "jnp.where / jax.lax.cond for data-dependent choices, or mark that argument "
-               "static (static_argnums=... / static_argnames=...).")
+        named = re.search(r"depends on the value of the argument (\S+?)\.?\s", str(e) + " ")
+        which = f"argument {named.group(1)}" if named else "that argument"
+        fix = (f"Python needs a concrete value of {which} while JAX traces this function: "
+               "use jnp.where / jax.lax.cond for data-dependent choices, or mark "
+               f"{which} static (static_argnums=... / static_argnames=...).")
     elif "shard" in str(e).lower():
         fix = ("Maybe you want in_specs=pw.BATCH (the leading axis sharded over the "
                "slice) or in_specs=P(...) for the layout the function expects, P() to "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 import warnings
 
@@ -36,6 +38,41 @@ def test_keyword_static_and_pytree_arguments(ctl):
     assert len(named._cache) == 2  # a static value is part of the compilation key
     with pytest.raises(pw.ProgramError, match="hashable.*tuple instead of a list"):
         named(x, n=[1, 2])
+
+
+def test_methods_bind_self_as_jax_jit_methods_do(ctl):
+    """``@pw.function`` (and ``@pw.program``) on a method binds ``self`` as a
+    ``jax.jit``-decorated method does: the instance is the first argument (here static)."""
+    s = ctl.slice(2)
+
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        def __hash__(self):
+            return hash(self.k)
+
+        def __eq__(self, other):
+            return isinstance(other, Scaler) and other.k == self.k
+
+        @functools.partial(jax.jit, static_argnums=0)
+        def jitted(self, x):
+            return x * self.k
+
+        @pw.function(slice=s, static_argnums=0)
+        def placed(self, x):
+            return x * self.k
+
+        @pw.program(static_argnums=0)
+        def twice(self, x):
+            return self.placed(self.placed(x))
+
+    x = np.arange(4.0, dtype=np.float32)
+    m = Scaler(3.0)
+    np.testing.assert_array_equal(m.placed(x).result(60), m.jitted(x))
+    np.testing.assert_array_equal(Scaler.placed(m, x).result(60), m.jitted(x))
+    np.testing.assert_array_equal(m.twice(x).result(60), x * 9)
+    assert Scaler.placed.name == "placed" and Scaler(3.0).placed.__self__ == m
 
 
 def test_static_values_equal_but_of_other_types_compile_apart_and_argnums_are_checked(ctl):
@@ -140,6 +177,23 @@ def test_in_and_out_shardings_as_jax_jit_takes_them(ctl):
             inc(*args, **kwargs)
 
 
+def test_in_shardings_per_argument_leave_out_static_ones_and_say_so(ctl):
+    """As jax.jit reads in_shardings, a tuple has one entry per non-static positional
+    argument; a tuple with an entry for the static one too says that, under its own name."""
+    s = ctl.slice((2, 2), axis_names=("d", "m"))
+    x = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+
+    def f(a, n, b):
+        return a * n + b
+
+    ok = pw.function(f, slice=s, static_argnums=1, in_shardings=(P("d"), P()))(x, 2, x)
+    np.testing.assert_array_equal(ok.result(60), x * 3)
+    for kw in ("in_specs", "in_shardings"):
+        with pytest.raises(pw.SpecError, match=(
+                rf"{kw} must be .*\(2 here: the static ones \(at 1\) take no entry")):
+            pw.function(f, slice=s, static_argnums=1, **{kw: (P("d"), None, P())})(x, 2, x)
+
+
 def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):
     """Inside jax.jit, jax.grad, jax.vmap or another pw.function's body, a pw.function is what
     a nested jax.jit is (its body, inline), and so is a pw.program."""
@@ -194,7 +248,7 @@ def test_eval_shape_and_lower_as_jax_jit_has_them(ctl):
         assert struct.sharding == fut.sharding == fut.result(60).sharding
     assert shapes["y"].sharding.spec == P("x", None)  # the batch, sharded as asked
     # ahead of time, as with jax.jit: ShapeDtypeStructs for arguments, and the compiled
-    # computation returns the function's own result pytree (over the flat placed inputs)
+    # computation returns the function's own result pytree
     structs = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(
         w.shape, w.dtype, sharding=NamedSharding(s.mesh, P())))
     assert jax.tree.map(lambda v: v.shape, f.eval_shape(*structs, 3)) == \
@@ -209,6 +263,31 @@ def test_eval_shape_and_lower_as_jax_jit_has_them(ctl):
     with pw.Controller(backend="sim", islands=(8,)) as sim:  # simulated chips: lowered for them
         g = pw.function(lambda a: a @ a, slice=sim.slice(4))
         assert "dot" in g.lower(np.ones((64, 64), np.float32)).as_text()
+
+
+def test_a_compiled_lowering_is_called_as_jax_jits_is(ctl):
+    """``f.lower(*args, **kwargs).compile()`` takes the call's dynamic arguments as the
+    caller passes them (pytrees, keywords; static ones left out) and says which it donates,
+    as ``jax.jit``'s does."""
+    s = ctl.slice(2)
+
+    def step(params, x, n, *, scale=1.0):
+        return {"y": (x @ params["w"] + params["b"]) * n * scale, "total": x.sum()}
+
+    params = {"w": np.eye(4, dtype=np.float32), "b": np.ones(4, np.float32)}
+    x = np.ones((2, 4), np.float32)
+    with jax.set_mesh(s.mesh):
+        jit_lowered = jax.jit(step, static_argnums=2).lower(params, x, 3, scale=2.0)
+        want = jit_lowered.compile()(params, x, scale=2.0)
+    f = pw.function(step, slice=s, static_argnums=2, donate_argnames="params")
+    lowered = f.lower(params, x, 3, scale=2.0)
+    assert lowered.in_tree == jit_lowered.in_tree
+    (given, data), _ = lowered.args_info
+    assert all(info.donated for info in jax.tree.leaves(given)) and not data.donated
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (XLA reuses no donated buffer here, and says so)
+        got = lowered.compile()(params, x, scale=2.0)
+    jax.tree.map(np.testing.assert_allclose, got, want)
 
 
 def test_donation_only_when_asked(ctl):
@@ -308,6 +387,20 @@ def test_tracing_errors_name_the_inputs_who_chose_them_and_the_fix(ctl):
     sharded = jax.device_put(np.ones((4, 4), np.float32), NamedSharding(s.mesh, P("x")))
     with pytest.raises(pw.ProgramError, match=r"kept from the argument"):
         pw.function(lambda x: float(x.sum()), slice=s)(sharded)
+
+    def gated(x, scale, *, mode=1.0):  # JAX's own words name this function and its arguments
+        return x * scale if mode > 0 else x
+
+    with pytest.raises(pw.ProgramError, match="concrete value of argument mode") as info:
+        pw.function(gated, slice=s)(np.ones(2, np.float32), 2.0, mode=1.0)
+    cause = str(info.value.__cause__)
+    assert f"function gated at {__file__}" in cause and "the argument mode" in cause
+
+    def text(x):
+        return "done"
+
+    with pytest.raises(pw.ProgramError, match=f"function text at {__file__}"):
+        pw.function(text, slice=s)(np.ones(2, np.float32))
 
 
 @pytest.mark.parametrize("call, match", [
@@ -548,7 +641,125 @@ def test_bad_static_arguments_raise_what_jax_jit_raises(ctl):
             f(x, bad)
         assert isinstance(info.value, pw.ProgramError)
     assert not f._cache
+    # inside a static container: an array is unhashable (named), a future is refused too
+    # (it hashes by identity: it would compile, and be kept, once per future)
+    with pytest.raises(ValueError, match="got a tuple holding a ArrayImpl"):
+        f(x, (jnp.ones(2),))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="holds a pw.Future"):
+            f(x, (1, pw.function(lambda v: v.sum(), slice=s)(x)))
+    counted = pw.program(lambda v, t: f(v, 2), static_argnums=1)
+    with pytest.raises(ValueError, match="holds a pw.Future"):
+        counted(x, (total,))
+    assert not f._cache and not f._programs
     with pytest.raises(ValueError):
         jax.jit(scale, static_argnums=1, donate_argnums=1)
     with pytest.raises(ValueError, match="both static and donated"):
         pw.function(scale, slice=s, static_argnums=1, donate_argnums=1)
+
+
+def test_an_argument_that_is_no_array_is_named_with_its_fix(ctl):
+    """A string or object given where jax.jit wants an array: a TypeError (as jax.jit's) that
+    names the function, the argument and where in its pytree, counted as the caller wrote
+    the call (static arguments included), and the fix."""
+    s = ctl.slice(2)
+    x = np.arange(4.0, dtype=np.float32)
+    f = pw.function(lambda a, n, b, *, mode=None: a * n + b, slice=s, static_argnums=1,
+                    name="step")
+    cases = [((x, 2, "b"), {}, "argument 2 is of type str", "static_argnums=2"),
+             ((x, 2, {"k": [x, object()]}), {}, r"argument 2\['k'\]\[1\] is of type object",
+              "take it out of the pytree"),
+             ((x, 2, x), {"mode": "fast"}, "argument 'mode' is of type str",
+              "static_argnames='mode'")]
+    for args, kwargs, where, fix in cases:
+        with pytest.raises(TypeError) as info:
+            f(*args, **kwargs)
+        assert isinstance(info.value, pw.ProgramError)
+        assert str(info.value).startswith("step: ") and "\n" not in str(info.value)
+        assert re.search(where, str(info.value)) and fix in str(info.value)
+
+    @pw.program
+    def twice(a, label):
+        return f(a, 2, a)
+
+    with pytest.raises(pw.ProgramError, match="twice: argument 1 is of type str"):
+        twice(x, "run")
+    masked = np.ma.masked_array(x, mask=x > 1)  # jax.jit refuses it: its mask would be lost
+    with pytest.raises(ValueError):
+        jax.jit(lambda a: a * 2)(masked)
+    with pytest.raises(ValueError, match=r"argument 0 is of type MaskedArray.*x\.filled"):
+        pw.function(lambda a: a * 2, slice=s)(masked)
+    with pytest.raises(pw.ProgramError, match="MaskedArray"):
+        pw.program(lambda a: f(a, 2, masked))(x)  # (a constant the program captures)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_python_ints_are_typed_as_jax_types_them(ctl, x64):
+    """A Python int is JAX's default int, weakly typed, or jax.jit's OverflowError where it
+    does not fit (NumPy would have typed 2**63 uint64, and 2**64 not as an int at all)."""
+    s = ctl.slice(2)
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", x64)
+    try:
+        ident = pw.function(lambda a: a, slice=s)
+        top = 2**63 - 1 if x64 else 2**31 - 1
+        got = ident(top).result(60)
+        assert got.dtype == (np.int64 if x64 else np.int32) and got.weak_type
+        assert int(got) == top
+        for big in (top + 1, 2**64, -2**70):
+            with pytest.raises(OverflowError):
+                jax.jit(lambda a: a)(big)
+            with pytest.raises(OverflowError, match=f"Python int {big} does not fit"):
+                ident(big)
+            with pytest.raises(OverflowError):
+                pw.program(lambda v, c=big: pw.function(lambda a, b: a + b, slice=s)(v, c))(1)
+    finally:
+        jax.config.update("jax_enable_x64", old)
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_function_is_traced_again_when_jax_options_change(ctl, dispatch):
+    """jax.jit traces again under a new jax_enable_x64 or default matmul precision (its cache
+    key holds them); so does pw.function, instead of running what it traced before."""
+    s = ctl.slice(2)
+    ramp = pw.function(lambda: jnp.arange(3.0), slice=s)
+    mix = pw.function(lambda a, b: a @ b, slice=s)
+    a = np.ones((2, 2), np.float32)
+    assert ramp(dispatch=dispatch).result(60).dtype == np.float32
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        assert ramp(dispatch=dispatch).dtype == np.float64
+        assert ramp(dispatch=dispatch).result(60).dtype == np.float64
+    finally:
+        jax.config.update("jax_enable_x64", old)
+    assert ramp(dispatch=dispatch).result(60).dtype == np.float32
+    assert "HIGHEST" not in mix.lower(a, a).as_text()
+    with jax.default_matmul_precision("highest"):
+        assert "HIGHEST" in mix.lower(a, a).as_text()
+        np.testing.assert_array_equal(mix(a, a, dispatch=dispatch).result(60), a @ a)
+
+
+def test_under_disable_jit_functions_and_programs_run_eagerly(ctl):
+    """Under jax.disable_jit() jax.jit runs the function's Python on concrete values (to debug
+    it with print and branches); so do pw.function and @pw.program (futures given are read)."""
+    s = ctl.slice(2)
+    seen = []
+
+    def relu_sum(x, n):
+        seen.append(type(x).__name__)
+        return x.sum() * n if x.sum() > 0 else -x.sum()  # a Python branch: concrete values
+
+    f = pw.function(relu_sum, slice=s, static_argnums=1)
+    prog = pw.program(lambda v: f(f(v, 2) * np.ones(2, np.float32), 3))
+    x = np.arange(4.0, dtype=np.float32)
+    arrived = pw.function(lambda v: v + 1, slice=s)(x)
+    with jax.disable_jit():
+        with jax.set_mesh(s.mesh):
+            want = jax.jit(relu_sum, static_argnums=1)(x, 2)
+        assert float(f(x, 2)) == float(want) == 12.0
+        assert float(f(arrived, 2)) == 20.0
+        assert float(prog(x)) == 72.0
+        assert not isinstance(pw.function(lambda v: v * 2, slice=s)(x), pw.Future)
+    assert set(seen) <= {"ArrayImpl", "ndarray"}  # never a tracer
+    assert isinstance(pw.function(lambda v: v * 2, slice=s)(x), pw.Future)  # compiled again
