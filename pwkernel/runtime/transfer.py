@@ -56,6 +56,16 @@ class TransferEngine:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pw-transfer")
         self._lock = threading.Lock()
         self._link_free: dict[tuple[int | None, int], float] = {}
+        self._apart: list[threading.Thread] = []  # ``wait_apart``'s threads
+
+    def wait_apart(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on a short-lived thread of its own (a copy that waits for its
+        source's end must not take a worker); ``shutdown`` joins it."""
+        thread = threading.Thread(target=fn, args=args, daemon=True, name="pw-transfer-wait")
+        with self._lock:
+            self._apart = [t for t in self._apart if t.is_alive()]
+            self._apart.append(thread)
+        thread.start()
 
     def submit(self, fn, *args) -> None:
         try:
@@ -78,4 +88,10 @@ class TransferEngine:
     hold = delay  # its name before the glossary (docs/architecture.md) kept "hold" for islands
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Watch every copy begun to its end (a copy dropped here would never end: its run
+        would keep its buffers, and copies waiting for it their threads), then stop."""
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            apart, self._apart = self._apart, []
+        for thread in apart:
+            thread.join()

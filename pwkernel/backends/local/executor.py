@@ -172,8 +172,7 @@ class LocalBackend(NoGroup):
         if t_inputs is None:
             # The link model starts the copy at its source's end, not reported yet: waiting
             # for it here could take every transfer worker, so its own thread waits.
-            threading.Thread(target=self._landed, args=(task, out, None), daemon=True,
-                             name="pw-transfer-wait").start()
+            self.transfers.wait_apart(self._landed, task, out, None)
             return
         self._landed(task, out, t_inputs)
 
