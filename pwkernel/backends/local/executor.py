@@ -34,7 +34,7 @@ from typing import Any
 import jax
 
 from ...runtime.callbacks import failure
-from ...runtime.errors import deleted_input, donated_and_read, launch_error
+from ...runtime.errors import copy_error, deleted_input, donated_and_read, launch_error
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
@@ -146,7 +146,8 @@ class LocalBackend(NoGroup):
                 # last reader, and the source may be the user's: copy those (async).
                 out = out.copy()
         except BaseException as e:  # noqa: BLE001
-            self.transfers.submit(self._land, task, None, _copy_error(node, task.inputs()[0], e))
+            error = copy_error(node.name, task.inputs()[0], e)
+            self.transfers.submit(self._land, task, None, error)
             return
         if not self._emulated(task):
             if _is_ready(out):
@@ -212,18 +213,6 @@ class LocalBackend(NoGroup):
         for site in self._sites.values():
             site.close()
         self.transfers.shutdown()
-
-
-def _copy_error(node, source, error: BaseException) -> BaseException:
-    """What a copy that could not start fails with: a source that is gone (the user deleted
-    it, or a donating call consumed it) says so as a computation's input does, not with JAX's
-    bare "Array has been deleted"."""
-    is_deleted = getattr(source, "is_deleted", None)
-    if is_deleted is None or not is_deleted():
-        return error
-    return deleted_input(f"the copy {node.name} was given an array that an earlier call "
-                         "that donates it now owns (or that was deleted)",
-                         source.aval.str_short())
 
 
 def _donatable(task: Task, waits: bool) -> BaseException | None:

@@ -220,6 +220,25 @@ def test_a_cancelled_programs_upload_is_freed_while_messages_are_held(rctl):
     assert rctl.executor.buffers(0) == before
 
 
+def test_a_gone_array_uploaded_to_an_island_fails_naming_it(rctl):
+    """A user's array that was deleted, given to a Ray island (uploaded from the controller),
+    fails its futures with the ProgramError that says so and the fix, as locally."""
+    a = pw.function(lambda x: x * 2, slice=rctl.slice(2, island=0))
+    b = pw.function(lambda x: x + 1, slice=rctl.slice(2, island=1))
+
+    @pw.program
+    def two_islands(v):
+        return b(a(v)), a(v)
+
+    gone = jax.device_put(np.ones(8, np.float32))
+    gone.delete()
+    for fut in two_islands(gone):
+        with pytest.raises(RuntimeError, match="deleted.*donates it") as info:
+            fut.result(TIMEOUT)
+        assert isinstance(info.value, pw.ProgramError)
+    assert two_islands(np.ones(8, np.float32))[0].result(TIMEOUT).tolist() == [3.0] * 8
+
+
 @pytest.mark.parametrize("mode", ["sequential", "parallel"])
 def test_overlapping_slices_keep_their_values_when_sources_are_freed(rctl, mode):
     rctl.dispatch = mode
