@@ -57,6 +57,7 @@ class TransferEngine:
         self._lock = threading.Lock()
         self._link_free: dict[tuple[int | None, int], float] = {}
         self._apart: list[threading.Thread] = []  # ``wait_apart``'s threads
+        self._closing = threading.Event()  # set by ``shutdown``: copies land at once
 
     def wait_apart(self, fn, *args) -> None:
         """Run ``fn(*args)`` on a short-lived thread of its own (a copy that waits for its
@@ -82,14 +83,16 @@ class TransferEngine:
             start = max(begin, self._link_free.get((src, dst), 0.0))
             self._link_free[(src, dst)] = start + nbytes / self.dcn.bandwidth
         remaining = start + self.dcn.duration(nbytes) - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)  # emulation: the transfer lands when the link model says
+        if remaining > 0:  # emulation: the transfer lands when the link model says
+            self._closing.wait(remaining)
 
     hold = delay  # its name before the glossary (docs/architecture.md) kept "hold" for islands
 
     def shutdown(self) -> None:
         """Watch every copy begun to its end (a copy dropped here would never end: its run
-        would keep its buffers, and copies waiting for it their threads), then stop."""
+        would keep its buffers, and copies waiting for it their threads), then stop; the
+        link model holds none of them any longer."""
+        self._closing.set()
         self._pool.shutdown(wait=True)
         with self._lock:
             apart, self._apart = self._apart, []
