@@ -220,8 +220,13 @@ class Controller:
         self._check_open()
         if not isinstance(name, str) or not name:
             raise ValueError(f"a client name must be a non-empty string, got {name!r}.")
-        if not weight > 0:
-            raise ValueError(f"client weight must be > 0, got {weight!r}.")
+        if (isinstance(weight, bool) or not isinstance(weight, int | float | np.number)
+                or not 0 < weight < float("inf")):  # (an infinite one starves the others)
+            raise ValueError(f"client weight must be a finite number > 0, got {weight!r}; "
+                             "e.g. weight=2 for twice the share of a weight-1 client.")
+        if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
+            raise ValueError(f"client priority must be an integer (higher runs first), got "
+                             f"{priority!r}; e.g. priority=1.")
         spec = ClientSpec(name, float(weight), int(priority))
         token = _client.set(spec)
         try:

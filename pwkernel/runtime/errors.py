@@ -110,6 +110,17 @@ def deleted_input(what: str, shape: str = "") -> PathwaysError:
         "call's result, or pass each donating call its own copy (jnp.copy(x))."), RuntimeError)
 
 
+def copy_error(name: str, source, error: BaseException) -> BaseException:
+    """What copy ``name`` that could not start fails with: a source array that is gone (the
+    user deleted it, or a donating call consumed it) says so as a computation's input does
+    (``deleted_input``), not with JAX's bare "Array has been deleted"; else ``error``."""
+    is_deleted = getattr(source, "is_deleted", None)
+    if is_deleted is None or not is_deleted():
+        return error
+    return deleted_input(f"the copy {name} was given an array that an earlier call that "
+                         "donates it now owns (or that was deleted)", source.aval.str_short())
+
+
 def donated_and_read(name: str, i: int) -> PathwaysError:
     """What a call of ``name`` that donates its input ``i`` and also reads it raises."""
     return retyped(ProgramError(

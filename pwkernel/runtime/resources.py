@@ -335,11 +335,13 @@ class ResourceManager:
         return vs
 
     def release(self, vs: VirtualSlice) -> None:
-        """Give ``vs`` back (``vs.release()`` calls this): its devices' load goes down."""
+        """Give ``vs`` back (``vs.release()`` calls this): its devices' load goes down, and
+        programs traced before are traced again (so a call on it raises ``SliceError``)."""
         with self._lock:
             if self._slices.pop(vs.id, None) is not None:
                 for d in self._held.pop(vs.id):
                     self._load[d.id] -= 1
+                self.epoch += 1
             vs.released = True
 
     def release_all(self) -> None:

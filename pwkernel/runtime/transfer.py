@@ -56,6 +56,17 @@ class TransferEngine:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pw-transfer")
         self._lock = threading.Lock()
         self._link_free: dict[tuple[int | None, int], float] = {}
+        self._apart: list[threading.Thread] = []  # ``wait_apart``'s threads
+        self._closing = threading.Event()  # set by ``shutdown``: copies land at once
+
+    def wait_apart(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on a short-lived thread of its own (a copy that waits for its
+        source's end must not take a worker); ``shutdown`` joins it."""
+        thread = threading.Thread(target=fn, args=args, daemon=True, name="pw-transfer-wait")
+        with self._lock:
+            self._apart = [t for t in self._apart if t.is_alive()]
+            self._apart.append(thread)
+        thread.start()
 
     def submit(self, fn, *args) -> None:
         try:
@@ -72,10 +83,18 @@ class TransferEngine:
             start = max(begin, self._link_free.get((src, dst), 0.0))
             self._link_free[(src, dst)] = start + nbytes / self.dcn.bandwidth
         remaining = start + self.dcn.duration(nbytes) - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)  # emulation: the transfer lands when the link model says
+        if remaining > 0:  # emulation: the transfer lands when the link model says
+            self._closing.wait(remaining)
 
     hold = delay  # its name before the glossary (docs/architecture.md) kept "hold" for islands
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Watch every copy begun to its end (a copy dropped here would never end: its run
+        would keep its buffers, and copies waiting for it their threads), then stop; the
+        link model holds none of them any longer."""
+        self._closing.set()
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            apart, self._apart = self._apart, []
+        for thread in apart:
+            thread.join()

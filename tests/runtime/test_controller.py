@@ -132,6 +132,25 @@ def test_policy_and_dispatch_switch_at_run_time(ctl, monkeypatch):
             pass
 
 
+@pytest.mark.parametrize("weight", [float("inf"), float("nan"), -1.0, True, "2", None])
+def test_a_client_weight_is_a_finite_positive_number(ctl, weight):
+    """As the magics' --weight: an infinite weight is refused (under "share" its client was
+    never charged, and every other client waited until it ran out of work), and so are
+    values that are not numbers (a raw TypeError before)."""
+    with pytest.raises(ValueError, match="client weight must be a finite number > 0"):
+        with ctl.client("x", weight=weight):
+            pass
+
+
+@pytest.mark.parametrize("priority", [1.5, "1", None, True])
+def test_a_client_priority_is_an_integer(ctl, priority):
+    with pytest.raises(ValueError, match="client priority must be an integer"):
+        with ctl.client("x", priority=priority):
+            pass
+    with ctl.client("x", weight=np.float32(2.0), priority=np.int64(3)) as spec:
+        assert (spec.weight, spec.priority) == (2.0, 3)
+
+
 def test_jax_arrays_already_on_the_slice_are_used_in_place(ctl):
     s = ctl.slice(2, island=1)
     f = pw.function(lambda x: x + 1, slice=s, in_specs=pw.BATCH)

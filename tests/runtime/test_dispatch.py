@@ -221,6 +221,55 @@ def test_close_leaves_no_threads_and_cancels_pending_work():
         pass
 
 
+def test_close_with_copies_on_the_link_ends_every_run_and_frees_its_buffers():
+    """More emulated DCN copies in flight than transfer workers when the controller closes:
+    each is watched to its end. Before, the copies still queued for a worker were dropped: their
+    runs never ended and kept their buffers, and copies waiting for them kept their threads."""
+    before = {t.name for t in threading.enumerate() if t.name.startswith("pw-")}
+    arrays = {id(a) for a in jax.live_arrays()}
+    ctl = pw.Controller(islands=(2, 2), dcn=pw.Link(bandwidth=4e6, latency=0.0))
+    a = pw.function(lambda x: x * 2, slice=ctl.slice(1, island=0))
+    b = pw.function(lambda x: x + 1, slice=ctl.slice(1, island=1))
+
+    @pw.program
+    def across(v):
+        x = a(v)
+        return x, b(x)  # x goes over the link: 0.1 s each, one at a time
+
+    outs = [across(np.full(100_000, i, np.float32)) for i in range(10)]
+    for x, _ in outs:
+        x.result(timeout=60)  # every copy has begun
+    ctl.close()
+    assert ctl.runs() == []
+    assert all(y.done() for _, y in outs)  # landed and computed, or cancelled
+    del outs, x
+    gc.collect()
+    assert [a for a in jax.live_arrays() if id(a) not in arrays] == []
+    assert {t.name for t in threading.enumerate() if t.name.startswith("pw-")} == before
+
+
+def test_close_does_not_wait_for_the_link_model():
+    """Closing lands the copies on an emulated DCN link at once: the link model held each to
+    its modelled time, and ten 100 KB copies on a 10 KB/s link kept close() for 100 s."""
+    ctl = pw.Controller(islands=(2, 2), dcn=pw.Link(bandwidth=1e4, latency=0.0))
+    a = pw.function(lambda x: x * 2, slice=ctl.slice(1, island=0))
+    b = pw.function(lambda x: x + 1, slice=ctl.slice(1, island=1))
+
+    @pw.program
+    def across(v):
+        x = a(v)
+        return x, b(x)
+
+    outs = [across(np.full(25_000, i, np.float32)) for i in range(10)]
+    for x, _ in outs:
+        x.result(timeout=60)
+    closing = threading.Thread(target=ctl.close)
+    closing.start()
+    closing.join(timeout=30)
+    assert not closing.is_alive()
+    assert ctl.runs() == [] and all(y.done() for _, y in outs)
+
+
 def test_share_policy_on_the_real_runtime(ctl):
     ctl.policy = "share"
     s = ctl.slice(4, island=0)

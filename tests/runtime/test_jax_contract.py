@@ -337,6 +337,31 @@ def test_a_value_donated_already_fails_the_call_as_jax_jit_does(ctl):
     assert ctl.wait(60)
 
 
+def test_a_gone_array_copied_to_another_island_fails_as_a_computations_input_does(ctl):
+    """A user's array that was deleted, or donated to an earlier call, read on another
+    island (or another slice: a copy first) fails its futures with the ProgramError that
+    names it and the fix, as on its own slice, not with JAX's bare "Array has been deleted"."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    a = pw.function(lambda x: x * 2, slice=s0)
+    b = pw.function(lambda x: x + 1, slice=s1)
+    eat = pw.function(lambda x: x * 10, slice=s0, donate_argnums=0)
+
+    @pw.program
+    def two_islands(v):
+        return b(a(v)), a(v)
+
+    deleted = jax.device_put(jnp.ones(8), NamedSharding(s1.mesh, P()))
+    deleted.delete()
+    donated = jax.device_put(jnp.ones(8), NamedSharding(s0.mesh, P()))
+    eat(donated).result(60)
+    for fut in (*two_islands(deleted), b(donated), a(deleted)):
+        with pytest.raises(RuntimeError, match="deleted.*donates it") as info:
+            fut.result(60)
+        assert isinstance(info.value, pw.ProgramError)
+    assert two_islands(jnp.ones(8))[0].result(60).tolist() == [3.0] * 8
+    assert ctl.wait(60)
+
+
 def test_a_donated_value_with_a_host_view_of_one_shard_fails_the_next_call(ctl):
     """A host view kept of a replicated value (np.asarray of it, for a checkpoint: zero-copy on
     CPU) keeps its first shard from being donated: the array says it is not deleted while its

@@ -84,6 +84,27 @@ def test_released_slice_cannot_be_used(ctl):
         pw.function(lambda x: x, slice=s)(np.ones(2))
 
 
+def test_functions_and_programs_called_before_a_release_refuse_it_after(ctl):
+    """A call whose signature was traced before the release raises as a new one does (it used
+    to run on the released slice's devices from the cached graph)."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    a = pw.function(lambda x: x * 2, slice=s0)
+    c = pw.function(lambda x: x + 1, slice=s1)
+
+    @pw.program
+    def two_islands(v):
+        return c(a(v))
+
+    x = np.ones(4, np.float32)
+    np.testing.assert_array_equal(two_islands(x).result(30), 3 * x)
+    np.testing.assert_array_equal(c(x).result(30), 2 * x)
+    s1.release()
+    for call in (lambda: c(x), lambda: two_islands(x)):
+        with pytest.raises(pw.SliceError, match=f"slice {s1.id} was released"):
+            call()
+    np.testing.assert_array_equal(a(x).result(30), 2 * x)  # the other slice carries on
+
+
 def test_remap_moves_a_slice_and_functions_are_lowered_again(ctl):
     s = ctl.slice(2, island=0)
     f = pw.function(lambda x: x * 3, slice=s)

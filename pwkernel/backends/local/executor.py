@@ -34,7 +34,7 @@ from typing import Any
 import jax
 
 from ...runtime.callbacks import failure
-from ...runtime.errors import deleted_input, donated_and_read, launch_error
+from ...runtime.errors import copy_error, deleted_input, donated_and_read, launch_error
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
@@ -146,7 +146,8 @@ class LocalBackend(NoGroup):
                 # last reader, and the source may be the user's: copy those (async).
                 out = out.copy()
         except BaseException as e:  # noqa: BLE001
-            self.transfers.submit(self._land, task, None, e)
+            error = copy_error(node.name, task.inputs()[0], e)
+            self.transfers.submit(self._land, task, None, error)
             return
         if not self._emulated(task):
             if _is_ready(out):
@@ -172,8 +173,7 @@ class LocalBackend(NoGroup):
         if t_inputs is None:
             # The link model starts the copy at its source's end, not reported yet: waiting
             # for it here could take every transfer worker, so its own thread waits.
-            threading.Thread(target=self._landed, args=(task, out, None), daemon=True,
-                             name="pw-transfer-wait").start()
+            self.transfers.wait_apart(self._landed, task, out, None)
             return
         self._landed(task, out, t_inputs)
 

@@ -35,7 +35,7 @@ from typing import Any
 import jax
 
 from ...runtime import callbacks
-from ...runtime.errors import DeviceSetupError, deleted_input
+from ...runtime.errors import DeviceSetupError, copy_error, deleted_input
 from ...runtime.executor import IslandFacts
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.specialization import jitted
@@ -287,7 +287,7 @@ class RayBackend:
                 site.enqueue(("put", handle.bid, to_host(value), lay, settings), task,
                              [handle])
         except BaseException as e:  # noqa: BLE001 - failed in order, by the island's watcher
-            site.enqueue(None, task, [], error=e)
+            site.enqueue(None, task, [], error=copy_error(node.name, task.inputs()[0], e))
             return
         task.launched([handle])
 

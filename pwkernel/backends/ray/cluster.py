@@ -393,6 +393,12 @@ class IslandHost:
             bids, self._frees = self._frees, []
             return bids
 
+    def keep_frees(self, bids: list[int]) -> None:
+        """Give back frees taken for a message they may not ride in (the operation that makes
+        their buffers is not sent yet): the message that sends it takes them."""
+        with self._lock:
+            self._frees[:0] = bids
+
     def lost_advice(self) -> str:
         """What to do once this island is lost."""
         return f"ctl.reattach({self.island}) starts a new actor"

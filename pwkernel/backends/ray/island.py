@@ -162,6 +162,7 @@ class RaySite:
         self._exported = exported
         self._closing = False
         self._pending: list = []  # items of the next message, in order
+        self._unsent: set[int] = set()  # buffer ids that items not yet sent make
         self._held = 0
         self._pending_lock = threading.Lock()
         self._launches: queue.SimpleQueue = queue.SimpleQueue()  # lists of items, or None
@@ -185,6 +186,8 @@ class RaySite:
         id, or "compute" for ``task``'s computation), or ``error`` to fail ``task`` in order."""
         with self._pending_lock:
             self._pending.append((op, task, handles, extra, error))
+            for h in handles:
+                self._unsent.add(h.bid)
             if not self._held:
                 self._launches.put(self._pending)
                 self._pending = []
@@ -259,6 +262,10 @@ class RaySite:
                 except BaseException as e:  # noqa: BLE001 - a failed launch fails its futures
                     error = e
             entries.append((task, rid, handles, error, extra))
+        with self._pending_lock:  # their frees may ride in this message, after them
+            for entry in entries:
+                for h in entry[2]:
+                    self._unsent.discard(h.bid)
         sent = self._send(ops)
         for entry in entries:
             self._completions.put((*entry, sent))
@@ -269,6 +276,13 @@ class RaySite:
         host = self.host
         with self._send_lock:  # frees taken here: a later message never overtakes them
             frees = host.take_frees()
+            if frees and self._unsent:  # a free never overtakes the item making its buffer
+                with self._pending_lock:  # (held back by a submission on another thread)
+                    later = [b for b in frees if b in self._unsent]
+                if later:
+                    host.keep_frees(later)
+                    kept = set(later)
+                    frees = [b for b in frees if b not in kept]
             if frees:
                 ops = [*ops, ("free", frees)]
             actor = host.actor

@@ -192,6 +192,53 @@ def test_dropped_futures_free_island_buffers(rctl):
     assert all(n == 0 for n in rctl.memory().values())
 
 
+def test_a_cancelled_programs_upload_is_freed_while_messages_are_held(rctl):
+    """A program cancelled while another submission holds the islands' messages back (every
+    parallel submission does, ``executor.group()``) frees its upload's buffer: the free waits
+    for the message that makes the buffer. Before, it went out first, in a message of its own,
+    and the island kept the upload for good."""
+    rctl.dispatch = "parallel"
+    s0 = rctl.slice(2, island=0)
+    first = pw.function(lambda x: x + 1, slice=s0, name="first")
+    twice = pw.function(lambda x: x * 2, slice=s0, name="twice")
+    for fn in (first, twice):
+        fn(np.ones(8, np.float32)).result(TIMEOUT)
+    gc.collect()
+    assert rctl.wait(TIMEOUT)
+    before = rctl.executor.buffers(0)
+    with rctl.executor.group():
+        busy = first(np.ones(8, np.float32))  # launched; its message held: s0 stays busy
+        y = twice(np.ones(8, np.float32))  # its upload starts, twice waits for s0
+        assert y.run.cancel() == 1
+        del y
+        gc.collect()
+        rctl.executor.sites[0].sync()  # the frees pending now are sent at once
+    np.testing.assert_array_equal(busy.result(TIMEOUT), np.full(8, 2.0))
+    del busy
+    gc.collect()
+    assert rctl.wait(TIMEOUT)
+    assert rctl.executor.buffers(0) == before
+
+
+def test_a_gone_array_uploaded_to_an_island_fails_naming_it(rctl):
+    """A user's array that was deleted, given to a Ray island (uploaded from the controller),
+    fails its futures with the ProgramError that says so and the fix, as locally."""
+    a = pw.function(lambda x: x * 2, slice=rctl.slice(2, island=0))
+    b = pw.function(lambda x: x + 1, slice=rctl.slice(2, island=1))
+
+    @pw.program
+    def two_islands(v):
+        return b(a(v)), a(v)
+
+    gone = jax.device_put(np.ones(8, np.float32))
+    gone.delete()
+    for fut in two_islands(gone):
+        with pytest.raises(RuntimeError, match="deleted.*donates it") as info:
+            fut.result(TIMEOUT)
+        assert isinstance(info.value, pw.ProgramError)
+    assert two_islands(np.ones(8, np.float32))[0].result(TIMEOUT).tolist() == [3.0] * 8
+
+
 @pytest.mark.parametrize("mode", ["sequential", "parallel"])
 def test_overlapping_slices_keep_their_values_when_sources_are_freed(rctl, mode):
     rctl.dispatch = mode
