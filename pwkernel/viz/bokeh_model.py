@@ -25,7 +25,8 @@ when they are displayed), and when a page reports its drawing done (Bokeh's
 ``DocumentReady``) after patches it may have missed, every data source is sent to it again.
 
 The BokehModel widget renders only if BokehJS is already in the page; ``ensure_bokehjs()``
-puts it there from the installed package (inline, never from a CDN).
+puts it there from the installed package (inline, never from a CDN), when the first widget is
+made in a kernel (a view shown only inside a container is never displayed itself).
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ class EchoFreeBokehModel(BokehModel):
     """
 
     def __init__(self, model: LayoutDOM, lock: threading.RLock | None = None, **kwargs: Any):
+        # BokehJS goes to the page now, not only when a view is displayed: a view shown
+        # inside a container (``widgets.HBox([view])``) is never displayed itself, and its
+        # plot would find no BokehJS in the page.
+        ensure_bokehjs()
         self.lock = lock or threading.RLock()
         self.ignored_echoes = 0  # how many echoed data events were dropped (for diagnostics)
         self.patches_sent = 0  # Bokeh messages sent to the page (each is 3+ widget messages)
