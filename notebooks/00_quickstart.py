@@ -103,9 +103,10 @@ np.testing.assert_allclose(z_value, [2.0, 4.0])
 # %%
 assert ctl.trace.wait_for(start + 1, timeout=10)
 events = ctl.trace.events(since=start)
-for e in events:
-    where = f"{e.src}->{e.dst}" if e.kind == "transfer" else f"island {e.island}"
-    print(f"{e.kind:9} {e.name:14} {where:10} devices {e.devices}  link {e.link}  "
+for e in events:   # a transfer from the host has no source island (src None)
+    where = (f"{'host' if e.src is None else e.src}->{e.dst} ({e.link})"
+             if e.kind == "transfer" else f"island {e.island}")
+    print(f"{e.kind:9} {e.name:14} {where:15} devices {e.devices}  "
           f"{(e.t_end - e.t_start) * 1e6:7.1f} us")
 computations = [e for e in events if e.kind == "compute"]
 crossings = [e for e in events if e.kind == "transfer" and e.link == "dcn"]

@@ -281,4 +281,5 @@ assert [r["kind"] for r in rows].count("fit") == 2
 
 # %%
 for r in rows:
-    print(f"{r['result']}: paper {r['paper']}, simulated {r['simulated']:.3f} ({r['kind']})")
+    paper = f"{r['paper']:.3f}" if isinstance(r["paper"], float) else r["paper"]  # or "> 1"
+    print(f"{r['result']}: paper {paper}, simulated {r['simulated']:.3f} ({r['kind']})")

@@ -5,7 +5,7 @@
 
 import { Notification } from '@jupyterlab/apputils';
 import { NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
-import type { Kernel } from '@jupyterlab/services';
+import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -80,6 +80,7 @@ export class PathwaysPanel extends Widget {
       const ctx = this._notebook.sessionContext;
       ctx.statusChanged.disconnect(this._onStatus, this);
       ctx.kernelChanged.disconnect(this._onKernel, this);
+      ctx.iopubMessage.disconnect(this._onIOPub, this);
     }
     this._notebook = panel;
     this._drop();
@@ -89,6 +90,7 @@ export class PathwaysPanel extends Widget {
     }
     panel.sessionContext.statusChanged.connect(this._onStatus, this);
     panel.sessionContext.kernelChanged.connect(this._onKernel, this);
+    panel.sessionContext.iopubMessage.connect(this._onIOPub, this);
     this._set(withConnection(this._state, 'no-kernel'));
     void panel.sessionContext.ready.then(() => {
       if (this._notebook === panel) {
@@ -97,8 +99,9 @@ export class PathwaysPanel extends Widget {
     });
   }
 
-  /** (Re)open the comm with the current notebook's kernel. */
-  async connect(): Promise<void> {
+  /** (Re)open the comm with the current notebook's kernel. `quiet`: a probe of a kernel
+   * without pwkernel, which keeps showing that state while it asks. */
+  async connect(quiet = false): Promise<void> {
     this._drop();
     const kernel = this._notebook?.sessionContext.session?.kernel ?? null;
     if (!kernel) {
@@ -106,7 +109,9 @@ export class PathwaysPanel extends Widget {
       return;
     }
     const name = this._notebook?.sessionContext.kernelDisplayName ?? kernel.name;
-    this._set(withConnection(this._state, 'connecting', name));
+    if (!quiet) {
+      this._set(withConnection(this._state, 'connecting', name));
+    }
     const link = new KernelLink(
       kernel,
       reply => this._onReply(reply),
@@ -220,6 +225,18 @@ export class PathwaysPanel extends Widget {
       this._set(withConnection(this._state, 'restarting'));
     } else if (status === 'idle' && this._state.connection === 'restarting') {
       void this.connect();
+    } else if (status === 'idle' && this._state.connection === 'not-loaded' && this._ranCode) {
+      // Code ran in a kernel without pwkernel (`%load_ext pwkernel` typed in a cell, maybe
+      // after `%unload_ext`): ask again. Only after code ran: a probe makes the kernel busy
+      // and idle too, and must not start another.
+      this._ranCode = false;
+      void this.connect(true);
+    }
+  }
+
+  private _onIOPub(_: unknown, msg: KernelMessage.IMessage): void {
+    if (msg.header.msg_type === 'execute_input' && this._state.connection === 'not-loaded') {
+      this._ranCode = true;
     }
   }
 
@@ -430,6 +447,7 @@ export class PathwaysPanel extends Widget {
   private _state: State = initialState();
   private _notebook: NotebookPanel | null = null;
   private _link: KernelLink | null = null;
+  private _ranCode = false; // code ran since the last probe of a kernel without pwkernel
   private _runRows = new Map<number, HTMLElement>();
   private _runsEmpty: HTMLElement | null = null;
   private _body!: HTMLElement;

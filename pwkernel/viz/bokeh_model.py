@@ -25,7 +25,8 @@ when they are displayed), and when a page reports its drawing done (Bokeh's
 ``DocumentReady``) after patches it may have missed, every data source is sent to it again.
 
 The BokehModel widget renders only if BokehJS is already in the page; ``ensure_bokehjs()``
-puts it there from the installed package (inline, never from a CDN).
+puts it there from the installed package (inline, never from a CDN), when the first widget is
+made in a kernel (a view shown only inside a container is never displayed itself).
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from bokeh.core.serialization import Serializer
-from bokeh.document.events import ColumnDataChangedEvent, DocumentPatchedEvent
+from bokeh.document.events import (
+    ColumnDataChangedEvent,
+    DocumentPatchedEvent,
+    ModelChangedEvent,
+)
 from bokeh.events import DocumentReady
-from bokeh.models import ColumnDataSource, LayoutDOM
+from bokeh.model import Model
+from bokeh.models import ColumnDataSource, GlyphRenderer, LayoutDOM, Range1d
 from bokeh.protocol.messages.patch_doc import PatchJson, patch_doc
 from jupyter_bokeh import BokehModel
 
@@ -87,6 +93,10 @@ class EchoFreeBokehModel(BokehModel):
     """
 
     def __init__(self, model: LayoutDOM, lock: threading.RLock | None = None, **kwargs: Any):
+        # BokehJS goes to the page now, not only when a view is displayed: a view shown
+        # inside a container (``widgets.HBox([view])``) is never displayed itself, and its
+        # plot would find no BokehJS in the page.
+        ensure_bokehjs()
         self.lock = lock or threading.RLock()
         self.ignored_echoes = 0  # how many echoed data events were dropped (for diagnostics)
         self.patches_sent = 0  # Bokeh messages sent to the page (each is 3+ widget messages)
@@ -119,8 +129,10 @@ class EchoFreeBokehModel(BokehModel):
 
     def _on_page_ready(self, event: DocumentReady) -> None:
         """A page drew the widget: it has the bundle, and only the patches sent after that.
-        Patches went out since the bundle was made, so it may lack some rows: send every
-        data source's data again, in one message."""
+        Patches went out since the bundle was made, so it may lack some rows, and show the
+        time axis and colours the bundle had (a second browser tab, a reloaded page): send
+        every data source's data, every range's bounds and every glyph's colours again, in
+        one message."""
         with self.lock:
             if self.patches_sent == self.bundled_at or self._document is None:
                 return
@@ -129,6 +141,11 @@ class EchoFreeBokehModel(BokehModel):
                 for model in list(self._document.models):
                     if isinstance(model, ColumnDataSource):
                         resend(model)
+                    elif isinstance(model, Range1d):
+                        resend(model, "start", "end")
+                    elif isinstance(model, GlyphRenderer):
+                        resend(model.glyph, *(a for a in ("fill_color", "line_color")
+                                              if a in model.glyph.properties()))
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -206,9 +223,13 @@ class EchoFreeBokehModel(BokehModel):
             super()._sync_model(_model, content, _buffers)
 
 
-def resend(source: ColumnDataSource) -> None:
-    """Send all of ``source``'s data to the page again (assigning equal data sends nothing):
-    repairs a page that missed streams."""
-    doc = source.document
-    if doc is not None:
-        doc.callbacks.trigger_on_change(ColumnDataChangedEvent(doc, source, "data"))
+def resend(model: Model, *attrs: str) -> None:
+    """Send ``attrs`` of ``model`` to the page again (assigning an equal value sends nothing),
+    or, for a data source given no attrs, all its data: repairs a page that missed changes."""
+    doc = model.document
+    if doc is None:
+        return
+    if isinstance(model, ColumnDataSource) and not attrs:
+        doc.callbacks.trigger_on_change(ColumnDataChangedEvent(doc, model, "data"))
+    for attr in attrs:
+        doc.callbacks.trigger_on_change(ModelChangedEvent(doc, model, attr, getattr(model, attr)))

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pwkernel.notebook import kernelspec
+from tests.helpers import ROOT
 from tests.helpers.lab import CHROMIUM, LabServer, chromium_page, jupyter_lab
 
 __all__ = ["CHROMIUM", "chromium_page", "lab_with_pwkernel", "write_notebook"]
@@ -18,8 +19,12 @@ __all__ = ["CHROMIUM", "chromium_page", "lab_with_pwkernel", "write_notebook"]
 @contextlib.contextmanager
 def lab_with_pwkernel(base: Path) -> Iterator[LabServer]:
     """``lab.jupyter_lab`` whose JUPYTER_PATH also holds the ``pwkernel`` kernel (this
-    interpreter with ``--ext pwkernel``), whatever is installed in the environment."""
+    interpreter with ``--ext pwkernel``) and this checkout's sidebar extension, whatever is
+    installed in the environment."""
     kernelspec.write(base / "jupyter")  # the directory jupyter_lab puts on JUPYTER_PATH
+    # this checkout's build of the sidebar, whichever checkout the environment links
+    (base / "jupyter" / "labextensions").mkdir(parents=True, exist_ok=True)
+    (base / "jupyter" / "labextensions" / "pwkernel").symlink_to(ROOT / "pwkernel" / "labextension")
     with jupyter_lab(base, {}) as lab:
         yield lab
 

@@ -249,3 +249,29 @@ def test_sidebar_follows_the_kernel(tmp_path):
         islands.nth(1).wait_for(timeout=KERNEL_START_MS)
         assert not page.errors, f"errors in the page: {page.errors}"  # every one, not ours only
         assert not errors, errors
+
+
+def test_sidebar_connects_when_pwkernel_is_loaded_in_a_cell(tmp_path):
+    """A plain Python kernel: `%load_ext pwkernel` typed in a cell (not the sidebar's button)
+    connects the sidebar; `%unload_ext pwkernel` offers to load it again, and loading it in a
+    cell connects again."""
+    with lab_with_pwkernel(tmp_path / "lab") as lab, chromium_page(tmp_path / "profile") as page:
+        write_notebook(lab.root / "plain.ipynb",
+                       ["%load_ext pwkernel", "%unload_ext pwkernel",
+                        "%load_ext pwkernel\n%pathways status"], kernel="python3")
+        page.goto(lab.notebook_url("plain.ipynb"))
+        open_sidebar(page)
+        sidebar = page.locator(SIDEBAR)
+        load = sidebar.locator("button.pw-load")
+        load.wait_for(state="visible", timeout=KERNEL_START_MS)
+        run_cell(page, 0)
+        page.wait_for_function(
+            f"document.querySelector('{SIDEBAR} .pw-connection')?.textContent"
+            ".includes('controller not started yet')", timeout=KERNEL_START_MS)
+        assert not load.is_visible()
+        run_cell(page, 1)
+        load.wait_for(state="visible", timeout=MS)
+        run_cell(page, 2)
+        sidebar.locator(".pw-island").nth(1).wait_for(timeout=KERNEL_START_MS)
+        assert not load.is_visible()
+        assert not page.errors, f"errors in the page: {page.errors}"

@@ -106,8 +106,13 @@ def hover_newest_bar(page, source_id: str) -> list[str]:
     # (a drawing just made from a new bundle has no layout yet: wait for real coordinates)
     page.wait_for_function(f"""(id) => {{ try {{ return ({BAR_XY_JS})(id).every(Number.isFinite) }}
                                catch (e) {{ return false }} }}""", arg=source_id)
-    x, y = page.evaluate(BAR_XY_JS, source_id)
-    return hover_tooltip(page, x, y)
+    values: list[str] = []
+    for _ in range(3):  # a page's repair still in the kernel's queue may reset the axis
+        x, y = page.evaluate(BAR_XY_JS, source_id)
+        values = hover_tooltip(page, x, y)
+        if values:
+            break
+    return values
 
 
 @pytest.mark.browser
