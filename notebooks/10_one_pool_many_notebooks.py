@@ -277,8 +277,10 @@ for t in view["tenants"]:
 # queued work is cancelled and his buffers freed. Meanwhile the teacher and Anna carry on.
 
 # %%
-print("ben holds", students["ben"].ask("hold")["holding"] / 2**20, "MiB")
+ben_holds = students["ben"].ask("hold")["holding"]
+print("ben holds", ben_holds / 2**20, "MiB")
 unowned, held = poolbench.unowned_bytes(islands)   # bytes beyond the tenants' buffers, and each's
+assert ben_holds <= held["ben"] < ben_holds + 2**20, held   # the pool counts what he holds
 os.kill(students["ben"].proc.pid, signal.SIGKILL)
 t_kill = time.monotonic()
 students["anna"].send("collectives")
@@ -288,7 +290,8 @@ print(f"teacher and anna ran their collectives {time.monotonic() - t_kill:.1f} s
 # read the pool's status until it dropped ben and none of his bytes is left on the islands
 reclaim_s = poolbench.wait_reclaimed(islands, "ben", unowned, t_kill, timeout=60)["reclaim_s"]
 _, now_held = poolbench.unowned_bytes(islands)
-print(f"ben dropped and his {held['ben'] / 2**20:.1f} MiB freed {reclaim_s:.1f} s after the kill;"
+print(f"ben dropped and all his {held['ben'] / 2**20:.1f} MiB (those values, and his busy loop's "
+      f"state) freed {reclaim_s:.1f} s after the kill;"
       f" tenants now: {sorted(now_held)}")
 assert np.array_equal(np.asarray(step(runs[0]).result(120)), expected(runs[0]))
 

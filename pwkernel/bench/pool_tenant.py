@@ -73,6 +73,8 @@ def held(ctl: pw.Controller, nbytes: int) -> list:
         kept.append(make(np.zeros(nbytes // 4, np.float32)))
     for fut in kept:
         fut.wait(TIMEOUT)
+    for island in range(len(ctl.islands)):  # the uploads' frees done: it holds what it says
+        ctl.executor.buffers(island)
     return kept
 
 
