@@ -96,6 +96,7 @@ def _start_or_join(address: str | None, pool: str | None = None) -> None:
         # Ray's default for a new local cluster is token authentication (a token in
         # ~/.ray/auth_token, made if missing); we keep it and check it in tests.
         _loopback_only()
+        _token_auth_chosen()
         # address="local": a new cluster, even if `ray start` left one (or its
         # address file) on this machine.
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
@@ -221,6 +222,15 @@ def _set_env(values: dict[str, str | None]) -> None:
             os.environ[key] = value
     Config.initialize("")  # Ray caches RAY_AUTH_MODE; its own setup reloads it the same way
     AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _token_auth_chosen() -> None:
+    """A new local cluster with Ray's default, token authentication, chosen here
+    (``RAY_AUTH_MODE=token`` until the cluster stops) unless the user chose: left to itself,
+    Ray turns it on with a warning that a notebook shows in red under the cell."""
+    if "RAY_AUTH_MODE" not in os.environ:
+        _set_env({"RAY_AUTH_MODE": "token"})
+        _undo.append(lambda: _set_env({"RAY_AUTH_MODE": None}))
 
 
 def _token_auth_if_token() -> None:

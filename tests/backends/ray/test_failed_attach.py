@@ -1,6 +1,7 @@
-"""A failed first ``%pathways attach ray`` leaves the kernel as it was: JAX not started and its
-host device count unchanged, so the local controller (or another attach) still works. Run in
-a fresh Python process: the test process started JAX long ago."""
+"""In a fresh Python process (the test process started JAX and Ray long ago): a local cluster
+starts with no warning, and a failed first ``%pathways attach ray`` leaves the kernel as it
+was: JAX not started and its host device count unchanged, so the local controller (or another
+attach) still works."""
 
 from __future__ import annotations
 
@@ -53,3 +54,28 @@ def test_a_failed_attach_leaves_the_kernel_usable():
     done = subprocess.run([sys.executable, "-c", SCRIPT.format(port=_closed_port())],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+QUIET = """
+import os
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import pwkernel as pw
+from pwkernel.backends.ray import cluster
+ctl = pw.Controller(backend="ray", islands=(1,))
+assert cluster.token_auth_enabled()
+assert ctl.islands[0].devices and os.environ["RAY_AUTH_MODE"] == "token"
+ctl.close()
+assert "RAY_AUTH_MODE" not in os.environ
+print("ok")
+"""
+
+
+def test_a_local_cluster_starts_with_token_auth_and_no_warning():
+    """Ray's own default for a new local cluster (token authentication), chosen by pwkernel so
+    that Ray prints no warning (in red under a tutorial's cell), and unset again at close."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_FLAGS", "RAY_AUTH"))}
+    done = subprocess.run([sys.executable, "-c", QUIET], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    assert "Token authentication" not in done.stderr, done.stderr[-3000:]
