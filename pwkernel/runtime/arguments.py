@@ -214,15 +214,26 @@ def leaf_placement(leaf) -> tuple:
                 leaf.weak_type)
     if type(leaf) is int:  # weakly typed, of JAX's default int type (not NumPy's choice)
         return ("host", (), python_int(leaf), None, True)
-    try:
-        arr = np.asarray(leaf)
-    except Exception:
-        arr = np.asarray(None)
-    if arr.dtype.kind not in NUMERIC or isinstance(leaf, np.ma.MaskedArray):
+    arr = host_array(leaf)
+    if arr is None:
         raise NotAnArray(f"a program got an argument of type {type(leaf).__name__}; programs "
                          "take arrays, scalars, futures and pytrees of them. Maybe you want "
                          "static_argnums=... (or functools.partial) for static arguments.")
     return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, is_weak(leaf))
+
+
+def host_array(leaf) -> np.ndarray | None:
+    """``leaf`` as the NumPy array JAX reads a host value as (a Python int of JAX's default int
+    type, or JAX's ``OverflowError``), or None where ``jax.jit`` takes no such argument: not
+    numeric, or a masked array (its mask would be lost)."""
+    if isinstance(leaf, np.ma.MaskedArray):
+        return None
+    dtype = python_int(leaf) if type(leaf) is int else None
+    try:
+        arr = np.asarray(leaf, dtype)
+    except Exception:  # (not an array at all)
+        return None
+    return arr if arr.dtype.kind in NUMERIC else None
 
 
 def value_id(graph: Graph, leaf, name: str) -> int:
@@ -246,12 +257,8 @@ def value_id(graph: Graph, leaf, name: str) -> int:
                                None if isl is None else isl.id, weak_type(leaf))
         graph.consts[spec.id] = leaf
         return spec.id
-    dtype = python_int(leaf) if type(leaf) is int else None  # (JAX's OverflowError)
-    try:
-        arr = np.asarray(leaf, dtype)
-    except Exception:
-        arr = None
-    if arr is None or arr.dtype.kind not in NUMERIC or isinstance(leaf, np.ma.MaskedArray):
+    arr = host_array(leaf)
+    if arr is None:
         raise ProgramError(f"{name} got an argument of type {type(leaf).__name__}; compiled "
                            "functions take arrays, scalars and pytrees of them. Maybe you want "
                            "static_argnums=... (or static_argnames=...) for that argument.")
