@@ -221,21 +221,28 @@ def test_close_leaves_no_threads_and_cancels_pending_work():
         pass
 
 
-def test_close_with_copies_on_the_link_ends_every_run_and_frees_its_buffers():
-    """More emulated DCN copies in flight than transfer workers when the controller closes:
-    each is watched to its end. Before, the copies still queued for a worker were dropped: their
-    runs never ended and kept their buffers, and copies waiting for them kept their threads."""
-    before = {t.name for t in threading.enumerate() if t.name.startswith("pw-")}
-    arrays = {id(a) for a in jax.live_arrays()}
-    ctl = pw.Controller(islands=(2, 2), dcn=pw.Link(bandwidth=4e6, latency=0.0))
+def _over_the_link(bandwidth: float):
+    """A controller whose islands are joined by an emulated DCN link of ``bandwidth``, and a
+    program that returns ``x`` and ``x + 1`` computed on the other island (``x`` crosses)."""
+    ctl = pw.Controller(islands=(2, 2), dcn=pw.Link(bandwidth=bandwidth, latency=0.0))
     a = pw.function(lambda x: x * 2, slice=ctl.slice(1, island=0))
     b = pw.function(lambda x: x + 1, slice=ctl.slice(1, island=1))
 
     @pw.program
     def across(v):
         x = a(v)
-        return x, b(x)  # x goes over the link: 0.1 s each, one at a time
+        return x, b(x)
 
+    return ctl, across
+
+
+def test_close_with_copies_on_the_link_ends_every_run_and_frees_its_buffers():
+    """More emulated DCN copies in flight than transfer workers when the controller closes:
+    each is watched to its end. Before, the copies still queued for a worker were dropped: their
+    runs never ended and kept their buffers, and copies waiting for them kept their threads."""
+    before = {t.name for t in threading.enumerate() if t.name.startswith("pw-")}
+    arrays = {id(a) for a in jax.live_arrays()}
+    ctl, across = _over_the_link(bandwidth=4e6)  # 0.1 s a copy, one at a time
     outs = [across(np.full(100_000, i, np.float32)) for i in range(10)]
     for x, _ in outs:
         x.result(timeout=60)  # every copy has begun
@@ -251,15 +258,7 @@ def test_close_with_copies_on_the_link_ends_every_run_and_frees_its_buffers():
 def test_close_does_not_wait_for_the_link_model():
     """Closing lands the copies on an emulated DCN link at once: the link model held each to
     its modelled time, and ten 100 KB copies on a 10 KB/s link kept close() for 100 s."""
-    ctl = pw.Controller(islands=(2, 2), dcn=pw.Link(bandwidth=1e4, latency=0.0))
-    a = pw.function(lambda x: x * 2, slice=ctl.slice(1, island=0))
-    b = pw.function(lambda x: x + 1, slice=ctl.slice(1, island=1))
-
-    @pw.program
-    def across(v):
-        x = a(v)
-        return x, b(x)
-
+    ctl, across = _over_the_link(bandwidth=1e4)
     outs = [across(np.full(25_000, i, np.float32)) for i in range(10)]
     for x, _ in outs:
         x.result(timeout=60)
