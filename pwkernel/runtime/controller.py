@@ -22,6 +22,7 @@ from jax.sharding import AxisType
 
 from . import done_callbacks, interrupts
 from . import executor as executors
+from .device_groups import Topology
 from .dispatcher import Dispatcher, DispatchMode
 from .errors import ControllerClosedError, DeviceSetupError, SliceError
 from .events import DEFAULT_CLIENT
@@ -129,7 +130,8 @@ class Controller:
                 f"name (backend={named!r}, islands={asked}).")
         self.resources = ResourceManager(self._islands, self._check_open)
         self.resources.controller = self
-        self.trace = Trace()
+        self.trace = Trace(topology=Topology.of(((i.id, i.device_ids) for i in self._islands),
+                                                self.host_of))
         record_into = getattr(self._backend, "record_into", None)
         if record_into is not None:  # work it sees but did not launch (a pool's other tenants)
             record_into(self.trace)

@@ -32,6 +32,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import NamedTuple
 
+from .device_groups import Topology, check_rows
+
 
 class EventKind(StrEnum):
     COMPUTE = "compute"
@@ -117,10 +119,15 @@ class Trace:
     first pass (an ``Event``, a tuple subclass, never is), so a long trace costs the collector
     nothing; ``events()`` builds ``Event`` objects when read, and ``rows()`` hands live views
     the stored tuples themselves.
+
+    ``topology``: the islands (and hosts) the events ran on, which ``save(path, rows=...)``
+    groups tracks by; the controller and the simulator give theirs. Without one, the islands
+    and devices the events name, each device its own host.
     """
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, topology: Topology | None = None):
         self.enabled = enabled
+        self.topology = topology
         self._raw: list[tuple] = []
         self._first = 0  # index of _raw[0]
         self._next = 0
@@ -204,18 +211,28 @@ class Trace:
     def __len__(self) -> int:
         return len(self._raw)
 
-    def to_chrome(self) -> dict:
+    def to_chrome(self, rows: str = "auto") -> dict:
         """Chrome-trace / Perfetto JSON: a process per island, a thread (track) per device.
 
+        ``rows`` groups the device tracks as the schedule view groups its rows
+        (``runtime/device_groups.py``): ``"device"``, ``"host"``, ``"island"``, or ``"auto"``
+        (the default): a track per device while there are at most 64, else per host, per
+        group of consecutive hosts, or per island. A grouped track is named with what it holds
+        (``"hosts 0-7 (32 devices)"``, its ``tid`` the first of them) and gets one span per
+        computation that touched it, not one per device.
+
         Transfers get their own track on the destination island (``transfers from island N``)
-        and a flow arrow from the source device to the destination device.
+        and a flow arrow from the source device's track to the destination device's.
         """
+        check_rows(rows)
         events = self.events()
         if not events:
             return {"traceEvents": [], "displayTimeUnit": "ms"}
         t0 = min(e.t_submit for e in events)
         out: list[dict] = []
         named: set[tuple[int, int]] = set()
+        where = self._tracks(events, rows)  # device -> (tid, track name), if grouped
+        touched: dict[tuple[int, ...], list[tuple[int, str]]] = {}
 
         def us(t: float) -> float:
             return round((t - t0) * 1e6, 3)
@@ -228,17 +245,28 @@ class Trace:
                 out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                             "args": {"name": label}})
 
+        def on(d: int) -> tuple[int, str]:
+            return where.get(d) or (d, f"device {d}")
+
+        def tracks_of(devices: tuple[int, ...]) -> list[tuple[int, str]]:
+            if not where:
+                return [(d, f"device {d}") for d in devices]
+            found = touched.get(devices)
+            if found is None:
+                found = touched[devices] = list(dict.fromkeys(map(on, devices)))
+            return found
+
         for e in events:
             args = {"program": e.program, "client": e.client, "status": e.status,
                     "queued_us": us(e.t_start) - us(e.t_submit)}
             if e.tenant:
                 args["tenant"] = e.tenant
             if e.kind == EventKind.COMPUTE:
-                for d in e.devices:
-                    track(e.island, d, f"device {d}")
+                for tid, label in tracks_of(e.devices):
+                    track(e.island, tid, label)
                     out.append({"ph": "X", "name": e.name, "cat": "compute", "pid": e.island,
-                                "tid": d, "ts": us(e.t_start), "dur": us(e.t_end) - us(e.t_start),
-                                "args": args})
+                                "tid": tid, "ts": us(e.t_start),
+                                "dur": us(e.t_end) - us(e.t_start), "args": args})
                 continue
             host = e.src is None  # (one track per source: the host's is its own)
             tid = 10_000 + (0 if host else 1 + e.src)
@@ -248,23 +276,43 @@ class Trace:
             out.append({"ph": "X", "name": e.name, "cat": "transfer", "pid": e.dst, "tid": tid,
                         "ts": us(e.t_start), "dur": us(e.t_end) - us(e.t_start), "args": args})
             if e.src_devices and e.devices:
-                track(e.src, e.src_devices[0], f"device {e.src_devices[0]}")
-                track(e.dst, e.devices[0], f"device {e.devices[0]}")
+                (src, src_label), (dst, dst_label) = on(e.src_devices[0]), on(e.devices[0])
+                track(e.src, src, src_label)
+                track(e.dst, dst, dst_label)
                 flow = {"name": e.name, "cat": "transfer", "id": e.index}
-                out.append(flow | {"ph": "s", "pid": e.src, "tid": e.src_devices[0],
-                                   "ts": us(e.t_start)})
-                out.append(flow | {"ph": "f", "bp": "e", "pid": e.dst, "tid": e.devices[0],
+                out.append(flow | {"ph": "s", "pid": e.src, "tid": src, "ts": us(e.t_start)})
+                out.append(flow | {"ph": "f", "bp": "e", "pid": e.dst, "tid": dst,
                                    "ts": us(e.t_end)})
         return {"traceEvents": out, "displayTimeUnit": "ms"}
 
-    def save(self, path: str | Path) -> Path:
+    def _tracks(self, events: list[Event], rows: str) -> dict[int, tuple[int, str]]:
+        """Each grouped device's track: (tid, name); empty for a track per device."""
+        topology = self.topology
+        if topology is None:  # (a bare trace: the islands its events name)
+            seen: dict[int, set[int]] = {}
+            for e in events:
+                if e.kind == EventKind.COMPUTE:
+                    seen.setdefault(e.island, set()).update(e.devices)
+                else:
+                    seen.setdefault(e.dst, set()).update(e.devices)
+                    if e.src is not None:
+                        seen.setdefault(e.src, set()).update(e.src_devices)
+            topology = Topology.of((i, sorted(ds)) for i, ds in sorted(seen.items()))
+        return {d: (ds[0], f"{label} ({len(ds)} device{'s' * (len(ds) != 1)})")
+                for label, ds in topology.groups(rows) for d in ds}
+
+    def save(self, path: str | Path, rows: str = "auto") -> Path:
         """Write Chrome-trace JSON (open it in https://ui.perfetto.dev or chrome://tracing).
 
+        ``rows``: a track per ``"device"``, ``"host"`` or ``"island"``; ``"auto"`` (the
+        default) keeps a track per device up to 64 devices, then groups them (``to_chrome``).
+
         A ``ValueError`` (one line, before anything is written) for a path that names no file
-        (``""``, ``".json"``, a directory) or holds a NUL byte; ``OSError`` as ``open`` gives
-        it for one that cannot be written."""
+        (``""``, ``".json"``, a directory) or holds a NUL byte, or a ``rows`` that is none of
+        those; ``OSError`` as ``open`` gives it for one that cannot be written."""
         path = _file_path(path)
-        path.write_text(json.dumps(self.to_chrome()))
+        check_rows(rows)
+        path.write_text(json.dumps(self.to_chrome(rows)))
         return path
 
 

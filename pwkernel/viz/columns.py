@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..runtime.device_groups import MAX_ROWS, device_groups
 from ..runtime.trace import Event, getter
 from ..runtime.units import human_bytes
 from .palette import COLORS, FAILED_COLOR, ColorRegistry, link_color
@@ -42,10 +43,6 @@ LINK_COLUMNS: tuple[str, ...] = (
 COMPUTE_OFFSET, COMPUTE_HEIGHT = -0.1, 0.55
 TRANSFER_OFFSET, TRANSFER_HEIGHT = 0.3, 0.18
 ISLAND_GAP = 0.6  # extra space between the last row of an island and the first of the next
-
-
-ROW_MODES = ("auto", "device", "host", "island")
-MAX_ROWS = 64  # rows="auto": one row per device up to this many, then hosts, groups, islands
 
 
 @dataclass(frozen=True)
@@ -115,23 +112,7 @@ class DeviceLayout:
                                  "want devices=None (all of them).")
             return cls(tuple((i, tuple(d for d in ds if d in keep)) for i, ds in islands
                              if any(d in keep for d in ds)), partial=True)
-        if rows not in ROW_MODES:
-            raise ValueError(f"rows must be one of {ROW_MODES}, got {rows!r}. Maybe you want "
-                             "rows='auto' (per device while they fit, then per host).")
-        host_of = host_of or (lambda d: d)
-        total = sum(len(ds) for _, ds in islands)
-        if rows == "device" or (rows == "auto" and total <= max_rows):
-            return cls(islands)
-        hosts = [(i, _runs(ds, host_of)) for i, ds in islands]
-        if rows == "auto" and sum(len(h) for _, h in hosts) > max_rows:
-            per = max(1, max_rows // max(1, len(islands)))
-            rows = "island" if len(islands) >= max_rows else "blocks"
-            hosts = [(i, _blocks(h, per)) for i, h in hosts]
-        if rows == "island":
-            groups = tuple(("all", ds) for _, ds in islands)
-        else:
-            groups = tuple((label, ds) for _, hs in hosts for label, ds in hs)
-        return cls(islands, groups)
+        return cls(islands, device_groups(islands, host_of, rows, max_rows))
 
     @classmethod
     def from_controller(cls, ctl, rows: str = "device", max_rows: int = MAX_ROWS,
@@ -209,31 +190,6 @@ class DeviceLayout:
         """(lowest, highest) y the rows need, with half a row of margin."""
         ys = list(self.rows.values()) or [0.0]
         return min(ys) - 0.5, max(ys) + 0.5
-
-
-def _runs(devices: tuple[int, ...], host_of) -> list[tuple[str, tuple[int, ...]]]:
-    """The devices of one island as rows per host, in order."""
-    out: list[tuple[str, list[int]]] = []
-    last = None
-    for d in devices:
-        h = host_of(d)
-        if h != last:
-            out.append((f"host {h}", []))
-            last = h
-        out[-1][1].append(d)
-    return [(label, tuple(ds)) for label, ds in out]
-
-
-def _blocks(hosts: list[tuple[str, tuple[int, ...]]], rows: int) -> list:
-    """Consecutive hosts merged into at most ``rows`` rows of equal size."""
-    per = -(-len(hosts) // rows)
-    out = []
-    for i in range(0, len(hosts), per):
-        chunk = hosts[i:i + per]
-        first, last = chunk[0][0].split()[-1], chunk[-1][0].split()[-1]
-        label = chunk[0][0] if len(chunk) == 1 else f"hosts {first}-{last}"
-        out.append((label, tuple(d for _, ds in chunk for d in ds)))
-    return out
 
 
 def human_rate(bytes_per_s: float | None) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
+from pwkernel.runtime.device_groups import Topology
 from pwkernel.runtime.trace import Event, Trace
 
 
@@ -60,6 +61,88 @@ def test_chrome_trace_has_a_track_per_device_and_transfer_flows(ctl, tmp_path):
         assert tracks[e["pid"], e["tid"]] == ("transfers from the host" if src is None else
                                               f"transfers from island {src} ({e['args']['link']})")
 
+
+
+def test_a_small_controllers_export_keeps_a_track_per_device_by_default(ctl, tmp_path):
+    run_figure2(ctl)
+    # 8 devices: rows="auto" is the per-device export, byte for byte, with or without hosts
+    default = ctl.trace.save(tmp_path / "auto.json").read_bytes()
+    assert default == ctl.trace.save(tmp_path / "dev.json", rows="device").read_bytes()
+    doc = json.loads(default)
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert {"device 0", "device 1", "device 4", "device 5"} <= names
+    assert not [n for n in names if "host" in n and "transfers" not in n]
+
+
+def small_trace(topology=None) -> Trace:
+    """Two computations and a transfer between islands, at hand-picked times."""
+    trace = Trace(topology=topology)
+    trace.record(kind="compute", name="a", program="p", program_id=0, client="c", island=0,
+                 devices=(0, 1), t_submit=1.0, t_start=1.5, t_end=2.0)
+    trace.record(kind="transfer", name="t", program="p", program_id=0, client="c", island=1,
+                 devices=(4,), t_submit=2.0, t_start=2.0, t_end=2.25, nbytes=8, src=0, dst=1,
+                 src_devices=(0,), link="dcn")
+    trace.record(kind="compute", name="b", program="p", program_id=0, client="c", island=1,
+                 devices=(4,), t_submit=2.0, t_start=2.25, t_end=3.0)
+    return trace
+
+
+def test_the_default_export_of_a_few_devices_is_the_per_device_one():
+    """The export as it was before tracks could be grouped, pinned field by field."""
+    meta = [{"ph": "M", "name": "process_name", "pid": p, "tid": 0,
+             "args": {"name": f"island {p}"}} for p in (0, 1, 0, 1, 1)]
+    thread = [{"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": n}}
+              for p, t, n in ((0, 0, "device 0"), (0, 1, "device 1"),
+                              (1, 10_001, "transfers from island 0 (dcn)"), (1, 4, "device 4"))]
+    args = {"program": "p", "client": "c", "status": "ok"}
+    expected = [
+        meta[0], thread[0],
+        {"ph": "X", "name": "a", "cat": "compute", "pid": 0, "tid": 0, "ts": 500000.0,
+         "dur": 500000.0, "args": args | {"queued_us": 500000.0}},
+        meta[0], thread[1],
+        {"ph": "X", "name": "a", "cat": "compute", "pid": 0, "tid": 1, "ts": 500000.0,
+         "dur": 500000.0, "args": args | {"queued_us": 500000.0}},
+        meta[1], thread[2],
+        {"ph": "X", "name": "t", "cat": "transfer", "pid": 1, "tid": 10_001, "ts": 1000000.0,
+         "dur": 250000.0, "args": args | {"queued_us": 0.0, "nbytes": 8, "src": 0, "dst": 1,
+                                          "link": "dcn"}},
+        meta[1], thread[3],
+        {"name": "t", "cat": "transfer", "id": 1, "ph": "s", "pid": 0, "tid": 0,
+         "ts": 1000000.0},
+        {"name": "t", "cat": "transfer", "id": 1, "ph": "f", "bp": "e", "pid": 1, "tid": 4,
+         "ts": 1250000.0},
+        {"ph": "X", "name": "b", "cat": "compute", "pid": 1, "tid": 4, "ts": 1250000.0,
+         "dur": 750000.0, "args": args | {"queued_us": 250000.0}},
+    ]
+    eight = Topology.of([(0, range(4)), (1, range(4, 8))], host_of=[0, 0, 1, 1, 2, 2, 3, 3])
+    for trace in (small_trace(), small_trace(eight)):
+        assert trace.to_chrome() == {"traceEvents": expected, "displayTimeUnit": "ms"}
+        assert trace.to_chrome(rows="device") == trace.to_chrome()
+
+
+def test_tracks_grouped_per_host_and_island_name_what_they_hold():
+    eight = Topology.of([(0, range(4)), (1, range(4, 8))], host_of=[0, 0, 1, 1, 2, 2, 3, 3])
+    trace = small_trace(eight)
+    by_host = trace.to_chrome(rows="host")["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in by_host
+             if e["name"] == "thread_name"}
+    assert names == {(0, 0): "host 0 (2 devices)", (1, 4): "host 2 (2 devices)",
+                     (1, 10_001): "transfers from island 0 (dcn)"}
+    spans = [(e["name"], e["tid"]) for e in by_host if e["ph"] == "X"]
+    assert spans == [("a", 0), ("t", 10_001), ("b", 4)]  # "a" once: both its devices on host 0
+    # a bare trace knows only the devices its events name, each its own host
+    bare = small_trace().to_chrome(rows="island")["traceEvents"]
+    assert {e["args"]["name"] for e in bare if e["name"] == "thread_name"} == {
+        "all (2 devices)", "all (1 device)", "transfers from island 0 (dcn)"}
+
+
+def test_an_unknown_rows_is_refused_in_one_line(tmp_path):
+    for call in (lambda: small_trace().to_chrome(rows="chips"),
+                 lambda: small_trace().save(tmp_path / "t.json", rows="chips")):
+        with pytest.raises(ValueError, match=r"rows must be one of \('auto', 'device', 'host', "
+                           r"'island'\), got 'chips'. Maybe you want rows='auto'"):
+            call()
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_record_takes_the_event_fields_by_name_with_defaults_for_a_computation():

@@ -44,6 +44,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ...runtime import scheduler as sch
+from ...runtime.device_groups import Topology
 from ...runtime.dispatcher import DispatchMode
 from ...runtime.trace import EventKind, LinkKind, Trace
 from .chips import GangQueues, OwnQueues
@@ -121,6 +122,10 @@ class Simulator:
                                                 depth=depth, program_ahead=program_ahead)
                            for i in range(len(cluster.islands))}
         self.trace = Trace() if trace is None else trace
+        if self.trace.topology is None:  # (its export groups tracks per host, as the views)
+            self.trace.topology = Topology.of(
+                ((i, cluster.island_devices(i)) for i in range(len(cluster.islands))),
+                cluster.host_of)
         self.timing = Timing(cluster)  # the clock, the client, hosts, schedulers and ports
         self.runs: list[SimRun] = []
         self._tasks: dict[int, SimTask] = {}
