@@ -85,9 +85,11 @@ class _Task:
     dependents: list | None = None  # tasks whose ``waits`` name this one
     copy: bool = False  # a copy onto the island: it needs only memory
     # set when it launches (``ClientLedger.charge``), handed back when it ends: its estimate,
-    # the same if it was never seen yet (else 0)
+    # the same if it was never seen yet (else 0), and its client's weight then (the weight may
+    # change while it runs; its end is settled at the weight it was charged at)
     charged: float = field(init=False, repr=False)
     guessed: float = field(init=False, repr=False)
+    weight: float = field(init=False, repr=False)
 
 
 @dataclass
@@ -308,7 +310,7 @@ class GangScheduler:
         actual = (seconds if seconds > 0.0 else 0.0) * len(t.devices)
         client = t.client
         client.active -= 1
-        self._ledger.settle(client, t.cost_key, actual, t.charged, t.guessed, client.weight)
+        self._ledger.settle(client, t.cost_key, actual, t.charged, t.guessed, t.weight)
 
     def _drop(self, t: _Task) -> None:
         del self._tasks[t.id]
@@ -444,7 +446,8 @@ class GangScheduler:
             return
         for d in t.devices:
             self._busy[d].append(tid)
-        t.charged, t.guessed, _ = self._ledger.charge(t.client, t.cost_key, len(t.devices))
+        t.charged, t.guessed, t.weight = self._ledger.charge(t.client, t.cost_key,
+                                                             len(t.devices))
         out.append(Launch(task=tid))
         if t.dependents:
             for dep in t.dependents:  # (a dropped one stays below zero)
