@@ -37,7 +37,7 @@ N, REPS = 64, 40  # small steps: steps per chain, chains per sample
 LARGE_DEVICES, LARGE_MS, LARGE_ROUNDS = 4, 3.0, 21  # the large step: slice, JAX step, rounds
 #: (part, the modules it holds as "package/file.py" path ends); first match wins
 PARTS = [
-    ("gang scheduler", ("runtime/scheduler.py", "runtime/events.py")),
+    ("gang scheduler", ("runtime/scheduler.py", "runtime/events.py", "runtime/clients.py")),
     ("launch order, executor, seeing ends",
      ("runtime/islands.py", "runtime/executor.py", "runtime/ends.py", "runtime/transfer.py",
       "runtime/callbacks.py", "local/executor.py", "local/devices.py", "local/__init__.py")),

@@ -18,11 +18,8 @@ order:
 - ``fifo``: submission order (the paper's evaluation).
 - ``priority``: higher ``priority`` first, then submission order.
 - ``share``: proportional share of device time between clients by ``weight`` (stride
-  scheduling: each client has a pass value advanced by device-seconds / weight; the lowest pass
-  goes next). A launch is charged an estimate (the last durations of the same computation) and
-  corrected when it ends. A client that becomes active starts at the pass of what has run; a
-  guess charged for a computation never seen yet moves no one's start (a guess far too big
-  would otherwise keep a newcomer waiting until the other had used all of it).
+  scheduling: the lowest pass value goes next); the clients' accounts, what a launch is
+  charged and how its end corrects it live in ``runtime/clients.py``.
 
 A ready computation that cannot start (its devices are busy, or its outputs would exceed the
 memory budget) reserves its devices: later computations may use other devices (backfill) but
@@ -33,7 +30,8 @@ computations of the same program it reads from directly (``waits``): such a comp
 ready the moment its producers are *launched*, inside this state machine, so one event can
 launch a whole chain (up to ``depth``) without a round trip per node.
 
-The events, decisions and policies live in ``runtime/events.py`` (re-exported here).
+The events, decisions and policies live in ``runtime/events.py`` (re-exported here); the
+clients' accounts in ``runtime/clients.py``.
 
 The order is kept incrementally: each client's ready computations sit in a list sorted by the
 policy's key (binary insertion), merged by a scheduling pass that stops once every device is
@@ -52,6 +50,7 @@ import bisect
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
+from .clients import ClientAccount, ClientLedger
 from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
     Cancel,
     ClientSpec,
@@ -69,24 +68,12 @@ from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
 )
 
 
-@dataclass(slots=True)
-class _Client:
-    weight: float = 1.0
-    passes: float = 0.0  # stride scheduling's pass value, in device-seconds / weight
-    guessed: float = 0.0  # of ``passes``: charges of running tasks whose cost is unknown
-    active: int = 0      # queued + running tasks
-    device_seconds: float = 0.0
-    # (key, task) of its ready tasks, sorted by key; keys are unique (each is, or ends with,
-    # the task's ``seq``), so two tasks are never compared
-    ready: list = field(default_factory=list)
-
-
 @dataclass(slots=True, eq=False)
 class _Task:
     id: int
     seq: int
     devices: frozenset[int]
-    client: _Client  # its client's state (one per client name)
+    client: ClientAccount  # its client's state (one per client name)
     priority: int
     cost_key: Hashable
     memory: int
@@ -97,8 +84,12 @@ class _Task:
     external: bool = False  # still waits for its Ready event
     dependents: list | None = None  # tasks whose ``waits`` name this one
     copy: bool = False  # a copy onto the island: it needs only memory
-    charged: float = field(init=False, repr=False)  # its estimate, set when it launches
-    guessed: float = field(default=0.0, init=False, repr=False)  # the same, never seen yet
+    # set when it launches (``ClientLedger.charge``), handed back when it ends: its estimate,
+    # the same if it was never seen yet (else 0), and its client's weight then (the weight may
+    # change while it runs; its end is settled at the weight it was charged at)
+    charged: float = field(init=False, repr=False)
+    guessed: float = field(init=False, repr=False)
+    weight: float = field(init=False, repr=False)
 
 
 @dataclass
@@ -114,11 +105,8 @@ class GangScheduler:
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
     _memory: dict[int, int] = field(default_factory=dict)
-    _clients: dict[str, _Client] = field(default_factory=dict)
-    _sole: _Client | None = None  # the client, while there is only one
-    _estimates: dict[Hashable, float] = field(default_factory=dict)
+    _ledger: ClientLedger = field(default_factory=ClientLedger)  # clients, estimates, vtime
     _seq: int = 0
-    _vtime: float = 0.0
 
     def __post_init__(self) -> None:
         self.devices = tuple(self.devices)
@@ -126,6 +114,7 @@ class GangScheduler:
         self.policy = Policy.parse(self.policy)
         self._memory = {d: 0 for d in self.devices}
         self._busy = {d: [] for d in self.devices}
+        self._clients = self._ledger.clients  # (name -> account; read on every pass)
 
     # --- the one entry point ---------------------------------------------------------------
     def handle(self, *events) -> list[Launch | Reject]:
@@ -165,7 +154,7 @@ class GangScheduler:
             else:
                 raise TypeError(f"GangScheduler cannot handle {event!r}")
         if changed:  # a pass; with one client, its list is the order (its dependents join it)
-            sole = self._sole
+            sole = self._ledger.sole
             if sole is None:
                 self._schedule(out)
             elif sole.ready:
@@ -212,21 +201,9 @@ class GangScheduler:
 
     def shares(self) -> dict[str, float]:
         """Each client's fraction of the device-seconds charged so far."""
-        total = sum(c.device_seconds for c in self._clients.values())
-        return {n: (c.device_seconds / total if total else 0.0) for n, c in self._clients.items()}
+        return self._ledger.shares()
 
     # --- transitions -----------------------------------------------------------------------
-    def _client(self, spec: ClientSpec) -> _Client:
-        client = self._clients.get(spec.name)
-        if client is None:
-            client = self._clients[spec.name] = _Client()
-            self._sole = client if len(self._clients) == 1 else None
-        if spec.weight != client.weight:
-            client.weight = max(float(spec.weight), 1e-9)
-        if client.active == 0:  # a client returning from idle starts at the current time
-            client.passes = max(client.passes, self._vtime)
-        return client
-
     def _refuse(self, task: int, devices: frozenset[int], memory: int) -> Reject | None:
         if devices and devices <= self._device_set and (
                 self.memory_budget is None or memory <= self.memory_budget):
@@ -246,7 +223,7 @@ class GangScheduler:
             out.append(refused)
             return False
         spec = ev.client
-        client = self._client(spec)
+        client = self._ledger.client(spec)
         client.active += 1
         task = _Task(ev.task, self._seq, devices, client, spec.priority, ev.cost_key,
                      ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy)
@@ -259,7 +236,7 @@ class GangScheduler:
         return False
 
     def _submit_program(self, ev: SubmitProgram, out: list) -> bool:
-        client = self._client(ev.client)
+        client = self._ledger.client(ev.client)
         priority, group = ev.client.priority, ev.group
         tasks, base, seq, ready = self._tasks, ev.base, self._seq, False
         island, budget = self._device_set, self.memory_budget
@@ -332,14 +309,8 @@ class GangScheduler:
         del self._tasks[task]
         actual = (seconds if seconds > 0.0 else 0.0) * len(t.devices)
         client = t.client
-        client.passes += (actual - t.charged) / client.weight
-        client.guessed -= t.guessed / client.weight
-        client.device_seconds += actual
         client.active -= 1
-        key = t.cost_key
-        if key is not None:
-            old = self._estimates.get(key)
-            self._estimates[key] = actual if old is None else 0.5 * (old + actual)
+        self._ledger.settle(client, t.cost_key, actual, t.charged, t.guessed, t.weight)
 
     def _drop(self, t: _Task) -> None:
         del self._tasks[t.id]
@@ -351,13 +322,6 @@ class GangScheduler:
         if self.memory_budget is None or not t.memory:
             return True
         return all(self._memory[d] + t.memory <= self.memory_budget for d in t.devices)
-
-    def _estimate(self, t: _Task) -> float:
-        known = self._estimates.get(t.cost_key)
-        if known is not None:
-            return known
-        known = self._estimates.values()
-        return sum(known) / len(known) if known else float(len(t.devices))
 
     def _schedule(self, out: list) -> None:
         """Passes over the ready computations in policy order, launching each that can start
@@ -393,7 +357,7 @@ class GangScheduler:
             del ready[i]
             self._launch(t, out)  # its dependents join the list after position i
 
-    def _pass_many(self, clients: list[_Client], out: list) -> bool:
+    def _pass_many(self, clients: list[ClientAccount], out: list) -> bool:
         """The clients' lists merged by the policy's order. Under ``share`` a launch changes
         its client's place: True asks for another pass."""
         share = self.policy is Policy.SHARE
@@ -482,16 +446,8 @@ class GangScheduler:
             return
         for d in t.devices:
             self._busy[d].append(tid)
-        client = t.client
-        settled = client.passes - client.guessed  # (a guess is no one's starting point)
-        if settled > self._vtime:
-            self._vtime = settled
-        charged = self._estimates.get(t.cost_key)  # (``_estimate``'s usual case, inline)
-        if charged is None:
-            charged = t.guessed = self._estimate(t)
-            client.guessed += charged / client.weight
-        t.charged = charged
-        client.passes += charged / client.weight
+        t.charged, t.guessed, t.weight = self._ledger.charge(t.client, t.cost_key,
+                                                             len(t.devices))
         out.append(Launch(task=tid))
         if t.dependents:
             for dep in t.dependents:  # (a dropped one stays below zero)

@@ -225,6 +225,35 @@ def test_idle_client_does_not_bank_credit():
     assert sum(t >= 100 for t in order) == 3
 
 
+@pytest.mark.parametrize("first, then, order, passes", [
+    (1.0, 4.0, [10, 11, 12, 1], 8.0 / 1 + 8.0 / 4),  # its end, then task 1's estimate
+    (4.0, 1.0, [10, 1, 11, 12], 8.0 / 4 + 3.0 / 1),  # its end, then task 1's end
+])
+def test_work_is_settled_at_the_weight_it_was_charged_at_launch(first, then, order, passes):
+    """Client "a" launches a computation at weight ``first`` (charged a guess of 1 s; it runs
+    8 s). While it runs, the same name submits at weight ``then`` (another thread's
+    ``ctl.client("a", weight=...)``, or a weight changed between submissions). The 8 s were
+    used at weight ``first``, so that is what moves "a"'s virtual time: at weight 1 "b"
+    (weight 1, 3 s computations) runs until it has used as much (9 s) before "a" goes again;
+    at weight 4 "a" is only 2 s ahead and goes after one of "b"'s. Corrected at the other
+    weight, the two orders were swapped, and part of the guess stayed counted for ever."""
+    s = GangScheduler((0,), policy="share")
+    assert launched(s.handle(Submit(task=0, devices=(0,), client=ClientSpec("a", weight=first),
+                                    cost_key="a", ready=True))) == [0]
+    later = [Submit(task=1, devices=(0,), client=ClientSpec("a", weight=then), cost_key="a",
+                    ready=True)]
+    later += [Submit(task=10 + i, devices=(0,), client=ClientSpec("b"), cost_key="b",
+                     ready=True) for i in range(6)]
+    assert launched(s.handle(*later)) == []
+    got = launched(s.handle(Ended(task=0, seconds=8.0)))
+    for _ in range(3):
+        got += launched(s.handle(Ended(task=got[-1], seconds=3.0)))
+    assert got == order
+    a = s._clients["a"]
+    assert a.guessed == 0.0  # none of its guesses is running
+    assert a.passes == pytest.approx(passes)
+
+
 def test_memory_budget_back_pressure_and_rejection():
     s = GangScheduler((0, 1), memory_budget=100)
     out = s.handle(Submit(task=0, devices=(0,), memory=101, ready=True))

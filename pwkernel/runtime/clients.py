@@ -1,0 +1,104 @@
+"""The gang scheduler's accounts of its clients: who submitted what, and how much device time
+each has been charged, for the proportional-share policy.
+
+Proportional share is stride scheduling: each client has a pass value (its virtual time),
+advanced by device-seconds / weight; under ``share`` the client with the lowest pass goes
+next. A launch is charged an estimate (the last durations of the same computation, a running
+mean by ``cost_key``) and corrected when it ends, **at the weight it was charged with**: a
+client's weight may change while its work runs (the same name submitting with another weight,
+from another thread or between submissions), and settling an end at the new weight would
+make its pass drift from the device time it used. So ``charge`` returns the weight it used,
+the scheduler keeps it with the launched computation, and hands it back to ``settle``.
+
+A client that becomes active starts at the pass of what has run (``vtime``); a guess charged
+for a computation never seen yet moves no one's start (a guess far too big would otherwise
+keep a newcomer waiting until the other had used all of it).
+
+Pure bookkeeping, like the scheduler that owns it: no JAX, no thread, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from .events import ClientSpec
+
+
+@dataclass(slots=True)
+class ClientAccount:
+    """One client's state in one island's scheduler (one per client name)."""
+
+    weight: float = 1.0
+    passes: float = 0.0  # stride scheduling's pass value, in device-seconds / weight
+    guessed: float = 0.0  # of ``passes``: charges of running tasks whose cost is unknown
+    active: int = 0      # queued + running tasks
+    device_seconds: float = 0.0
+    # (key, task) of its ready tasks, sorted by key; keys are unique (each is, or ends with,
+    # the task's ``seq``), so two tasks are never compared. The scheduler keeps this list.
+    ready: list = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ClientLedger:
+    """Every client's account, the virtual time, and the estimates of device time."""
+
+    clients: dict[str, ClientAccount] = field(default_factory=dict)
+    sole: ClientAccount | None = None  # the client, while there is only one
+    estimates: dict[Hashable, float] = field(default_factory=dict)
+    vtime: float = 0.0  # the settled pass of the latest launch: where a returning client starts
+
+    def client(self, spec: ClientSpec) -> ClientAccount:
+        """``spec``'s account, made on its first use; its weight becomes ``spec.weight`` (for
+        what launches from now on: what already runs keeps the weight it was charged at)."""
+        client = self.clients.get(spec.name)
+        if client is None:
+            client = self.clients[spec.name] = ClientAccount()
+            self.sole = client if len(self.clients) == 1 else None
+        if spec.weight != client.weight:
+            client.weight = max(float(spec.weight), 1e-9)
+        if client.active == 0:  # a client returning from idle starts at the current time
+            client.passes = max(client.passes, self.vtime)
+        return client
+
+    def estimate(self, cost_key: Hashable, devices: int) -> float:
+        """Device-seconds a computation is expected to take: the running mean of its
+        ``cost_key``'s ends; never seen, the mean of all, or a second per device."""
+        known = self.estimates.get(cost_key)
+        if known is not None:
+            return known
+        known = self.estimates.values()
+        return sum(known) / len(known) if known else float(devices)
+
+    def charge(self, client: ClientAccount, cost_key: Hashable,
+               devices: int) -> tuple[float, float, float]:
+        """A launch of ``client``'s: charge its estimate now. Returns ``(charged, guessed,
+        weight)`` (``guessed``: the same when the computation was never seen, else 0), to be
+        handed back to ``settle`` when it ends."""
+        settled = client.passes - client.guessed  # (a guess is no one's starting point)
+        if settled > self.vtime:
+            self.vtime = settled
+        weight = client.weight
+        charged = self.estimates.get(cost_key)  # (``estimate``'s usual case, inline)
+        guessed = 0.0
+        if charged is None:
+            charged = guessed = self.estimate(cost_key, devices)
+            client.guessed += charged / weight
+        client.passes += charged / weight
+        return charged, guessed, weight
+
+    def settle(self, client: ClientAccount, cost_key: Hashable, actual: float, charged: float,
+               guessed: float, weight: float) -> None:
+        """A launch ended after ``actual`` device-seconds: correct its charge, at the weight
+        it was charged with, and learn its cost."""
+        client.passes += (actual - charged) / weight
+        client.guessed -= guessed / weight
+        client.device_seconds += actual
+        if cost_key is not None:
+            old = self.estimates.get(cost_key)
+            self.estimates[cost_key] = actual if old is None else 0.5 * (old + actual)
+
+    def shares(self) -> dict[str, float]:
+        """Each client's fraction of the device-seconds charged so far."""
+        total = sum(c.device_seconds for c in self.clients.values())
+        return {n: (c.device_seconds / total if total else 0.0) for n, c in self.clients.items()}
