@@ -238,7 +238,8 @@ class Dispatcher:
             client = run.client_spec
             self.islands[node.island].submit(task, sch.Submit(
                 task=task.id, devices=node.devices, client=client, cost_key=node.spec.cost_key,
-                memory=exe.memory, ready=True, group=run.id))
+                memory=exe.memory, ready=True, group=run.id,
+                credit=node.credit + (run.argument_credit(node) if node.donated_args else 0)))
         except BaseException as e:  # noqa: BLE001
             run.fail(task, e)
         finally:

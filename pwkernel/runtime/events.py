@@ -50,7 +50,11 @@ DEFAULT_CLIENT = ClientSpec()
 # --- events (in) ---------------------------------------------------------------------------
 @dataclass(slots=True, kw_only=True)
 class Submit:
-    """A computation joins the island's queue. ``memory`` is bytes it adds on each device."""
+    """A computation joins the island's queue. ``memory`` is bytes it adds on each device.
+    ``credit``: bytes per device, counted already, of the buffers it donates (consumes): it
+    fits when ``memory - credit`` does, as the runtime gives those back when it launches
+    (XLA reuses them for its outputs), so a step that donates its state needs room for one
+    state, not two."""
 
     task: int
     devices: tuple[int, ...]
@@ -61,6 +65,7 @@ class Submit:
     after: tuple[int, ...] = ()  # tasks of this island whose outputs it reads
     group: Hashable = None  # its program run (see ``GangScheduler.program_ahead``)
     copy: bool = False  # a copy onto the island: it needs only ``memory`` (see the module doc)
+    credit: int = 0  # bytes per device of counted buffers it donates (given back at launch)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -80,6 +85,7 @@ class NodeSpec:
     waits: tuple[int, ...] = ()
     after: tuple[int, ...] = ()
     external: bool = False
+    credit: int = 0  # bytes per device of counted values of the run it donates (``Submit``)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -99,6 +105,7 @@ class Ready:
 
     task: int
     after: tuple[int, ...] = ()
+    credit: int = 0  # more bytes per device it donates (counted arguments: see ``Submit``)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -36,3 +36,7 @@ class Executable:
     # compiled, lowered for simulated chips and exported runs it again (``specialization.replay``)
     # instead of the user's Python; ``flat`` is for lowering on another mesh
     jaxpr: Any = None
+    # Bytes per device of donated inputs XLA reuses for outputs (its memory analysis): what a
+    # launch consumes (None: not known here, e.g. compiled elsewhere; then every donated
+    # input is taken as consumed). A donated input no output can reuse stays valid.
+    aliased: int | None = None

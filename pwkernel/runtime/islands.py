@@ -75,8 +75,7 @@ class IslandQueue:
                 task.t_submit = t
                 mine[task.id] = task
         if ready:
-            self.post(event, *[Ready(task=task.id, after=task.run.after(task)
-                                     if task.node.foreign else ()) for task in ready])
+            self.post(event, *map(self._ready, ready))
         else:
             self.post(event)
         if ended:  # the scheduler knows the whole program; it forgets those at once
@@ -90,7 +89,16 @@ class IslandQueue:
         self.post(event)
 
     def ready(self, task: Task) -> None:
-        self.post(Ready(task=task.id, after=task.run.after(task) if task.node.foreign else ()))
+        self.post(self._ready(task))
+
+    def _ready(self, task: Task) -> Ready:
+        """The event saying ``task``'s inputs are there, with the counted bytes of the
+        arguments it donates, which are given back when it launches (``Ready.credit``)."""
+        node = task.node
+        credit = task.run.argument_credit(node) if (
+            node.donated_args and self.scheduler.memory_budget is not None) else 0
+        return Ready(task=task.id, after=task.run.after(task) if node.foreign else (),
+                     credit=credit)
 
     def ended(self, task: Task, seconds: float) -> None:
         """A launched computation ended: its devices are free."""

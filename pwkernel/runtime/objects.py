@@ -347,14 +347,29 @@ class Future(ArrayOnDemand):
 
     @staticmethod
     def consumed_many(futures: Sequence[Future | None]) -> None:
-        """A launch was given these futures' buffers (donated; ``None``: not a future)."""
-        for f in futures:
-            if f is not None:
+        """A launch was given these futures' buffers (donated; ``None``: not a future). Under
+        a memory budget, the bytes reserved for them are given back once, now or (one not
+        yet resolved) when it resolves (``set_results``): XLA reuses them for the outputs."""
+        given = []
+        lock = None  # (a node's outputs share their lock: taken once; ``set_launched_many``)
+        try:
+            for f in futures:
+                if f is None:
+                    continue
                 fut: Future = f
-                fut.donated = True
-                buf = fut._buffer
-                if buf is not None:
-                    buf.donated = True
+                if fut._lock is not lock:
+                    if lock is not None:
+                        lock.release()
+                    lock = fut._lock
+                    lock.acquire()
+                fut.donated = True  # (read by its resolution under this lock: one of the two
+                if fut._buffer is not None:  # gives its bytes back)
+                    given.append(fut)
+        finally:
+            if lock is not None:
+                lock.release()
+        for fut in given:
+            _consumed(fut._store, fut._buffer)
 
     @staticmethod
     def first_error(leaves) -> BaseException | None:
@@ -376,6 +391,8 @@ class Future(ArrayOnDemand):
         store = self._store
         self._buffer = _Buffer(value) if store is None else store.add(self, value, reserved,
                                                                         nbytes)
+        if self.donated:  # (consumed before it resolved)
+            _consumed(store, self._buffer)
         self._resolve(_DONE, None, t_done)
 
     @staticmethod
@@ -397,18 +414,21 @@ class Future(ArrayOnDemand):
                                  "node's outputs); resolve futures of others one by one.")
         held = None if store is None else store.add_many(futures, values, nbytes, reserved,
                                                           skip_donated=True)
-        fired = None
+        fired = given = None
         lock = None  # the lock held now (a node's outputs share theirs: taken once)
         try:
             for i, f in enumerate(futures):
                 fut: Future = f
                 value = values[i]
-                buf = fut._buffer = _Buffer(value) if held is None else held[i]
+                buf = _Buffer(value) if held is None else held[i]
                 if fut._lock is not lock:
                     if lock is not None:
                         lock.release()
                     lock = fut._lock
                     lock.acquire()
+                fut._buffer = buf
+                if fut.donated and buf is not None:  # consumed before: ``consumed_many``
+                    given = [buf] if given is None else given + [buf]  # saw no buffer
                 if fut._state is not _PENDING:  # (``_resolve``, inlined: this runs per output)
                     continue
                 # (one donated already, with no store entry, keeps the consumed array)
@@ -428,6 +448,9 @@ class Future(ArrayOnDemand):
         finally:
             if lock is not None:
                 lock.release()
+        if given is not None:
+            for buf in given:
+                _consumed(store, buf)
         if fired is not None:
             for wake, *waiting in fired:
                 wake(*waiting)
@@ -463,6 +486,14 @@ class Future(ArrayOnDemand):
             _fire(hooks, self)
         if callbacks:  # the user's: on their own thread, never this one (``done_callbacks``)
             done_callbacks.runner.submit(callbacks, self)
+
+
+def _consumed(store: ObjectStore | None, buf) -> None:
+    """A launch consumed ``buf`` (a future's store entry, or ``_Buffer``): its reserved bytes
+    go back first (``ObjectStore.give_back``), then it holds none (``memory()``)."""
+    if store is not None:
+        store.give_back(buf)
+    buf.donated = True
 
 
 resolved = Future.resolved  # a future that is already done (program inputs given as arrays)

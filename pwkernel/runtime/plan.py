@@ -93,6 +93,15 @@ class PlanNode:
     returns_nbytes: tuple[dict[int, int], ...] = ()  # and their ``out_nbytes``
     donates: tuple[int, ...] = ()  # positions of the inputs it donates (computations)
     donated_slots: tuple[int, ...] = ()  # and their slots
+    # what of those a memory budget counts (``_donated``): bytes per device of the values the
+    # run makes (given back when it launches), the same for arguments by slot (counted only
+    # when a run's argument is a future the runtime made) and at most ``credit_room`` of them,
+    # the made ones no future shows; ``reused``: XLA reuses every one (each is consumed)
+    credit: int = 0
+    donated_args: tuple[tuple[int, int], ...] = ()
+    credit_room: int | None = None
+    donated_internal: tuple[int, ...] = ()
+    reused: bool = False
     internal: tuple[int, ...] = ()  # its distinct input slots made by the run (freed after
     #                                 their last reader; arguments and constants never are)
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
@@ -175,10 +184,13 @@ def build(graph: Graph) -> Plan:
             argument[slot] = not compute and argument[ins[0]]
         p.foreign = compute and any(argument[slot] for slot in distinct)
         if compute:
+            if p.donates:
+                _donated(p, nodes, producer, graph)
             after = _island_ancestors(nodes, producer, distinct, p.island)
             p.spec = NodeSpec(index=index, devices=frozenset(p.devices),
                               cost_key=cost_key(node.fn, node.signature), memory=p.memory,
-                              waits=tuple(waits), after=tuple(after), external=p.external > 0)
+                              waits=tuple(waits), after=tuple(after), external=p.external > 0,
+                              credit=p.credit)
         nodes.append(p)
     seen = frozenset(graph.outputs)
     for p in nodes:
@@ -207,6 +219,40 @@ def _output(slot: int, v, producer: int, nodes: list[PlanNode]) -> Output:
                   nodes[producer].name if producer >= 0 else "", weak,
                   nodes[producer].outputs.index(slot) if producer >= 0 else -1,
                   ("dev", v.shape, dtype, v.sharding, weak))
+
+
+def _donated(p: PlanNode, nodes: list[PlanNode], producer: list[int], graph: Graph) -> None:
+    """What a memory budget counts of the values ``p`` donates, which the runtime gives back
+    when ``p`` launches (``tasks.py``): a value the run makes was counted when it was made
+    (a computation's output, a copy's); an argument only if it is a future the runtime made,
+    known per run. Bytes are per device, on every one of ``p``'s devices (else none). No
+    more is credited than XLA says it reuses (``Executable.aliased``): a donated input no
+    output can take stays valid, and its bytes stay counted."""
+    def on_all(nbytes: dict[int, int]) -> int:
+        return max(nbytes.values()) if nbytes and all(d in nbytes for d in p.devices) else 0
+
+    credit, args, internal, shown = 0, [], [], set(graph.outputs)
+    total, whole = 0, True  # the donated bytes per device; each known on all p's devices
+    for s in dict.fromkeys(p.donated_slots):
+        src, spec = producer[s], graph.values[s]
+        if src >= 0:
+            made = nodes[src]
+            n = on_all(made.out_nbytes[made.outputs.index(s)])
+            credit += n
+            if s not in shown:
+                internal.append(s)
+        else:
+            n = on_all(shard_bytes(spec.shape, spec.dtype, spec.sharding)
+                       if spec.sharding is not None else {})
+            if s in graph.inputs:
+                args.append((s, n))
+        total, whole = total + n, whole and n > 0
+    aliased = p.exe.aliased
+    if aliased is not None:
+        credit = min(credit, aliased)
+        p.credit_room = aliased - credit
+    p.reused = aliased is not None and whole and aliased >= total
+    p.credit, p.donated_args, p.donated_internal = credit, tuple(args), tuple(internal)
 
 
 def _island_ancestors(nodes: list[PlanNode], producer: list[int], slots, island: int) -> list:

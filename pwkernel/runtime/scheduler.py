@@ -38,10 +38,10 @@ policy's key (binary insertion), merged by a scheduling pass that stops once eve
 reserved. These lists are the only record of what is ready, and each device's queue of
 computations in flight (``_busy``) the only record of what runs.
 
-With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers)
-are admitted here too, in the same order, launched once their bytes fit (counted until
-``MemoryFreed``). Whether waiting is hopeless is the runtime's call (``waiting_for_memory``,
-``runtime.budget``).
+With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers) are
+admitted here too, in the same order, once their bytes fit (counted until ``MemoryFreed``); a
+computation fits once its bytes less its ``credit`` (counted buffers it donates) do. Whether
+waiting is hopeless is the runtime's call (``waiting_for_memory``, ``runtime.budget``).
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class _Task:
     external: bool = False  # still waits for its Ready event
     dependents: list | None = None  # tasks whose ``waits`` name this one
     copy: bool = False  # a copy onto the island: it needs only memory
+    credit: int = 0  # of ``memory``: counted bytes it donates, given back as it launches
     # set when it launches (``ClientLedger.charge``), handed back when it ends: its estimate,
     # the same if it was never seen yet (else 0), and its client's weight then (the weight may
     # change while it runs; its end is settled at the weight it was charged at)
@@ -132,6 +133,7 @@ class GangScheduler:
                     task.external = False
                     if event.after:
                         task.after, task.base = tuple(event.after), 0
+                    task.credit += event.credit
                     task.pending -= 1
                     if task.pending == 0:
                         self._make_ready(task)
@@ -170,8 +172,7 @@ class GangScheduler:
     @property
     def queued(self) -> tuple[int, ...]:
         running = self._launched()
-        return tuple(sorted((t for t in self._tasks if t not in running),
-                            key=lambda t: self._tasks[t].seq))
+        return tuple(sorted(self._tasks.keys() - running, key=lambda t: self._tasks[t].seq))
 
     def _launched(self) -> set[int]:
         return {t for queue in self._busy.values() for t in queue}
@@ -189,7 +190,7 @@ class GangScheduler:
                 continue
             reserved |= t.devices
             if self._devices_free(t) and not self._fits_memory(t):
-                out.append((t.id, t.devices, t.memory))
+                out.append((t.id, t.devices, t.memory - t.credit))
         return out
 
     def _in_order(self) -> list[_Task]:
@@ -226,7 +227,7 @@ class GangScheduler:
         client = self._ledger.client(spec)
         client.active += 1
         task = _Task(ev.task, self._seq, devices, client, spec.priority, ev.cost_key,
-                     ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy)
+                     ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy, credit=ev.credit)
         self._seq += 1
         self._tasks[ev.task] = task
         if ev.ready:
@@ -246,7 +247,7 @@ class GangScheduler:
                 out.append(self._refuse(tid, devices, spec.memory))  # (dependents: cancelled)
                 continue
             task = _Task(tid, seq, devices, client, priority, spec.cost_key, spec.memory,
-                         spec.after, base, group)
+                         spec.after, base, group, credit=spec.credit)
             seq += 1
             pending = 0
             for w in spec.waits:  # (one refused above is not among tasks: its dependents
@@ -321,7 +322,7 @@ class GangScheduler:
     def _fits_memory(self, t: _Task) -> bool:
         if self.memory_budget is None or not t.memory:
             return True
-        return all(self._memory[d] + t.memory <= self.memory_budget for d in t.devices)
+        return all(self._memory[d] + t.memory - t.credit <= self.memory_budget for d in t.devices)
 
     def _schedule(self, out: list) -> None:
         """Passes over the ready computations in policy order, launching each that can start

@@ -48,6 +48,7 @@ class RunSlots:
         self._changed: threading.Condition | None = None  # made when someone waits on a value
         self._waiters = 0
         self._parked: dict[int, Any] = {}  # completions waiting for their inputs' ends
+        self.given: set[int] | None = None  # made values a launch consumed: bytes given back
 
     def slot_error(self, slots) -> BaseException | None:
         """The error of the first of ``slots`` that failed, if any."""
@@ -128,12 +129,12 @@ class RunSlots:
     def internal_bytes(self) -> list[dict[int, int]]:
         """Bytes on each device of every value it keeps that is not a future (alive until
         its last reader ends)."""
-        values, plan, out = self.values, self.plan, []
+        values, plan, out, given = self.values, self.plan, [], self.given or ()
         if values is None:
             return out
         for s, value in enumerate(list(values)):
             p = plan.producer[s]
-            if value is not None and p >= 0 and s not in self.futures:
+            if value is not None and p >= 0 and s not in self.futures and s not in given:
                 node = plan.nodes[p]
                 out.append(node.out_nbytes[node.outputs.index(s)])
         return out
@@ -233,17 +234,18 @@ class RunSlots:
         last reader (the user's values and futures are the object store's business)."""
         refs, futures, makers, dropped = self.refs, self.futures, self.plan.makers, None
         with self.lock:
-            values = self.values
+            values, given = self.values, self.given or ()
             if values is None:
                 return  # the run is over: its values went with it
             for s in node.internal:  # (made by this run: not an argument or a constant)
                 refs[s] -= 1
                 if not refs[s] and s not in futures:
                     value, values[s] = values[s], None
+                    made = (None, 0) if s in given else makers[s]  # (None: given back)
                     if dropped is None:
-                        dropped = [(value, *makers[s])]
+                        dropped = [(value, *made)]
                     else:
-                        dropped.append((value, *makers[s]))
+                        dropped.append((value, *made))
         if dropped:
             self._free(dropped)
 
@@ -260,10 +262,56 @@ class RunSlots:
                     value.delete()
                 except Exception:  # already deleted or donated: nothing left to free
                     pass
-            if budget:
+            if budget and producer is not None:
                 nbytes = producer.out_nbytes[k]
                 owner.release_memory(producer.island, list(nbytes),
                                      max(nbytes.values(), default=0))
+
+    def consumed(self, node: PlanNode) -> tuple[int, ...]:
+        """The slots ``node`` donated whose buffers its launch consumed: all of them when XLA
+        reuses each (``PlanNode.reused``), else those not left valid: a ``jax.Array`` no
+        output could take stays the caller's (``jax.jit`` warns that some donated buffers
+        were not usable); a backend's handle is consumed as its backend says."""
+        if node.reused:
+            return node.donated_slots
+        values, out = self.values, []
+        for s in node.donated_slots if values is not None else ():
+            value = values[s]
+            is_deleted = getattr(value, "is_deleted", None)
+            if value is not None and (is_deleted is None or is_deleted()):
+                out.append(s)
+        return tuple(out)
+
+    def give_back(self, node: PlanNode, consumed: tuple[int, ...]) -> None:
+        """``node``'s launch consumed (donated) values this run made that no future shows:
+        the bytes counted for them go back to their islands' schedulers now, as XLA reuses
+        them for its outputs, not when their last reader ends (``_release_inputs`` then
+        frees them without giving anything back). Under a memory budget only."""
+        made = []
+        with self.lock:
+            values = self.values
+            if values is None:
+                return
+            if self.given is None:
+                self.given = set()
+            for s in node.donated_internal:
+                if values[s] is not None and s not in self.given and s in consumed:
+                    self.given.add(s)
+                    made.append(self.plan.makers[s])
+        for producer, k in made:
+            nbytes = producer.out_nbytes[k]
+            self.owner.release_memory(producer.island, list(nbytes),
+                                      max(nbytes.values(), default=0))
+
+    def argument_credit(self, node: PlanNode) -> int:
+        """Bytes per device a memory budget counts of the arguments ``node`` donates: those
+        that are futures the runtime made and no launch consumed yet (``plan._donated``)."""
+        futures, credit, room = self.futures, 0, node.credit_room
+        for s, nbytes in node.donated_args:
+            fut = futures.get(s)
+            if fut is not None and fut.producer is not None and not fut.donated:
+                credit += nbytes
+        return credit if room is None or credit < room else room
 
 
 def makers(task) -> list:

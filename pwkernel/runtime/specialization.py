@@ -48,7 +48,7 @@ class Specialization:
         return replay(self.jaxpr)
 
     def executable(self, out_shardings, compiled=None, call=None, lowered=None,
-                   asynchronous: bool = True) -> Executable:
+                   asynchronous: bool = True, aliased: int | None = None) -> Executable:
         """The ``Executable`` with these (decided) output shardings."""
         out_nbytes = tuple(shard_bytes(o.shape, o.dtype, sh)
                            for o, sh in zip(self.out_types, out_shardings, strict=True))
@@ -57,7 +57,8 @@ class Specialization:
                                 for o in self.out_types),
                           tuple(out_shardings), self.out_tree,
                           sum(max(n.values()) for n in out_nbytes), out_nbytes, asynchronous,
-                          call, lowered, self.flat, self.structs, self.donated, self.jaxpr)
+                          call, lowered, self.flat, self.structs, self.donated, self.jaxpr,
+                          aliased)
 
 
 def compile_here(spec: Specialization) -> Executable:
@@ -77,7 +78,16 @@ def compile_here(spec: Specialization) -> Executable:
     # HLO's custom calls: a plain substring would also match metadata, such as a source file
     # named callbacks.py)
     asynchronous = not _HOST_CALLBACK.search(compiled.as_text())
-    return spec.executable(out_shardings, compiled, call, asynchronous=asynchronous)
+    return spec.executable(out_shardings, compiled, call, asynchronous=asynchronous,
+                           aliased=_aliased(compiled) if spec.donated else 0)
+
+
+def _aliased(compiled) -> int | None:
+    """Bytes per device of the inputs XLA reuses for outputs (None: it does not say)."""
+    try:
+        return int(compiled.memory_analysis().alias_size_in_bytes)
+    except Exception:  # noqa: BLE001 - a backend without memory analysis
+        return None
 
 
 def jitted(exe: Executable, donate: bool = False):

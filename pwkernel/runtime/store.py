@@ -58,13 +58,18 @@ class _Held(weakref.ref):
     and its labels (its ``BufferRecord``'s other fields, one tuple shared by a node's
     outputs: the record is made when asked for), and
     ``claim`` (a one-item list: whoever pops the item frees the buffer, one atomic step, so
-    the future's going and ``close()`` never free it twice; empty once it is being freed)."""
+    the future's going and ``close()`` never free it twice; empty once it is being freed).
+    ``reserve``: the same for the bytes a memory budget counts (None: nobody is told of
+    frees, or they were never reserved): whoever pops it gives them back, its free or the
+    launch that consumes (donates) it, whichever comes first, so never both."""
 
-    __slots__ = ("key", "value", "exported", "donated", "nbytes", "labels", "claim")
+    __slots__ = ("key", "value", "exported", "donated", "nbytes", "labels", "claim", "reserve")
 
     @property
     def record(self) -> BufferRecord:
-        return BufferRecord(self.nbytes, *self.labels)
+        record = BufferRecord(self.nbytes, *self.labels)
+        return record if self.reserve is None or self.reserve else record._replace(
+            reserved=False)  # (given back already: a launch consumed it)
 
 
 class BufferRecord(NamedTuple):
@@ -119,31 +124,34 @@ class ObjectStore:
         with their ``values`` and ``nbytes`` (in order, as sequences side by side: no tuple
         per value; None: every size from its sharding); the entries come back in that
         order. ``skip_donated``: a ``jax.Array`` a later launch consumed already (its future
-        ``donated``) gets no entry (None) where nobody is told of frees: that buffer is the
-        consumer's now, nothing is left to count or delete (a training step's state, donated
-        into the next step before its own step has ended, the usual case, costs the store
-        nothing). A backend's handle is entered all the same: deleting it is what frees the
-        island's copy."""
+        ``donated``) gets no entry (None): that buffer is the consumer's now, nothing is left
+        to count or delete (a training step's state, donated into the next step before its
+        own step has ended, the usual case, costs the store nothing); bytes ``reserved``
+        under a memory budget are given back now (``on_free``), once. A backend's handle is
+        entered all the same: deleting it is what frees the island's copy."""
         out, on_drop, last, island, labels = [], self._on_drop, _Held, _Held, ()
-        skip_donated = skip_donated and self._on_free is None
+        told = reserved and self._on_free is not None  # (its entries get a ``reserve``)
+        given = None  # the skipped ones' reserved bytes, given back below
         for i, fut in enumerate(futures):
             value = values[i]
-            if skip_donated and fut.donated and (type(value) in _ARRAYS or _is_array(value)):
-                out.append(None)
-                continue
-            held = _Held(fut, on_drop)
-            held.value, held.exported, held.claim = value, False, [True]
-            held.donated = fut.donated
             size = None if nbytes is None else nbytes[i]
             if size is None:
                 size = shard_bytes(fut.shape, fut.dtype, fut.sharding) if fut.sharding else {}
-            held.nbytes = size
             run = fut.run
             if run is not last or fut.island != island:  # (a node's outputs share them)
                 last, island = run, fut.island
                 labels = ("", -1, "default", island, reserved) if run is None else (
                     run.name, run.id, run.client, island, reserved)
-            held.labels = labels
+            if skip_donated and fut.donated and (type(value) in _ARRAYS or _is_array(value)):
+                out.append(None)
+                if told:
+                    given = [] if given is None else given
+                    given.append(BufferRecord(size, *labels))
+                continue
+            held = _Held(fut, on_drop)
+            held.value, held.exported, held.claim = value, False, [True]
+            held.donated, held.reserve = fut.donated, [True] if told else None
+            held.nbytes, held.labels = size, labels
             out.append(held)
         entries = self._held
         with self._lock:  # (an entry's key is its id: unique while it is in the dict)
@@ -151,7 +159,38 @@ class ObjectStore:
                 if held is not None:
                     held.key = key = id(held)
                     entries[key] = held
+        if given:
+            for record in given:
+                self._on_free(record)
         return out
+
+    def give_back(self, held) -> None:
+        """A launch consumed (donated) the buffer of ``held`` (an entry of this store; a
+        value no store counts is left alone): its reserved bytes are given back now
+        (``on_free``), as XLA reuses them for the launch's outputs, unless its free, or an
+        earlier call, did already. The entry stays, counted, until its future goes."""
+        reserve = held.reserve if type(held) is _Held else None
+        if reserve is None:
+            return
+        try:
+            reserve.pop()
+        except IndexError:
+            return  # given back already
+        self._on_free(BufferRecord(held.nbytes, *held.labels))
+
+    def _tell_freed(self, held: _Held) -> None:
+        """``on_free`` for a buffer being freed: with its reserved bytes, unless a launch
+        that consumed it gave them back already (then its record says none are reserved)."""
+        reserve = held.reserve
+        if reserve is not None:
+            try:
+                reserve.pop()
+            except IndexError:
+                pass  # (the record made below says reserved=False)
+            else:
+                self._on_free(BufferRecord(held.nbytes, *held.labels))
+                return
+        self._on_free(held.record)
 
     def fetch(self, fut: Future, held: _Held):
         """The value of ``fut`` for the user (``Future.result()``)."""
@@ -194,7 +233,7 @@ class ObjectStore:
                     pass
         try:
             if self._on_free is not None:
-                self._on_free(held.record)
+                self._tell_freed(held)
         finally:  # counted until the scheduler has its memory back: memory() == 0 says so
             self._held.pop(held.key, None)  # (one dict operation: atomic; readers copy)
 
@@ -215,16 +254,20 @@ class ObjectStore:
                 count += 1
                 try:
                     if self._on_free is not None:
-                        self._on_free(held.record)
+                        self._tell_freed(held)
                 finally:
                     self._held.pop(held.key, None)
         return count
 
     def memory(self) -> dict[int, int]:
-        """Bytes held by live buffers on each device (devices holding nothing are omitted)."""
+        """Bytes held by live buffers on each device (devices holding nothing are omitted).
+        A buffer a launch consumed (donated) holds none: XLA reuses it for the outputs, which
+        count, though its entry stays until its future goes."""
         out: dict[int, int] = {}
         with self._lock:
             for held in list(self._held.values()):
+                if held.donated:
+                    continue
                 for d, n in held.nbytes.items():
                     out[d] = out.get(d, 0) + n
         return out

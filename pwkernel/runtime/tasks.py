@@ -341,10 +341,13 @@ class ProgramRun(RunSlots):
         return True
 
     def _consume_donated(self, node: PlanNode) -> None:
-        """The futures whose buffers ``node`` donated are consumed (its outputs are held)."""
-        futures = self.futures
-        if futures:
-            Future.consumed_many(list(map(futures.get, node.donated_slots)))
+        """The futures whose buffers ``node`` donated are consumed (its outputs are held);
+        under a memory budget, what was counted for them all is given back now."""
+        consumed, futures = self.consumed(node), self.futures
+        if futures and consumed:
+            Future.consumed_many(list(map(futures.get, consumed)))
+        if node.donated_internal and self.owner.memory_budget is not None:
+            self.give_back(node, consumed)
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with

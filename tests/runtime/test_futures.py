@@ -4,6 +4,7 @@ on real arrays and a real controller."""
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import jax
@@ -82,10 +83,10 @@ def test_a_value_the_user_took_is_never_deleted_by_the_store(sharded):
 @pytest.mark.parametrize("told", [False, True], ids=["no_budget", "budget"])
 def test_a_future_donated_before_it_resolved_costs_the_store_nothing(sharded, told):
     """A later launch consumed (donated) a's buffer before a's computation ended, as a
-    training step consumes the step before it: without anyone told of frees (no memory
-    budget) the store makes no entry for it and counts nothing; a's value is the consumed
-    array, as jax.jit leaves it. Under a budget it is counted until it goes, as before (its
-    free gives the reserved memory back)."""
+    training step consumes the step before it: the store makes no entry for it and counts
+    nothing; a's value is the consumed array, as jax.jit leaves it. Under a budget (someone
+    told of frees) the bytes reserved for a are given back as it resolves, once: the
+    consumer reuses them (the free of a's future later gives nothing back twice)."""
     freed = []
     store = ObjectStore(on_free=freed.append if told else None)
     (a, _), (b, _) = sharded
@@ -94,18 +95,51 @@ def test_a_future_donated_before_it_resolved_costs_the_store_nothing(sharded, to
     Future.set_results(*outs, t_done=1.0, reserved=told)
     assert [f.state for f in futs] == [FutureState.DONE] * 2
     assert futs[0].result() is a and futs[0].peek() is a
-    assert store.memory() == ({0: 16 + 8, 1: 16 + 8} if told else {0: 8, 1: 8})
-    assert [f for _, f in store.live()] == (futs if told else futs[1:])
+    assert store.memory() == {0: 8, 1: 8}
+    assert [f for _, f in store.live()] == futs[1:]
+    assert [(r.nbytes, r.reserved) for r in freed] == ([({0: 16, 1: 16}, True)] if told else [])
     del outs
     futs.clear()
     assert store.memory() == {} and not a.is_deleted()  # (a donated buffer is not deleted)
-    assert len(freed) == (2 if told else 0)
+    assert [r.nbytes for r in freed] == ([{0: 16, 1: 16}, {0: 8, 1: 8}] if told else [])
+
+
+@pytest.mark.parametrize("when", ["resolved", "pending"])
+def test_a_donated_future_gives_its_reserved_bytes_back_once(sharded, when):
+    """Under a budget a launch that consumes (donates) a counted buffer gives its bytes back
+    when it consumes it, or when the buffer's own computation ends if that is later; the
+    buffer's free later gives back nothing (its record says so), and neither does a second
+    consumption. A backend's handle, still entered, is treated alike."""
+    class Handle:
+        def delete(self):
+            pass
+
+    freed = []
+    store = ObjectStore(on_free=freed.append)
+    (a, sa), _ = sharded
+    handle = Handle()
+    futs = [Future(a.shape, a.dtype, sa, island=0, store=store) for _ in range(2)]
+    if when == "resolved":
+        Future.set_results(futs, [a, handle], t_done=1.0, reserved=True)
+        assert not freed and store.memory() == {0: 32, 1: 32}
+    Future.consumed_many(futs)
+    if when == "pending":
+        assert not freed  # (nothing is counted yet: it goes as they resolve)
+        Future.set_results(futs, [a, handle], t_done=1.0, reserved=True)
+    assert [(r.nbytes, r.reserved) for r in freed] == [({0: 16, 1: 16}, True)] * 2
+    Future.consumed_many(futs)  # (a second consumption gives nothing back twice)
+    assert len(freed) == 2
+    live = [r.reserved for r, _ in store.live()]  # what the budget's analysis reads
+    assert live == ([False, False] if when == "resolved" else [False])
+    futs.clear()
+    gc.collect()
+    assert store.memory() == {} and not any(r.reserved for r in freed[2:])
 
 
 def test_a_donated_backend_handle_is_still_entered_and_deleted():
     """Only a ``jax.Array`` consumed before it resolved is left out of the store: a backend's
     handle (a Ray island's buffer id) is entered all the same, since deleting it is what
-    frees the island's own copy."""
+    frees the island's own copy. It holds no memory (``memory()``): the launch consumed it."""
     deleted = []
 
     class Handle:
@@ -116,7 +150,7 @@ def test_a_donated_backend_handle_is_still_entered_and_deleted():
     fut = Future((2,), np.float32, None, island=0, store=store)
     Future.consumed_many([fut])
     Future.set_results([fut], [handle], [{0: 8}])
-    assert store.memory() == {0: 8}
+    assert [r.nbytes for r in store.records()] == [{0: 8}] and store.memory() == {}
     del fut
     assert deleted == [handle] and store.memory() == {}
 
