@@ -36,3 +36,4 @@ class Executable:
     # compiled, lowered for simulated chips and exported runs it again (``specialization.replay``)
     # instead of the user's Python; ``flat`` is for lowering on another mesh
     jaxpr: Any = None
+    keep_unused: bool = False  # (``jax.jit``'s): inputs the body does not read are kept
