@@ -47,7 +47,7 @@ from .specs import (
     spec_leaves,
     tracing_error,
 )
-from .stages import JitStages, ProgramStages, check_jit_options
+from .stages import JitStages, ProgramStages, check_jit_options, check_program_options
 
 __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Inferred",
            "Program", "Specialization", "Value", "function", "program", "spec_leaves"]
@@ -424,10 +424,14 @@ class Program(ProgramStages):
 
 
 def program(fn: Callable | None = None, *, name: str | None = None, static_argnums=None,
-            static_argnames=None):
+            static_argnames=None, **jit_options):
     """Decorator: trace ``fn`` into one dataflow program (see ``Program``).
     ``static_argnums``/``static_argnames``: arguments that are Python values at trace time
-    (a layer count, a mode string), part of the graph's cache key, as in ``jax.jit``."""
+    (a layer count, a mode string), part of the graph's cache key, as in ``jax.jit``.
+    ``jax.jit``'s other options (donation, shardings, ...) belong to the ``pw.function``s a
+    program calls: given here, they are refused with where to give them."""
+    check_program_options(name or getattr(fn, "__name__", "program"), jit_options)
+
     def make(f):
         return Program(f, name=name, static_argnums=static_argnums,
                        static_argnames=static_argnames)

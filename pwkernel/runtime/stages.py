@@ -20,7 +20,7 @@ from .executable import Executable
 from .graph import ComputeNode
 from .specialization import lower_as_called, trace_as_called
 
-__all__ = ["JitStages", "ProgramStages", "check_jit_options"]
+__all__ = ["JitStages", "ProgramStages", "check_jit_options", "check_program_options"]
 
 
 def check_jit_options(name: str, keep_unused, inline, device, backend,
@@ -47,6 +47,27 @@ def check_jit_options(name: str, keep_unused, inline, device, backend,
             "are compiled for each backend's islands, and not every backend carries them). "
             "Give them to one compile ahead of time: fn.lower(*args).compile("
             "compiler_options), or set XLA_FLAGS before JAX starts."), ValueError)
+
+
+_JIT_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings", "out_shardings",
+                "keep_unused", "inline", "device", "backend", "compiler_options")
+
+
+def check_program_options(name: str, given: dict) -> None:
+    """``@pw.program``'s keyword arguments beside its own: ``jax.jit``'s options, which belong
+    to the compiled functions a program calls, refused with where to give them; anything
+    else refused as Python refuses an unknown keyword."""
+    for key in given:
+        if key not in _JIT_OPTIONS:
+            raise TypeError(f"pw.program() got an unexpected keyword argument {key!r}; it "
+                            "takes name=, static_argnums= and static_argnames=.")
+    if given:
+        key = next(iter(given))
+        raise retyped(ProgramError(
+            f"program {name}: jax.jit's {key}= does not apply to a program, which is one "
+            "computation per pw.function it calls (on their own slices), not one: give it "
+            f"to those functions, pw.function(fn, slice=..., {key}=...). A program takes "
+            "name=, static_argnums= and static_argnames=."), ValueError)
 
 
 class JitStages:

@@ -149,3 +149,15 @@ def test_a_programs_trace_is_its_graph_and_says_so(ctl):
         getattr(graph, "jaxpr")  # noqa: B009 - the attribute a Traced has
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         getattr(graph, "nope")  # noqa: B009
+
+
+def test_a_programs_jit_options_are_refused_with_where_they_go(ctl):
+    """Donation and shardings belong to the pw.functions a program calls; a misspelt keyword
+    is Python's TypeError."""
+    with pytest.raises(ValueError, match=r"donate_argnums= does not apply to a program.*"
+                                         r"pw.function\(fn, slice=..., donate_argnums=...\)"):
+        pw.program(lambda v: v, donate_argnums=0)
+    with pytest.raises(ValueError, match="in_shardings= does not apply"):
+        pw.program(in_shardings=None)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'static_argnum'"):
+        pw.program(lambda v: v, static_argnum=0)
