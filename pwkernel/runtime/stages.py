@@ -121,8 +121,9 @@ class JitStages:
         """Forget every specialization traced and compiled so far, as ``jax.jit``'s
         ``clear_cache()``: the next call runs the function's Python again (to see a global it
         reads that has changed). A ``@pw.program`` that called it keeps its own traced graph,
-        as an outer ``jax.jit`` keeps its trace: clear the program's cache too. (XLA's
-        executables stay shared by identical computations: ``pwkernel.runtime.compiled``.)"""
+        as an outer ``jax.jit`` keeps its trace: clear the program's cache too. A call
+        already submitted runs what it was compiled with. (XLA's executables stay shared by
+        identical computations: ``pwkernel.runtime.compiled``.)"""
         with self._lock:
             self._cache.clear()
             self._programs.clear()

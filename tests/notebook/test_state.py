@@ -3,12 +3,15 @@ one cell to the next on the devices, and values are there where Python asks for 
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import numpy as np
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import pwkernel as pw
+from tests.helpers.programs import gate
 from tests.helpers.shell import forget_futures, run
 
 SETUP = """
@@ -195,26 +198,20 @@ def test_a_session_interrupted_and_timed_out_trains_on_from_the_state_before(ip,
     step cell trains on from the state before, with the plain ``jax.jit`` loop's losses."""
     run(ip, SETUP)
     run(ip, "%pathways slice s 2")
-    run(ip, """
-import threading
-gate = threading.Event()
-def boom(value):
-    raise KeyboardInterrupt
-def hold(v):
-    gate.wait(60)
-    return v
-blocker = pw.function(lambda v: jax.pure_callback(hold, jax.ShapeDtypeStruct(v.shape, v.dtype),
-                                                 v), slice=s)
-""")
+    run(ip, "def boom(value):\n    raise KeyboardInterrupt\n")
+    entered, release = threading.Event(), threading.Event()
+    ip.user_ns["blocker"] = pw.function(gate(entered, release, ip.user_ns["s"].mesh),
+                                        slice=ip.user_ns["s"], in_specs=pw.BATCH)
     capsys.readouterr()
     run(ip, STEP)
     with pytest.raises(KeyboardInterrupt):
         run(ip, STEP.replace("print(", "jax.debug.callback(boom, loss)\nprint("))
     run(ip, STEP)
     run(ip, "held = blocker(np.ones(2, np.float32))")  # the slice's devices are busy
+    assert entered.wait(60)
     with pytest.raises(TimeoutError, match="--timeout 0.2"):
         run(ip, STEP.replace("--slice s", "--slice s --timeout 0.2"))
-    ip.user_ns["gate"].set()
+    release.set()
     run(ip, "held.result(60);")
     run(ip, STEP)
     printed = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines()

@@ -4,12 +4,15 @@ errors for what cannot apply to a function placed on a slice (``runtime/stages.p
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import pwkernel as pw
+from tests.helpers.programs import gate
 
 
 def test_trace_is_jax_jits_trace(ctl):
@@ -161,3 +164,26 @@ def test_a_programs_jit_options_are_refused_with_where_they_go(ctl):
         pw.program(in_shardings=None)
     with pytest.raises(TypeError, match="unexpected keyword argument 'static_argnum'"):
         pw.program(lambda v: v, static_argnum=0)
+
+
+@pytest.mark.parametrize("dispatch", ["sequential", "parallel"])
+def test_clear_cache_leaves_a_submitted_call_its_executable(ctl, dispatch):
+    """A call already submitted runs what it was traced and compiled with, as a ``jax.jit``
+    call in flight does: ``clear_cache()`` meanwhile does not run the function's Python
+    again (in the dispatcher's thread) to launch it."""
+    s = ctl.slice(2, island=0)
+    entered, release = threading.Event(), threading.Event()
+    first = pw.function(gate(entered, release, s.mesh), slice=s, in_specs=pw.BATCH)
+    traced = []
+
+    def double(x):
+        traced.append(x.shape)
+        return x * 2
+
+    f = pw.function(double, slice=s)
+    out = pw.program(lambda x: f(first(x)))(np.ones(4, np.float32), dispatch=dispatch)
+    assert entered.wait(60)
+    f.clear_cache()
+    release.set()
+    assert out.result(60).tolist() == [2.0] * 4
+    assert len(traced) == 1
