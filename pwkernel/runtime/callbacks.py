@@ -143,7 +143,8 @@ class GuardedCall:
 
 def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
                     in_shardings: Sequence[Any], out_shardings: Sequence[Any], mesh,
-                    name: str, donate_argnums: Sequence[int] = ()) -> tuple[Any, Callable]:
+                    name: str, donate_argnums: Sequence[int] = (),
+                    keep_unused: bool = False) -> tuple[Any, Callable]:
     """``jax.jit(flat, ...).lower(*structs).compile()``, and how to call it: the compiled
     executable itself when the body has no host callbacks, else a ``GuardedCall`` of the
     rewritten body (see the module docstring). Call it under the mesh ``flat`` is traced
@@ -156,7 +157,7 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
         return (*flat(*leaves), jnp.zeros((), jnp.uint8))
 
     plain = jax.jit(fenced, in_shardings=tuple(in_shardings), out_shardings=outs,
-                    donate_argnums=donate)
+                    donate_argnums=donate, keep_unused=keep_unused)
     traced = plain.trace(*structs)
     closed = traced.jaxpr
     if not _Rewriter().has_callbacks(closed.jaxpr):
@@ -172,7 +173,7 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
         return tuple(core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr, closed.consts))(*leaves, tok))
 
     jitted = jax.jit(guarded, in_shardings=(*in_shardings, token), out_shardings=outs,
-                     donate_argnums=donate)
+                     donate_argnums=donate, keep_unused=keep_unused)
     compiled = jitted.lower(*structs, jax.ShapeDtypeStruct((), np.uint32, sharding=token)
                             ).compile()
     return compiled, GuardedCall(jitted if sub_byte(structs) else compiled, token)

@@ -234,7 +234,9 @@ class Dispatcher:
                 return
             if not task.enqueue():
                 return
-            exe = node.fn.executable(task.graph_node.signature)  # the host-side work, now
+            # the executable the call was traced with (the one the plan launches): never
+            # compiled again here, even if the function's cache was cleared since
+            exe = task.graph_node.exe
             client = run.client_spec
             self.islands[node.island].submit(task, sch.Submit(
                 task=task.id, devices=node.devices, client=client, cost_key=node.spec.cost_key,

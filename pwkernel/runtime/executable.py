@@ -40,3 +40,4 @@ class Executable:
     # launch consumes (None: not known here, e.g. compiled elsewhere; then every donated
     # input is taken as consumed). A donated input no output can reuse stays valid.
     aliased: int | None = None
+    keep_unused: bool = False  # (``jax.jit``'s): inputs the body does not read are kept

@@ -72,6 +72,11 @@ class TransferNode:
 Node = ComputeNode | TransferNode
 
 
+# what a jax.stages.Traced has and a program's Graph does not (``Graph.__getattr__``)
+_TRACED_ONLY = frozenset({"jaxpr", "out_info", "args_info", "lower", "in_tree", "fun_name",
+                          "out_avals"})
+
+
 @dataclass
 class Graph:
     """A traced program. ``inputs``: value ids of the flattened arguments; ``consts``: values
@@ -99,6 +104,17 @@ class Graph:
                 isl = island_of(spec.sharding.device_set)
                 self.values[vid] = ValueSpec(vid, spec.shape, spec.dtype, spec.sharding,
                                              None if isl is None else isl.id, spec.weak)
+
+    def __getattr__(self, name: str):
+        # (only for names a Graph lacks: what jax.jit(...).trace(...) gives has them)
+        if name in _TRACED_ONLY:
+            raise AttributeError(
+                f"a program's trace is its dataflow graph (one node per compiled-function call "
+                f"and transfer), not one computation, so it has no .{name} as jax.jit's "
+                f"Traced has. Maybe you want fn.trace(*args).{name} for one pw.function it "
+                "calls, its nodes (graph.nodes, each ComputeNode's .exe), or "
+                "prog.eval_shape(*args) for the result's types.")
+        raise AttributeError(f"'Graph' object has no attribute {name!r}")
 
     def stale(self) -> bool:
         """True when the graph must be traced again (controller closed, or slices moved)."""

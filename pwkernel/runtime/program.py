@@ -27,10 +27,10 @@ from . import executor as executors
 from .arguments import Arguments, NotAnArray, Traced, Tracer, leaf_placement, not_an_array, value_id
 from .errors import ProgramError, SliceError, SpecError, retyped
 from .executable import Executable
-from .graph import ComputeNode, Graph, Value
+from .graph import Graph, Value
 from .objects import Future
 from .resources import VirtualSlice, placements
-from .specialization import Specialization, compile_here, lower_as_called
+from .specialization import Specialization, compile_here
 from .specs import (
     BATCH,
     INFERRED,
@@ -47,6 +47,7 @@ from .specs import (
     spec_leaves,
     tracing_error,
 )
+from .stages import JitStages, ProgramStages, check_jit_options, check_program_options
 
 __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Inferred",
            "Program", "Specialization", "Value", "function", "program", "spec_leaves"]
@@ -72,7 +73,7 @@ def _traced_under() -> tuple:
     return _config.jax_enable_x64, _config.jax_default_matmul_precision
 
 
-class CompiledFunction:
+class CompiledFunction(JitStages):
     """``jax.jit`` placed on a virtual slice: the same call conventions (positional and keyword
     arguments, pytrees, static and donated arguments), values and shardings as ``jax.jit``
     under ``jax.set_mesh(slice.mesh)``.
@@ -85,7 +86,8 @@ class CompiledFunction:
     def __init__(self, fn: Callable, slice: VirtualSlice, in_specs=None, out_specs=None,
                  name: str | None = None, sim_cost=None, static_argnums=None,
                  static_argnames=None, donate_argnums=None, donate_argnames=None,
-                 in_shardings=None, out_shardings=None):
+                 in_shardings=None, out_shardings=None, keep_unused: bool = False,
+                 inline: bool = False, device=None, backend=None, compiler_options=None):
         if not callable(fn):
             raise ProgramError(f"pw.function needs a callable, got {type(fn).__name__}.")
         if not isinstance(slice, VirtualSlice):
@@ -95,6 +97,9 @@ class CompiledFunction:
             )
         if name is not None and not isinstance(name, str):
             raise ProgramError(f"pw.function's name must be a str, got {type(name).__name__}.")
+        check_jit_options(name or getattr(fn, "__name__", "fn"), keep_unused, inline, device,
+                          backend, compiler_options)
+        self.keep_unused, self.inline = keep_unused, inline
         self._typed_by_value = in_shardings is not None  # a host value: as jax.jit types it
         in_specs = from_shardings("in_shardings", in_shardings, in_specs, slice.mesh)
         out_specs = from_shardings("out_shardings", out_shardings, out_specs, slice.mesh)
@@ -212,7 +217,8 @@ class CompiledFunction:
             out_shardings.append(NamedSharding(mesh, spec))
         spec = Specialization(self.name, vs, traced.jaxpr, flat, structs, tuple(in_shardings),
                               tuple(out_leaves), tuple(out_shardings), out_tree,
-                              self.arguments.donated_leaves(dyn, kwargs, statics), self.hint)
+                              self.arguments.donated_leaves(dyn, kwargs, statics), self.hint,
+                              self.keep_unused)
         lower = getattr(self.controller.executor, "compile", None)
         if lower is not None:  # the backend lowers it itself (the simulator: for its chips)
             return lower(spec)
@@ -262,40 +268,6 @@ class CompiledFunction:
                 name=self.name, inline=None)
         return program
 
-    def specialization(self, *args, **kwargs) -> Executable:
-        """The compiled specialization a call with these arguments runs (compiled now if it
-        is new; nothing runs)."""
-        dyn, dkw, statics = self.arguments.split(args, kwargs)
-        graph = self._program(statics).trace(dyn, dkw)
-        return next(n for n in graph.nodes if isinstance(n, ComputeNode)).exe
-
-    def eval_shape(self, *args, **kwargs):
-        """The result's shapes, dtypes and shardings (``jax.ShapeDtypeStruct``s), as
-        ``jax.jit(...).eval_shape`` gives them: what a call's futures say at once."""
-        exe = self.specialization(*args, **kwargs)
-        return _unflatten(exe.out_tree, [
-            jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh, weak_type=o.weak_type)
-            for o, sh in zip(exe.out_shapes, exe.out_shardings, strict=True)])
-
-    def lower(self, *args, **kwargs) -> jax.stages.Lowered:
-        """The computation a call with these arguments runs, lowered as ``jax.jit(...).lower``
-        lowers it (``.as_text()``, ``.compile().memory_analysis()``, ...): over the call's
-        arguments (static ones bound), with the shardings pwkernel placed them with; its
-        ``.compile()`` is called as ``jax.jit``'s is. On simulated chips: lowered for them."""
-        exe = self.specialization(*args, **kwargs)
-        if exe.lowered is not None:
-            return exe.lowered
-        dyn, dkw, _ = self.arguments.split(args, kwargs)
-        with self.slice.ambient():
-            return lower_as_called(exe, jax.tree_util.tree_structure((dyn, dkw)))
-
-    @functools.cached_property
-    def inlined(self) -> Callable:
-        """``jax.jit`` of the function with its static arguments: what a call on JAX tracers
-        runs (see ``Traced``); donation does not apply there, as in a nested ``jax.jit``."""
-        return jax.jit(self.fn, static_argnums=self.arguments.static_nums,
-                       static_argnames=self.arguments.static_names)
-
     def __get__(self, obj, objtype=None):  # a method, as a jax.jit-decorated one binds self
         return self if obj is None else types.MethodType(self, obj)
 
@@ -331,7 +303,7 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     return jax.tree_util.tree_unflatten(exe.out_tree, [Value(graph, o.id) for o in outs])
 
 
-class Program:
+class Program(ProgramStages):
     """A Python function over compiled functions, traced into one dataflow graph.
 
     >>> @pw.program
@@ -362,7 +334,9 @@ class Program:
         return self.arguments.split(args, kwargs)
 
     def trace(self, *args, **kwargs) -> Graph:
-        """The graph for these arguments (traced now, or from the cache)."""
+        """The dataflow graph for these arguments (traced now, or from the cache): its nodes
+        are the compiled-function calls and the transfers between slices (unlike
+        ``jax.jit(...).trace``, whose result is one jaxpr; see ``lower``)."""
         args, kwargs, statics = self._split(args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         return self._graph(tree, leaves, statics)
@@ -450,10 +424,14 @@ class Program:
 
 
 def program(fn: Callable | None = None, *, name: str | None = None, static_argnums=None,
-            static_argnames=None):
+            static_argnames=None, **jit_options):
     """Decorator: trace ``fn`` into one dataflow program (see ``Program``).
     ``static_argnums``/``static_argnames``: arguments that are Python values at trace time
-    (a layer count, a mode string), part of the graph's cache key, as in ``jax.jit``."""
+    (a layer count, a mode string), part of the graph's cache key, as in ``jax.jit``.
+    ``jax.jit``'s other options (donation, shardings, ...) belong to the ``pw.function``s a
+    program calls: given here, they are refused with where to give them."""
+    check_program_options(name or getattr(fn, "__name__", "program"), jit_options)
+
     def make(f):
         return Program(f, name=name, static_argnums=static_argnums,
                        static_argnames=static_argnames)
@@ -463,7 +441,8 @@ def program(fn: Callable | None = None, *, name: str | None = None, static_argnu
 def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, out_specs=None,
              static_argnums=None, static_argnames=None, donate_argnums=None,
              donate_argnames=None, name: str | None = None, sim_cost=None, in_shardings=None,
-             out_shardings=None):
+             out_shardings=None, keep_unused: bool = False, inline: bool = False, device=None,
+             backend=None, compiler_options=None):
     """``jax.jit`` placed on ``slice``; usable as ``pw.function(fn, slice=s)`` or a decorator.
 
     Calls as ``jax.jit`` does (positional and keyword arguments, pytrees, ``static_argnums``/
@@ -487,9 +466,16 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
     (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.
     The runtime carries it as the function's backend ``hint``; the simulator checks it.
+
+    ``keep_unused``, ``inline``: as ``jax.jit``'s (an input the body does not read stays an
+    input of the computation; on JAX tracers, its equations go into the caller's trace).
+    ``device``, ``backend`` and ``compiler_options`` are refused, with what to use instead.
+    Beside the call, as on a ``jax.jit`` function: ``trace``, ``lower``, ``eval_shape`` and
+    ``clear_cache`` (``runtime/stages.py``).
     """
     def make(f):
         return CompiledFunction(f, slice, in_specs, out_specs, name, sim_cost, static_argnums,
                                 static_argnames, donate_argnums, donate_argnames, in_shardings,
-                                out_shardings)
+                                out_shardings, keep_unused, inline, device, backend,
+                                compiler_options)
     return make if fn is None else make(fn)

@@ -41,6 +41,7 @@ class Specialization:
     out_tree: Any
     donated: tuple[int, ...] = ()               # input leaves it consumes (donate_argnums)
     hint: Any = None  # the function's backend hint (``sim_cost=``), carried unread here
+    keep_unused: bool = False  # inputs the body does not read stay the executable's inputs
 
     @property
     def replay(self) -> Callable:
@@ -58,7 +59,7 @@ class Specialization:
                           tuple(out_shardings), self.out_tree,
                           sum(max(n.values()) for n in out_nbytes), out_nbytes, asynchronous,
                           call, lowered, self.flat, self.structs, self.donated, self.jaxpr,
-                          aliased)
+                          aliased, self.keep_unused)
 
 
 def compile_here(spec: Specialization) -> Executable:
@@ -69,7 +70,7 @@ def compile_here(spec: Specialization) -> Executable:
     with vs.ambient():
         compiled, call = callbacks.compile_guarded(
             spec.replay, spec.structs, spec.in_shardings, spec.out_shardings, vs.mesh, spec.name,
-            spec.donated)
+            spec.donated, spec.keep_unused)
     out_shardings = [given if given is not None else made for given, made in
                      zip(spec.out_shardings, compiled.output_shardings[:-1],  # (last: the fence)
                          strict=True)]
@@ -97,20 +98,31 @@ def jitted(exe: Executable, donate: bool = False):
     axes)."""
     return jax.jit(replay(exe.jaxpr), in_shardings=exe.in_shardings,
                    out_shardings=exe.out_shardings,
-                   donate_argnums=exe.donated if donate else ())
+                   donate_argnums=exe.donated if donate else (), keep_unused=exe.keep_unused)
 
 
-def lower_as_called(exe: Executable, in_tree) -> jax.stages.Lowered:
+def lower_as_called(exe: Executable, in_tree, name: str = "body") -> jax.stages.Lowered:
     """``exe``'s recorded body lowered as ``jax.jit(fn).lower(*args, **kwargs)`` lowers it:
     over the call's dynamic arguments as the caller passes them (``in_tree``: their
     ``(args, kwargs)`` structure, static ones left out), laid out and donated as the call
     would, returning the function's result pytree; so its ``.compile()`` is called as
     ``jax.jit``'s is. Lower it under the slice's mesh."""
+    return trace_as_called(exe, in_tree, name).lower()
+
+
+def trace_as_called(exe: Executable, in_tree, name: str = "body") -> jax.stages.Traced:
+    """``exe``'s recorded body traced as ``jax.jit(fn).trace(*args, **kwargs)`` traces it
+    (see ``lower_as_called``): its ``.jaxpr`` is the recorded one's equations, its
+    ``.out_info`` the result pytree's types, its ``.lower()`` what ``lower_as_called`` gives;
+    ``name`` (the function's) names the module as ``jax.jit`` names it (``jit_<name>``).
+    Trace it under the slice's mesh."""
     flat, out_tree = replay(exe.jaxpr), exe.out_tree
     args, kwargs = jax.tree_util.tree_unflatten(in_tree, exe.structs)  # (with shardings)
 
     def body(*a, **k):
         return jax.tree_util.tree_unflatten(out_tree, flat(*jax.tree_util.tree_leaves((a, k))))
+
+    body.__name__ = body.__qualname__ = name
 
     donated, at, nums, names = set(exe.donated), 0, [], []
     for where, arg in [*enumerate(args), *sorted(kwargs.items())]:  # (leaf order)
@@ -120,7 +132,8 @@ def lower_as_called(exe: Executable, in_tree) -> jax.stages.Lowered:
         at += n
     out_shardings = jax.tree_util.tree_unflatten(out_tree, list(exe.out_shardings))
     return jax.jit(body, out_shardings=out_shardings, donate_argnums=tuple(nums),
-                   donate_argnames=tuple(names)).lower(*args, **kwargs)
+                   donate_argnames=tuple(names), keep_unused=exe.keep_unused,
+                   ).trace(*args, **kwargs)
 
 
 def replay(jaxpr) -> Callable:

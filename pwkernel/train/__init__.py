@@ -8,6 +8,7 @@
 - ``SPMD(stages, slice, loss=, optimizer=)``: the same model data-parallel on one slice
   (``packed=True``: its state as a ``PackedState``, a few flat arrays).
 - Both: ``state = t.init(key)``, ``state, loss = t.step(state, (x, y))`` (futures at once).
+  ``t.evaluate(state, (x, y))``: the loss without an update (an eval step).
 - Measured from the trace: ``bubble(events)``, ``peak_residuals(events, bytes)``; sampled:
   ``MemorySampler(ctl)``.
 

@@ -65,6 +65,7 @@ from .state import (
     Placer,
     TrainState,
     apply_optimizer,
+    check_batch,
     check_stages,
     init_stage,
     inputs_and_targets,
@@ -139,6 +140,7 @@ class Pipeline:
         self._init_program = program(self._init_all, name=f"{name}.init")
         self._consts: list[tuple[Any, Any, Any]] | None = None
         self._placers: tuple[Placer, Placer] | None = None
+        self._eval: Program | None = None
 
     # --- the public surface ----------------------------------------------------------------
     def init(self, key) -> TrainState:
@@ -182,6 +184,24 @@ class Pipeline:
         run = self.program(self.schedule if schedule is None else schedule)
         return run(list(state.params), list(state.opt_state), list(xs), list(ys),
                    self.constants(), dispatch=dispatch)
+
+    def evaluate(self, state: TrainState, batch) -> Any:
+        """The mean loss of ``batch`` under ``state``'s parameters, with no update (an eval
+        step): one program (``{name}.eval``) of each stage's forward on its slice, the batch
+        whole (not cut into microbatches), then the loss on the last; a future at once, the
+        value of ``model_loss(stages, loss)`` under ``jax.jit``. ``state`` is read, not
+        consumed: a ``step`` may take it next. The batch's leading axis divides over every
+        stage's devices."""
+        if not isinstance(state, TrainState):
+            raise TypeError(f"evaluate takes the TrainState that init() or step() returned, "
+                            f"got {type(state).__name__}.")
+        x, y = inputs_and_targets(batch, "pipe")
+        check_batch((x, y), 1, "batch (inputs and targets)",
+                    math.lcm(*(vs.size for vs in self.slices)))
+        if self._eval is None:
+            self._eval = program(_evaluation(self.stages, self.slices, self.loss),
+                                 name=f"{self.name}.eval")
+        return self._eval(list(state.params), x, y)
 
     def program(self, schedule: Schedule | str | None = None) -> Program:
         """The step's ``@pw.program`` for ``schedule``: ``(params, opt_state, xs, ys,
@@ -288,6 +308,23 @@ class Pipeline:
     def __repr__(self) -> str:
         return (f"pw.train.Pipeline({len(self.stages)} stages, schedule={self.schedule.value!r}"
                 f", microbatches={self.microbatches})")
+
+
+def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: Callable):
+    """``(params, x, y) -> loss``: each stage's forward on its slice (``s1.eval``), the loss
+    on the last (``Pipeline.evaluate``'s program)."""
+    last = len(stages) - 1
+    calls = [function(stages[s].apply, slice=slices[s], in_specs=(None, BATCH),
+                      out_specs=BATCH, name=f"s{s}.eval") for s in range(last)]
+    calls.append(function(lambda p, h, y: loss(stages[last].apply(p, h), y),
+                          slice=slices[last], in_specs=(None, BATCH, BATCH), out_specs=P(),
+                          name=f"s{last}.eval"))
+
+    def evaluate(params, x, y):
+        for s, call in enumerate(calls[:-1]):
+            x = call(params[s], x)
+        return calls[-1](params[last], x, y)
+    return evaluate
 
 
 def _update(optimizer):

@@ -141,6 +141,12 @@ class SPMD:
                          "init": placed(lambda keys: layout.pack(make(keys)), "init"),
                          "pack": placed(layout.pack, "pack"),
                          "unpack": placed(layout.unpack, "unpack")}
+        full = model_loss(self.stages, self.loss)
+        self._fns["evaluate"] = placed(full, "eval", in_specs=(None, BATCH, BATCH))
+        if self.packed:
+            self._fns["evaluate_packed"] = placed(
+                lambda s, x, y: full(layout.unpack(s).params, x, y), "eval",
+                in_specs=(None, BATCH, BATCH))
         if self._parts is not None:
             grads, update = self._parts
             if self.packed:
@@ -182,6 +188,20 @@ class SPMD:
         else:
             new, value = fns["step"](given, x, y)
         return (PackedState(new, fns["layout"], fns["unpack"]) if self.packed else new), value
+
+    def evaluate(self, state: TrainState | PackedState, batch) -> Any:
+        """The mean loss of ``batch`` under ``state``'s parameters, with no update (an eval
+        step): a future at once, the value of ``model_loss(stages, loss)`` under ``jax.jit``.
+        ``state`` is read, not consumed: a ``step`` may take it next. ``batch``: ``(inputs,
+        targets)`` with a leading batch axis divisible by the slice's devices (trace name
+        ``{name}.eval``)."""
+        fns = self._functions()
+        state = self._check(state)
+        x, y = inputs_and_targets(batch, self.name)
+        check_batch((x, y), 1, "batch (inputs and targets)", self.slice.size)
+        if isinstance(state, PackedState):
+            return fns["evaluate_packed"](state.packed, x, y)
+        return fns["evaluate"](state.params, x, y)
 
     def _check(self, state):
         if isinstance(state, PackedState):

@@ -3,12 +3,15 @@ one cell to the next on the devices, and values are there where Python asks for 
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import numpy as np
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import pwkernel as pw
+from tests.helpers.programs import gate
 from tests.helpers.shell import forget_futures, run
 
 SETUP = """
@@ -187,3 +190,30 @@ def test_pytrees_mixing_arrays_and_plain_values(ip):
     run(ip, "%%pathways --slice s\nout = later[0] + later[1]\nrep = jnp.ones(later[1])\n")
     np.testing.assert_allclose(np.asarray(ip.user_ns["out"]), np.arange(4.0) + 3)
     assert np.asarray(ip.user_ns["rep"]).shape == (3,)  # used as a shape: a Python int
+
+
+def test_a_session_interrupted_and_timed_out_trains_on_from_the_state_before(ip, capsys):
+    """A step cell whose host callback raises KeyboardInterrupt, and one cancelled by
+    ``--timeout`` while queued behind other work, bind nothing and consume nothing: the next
+    step cell trains on from the state before, with the plain ``jax.jit`` loop's losses."""
+    run(ip, SETUP)
+    run(ip, "%pathways slice s 2")
+    run(ip, "def boom(value):\n    raise KeyboardInterrupt\n")
+    entered, release = threading.Event(), threading.Event()
+    ip.user_ns["blocker"] = pw.function(gate(entered, release, ip.user_ns["s"].mesh),
+                                        slice=ip.user_ns["s"], in_specs=pw.BATCH)
+    capsys.readouterr()
+    run(ip, STEP)
+    with pytest.raises(KeyboardInterrupt):
+        run(ip, STEP.replace("print(", "jax.debug.callback(boom, loss)\nprint("))
+    run(ip, STEP)
+    run(ip, "held = blocker(np.ones(2, np.float32))")  # the slice's devices are busy
+    assert entered.wait(60)
+    with pytest.raises(TimeoutError, match="--timeout 0.2"):
+        run(ip, STEP.replace("--slice s", "--slice s --timeout 0.2"))
+    release.set()
+    run(ip, "held.result(60);")
+    run(ip, STEP)
+    printed = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("step loss")]
+    np.testing.assert_allclose(printed, _jit_losses(3), rtol=2e-5, atol=1e-6)

@@ -228,7 +228,7 @@ def lower_for_chips(spec: Specialization) -> Executable:
         with vs.ambient():
             args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(am, sh.spec))
                     for a, sh in zip(spec.structs, spec.in_shardings, strict=True)]
-            lowered = jax.jit(spec.replay, out_shardings=tuple(
+            lowered = jax.jit(spec.replay, keep_unused=spec.keep_unused, out_shardings=tuple(
                 NamedSharding(am, sh.spec) for sh in out_shardings)).trace(*args).lower(
                     lowering_platforms=("tpu",))
     except Exception as e:

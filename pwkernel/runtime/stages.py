@@ -1,0 +1,173 @@
+"""What a ``jax.jit`` function offers beside its call, for a ``pw.function``: ``trace`` (a
+``jax.stages.Traced``), ``lower``, ``eval_shape``, ``clear_cache`` and the function it wraps;
+and the ``jax.jit`` options it takes (``keep_unused``, ``inline``) or cannot take (``device``,
+``backend``: the slice places it; ``compiler_options``: see ``check_jit_options``).
+
+Each stage is the specialization a call with the same arguments runs (compiled once, kept in
+the function's cache), seen as ``jax.jit``'s stages see it: over the call's dynamic arguments
+as the caller passes them, with the shardings pwkernel places them with.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+
+from .errors import ProgramError, retyped
+from .executable import Executable
+from .graph import ComputeNode
+from .specialization import lower_as_called, trace_as_called
+
+__all__ = ["JitStages", "ProgramStages", "check_jit_options", "check_program_options"]
+
+
+def check_jit_options(name: str, keep_unused, inline, device, backend,
+                      compiler_options) -> None:
+    """``jax.jit``'s options as ``pw.function`` takes them: ``keep_unused`` and ``inline`` are
+    bools; ``device`` and ``backend`` choose devices, which the slice chooses here;
+    ``compiler_options`` are not carried to every backend's compiler (Ray's islands compile
+    an exported computation), so they are given to one compile by hand."""
+    for what, value in (("keep_unused", keep_unused), ("inline", inline)):
+        if not isinstance(value, bool):
+            raise retyped(ProgramError(
+                f"{name}: {what} must be True or False (as jax.jit takes it), got "
+                f"{value!r}."), ValueError)
+    for what, value in (("device", device), ("backend", backend)):
+        if value is not None:
+            raise retyped(ProgramError(
+                f"{name}: pw.function runs on the devices of its slice=, so jax.jit's "
+                f"{what}={value!r} cannot apply (JAX deprecates it too). Leave it out and "
+                "choose the devices with the slice: slice=ctl.slice(n, island=i)."),
+                ValueError)
+    if compiler_options:
+        raise retyped(ProgramError(
+            f"{name}: pw.function does not take jax.jit's compiler_options (its computations "
+            "are compiled for each backend's islands, and not every backend carries them). "
+            "Give them to one compile ahead of time: fn.lower(*args).compile("
+            "compiler_options), or set XLA_FLAGS before JAX starts."), ValueError)
+
+
+_JIT_OPTIONS = ("donate_argnums", "donate_argnames", "in_shardings", "out_shardings",
+                "keep_unused", "inline", "device", "backend", "compiler_options")
+
+
+def check_program_options(name: str, given: dict) -> None:
+    """``@pw.program``'s keyword arguments beside its own: ``jax.jit``'s options, which belong
+    to the compiled functions a program calls, refused with where to give them; anything
+    else refused as Python refuses an unknown keyword."""
+    for key in given:
+        if key not in _JIT_OPTIONS:
+            raise TypeError(f"pw.program() got an unexpected keyword argument {key!r}; it "
+                            "takes name=, static_argnums= and static_argnames=.")
+    if given:
+        key = next(iter(given))
+        raise retyped(ProgramError(
+            f"program {name}: jax.jit's {key}= does not apply to a program, which is one "
+            "computation per pw.function it calls (on their own slices), not one: give it "
+            f"to those functions, pw.function(fn, slice=..., {key}=...). A program takes "
+            "name=, static_argnums= and static_argnames=."), ValueError)
+
+
+class JitStages:
+    """``jax.jit``'s staged API on a ``CompiledFunction`` (which sets ``fn``, ``slice``,
+    ``name``, ``arguments``, ``keep_unused``, ``inline`` and its caches)."""
+
+    fn: Callable
+    name: str
+    keep_unused: bool
+    inline: bool
+
+    def specialization(self, *args, **kwargs) -> Executable:
+        """The compiled specialization a call with these arguments runs (compiled now if it
+        is new; nothing runs)."""
+        dyn, dkw, statics = self.arguments.split(args, kwargs)
+        graph = self._program(statics).trace(dyn, dkw)
+        return next(n for n in graph.nodes if isinstance(n, ComputeNode)).exe
+
+    def eval_shape(self, *args, **kwargs):
+        """The result's shapes, dtypes and shardings (``jax.ShapeDtypeStruct``s), as
+        ``jax.jit(...).eval_shape`` gives them: what a call's futures say at once."""
+        exe = self.specialization(*args, **kwargs)
+        return jax.tree_util.tree_unflatten(exe.out_tree, [
+            jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh, weak_type=o.weak_type)
+            for o, sh in zip(exe.out_shapes, exe.out_shardings, strict=True)])
+
+    def trace(self, *args, **kwargs) -> jax.stages.Traced:
+        """The computation a call with these arguments runs, traced as ``jax.jit(...).trace``
+        traces it: ``.jaxpr`` (the equations, over the dynamic arguments' leaves),
+        ``.out_info`` (the result's types), ``.args_info`` and ``.lower()``. Over the call's
+        arguments (static ones bound), laid out as pwkernel places them; the function's
+        Python ran once for this signature (when it was first traced), not again here."""
+        exe = self.specialization(*args, **kwargs)
+        dyn, dkw, _ = self.arguments.split(args, kwargs)
+        with self.slice.ambient():
+            return trace_as_called(exe, jax.tree_util.tree_structure((dyn, dkw)), self.name)
+
+    def lower(self, *args, **kwargs) -> jax.stages.Lowered:
+        """The computation a call with these arguments runs, lowered as ``jax.jit(...).lower``
+        lowers it (``.as_text()``, ``.compile().memory_analysis()``, ...): over the call's
+        arguments (static ones bound), with the shardings pwkernel placed them with; its
+        ``.compile()`` is called as ``jax.jit``'s is. On simulated chips: lowered for them."""
+        exe = self.specialization(*args, **kwargs)
+        if exe.lowered is not None:
+            return exe.lowered
+        dyn, dkw, _ = self.arguments.split(args, kwargs)
+        with self.slice.ambient():
+            return lower_as_called(exe, jax.tree_util.tree_structure((dyn, dkw)), self.name)
+
+    def clear_cache(self) -> None:
+        """Forget every specialization traced and compiled so far, as ``jax.jit``'s
+        ``clear_cache()``: the next call runs the function's Python again (to see a global it
+        reads that has changed). A ``@pw.program`` that called it keeps its own traced graph,
+        as an outer ``jax.jit`` keeps its trace: clear the program's cache too. A call
+        already submitted runs what it was compiled with. (XLA's executables stay shared by
+        identical computations: ``pwkernel.runtime.compiled``.)"""
+        with self._lock:
+            self._cache.clear()
+            self._programs.clear()
+        if "inlined" in self.__dict__:
+            self.inlined.clear_cache()  # (JAX keeps traces of the function too)
+
+    @functools.cached_property
+    def inlined(self) -> Callable:
+        """``jax.jit`` of the function with its static arguments: what a call on JAX tracers
+        runs (see ``Traced``); donation does not apply there, as in a nested ``jax.jit``.
+        ``inline=True`` puts its equations in the caller's trace, as ``jax.jit``'s does."""
+        return jax.jit(self.fn, static_argnums=self.arguments.static_nums,
+                       static_argnames=self.arguments.static_names,
+                       keep_unused=self.keep_unused, inline=self.inline)
+
+
+class ProgramStages:
+    """``jax.jit``'s staged API on a ``Program`` (which sets ``name``, ``arguments``, its graph
+    cache and ``trace``: the dataflow graph of a call, not one jaxpr)."""
+
+    name: str
+
+    def eval_shape(self, *args, **kwargs):
+        """The result's shapes, dtypes and shardings (``jax.ShapeDtypeStruct``s), as
+        ``jax.jit(...).eval_shape`` gives them: what a call's futures say at once (traced
+        now if new; nothing runs)."""
+        self.arguments.pop_dispatch(kwargs)
+        graph = self.trace(*args, **kwargs)
+        specs = [graph.values[v] for v in graph.outputs]
+        return jax.tree_util.tree_unflatten(graph.out_tree, [jax.ShapeDtypeStruct(
+            v.shape, v.dtype, sharding=v.sharding, weak_type=v.weak) for v in specs])
+
+    def lower(self, *args, **kwargs):
+        """Not one computation: see the error (``jax.jit(...).lower`` has one to lower)."""
+        raise ProgramError(
+            f"program {self.name} is not one computation to lower: each pw.function it calls "
+            "is compiled for its own slice, with transfers between them. Lower one function "
+            "(fn.lower(*args)), or read the program's dataflow graph (prog.trace(*args): its "
+            "nodes, each with .exe.compiled); prog.eval_shape(*args) gives the result's types.")
+
+    def clear_cache(self) -> None:
+        """Forget every graph traced so far, as ``jax.jit``'s ``clear_cache()``: the next call
+        runs the function's Python again. The compiled functions it calls keep theirs (clear
+        those with ``fn.clear_cache()``)."""
+        with self._lock:
+            self._graphs.clear()
+            self._last = None

@@ -1,0 +1,189 @@
+"""What a ``jax.jit`` function offers beside its call, on ``pw.function`` and ``@pw.program``:
+``trace``, ``clear_cache``, ``eval_shape``, the ``keep_unused``/``inline`` options, and clear
+errors for what cannot apply to a function placed on a slice (``runtime/stages.py``)."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from tests.helpers.programs import gate
+
+
+def test_trace_is_jax_jits_trace(ctl):
+    """``f.trace(*args, **kwargs)`` is a ``jax.stages.Traced``: the same jaxpr, argument
+    structure and result types as ``jax.jit``'s, its ``.lower()`` compiles to the same values,
+    and the function's Python does not run again for it."""
+    s = ctl.slice(2)
+    ran = []
+
+    def step(params, x, n, *, scale=1.0):
+        ran.append(n)
+        return {"y": jnp.tanh(x @ params["w"] + params["b"]) * n * scale, "total": x.sum()}
+
+    params = {"w": np.eye(4, dtype=np.float32), "b": np.ones(4, np.float32)}
+    x = np.ones((2, 4), np.float32)
+    with jax.set_mesh(s.mesh):
+        want = jax.jit(step, static_argnums=2).trace(params, x, 3, scale=2.0)
+        want_values = want.lower().compile()(params, x, scale=2.0)
+    f = pw.function(step, slice=s, static_argnums=2)
+    f(params, x, 3, scale=2.0)
+    calls = len(ran)
+    got = f.trace(params, x, 3, scale=2.0)
+    assert isinstance(got, jax.stages.Traced) and len(ran) == calls  # (traced once, before)
+    assert str(got.jaxpr) == str(want.jaxpr) and got.in_tree == want.in_tree
+    assert got.fun_name == want.fun_name == "step"
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), got.out_info) == \
+        jax.tree.map(lambda a: (a.shape, a.dtype), want.out_info)
+    lowered = got.lower()
+    assert lowered.as_text().startswith("module @jit_step")  # named as jax.jit names it
+    jax.tree.map(np.testing.assert_allclose, lowered.compile()(params, x, scale=2.0),
+                 want_values)
+    with pw.Controller(backend="sim", islands=(8,)) as sim:  # simulated chips: traced too
+        g = pw.function(lambda a: a @ a, slice=sim.slice(4))
+        assert "dot_general" in str(g.trace(np.ones((64, 64), np.float32)).jaxpr)
+
+
+def test_clear_cache_traces_again_as_jax_jits_does(ctl):
+    """A function that reads a global keeps what it traced (as ``jax.jit`` does) until
+    ``clear_cache()``; a program that called it keeps its own graph, as an outer ``jax.jit``
+    keeps its trace, until its own ``clear_cache()``."""
+    s = ctl.slice(2)
+    scale = {"now": 1.0}
+
+    def f(x):
+        return x * scale["now"]
+
+    jf, pf = jax.jit(f), pw.function(f, slice=s)
+    outer_jit = jax.jit(lambda x: jf(x) + 0)
+    outer = pw.program(lambda x: pf(x))
+    x = np.ones(2, np.float32)
+
+    def values():
+        return [float(jf(x)[0]), float(pf(x).result(60)[0]), float(outer_jit(x)[0]),
+                float(outer(x).result(60)[0])]
+
+    assert values() == [1.0] * 4
+    scale["now"] = 2.0
+    assert values() == [1.0] * 4  # traced before: the old global, under jax.jit too
+    jf.clear_cache()
+    pf.clear_cache()
+    assert values() == [2.0, 2.0, 1.0, 1.0]  # the outer ones kept their traces
+    outer_jit.clear_cache()
+    outer.clear_cache()
+    assert values() == [2.0] * 4
+
+
+def test_keep_unused_and_inline_as_jax_jit_takes_them(ctl):
+    s = ctl.slice(2)
+    x = np.ones((2, 4), np.float32)
+
+    def f(x, unused):
+        return x * 2
+
+    def params(text: str) -> int:
+        return text.split("func.func public @main(")[1].split(")")[0].count("%arg")
+
+    with jax.set_mesh(s.mesh):
+        want = [params(jax.jit(f, keep_unused=k).lower(x, x).as_text()) for k in (False, True)]
+    kept = pw.function(f, slice=s, keep_unused=True)
+    got = [params(pw.function(f, slice=s).lower(x, x).as_text()), params(kept.lower(x, x)
+                                                                         .as_text())]
+    assert got == want == [1, 2]
+    assert kept(x, x).result(60).tolist() == (x * 2).tolist()
+    # called on JAX tracers: inline=True puts the body's equations in the caller's trace
+    for inline in (False, True):
+        jf, pf = jax.jit(jnp.sin, inline=inline), pw.function(jnp.sin, slice=s, inline=inline)
+        want, got = jax.make_jaxpr(jf)(1.0), jax.make_jaxpr(lambda v, pf=pf: pf(v))(1.0)
+        assert [e.primitive.name for e in got.eqns] == [e.primitive.name for e in want.eqns]
+        assert [e.primitive.name for e in got.eqns] == (["sin"] if inline else ["jit"])
+    with pytest.raises(ValueError, match="keep_unused must be True or False"):
+        pw.function(f, slice=s, keep_unused="yes")
+
+
+@pytest.mark.parametrize("option, fix", [
+    ("device", "choose the devices with the slice"),
+    ("backend", "choose the devices with the slice"),
+    ("compiler_options", r"fn.lower\(\*args\).compile\(compiler_options\)"),
+])
+def test_jit_options_that_cannot_apply_say_what_to_use(ctl, option, fix):
+    value = {"device": jax.devices()[0], "backend": "cpu",
+             "compiler_options": {"xla_cpu_enable_fast_math": False}}[option]
+    with pytest.raises(pw.ProgramError, match=f"{option}.*{fix}"):
+        pw.function(jnp.sin, slice=ctl.slice(2), **{option: value})
+
+
+def test_a_programs_eval_shape_and_why_it_has_no_lower(ctl):
+    a = pw.function(lambda v: v * 2, slice=ctl.slice(2, island=0))
+    b = pw.function(lambda v: (v + 1).astype(jnp.int32), slice=ctl.slice(2, island=1))
+
+    @pw.program
+    def f(v):
+        x = a(v)
+        return {"x": x, "y": b(x)}
+
+    v = np.arange(4.0, dtype=np.float32)
+    before = len(ctl.trace.events())
+    shapes = f.eval_shape(v)
+    assert len(ctl.trace.events()) == before  # nothing ran
+    out = f(v)
+    for struct, fut in zip(jax.tree.leaves(shapes), jax.tree.leaves(out), strict=True):
+        assert (struct.shape, struct.dtype, struct.sharding) == \
+            (fut.shape, fut.dtype, fut.sharding)
+    assert jax.tree.map(lambda s: s.dtype, shapes) == jax.tree.map(
+        lambda s: s.dtype, jax.eval_shape(lambda v: {"x": v * 2, "y": (v * 2 + 1).astype(
+            jnp.int32)}, v))
+    with pytest.raises(pw.ProgramError, match=r"not one computation.*fn.lower\(\*args\)"):
+        f.lower(v)
+
+
+def test_a_programs_trace_is_its_graph_and_says_so(ctl):
+    """``prog.trace(*args)`` is the program's dataflow graph (a public contract); asked for
+    what ``jax.jit``'s ``Traced`` has, it says where that is."""
+    f = pw.function(jnp.sin, slice=ctl.slice(2))
+    graph = pw.program(lambda v: f(v)).trace(np.ones(4, np.float32))
+    assert any(isinstance(n, pw.runtime.graph.ComputeNode) for n in graph.nodes)
+    with pytest.raises(AttributeError, match=r"dataflow graph.*fn.trace\(\*args\).jaxpr"):
+        getattr(graph, "jaxpr")  # noqa: B009 - the attribute a Traced has
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        getattr(graph, "nope")  # noqa: B009
+
+
+def test_a_programs_jit_options_are_refused_with_where_they_go(ctl):
+    """Donation and shardings belong to the pw.functions a program calls; a misspelt keyword
+    is Python's TypeError."""
+    with pytest.raises(ValueError, match=r"donate_argnums= does not apply to a program.*"
+                                         r"pw.function\(fn, slice=..., donate_argnums=...\)"):
+        pw.program(lambda v: v, donate_argnums=0)
+    with pytest.raises(ValueError, match="in_shardings= does not apply"):
+        pw.program(in_shardings=None)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'static_argnum'"):
+        pw.program(lambda v: v, static_argnum=0)
+
+
+@pytest.mark.parametrize("dispatch", ["sequential", "parallel"])
+def test_clear_cache_leaves_a_submitted_call_its_executable(ctl, dispatch):
+    """A call already submitted runs what it was traced and compiled with, as a ``jax.jit``
+    call in flight does: ``clear_cache()`` meanwhile does not run the function's Python
+    again (in the dispatcher's thread) to launch it."""
+    s = ctl.slice(2, island=0)
+    entered, release = threading.Event(), threading.Event()
+    first = pw.function(gate(entered, release, s.mesh), slice=s, in_specs=pw.BATCH)
+    traced = []
+
+    def double(x):
+        traced.append(x.shape)
+        return x * 2
+
+    f = pw.function(double, slice=s)
+    out = pw.program(lambda x: f(first(x)))(np.ones(4, np.float32), dispatch=dispatch)
+    assert entered.wait(60)
+    f.clear_cache()
+    release.set()
+    assert out.result(60).tolist() == [2.0] * 4
+    assert len(traced) == 1

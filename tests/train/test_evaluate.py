@@ -1,0 +1,38 @@
+"""An eval step without update (``t.evaluate(state, batch)``) on both trainers: the value of
+``model_loss`` under plain ``jax.jit``, reading the state without consuming it."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import pwkernel as pw
+from pwkernel.train import transformer as T
+
+CFG = T.Config(vocab=32, width=16, heads=2, layers=2, seq=8)
+
+
+@pytest.mark.parametrize("trainer", ["spmd", "spmd-packed", "pipeline"])
+def test_evaluate_is_model_loss_and_leaves_the_state_to_the_next_step(tctl, trainer):
+    stages = T.split(CFG, 2)
+    opt = optax.sgd(0.3, momentum=0.9)
+    if trainer == "pipeline":
+        t = pw.train.Pipeline(stages, [tctl.slice(2, island=0), tctl.slice(2, island=1)],
+                              loss=T.cross_entropy, optimizer=opt, microbatches=2)
+    else:
+        t = pw.train.SPMD(stages, tctl.slice(4, island=0), loss=T.cross_entropy,
+                          optimizer=opt, packed=trainer == "spmd-packed")
+    train, held_out = T.batch(CFG, 8, seed=0), T.batch(CFG, 4, seed=7)  # (another size)
+    state, _ = t.step(t.init(0), train)
+    evaluated = t.evaluate(state, held_out)      # queued behind the step, not waited for
+    again = t.evaluate(state, train)
+    state_after, loss = t.step(state, train)     # the next step donates the state it read
+    params = jax.device_get(pw.train.fetch(t.step(t.init(0), train)[0]).params)  # (again)
+    want = jax.jit(pw.train.model_loss(stages, T.cross_entropy))
+    np.testing.assert_allclose(float(evaluated), float(want(params, *held_out)), rtol=1e-5)
+    np.testing.assert_allclose(float(again), float(loss), rtol=1e-5)  # the step's own loss
+    assert np.isfinite(float(t.step(state_after, train)[1]))
+    with pytest.raises(ValueError, match="divisible by"):
+        t.evaluate(state_after, T.batch(CFG, 3, seed=1))
