@@ -352,7 +352,17 @@ class RayBackend:
             self.keepalive.close()
         if self.others is not None:
             self.others.close()
-        for site in getattr(self, "sites", {}).values():
+        sites = getattr(self, "sites", {}).values()
+        if self.pool is not None:
+            # A pool's islands drop this tenant's work they have not launched yet when it
+            # unregisters, once they have taken its last message: so it leaves before its
+            # watchers wait (they would wait for all it sent to run, holding the devices
+            # other tenants wait for; a closed controller reads none of it).
+            for site in sites:
+                site.stop_sending()
+            for host in self.hosts.values():
+                host.kill()
+        for site in sites:
             site.close()
         for host in self.hosts.values():
             host.kill()
