@@ -139,6 +139,7 @@ class RayBackend:
             raise DeviceSetupError("tenant= and weight= name this controller in a pool; pass "
                                    "pool=NAME with them (and address=), or drop them.")
         if pool is not None:
+            weight = attach.tenant_weight(weight)  # (refused before anything connects)
             address = attach.pool_address(pool, address)
         sizes = None if pool is not None and islands is None else tuple(
             int(n) for n in (islands if islands is not None else DEFAULT_ISLANDS))
