@@ -18,7 +18,14 @@ import ray
 import pwkernel as pw
 from pwkernel.backends.ray import tenancy
 from pwkernel.bench.figure2 import figure2
-from tests.helpers.pool import TIMEOUT, Tenant, island_changes, running_pool, wait_until
+from tests.helpers.pool import (
+    TIMEOUT,
+    Tenant,
+    island_changes,
+    renewing,
+    running_pool,
+    wait_until,
+)
 
 NAME = "test"
 LEASE = 4.0
@@ -301,22 +308,23 @@ def test_share_gives_each_tenant_its_weights_share_while_all_are_busy(pool):
     weights = {"light": 1.0, "heavy": 2.0}
     secrets = {n: ray.get(actor.register.remote(n, w))["secret"] for n, w in weights.items()}
     try:
-        # Each compiles and runs the step once, then a short chain once that has ended: the
-        # island's estimate of a step is then what a step in a chain takes (a launch is
-        # charged its estimate until it ends), and neither tenant starts behind the other.
-        for secret in secrets.values():
-            start = np.ones((4 * size, size), np.float32)
-            ray.get(actor.submit.remote(secret, 0, [("put", 0, 0, start, layout),
-                                                    *chain(blob, 0, 1, 1)]))
-            records(actor, secret, 2)
-            ray.get(actor.submit.remote(secret, 1, chain(None, 1, 8, 2)))
-            records(actor, secret, 8)
-        since = ray.get(actor.pool_status.remote())["launches"]
-        for secret in secrets.values():
-            actor.submit.remote(secret, 2, chain(None, 9, steps, 10))
-        for secret in secrets.values():
-            records(actor, secret, steps)
-        log = [r for r in ray.get(actor.launches.remote(since)) if r["kind"] == "compute"]
+        with renewing(actor, list(secrets.values())):  # (read one tenant at a time)
+            # Each compiles and runs the step once, then a short chain once that has ended: the
+            # island's estimate of a step is then what a step in a chain takes (a launch is
+            # charged its estimate until it ends), and neither tenant starts behind the other.
+            for secret in secrets.values():
+                start = np.ones((4 * size, size), np.float32)
+                ray.get(actor.submit.remote(secret, 0, [("put", 0, 0, start, layout),
+                                                        *chain(blob, 0, 1, 1)]))
+                records(actor, secret, 2)
+                ray.get(actor.submit.remote(secret, 1, chain(None, 1, 8, 2)))
+                records(actor, secret, 8)
+            since = ray.get(actor.pool_status.remote())["launches"]
+            for secret in secrets.values():
+                actor.submit.remote(secret, 2, chain(None, 9, steps, 10))
+            for secret in secrets.values():
+                records(actor, secret, steps)
+            log = [r for r in ray.get(actor.launches.remote(since)) if r["kind"] == "compute"]
     finally:
         for secret in secrets.values():
             ray.get(actor.unregister.remote(secret))
