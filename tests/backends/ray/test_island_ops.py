@@ -15,7 +15,8 @@ from pwkernel.backends.ray.ops import IslandDevices
 @pytest.fixture
 def island(monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # (IslandDevices sets it for its process)
-    return IslandDevices(0, 2, "cpu")
+    # all of this process's devices: it sets JAX's device count (to the count JAX has, here)
+    return IslandDevices(0, jax.device_count(), "cpu")
 
 
 def run_op(rid, key, fn, inputs, outputs, donated=()):
