@@ -188,6 +188,11 @@ def line_parser() -> _Parser:
     at.add_argument("--pool", type=_pool, default=None, metavar="NAME",
                     help="ray: attach to device pool NAME at --address as one of its tenants "
                          "(python -m pwkernel.pool start --name NAME; docs/pool.md)")
+    at.add_argument("--tenant", type=_client, default=None, metavar="NAME",
+                    help="ray --pool: this kernel's name among the pool's tenants (default: "
+                         "PWKERNEL_TENANT, else host:pid)")
+    at.add_argument("--weight", type=_weight, default=None, metavar="W",
+                    help="ray --pool: this kernel's share of the pool's islands (default 1)")
     at.add_argument("--islands", type=_sizes, default=None, metavar="4,4")
     at.add_argument("--preset", default=None, metavar="NAME",
                     help="sim: the simulated machine (tpu-v3, tpu-v4, a100, h100, h200, "

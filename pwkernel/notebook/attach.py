@@ -19,8 +19,13 @@ from ..runtime.resources import islands_from_env
 from .tenants import pool_of
 
 
-def check(backend: str, address: str | None, preset: str | None, pool: str | None) -> None:
+def check(backend: str, address: str | None, preset: str | None, pool: str | None,
+          tenant: str | None = None, weight: float | None = None) -> None:
     """Refuse options the backend does not take, saying which command was meant."""
+    if pool is None and (tenant is not None or weight is not None):
+        raise UsageError("--tenant and --weight name this kernel in a device pool; pass them "
+                         "with --pool: %pathways attach ray --pool NAME --tenant alice "
+                         "--weight 2.")
     if backend == "local" and address is not None:
         raise UsageError("%pathways attach local takes no --address; use "
                          "%pathways attach ray --address A for a Ray cluster.")
@@ -40,16 +45,18 @@ def leaves_first(old, backend: str, pool: str | None) -> bool:
 
 
 def new_controller(backend: str, address: str | None, islands: tuple[int, ...] | None,
-                   preset: str | None, pool: str | None, old) -> process.Controller:
-    """The controller ``%pathways attach`` asked for (``old``: the kernel's, or None)."""
-    check(backend, address, preset, pool)
+                   preset: str | None, pool: str | None, old, tenant: str | None = None,
+                   weight: float | None = None) -> process.Controller:
+    """The controller ``%pathways attach`` asked for (``old``: the kernel's, or None;
+    ``tenant`` and ``weight``: its name and share in ``pool``)."""
+    check(backend, address, preset, pool, tenant, weight)
     if backend == "sim" or pool is not None:  # a preset's machine / the pool's islands
         sizes = islands
     elif old is not None and old.backend != "sim" and pool_of(old) is None:
         sizes = islands or tuple(len(i.devices) for i in old.islands)  # the same devices
     else:  # (a simulated pod's chip counts, or a pool's islands, are not this machine's)
         sizes = islands or islands_from_env()
-    options = {"pool": pool} if pool is not None else {}
+    options = {"pool": pool, "tenant": tenant, "weight": weight} if pool is not None else {}
     try:
         with warnings.catch_warnings():  # the old controller closes right after
             warnings.simplefilter("ignore", SharedDevicesWarning)

@@ -143,14 +143,14 @@ class PathwaysMagics(Magics):
               f"{len(released)} slices" + (f" ({', '.join(released)})" if released else ""))
 
     def _cmd_attach(self, a) -> None:
-        """Replace the kernel's controller by one on ``a.backend`` (its slices are released),
-        or by a tenant of device pool ``a.pool``."""
+        """Replace the kernel's controller (its slices released): ``a.backend``, ``a.pool``."""
         old = self.state.peek()  # None: not started yet, nothing to replace
-        attach.check(a.backend, a.address, a.preset, a.pool)
+        attach.check(a.backend, a.address, a.preset, a.pool, a.tenant, a.weight)
         if attach.leaves_first(old, a.backend, a.pool):
             self._leave(old)
             old = None
-        new = attach.new_controller(a.backend, a.address, a.islands, a.preset, a.pool, old)
+        new = attach.new_controller(a.backend, a.address, a.islands, a.preset, a.pool, old,
+                                    a.tenant, a.weight)
         self._leave(old)
         new.set_default()  # pw.controller() hands out the new one from now on
         self.state.adopt(new)

@@ -140,6 +140,30 @@ def island_changes(actor):
 
 
 @contextlib.contextmanager
+def renewing(actor, secrets: list[str], every: float = 1.0) -> Iterator[None]:
+    """Renew the leases of tenants registered by hand (``actor.register``) every ``every``
+    seconds, as a controller's ``KeepAlive`` does, while the block runs: a test that reads
+    one tenant's records for seconds must not have the pool drop the others meanwhile."""
+    import threading
+
+    import ray
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):  # (a heartbeat, not a wait for something to happen)
+            ray.get([actor.renew.remote(s) for s in secrets], timeout=TIMEOUT)
+
+    thread = threading.Thread(target=loop, name="test-renewals", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(TIMEOUT)
+
+
+@contextlib.contextmanager
 def running_pool(name: str, sizes: tuple[int, ...] = (4, 4),
                  lease: float = 4.0) -> Iterator[Head]:
     """A head of our own with pool ``name``'s island actors on it, this process connected to

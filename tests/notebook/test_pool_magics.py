@@ -44,6 +44,11 @@ def test_attach_takes_a_pool_only_through_ray(ip):
     with pytest.raises(UsageError, match="pool name 'a/b' is not 1 to 64 letters"):
         run(ip, "%pathways attach ray --address 127.0.0.1:1 --pool a/b")
     assert "--pool NAME" in PathwaysMagics.pathways.__doc__
+    with pytest.raises(UsageError, match="--tenant and --weight name this kernel in a device "
+                                         "pool; pass them with --pool"):
+        run(ip, "%pathways attach ray --address 127.0.0.1:1 --tenant anna --weight 2")
+    with pytest.raises(UsageError, match="--weight: expected a positive number"):
+        run(ip, "%pathways attach ray --pool class --weight inf")
 
 
 def test_a_pool_that_does_not_answer_is_a_usage_error(ip, tmp_path, monkeypatch):

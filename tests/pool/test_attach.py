@@ -120,6 +120,45 @@ def test_an_unregister_that_overtakes_a_message_waits_for_it(pool):
     assert "leaving" not in {t["name"] for t in status["tenants"]}
 
 
+def test_closing_drops_the_work_the_island_has_not_launched(pool):
+    """``close()`` with a chain of computations queued on a pool's island: the island drops
+    what it has not launched (it ran all of them first, holding the devices other tenants
+    wait for, and the closing kernel with them), and their futures say they were stopped."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from tests.helpers.pool import island_changes, wait_until
+
+    def steps(x):  # a few tenths of a second on this machine's cores
+        return jax.lax.fori_loop(0, 20, lambda i, x: jnp.tanh(x @ x) * 0.5, x)
+
+    actor = tenancy.find_islands(NAME)[0]
+    ctl = pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="leaver")
+    try:
+        mine = ctl.executor.hosts[0].tenant_id
+        f = pw.function(steps, slice=ctl.slice(2, island=0), in_specs=P(), out_specs=P())
+        x = f(np.ones((384, 384), np.float32))
+        x.result(TIMEOUT)  # compiled, and its upload done
+        since = ray.get(actor.pool_status.remote(), timeout=TIMEOUT)["launches"]
+        for _ in range(12):
+            x = f(x)
+
+        def held() -> bool:  # all 12 at the island, queued or running
+            rows = ray.get(actor.pool_status.remote(), timeout=TIMEOUT)["tenants"]
+            return any(r["tenant"] == mine and r["queued"] + r["running"] == 12 for r in rows)
+        wait_until(held, TIMEOUT, "the island holds the 12 computations", island_changes(actor))
+    finally:
+        ctl.close()
+    ran = [e for e in ray.get(actor.launches.remote(since), timeout=TIMEOUT)
+           if e["tenant_id"] == mine and e["kind"] == "compute"]
+    assert len(ran) < 12, f"all {len(ran)} ran before the tenant left"
+    with pytest.raises(pw.CancelledError, match="stopped by ctl.close()"):
+        x.result(TIMEOUT)
+    status = ray.get(actor.pool_status.remote(), timeout=TIMEOUT)
+    assert "leaver" not in {t["name"] for t in status["tenants"]}
+
+
 def test_a_dead_island_is_shown_lost_and_the_others_keep_their_numbers(pool, tmp_path,
                                                                        monkeypatch):
     """The last test of the module: island 1's actor dies."""

@@ -240,6 +240,12 @@ NOTEBOOK = textwrap.dedent("""
     cli = subprocess.run([sys.executable, "-m", "pwkernel.pool", "status", "--name", name],
                          capture_output=True, text=True, timeout=120)
     print(cli.stdout, cli.stderr)
+    # attached again under a name and weight of its own (the address from the pool file)
+    ip.run_line_magic("pathways", f"attach ray --pool {name} --tenant anna --weight 2.5")
+    import ray
+    from pwkernel.backends.ray import tenancy
+    rows = ray.get(tenancy.find_islands(name)[0].pool_status.remote())["tenants"]
+    print("tenants", sorted((t["name"], t["weight"]) for t in rows))
     ip.run_line_magic("unload_ext", "pwkernel")
 """)
 def test_a_notebook_attaches_as_a_tenant_and_sees_itself_in_status(started, env):
@@ -254,6 +260,7 @@ def test_a_notebook_attaches_as_a_tenant_and_sees_itself_in_status(started, env)
     assert f"Pool {NAME}: tenants" in out and f"{me} (this kernel)" in out
     assert "cells 22.0" in out  # (0 + 3 + 6 + 9) + 4, computed on the pool's island 1
     assert "tenant" in out and me in out.split("token file:")[-1]  # the CLI sees it too
+    assert "tenants [('anna', 2.5)]" in out  # --tenant, --weight; the first one left
 
 
 def test_a_pool_that_joins_a_cluster_uses_its_token_and_leaves_it_running(started, env,

@@ -9,6 +9,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import pwkernel as pw
@@ -127,3 +128,31 @@ def test_a_mistyped_pool_name_is_told_the_name_of_the_pool_at_that_address(pool_
         pw.Controller(backend="ray", pool="clas", address="localhost:1")
     with pytest.raises(pw.DeviceSetupError, match=r"pools written down here: 'class'\)"):
         pw.Controller(backend="ray", pool="clas")
+
+
+def test_attaching_to_a_pool_whose_cluster_is_gone_says_the_pool_is_not_running(pool_dir):
+    """A pool written down here whose head died (or a machine restart): the error names the
+    pool and the pool's commands, not `ray start` or ray_address=None (a cluster of one's
+    own would not be the pool)."""
+    from pwkernel.pool.head import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    poolfile.save(record("gone", address=address))
+    with pytest.raises(pw.DeviceSetupError) as caught:
+        pw.Controller(backend="ray", pool="gone", tenant="late")
+    message = str(caught.value)
+    assert f"pool 'gone' does not answer at {address}" in message
+    assert "python -m pwkernel.pool stop --name gone" in message
+    assert "ray start" not in message and "ray_address=None" not in message
+
+
+@pytest.mark.parametrize("weight", [float("inf"), float("nan"), 0, -1.0, True, "2"])
+def test_a_tenant_weight_that_is_not_a_finite_number_above_0_is_refused_first(pool_dir, weight):
+    """Refused before anything connects (an infinite weight took every island for itself while
+    it had work: ``ctl.client`` refuses it for a client); a NumPy number is a number."""
+    poolfile.save(record("w", address="127.0.0.1:1"))
+    with pytest.raises(pw.DeviceSetupError, match=r"weight= \(this tenant's share of the "
+                       r"pool\) must be a finite number > 0, got"):
+        pw.Controller(backend="ray", pool="w", weight=weight)
+    with pytest.raises(pw.DeviceSetupError, match="pool 'w' does not answer"):  # (accepted)
+        pw.Controller(backend="ray", pool="w", weight=np.float32(2.0))

@@ -15,6 +15,7 @@ import secrets
 import socket
 import threading
 
+import numpy as np
 import ray
 
 from ...runtime.errors import DeviceSetupError
@@ -37,6 +38,19 @@ def tenant_name(given: str | None = None) -> str:
     if not isinstance(name, str) or not name:
         raise DeviceSetupError(f"tenant= must be a non-empty string, got {name!r}.")
     return name
+
+
+def tenant_weight(weight: float | None) -> float:
+    """This controller's weight as a tenant: ``weight`` (default 1), a finite number > 0 (an
+    infinite one would take every island for itself while it has work, as ``ctl.client``
+    refuses for its clients)."""
+    weight = 1.0 if weight is None else weight
+    if (isinstance(weight, bool) or not isinstance(weight, int | float | np.number)
+            or not 0 < weight < float("inf")):
+        raise DeviceSetupError(f"weight= (this tenant's share of the pool) must be a finite "
+                               f"number > 0, got {weight!r}; e.g. weight=2 for twice the "
+                               "share of a weight-1 tenant.")
+    return float(weight)
 
 
 def pool_address(pool: str, address: str | None) -> str:
@@ -221,10 +235,7 @@ def attach(pool: str, sizes: tuple[int, ...] | None, tenant: str | None,
            weight: float | None) -> list[PoolIslandHost]:
     """Pool ``pool``'s islands on the connected cluster, as hosts not started yet; refuses
     ``sizes`` that differ from the pool's."""
-    weight = 1.0 if weight is None else weight
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-        raise DeviceSetupError(f"weight= (this tenant's share of the pool) must be a positive "
-                               f"number, got {weight!r}.")
+    weight = tenant_weight(weight)
     name = tenant_name(tenant)
     actors = island_actors(pool)
     if not actors:

@@ -139,6 +139,7 @@ class RayBackend:
             raise DeviceSetupError("tenant= and weight= name this controller in a pool; pass "
                                    "pool=NAME with them (and address=), or drop them.")
         if pool is not None:
+            weight = attach.tenant_weight(weight)  # (refused before anything connects)
             address = attach.pool_address(pool, address)
         sizes = None if pool is not None and islands is None else tuple(
             int(n) for n in (islands if islands is not None else DEFAULT_ISLANDS))
@@ -352,7 +353,17 @@ class RayBackend:
             self.keepalive.close()
         if self.others is not None:
             self.others.close()
-        for site in getattr(self, "sites", {}).values():
+        sites = getattr(self, "sites", {}).values()
+        if self.pool is not None:
+            # A pool's islands drop this tenant's work they have not launched yet when it
+            # unregisters, once they have taken its last message: so it leaves before its
+            # watchers wait (they would wait for all it sent to run, holding the devices
+            # other tenants wait for; a closed controller reads none of it).
+            for site in sites:
+                site.stop_sending()
+            for host in self.hosts.values():
+                host.kill()
+        for site in sites:
             site.close()
         for host in self.hosts.values():
             host.kill()

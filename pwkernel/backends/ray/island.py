@@ -350,7 +350,7 @@ class RaySite:
         quiet = 0.0
         while rid not in self._records:
             if sent is None or sent[0] is not host.actor or host.lost:
-                return None, host_lost(host)
+                return None, self._let_go() or host_lost(host)
             t = _now()
             try:
                 records = ray.get(sent[0].poll.remote(_POLL))
@@ -358,6 +358,8 @@ class RaySite:
                 host.mark_lost()
                 return None, host_lost(host)
             except ray.exceptions.RayError as e:  # its own error where it has one (a
+                if self._let_go():
+                    return None, self._let_go()
                 cause = getattr(e, "cause", None)  # pool's TenantRefused), not Ray's wrapper
                 if isinstance(cause, Exception):
                     cause.add_note(f"(raised on Ray island {host.island})")
@@ -374,6 +376,15 @@ class RaySite:
             return record, remote_error(record, host.island)
         return record, None
 
+    def _let_go(self) -> CancelledError | None:
+        """While closing, once the controller let go of the island (a pool's tenant left it
+        first, and the island dropped what it had not run): the error of what was not seen
+        to end, as ``ctl.close()`` cancels what has not run. Else None."""
+        if self._closing and self.host.actor is None:
+            return CancelledError(f"stopped by ctl.close(): island {self.host.island} dropped "
+                                  "this controller's work when it left")
+        return None
+
     def _ended(self, task: Task, record, handles, error, src_host: IslandHost | None) -> None:
         """Report that ``task``'s item completed (the runtime reports its end after its
         inputs' ends, so an upstream error wins: ``runtime/ends.py``)."""
@@ -389,9 +400,15 @@ class RaySite:
         return {"actor": None if host.actor is None else host.info.get("actor"),
                 "lost": host.lost, "generation": host.generation}
 
-    def close(self) -> None:
-        self._closing = True
-        self._launches.put(None)
+    def stop_sending(self) -> None:
+        """Send what is pending (its computations fail as cancelled) and stop the launcher."""
+        if not self._closing:
+            self._closing = True
+            self._launches.put(None)
         self._launcher.join()
+
+    def close(self) -> None:
+        """Stop sending, then see every item sent end (or fail, once the island is let go)."""
+        self.stop_sending()
         self._completions.put(None)
         self._watcher.join()

@@ -138,14 +138,19 @@ class IslandDevices:
         out_sh = tuple(self.sharding(lay) for lay in out_layouts)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
                    for a, sh in zip(exported.in_avals, in_sh, strict=True)]
-        jitted = jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh,
+        fence = _fence_sharding((*in_sh, *out_sh))
+
+        def fenced(*args):  # the fence last: see ``Fenced``
+            return (*exported.call(*args), self.jax.numpy.zeros((), self.jax.numpy.uint8))
+
+        jitted = jax.jit(fenced, in_shardings=in_sh, out_shardings=(*out_sh, fence),
                          donate_argnums=tuple(donated))
         exe = jitted.lower(*structs).compile()
         from ...runtime.callbacks import sub_byte
 
         if sub_byte(exported.in_avals):  # (int4/uint4 inputs: jax.jit's own call)
             exe = jitted
-        executables[key] = exe
+        executables[key] = exe = Fenced(exe)
         return exe
 
     # --- issuing ---------------------------------------------------------------------------
@@ -174,10 +179,10 @@ class IslandDevices:
             t_launch = now()  # compiling (the first time) is host work, not device time
             args = [self.arg(buffers, r, lay)
                     for r, lay in zip(inputs, in_layouts, strict=True)]
-            outs = exe(*args)
+            outs, fence = exe(*args)
             for bid, out in zip(outputs, outs, strict=True):
                 buffers[bid] = out
-            return ("done", rid, outs, t_launch, compute_positions(op), None)
+            return ("done", rid, fence, t_launch, compute_positions(op), None)
         if kind == "put":
             _, rid, bid, value, layout, *_ = op
             out = buffers[bid] = self.arg(buffers, value, layout)
@@ -229,7 +234,7 @@ class IslandDevices:
             if kind == "send":
                 self._send(value, *extra, t_launch)
             else:
-                self.jax.block_until_ready(value)
+                _wait(self.jax, value)
         except Exception as e:  # noqa: BLE001 - the record carries it to the controller
             record |= {"ok": False} | (e.fields if isinstance(e, Failed) else error_fields(e))
         t_end = now()
@@ -255,6 +260,42 @@ class IslandDevices:
             deliver(bid, None, f"{type(e).__name__}: {e}", t_launch)
             raise
         deliver(bid, value, None, t_launch)
+
+
+class Fenced:
+    """A compiled computation with one more output, its *fence* (one byte nobody else sees:
+    ready once the whole computation has run): a call returns ``(outputs, fence)``. Its end
+    is watched on the fence, never on the outputs, which a later launch may donate (a
+    training state given on step to step) before the island looks at them."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call):
+        self.call = call
+
+    def __call__(self, *args) -> tuple[list, Any]:
+        *outs, fence = self.call(*args)
+        return outs, fence
+
+
+def _fence_sharding(shardings):
+    """The fence's place: replicated over the computation's devices (its first layout's)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(shardings[0].mesh, PartitionSpec()) if shardings else None
+
+
+def _wait(jax, value) -> None:
+    """Wait for ``value`` (an array, or a list of them) to be made. One that a later launch
+    took (donated) before this wait is made already: the launch that took it waits for it."""
+    try:
+        jax.block_until_ready(value)
+    except Exception:
+        leaves = jax.tree_util.tree_leaves(value)
+        if not any(isinstance(a, jax.Array) and a.is_deleted() for a in leaves):
+            raise
+        jax.block_until_ready([a for a in leaves
+                               if not (isinstance(a, jax.Array) and a.is_deleted())])
 
 
 def compute_positions(op: tuple) -> frozenset[int]:

@@ -104,6 +104,9 @@ class OtherTenants:
             for log, ref in zip(logs, refs, strict=True):
                 try:
                     entries = ray.get(ref, timeout=_TIMEOUT)
+                except ray.exceptions.RayActorError:  # died: lost, as a failed call marks
+                    log.host.mark_lost()  # it (the work that needs it, and the pool's
+                    continue  # KeepAlive, say so; Ray's text of the death is noise here)
                 except (ray.exceptions.RayError, TimeoutError) as e:
                     if not self._failed:
                         logging.getLogger("pwkernel").warning(

@@ -168,8 +168,8 @@ class PoolIslandActor:
         """A new tenant: its id and the secret its later calls pass (``key``: ``Tenant.key``)."""
         if not isinstance(name, str) or not name or not isinstance(key, str | None):
             raise ValueError(f"a tenant name must be a non-empty string, got {name!r} ({key!r})")
-        if not (isinstance(weight, int | float) and weight > 0):
-            raise ValueError(f"a tenant weight must be a positive number, got {weight!r}")
+        if not (isinstance(weight, int | float) and 0 < weight < float("inf")):
+            raise ValueError(f"a tenant weight must be a finite number > 0, got {weight!r}")
         with self._cv:
             tenant = Tenant(next(self._ids), name, float(weight), now(), key=key or "")
             self._tenants[tenant.secret] = tenant

@@ -1,0 +1,56 @@
+"""What an island does with one operation (``backends/ray/ops.py``, shared by the Ray island
+actor and the pool's), run here in this process without Ray: issue operations in order, then
+see each end, as the actors' executor and completion threads do."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from pwkernel.backends.ray.ops import IslandDevices
+
+
+@pytest.fixture
+def island(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # (IslandDevices sets it for its process)
+    # all of this process's devices: it sets JAX's device count (to the count JAX has, here)
+    return IslandDevices(0, jax.device_count(), "cpu")
+
+
+def run_op(rid, key, fn, inputs, outputs, donated=()):
+    """A ``run`` operation of ``fn`` (one float32[4] in, one out) on positions 0 and 1, as
+    the controller sends it (its outputs a flat tuple)."""
+    struct = jax.ShapeDtypeStruct((4,), np.float32)
+    blob = bytes(jax.export.export(jax.jit(lambda x: (fn(x),)), platforms=["cpu"])(struct)
+                 .serialize())
+    layout = ((0, 1), (2,), ("x",), P("x"))
+    return ("run", rid, key, blob, [layout], [layout], inputs, outputs, key, None, (),
+            tuple(donated))
+
+
+def issue(island, op, buffers, executables):
+    return island.issue(op, 0.0, buffers, executables, None, None)
+
+
+def test_a_value_a_later_launch_donates_is_seen_to_end_without_an_error(island):
+    # The island issues a step, then the next step that donates the first one's output,
+    # before its completion thread waits for the first (a training state donated step to
+    # step): waiting on the donated buffer failed the first step with "BlockHostUntilReady()
+    # called on deleted or donated buffer", though it ran.
+    buffers, executables = {}, {}
+    layout = ((0, 1), (2,), ("x",), P("x"))
+    put = issue(island, ("put", 0, 10, np.arange(4, dtype=np.float32), layout), buffers,
+                executables)
+    first = issue(island, run_op(1, "double", lambda x: x * 2, [10], [11], donated=[0]),
+                  buffers, executables)
+    second = issue(island, run_op(2, "inc", lambda x: x + 1, [11], [12], donated=[0]),
+                   buffers, executables)
+    assert buffers[10].is_deleted() and buffers[11].is_deleted()  # both given on
+    records = [island.complete(item) for item in (put, first, second)]
+    assert [(r["rid"], r["ok"], r.get("error")) for r in records] == [
+        (0, True, None), (1, True, None), (2, True, None)]
+    assert all(r["t_start"] <= r["t_end"] for r in records)
+    np.testing.assert_array_equal(np.asarray(buffers[12]), [1.0, 3.0, 5.0, 7.0])
+
