@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,6 +225,14 @@ def test_cli_writes_json_with_every_ratio_key_and_a_plot(tmp_path: Path):
     assert payload["command"].startswith("python -m pwkernel.bench all --tiny")
     with Image.open(png) as img:
         assert img.format == "PNG" and img.width > 300
+
+
+def test_every_headline_key_is_explained_in_the_docs():
+    """Each key of the ``ratios`` object (scripts read them) is named, in backquotes, in
+    docs/benchmarks.md or, for the pool's, docs/pool.md: what it measures and its target."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    text = (docs / "benchmarks.md").read_text() + (docs / "pool.md").read_text()
+    assert sorted(set(TARGETS) - set(re.findall(r"`(\w+)`", text))) == []
 
 
 def test_cli_rejects_an_unknown_benchmark():
