@@ -238,10 +238,11 @@ class Dispatcher:
             # compiled again here, even if the function's cache was cleared since
             exe = task.graph_node.exe
             client = run.client_spec
-            self.islands[node.island].submit(task, sch.Submit(
+            island = self.islands[node.island]
+            island.submit(task, sch.Submit(
                 task=task.id, devices=node.devices, client=client, cost_key=node.spec.cost_key,
                 memory=exe.memory, ready=True, group=run.id,
-                credit=node.credit + (run.argument_credit(node) if node.donated_args else 0)))
+                credit=node.credit + island.argument_credit(task)))
         except BaseException as e:  # noqa: BLE001
             run.fail(task, e)
         finally:

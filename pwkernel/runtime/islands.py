@@ -92,13 +92,16 @@ class IslandQueue:
         self.post(self._ready(task))
 
     def _ready(self, task: Task) -> Ready:
-        """The event saying ``task``'s inputs are there, with the counted bytes of the
-        arguments it donates, which are given back when it launches (``Ready.credit``)."""
+        """The event saying ``task``'s inputs are there, with its ``argument_credit``."""
+        return Ready(task=task.id, after=task.run.after(task) if task.node.foreign else (),
+                     credit=self.argument_credit(task))
+
+    def argument_credit(self, task: Task) -> int:
+        """Under a memory budget, the counted bytes of the arguments ``task`` donates, given
+        back when it launches (``Ready.credit``, ``Submit.credit``); else 0."""
         node = task.node
-        credit = task.run.argument_credit(node) if (
+        return task.run.argument_credit(node) if (
             node.donated_args and self.scheduler.memory_budget is not None) else 0
-        return Ready(task=task.id, after=task.run.after(task) if node.foreign else (),
-                     credit=credit)
 
     def ended(self, task: Task, seconds: float) -> None:
         """A launched computation ended: its devices are free."""

@@ -364,12 +364,12 @@ class Future(ArrayOnDemand):
                     lock.acquire()
                 fut.donated = True  # (read by its resolution under this lock: one of the two
                 if fut._buffer is not None:  # gives its bytes back)
-                    given.append(fut)
+                    given.append((fut._store, fut._buffer))
         finally:
             if lock is not None:
                 lock.release()
-        for fut in given:
-            _consumed(fut._store, fut._buffer)
+        for store, buf in given:
+            _consumed(store, buf)
 
     @staticmethod
     def first_error(leaves) -> BaseException | None:
