@@ -247,9 +247,13 @@ def _unusable(node, inputs: list) -> BaseException | None:
             return deleted_input(
                 f"input {i} of {node.name} was given to an earlier call that donates it, "
                 "which now owns its buffer (or it was deleted)", value.aval.str_short())
-    for i in node.exe.donated:
-        if sum(v is inputs[i] for v in inputs) > 1:
-            return donated_and_read(node.name, i)
+    donated = node.exe.donated
+    if donated:  # (one pass in C over the inputs' ids; a repeat is rare, and looked at then)
+        ids = list(map(id, inputs))
+        if len(set(ids)) < len(ids):
+            for i in donated:
+                if ids.count(ids[i]) > 1:
+                    return donated_and_read(node.name, i)
     return None
 
 
