@@ -127,3 +127,19 @@ def donated_and_read(name: str, i: int) -> PathwaysError:
         f"{name} donates input {i} and also reads the same array as another input: a "
         "computation cannot be given a buffer it still reads. Pass a copy (jnp.copy(x)) as "
         "one of them, or donate neither."), RuntimeError)
+
+
+def donated_and_read_in(name: str, inputs: list, donated, kind: type | None = None):
+    """``donated_and_read`` for the first donated input (of type ``kind``, if given) that is
+    also another of ``inputs`` (the same object), else None. One pass in C over the inputs'
+    ids; the donated ones are looked at only if some input repeats (a state of many leaves
+    must not cost a comparison per pair)."""
+    if not donated:
+        return None
+    ids = list(map(id, inputs))
+    if len(set(ids)) == len(ids):
+        return None
+    for i in donated:
+        if ids.count(ids[i]) > 1 and (kind is None or isinstance(inputs[i], kind)):
+            return donated_and_read(name, i)
+    return None

@@ -34,7 +34,7 @@ from typing import Any
 import jax
 
 from ...runtime.callbacks import failure
-from ...runtime.errors import copy_error, deleted_input, donated_and_read, launch_error
+from ...runtime.errors import copy_error, deleted_input, donated_and_read_in, launch_error
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
@@ -247,14 +247,7 @@ def _unusable(node, inputs: list) -> BaseException | None:
             return deleted_input(
                 f"input {i} of {node.name} was given to an earlier call that donates it, "
                 "which now owns its buffer (or it was deleted)", value.aval.str_short())
-    donated = node.exe.donated
-    if donated:  # (one pass in C over the inputs' ids; a repeat is rare, and looked at then)
-        ids = list(map(id, inputs))
-        if len(set(ids)) < len(ids):
-            for i in donated:
-                if ids.count(ids[i]) > 1:
-                    return donated_and_read(node.name, i)
-    return None
+    return donated_and_read_in(node.name, inputs, node.exe.donated)
 
 
 def _waits(task: Task) -> bool:

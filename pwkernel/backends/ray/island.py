@@ -24,7 +24,7 @@ import time
 import numpy as np
 import ray
 
-from ...runtime.errors import CancelledError, IslandLostError, deleted_input, donated_and_read
+from ...runtime.errors import CancelledError, IslandLostError, deleted_input, donated_and_read_in
 from ...runtime.tasks import Task
 from .cluster import IslandHost
 from .hostvalues import from_host, to_host
@@ -142,9 +142,9 @@ def unusable(task: Task) -> BaseException | None:
             return deleted_input(
                 f"input {i} of {node.name} was given to an earlier call that donates it "
                 f"({value.donated}), which now owns its buffer", _short(node.exe.structs[i]))
-    for i in donated:
-        if isinstance(inputs[i], RemoteBuffer) and sum(v is inputs[i] for v in inputs) > 1:
-            return donated_and_read(node.name, i)
+    error = donated_and_read_in(node.name, inputs, donated, RemoteBuffer)
+    if error is not None:
+        return error
     for i in donated:
         if isinstance(inputs[i], RemoteBuffer):
             inputs[i].donated = node.name

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.errors import NoValueError, deleted_input, donated_and_read
+from ...runtime.errors import NoValueError, deleted_input, donated_and_read_in
 from ...runtime.executable import Executable
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island, islands_from_env
@@ -368,9 +368,9 @@ def _donation_error(node, inputs: list) -> BaseException | None:
             return deleted_input(f"input {i} of {node.name} was given to an earlier call that "
                                  "donates it, which now owns its buffer")
     donated = node.exe.donated
-    for i in donated:
-        if sum(v is inputs[i] for v in inputs) > 1:
-            return donated_and_read(node.name, i)
+    error = donated_and_read_in(node.name, inputs, donated)
+    if error is not None:
+        return error
     for i in donated:
         if isinstance(inputs[i], SimValue):
             inputs[i].deleted = True
