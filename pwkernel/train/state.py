@@ -76,9 +76,12 @@ class PackedState:
 
 def _expand(tree) -> list[Any]:
     """``tree``'s leaves, a ``PackedState`` standing for its packs."""
+    leaves = jax.tree_util.tree_leaves(tree)  # (a PackedState is no pytree node: a leaf)
+    if not any(type(leaf) is PackedState for leaf in leaves):
+        return leaves
     out: list[Any] = []
-    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, PackedState)):
-        if isinstance(leaf, PackedState):
+    for leaf in leaves:
+        if type(leaf) is PackedState:
             out.extend(leaf.futures)
         else:
             out.append(leaf)
