@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.utils.process import arg_split
 
+from ..runtime.device_groups import ROW_MODES
 from ..runtime.dispatcher import DispatchMode
 from ..runtime.scheduler import Policy
 
@@ -173,9 +174,13 @@ def line_parser() -> _Parser:
     c.add_argument("name", type=_client, metavar="NAME")
     c.add_argument("--weight", type=_weight, default=1.0, metavar="W")
     c.add_argument("--priority", type=int, default=0, metavar="P")
-    t = sub.add_parser("trace", help="trace save PATH (Perfetto JSON) | trace clear")
+    t = sub.add_parser("trace", help="trace save PATH [--rows auto|device|host|island] "
+                                     "(Perfetto JSON) | trace clear")
     t.add_argument("action", choices=["save", "clear"])
     t.add_argument("path", nargs="?", default=None, metavar="PATH")
+    t.add_argument("--rows", choices=ROW_MODES, default=None,
+                   help="save: a track per device, host or island; auto (the default) keeps "
+                        "one per device up to 64 devices, then groups them")
     sub.add_parser("reset", help="cancel every queued computation and release magic slices")
     at = sub.add_parser("attach", help="host the islands elsewhere, e.g. %%pathways attach ray "
                                        "--address auto --islands 4,4, join a device pool: "
@@ -240,14 +245,32 @@ def _split(line: str, prog: str) -> list[str]:
 
 def parse_line(line: str) -> argparse.Namespace:
     """Parse ``%pathways`` arguments; no subcommand means ``status``."""
-    args = LINE.parse_args(_split(line, "%pathways"))
+    args, rest = LINE.parse_known_args(_split(line, "%pathways"))
+    if (args.command == "trace" and args.path is None and len(rest) == 1
+            and not rest[0].startswith("-")):
+        # argparse (before 3.12) fills an optional positional before the flags that come
+        # first: ``trace save --rows host t.json`` leaves PATH over; it is the PATH
+        args.path, rest = rest[0], []
+    if rest:
+        LINE.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command is None:
         args.command = "status"
-    if args.command == "trace" and args.action == "save" and not args.path:
-        raise UsageError("%pathways trace save needs a PATH, e.g. %pathways trace save run.json")
+    if args.command == "trace":
+        _check_trace_flags(args)
     if args.command == "slice":
         _check_slice_flags(args)
     return args
+
+
+def _check_trace_flags(a: argparse.Namespace) -> None:
+    """``trace save`` needs a PATH; ``trace clear`` takes neither a PATH nor ``--rows``."""
+    if a.action == "save" and not a.path:
+        raise UsageError("%pathways trace save needs a PATH, e.g. %pathways trace save run.json")
+    if a.action == "clear" and (a.path is not None or a.rows is not None):
+        given = " ".join(x for x in (a.path, a.rows and f"--rows {a.rows}") if x)
+        raise UsageError(f"%pathways trace clear takes no arguments, got {given[:60]!r}. Maybe "
+                         "you want %pathways trace save PATH (which takes --rows), or "
+                         "%pathways trace clear alone.")
 
 
 def _check_slice_flags(a: argparse.Namespace) -> None:

@@ -129,7 +129,7 @@ class PathwaysMagics(Magics):
             return
         n = len(self.ctl.trace)
         try:
-            path = self.ctl.trace.save(a.path)
+            path = self.ctl.trace.save(a.path, rows=a.rows or "auto")
         except ValueError as e:  # a path that names no file: the message says why, and the fix
             raise UsageError(f"%pathways trace save: {e}") from None
         except OSError as e:

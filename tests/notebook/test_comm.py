@@ -82,6 +82,33 @@ def test_trace_refuses_hidden_files_and_nul_bytes_in_one_line(ctl, tmp_path, pat
     assert sorted(os.listdir(tmp_path)) == ["runs"] and os.listdir(tmp_path / "runs") == []
 
 
+def test_trace_rows_picks_the_tracks_and_refuses_others(ctl, tmp_path):
+    import numpy as np
+
+    import pwkernel as pw
+
+    pw.function(lambda x: x + 1, slice=ctl.slice(4, island=0))(np.ones(8)).result()
+
+    def tracks(out) -> set[str]:
+        events = json.loads(open(out["path"]).read())["traceEvents"]
+        return {e["args"]["name"] for e in events if e.get("name") == "thread_name"
+                and not e["args"]["name"].startswith("transfers")}
+
+    plain = comm.reply(ctl, {"type": "trace", "path": "plain.json"}, root=tmp_path)
+    assert plain["rows"] == "auto" and len(tracks(plain)) == 4  # a track per device
+    island = comm.reply(ctl, {"type": "trace", "path": "i.json", "rows": "island", "id": 3},
+                        root=tmp_path)
+    assert {k: island[k] for k in ("type", "rows", "id")} == \
+        {"type": "trace", "rows": "island", "id": 3}
+    assert tracks(island) == {"all (4 devices)"}
+    for bad in ("chip", "", 3, None, ["host"]):
+        out = comm.reply(ctl, {"type": "trace", "path": "bad.json", "rows": bad},
+                         root=tmp_path)
+        assert out["type"] == "error" and "field 'rows' must be one of ['auto', 'device', " \
+            "'host', 'island']" in out["error"], out
+    assert sorted(os.listdir(tmp_path)) == ["i.json", "plain.json"]
+
+
 # --- one updater thread, however many subscribe --------------------------------------------
 def test_one_updater_serves_every_subscribed_comm_and_caps_them(ctl):
     sent: dict[int, list[dict]] = {}

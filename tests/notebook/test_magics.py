@@ -359,6 +359,33 @@ def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):
     assert "released 1 slices (s1)" in capsys.readouterr().out
 
 
+def test_trace_save_rows_picks_the_tracks(ip, tmp_path):
+    """``--rows`` goes to ``trace.save``: a track per island holds all its devices' spans."""
+    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "%%pathways --devices 4\ny = x * 2")
+    ip.user_ns["y"].result()
+
+    def tracks(name: str) -> set[str]:
+        events = json.loads((tmp_path / name).read_text())["traceEvents"]
+        return {e["args"]["name"] for e in events if e.get("name") == "thread_name"
+                and "transfers" not in e["args"]["name"]}
+
+    run(ip, f"%pathways trace save {tmp_path / 'devices.json'}")
+    run(ip, f"%pathways trace save --rows island {tmp_path / 'islands.json'}")
+    run(ip, f"%pathways trace save {tmp_path / 'hosts.json'} --rows host")
+    ran = sorted(d for e in extension.state().ctl.trace.events() for d in e.devices)
+    assert tracks("devices.json") == {f"device {d}" for d in ran}  # 8 devices fit: auto
+    assert tracks("islands.json") == {"all (4 devices)"}
+    assert tracks("hosts.json") == {f"host {d} (1 device)" for d in ran}  # a host per device
+    for bad, fix in [("--rows chip", "choose from 'auto', 'device', 'host', 'island'"),
+                     ("--rows", "--rows: expected one argument")]:
+        with pytest.raises(UsageError, match=re.escape(fix)):
+            run(ip, f"%pathways trace save {tmp_path / 'bad.json'} {bad}")
+    with pytest.raises(UsageError, match="trace clear takes no arguments"):
+        run(ip, "%pathways trace clear --rows host")
+    assert not (tmp_path / "bad.json").exists() and len(extension.state().ctl.trace) > 0
+
+
 def test_help_comes_from_the_shared_specs(ip):
     doc = ip.magics_manager.magics["line"]["pathways"].__doc__
     for word in ("status", "slice", "release", "policy", "dispatch", "client", "trace", "reset"):
