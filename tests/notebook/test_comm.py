@@ -165,6 +165,20 @@ class SubshellComm(CommClient):
         self.kc.shell_channel.send(msg)
 
 
+def test_a_live_view_the_page_closes_stops_its_thread_in_the_kernel(kernel):
+    """The page closing a view's widget (a comm_close to the kernel, on the shell or, as
+    JupyterLab sends comm messages, on a subshell) ends the view's updater thread."""
+    for n, channel in enumerate((CommClient, SubshellComm)):
+        model = run_code(kernel, f"import pwkernel as pw\nv{n} = pw.ScheduleView("
+                                 f"pw.controller(), interval=0.02)\nt{n} = v{n}.updater.thread\n"
+                                 f"print(t{n}.is_alive(), v{n}.model_id)").split()
+        assert model[0] == "True", model
+        channel(kernel, model[1]).close()
+        # (a subshell's close may come after this cell started: the join waits for it)
+        assert run_code(kernel, f"t{n}.join(60)\nprint(t{n}.is_alive(), v{n}.comm)"
+                        ).split() == ["False", "None"]
+
+
 TICKS = """\
 import threading, jax, numpy as np, pwkernel as pw
 held = threading.Event()
