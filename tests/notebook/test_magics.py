@@ -18,6 +18,7 @@ import pwkernel as pw
 from pwkernel.notebook import args as specs
 from pwkernel.notebook import comm, extension
 from pwkernel.notebook.display import Status
+from tests.helpers import ROOT
 from tests.helpers.shell import run
 
 
@@ -195,6 +196,27 @@ def test_bad_input_is_a_short_usage_error(ip, cell, fix):
     with pytest.raises(UsageError, match=re.escape(fix)):
         run(ip, cell)
     assert extension.state().ctl.runs() == []
+
+
+@pytest.mark.parametrize("line, says, never", [
+    ("%pathways policy fifo --weight 2",
+     "--weight goes with %pathways client and %pathways attach, not with %pathways policy.",
+     "Did you mean --weight"),
+    ("%pathways slice s1 2 --priority 3",
+     "--priority goes with %pathways client, not with %pathways slice.", "Did you mean"),
+    ("%pathways status --verbose", "unrecognized arguments: --verbose.", "Did you mean"),
+    ("%pathways client bob --wieght 2", "Did you mean --weight?", "goes with"),
+    ("%pathways -h", "%pathways takes no -h: its help is %pathways?", "required"),
+    ("%pathways slice --help", "%pathways takes no --help: its help is %pathways?",
+     "required"),
+    ("%%pathways --slice s0 -h\ny = 1", "%%pathways takes no -h: its help is %%pathways?",
+     "unrecognized"),
+])
+def test_misplaced_flags_and_help_requests_name_the_fix(ip, line, says, never):
+    run(ip, "%pathways slice s0 2")
+    with pytest.raises(UsageError) as err:
+        run(ip, line)
+    assert says in str(err.value) and never not in str(err.value), str(err.value)
 
 
 def test_a_refused_client_name_leaves_later_cells_working(ip):
@@ -395,6 +417,26 @@ def test_help_comes_from_the_shared_specs(ip):
                  "--sequential", "--no-block", "--timeout", "--viz"):
         assert flag in cell_doc
     assert specs.parse_line("").command == "status"
+
+
+def test_help_explains_every_flag_and_the_docs_list_them(ip):
+    """``%pathways?`` says what each subcommand's flags mean (the parsers' own help), and
+    docs/magics.md names every subcommand and flag the parsers take."""
+    doc = ip.magics_manager.magics["line"]["pathways"].__doc__
+    for name, sub in specs.LINE.subcommands.items():
+        for flag, text in sub.option_help().items():
+            assert text, f"%pathways {name} {flag}: no help"
+            assert " ".join(text.split()[:4]) in " ".join(doc.split()), (name, flag)
+    docs = (ROOT / "docs" / "magics.md").read_text()
+    line_table = docs.split("## `%pathways SUBCOMMAND`")[1].split("## `%%pathways")[0]
+    cell_table = docs.split("| flag | example | meaning |")[1]
+    for name, sub in specs.LINE.subcommands.items():
+        row = next((r for r in line_table.splitlines() if r.startswith(f"| `{name}")), None)
+        assert row is not None, f"docs/magics.md has no row for %pathways {name}"
+        for flag in sub.flags():
+            assert flag in row, f"docs/magics.md: %pathways {name} row lacks {flag}"
+    for flag in specs.CELL.flags():
+        assert f"`{flag}" in cell_table, f"docs/magics.md: the %%pathways table lacks {flag}"
 
 
 def test_comm_protocol_replies():
