@@ -260,9 +260,27 @@ LINE = line_parser()
 CELL = cell_parser()
 
 
+def _without_comment(line: str) -> str:
+    """``line`` up to a ``#`` that starts a word outside quotes, as a shell reads a comment
+    (``slice s0 2  # data``); a ``#`` inside a word or in quotes (``t#1.json``) stays."""
+    quote, escaped = None, False
+    for i, ch in enumerate(line):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote is not None:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
 def _split(line: str, prog: str) -> list[str]:
     try:
-        words = arg_split(line, posix=True)
+        words = arg_split(_without_comment(line), posix=True)
     except ValueError as e:  # unbalanced quotes
         raise UsageError(f"{prog}: cannot split {line!r} into arguments ({e}).") from None
     asked = [w for w in words if w in ("-h", "--help")]

@@ -219,6 +219,20 @@ def test_misplaced_flags_and_help_requests_name_the_fix(ip, line, says, never):
     assert says in str(err.value) and never not in str(err.value), str(err.value)
 
 
+def test_a_comment_after_the_magic_is_a_comment(ip, tmp_path):
+    """``#`` starting a word outside quotes ends the arguments, as in Python and a shell."""
+    run(ip, "%pathways slice s9 2 --axes data  # the data-parallel slice")
+    assert ip.user_ns["s9"].axis_names == ("data",)
+    run(ip, "x = np.ones(4, np.float32)")
+    run(ip, "%%pathways --slice s9 --timeout 60  # one step\ny = x + 1")
+    assert ip.user_ns["y"].result().tolist() == [2.0] * 4
+    run(ip, f"%pathways trace save {tmp_path / 'run#1.json'} #no space needed after it")
+    run(ip, f"%pathways trace save '{tmp_path / '# quoted.json'}'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["# quoted.json", "run#1.json"]
+    with pytest.raises(UsageError, match="required: NAME, SHAPE"):
+        run(ip, "%pathways slice # s10 2")
+
+
 def test_a_refused_client_name_leaves_later_cells_working(ip):
     run(ip, "x = np.ones(4, np.float32)")
     with pytest.raises(UsageError):
