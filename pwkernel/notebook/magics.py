@@ -9,6 +9,7 @@ the fix.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -127,13 +128,15 @@ class PathwaysMagics(Magics):
             self.ctl.trace.clear()
             print("trace cleared")
             return
-        n = len(self.ctl.trace)
+        n, where = len(self.ctl.trace), os.path.expanduser(a.path)  # (~/t.json, as a shell)
         try:
-            path = self.ctl.trace.save(a.path, rows=a.rows or "auto")
+            path = self.ctl.trace.save(where, rows=a.rows or "auto")
         except ValueError as e:  # a path that names no file: the message says why, and the fix
             raise UsageError(f"%pathways trace save: {e}") from None
         except OSError as e:
-            raise UsageError(f"%pathways trace save: cannot write {a.path!r} ({e}).") from None
+            raise UsageError(f"%pathways trace save: cannot write {where!r} ({e.strerror}). "
+                             "Pass a path in a folder that exists and that you may write to."
+                             ) from None
         print(f"wrote {n} events to {path} (open it in https://ui.perfetto.dev)")
 
     def _cmd_reset(self, a) -> None:

@@ -422,6 +422,18 @@ def test_trace_save_rows_picks_the_tracks(ip, tmp_path):
     assert not (tmp_path / "bad.json").exists() and len(extension.state().ctl.trace) > 0
 
 
+def test_trace_save_expands_the_home_folder_and_says_why_it_cannot_write(ip, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run(ip, "%pathways trace save ~/home.json")
+    assert json.loads((tmp_path / "home.json").read_text())["traceEvents"] is not None
+    missing = tmp_path / "no" / "t.json"
+    with pytest.raises(UsageError, match=re.escape(
+            f"cannot write {str(missing)!r} (No such file or directory). Pass a path in a "
+            "folder that exists")):
+        run(ip, f"%pathways trace save {missing}")
+
+
 def test_help_comes_from_the_shared_specs(ip):
     doc = ip.magics_manager.magics["line"]["pathways"].__doc__
     for word in ("status", "slice", "release", "policy", "dispatch", "client", "trace", "reset"):
