@@ -188,10 +188,11 @@ class PathwaysMagics(Magics):
         if a.slice is not None:
             vs = self.shell.user_ns.get(a.slice, self.state.slices.get(a.slice))
             if not isinstance(vs, VirtualSlice):
-                known = sorted(n for n, v in self.shell.user_ns.items()
-                               if isinstance(v, VirtualSlice) and not n.startswith("_"))
+                known = sorted(n for n, v in self.shell.user_ns.items() if isinstance(
+                    v, VirtualSlice) and not v.released and not n.startswith("_"))
+                held = "" if vs is None else f" ({a.slice} is of type {type(vs).__name__})"
                 raise UsageError(
-                    f"%%pathways: --slice {a.slice}: no slice named {a.slice!r}"
+                    f"%%pathways: --slice {a.slice}: no slice named {a.slice!r}{held}"
                     + (f" (slices: {', '.join(known)})" if known else "")
                     + f". Make it with %pathways slice {a.slice} 2, or use --devices N.")
             if vs.released:

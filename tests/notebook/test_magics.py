@@ -233,6 +233,18 @@ def test_a_comment_after_the_magic_is_a_comment(ip, tmp_path):
         run(ip, "%pathways slice # s10 2")
 
 
+def test_slice_errors_list_only_usable_slices_and_say_what_a_name_holds(ip):
+    run(ip, "%pathways slice s0 2\n")
+    run(ip, "%pathways slice s1 2")
+    run(ip, "s1.release()\nf = 3")
+    with pytest.raises(UsageError) as err:
+        run(ip, "%%pathways --slice f\ny = 1")
+    assert "no slice named 'f' (f is of type int) (slices: s0)." in str(err.value), err.value
+    with pytest.raises(UsageError) as err:
+        run(ip, "%%pathways --slice s2\ny = 1")
+    assert "no slice named 's2' (slices: s0)." in str(err.value)  # not s1: released
+
+
 def test_a_refused_client_name_leaves_later_cells_working(ip):
     run(ip, "x = np.ones(4, np.float32)")
     with pytest.raises(UsageError):
