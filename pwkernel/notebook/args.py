@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.utils.process import arg_split
 
+from ..runtime.device_groups import ROW_MODES
 from ..runtime.dispatcher import DispatchMode
 from ..runtime.scheduler import Policy
 
@@ -36,24 +37,41 @@ class _Parser(MagicArgumentParser):
         self.subcommands = action.choices
         return action
 
-    def error(self, message: str):
-        raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message)} See "
+    def error(self, message: str, command: str | None = None):
+        """``command``: the subcommand the arguments were given to (its flags are the ones a
+        misspelt flag is compared with); None: any subcommand's."""
+        raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message, command)} See "
                          f"{self.hint} for the accepted arguments.")
 
     def flags(self) -> list[str]:
         """Every option string this parser takes (``--timeout``, ...)."""
         return [f for action in self._actions for f in action.option_strings]
 
-    def _did_you_mean(self, message: str) -> str:
-        """For unrecognized flags, the flags of this command they look like."""
+    def option_help(self) -> dict[str, str | None]:
+        """Each option (by its first flag) and its help, None where it has none."""
+        return {a.option_strings[0]: a.help for a in self._actions if a.option_strings}
+
+    def _did_you_mean(self, message: str, command: str | None = None) -> str:
+        """For unrecognized flags: a flag of another subcommand says whose it is; any other,
+        the flags of this command it looks like."""
         if not message.startswith("unrecognized arguments:"):
             return ""
-        flags = self.flags()
-        for parser in self.subcommands.values():
-            flags += parser.flags() if isinstance(parser, _Parser) else []
-        near = {m for word in message.split(":", 1)[1].split() if word.startswith("-")
-                for m in difflib.get_close_matches(word.split("=")[0], flags, n=1)}
-        return f" Did you mean {', '.join(sorted(near))}?" if near else ""
+        subs = {n: p for n, p in self.subcommands.items() if isinstance(p, _Parser)}
+        own = self.flags() + (subs[command].flags() if command in subs else
+                              [f for p in subs.values() for f in p.flags()])
+        notes, near = [], set()
+        for word in message.split(":", 1)[1].split():
+            flag = word.split("=")[0]
+            if not flag.startswith("-"):
+                continue
+            whose = [f"{self.label} {n}" for n, p in subs.items() if flag in p.flags()]
+            if flag not in own and whose:
+                notes.append(f" {flag} goes with {' and '.join(whose)}, not with "
+                             f"{self.label} {command}.")
+            else:
+                near.update(difflib.get_close_matches(flag, own, n=1))
+        near -= set(message.split())  # (a flag given exactly is no typo of itself)
+        return "".join(notes) + (f" Did you mean {', '.join(sorted(near))}?" if near else "")
 
 
 _DIMS = re.compile(r"[1-9][0-9]*(?:[xX*][1-9][0-9]*)*|[1-9][0-9]*(?:,[1-9][0-9]*)*")
@@ -158,8 +176,10 @@ def line_parser() -> _Parser:
     s = sub.add_parser("slice", help="bind a VirtualSlice to NAME, e.g. %%pathways slice s0 2x2")
     s.add_argument("name", type=_name, metavar="NAME")
     s.add_argument("shape", type=_shape, metavar="SHAPE", help="2, 2x2 or 2,2")
-    s.add_argument("--island", type=int, default=None, metavar="I")
-    s.add_argument("--axes", type=_axes, default=None, metavar="x,y")
+    s.add_argument("--island", type=int, default=None, metavar="I",
+                   help="the island to take it on (default: the least loaded)")
+    s.add_argument("--axes", type=_axes, default=None, metavar="x,y",
+                   help="a name for each dimension of SHAPE (default: x, y, z, w)")
     s.add_argument("--axis-types", dest="axis_types", type=_axis_types, default=None,
                    metavar="explicit|auto",
                    help="JAX mesh axis types (default: what jax.make_mesh gives, explicit)")
@@ -171,11 +191,17 @@ def line_parser() -> _Parser:
     d.add_argument("mode", choices=[m.value for m in DispatchMode])
     c = sub.add_parser("client", help="the client later cells submit as")
     c.add_argument("name", type=_client, metavar="NAME")
-    c.add_argument("--weight", type=_weight, default=1.0, metavar="W")
-    c.add_argument("--priority", type=int, default=0, metavar="P")
-    t = sub.add_parser("trace", help="trace save PATH (Perfetto JSON) | trace clear")
+    c.add_argument("--weight", type=_weight, default=1.0, metavar="W",
+                   help="its share under policy 'share' (above 0, up to 1e6; default 1)")
+    c.add_argument("--priority", type=int, default=0, metavar="P",
+                   help="its rank under policy 'priority' (higher first; default 0)")
+    t = sub.add_parser("trace", help="trace save PATH [--rows auto|device|host|island] "
+                                     "(Perfetto JSON) | trace clear")
     t.add_argument("action", choices=["save", "clear"])
     t.add_argument("path", nargs="?", default=None, metavar="PATH")
+    t.add_argument("--rows", choices=ROW_MODES, default=None, metavar="|".join(ROW_MODES),
+                   help="save: a track per device, host or island; auto (the default) keeps "
+                        "one per device up to 64 devices, then groups them")
     sub.add_parser("reset", help="cancel every queued computation and release magic slices")
     at = sub.add_parser("attach", help="host the islands elsewhere, e.g. %%pathways attach ray "
                                        "--address auto --islands 4,4, join a device pool: "
@@ -193,7 +219,9 @@ def line_parser() -> _Parser:
                          "PWKERNEL_TENANT, else host:pid)")
     at.add_argument("--weight", type=_weight, default=None, metavar="W",
                     help="ray --pool: this kernel's share of the pool's islands (default 1)")
-    at.add_argument("--islands", type=_sizes, default=None, metavar="4,4")
+    at.add_argument("--islands", type=_sizes, default=None, metavar="4,4",
+                    help="devices per island (sim: chips per island); default: the "
+                         "islands in use now (sim: the preset's machine; --pool: the pool's)")
     at.add_argument("--preset", default=None, metavar="NAME",
                     help="sim: the simulated machine (tpu-v3, tpu-v4, a100, h100, h200, "
                          "this-machine; default tpu-v4); --islands then counts its chips")
@@ -208,7 +236,8 @@ def cell_parser() -> _Parser:
     where.add_argument("--slice", type=_name, default=None, metavar="NAME",
                        help="run on the VirtualSlice bound to NAME")
     where.add_argument("--devices", type=_count, default=None, metavar="N",
-                       help="run on a fresh slice of N devices (released when the cell ends)")
+                       help="run on a fresh slice of N devices (released when the cell's "
+                            "program ends)")
     p.add_argument("--island", type=int, default=None, metavar="I",
                    help="the island of --devices (default: the least loaded)")
     p.add_argument("--client", type=_client, default=None, metavar="NAME",
@@ -231,23 +260,64 @@ LINE = line_parser()
 CELL = cell_parser()
 
 
+def _without_comment(line: str) -> str:
+    """``line`` up to a ``#`` that starts a word outside quotes, as a shell reads a comment
+    (``slice s0 2  # data``); a ``#`` inside a word or in quotes (``t#1.json``) stays."""
+    quote, escaped = None, False
+    for i, ch in enumerate(line):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote is not None:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
 def _split(line: str, prog: str) -> list[str]:
     try:
-        return arg_split(line, posix=True)
+        words = arg_split(_without_comment(line), posix=True)
     except ValueError as e:  # unbalanced quotes
         raise UsageError(f"{prog}: cannot split {line!r} into arguments ({e}).") from None
+    asked = [w for w in words if w in ("-h", "--help")]
+    if asked:  # (the parsers have no -h: the magic's docstring is its help)
+        raise UsageError(f"{prog} takes no {asked[0]}: its help is {prog}? (IPython's help, "
+                         f"on a line of its own), which lists every flag.")
+    return words
 
 
 def parse_line(line: str) -> argparse.Namespace:
     """Parse ``%pathways`` arguments; no subcommand means ``status``."""
-    args = LINE.parse_args(_split(line, "%pathways"))
+    args, rest = LINE.parse_known_args(_split(line, "%pathways"))
+    if (args.command == "trace" and args.path is None and len(rest) == 1
+            and not rest[0].startswith("-")):
+        # argparse (before 3.12) fills an optional positional before the flags that come
+        # first: ``trace save --rows host t.json`` leaves PATH over; it is the PATH
+        args.path, rest = rest[0], []
+    if rest:
+        LINE.error(f"unrecognized arguments: {' '.join(rest)}", args.command or "status")
     if args.command is None:
         args.command = "status"
-    if args.command == "trace" and args.action == "save" and not args.path:
-        raise UsageError("%pathways trace save needs a PATH, e.g. %pathways trace save run.json")
+    if args.command == "trace":
+        _check_trace_flags(args)
     if args.command == "slice":
         _check_slice_flags(args)
     return args
+
+
+def _check_trace_flags(a: argparse.Namespace) -> None:
+    """``trace save`` needs a PATH; ``trace clear`` takes neither a PATH nor ``--rows``."""
+    if a.action == "save" and not a.path:
+        raise UsageError("%pathways trace save needs a PATH, e.g. %pathways trace save run.json")
+    if a.action == "clear" and (a.path is not None or a.rows is not None):
+        given = " ".join(x for x in (a.path, a.rows and f"--rows {a.rows}") if x)
+        raise UsageError(f"%pathways trace clear takes no arguments, got {given[:60]!r}. Maybe "
+                         "you want %pathways trace save PATH (which takes --rows), or "
+                         "%pathways trace clear alone.")
 
 
 def _check_slice_flags(a: argparse.Namespace) -> None:
@@ -283,5 +353,10 @@ def help_text(parser: _Parser) -> str:
     for name, sub in parser.subcommands.items():
         usage = sub.format_usage().replace("usage: ", "").strip()
         text += f"\n{name}:\n  {usage}\n"
+        # then what its arguments mean, where the parser says (a list of bare names, none)
+        for section in sub.format_help().split("\n\n")[2:]:
+            lines = section.rstrip("\n").splitlines()
+            if any(len(line.split()) > 1 for line in lines[1:]):
+                text += "".join(f"  {line}\n" for line in lines)
     return text
 

@@ -18,8 +18,11 @@ comm open, data ``{}`` or ``{"interval": 0.5}``  ``{"type": "status", "data": {.
 ``{"type": "dispatch", "dispatch": "parallel"}``  ``{"type": "dispatch", "dispatch": "parallel"}``
 ``{"type": "cancel", "run": 3}``                ``{"type": "cancel", "run": 3, "cancelled": 2}``
 ``{"type": "trace", "path": "t.json"}``         ``{"type": "trace", "path": "/abs/t.json",
-(``path`` optional: a NEW .json file in the     "events": 120}``
-notebook's directory; default: time-stamped)
+(``path`` optional: a NEW .json file in the     "events": 120, "rows": "auto"}``
+notebook's directory; default: time-stamped;
+``rows`` optional: ``"auto"`` (default),
+``"device"``, ``"host"`` or ``"island"``, the
+tracks of ``Trace.save(path, rows=...)``)
 anything else, or a bad field                   ``{"type": "error", "error": "<what was wrong,
                                                 what is accepted>", "request": <its type>}``
                                                 (what came is quoted cut short, never whole)
@@ -64,6 +67,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..runtime.device_groups import ROW_MODES
 from ..runtime.dispatcher import DispatchMode
 from ..runtime.errors import PathwaysError
 from ..runtime.scheduler import Policy
@@ -102,7 +106,10 @@ SCHEMA: dict[str, dict[str, tuple[bool, Callable[[Any], bool], str]]] = {
     "trace": {"path": (False, lambda v: isinstance(v, str) and 0 < len(v.strip()) <= MAX_TEXT
                        and v.endswith(".json"),
                        f"a new .json file name in the notebook's directory (at most {MAX_TEXT} "
-                       "characters), e.g. 'trace.json'")},
+                       "characters), e.g. 'trace.json'"),
+              "rows": (False, lambda v: isinstance(v, str) and v in ROW_MODES,
+                       f"one of {list(ROW_MODES)} (a track per device, host or island; 'auto' "
+                       "groups them past 64 devices)")},
 }
 REQUESTS = tuple(SCHEMA)
 
@@ -255,14 +262,16 @@ def _act(ctl, msg: dict[str, Any], conn: Connection | None, root: Path | None) -
         cancelled = match[0].cancel(CANCEL_REASON)
         return {"type": "cancel", "run": msg["run"], "cancelled": int(cancelled)}
     # trace
-    path = save_trace(ctl, msg.get("path"), Path.cwd() if root is None else root)
-    return {"type": "trace", "path": str(path), "events": len(ctl.trace)}
+    rows = msg.get("rows", "auto")
+    path = save_trace(ctl, msg.get("path"), Path.cwd() if root is None else root, rows)
+    return {"type": "trace", "path": str(path), "events": len(ctl.trace), "rows": rows}
 
 
-def save_trace(ctl, name: str | None, root: Path) -> Path:
+def save_trace(ctl, name: str | None, root: Path, rows: str = "auto") -> Path:
     """Write the trace to a NEW .json file in ``root`` (the notebook's directory): never over
     a file that exists, never outside ``root``, never hidden (no part of the path may start
-    with '.'). Without ``name``: a time-stamped one."""
+    with '.'). Without ``name``: a time-stamped one. ``rows``: its tracks, as
+    ``Trace.save(path, rows=...)`` cuts them."""
     root = Path(root).resolve()
     if name is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -281,7 +290,7 @@ def save_trace(ctl, name: str | None, root: Path) -> Path:
                            "a file name such as 'trace.json'.")
     try:
         with open(path, "x") as f:  # "x": refuse a file that exists (no overwriting)
-            json.dump(ctl.trace.to_chrome(), f)
+            json.dump(ctl.trace.to_chrome(rows), f)
     except FileExistsError:
         raise RequestError(f"{str(path)!r} exists already; the sidebar writes new files only. "
                            "Pass another name, or leave 'path' out for a time-stamped one."

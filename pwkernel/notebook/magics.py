@@ -1,29 +1,31 @@
 """``%pathways`` and ``%%pathways``: thin magics over the controller.
 
 The magics parse their arguments with the shared specs in ``args.py`` and hand explicit values
-to one method per subcommand; running a cell lives in ``cell.py``. Bad input raises
-``UsageError`` (a short message, no traceback) that names the fix.
+to one method per subcommand; running a cell lives in ``cell.py``, noticing its program's end
+in ``endings.py``. Bad input raises ``UsageError`` (a short message, no traceback) that names
+the fix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..runtime.errors import CancelledError, PathwaysError
+from ..runtime.errors import PathwaysError
 from ..runtime.events import ClientSpec
 from ..runtime.graph import ComputeNode
 from ..runtime.objects import Future
 from ..runtime.resources import VirtualSlice, describe_axis_types
 from . import args as specs
-from . import attach, segments, tenants
+from . import attach, endings, segments, tenants
 from . import cell as cells
 from .display import Status
 from .output import CellOutput
@@ -126,13 +128,15 @@ class PathwaysMagics(Magics):
             self.ctl.trace.clear()
             print("trace cleared")
             return
-        n = len(self.ctl.trace)
+        n, where = len(self.ctl.trace), os.path.expanduser(a.path)  # (~/t.json, as a shell)
         try:
-            path = self.ctl.trace.save(a.path)
+            path = self.ctl.trace.save(where, rows=a.rows or "auto")
         except ValueError as e:  # a path that names no file: the message says why, and the fix
             raise UsageError(f"%pathways trace save: {e}") from None
         except OSError as e:
-            raise UsageError(f"%pathways trace save: cannot write {a.path!r} ({e}).") from None
+            raise UsageError(f"%pathways trace save: cannot write {where!r} ({e.strerror}). "
+                             "Pass a path in a folder that exists and that you may write to."
+                             ) from None
         print(f"wrote {n} events to {path} (open it in https://ui.perfetto.dev)")
 
     def _cmd_reset(self, a) -> None:
@@ -184,10 +188,11 @@ class PathwaysMagics(Magics):
         if a.slice is not None:
             vs = self.shell.user_ns.get(a.slice, self.state.slices.get(a.slice))
             if not isinstance(vs, VirtualSlice):
-                known = sorted(n for n, v in self.shell.user_ns.items()
-                               if isinstance(v, VirtualSlice) and not n.startswith("_"))
+                known = sorted(n for n, v in self.shell.user_ns.items() if isinstance(
+                    v, VirtualSlice) and not v.released and not n.startswith("_"))
+                held = "" if vs is None else f" ({a.slice} is of type {type(vs).__name__})"
                 raise UsageError(
-                    f"%%pathways: --slice {a.slice}: no slice named {a.slice!r}"
+                    f"%%pathways: --slice {a.slice}: no slice named {a.slice!r}{held}"
                     + (f" (slices: {', '.join(known)})" if known else "")
                     + f". Make it with %pathways slice {a.slice} 2, or use --devices N.")
             if vs.released:
@@ -288,13 +293,13 @@ class PathwaysMagics(Magics):
                 out.detach()
             self.state.watch(out)
             self._bind(plain, results)
-            deadline = _Deadline(run, a.timeout) if a.timeout is not None else None
-            _when_done(run, results, lambda status: out.finish(
+            deadline = endings.Deadline(run, a.timeout) if a.timeout is not None else None
+            endings.when_done(run, results, lambda status: out.finish(
                 deadline.finish(status) if deadline else status))
             return self._last(plan, plain, results)
         try:
-            self._wait(ctl, run, a.timeout, name, _leaves(results))
-            errors = [f.exception(0) for f in _leaves(results) if f.exception(0) is not None]
+            self._wait(ctl, run, a.timeout, name, endings.leaves(results))
+            errors = [f.exception(0) for f in endings.leaves(results) if f.exception(0) is not None]
             if errors:
                 raise errors[0]
         except BaseException:
@@ -363,7 +368,7 @@ class PathwaysMagics(Magics):
         the cell fails at once, and computations already launched end on their own."""
         __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
-        resolved = _all_resolved(outputs)
+        resolved = endings.all_resolved(outputs)
         if getattr(ctl.executor, "virtual", False):  # a simulated clock: the cell's program
             run.wait(timeout)  # runs to its end while this thread waits (no real time passes)
         try:
@@ -417,78 +422,6 @@ def _has_work(graph) -> bool:
     """True when the traced cell computes something: a node that produces values."""
     return bool(graph.outputs) or any(isinstance(node, ComputeNode) and node.outputs
                                       for node in graph.nodes)
-
-
-class _Deadline:
-    """``--timeout S`` of a ``--no-block`` cell: cancels the program's queued computations when
-    S seconds pass before it ends, and says so in the cell's display."""
-
-    def __init__(self, run, seconds: float):
-        self.run, self.seconds = run, seconds
-        self.expired = False
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.name = f"pwkernel-timeout-{run.name}"
-        self._timer.start()
-
-    def _expire(self) -> None:
-        if not self.run.done():
-            self.expired = True  # before cancelling: the run may end inside cancel()
-            self.run.cancel(f"timed out after --timeout {self.seconds:g} s")
-
-    def finish(self, status: str) -> str:
-        """The program ended with ``status``: stop the clock, and say if it ran out."""
-        self._timer.cancel()
-        return f"{status} (--timeout {self.seconds:g} s expired)" if self.expired else status
-
-
-def _leaves(results) -> list[Future]:
-    import jax
-
-    return [f for f in jax.tree_util.tree_leaves(results) if isinstance(f, Future)]
-
-
-def _after_all(futures: list[Future], fn: Callable[[], None]) -> None:
-    """Call ``fn()`` once every one of ``futures`` has a value or an error (at once if none)."""
-    left, lock = [len(futures)], threading.Lock()
-
-    def one(_: Future) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        fn()
-
-    if not futures:
-        fn()
-    for f in futures:
-        f.add_done_callback(one)
-
-
-def _all_resolved(futures: list[Future]) -> threading.Event:
-    """An event set once every one of ``futures`` has a value or an error."""
-    event = threading.Event()
-    _after_all(futures, event.set)
-    return event
-
-
-def _when_done(run, results, callback) -> None:
-    """Call ``callback(status)`` from the runtime once every output of ``run`` resolved."""
-    futs = _leaves(results)
-    if not futs:
-        callback("submitted")
-        return
-
-    def ended() -> None:
-        bad = [f for f in futs if f.exception(0) is not None]
-        if not bad:
-            callback(f"done in {max(f.t_done for f in futs) - run.t_submit:.3f} s")
-        elif all(isinstance(f.exception(0), CancelledError) for f in bad):
-            callback("cancelled")
-        else:
-            callback(f"failed: {bad[0].exception(0)}")
-
-    _after_all(futs, ended)
 
 
 def _cell_number(shell, source: str) -> int:

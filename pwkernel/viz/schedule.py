@@ -43,7 +43,7 @@ from .inputs import (
 )
 from .palette import COLORS
 from .report import report
-from .updater import DEFAULT_INTERVAL, LiveUpdater
+from .updater import DEFAULT_INTERVAL, LiveUpdater, close_with_page
 
 FOLLOW, PAUSE = "follow live", "pause"
 # The view reads the trace's stored tuples (``Trace.rows``), in ``Event`` field order: no
@@ -106,7 +106,7 @@ class ScheduleView(w.VBox):
     over; ``history`` keeps everything). ``live=False`` starts no thread: call ``update()``
     yourself. ``until``: a ``ProgramRun`` (``fut.run``): the view stops following once it has
     ended, after drawing its end (a ``%%pathways --viz`` cell's view). A view lives until
-    ``view.close()`` or its controller closes, as every widget does.
+    ``view.close()``, the page closing its widget, or its controller closing.
 
     The sources hold NumPy columns; their string columns are codes into ``codebook`` (the
     page's copy is ``lookup``): ``view.decoded()`` gives the rows with the names.
@@ -148,8 +148,7 @@ class ScheduleView(w.VBox):
         self._shown_events = 0
         #: the other tenants of a shared pool whose computations this view has read
         self.tenants: dict[str, None] = {}
-        # Typed columns only (see ``encoding``): strings are codes into ``codebook``, whose
-        # names the page gets once each, through ``lookup``.
+        # Typed columns only (``encoding``): strings are codes into ``codebook`` (names: ``lookup``)
         self.codebook = Codebook()
         self.lookup = names_source(self.codebook.names)
         self.source = ColumnDataSource(empty_arrays(COMPUTE_ARRAYS), name="pw-schedule-compute")
@@ -175,6 +174,7 @@ class ScheduleView(w.VBox):
         self._until = until
         self._updater = LiveUpdater(ctl, self.update, interval, until=until) if live else None
         self._refresh_status()
+        close_with_page(self)  # a page that closes the view stops its thread
 
     def drill(self, island: int | None = None, hosts: Iterable[int] | int | None = None,
               devices: Iterable[int] | None = None, **options) -> ScheduleView:

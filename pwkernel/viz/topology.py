@@ -31,7 +31,7 @@ from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
 from .columns import DeviceLayout, merged_busy
 from .inputs import check_controller, virtual_clock, window_seconds
-from .updater import LiveUpdater
+from .updater import LiveUpdater, close_with_page
 
 TOPOLOGY_COLUMNS = ("x", "device", "island", "utilization", "util_text", "memory",
                     "memory_text", "slices", "color")
@@ -102,6 +102,7 @@ class TopologyView(w.VBox):
         super().__init__([self.islands, self.plot])
         self._updater = LiveUpdater(ctl, self.update, interval,
                                     name="pwkernel-topology-updater") if live else None
+        close_with_page(self)  # a page that closes the view stops its thread
 
     def update(self) -> None:
         """Take a snapshot of utilization, memory, slices and queues, and redraw."""

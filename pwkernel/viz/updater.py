@@ -2,7 +2,12 @@
 
 It never touches the runtime's locks beyond reading ``trace.next_index`` (a plain int) and,
 only when that moved, one ``trace.events(since=k)`` copy of the new events. It stops when its
-view closes, when the controller closes, or when ``stop()`` is called.
+view closes (from Python or from the page), when the controller closes, or when ``stop()`` is
+called.
+
+A view made live calls ``close_with_page(view)``: when the page closes the view's widget
+(its model's comm closed from the frontend), the view closes as ``view.close()`` would, so its
+thread ends and ipywidgets lets go of it, instead of following the controller until it closes.
 
 It keeps to a budget: updates may take ``budget`` of the thread's time (CPU seconds of this
 thread per wall second, 1 % by default). When programs run so fast that an update costs more
@@ -128,3 +133,19 @@ class LiveUpdater:
     @property
     def thread(self) -> threading.Thread:
         return self._thread
+
+
+def close_with_page(widget) -> None:
+    """Call ``widget.close()`` when the frontend closes the widget's comm (the page dropped its
+    model), as the kernel's comm manager reports it: a live view then stops its updater thread
+    and closes its child widgets, as ``view.close()`` does. ipywidgets itself only forgets the
+    comm, and would keep the view (and its thread) until the controller closes."""
+    channel = getattr(widget, "comm", None)
+    if channel is None:  # (a widget made with no comm: nothing can close it from a page)
+        return
+
+    def closed_by_page(_msg) -> None:
+        if getattr(widget, "comm", None) is channel:  # (not once the kernel closed it)
+            widget.close()
+
+    channel.on_close(closed_by_page)

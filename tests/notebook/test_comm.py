@@ -82,6 +82,33 @@ def test_trace_refuses_hidden_files_and_nul_bytes_in_one_line(ctl, tmp_path, pat
     assert sorted(os.listdir(tmp_path)) == ["runs"] and os.listdir(tmp_path / "runs") == []
 
 
+def test_trace_rows_picks_the_tracks_and_refuses_others(ctl, tmp_path):
+    import numpy as np
+
+    import pwkernel as pw
+
+    pw.function(lambda x: x + 1, slice=ctl.slice(4, island=0))(np.ones(8)).result()
+
+    def tracks(out) -> set[str]:
+        events = json.loads(open(out["path"]).read())["traceEvents"]
+        return {e["args"]["name"] for e in events if e.get("name") == "thread_name"
+                and not e["args"]["name"].startswith("transfers")}
+
+    plain = comm.reply(ctl, {"type": "trace", "path": "plain.json"}, root=tmp_path)
+    assert plain["rows"] == "auto" and len(tracks(plain)) == 4  # a track per device
+    island = comm.reply(ctl, {"type": "trace", "path": "i.json", "rows": "island", "id": 3},
+                        root=tmp_path)
+    assert {k: island[k] for k in ("type", "rows", "id")} == \
+        {"type": "trace", "rows": "island", "id": 3}
+    assert tracks(island) == {"all (4 devices)"}
+    for bad in ("chip", "", 3, None, ["host"]):
+        out = comm.reply(ctl, {"type": "trace", "path": "bad.json", "rows": bad},
+                         root=tmp_path)
+        assert out["type"] == "error" and "field 'rows' must be one of ['auto', 'device', " \
+            "'host', 'island']" in out["error"], out
+    assert sorted(os.listdir(tmp_path)) == ["i.json", "plain.json"]
+
+
 # --- one updater thread, however many subscribe --------------------------------------------
 def test_one_updater_serves_every_subscribed_comm_and_caps_them(ctl):
     sent: dict[int, list[dict]] = {}
@@ -136,6 +163,20 @@ class SubshellComm(CommClient):
         msg = self.kc.session.msg(msg_type, content)
         msg["header"]["subshell_id"] = self.subshell
         self.kc.shell_channel.send(msg)
+
+
+def test_a_live_view_the_page_closes_stops_its_thread_in_the_kernel(kernel):
+    """The page closing a view's widget (a comm_close to the kernel, on the shell or, as
+    JupyterLab sends comm messages, on a subshell) ends the view's updater thread."""
+    for n, channel in enumerate((CommClient, SubshellComm)):
+        model = run_code(kernel, f"import pwkernel as pw\nv{n} = pw.ScheduleView("
+                                 f"pw.controller(), interval=0.02)\nt{n} = v{n}.updater.thread\n"
+                                 f"print(t{n}.is_alive(), v{n}.model_id)").split()
+        assert model[0] == "True", model
+        channel(kernel, model[1]).close()
+        # (a subshell's close may come after this cell started: the join waits for it)
+        assert run_code(kernel, f"t{n}.join(60)\nprint(t{n}.is_alive(), v{n}.comm)"
+                        ).split() == ["False", "None"]
 
 
 TICKS = """\

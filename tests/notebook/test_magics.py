@@ -18,6 +18,7 @@ import pwkernel as pw
 from pwkernel.notebook import args as specs
 from pwkernel.notebook import comm, extension
 from pwkernel.notebook.display import Status
+from tests.helpers import ROOT
 from tests.helpers.shell import run
 
 
@@ -197,6 +198,53 @@ def test_bad_input_is_a_short_usage_error(ip, cell, fix):
     assert extension.state().ctl.runs() == []
 
 
+@pytest.mark.parametrize("line, says, never", [
+    ("%pathways policy fifo --weight 2",
+     "--weight goes with %pathways client and %pathways attach, not with %pathways policy.",
+     "Did you mean --weight"),
+    ("%pathways slice s1 2 --priority 3",
+     "--priority goes with %pathways client, not with %pathways slice.", "Did you mean"),
+    ("%pathways status --verbose", "unrecognized arguments: --verbose.", "Did you mean"),
+    ("%pathways client bob --wieght 2", "Did you mean --weight?", "goes with"),
+    ("%pathways -h", "%pathways takes no -h: its help is %pathways?", "required"),
+    ("%pathways slice --help", "%pathways takes no --help: its help is %pathways?",
+     "required"),
+    ("%%pathways --slice s0 -h\ny = 1", "%%pathways takes no -h: its help is %%pathways?",
+     "unrecognized"),
+])
+def test_misplaced_flags_and_help_requests_name_the_fix(ip, line, says, never):
+    run(ip, "%pathways slice s0 2")
+    with pytest.raises(UsageError) as err:
+        run(ip, line)
+    assert says in str(err.value) and never not in str(err.value), str(err.value)
+
+
+def test_a_comment_after_the_magic_is_a_comment(ip, tmp_path):
+    """``#`` starting a word outside quotes ends the arguments, as in Python and a shell."""
+    run(ip, "%pathways slice s9 2 --axes data  # the data-parallel slice")
+    assert ip.user_ns["s9"].axis_names == ("data",)
+    run(ip, "x = np.ones(4, np.float32)")
+    run(ip, "%%pathways --slice s9 --timeout 60  # one step\ny = x + 1")
+    assert ip.user_ns["y"].result().tolist() == [2.0] * 4
+    run(ip, f"%pathways trace save {tmp_path / 'run#1.json'} #no space needed after it")
+    run(ip, f"%pathways trace save '{tmp_path / '# quoted.json'}'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["# quoted.json", "run#1.json"]
+    with pytest.raises(UsageError, match="required: NAME, SHAPE"):
+        run(ip, "%pathways slice # s10 2")
+
+
+def test_slice_errors_list_only_usable_slices_and_say_what_a_name_holds(ip):
+    run(ip, "%pathways slice s0 2\n")
+    run(ip, "%pathways slice s1 2")
+    run(ip, "s1.release()\nf = 3")
+    with pytest.raises(UsageError) as err:
+        run(ip, "%%pathways --slice f\ny = 1")
+    assert "no slice named 'f' (f is of type int) (slices: s0)." in str(err.value), err.value
+    with pytest.raises(UsageError) as err:
+        run(ip, "%%pathways --slice s2\ny = 1")
+    assert "no slice named 's2' (slices: s0)." in str(err.value)  # not s1: released
+
+
 def test_a_refused_client_name_leaves_later_cells_working(ip):
     run(ip, "x = np.ones(4, np.float32)")
     with pytest.raises(UsageError):
@@ -359,6 +407,45 @@ def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):
     assert "released 1 slices (s1)" in capsys.readouterr().out
 
 
+def test_trace_save_rows_picks_the_tracks(ip, tmp_path):
+    """``--rows`` goes to ``trace.save``: a track per island holds all its devices' spans."""
+    run(ip, "x = np.ones(8, np.float32)")
+    run(ip, "%%pathways --devices 4\ny = x * 2")
+    ip.user_ns["y"].result()
+
+    def tracks(name: str) -> set[str]:
+        events = json.loads((tmp_path / name).read_text())["traceEvents"]
+        return {e["args"]["name"] for e in events if e.get("name") == "thread_name"
+                and "transfers" not in e["args"]["name"]}
+
+    run(ip, f"%pathways trace save {tmp_path / 'devices.json'}")
+    run(ip, f"%pathways trace save --rows island {tmp_path / 'islands.json'}")
+    run(ip, f"%pathways trace save {tmp_path / 'hosts.json'} --rows host")
+    ran = sorted(d for e in extension.state().ctl.trace.events() for d in e.devices)
+    assert tracks("devices.json") == {f"device {d}" for d in ran}  # 8 devices fit: auto
+    assert tracks("islands.json") == {"all (4 devices)"}
+    assert tracks("hosts.json") == {f"host {d} (1 device)" for d in ran}  # a host per device
+    for bad, fix in [("--rows chip", "choose from 'auto', 'device', 'host', 'island'"),
+                     ("--rows", "--rows: expected one argument")]:
+        with pytest.raises(UsageError, match=re.escape(fix)):
+            run(ip, f"%pathways trace save {tmp_path / 'bad.json'} {bad}")
+    with pytest.raises(UsageError, match="trace clear takes no arguments"):
+        run(ip, "%pathways trace clear --rows host")
+    assert not (tmp_path / "bad.json").exists() and len(extension.state().ctl.trace) > 0
+
+
+def test_trace_save_expands_the_home_folder_and_says_why_it_cannot_write(ip, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run(ip, "%pathways trace save ~/home.json")
+    assert json.loads((tmp_path / "home.json").read_text())["traceEvents"] is not None
+    missing = tmp_path / "no" / "t.json"
+    with pytest.raises(UsageError, match=re.escape(
+            f"cannot write {str(missing)!r} (No such file or directory). Pass a path in a "
+            "folder that exists")):
+        run(ip, f"%pathways trace save {missing}")
+
+
 def test_help_comes_from_the_shared_specs(ip):
     doc = ip.magics_manager.magics["line"]["pathways"].__doc__
     for word in ("status", "slice", "release", "policy", "dispatch", "client", "trace", "reset"):
@@ -368,6 +455,26 @@ def test_help_comes_from_the_shared_specs(ip):
                  "--sequential", "--no-block", "--timeout", "--viz"):
         assert flag in cell_doc
     assert specs.parse_line("").command == "status"
+
+
+def test_help_explains_every_flag_and_the_docs_list_them(ip):
+    """``%pathways?`` says what each subcommand's flags mean (the parsers' own help), and
+    docs/magics.md names every subcommand and flag the parsers take."""
+    doc = ip.magics_manager.magics["line"]["pathways"].__doc__
+    for name, sub in specs.LINE.subcommands.items():
+        for flag, text in sub.option_help().items():
+            assert text, f"%pathways {name} {flag}: no help"
+            assert " ".join(text.split()[:4]) in " ".join(doc.split()), (name, flag)
+    docs = (ROOT / "docs" / "magics.md").read_text()
+    line_table = docs.split("## `%pathways SUBCOMMAND`")[1].split("## `%%pathways")[0]
+    cell_table = docs.split("| flag | example | meaning |")[1]
+    for name, sub in specs.LINE.subcommands.items():
+        row = next((r for r in line_table.splitlines() if r.startswith(f"| `{name}")), None)
+        assert row is not None, f"docs/magics.md has no row for %pathways {name}"
+        for flag in sub.flags():
+            assert flag in row, f"docs/magics.md: %pathways {name} row lacks {flag}"
+    for flag in specs.CELL.flags():
+        assert f"`{flag}" in cell_table, f"docs/magics.md: the %%pathways table lacks {flag}"
 
 
 def test_comm_protocol_replies():

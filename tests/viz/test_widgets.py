@@ -243,6 +243,34 @@ def test_live_thread_streams_and_stops_on_close(ctl, programs):
     assert not thread.is_alive()
 
 
+@pytest.mark.parametrize("make", [
+    lambda ctl: pw.ScheduleView(ctl, interval=0.02),
+    lambda ctl: pw.TopologyView(ctl, interval=0.02),
+    lambda ctl: pw.ScheduleView(ctl, live=False),
+], ids=["schedule", "topology", "not-live"])
+def test_a_view_the_page_closes_stops_and_is_let_go(ctl, make):
+    """The frontend closing a view's widget reaches the kernel as a comm_close, handled by the
+    comm manager (the kernel's own path): the view closes as ``view.close()`` would."""
+    import gc
+    import weakref
+
+    import comm
+
+    v = make(ctl)
+    thread = v.updater.thread if v.updater is not None else None
+    plot, model_id, ref = v.plot, v.model_id, weakref.ref(v)
+    assert thread is None or thread.is_alive()
+    comm.get_comm_manager().comm_close(None, None, {"content": {"comm_id": model_id,
+                                                                "data": {}}})
+    if thread is not None:
+        thread.join(30.0)
+        assert not thread.is_alive() and v.updater.error is None
+    assert v.comm is None and plot.comm is None  # its child widgets are closed too
+    del v, plot
+    gc.collect()
+    assert ref() is None  # nothing keeps the view: not ipywidgets, not a thread
+
+
 def test_a_costly_update_never_leaves_the_view_more_than_max_wait_behind():
     # 20 ms of this thread's CPU per update under a 1 % budget asks for ~2 s between updates;
     # max_wait caps it (the CI flake: a first update that cost 0.3 s waited 30 s).
