@@ -314,8 +314,11 @@ class Program(ProgramStages):
     """
 
     def __init__(self, fn: Callable, name: str | None = None, inline: Any = ...,
-                 static_argnums=None, static_argnames=None):
+                 static_argnums=None, static_argnames=None, returns_copies: bool = True):
         self.fn = fn
+        # an argument returned as it is comes back as a new array, as from ``jax.jit``
+        # (False: the same object, as a notebook cell's ``a = x`` binds it)
+        self.returns_copies = returns_copies
         self.name = name or getattr(fn, "__name__", "program")
         # what a call on JAX tracers runs (``Traced``): the function itself, its compiled
         # functions inlined; None: the caller handles it (a ``pw.function``'s own program)
@@ -377,12 +380,13 @@ class Program(ProgramStages):
         finally:
             _tracing.graph = None
         out_leaves, graph.out_tree = jax.tree_util.tree_flatten(result)
-        returned: set[int] = set()
+        returned: set[int] = set(graph.inputs) if self.returns_copies else set()
         for leaf in out_leaves:
             if not isinstance(leaf, Value) or leaf.graph is not graph:
                 raise ProgramError(f"program {self.name} returned a {type(leaf).__name__}; a "
                                    "program returns the values of compiled-function calls.")
-            spec = graph.values[leaf.id]  # a value returned again: its own copy, as jax.jit
+            # an argument, or a value returned again: its own copy, as jax.jit returns it
+            spec = graph.values[leaf.id]  # (a host value is put on a device anew)
             again = leaf.id in returned and spec.island is not None and spec.sharding
             graph.outputs.append(graph.copied(leaf.id) if again else leaf.id)
             returned.add(leaf.id)

@@ -143,8 +143,9 @@ class LocalBackend(NoGroup):
             if task.graph_node.shares_buffers:
                 # JAX reuses the source's buffer where a device holds the same block in both
                 # layouts, whatever may_alias says; the runtime frees this output after its
-                # last reader, and the source may be the user's: copy those (async).
-                out = out.copy()
+                # last reader, and the source may be the user's: copy those (async), laid
+                # out as the future says (a copy normalizes P() to P(None,))
+                out = jax.device_put(out.copy(), node.sharding, may_alias=True)
         except BaseException as e:  # noqa: BLE001
             error = copy_error(node.name, task.inputs()[0], e)
             self.transfers.submit(self._land, task, None, error)
