@@ -24,7 +24,16 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import executor as executors
-from .arguments import Arguments, NotAnArray, Traced, Tracer, leaf_placement, not_an_array, value_id
+from .arguments import (
+    Arguments,
+    NotAnArray,
+    Traced,
+    Tracer,
+    leaf_placement,
+    not_an_array,
+    under_a_trace,
+    value_id,
+)
 from .errors import ProgramError, SliceError, SpecError, retyped
 from .executable import Executable
 from .graph import Graph, Value
@@ -247,13 +256,15 @@ class CompiledFunction(JitStages):
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = _current_graph()
         try:
+            if under_a_trace():  # (also while a program's graph is built: its compile)
+                raise Traced
             if graph is not None:
                 return _record_call(graph, self, dyn, dkw, statics)
             if dispatch is None:
                 return self._program(statics)(dyn, dkw)
             return self._program(statics)(dyn, dkw, dispatch=dispatch)
         except Traced:  # on JAX tracers: what a nested jax.jit is
-            return self.inlined(*args, **kwargs)
+            return self.on_tracers(args, kwargs)
         except NotAnArray:
             raise not_an_array(self.name, "a compiled function", args, kwargs,
                                self.arguments) from None
@@ -408,6 +419,8 @@ class Program(ProgramStages):
         dyn, dkw, statics = self._split(args, kwargs)
         leaves, tree = _flatten((dyn, dkw))
         try:
+            if self.inline is not None and under_a_trace():
+                raise Traced
             graph = self._graph(tree, leaves, statics)
         except Traced:
             if self.inline is None:
@@ -464,8 +477,8 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
     slice's mesh, so code written for ``jax.jit`` keeps its arguments. Give one of
     ``in_specs`` and ``in_shardings`` (and of ``out_specs`` and ``out_shardings``).
 
-    Called on JAX tracers (inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` or another
-    ``pw.function``'s body) it is what a nested ``jax.jit`` is: its body, traced inline.
+    Called inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` or another ``pw.function``'s body
+    it is what a nested ``jax.jit`` is: its body, traced inline (see ``on_tracers``).
 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
     (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.

@@ -226,6 +226,61 @@ def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):
     assert float(prog(x).result(60)[1]) == pytest.approx(np.sin(1.0) * 5)  # on the slice
 
 
+def test_a_call_inside_a_trace_without_tracer_arguments_is_a_nested_jit(ctl):
+    """A pw.function (or program) called inside jax.jit or another pw.function's body with no
+    tracer among its arguments (no arguments, host constants, a closure's arrays) is a nested
+    jax.jit too: its body inline, as jax.jit's is, not a program submitted while JAX traces."""
+    s = ctl.slice(2)
+    zeros = pw.function(lambda: jnp.zeros(4), slice=s)
+    double = pw.function(lambda a: a * 2, slice=s)
+
+    @pw.program
+    def doubled_zeros():
+        return double(zeros())
+
+    host = np.arange(4.0, dtype=np.float32)
+
+    def step(a):
+        return a + zeros() + double(host) + doubled_zeros()
+
+    want = jax.jit(lambda a: a + jnp.zeros(4) + jax.jit(lambda c: c * 2)(host))(host)
+    with jax.set_mesh(s.mesh):
+        under_mesh = jax.jit(step)(host)
+    for got in (jax.jit(step)(host), under_mesh, pw.function(step, slice=s)(host).result(60)):
+        assert isinstance(got, jax.Array)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_nested_call_on_auto_axes_keeps_its_shardings_as_a_nested_jit_does(ctl):
+    """On auto axes a jax.jit called inside another lays its inputs and outputs out as its
+    in_shardings/out_shardings say (the compiler propagates from there); a pw.function called
+    inside a pw.function, or inside jax.jit under the slice's mesh, does the same with its
+    shardings or specs (pw.BATCH included), on a mesh with its slice's axes."""
+    s = ctl.slice((2, 2), axis_names=("x", "y"), axis_types="auto")
+    on = functools.partial(NamedSharding, s.mesh)
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    jitted = {"out": jax.jit(lambda a: a * 2, out_shardings=on(P("x", "y"))),
+              "in": jax.jit(lambda a: a * 2, in_shardings=on(P(None, "y")))}
+    placed = {"out": pw.function(lambda a: a * 2, slice=s, out_shardings=on(P("x", "y"))),
+              "in": pw.function(lambda a: a * 2, slice=s, in_shardings=on(P(None, "y"))),
+              "batch": pw.function(lambda a: a * 2, slice=s, in_specs=pw.BATCH)}
+    jitted["batch"] = jax.jit(lambda a: a * 2, in_shardings=on(P(("x", "y"))))
+    for which, inner in placed.items():
+        with jax.set_mesh(s.mesh):
+            want = jax.jit(lambda a, f=jitted[which]: f(a) + 1)(x)
+            in_jit = jax.jit(lambda a, f=inner: f(a) + 1)(x)
+        got = pw.function(lambda a, f=inner: f(a) + 1, slice=s)(x).result(60)
+        assert want.sharding.spec != P()  # (the case shows something)
+        for result in (got, in_jit):
+            assert result.sharding.is_equivalent_to(want.sharding, 2), (
+                f"{which}: {result.sharding.spec}; a nested jax.jit gives {want.sharding.spec}")
+            np.testing.assert_array_equal(np.asarray(result), x * 2 + 1)
+    other = ctl.slice((2, 2), axis_names=("x", "y"), axis_types="auto")
+    got = pw.function(lambda a: placed["out"](a) + 1, slice=other)(x).result(60)
+    np.testing.assert_array_equal(np.asarray(got), x * 2 + 1)  # (another slice's devices)
+    assert got.sharding.is_equivalent_to(NamedSharding(other.mesh, P("x", "y")), 2)
+
+
 def test_eval_shape_and_lower_as_jax_jit_has_them(ctl):
     """What a call would give (shapes, dtypes, shardings) and what it would run (the lowered
     computation), without running anything."""
