@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax._src import config as jax_config
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -76,10 +77,10 @@ def _values(tree):
 
 
 def _traced_under() -> tuple:
-    """JAX's options that change what a trace makes, as ``jax.jit``'s cache key holds them:
-    a function traced before ``jax_enable_x64`` or ``jax.default_matmul_precision(...)``
-    changed is traced again under the new ones."""
-    return _config.jax_enable_x64, _config.jax_default_matmul_precision
+    """JAX's options that change what a trace makes (its trace context), as ``jax.jit``'s
+    cache key holds them: a function traced before ``jax_enable_x64``, a matmul precision,
+    the threefry mode or the dtype promotion rule changed is traced again under the new."""
+    return jax_config.trace_context()  # (JAX's own key; it has no public name)
 
 
 class CompiledFunction(JitStages):

@@ -799,8 +799,9 @@ def test_python_ints_are_typed_as_jax_types_them(ctl, x64):
 
 @pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
 def test_a_function_is_traced_again_when_jax_options_change(ctl, dispatch):
-    """jax.jit traces again under a new jax_enable_x64 or default matmul precision (its cache
-    key holds them); so does pw.function, instead of running what it traced before."""
+    """jax.jit traces again under a new jax_enable_x64, default matmul precision, threefry
+    mode, dtype promotion rule (its cache key holds JAX's trace context); so does
+    pw.function, instead of running what it traced before."""
     s = ctl.slice(2)
     ramp = pw.function(lambda: jnp.arange(3.0), slice=s)
     mix = pw.function(lambda a, b: a @ b, slice=s)
@@ -818,6 +819,19 @@ def test_a_function_is_traced_again_when_jax_options_change(ctl, dispatch):
     with jax.default_matmul_precision("highest"):
         assert "HIGHEST" in mix.lower(a, a).as_text()
         np.testing.assert_array_equal(mix(a, a, dispatch=dispatch).result(60), a @ a)
+    # every option JAX keys its traces on: the random bits, the promotion rules, ...
+    draw = pw.function(lambda: jax.random.uniform(jax.random.key(0), (4,)), slice=s)
+    draw(dispatch=dispatch).result(60)
+    with jax.threefry_partitionable(not jax.config.jax_threefry_partitionable):
+        want = jax.jit(lambda: jax.random.uniform(jax.random.key(0), (4,)))()
+        np.testing.assert_array_equal(draw(dispatch=dispatch).result(60), want)
+    add, i, h = pw.function(lambda u, v: u + v, slice=s), np.ones(2, np.int32), np.ones(2, "f2")
+    assert add(i, h, dispatch=dispatch).result(60).dtype == np.float16
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(Exception, match="no available implicit dtype promotion") as jit:
+            jax.jit(lambda u, v: u + v)(i, h)
+        with pytest.raises(type(jit.value), match="no available implicit dtype promotion"):
+            add(i, h, dispatch=dispatch)
 
 
 def test_under_disable_jit_functions_and_programs_run_eagerly(ctl):
