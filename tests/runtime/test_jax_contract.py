@@ -673,6 +673,33 @@ def test_sub_byte_integers_as_jax_jit_takes_them(ctl, dtype):
 
 
 @pytest.mark.parametrize("dispatch", ["sequential", "parallel"])
+def test_float0_gradients_of_ints_as_jax_jit_takes_them(ctl, dispatch):
+    """jax.grad(..., allow_int=True) gives an int leaf a float0 gradient (no data); jax.jit
+    takes one as an argument, from the host or from an earlier call, and so does
+    pw.function, alone or in a program whose other island reads it too."""
+    state = {"w": np.ones(3, np.float32), "n": np.int32(3)}
+    grad = jax.grad(lambda p: (p["w"] ** 2).sum() * p["n"], allow_int=True)
+
+    def apply(p, g):
+        return {"w": p["w"] - 0.1 * g["w"], "n": p["n"] + 1}
+
+    want = jax.jit(apply)(state, jax.jit(grad)(state))
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    pg, pa = pw.function(grad, slice=s0), pw.function(apply, slice=s1)
+
+    @pw.program
+    def step(p):
+        return pa(p, pg(p))
+
+    g = pg(state, dispatch=dispatch)
+    assert g["n"].dtype == jax.dtypes.float0
+    for got in (pa(state, jax.jit(grad)(state), dispatch=dispatch), pa(state, g),
+                step(state, dispatch=dispatch)):
+        jax.tree.map(lambda u, v: np.testing.assert_array_equal(np.asarray(u.result(60)), v),
+                     got, want)
+
+
+@pytest.mark.parametrize("dispatch", ["sequential", "parallel"])
 def test_a_host_argument_is_read_when_the_call_is_made(ctl, dispatch):
     """jax.jit reads a NumPy argument during the call: refilling the buffer afterwards (a data
     loader reusing its batch) changes nothing, even while the call waits on its inputs; so

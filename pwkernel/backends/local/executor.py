@@ -266,9 +266,13 @@ def _waits(task: Task) -> bool:
 
 
 def _is_ready(value) -> bool:
-    """``value.is_ready()``; a typed key array (``jax.random.key``) has none: its key data's."""
+    """``value.is_ready()``; a typed key array (``jax.random.key``) has none: its key data's;
+    a ``float0`` value (a gradient's of an int) stays a host value, as ``jax.device_put``
+    leaves it: ready."""
     ready = getattr(value, "is_ready", None)
-    return ready() if ready is not None else jax.random.key_data(value).is_ready()
+    if ready is not None:
+        return ready()
+    return not isinstance(value, jax.Array) or jax.random.key_data(value).is_ready()
 
 
 def _ready(outs) -> bool:
