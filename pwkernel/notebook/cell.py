@@ -396,7 +396,7 @@ def build_program(plan: CellPlan, vs: VirtualSlice | None, name: str,
     if plan.uses_pw:
         def traced(*args):
             return split_outputs(plan.fn(*args), plain)
-        return pw_program(traced, name=name)
+        return Program(traced, name=name, returns_copies=False)  # (``a = x`` aliases)
     if vs is None:
         raise UsageError("%%pathways: this cell needs a slice; pass --slice NAME or --devices N.")
 

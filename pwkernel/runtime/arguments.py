@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
+from jax._src import core as jax_core
 
 from .dtypes import weak_type
 from .errors import ProgramError, retyped
@@ -184,6 +185,13 @@ def _both(fn_name: str, what: str, nums, names, params):
 
 
 Tracer = jax.core.Tracer
+
+
+def under_a_trace() -> bool:
+    """JAX is tracing (``jax.jit``, ``jax.grad``, ``jax.vmap``, a ``pw.function``'s body):
+    a call there is a nested ``jax.jit`` even when none of its arguments is a tracer (no
+    arguments, host constants, arrays a closure holds), as ``jax.jit``'s is."""
+    return not jax_core.trace_state_clean()  # (JAX has no public "am I traced?")
 
 
 class Traced(Exception):

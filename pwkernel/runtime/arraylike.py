@@ -21,7 +21,9 @@ What the future knows before its value (shape, dtype, sharding, ``ndim``, ``size
 ``len()``, ``devices()``) does not wait. ``==`` and ``hash`` stay the future's own: a future
 is a key in dictionaries and sets, which an array cannot be. A future is not an instance of
 ``jax.Array`` (a plain class, which takes no virtual subclasses): code that checks for one
-(``jax.random`` with a typed key, ``flax.serialization``) needs ``result()``.
+(``jax.random`` with a typed key, ``flax.serialization``) needs ``result()``. Like the array,
+it is immutable: ``fut[i] = v`` raises the TypeError ``jax.Array`` raises, and says what a
+flax.nnx module holding futures needs.
 """
 
 from __future__ import annotations
@@ -113,6 +115,14 @@ class ArrayOnDemand:
             return str(self.result())
         except NoValueError:  # a simulated future: shape, dtype and times, no value
             return repr(self)
+
+    def __setitem__(self, index, value) -> None:
+        raise TypeError(
+            "a pw.Future is immutable, as the jax.Array it holds is: instead of x[idx] = y, "
+            "use x = x.at[idx].set(y). (flax.nnx updates its Variables so: a Module or "
+            "Optimizer that a pw.function returned holds futures; to call it in train mode or "
+            "update it outside a pw.function, take their values first, model = "
+            "jax.tree.map(lambda v: v.result(), model), or do the update in the pw.function.)")
 
     def __len__(self) -> int:
         if not self.shape:

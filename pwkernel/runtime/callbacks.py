@@ -183,8 +183,8 @@ def sub_byte(structs: Sequence[jax.ShapeDtypeStruct]) -> bool:
     """Whether an input has elements narrower than a byte (``int4``, ``uint4``, ...): XLA's
     compiled call wants those packed, and JAX places them unpacked; ``jax.jit``'s own call
     takes them (here, and on Ray islands)."""
-    return any(jax.dtypes.itemsize_bits(s.dtype) < 8 for s in structs
-               if not jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key))
+    return any(s.dtype == jax.dtypes.float0 or jax.dtypes.itemsize_bits(s.dtype) < 8
+               for s in structs if not jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key))
 
 
 def found(jaxpr) -> list[str]:

@@ -20,11 +20,21 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax._src import config as jax_config
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import executor as executors
-from .arguments import Arguments, NotAnArray, Traced, Tracer, leaf_placement, not_an_array, value_id
+from .arguments import (
+    Arguments,
+    NotAnArray,
+    Traced,
+    Tracer,
+    leaf_placement,
+    not_an_array,
+    under_a_trace,
+    value_id,
+)
 from .errors import ProgramError, SliceError, SpecError, retyped
 from .executable import Executable
 from .graph import Graph, Value
@@ -67,10 +77,10 @@ def _values(tree):
 
 
 def _traced_under() -> tuple:
-    """JAX's options that change what a trace makes, as ``jax.jit``'s cache key holds them:
-    a function traced before ``jax_enable_x64`` or ``jax.default_matmul_precision(...)``
-    changed is traced again under the new ones."""
-    return _config.jax_enable_x64, _config.jax_default_matmul_precision
+    """JAX's options that change what a trace makes (its trace context), as ``jax.jit``'s
+    cache key holds them: a function traced before ``jax_enable_x64``, a matmul precision,
+    the threefry mode or the dtype promotion rule changed is traced again under the new."""
+    return jax_config.trace_context()  # (JAX's own key; it has no public name)
 
 
 class CompiledFunction(JitStages):
@@ -247,13 +257,15 @@ class CompiledFunction(JitStages):
         dyn, dkw, statics = self.arguments.split(args, kwargs)
         graph = _current_graph()
         try:
+            if under_a_trace():  # (also while a program's graph is built: its compile)
+                raise Traced
             if graph is not None:
                 return _record_call(graph, self, dyn, dkw, statics)
             if dispatch is None:
                 return self._program(statics)(dyn, dkw)
             return self._program(statics)(dyn, dkw, dispatch=dispatch)
         except Traced:  # on JAX tracers: what a nested jax.jit is
-            return self.inlined(*args, **kwargs)
+            return self.on_tracers(args, kwargs)
         except NotAnArray:
             raise not_an_array(self.name, "a compiled function", args, kwargs,
                                self.arguments) from None
@@ -314,8 +326,11 @@ class Program(ProgramStages):
     """
 
     def __init__(self, fn: Callable, name: str | None = None, inline: Any = ...,
-                 static_argnums=None, static_argnames=None):
+                 static_argnums=None, static_argnames=None, returns_copies: bool = True):
         self.fn = fn
+        # an argument returned as it is comes back as a new array, as from ``jax.jit``
+        # (False: the same object, as a notebook cell's ``a = x`` binds it)
+        self.returns_copies = returns_copies
         self.name = name or getattr(fn, "__name__", "program")
         # what a call on JAX tracers runs (``Traced``): the function itself, its compiled
         # functions inlined; None: the caller handles it (a ``pw.function``'s own program)
@@ -377,12 +392,13 @@ class Program(ProgramStages):
         finally:
             _tracing.graph = None
         out_leaves, graph.out_tree = jax.tree_util.tree_flatten(result)
-        returned: set[int] = set()
+        returned: set[int] = set(graph.inputs) if self.returns_copies else set()
         for leaf in out_leaves:
             if not isinstance(leaf, Value) or leaf.graph is not graph:
                 raise ProgramError(f"program {self.name} returned a {type(leaf).__name__}; a "
                                    "program returns the values of compiled-function calls.")
-            spec = graph.values[leaf.id]  # a value returned again: its own copy, as jax.jit
+            # an argument, or a value returned again: its own copy, as jax.jit returns it
+            spec = graph.values[leaf.id]  # (a host value is put on a device anew)
             again = leaf.id in returned and spec.island is not None and spec.sharding
             graph.outputs.append(graph.copied(leaf.id) if again else leaf.id)
             returned.add(leaf.id)
@@ -404,6 +420,8 @@ class Program(ProgramStages):
         dyn, dkw, statics = self._split(args, kwargs)
         leaves, tree = _flatten((dyn, dkw))
         try:
+            if self.inline is not None and under_a_trace():
+                raise Traced
             graph = self._graph(tree, leaves, statics)
         except Traced:
             if self.inline is None:
@@ -460,8 +478,8 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
     slice's mesh, so code written for ``jax.jit`` keeps its arguments. Give one of
     ``in_specs`` and ``in_shardings`` (and of ``out_specs`` and ``out_shardings``).
 
-    Called on JAX tracers (inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` or another
-    ``pw.function``'s body) it is what a nested ``jax.jit`` is: its body, traced inline.
+    Called inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` or another ``pw.function``'s body
+    it is what a nested ``jax.jit`` is: its body, traced inline (see ``on_tracers``).
 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
     (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
+from jax.sharding import AxisType
 
 from .errors import ProgramError, retyped
 from .executable import Executable
 from .graph import ComputeNode
 from .specialization import lower_as_called, trace_as_called
+from .specs import BATCH, INFERRED, batch_spec, is_spec, prefix_leaves, spec_leaves
 
 __all__ = ["JitStages", "ProgramStages", "check_jit_options", "check_program_options"]
 
@@ -78,6 +81,8 @@ class JitStages:
     name: str
     keep_unused: bool
     inline: bool
+    in_specs: Any
+    out_specs: Any
 
     def specialization(self, *args, **kwargs) -> Executable:
         """The compiled specialization a call with these arguments runs (compiled now if it
@@ -127,8 +132,58 @@ class JitStages:
         with self._lock:
             self._cache.clear()
             self._programs.clear()
-        if "inlined" in self.__dict__:
-            self.inlined.clear_cache()  # (JAX keeps traces of the function too)
+        for jitted in ("inlined", "constrained"):
+            if jitted in self.__dict__:
+                self.__dict__[jitted].clear_cache()  # (JAX keeps traces of the function too)
+
+    def on_tracers(self, args: tuple, kwargs: dict):
+        """A call on JAX tracers (``Traced``): what a nested ``jax.jit`` is. Where the
+        ambient mesh has the slice's axes, all auto (inside a ``pw.function`` on such a slice,
+        or ``jax.jit`` under ``jax.set_mesh``), its specs and shardings lay out its inputs and
+        outputs, as a nested ``jax.jit``'s ``in_shardings``/``out_shardings`` do there (the
+        compiler propagates from them); on explicit axes a nested ``jax.jit`` keeps the
+        types its operations give, and elsewhere the computation around it places it."""
+        if self.in_specs is not None or self.out_specs is not None:
+            mesh = self.slice.mesh.abstract_mesh
+            if (all(t == AxisType.Auto for t in mesh.axis_types)
+                    and jax.sharding.get_abstract_mesh() == mesh):
+                return self.constrained(*args, **kwargs)
+        return self.inlined(*args, **kwargs)
+
+    @functools.cached_property
+    def constrained(self) -> Callable:
+        """``inlined`` with the function's specs as sharding constraints on its dynamic
+        inputs and its outputs (``on_tracers``)."""
+        nums, names, vs = self.arguments.static_nums, self.arguments.static_names, self.slice
+
+        def constrain(leaves: list, specs: list, what: str) -> list:
+            out = []
+            for i, (leaf, spec) in enumerate(zip(leaves, specs, strict=True)):
+                if spec is BATCH:
+                    spec = batch_spec(jax.numpy.shape(leaf), vs, f"{self.name}: {what} {i}")
+                out.append(leaf if spec is None or spec is INFERRED
+                           else jax.lax.with_sharding_constraint(leaf, spec))
+            return out
+
+        def body(*args, **kwargs):
+            dyn = tuple(a for i, a in enumerate(args) if i not in nums)
+            dkw = {k: v for k, v in kwargs.items() if k not in names}
+            leaves, tree = jax.tree_util.tree_flatten((dyn, dkw))
+            specs = [self.in_specs] * len(leaves) if (
+                self.in_specs is None or is_spec(self.in_specs)) else spec_leaves(
+                self.in_specs, dyn, "in_specs", nums)  # (keyword arguments: the default)
+            dyn, dkw = tree.unflatten(constrain(leaves, specs + [None] * (
+                len(leaves) - len(specs)), "input"))
+            given = iter(dyn)
+            full = [args[i] if i in nums else next(given) for i in range(len(args))]
+            out = self.fn(*full, **{**kwargs, **dkw})
+            leaves, tree = jax.tree_util.tree_flatten(out)
+            return tree.unflatten(constrain(leaves, prefix_leaves(
+                self.out_specs, out, f"{self.name}: out_specs"), "output"))
+
+        functools.update_wrapper(body, self.fn)
+        return jax.jit(body, static_argnums=nums, static_argnames=names,
+                       keep_unused=self.keep_unused, inline=self.inline)
 
     @functools.cached_property
     def inlined(self) -> Callable:

@@ -369,3 +369,39 @@ def test_close_from_a_done_callback_closes_everything():
     with pytest.raises(pw.ControllerClosedError):
         fut.result()
     assert {t.name for t in threading.enumerate() if t.name.startswith("pw-island")} <= before
+
+
+def test_item_assignment_on_a_future_says_what_to_do_as_jax_arrays_do(ctl):
+    """A future is immutable, as the jax.Array it holds: ``fut[i] = v`` raises a TypeError
+    that says to use ``.at``; flax.nnx updates a Variable that holds one that way (BatchNorm's
+    statistics, Dropout's rng count, when a module a pw.function returned is called in train
+    mode outside one), so the error also says how to take the values first, and that works."""
+    from flax import nnx
+
+    s = ctl.slice(2)
+    with pytest.raises(TypeError, match="immutable") as plain:
+        jnp.ones(2)[0] = 1
+    fut = pw.function(lambda a: a + 1, slice=s)(np.ones(2, np.float32))
+    with pytest.raises(TypeError, match=r"immutable.*x\.at\[idx\]\.set\(y\)"):
+        fut[0] = 1
+    assert "x = x.at[idx].set(y)" in str(plain.value)
+
+    class Net(nnx.Module):
+        def __init__(self):
+            self.bn = nnx.BatchNorm(4, rngs=nnx.Rngs(0))
+            self.drop = nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=1))
+
+        def __call__(self, x):
+            return self.drop(self.bn(x))
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with jax.set_mesh(s.mesh):
+        want = jax.jit(lambda m: m)(Net())
+        want_y = want(x)
+    net = pw.function(lambda m: m, slice=s)(Net())
+    with pytest.raises(TypeError, match=r"jax\.tree\.map\(lambda v: v\.result\(\), model\)"):
+        net(x)
+    net = jax.tree.map(lambda v: v.result(), net)
+    with jax.set_mesh(s.mesh):
+        np.testing.assert_array_equal(net(x), want_y)
+    np.testing.assert_array_equal(net.bn.mean[...], want.bn.mean[...])

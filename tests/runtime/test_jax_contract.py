@@ -226,6 +226,61 @@ def test_a_call_on_jax_tracers_is_a_nested_jit(ctl):
     assert float(prog(x).result(60)[1]) == pytest.approx(np.sin(1.0) * 5)  # on the slice
 
 
+def test_a_call_inside_a_trace_without_tracer_arguments_is_a_nested_jit(ctl):
+    """A pw.function (or program) called inside jax.jit or another pw.function's body with no
+    tracer among its arguments (no arguments, host constants, a closure's arrays) is a nested
+    jax.jit too: its body inline, as jax.jit's is, not a program submitted while JAX traces."""
+    s = ctl.slice(2)
+    zeros = pw.function(lambda: jnp.zeros(4), slice=s)
+    double = pw.function(lambda a: a * 2, slice=s)
+
+    @pw.program
+    def doubled_zeros():
+        return double(zeros())
+
+    host = np.arange(4.0, dtype=np.float32)
+
+    def step(a):
+        return a + zeros() + double(host) + doubled_zeros()
+
+    want = jax.jit(lambda a: a + jnp.zeros(4) + jax.jit(lambda c: c * 2)(host))(host)
+    with jax.set_mesh(s.mesh):
+        under_mesh = jax.jit(step)(host)
+    for got in (jax.jit(step)(host), under_mesh, pw.function(step, slice=s)(host).result(60)):
+        assert isinstance(got, jax.Array)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_nested_call_on_auto_axes_keeps_its_shardings_as_a_nested_jit_does(ctl):
+    """On auto axes a jax.jit called inside another lays its inputs and outputs out as its
+    in_shardings/out_shardings say (the compiler propagates from there); a pw.function called
+    inside a pw.function, or inside jax.jit under the slice's mesh, does the same with its
+    shardings or specs (pw.BATCH included), on a mesh with its slice's axes."""
+    s = ctl.slice((2, 2), axis_names=("x", "y"), axis_types="auto")
+    on = functools.partial(NamedSharding, s.mesh)
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    jitted = {"out": jax.jit(lambda a: a * 2, out_shardings=on(P("x", "y"))),
+              "in": jax.jit(lambda a: a * 2, in_shardings=on(P(None, "y")))}
+    placed = {"out": pw.function(lambda a: a * 2, slice=s, out_shardings=on(P("x", "y"))),
+              "in": pw.function(lambda a: a * 2, slice=s, in_shardings=on(P(None, "y"))),
+              "batch": pw.function(lambda a: a * 2, slice=s, in_specs=pw.BATCH)}
+    jitted["batch"] = jax.jit(lambda a: a * 2, in_shardings=on(P(("x", "y"))))
+    for which, inner in placed.items():
+        with jax.set_mesh(s.mesh):
+            want = jax.jit(lambda a, f=jitted[which]: f(a) + 1)(x)
+            in_jit = jax.jit(lambda a, f=inner: f(a) + 1)(x)
+        got = pw.function(lambda a, f=inner: f(a) + 1, slice=s)(x).result(60)
+        assert want.sharding.spec != P()  # (the case shows something)
+        for result in (got, in_jit):
+            assert result.sharding.is_equivalent_to(want.sharding, 2), (
+                f"{which}: {result.sharding.spec}; a nested jax.jit gives {want.sharding.spec}")
+            np.testing.assert_array_equal(np.asarray(result), x * 2 + 1)
+    other = ctl.slice((2, 2), axis_names=("x", "y"), axis_types="auto")
+    got = pw.function(lambda a: placed["out"](a) + 1, slice=other)(x).result(60)
+    np.testing.assert_array_equal(np.asarray(got), x * 2 + 1)  # (another slice's devices)
+    assert got.sharding.is_equivalent_to(NamedSharding(other.mesh, P("x", "y")), 2)
+
+
 def test_eval_shape_and_lower_as_jax_jit_has_them(ctl):
     """What a call would give (shapes, dtypes, shardings) and what it would run (the lowered
     computation), without running anything."""
@@ -618,6 +673,33 @@ def test_sub_byte_integers_as_jax_jit_takes_them(ctl, dtype):
 
 
 @pytest.mark.parametrize("dispatch", ["sequential", "parallel"])
+def test_float0_gradients_of_ints_as_jax_jit_takes_them(ctl, dispatch):
+    """jax.grad(..., allow_int=True) gives an int leaf a float0 gradient (no data); jax.jit
+    takes one as an argument, from the host or from an earlier call, and so does
+    pw.function, alone or in a program whose other island reads it too."""
+    state = {"w": np.ones(3, np.float32), "n": np.int32(3)}
+    grad = jax.grad(lambda p: (p["w"] ** 2).sum() * p["n"], allow_int=True)
+
+    def apply(p, g):
+        return {"w": p["w"] - 0.1 * g["w"], "n": p["n"] + 1}
+
+    want = jax.jit(apply)(state, jax.jit(grad)(state))
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    pg, pa = pw.function(grad, slice=s0), pw.function(apply, slice=s1)
+
+    @pw.program
+    def step(p):
+        return pa(p, pg(p))
+
+    g = pg(state, dispatch=dispatch)
+    assert g["n"].dtype == jax.dtypes.float0
+    for got in (pa(state, jax.jit(grad)(state), dispatch=dispatch), pa(state, g),
+                step(state, dispatch=dispatch)):
+        jax.tree.map(lambda u, v: np.testing.assert_array_equal(np.asarray(u.result(60)), v),
+                     got, want)
+
+
+@pytest.mark.parametrize("dispatch", ["sequential", "parallel"])
 def test_a_host_argument_is_read_when_the_call_is_made(ctl, dispatch):
     """jax.jit reads a NumPy argument during the call: refilling the buffer afterwards (a data
     loader reusing its batch) changes nothing, even while the call waits on its inputs; so
@@ -744,8 +826,9 @@ def test_python_ints_are_typed_as_jax_types_them(ctl, x64):
 
 @pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
 def test_a_function_is_traced_again_when_jax_options_change(ctl, dispatch):
-    """jax.jit traces again under a new jax_enable_x64 or default matmul precision (its cache
-    key holds them); so does pw.function, instead of running what it traced before."""
+    """jax.jit traces again under a new jax_enable_x64, default matmul precision, threefry
+    mode, dtype promotion rule (its cache key holds JAX's trace context); so does
+    pw.function, instead of running what it traced before."""
     s = ctl.slice(2)
     ramp = pw.function(lambda: jnp.arange(3.0), slice=s)
     mix = pw.function(lambda a, b: a @ b, slice=s)
@@ -763,6 +846,19 @@ def test_a_function_is_traced_again_when_jax_options_change(ctl, dispatch):
     with jax.default_matmul_precision("highest"):
         assert "HIGHEST" in mix.lower(a, a).as_text()
         np.testing.assert_array_equal(mix(a, a, dispatch=dispatch).result(60), a @ a)
+    # every option JAX keys its traces on: the random bits, the promotion rules, ...
+    draw = pw.function(lambda: jax.random.uniform(jax.random.key(0), (4,)), slice=s)
+    draw(dispatch=dispatch).result(60)
+    with jax.threefry_partitionable(not jax.config.jax_threefry_partitionable):
+        want = jax.jit(lambda: jax.random.uniform(jax.random.key(0), (4,)))()
+        np.testing.assert_array_equal(draw(dispatch=dispatch).result(60), want)
+    add, i, h = pw.function(lambda u, v: u + v, slice=s), np.ones(2, np.int32), np.ones(2, "f2")
+    assert add(i, h, dispatch=dispatch).result(60).dtype == np.float16
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(Exception, match="no available implicit dtype promotion") as jit:
+            jax.jit(lambda u, v: u + v)(i, h)
+        with pytest.raises(type(jit.value), match="no available implicit dtype promotion"):
+            add(i, h, dispatch=dispatch)
 
 
 def test_under_disable_jit_functions_and_programs_run_eagerly(ctl):

@@ -101,3 +101,27 @@ def test_no_readable_buffer_is_freed(shared_ctl, src, dst, sspec, dspec, user):
     np.testing.assert_allclose(np.asarray(source if user else source.result()), host)
     s_src.release()
     s_dst.release()
+
+
+def test_a_program_that_returns_its_argument_returns_a_new_array(ctl):
+    """``jax.jit(lambda x: (f(x), x))`` returns a new array for ``x``: donating it later leaves
+    the caller's array (or future) alone. A program returns its argument the same way: the
+    user's array, and a future given to it, survive a donating call on what it returned."""
+    s = ctl.slice(2)
+    double = pw.function(lambda x: x * 2, slice=s)
+    eat = pw.function(lambda x: x + 1, slice=s, donate_argnums=0)
+
+    @pw.program
+    def also_returns_its_argument(v):
+        return double(v), v
+
+    mine = jax.device_put(np.ones(4, np.float32), NamedSharding(s.mesh, P()))
+    made = double(np.ones(4, np.float32))
+    for arg in (mine, made):
+        _, back = also_returns_its_argument(arg)
+        assert back is not arg
+        assert (back.shape, back.dtype) == (arg.shape, arg.dtype)
+        assert back.sharding.is_equivalent_to(arg.sharding, 1)
+        assert eat(back).result(60).tolist() == [3.0 if arg is made else 2.0] * 4
+        _alive(arg)
+    assert np.asarray(mine).tolist() == [1.0] * 4 and made.result(60).tolist() == [2.0] * 4

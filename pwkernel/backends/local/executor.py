@@ -143,8 +143,9 @@ class LocalBackend(NoGroup):
             if task.graph_node.shares_buffers:
                 # JAX reuses the source's buffer where a device holds the same block in both
                 # layouts, whatever may_alias says; the runtime frees this output after its
-                # last reader, and the source may be the user's: copy those (async).
-                out = out.copy()
+                # last reader, and the source may be the user's: copy those (async), laid
+                # out as the future says (a copy normalizes P() to P(None,))
+                out = jax.device_put(out.copy(), node.sharding, may_alias=True)
         except BaseException as e:  # noqa: BLE001
             error = copy_error(node.name, task.inputs()[0], e)
             self.transfers.submit(self._land, task, None, error)
@@ -262,9 +263,13 @@ def _waits(task: Task) -> bool:
 
 
 def _is_ready(value) -> bool:
-    """``value.is_ready()``; a typed key array (``jax.random.key``) has none: its key data's."""
+    """``value.is_ready()``; a typed key array (``jax.random.key``) has none: its key data's;
+    a ``float0`` value (a gradient's of an int) stays a host value, as ``jax.device_put``
+    leaves it: ready."""
     ready = getattr(value, "is_ready", None)
-    return ready() if ready is not None else jax.random.key_data(value).is_ready()
+    if ready is not None:
+        return ready()
+    return not isinstance(value, jax.Array) or jax.random.key_data(value).is_ready()
 
 
 def _ready(outs) -> bool:
