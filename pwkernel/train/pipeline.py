@@ -329,8 +329,9 @@ def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: C
 
 def _update(optimizer):
     def update(params, opt_state, grads, barrier):
-        del barrier  # only orders the update after the whole step (see the module's doc)
-        return apply_optimizer(optimizer, params, opt_state, grads)
+        # the barrier orders the update after the whole step (see the module's doc); its
+        # first half is the step's loss, optax's ``value=`` (``reduce_on_plateau`` reads it)
+        return apply_optimizer(optimizer, params, opt_state, grads, barrier[0])
     return update
 
 

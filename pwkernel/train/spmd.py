@@ -75,7 +75,7 @@ def step_parts(stages: Sequence[Stage], loss: Callable, optimizer: optax.Gradien
         return g, value
 
     def update(state: TrainState, g, value):  # (``value``: the check's result, waited for)
-        new = [apply_optimizer(optimizer, p, o, gs)
+        new = [apply_optimizer(optimizer, p, o, gs, value)
                for p, o, gs in zip(state.params, state.opt_state, g, strict=True)]
         return TrainState([p for p, _ in new], [o for _, o in new])
     return grads, update

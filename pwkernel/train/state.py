@@ -7,6 +7,7 @@ model have states of the same shape). Its leaves are ``pw.Future``s while a step
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -104,10 +105,25 @@ def init_stage(init, optimizer: optax.GradientTransformation):
     return init_both
 
 
-def apply_optimizer(optimizer: optax.GradientTransformation, params, opt_state, grads):
-    """One optax step: ``(params, opt_state)`` after ``grads``."""
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+def apply_optimizer(optimizer: optax.GradientTransformation, params, opt_state, grads,
+                    value=None):
+    """One optax step: ``(params, opt_state)`` after ``grads``. ``value``: the step's loss,
+    given as ``value=`` to an optimizer whose ``update`` takes extra arguments (optax's
+    ``GradientTransformationExtraArgs``, ``MultiSteps``), as a plain optax loop gives it:
+    ``optax.contrib.reduce_on_plateau`` reads it; the others ignore it."""
+    if value is not None and _takes_value(optimizer.update):
+        updates, opt_state = optimizer.update(grads, opt_state, params, value=value)
+    else:
+        updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
+
+
+def _takes_value(update) -> bool:
+    try:
+        accepted = inspect.signature(update).parameters.values()
+    except (TypeError, ValueError):  # (a callable without a signature: give it nothing more)
+        return False
+    return any(p.kind is p.VAR_KEYWORD or p.name == "value" for p in accepted)
 
 
 def raise_if_not_finite(loss) -> None:
