@@ -195,6 +195,10 @@ class Pipeline:
         if not isinstance(state, TrainState):
             raise TypeError(f"evaluate takes the TrainState that init() or step() returned, "
                             f"got {type(state).__name__}.")
+        if isinstance(batch, Microbatches):
+            raise TypeError("evaluate takes the batch whole, (inputs, targets), not "
+                            "pipe.place(...)'s microbatches (the eval step does not cut it "
+                            "into microbatches). Maybe you want pipe.evaluate(state, (x, y)).")
         x, y = inputs_and_targets(batch, "pipe")
         check_batch((x, y), 1, "batch (inputs and targets)",
                     math.lcm(*(vs.size for vs in self.slices)))

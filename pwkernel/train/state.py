@@ -218,6 +218,10 @@ def check_batch(batch, microbatches: int, what: str = "batch", devices: int = 1)
                          f"{[np.shape(x)[:1] for x in leaves]}. Maybe inputs and targets "
                          "come from different batches.")
     size = sizes.pop()
+    if size == 0:  # (divisible by anything, but its mean loss is 0 / 0)
+        raise ValueError(f"the {what} has no examples (leading size 0): its mean loss would "
+                         "be NaN, and a step would write NaN into every parameter. Maybe "
+                         "the last batch of an epoch came out empty: skip it.")
     step = microbatches * devices
     if size is None or size % step:
         if microbatches == 1:
