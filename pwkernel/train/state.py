@@ -36,13 +36,16 @@ class PackedState:
     ``opt_state``, indexing and unpacking (``params, opt_state = state``) give the
     ``TrainState``'s futures, made by one unpacking call on the slice the first time they are
     asked for; ``fetch(state)`` gives its values and ``wait(state)`` waits without unpacking.
-    ``futures`` are the packs."""
+    ``futures`` are the packs. What is changed in the unpacked ``TrainState`` (say, optax's
+    ``opt_state.hyperparams["learning_rate"]``) is what the next ``step`` and ``evaluate``
+    read (``edited``)."""
 
-    __slots__ = ("packed", "layout", "_unpack", "_state")
+    __slots__ = ("packed", "layout", "_unpack", "_state", "_given")
 
     def __init__(self, packed, layout, unpack):
         self.packed, self.layout, self._unpack = packed, layout, unpack
         self._state: TrainState | None = None
+        self._given: list[Any] = []  # the unpacked state's leaves, as unpacking made them
 
     @property
     def futures(self) -> list[Any]:
@@ -52,7 +55,17 @@ class PackedState:
         """The ``TrainState`` (futures; the same ones on every call)."""
         if self._state is None:
             self._state = self._unpack(self.packed)
+            self._given = jax.tree_util.tree_leaves(self._state)
         return self._state
+
+    def edited(self) -> bool:
+        """Whether a leaf of the unpacked ``TrainState`` was replaced since unpacking (its
+        lists and dicts are the user's to change): the packs no longer hold the state."""
+        if self._state is None:
+            return False
+        now = jax.tree_util.tree_leaves(self._state)
+        return len(now) != len(self._given) or any(
+            a is not b for a, b in zip(now, self._given, strict=True))
 
     @property
     def params(self) -> list[Any]:
