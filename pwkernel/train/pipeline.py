@@ -104,8 +104,10 @@ class Pipeline:
                  schedule: Schedule | str = Schedule.ONE_F_ONE_B, microbatches: int = 4,
                  check_finite: bool = False, name: str = "pipeline"):
         check_stages(stages, slices)
-        if not isinstance(microbatches, int) or microbatches < 1:
+        if (not isinstance(microbatches, int | np.integer) or isinstance(microbatches, bool)
+                or microbatches < 1):  # (a NumPy int, say batch // per, is one too)
             raise ValueError(f"microbatches must be a positive int, got {microbatches!r}.")
+        microbatches = int(microbatches)
         self.stages, self.slices = list(stages), list(slices)
         self.loss, self.optimizer = loss, optimizer
         self.schedule = Schedule.parse(schedule)

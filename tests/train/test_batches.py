@@ -46,3 +46,15 @@ def test_a_pipelines_evaluate_names_the_batch_it_takes_for_placed_microbatches(t
     want = float(pipe.evaluate(state, batch))
     _, loss = pipe.step(state, pipe.place(batch))  # (placed, they are step's)
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+
+
+def test_a_numpy_microbatch_count_is_taken_and_a_bool_is_not(tctl):
+    """``microbatches = batch // per`` with NumPy sizes is a NumPy int: it was refused as
+    "not a positive int"."""
+    stages, slices = T.split(CFG, 2), [tctl.slice(1, island=0), tctl.slice(1, island=1)]
+    pipe = pw.train.Pipeline(stages, slices, loss=T.cross_entropy, optimizer=optax.sgd(0.1),
+                             microbatches=np.int64(8) // np.int64(4))
+    assert pipe.microbatches == 2 and type(pipe.microbatches) is int
+    with pytest.raises(ValueError, match="positive int, got True"):
+        pw.train.Pipeline(stages, slices, loss=T.cross_entropy, optimizer=optax.sgd(0.1),
+                          microbatches=True)
