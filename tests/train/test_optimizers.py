@@ -51,8 +51,9 @@ def test_reduce_on_plateau_gets_the_steps_loss_as_in_plain_optax(tctl, trainer):
     @jax.jit
     def plain(params, opt_state):  # one optax chain per stage, as the trainers run it
         value, grads = jax.value_and_grad(full)(params, X, Y)
-        new = [opt.update(g, o, p, value=value) for g, o, p in zip(grads, opt_state, params)]
-        return ([optax.apply_updates(p, u) for p, (u, _) in zip(params, new)],
+        new = [opt.update(g, o, p, value=value)
+               for g, o, p in zip(grads, opt_state, params, strict=True)]
+        return ([optax.apply_updates(p, u) for p, (u, _) in zip(params, new, strict=True)],
                 [o for _, o in new], value)
 
     opt_state, want, got = [opt.init(p) for p in params], [], []
