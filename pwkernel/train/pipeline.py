@@ -104,8 +104,10 @@ class Pipeline:
                  schedule: Schedule | str = Schedule.ONE_F_ONE_B, microbatches: int = 4,
                  check_finite: bool = False, name: str = "pipeline"):
         check_stages(stages, slices)
-        if not isinstance(microbatches, int) or microbatches < 1:
+        if (not isinstance(microbatches, int | np.integer) or isinstance(microbatches, bool)
+                or microbatches < 1):  # (a NumPy int, say batch // per, is one too)
             raise ValueError(f"microbatches must be a positive int, got {microbatches!r}.")
+        microbatches = int(microbatches)
         self.stages, self.slices = list(stages), list(slices)
         self.loss, self.optimizer = loss, optimizer
         self.schedule = Schedule.parse(schedule)
@@ -195,6 +197,10 @@ class Pipeline:
         if not isinstance(state, TrainState):
             raise TypeError(f"evaluate takes the TrainState that init() or step() returned, "
                             f"got {type(state).__name__}.")
+        if isinstance(batch, Microbatches):
+            raise TypeError("evaluate takes the batch whole, (inputs, targets), not "
+                            "pipe.place(...)'s microbatches (the eval step does not cut it "
+                            "into microbatches). Maybe you want pipe.evaluate(state, (x, y)).")
         x, y = inputs_and_targets(batch, "pipe")
         check_batch((x, y), 1, "batch (inputs and targets)",
                     math.lcm(*(vs.size for vs in self.slices)))
@@ -329,8 +335,9 @@ def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: C
 
 def _update(optimizer):
     def update(params, opt_state, grads, barrier):
-        del barrier  # only orders the update after the whole step (see the module's doc)
-        return apply_optimizer(optimizer, params, opt_state, grads)
+        # the barrier orders the update after the whole step (see the module's doc); its
+        # first half is the step's loss, optax's ``value=`` (``reduce_on_plateau`` reads it)
+        return apply_optimizer(optimizer, params, opt_state, grads, barrier[0])
     return update
 
 

@@ -75,7 +75,7 @@ def step_parts(stages: Sequence[Stage], loss: Callable, optimizer: optax.Gradien
         return g, value
 
     def update(state: TrainState, g, value):  # (``value``: the check's result, waited for)
-        new = [apply_optimizer(optimizer, p, o, gs)
+        new = [apply_optimizer(optimizer, p, o, gs, value)
                for p, o, gs in zip(state.params, state.opt_state, g, strict=True)]
         return TrainState([p for p, _ in new], [o for _, o in new])
     return grads, update
@@ -176,7 +176,8 @@ class SPMD:
         ``Pipeline``'s, or values from ``fetch``), which a packed trainer packs into a copy
         and does not consume. ``batch``: ``(inputs, targets)`` with a leading batch axis."""
         fns = self._functions()
-        ready_to_donate(self._check(state))
+        state = self._check(_current(state))
+        ready_to_donate(state)
         if self.packed and isinstance(state, TrainState):
             state = PackedState(fns["pack"](state), fns["layout"], fns["unpack"])
         x, y = inputs_and_targets(batch, self.name)
@@ -196,7 +197,7 @@ class SPMD:
         targets)`` with a leading batch axis divisible by the slice's devices (trace name
         ``{name}.eval``)."""
         fns = self._functions()
-        state = self._check(state)
+        state = self._check(_current(state))
         x, y = inputs_and_targets(batch, self.name)
         check_batch((x, y), 1, "batch (inputs and targets)", self.slice.size)
         if isinstance(state, PackedState):
@@ -224,3 +225,12 @@ class SPMD:
 
     def __repr__(self) -> str:
         return f"pw.train.SPMD({len(self.stages)} stages on {self.slice!r})"
+
+
+def _current(state):
+    """A ``PackedState`` whose unpacked ``TrainState`` was changed (a learning rate set in
+    optax's ``hyperparams``, a parameter replaced) stands for that ``TrainState``: a step
+    packs it into a copy, as it packs any ``TrainState`` it is given."""
+    if isinstance(state, PackedState) and state.edited():
+        return state.unpacked()
+    return state

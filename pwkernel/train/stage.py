@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _flatten, _unflatten, _leaves = (jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten,
                                  jax.tree_util.tree_leaves)
@@ -107,7 +108,10 @@ def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = Fa
     ignored (it only has the gradients' shapes: the pipeline passes the parameters), so one
     compiled backward serves the first microbatch and the others. ``dx`` is ``()`` unless
     ``wrt_input``. The last stage (``loss`` given) takes ``dout=None`` and seeds its loss's
-    cotangent with ``scale`` (1/M: the step's loss is the mean of its M microbatches')."""
+    cotangent with ``scale`` (1/M: the step's loss is the mean of its M microbatches').
+    Integer and boolean leaves of an activation (masks, positions, token ids a stage passes
+    on) have no cotangent: ``dx`` holds ``None`` there, and ``dout`` may (JAX's ``float0``
+    zeros are put back in), so no ``float0`` array goes from one stage to another."""
     def bwd(params, x, y, residuals, dout, acc, token, first=None):
         out, leaves, tree, where = _vjp(apply, loss, wrt_input, params, x, y)
         opaque = sum(w < 0 for w in where)
@@ -117,16 +121,34 @@ def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = Fa
                              "way every time (no Python randomness or global state).")
         inputs, given = _leaves((params, x, y)), iter(residuals)
         vjp = _unflatten(tree, [inputs[w] if w >= 0 else next(given) for w in where])
-        if dout is None:
+        if dout is None and loss is not None:
             dout = jnp.full(jnp.shape(out), scale, jnp.result_type(out))
+        elif loss is None:
+            dout = _with_float0(out, dout)
         cts = vjp(dout)
         grads = cts[0]
         if acc is not None:
             def add(a, g):
                 return a + g if first is None else jnp.where(first, g, a + g)
             grads = jax.tree.map(add, acc, grads)
-        return grads, (cts[1] if wrt_input else ()), token + 1
+        return grads, (_without_float0(cts[1]) if wrt_input else ()), token + 1
     return bwd
+
+
+def _without_float0(cotangent):
+    """The input's cotangent as it travels to the stage before: ``None`` where the input is
+    an integer or boolean array (a mask, positions, token ids passed along), whose cotangent
+    is JAX's ``float0`` (no data; it cannot be an output of a computation)."""
+    return jax.tree.map(lambda c: None if c.dtype == jax.dtypes.float0 else c, cotangent)
+
+
+def _with_float0(out, dout):
+    """``dout`` with ``float0`` zeros back where ``_without_float0`` put ``None``: what
+    ``jax.vjp`` takes for the stage's integer or boolean outputs."""
+    leaves, tree = _flatten(out)
+    given = tree.flatten_up_to(dout)
+    return _unflatten(tree, [np.zeros(jnp.shape(o), jax.dtypes.float0) if d is None else d
+                             for o, d in zip(leaves, given, strict=True)])
 
 
 def residual_bytes(apply: Callable, loss: Callable | None, wrt_input: bool, params, x,

@@ -7,6 +7,7 @@ model have states of the same shape). Its leaves are ``pw.Future``s while a step
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -35,13 +36,16 @@ class PackedState:
     ``opt_state``, indexing and unpacking (``params, opt_state = state``) give the
     ``TrainState``'s futures, made by one unpacking call on the slice the first time they are
     asked for; ``fetch(state)`` gives its values and ``wait(state)`` waits without unpacking.
-    ``futures`` are the packs."""
+    ``futures`` are the packs. What is changed in the unpacked ``TrainState`` (say, optax's
+    ``opt_state.hyperparams["learning_rate"]``) is what the next ``step`` and ``evaluate``
+    read (``edited``)."""
 
-    __slots__ = ("packed", "layout", "_unpack", "_state")
+    __slots__ = ("packed", "layout", "_unpack", "_state", "_given")
 
     def __init__(self, packed, layout, unpack):
         self.packed, self.layout, self._unpack = packed, layout, unpack
         self._state: TrainState | None = None
+        self._given: list[Any] = []  # the unpacked state's leaves, as unpacking made them
 
     @property
     def futures(self) -> list[Any]:
@@ -51,7 +55,17 @@ class PackedState:
         """The ``TrainState`` (futures; the same ones on every call)."""
         if self._state is None:
             self._state = self._unpack(self.packed)
+            self._given = jax.tree_util.tree_leaves(self._state)
         return self._state
+
+    def edited(self) -> bool:
+        """Whether a leaf of the unpacked ``TrainState`` was replaced since unpacking (its
+        lists and dicts are the user's to change): the packs no longer hold the state."""
+        if self._state is None:
+            return False
+        now = jax.tree_util.tree_leaves(self._state)
+        return len(now) != len(self._given) or any(
+            a is not b for a, b in zip(now, self._given, strict=True))
 
     @property
     def params(self) -> list[Any]:
@@ -107,10 +121,25 @@ def init_stage(init, optimizer: optax.GradientTransformation):
     return init_both
 
 
-def apply_optimizer(optimizer: optax.GradientTransformation, params, opt_state, grads):
-    """One optax step: ``(params, opt_state)`` after ``grads``."""
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+def apply_optimizer(optimizer: optax.GradientTransformation, params, opt_state, grads,
+                    value=None):
+    """One optax step: ``(params, opt_state)`` after ``grads``. ``value``: the step's loss,
+    given as ``value=`` to an optimizer whose ``update`` takes extra arguments (optax's
+    ``GradientTransformationExtraArgs``, ``MultiSteps``), as a plain optax loop gives it:
+    ``optax.contrib.reduce_on_plateau`` reads it; the others ignore it."""
+    if value is not None and _takes_value(optimizer.update):
+        updates, opt_state = optimizer.update(grads, opt_state, params, value=value)
+    else:
+        updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
+
+
+def _takes_value(update) -> bool:
+    try:
+        accepted = inspect.signature(update).parameters.values()
+    except (TypeError, ValueError):  # (a callable without a signature: give it nothing more)
+        return False
+    return any(p.kind is p.VAR_KEYWORD or p.name == "value" for p in accepted)
 
 
 def raise_if_not_finite(loss) -> None:
@@ -205,6 +234,10 @@ def check_batch(batch, microbatches: int, what: str = "batch", devices: int = 1)
                          f"{[np.shape(x)[:1] for x in leaves]}. Maybe inputs and targets "
                          "come from different batches.")
     size = sizes.pop()
+    if size == 0:  # (divisible by anything, but its mean loss is 0 / 0)
+        raise ValueError(f"the {what} has no examples (leading size 0): its mean loss would "
+                         "be NaN, and a step would write NaN into every parameter. Maybe "
+                         "the last batch of an epoch came out empty: skip it.")
     step = microbatches * devices
     if size is None or size % step:
         if microbatches == 1:

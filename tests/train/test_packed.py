@@ -131,3 +131,26 @@ def test_the_benchmarks_plain_jax_packed_step_is_the_packed_trainers_step(tctl):
         ours.state, loss_ours = ours.step(ours.state, ours.batch)
         plain.state, loss_plain = plain.step(plain.state, plain.batch)
         assert float(loss_ours) == float(loss_plain)
+
+
+def test_a_learning_rate_set_in_the_unpacked_state_is_what_the_next_step_uses(tctl):
+    """optax's way to change a learning rate between steps (``inject_hyperparams``, then
+    ``opt_state.hyperparams["learning_rate"] = ...``) on a packed state: the step and the
+    eval read the changed ``TrainState``, as a future per leaf does; before, they read the
+    packs and the change was silently lost."""
+    opt = optax.inject_hyperparams(optax.adam)(learning_rate=1e-2)
+    packed, leaves = trainers(tctl, opt, devices=2)
+    batch = T.batch(CFG, 8)
+    for t in (leaves, packed):
+        state, _ = t.step(t.init(0), batch)
+        for o in state.opt_state:
+            o.hyperparams["learning_rate"] = np.float32(0.0)
+        before = jax.device_get(pw.train.fetch(state).params)
+        state, _ = t.step(state, batch)  # a step that changes nothing
+        same_bits(pw.train.fetch(state).params, before)
+        state.params[1]["head"] = jnp.zeros_like(before[1]["head"])  # the eval reads it too
+        np.testing.assert_allclose(float(t.evaluate(state, batch)), np.log(CFG.vocab),
+                                   rtol=1e-5)
+    state.params[0]["embed"] = jnp.zeros(3)  # (packed:) a leaf of another shape is refused
+    with pytest.raises(ValueError, match=r"leaf \d+ is float32\[3\]"):
+        packed.step(state, batch)
