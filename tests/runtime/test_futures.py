@@ -369,3 +369,23 @@ def test_close_from_a_done_callback_closes_everything():
     with pytest.raises(pw.ControllerClosedError):
         fut.result()
     assert {t.name for t in threading.enumerate() if t.name.startswith("pw-island")} <= before
+
+
+def test_a_done_callback_that_raises_system_exit_stops_no_later_callback():
+    """``sys.exit()`` (a ``BaseException``) in a callback on the runner's thread is logged as
+    any error is; before, it ended the thread for good while the runner still counted it as
+    running: no later callback ever ran (``await fut`` hung) and ``ctl.close()``, which waits
+    for the callbacks, never returned. (A fresh runner: the process's one stays sound.)"""
+    runner = done_callbacks.CallbackRunner("pw-test-callbacks")
+    ran, later = threading.Event(), threading.Event()
+
+    def leave(_):
+        raise SystemExit(3)
+
+    runner.submit([leave, lambda _: ran.set()], None)
+    runner.submit([lambda _: later.set()], None)
+    assert ran.wait(30) and later.wait(30)
+    assert runner.wait_idle(30)
+    again = threading.Event()
+    runner.submit([lambda _: again.set()], None)  # the runner starts a thread again
+    assert again.wait(30) and runner.wait_idle(30)
