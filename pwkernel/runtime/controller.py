@@ -103,9 +103,11 @@ class Controller:
                                    "islands=(4, 4).")
         policy = Policy.parse(policy)
         mode = DispatchMode.parse(dispatch)
-        if memory_budget is not None and not memory_budget > 0:
-            raise ValueError(f"memory_budget must be a positive number of bytes per device or "
-                             f"None, got {memory_budget!r}.")
+        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(
+                memory_budget, int | float | np.number) or not 0 < memory_budget < float("inf")):
+            raise ValueError(f"memory_budget must be a finite positive number of bytes per "
+                             f"device, or None (no budget), got {memory_budget!r}; e.g. "
+                             "memory_budget=2**30 for 1 GiB per device.")
         if dcn is not None and not isinstance(dcn, Link):
             raise TypeError(f"dcn must be a pw.Link(bandwidth=..., latency=...) or None, got "
                             f"{type(dcn).__name__}.")

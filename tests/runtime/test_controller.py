@@ -45,6 +45,9 @@ def test_islands_none_on_cpu_is_the_default_two_by_four():
         (dict(policy="random"), ValueError, "expected one of"),
         (dict(dispatch="eager"), ValueError, "'parallel' or 'sequential'"),
         (dict(memory_budget=-1), ValueError, "memory_budget"),
+        (dict(memory_budget="1GB"), ValueError, "memory_budget must be a finite positive"),
+        (dict(memory_budget=True), ValueError, "memory_budget must be a finite positive"),
+        (dict(memory_budget=float("inf")), ValueError, "or None .no budget."),
         (dict(dcn=10e9), TypeError, "pw.Link"),
     ],
 )
@@ -92,6 +95,16 @@ def test_emulated_dcn_link_holds_transfers_to_its_bandwidth():
         ctl.close()
     with pytest.raises(ValueError, match="bandwidth > 0"):
         pw.Link(bandwidth=0)
+
+
+@pytest.mark.parametrize("bandwidth, latency", [
+    (1e9, float("inf")), (1e9, float("nan")), (float("inf"), 0.0), ("fast", 0.0),
+    (True, 0.0), (1e9, None)])
+def test_a_link_takes_finite_numbers_only(bandwidth, latency):
+    """An infinite latency used to be taken and every copy between islands then waited
+    for ever (a NaN one was taken as no latency, a string failed on a bare comparison)."""
+    with pytest.raises(ValueError, match="finite numbers"):
+        pw.Link(bandwidth=bandwidth, latency=latency)
 
 
 def test_many_threads_submit_at_once(ctl):
