@@ -315,6 +315,9 @@ class Program(ProgramStages):
 
     def __init__(self, fn: Callable, name: str | None = None, inline: Any = ...,
                  static_argnums=None, static_argnames=None):
+        if not callable(fn):
+            raise ProgramError(f"pw.program needs a callable (the function to trace), got "
+                               f"{type(fn).__name__}. Maybe you want @pw.program above a def.")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "program")
         # what a call on JAX tracers runs (``Traced``): the function itself, its compiled

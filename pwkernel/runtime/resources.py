@@ -86,6 +86,12 @@ def islands_from_env(variable: str = "PWKERNEL_ISLANDS") -> tuple[int, ...] | No
     return sizes
 
 
+def _what(v: Any) -> str:
+    if isinstance(v, VirtualSlice):
+        return f"a slice of another controller ({v.controller!r})"
+    return type(v).__name__
+
+
 class VirtualSlice:
     """A mesh of virtual devices on one island, placed on physical devices by the controller.
 
@@ -316,6 +322,11 @@ class ResourceManager:
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
         """Move ``vs`` to other physical devices (on ``island``, or the least loaded one),
         once no other thread is tracing a program (``placements``)."""
+        if not isinstance(vs, VirtualSlice) or (self._slices.get(vs.id) is not vs
+                                                and not vs.released):
+            raise SliceError(f"remap needs a VirtualSlice of this controller (from "
+                             f"ctl.slice(...)), got {_what(vs)}. Maybe you want "
+                             "ctl.remap(ctl.slice(2), island=1).")
         old = vs.devices  # (raises SliceError once it is released)
         with placements.moving(), self._lock:
             for d in old:

@@ -202,3 +202,19 @@ def test_closed_controller_refuses_use(ctl):
 def test_too_few_host_devices_explains_the_fix():
     with pytest.raises(pw.DeviceSetupError, match="jax_num_cpu_devices"):
         pw.Controller(islands=(8, 8))
+
+
+def test_remap_refuses_a_slice_of_another_controller(ctl):
+    """It used to move the other controller's slice onto this one's devices, taking load off
+    devices this controller never gave it (its counts went negative)."""
+    with pytest.warns(pw.SharedDevicesWarning):
+        other = pw.Controller(islands=(4, 4))
+    try:
+        theirs = other.slice(2, island=0)
+        with pytest.raises(pw.SliceError, match="remap needs a VirtualSlice of this controller"):
+            ctl.remap(theirs, island=1)
+        assert theirs.island.id == 0 and theirs.controller is other
+        mine = ctl.slice(4, island=1)  # island 1 is still wholly free here
+        assert ctl.remap(mine, island=1).island.id == 1
+    finally:
+        other.close()
