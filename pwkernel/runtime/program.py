@@ -379,12 +379,15 @@ class Program(ProgramStages):
             result = self.fn(*args, **kwargs)
         finally:
             _tracing.graph = None
-        out_leaves, graph.out_tree = jax.tree_util.tree_flatten(result)
+        out_leaves, graph.out_tree = jax.tree_util.tree_flatten_with_path(result)
         returned: set[int] = set()
-        for leaf in out_leaves:
+        for path, leaf in out_leaves:
             if not isinstance(leaf, Value) or leaf.graph is not graph:
-                raise ProgramError(f"program {self.name} returned a {type(leaf).__name__}; a "
-                                   "program returns the values of compiled-function calls.")
+                raise ProgramError(
+                    f"program {self.name} returned {type(leaf).__name__} {leaf!r:.40} at "
+                    f"{jax.tree_util.keystr(path) or 'its result'}; a program returns the "
+                    "values of its compiled-function calls. Maybe you want to compute it in a "
+                    "pw.function, or keep it out of the program's result.")
             spec = graph.values[leaf.id]  # a value returned again: its own copy, as jax.jit
             again = leaf.id in returned and spec.island is not None and spec.sharding
             graph.outputs.append(graph.copied(leaf.id) if again else leaf.id)
