@@ -47,6 +47,7 @@ This is the one module that reads JAX's jaxpr internals (equation parameters of 
 from __future__ import annotations
 
 import itertools
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -214,6 +215,15 @@ def not_exportable(name: str, primitives: Sequence[str]) -> ProgramError:
         ".result(), compute, and pass it on), or run this function on backend='local'.")
 
 
+_inside = threading.local()  # ``depth``: the guarded host functions this thread is in
+
+
+def in_host_callback() -> bool:
+    """The calling thread runs a host callback's function inside a computation (on XLA's
+    thread or the runtime's): it must not wait for that computation to end."""
+    return getattr(_inside, "depth", 0) > 0
+
+
 class _Guard:
     """A callback equation's function, made safe: it takes the launch token as its last
     operand, and an exception (or a result of the wrong type) is recorded on that launch while
@@ -226,6 +236,7 @@ class _Guard:
 
     def __call__(self, *args):
         *args, token = args
+        _inside.depth = getattr(_inside, "depth", 0) + 1
         try:
             out = self.callback(*args)
             if self.avals is not None:
@@ -234,6 +245,8 @@ class _Guard:
         except BaseException as e:  # noqa: BLE001 - raising here would abort the process
             self._record(token, e)
             return [np.zeros(a.shape, a.dtype) for a in self.avals or ()]
+        finally:
+            _inside.depth -= 1
 
     def _check(self, out) -> None:
         if len(out) != len(self.avals):

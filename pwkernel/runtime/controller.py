@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import AxisType
 
-from . import done_callbacks, interrupts
+from . import callbacks, done_callbacks, interrupts
 from . import executor as executors
 from .device_groups import Topology
 from .dispatcher import Dispatcher, DispatchMode
@@ -103,13 +103,18 @@ class Controller:
                                    "islands=(4, 4).")
         policy = Policy.parse(policy)
         mode = DispatchMode.parse(dispatch)
-        if memory_budget is not None and not memory_budget > 0:
-            raise ValueError(f"memory_budget must be a positive number of bytes per device or "
-                             f"None, got {memory_budget!r}.")
+        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(
+                memory_budget, int | float | np.number) or not 0 < memory_budget < float("inf")):
+            raise ValueError(f"memory_budget must be a finite positive number of bytes per "
+                             f"device, or None (no budget), got {memory_budget!r}; e.g. "
+                             "memory_budget=2**30 for 1 GiB per device.")
         if dcn is not None and not isinstance(dcn, Link):
             raise TypeError(f"dcn must be a pw.Link(bandwidth=..., latency=...) or None, got "
                             f"{type(dcn).__name__}.")
         self.closed = False
+        self._closer: threading.Thread | None = None  # the thread that closes it
+        self._closed_all = threading.Event()  # its close has ended
+        self._close_lock = threading.Lock()
         self.memory_budget = memory_budget
         self.dcn = dcn
         # each option goes only to the backend that declares it (runtime/executor.py)
@@ -327,16 +332,34 @@ class Controller:
                                         "pw.Controller(...) or use pw.controller().")
 
     def close(self) -> None:
-        """Cancel what has not run, wait for what is running, free every buffer and thread."""
-        if self.closed:
-            return
+        """Cancel what has not run, wait for what is running, free every buffer and thread.
+        Called again while another thread closes, it waits for that close to end."""
         here = threading.current_thread()
-        if here.name.startswith("pw-") and not done_callbacks.runner.on_its_thread():
-            raise RuntimeError(  # (before anything changes: the controller stays usable)
-                f"ctl.close() was called on the runtime's own thread {here.name!r} (from a "
-                "host callback, say), which closing must wait for. Call it from your own "
-                "thread, or from a done-callback (add_done_callback).")
-        self.closed = True
+        # (a thread that closing waits for: the runtime's, or XLA's running a host callback)
+        inside = here.name.startswith("pw-") or callbacks.in_host_callback()
+        with self._close_lock:  # (one thread closes; the others wait for it below)
+            again = self.closed
+            if not again:
+                if inside and not done_callbacks.runner.on_its_thread():
+                    where = ("a host callback, inside the computation" if
+                             callbacks.in_host_callback() else f"the runtime's own thread "
+                             f"{here.name!r} (from a host callback, say)")
+                    raise RuntimeError(  # (before anything changes: it stays usable)
+                        f"ctl.close() was called from {where}, which closing must wait for. "
+                        "Call it from your own thread, or from a done-callback "
+                        "(add_done_callback).")
+                self.closed, self._closer = True, here
+        if again:  # (not on a thread that close may be waiting for: its own, the runtime's,
+            if here is not self._closer and not inside:  # or the done-callbacks' one)
+                self._closed_all.wait()
+            return
+        try:
+            self._close()
+        finally:
+            self._closed_all.set()
+        interrupts.raise_kept()
+
+    def _close(self) -> None:
         with interrupts.held:  # (a Ctrl-C meanwhile is raised once all of it is done: a
             self._dispatcher.shutdown()  # half-closed controller would keep its threads and
             # buffers, and a second close() would not finish it). The callbacks of what ended
@@ -345,7 +368,6 @@ class Controller:
             self.resources.release_all()
             _unregister(self)
             done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled ran
-        interrupts.raise_kept()
 
     def set_default(self) -> Controller:
         """Make this the process-wide controller that ``pw.controller()`` returns."""

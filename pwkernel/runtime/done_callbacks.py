@@ -9,7 +9,8 @@ deadlock. So the runtime hands a resolved future's callbacks to this runner. Its
 when there is work and ends when there is none (no thread is left behind); a callback that
 blocks holds back only the callbacks after it. A callback added to a future that has resolved
 already runs at once, in the thread that adds it, as ``concurrent.futures`` does; a callback
-that raises is logged, never raised into the runtime or the caller.
+that raises is logged, never raised into the runtime or the caller (on the runner's thread,
+even a ``SystemExit`` or other ``BaseException``: the runner goes on with the next one).
 """
 
 from __future__ import annotations
@@ -63,7 +64,11 @@ class CallbackRunner:
                     return
                 callbacks, fut = queue.popleft()
             for fn in callbacks:
-                call(fn, fut)
+                try:
+                    call(fn, fut)
+                except BaseException:  # (``sys.exit()``: raised here, it would end this thread
+                    # while ``_thread`` still names it, and no later callback would ever run)
+                    _log.exception("future done-callback raised")
             callbacks = fut = None  # (an idle runner keeps no future alive)
 
     def on_its_thread(self) -> bool:

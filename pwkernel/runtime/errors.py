@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+from types import TracebackType
 
 
 class PathwaysError(Exception):
@@ -143,3 +144,17 @@ def donated_and_read_in(name: str, inputs: list, donated, kind: type | None = No
         if ids.count(ids[i]) > 1 and (kind is None or isinstance(inputs[i], kind)):
             return donated_and_read(name, i)
     return None
+
+
+def origin(tb: TracebackType | None, module: str) -> TracebackType | None:
+    """``tb`` less an earlier raise of its error by a future (the frames down to ``result()``
+    or ``block_until_ready()`` in ``module``): the traceback the error came with, from which
+    each raise of that one shared error starts again (else every ask added its frames)."""
+    t = tb
+    while t is not None:
+        frame = t.tb_frame
+        if frame.f_code.co_name in ("result", "block_until_ready") and frame.f_globals.get(
+                "__name__") == module:
+            return t.tb_next
+        t = t.tb_next
+    return tb

@@ -14,9 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+
 from .arraylike import ArrayOnDemand
 from .dtypes import as_dtype, itemsize
-from .errors import NeedsValueError
+from .errors import NeedsValueError, ProgramError
 from .trace import LinkKind
 
 
@@ -158,6 +160,25 @@ class Graph:
                                        spec.island, spec.island, devices, devices,
                                        LinkKind.ICI.value, spec.nbytes, True))
         return out.id
+
+    def take_result(self, result, program: str, copy_arguments: bool = True) -> None:
+        """``result``, what program ``program`` returned, as the graph's ``outputs`` and
+        ``out_tree``: every leaf a ``Value`` of this graph. A value returned again, and (with
+        ``copy_arguments``) an argument returned as it is, comes back as its own copy, as
+        ``jax.jit`` returns a new array (a host value is put on a device anew)."""
+        leaves, self.out_tree = jax.tree_util.tree_flatten_with_path(result)
+        returned: set[int] = set(self.inputs) if copy_arguments else set()
+        for path, leaf in leaves:
+            if not isinstance(leaf, Value) or leaf.graph is not self:
+                raise ProgramError(
+                    f"program {program} returned {type(leaf).__name__} {leaf!r:.40} at "
+                    f"{jax.tree_util.keystr(path) or 'its result'}; a program returns the "
+                    "values of its compiled-function calls. Maybe you want to compute it in a "
+                    "pw.function, or keep it out of the program's result.")
+            spec = self.values[leaf.id]
+            again = leaf.id in returned and spec.island is not None and spec.sharding
+            self.outputs.append(self.copied(leaf.id) if again else leaf.id)
+            returned.add(leaf.id)
 
     def add_compute(self, name: str, fn, signature, inputs, outputs, island, devices,
                     exe) -> None:

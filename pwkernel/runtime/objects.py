@@ -22,7 +22,7 @@ import numpy as np
 from . import done_callbacks, interrupts
 from .arraylike import ArrayOnDemand
 from .dtypes import as_dtype
-from .errors import CancelledError, ControllerClosedError
+from .errors import CancelledError, ControllerClosedError, origin
 from .store import BufferRecord, ObjectStore, shard_bytes
 
 __all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved",
@@ -87,7 +87,7 @@ class Future(ArrayOnDemand):
     __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "producer", "_store",
                  "_buffer", "_state", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks",
                  "_launched", "_lock", "t_created", "t_done", "weak_type", "order", "placement",
-                 "donated", "__weakref__")
+                 "donated", "_error_tb", "__weakref__")
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
@@ -165,7 +165,7 @@ class Future(ArrayOnDemand):
                 "it is still queued or running (see ctl.status())."
             )
         if self._error is not None:
-            raise self._error
+            raise self._error.with_traceback(self._error_tb)
         if self._store is not None and self._store.closed:
             raise ControllerClosedError(
                 "this future belongs to a closed controller and its buffer was freed; "
@@ -237,7 +237,7 @@ class Future(ArrayOnDemand):
         future, which has no value, waits too.)"""
         error = self.exception()
         if error is not None:
-            raise error
+            raise error.with_traceback(self._error_tb) if error is self._error else error
         return self
 
     def __repr__(self) -> str:
@@ -469,6 +469,7 @@ class Future(ArrayOnDemand):
             if self._state is not _PENDING:
                 return False
             self._state, self._error, self.t_done = state, error, t_done
+            self._error_tb = origin(getattr(error, "__traceback__", None), __name__)
             self._launched = None
             launch_hooks, hooks, callbacks = self._launch_hooks, self._hooks, self._callbacks
             self._launch_hooks = self._hooks = self._callbacks = None

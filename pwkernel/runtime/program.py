@@ -327,6 +327,9 @@ class Program(ProgramStages):
 
     def __init__(self, fn: Callable, name: str | None = None, inline: Any = ...,
                  static_argnums=None, static_argnames=None, returns_copies: bool = True):
+        if not callable(fn):
+            raise ProgramError(f"pw.program needs a callable (the function to trace), got "
+                               f"{type(fn).__name__}. Maybe you want @pw.program above a def.")
         self.fn = fn
         # an argument returned as it is comes back as a new array, as from ``jax.jit``
         # (False: the same object, as a notebook cell's ``a = x`` binds it)
@@ -391,17 +394,7 @@ class Program(ProgramStages):
             result = self.fn(*args, **kwargs)
         finally:
             _tracing.graph = None
-        out_leaves, graph.out_tree = jax.tree_util.tree_flatten(result)
-        returned: set[int] = set(graph.inputs) if self.returns_copies else set()
-        for leaf in out_leaves:
-            if not isinstance(leaf, Value) or leaf.graph is not graph:
-                raise ProgramError(f"program {self.name} returned a {type(leaf).__name__}; a "
-                                   "program returns the values of compiled-function calls.")
-            # an argument, or a value returned again: its own copy, as jax.jit returns it
-            spec = graph.values[leaf.id]  # (a host value is put on a device anew)
-            again = leaf.id in returned and spec.island is not None and spec.sharding
-            graph.outputs.append(graph.copied(leaf.id) if again else leaf.id)
-            returned.add(leaf.id)
+        graph.take_result(result, self.name, copy_arguments=self.returns_copies)
         if graph.controller is None:
             raise ProgramError(f"program {self.name} called no compiled function; wrap the "
                                "work in pw.function(fn, slice=...) and call that.")

@@ -86,6 +86,12 @@ def islands_from_env(variable: str = "PWKERNEL_ISLANDS") -> tuple[int, ...] | No
     return sizes
 
 
+def _what(v: Any) -> str:
+    if isinstance(v, VirtualSlice):
+        return f"a slice of another controller ({v.controller!r})"
+    return type(v).__name__
+
+
 class VirtualSlice:
     """A mesh of virtual devices on one island, placed on physical devices by the controller.
 
@@ -283,7 +289,8 @@ class ResourceManager:
         return tuple(self._slices.values())
 
     def island(self, island: int) -> Island:
-        if not isinstance(island, int | np.integer) or not 0 <= island < len(self.islands):
+        if (not isinstance(island, int | np.integer) or isinstance(island, bool)
+                or not 0 <= island < len(self.islands)):
             raise SliceError(
                 f"island {island!r} does not exist; this controller has islands "
                 f"{list(range(len(self.islands)))} with "
@@ -316,6 +323,11 @@ class ResourceManager:
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
         """Move ``vs`` to other physical devices (on ``island``, or the least loaded one),
         once no other thread is tracing a program (``placements``)."""
+        if not isinstance(vs, VirtualSlice) or (self._slices.get(vs.id) is not vs
+                                                and not vs.released):
+            raise SliceError(f"remap needs a VirtualSlice of this controller (from "
+                             f"ctl.slice(...)), got {_what(vs)}. Maybe you want "
+                             "ctl.remap(ctl.slice(2), island=1).")
         old = vs.devices  # (raises SliceError once it is released)
         with placements.moving(), self._lock:
             for d in old:
@@ -370,11 +382,12 @@ class ResourceManager:
 
     def _given_devices(self, dims: tuple[int, ...], ids, island: int | None):
         """The island and devices named by ``ids`` (device ids, in mesh order)."""
+        given = ids
         ids = list(ids) if isinstance(ids, Sequence) and not isinstance(ids, str) else None
-        if (ids is None or len(ids) != math.prod(dims) or len(set(ids)) != len(ids)
-                or not all(isinstance(i, int | np.integer) for i in ids)):
+        if (ids is None or len(ids) != math.prod(dims) or len(set(ids)) != len(ids) or not all(
+                isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids)):
             raise SliceError(f"devices= must list {math.prod(dims)} distinct device ids for a "
-                             f"slice of shape {dims}, got {ids!r}. Maybe you want "
+                             f"slice of shape {dims}, got {given!r}. Maybe you want "
                              f"devices={list(self.islands[0].device_ids[:math.prod(dims)])}.")
         for isl in self.islands if island is None else (self.island(island),):
             by_id = {d.id: d for d in isl.devices}

@@ -16,6 +16,8 @@ of a slower network, not its mechanics. (The simulated backend models links itse
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,15 +38,22 @@ class Link:
     latency: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.bandwidth > 0 or self.latency < 0:
+        # (finite: an infinite latency held every copy between islands for ever, and a NaN
+        # passed both comparisons)
+        if not (_finite(self.bandwidth) and _finite(self.latency) and self.bandwidth > 0
+                and self.latency >= 0):
             raise ValueError(
-                f"Link needs bandwidth > 0 (bytes/s) and latency >= 0 (s), got "
+                f"Link needs bandwidth > 0 (bytes/s) and latency >= 0 (s), finite numbers, got "
                 f"bandwidth={self.bandwidth!r}, latency={self.latency!r}; "
                 "e.g. pw.Link(bandwidth=10e9, latency=20e-6)."
             )
 
     def duration(self, nbytes: int) -> float:
         return round(self.latency + nbytes / self.bandwidth, 12)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 class TransferEngine:

@@ -188,6 +188,29 @@ def test_a_failing_callback_fails_its_futures_and_the_controller_carries_on(ctl,
     assert ctl.wait(TIMEOUT)
 
 
+def test_close_from_a_host_callback_is_refused_and_the_controller_carries_on(ctl):
+    """A host callback runs on XLA's threads, inside the computation that ``close()`` waits
+    for: close from there used to wait for itself (and on four devices XLA's rendezvous then
+    aborted the process). It refuses, failing that computation's futures; the controller
+    stays open and works, and closes from the user's thread."""
+    s = ctl.slice(4, island=0)
+
+    def closing(v):
+        ctl.close()
+        return v
+
+    def body(x):
+        y = jax.pure_callback(closing, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return x * y.sum()  # (needs every device)
+
+    f = pw.function(body, slice=s, in_specs=P("x"), out_specs=P("x"))
+    with pytest.raises(RuntimeError, match="from a host callback, inside the computation"):
+        f(np.ones(8, np.float32)).result(TIMEOUT)
+    assert not ctl.closed
+    g = pw.function(lambda x: x * 2, slice=s, in_specs=P("x"), out_specs=P("x"))
+    assert g(np.ones(8, np.float32)).result(TIMEOUT).tolist() == [2.0] * 8
+
+
 # --- in a real kernel ------------------------------------------------------------------------
 CELLS = (
     "import jax, numpy as np, pwkernel as pw\nfrom jax.sharding import PartitionSpec as P\n"

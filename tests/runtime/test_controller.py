@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import jax
@@ -45,6 +46,9 @@ def test_islands_none_on_cpu_is_the_default_two_by_four():
         (dict(policy="random"), ValueError, "expected one of"),
         (dict(dispatch="eager"), ValueError, "'parallel' or 'sequential'"),
         (dict(memory_budget=-1), ValueError, "memory_budget"),
+        (dict(memory_budget="1GB"), ValueError, "memory_budget must be a finite positive"),
+        (dict(memory_budget=True), ValueError, "memory_budget must be a finite positive"),
+        (dict(memory_budget=float("inf")), ValueError, "or None .no budget."),
         (dict(dcn=10e9), TypeError, "pw.Link"),
     ],
 )
@@ -92,6 +96,16 @@ def test_emulated_dcn_link_holds_transfers_to_its_bandwidth():
         ctl.close()
     with pytest.raises(ValueError, match="bandwidth > 0"):
         pw.Link(bandwidth=0)
+
+
+@pytest.mark.parametrize("bandwidth, latency", [
+    (1e9, float("inf")), (1e9, float("nan")), (float("inf"), 0.0), ("fast", 0.0),
+    (True, 0.0), (1e9, None)])
+def test_a_link_takes_finite_numbers_only(bandwidth, latency):
+    """An infinite latency used to be taken and every copy between islands then waited
+    for ever (a NaN one was taken as no latency, a string failed on a bare comparison)."""
+    with pytest.raises(ValueError, match="finite numbers"):
+        pw.Link(bandwidth=bandwidth, latency=latency)
 
 
 def test_many_threads_submit_at_once(ctl):
@@ -279,3 +293,46 @@ def test_wait_with_a_timeout_gives_up_after_that_long_in_all(ctl):
     assert not ctl.wait(timeout=0.6)
     assert not runs[-1].done()
     assert ctl.wait(timeout=60)
+
+
+def _inside(thread: threading.Thread, code) -> bool:
+    """``thread`` is running ``code`` now (some frame of its stack)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_second_close_returns_once_the_first_has_closed_everything():
+    """``close()`` from a second thread while another closes waits for that close to end;
+    before, it returned at once, with a computation still running and its thread alive."""
+    before = {t.name for t in threading.enumerate() if t.name.startswith("pw-")}
+    ctl = pw.Controller(islands=(2, 2))
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(gate(entered, release), slice=ctl.slice(1))(np.zeros(2, np.float32))
+    assert entered.wait(30)
+    first = threading.Thread(target=ctl.close)  # it waits for the gate
+    main, close = threading.current_thread(), pw.Controller.close.__code__
+
+    def open_the_gate_once_main_is_in_close():  # (waits on a condition, not for a time)
+        while not release.is_set() and not _inside(main, close):
+            release.wait(0.001)
+        release.set()
+
+    opener = threading.Thread(target=open_the_gate_once_main_is_in_close)
+    first.start()
+    while not ctl.closed:  # the first close has begun
+        release.wait(0.001)
+    opener.start()
+    try:
+        ctl.close()
+        done, left = held.done(), {t.name for t in threading.enumerate()
+                                   if t.name.startswith("pw-")} - before
+    finally:
+        release.set()
+        first.join(30)
+        opener.join(30)
+    assert done and not left, (done, left)
+    assert held.exception(timeout=0) is None

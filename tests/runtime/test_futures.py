@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -405,3 +406,52 @@ def test_item_assignment_on_a_future_says_what_to_do_as_jax_arrays_do(ctl):
     with jax.set_mesh(s.mesh):
         np.testing.assert_array_equal(net(x), want_y)
     np.testing.assert_array_equal(net.bn.mean[...], want.bn.mean[...])
+
+
+def test_a_done_callback_that_raises_system_exit_stops_no_later_callback():
+    """``sys.exit()`` (a ``BaseException``) in a callback on the runner's thread is logged as
+    any error is; before, it ended the thread for good while the runner still counted it as
+    running: no later callback ever ran (``await fut`` hung) and ``ctl.close()``, which waits
+    for the callbacks, never returned. (A fresh runner: the process's one stays sound.)"""
+    runner = done_callbacks.CallbackRunner("pw-test-callbacks")
+    ran, later = threading.Event(), threading.Event()
+
+    def leave(_):
+        raise SystemExit(3)
+
+    runner.submit([leave, lambda _: ran.set()], None)
+    runner.submit([lambda _: later.set()], None)
+    assert ran.wait(30) and later.wait(30)
+    assert runner.wait_idle(30)
+    again = threading.Event()
+    runner.submit([lambda _: again.set()], None)  # the runner starts a thread again
+    assert again.wait(30) and runner.wait_idle(30)
+
+
+def test_asking_a_failed_future_again_does_not_grow_the_errors_traceback(ctl):
+    """The error is one object, shared by the future and its dependents; each ``raise`` of it
+    used to add the asking frames to its traceback for good: after 100 asks it printed some
+    200 frames more, for the dependents too, and kept those frames alive. It is raised with
+    the traceback it came with (down to the user's function), plus the asking frames only."""
+    s = ctl.slice(1, island=0)
+
+    def failing(v):
+        raise RuntimeError("planted")
+
+    bad = pw.function(lambda x: jax.pure_callback(
+        failing, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s)(np.ones(2, np.float32))
+    dependent = pw.function(lambda x: x + 1, slice=s)(bad)
+
+    def frames(fut, how):
+        with pytest.raises(RuntimeError, match="planted") as info:
+            how(fut)
+        return [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+
+    first = frames(bad, lambda f: f.result(timeout=30))
+    assert "failing" in first
+    for _ in range(100):
+        frames(bad, lambda f: f.result(timeout=30))
+        frames(bad, lambda f: f.block_until_ready())
+    assert frames(bad, lambda f: f.result(timeout=30)) == first
+    again = frames(dependent, lambda f: f.result(timeout=30))
+    assert again == first  # (not the frames of the asks before it)

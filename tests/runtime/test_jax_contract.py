@@ -504,6 +504,9 @@ def test_tracing_errors_name_the_inputs_who_chose_them_and_the_fix(ctl):
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), name=3), "name must be a str"),
     (lambda ctl: pw.Controller(islands=4), "islands must be a sequence of positive"),
     (lambda ctl: pw.Controller(islands="4,4"), "Maybe you want islands=\\(4, 4\\)"),
+    (lambda ctl: pw.program(5), "pw.program needs a callable .the function to trace., got int"),
+    (lambda ctl: pw.program(name="p")(None), "got NoneType. Maybe you want @pw.program"),
+    (lambda ctl: ctl.remap("s0"), "remap needs a VirtualSlice of this controller"),
 ])
 def test_bad_arguments_get_one_line_that_names_the_expected_types(ctl, call, match):
     with pytest.raises((pw.PathwaysError, ValueError, TypeError), match=match) as info:

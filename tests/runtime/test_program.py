@@ -128,6 +128,9 @@ def test_tracing_errors_say_what_to_do(ctl):
         pw.program(lambda v: f(v) + 1)(np.ones(2))
     with pytest.raises(pw.ProgramError, match="called no compiled function"):
         pw.program(lambda v: v)(np.ones(2))
+    with pytest.raises(pw.ProgramError, match=r"returned str 'hello' at \['label'\]; a program "
+                       r"returns the values of its compiled-function calls. Maybe you want"):
+        pw.program(lambda v: {"y": f(v), "label": "hello"})(np.ones(2))
     with pytest.raises(pw.ProgramError, match="static_argnums=0"):
         f("text")
     with pytest.raises(pw.SliceError, match="VirtualSlice"):

@@ -62,6 +62,9 @@ def test_slices_may_share_devices(ctl):
         (dict(shape=5, island=0), "does not fit on island 0, which has 4"),
         (dict(shape=9), "does not fit on any island"),
         (dict(shape=2, island=7), "island 7 does not exist"),
+        (dict(shape=1, island=True), "island True does not exist"),
+        (dict(shape=1, devices="0"), "got '0'. Maybe you want devices=\\[0\\]"),
+        (dict(shape=2, devices=[True, 0]), "distinct device ids"),
         (dict(shape=(0, 2)), "positive"),
         (dict(shape=(2, 2), axis_names=("a",)), "must name each"),
         (dict(shape=(2, 2), axis_types="manual"), "must be 'explicit' or 'auto'"),
@@ -202,3 +205,19 @@ def test_closed_controller_refuses_use(ctl):
 def test_too_few_host_devices_explains_the_fix():
     with pytest.raises(pw.DeviceSetupError, match="jax_num_cpu_devices"):
         pw.Controller(islands=(8, 8))
+
+
+def test_remap_refuses_a_slice_of_another_controller(ctl):
+    """It used to move the other controller's slice onto this one's devices, taking load off
+    devices this controller never gave it (its counts went negative)."""
+    with pytest.warns(pw.SharedDevicesWarning):
+        other = pw.Controller(islands=(4, 4))
+    try:
+        theirs = other.slice(2, island=0)
+        with pytest.raises(pw.SliceError, match="remap needs a VirtualSlice of this controller"):
+            ctl.remap(theirs, island=1)
+        assert theirs.island.id == 0 and theirs.controller is other
+        mine = ctl.slice(4, island=1)  # island 1 is still wholly free here
+        assert ctl.remap(mine, island=1).island.id == 1
+    finally:
+        other.close()
