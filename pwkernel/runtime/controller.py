@@ -8,7 +8,6 @@ live) -> objects (futures, store) -> trace. The backend comes by name from the r
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import contextvars
 import threading
@@ -27,6 +26,7 @@ from .dispatcher import Dispatcher, DispatchMode
 from .errors import ControllerClosedError, DeviceSetupError, SliceError
 from .events import DEFAULT_CLIENT
 from .executor import Executor, IslandFacts
+from .exits import run_before_pools_stop
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
 from .resources import DEFAULT_ISLANDS, Island, ResourceManager, VirtualSlice, islands_from_env
@@ -397,7 +397,6 @@ _lock = threading.Lock()
 _making = threading.local()  # ``default``: pw.controller() is making the controller
 _default: Controller | None = None
 _open: list[Controller] = []
-_exit_hooked = False  # _close_at_exit is among threading's exit hooks
 
 
 class SharedDevicesWarning(UserWarning):
@@ -411,7 +410,7 @@ def _register(ctl: Controller) -> None:
         shared = [other for other in _open if not other.closed and other.backend == "local"
                   and mine & set(other.devices)]
         _open.append(ctl)
-    _hook_exit()
+    run_before_pools_stop(_close_at_exit)
     if shared:
         ids = sorted(d.id for d in mine & set(shared[0].devices))
         warnings.warn(
@@ -424,23 +423,6 @@ def _register(ctl: Controller) -> None:
                "Maybe you want pw.controller() (the process-wide one), or to close the other "
                "first (ctl.close())."),
             SharedDevicesWarning, stacklevel=3)
-
-
-def _hook_exit() -> None:
-    """Close what is open at exit before the interpreter stops its thread pools: threading's
-    exit hooks run before ``atexit``'s, and one of them shuts ``concurrent.futures``' pools
-    (the transfer threads: a program still running would wait for a copy nobody takes, and
-    its futures' callbacks never run). That is also before the exit hooks of what a backend
-    started (Ray's shutdown). ``atexit`` too, registered again with every controller to run
-    before those hooks, where the first is missing."""
-    global _exit_hooked
-    register = getattr(threading, "_register_atexit", None)
-    if not _exit_hooked and register is not None:
-        with contextlib.suppress(RuntimeError):  # (the interpreter is stopping already)
-            register(_close_at_exit)
-        _exit_hooked = True
-    atexit.unregister(_close_at_exit)
-    atexit.register(_close_at_exit)
 
 
 def _close_at_exit() -> None:
@@ -481,10 +463,15 @@ def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:
     """
     global _default
     with _lock:
-        if _default is None or _default.closed:
-            ctl = None
-        else:
-            return _default
+        if _default is not None and not _default.closed:
+            unlike = _unlike(_default, islands, kwargs)
+            if not unlike:
+                return _default
+            raise ValueError(
+                f"pw.controller({', '.join(unlike)}): the process-wide controller exists "
+                f"already ({_default!r}) and its settings are fixed when it is made, so these "
+                "would be ignored. Call pw.controller() without them, close it first "
+                f"(pw.controller().close()), or make your own: pw.Controller({', '.join(unlike)})")
     _making.default = True  # (what a warning about shared devices suggests)
     try:
         ctl = Controller(islands if islands is not None else islands_from_env(), **kwargs)
@@ -493,3 +480,16 @@ def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:
     with _lock:
         _default = ctl
     return ctl
+
+
+def _unlike(ctl: Controller, islands, kwargs: dict) -> list[str]:
+    """The arguments of a ``pw.controller(...)`` call that ``ctl`` does not have (one it
+    keeps no attribute of, such as ``pool=``, counts as unlike)."""
+    sizes = [len(i.devices) for i in ctl.islands]
+    out = [] if islands is None or (isinstance(islands, Sequence) and sizes == list(
+        islands)) else [f"islands={islands!r}"]
+    for k, v in kwargs.items():
+        have = getattr(ctl, k, _NOT_GIVEN)
+        if have is _NOT_GIVEN or have != getattr(v, "value", v):
+            out.append(f"{k}={v!r}")
+    return out

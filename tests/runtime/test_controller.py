@@ -29,6 +29,23 @@ def test_process_wide_controller_is_created_once_and_follows_the_environment(mon
         fresh.close()
 
 
+def test_process_wide_controller_refuses_settings_it_was_not_made_with():
+    """pw.controller(...) with settings the process-wide controller lacks used to return it
+    all the same: a memory budget asked for was silently not there. The same settings (or
+    none) still give it back."""
+    ctl = pw.controller(islands=(2, 2))
+    try:
+        assert pw.controller(islands=(2, 2)) is ctl and pw.controller(policy="fifo") is ctl
+        with pytest.raises(ValueError, match=r"memory_budget=1024\): the process-wide .* fixed "
+                           r"when it is made.*pw\.Controller\(memory_budget=1024\)"):
+            pw.controller(memory_budget=1024)
+        with pytest.raises(ValueError, match=r"pw\.controller\(islands=\(4, 4\), pool='p'\)"):
+            pw.controller(islands=(4, 4), pool="p")
+        assert pw.controller() is ctl and ctl.memory_budget is None
+    finally:
+        ctl.close()
+
+
 def test_islands_none_on_cpu_is_the_default_two_by_four():
     ctl = pw.Controller(islands=None)
     try:
