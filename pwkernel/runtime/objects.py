@@ -469,7 +469,7 @@ class Future(ArrayOnDemand):
             if self._state is not _PENDING:
                 return False
             self._state, self._error, self.t_done = state, error, t_done
-            self._error_tb = origin(getattr(error, "__traceback__", None), __name__)
+            self._error_tb = None if error is None else origin(error.__traceback__, __name__)
             self._launched = None
             launch_hooks, hooks, callbacks = self._launch_hooks, self._hooks, self._callbacks
             self._launch_hooks = self._hooks = self._callbacks = None
