@@ -10,6 +10,7 @@ have run), so its host cost does not grow with the buffer's size.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -211,10 +212,14 @@ class ObjectStore:
             return None
         return self._failure(value)
 
-    def _dropped(self, held: _Held) -> None:
+    def _dropped(self, held: _Held, _quietly=held_quietly, _exiting=sys.is_finalizing) -> None:
         """A future went: free its buffer (run wherever Python collects it, so an interrupt
-        waits for the free's end and is raised by the runtime's next call: ``interrupts``)."""
-        with held_quietly:
+        waits for the free's end and is raised by the runtime's next call: ``interrupts``).
+        Not while the interpreter exits: the process gives its memory back, and this module's
+        globals may be gone already (what it uses here is bound as defaults)."""
+        if _exiting():
+            return
+        with _quietly:
             self._free(held)
 
     def _free(self, held: _Held) -> None:
