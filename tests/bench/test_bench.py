@@ -381,3 +381,40 @@ def test_profile_script_puts_every_runtime_module_in_a_part():
                           timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_spy_train_reports_the_timed_loop_per_step_and_runs_its_loop(tmp_path):
+    """bench/spy_train.py: ``report`` keeps the main thread's samples under the timed loop
+    (not start-up's), leaves JAX's dispatch and waits out unless asked, and gives
+    microseconds per step; ``loop`` runs both ways and prints its step count."""
+    root = Path(__file__).resolve().parents[2]
+    pre = "thread (1): MainThread;<module> (spy_train.py:9);sampled (spy_train.py:60)"
+    raw = tmp_path / "spy.txt"
+    raw.write_text("\n".join([
+        "thread (1): MainThread;<module> (spy_train.py:9);_compile (program.py:3) 50",
+        f"{pre};SPMD.step (pwkernel/train/spmd.py:1);Dispatcher.submit (d.py:2) 30",
+        f"{pre};SPMD.step (pwkernel/train/spmd.py:1) 10",
+        f"{pre};SPMD.step (pwkernel/train/spmd.py:1);Compiled.__call__ (stages.py:890) 40",
+        f"{pre};wait (state.py:1);Event.wait (threading.py:629) 20",
+        "thread (7): pw-island0-watch-0.1;_run (executor.py:5) 5", ""]))
+    sys.path.insert(0, str(root / "bench"))
+    try:
+        import spy_train
+    finally:
+        sys.path.remove(str(root / "bench"))
+    out = spy_train.report(str(raw), steps=10, rate=1000.0, keep_waits=False, top=10)
+    # one sample = 1e6 / 1000 / 10 = 100 us a step; start-up's 50 samples are not the loop's
+    assert out["main_thread_us_per_step"] == 4000.0
+    by = out["main_thread_by_function"]
+    assert by["SPMD.step (pwkernel/train/spmd.py)"] == 4000.0
+    assert by["Dispatcher.submit (d.py)"] == 3000.0 and "sampled (spy_train.py)" not in by
+    assert out["thread_samples_us_per_step"] == {"MainThread": 10000.0,
+                                                  "pw-island0-watch-0.1": 500.0}
+    kept = spy_train.report(str(raw), steps=10, rate=1000.0, keep_waits=True, top=10)
+    assert kept["main_thread_us_per_step"] == 10000.0
+    for way in ("pw", "jax"):
+        done = subprocess.run([sys.executable, str(root / "bench" / "spy_train.py"), "loop",
+                               "--way", way, "--seconds", "0.5"], capture_output=True,
+                              text=True, timeout=600, cwd=root)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert re.match(rf"{way}: \d+ steps, [\d.]+ ms a step", done.stdout), done.stdout
