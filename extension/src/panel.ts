@@ -24,8 +24,11 @@ import {
   policyRequest,
   Reply,
   Request,
+  ROW_MODES,
+  RowMode,
   sliceMesh,
   State,
+  traceRequest,
   withConnection
 } from './protocol';
 
@@ -41,6 +44,14 @@ const ICON_SVG =
   '</g></svg>';
 
 export const pathwaysIcon = new LabIcon({ name: 'pwkernel:pathways', svgstr: ICON_SVG });
+
+/** The trace rows' choices as the sidebar names them (the value sent is the mode itself). */
+const ROW_TEXT: Record<RowMode, string> = {
+  auto: 'auto (per device up to 64)',
+  device: 'a track per device',
+  host: 'a track per host',
+  island: 'a track per island'
+};
 
 const STATE_TEXT: Record<State['connection'], string> = {
   'no-notebook': 'Open a notebook to see its Pathways controller.',
@@ -182,9 +193,17 @@ export class PathwaysPanel extends Widget {
     }
   }
 
-  /** Ask the kernel to save the trace; returns the path, or null. */
-  async exportTrace(): Promise<string | null> {
-    const reply = await this.request({ type: 'trace' });
+  /** Ask the kernel to save the trace with tracks `rows` (default: the sidebar's Rows
+   * choice); returns the path, or null. */
+  async exportTrace(rows: string = this._rows.value): Promise<string | null> {
+    let req: Request;
+    try {
+      req = traceRequest(rows);
+    } catch (e) {
+      this._set({ ...this._state, message: (e as Error).message, error: true });
+      return null;
+    }
+    const reply = await this.request(req);
     if (reply?.type === 'trace') {
       Notification.success(`Pathways trace saved: ${reply.path}`, { autoClose: 5000 });
       return reply.path;
@@ -273,6 +292,12 @@ export class PathwaysPanel extends Widget {
     schedule.addEventListener('click', () => void this.showSchedule());
     const exportBtn = h('button', { class: 'jp-mod-styled pw-export' }, 'Export trace');
     exportBtn.addEventListener('click', () => void this.exportTrace());
+    this._rows = h('select', {
+      class: 'pw-rows',
+      'aria-label': 'trace rows',
+      title: "the exported trace's tracks: as %pathways trace save --rows picks them"
+    }) as HTMLSelectElement;
+    ROW_MODES.forEach(r => this._rows.append(h('option', { value: r }, ROW_TEXT[r])));
     this._message = h('div', { class: 'pw-message', role: 'status' });
     this._islands = h('div', { class: 'pw-islands' });
     this._pool = h('div', { class: 'pw-pool' });
@@ -294,7 +319,13 @@ export class PathwaysPanel extends Widget {
         h('label', {}, 'Policy ', this._policy),
         h('label', {}, 'Dispatch ', this._dispatch)
       ),
-      h('div', { class: 'pw-actions' }, schedule, exportBtn),
+      h(
+        'div',
+        { class: 'pw-actions' },
+        schedule,
+        exportBtn,
+        h('label', { class: 'pw-export-rows' }, 'rows ', this._rows)
+      ),
       this._pool,
       h('h3', {}, 'Islands'),
       this._islands,
@@ -455,6 +486,7 @@ export class PathwaysPanel extends Widget {
   private _loadButton!: HTMLElement;
   private _policy!: HTMLSelectElement;
   private _dispatch!: HTMLSelectElement;
+  private _rows!: HTMLSelectElement;
   private _message!: HTMLElement;
   private _islands!: HTMLElement;
   private _pool!: HTMLElement;

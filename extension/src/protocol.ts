@@ -9,8 +9,11 @@ export const TARGET = 'pwkernel';
 export const PROTOCOL = 1;
 export const POLICIES = ['fifo', 'priority', 'share'] as const;
 export const DISPATCH_MODES = ['parallel', 'sequential'] as const;
+/** A trace export's tracks (`rows`): those of `%pathways trace save --rows` (ROW_MODES). */
+export const ROW_MODES = ['auto', 'device', 'host', 'island'] as const;
 export type Policy = (typeof POLICIES)[number];
 export type DispatchMode = (typeof DISPATCH_MODES)[number];
+export type RowMode = (typeof ROW_MODES)[number];
 
 // --- requests (frontend -> kernel) ----------------------------------------------------------
 export type Request =
@@ -20,7 +23,7 @@ export type Request =
   | { type: 'policy'; policy: Policy; id?: number }
   | { type: 'dispatch'; dispatch: DispatchMode; id?: number }
   | { type: 'cancel'; run: number; id?: number }
-  | { type: 'trace'; path?: string; id?: number };
+  | { type: 'trace'; path?: string; rows?: RowMode; id?: number };
 
 /** A policy request, refusing anything the kernel would refuse. */
 export function policyRequest(policy: string): Request {
@@ -39,6 +42,19 @@ export function cancelRequest(run: number): Request {
   }
   return { type: 'cancel', run };
 }
+
+/** A trace request with tracks `rows` (one of ROW_MODES), refusing anything else. */
+export function traceRequest(rows: string): Request {
+  if (!(ROW_MODES as readonly string[]).includes(rows)) {
+    throw new ProtocolError(
+      `trace rows must be one of ${ROW_MODES.join(', ')}; got ${JSON.stringify(rows)}.`
+    );
+  }
+  return { type: 'trace', rows: rows as RowMode };
+}
+
+// How the panel words numbers, meshes and the controller (src/format.ts).
+export { controllerText, formatBytes, sliceMesh } from './format';
 
 // --- replies (kernel -> frontend) -----------------------------------------------------------
 export interface IslandInfo {
@@ -126,7 +142,7 @@ export type Reply =
   | { type: 'policy'; policy: string; id?: number | string }
   | { type: 'dispatch'; dispatch: string; id?: number | string }
   | { type: 'cancel'; run: number; cancelled: number; id?: number | string }
-  | { type: 'trace'; path: string; events: number; id?: number | string }
+  | { type: 'trace'; path: string; events: number; rows?: string; id?: number | string }
   | { type: 'error'; error: string; request?: string; id?: number | string };
 
 /** A message from the kernel that does not follow the protocol. */
@@ -362,6 +378,7 @@ export function parseReply(raw: unknown): Reply {
         type: 'trace',
         path: need(raw, 'path', isStr, 'a string', w),
         events: need(raw, 'events', isInt, 'an int', w),
+        ...(isStr(raw.rows) ? { rows: raw.rows as string } : {}), // (older kernels send none)
         ...base
       };
     case 'error': {
@@ -447,47 +464,18 @@ export function applyReply(state: State, reply: Reply): State {
         message: `run ${reply.run}: ${reply.cancelled} computation(s) cancelled`,
         error: false
       };
-    case 'trace':
+    case 'trace': {
+      const rows = reply.rows ? `, rows: ${reply.rows}` : '';
       return {
         ...state,
         tracePath: reply.path,
-        message: `trace saved (${reply.events} events): ${reply.path}`,
+        message: `trace saved (${reply.events} events${rows}): ${reply.path}`,
         error: false
       };
+    }
     case 'error':
       return { ...state, message: reply.error, error: true };
     case 'unsubscribe':
       return state;
   }
-}
-
-/** Format bytes for a device cell: 0 B, 512 B, 1.5 KiB, 3.2 MiB, ... */
-export function formatBytes(n: number): string {
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let v = n;
-  let i = 0;
-  while (v >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i++;
-  }
-  return i === 0 ? `${v} B` : `${v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
-}
-
-/** How the sidebar names a slice's mesh: `x=4 × y=2 (explicit)`, or `4×2` from an old kernel. */
-export function sliceMesh(sl: SliceInfo): string {
-  if (sl.axis_names.length !== sl.shape.length) {
-    return sl.shape.join('×');
-  }
-  const dims = sl.shape.map((n, i) => `${sl.axis_names[i]}=${n}`).join(' × ');
-  const types = [...new Set(sl.axis_types)];
-  const kind = types.length === 1 ? types[0] : sl.axis_types.join(',');
-  return kind ? `${dims} (${kind})` : dims;
-}
-
-/** The header's word on the kernel's controller. */
-export function controllerText(status: StatusData | null | undefined): string {
-  if (status?.closed) {
-    return 'controller closed';
-  }
-  return status && !status.started ? 'controller not started yet' : 'connected';
 }

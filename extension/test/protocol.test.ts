@@ -17,7 +17,9 @@ import {
   policyRequest,
   PROTOCOL,
   ProtocolError,
+  ROW_MODES,
   sliceMesh,
+  traceRequest,
   withConnection
 } from '../src/protocol';
 
@@ -143,6 +145,22 @@ test('action replies validate and carry the request id', () => {
     request: 'cancel',
     id: 9
   });
+});
+
+test('trace requests carry rows the kernel accepts, and refuse others', () => {
+  for (const rows of ROW_MODES) {
+    assert.deepEqual(traceRequest(rows), { type: 'trace', rows });
+  }
+  for (const bad of ['', 'devices', 'ISLAND', 'slice']) {
+    assert.throws(() => traceRequest(bad), (e: unknown) => {
+      assert.ok(e instanceof ProtocolError);
+      assert.match((e as Error).message, /must be one of auto, device, host, island; got "/);
+      return true;
+    });
+  }
+  const reply = parseReply({ type: 'trace', path: '/tmp/t.json', events: 3, rows: 'host' });
+  assert.deepEqual(reply, { type: 'trace', path: '/tmp/t.json', events: 3, rows: 'host' });
+  assert.match(applyReply(initialState(), reply).message, /3 events, rows: host\): \/tmp\/t\.json$/);
 });
 
 test('state: status replies connect and replace the snapshot', () => {

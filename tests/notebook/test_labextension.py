@@ -19,6 +19,7 @@ import pytest
 
 import pwkernel as pw
 from pwkernel.notebook import comm
+from pwkernel.runtime.device_groups import ROW_MODES
 from pwkernel.runtime.trace import Trace
 from tests.helpers import ROOT
 from tests.helpers.kernel import CommClient, run_code
@@ -99,6 +100,14 @@ def test_status_from_python_validates_in_the_sidebar(npm_tested, ctl, tmp_path):
     finally:
         gate.set()
         assert out.run.wait(30)
+
+
+def test_sidebar_offers_the_rows_the_kernel_accepts(npm_tested):
+    """The sidebar's trace rows choices are the kernel's ``ROW_MODES``, in its order."""
+    script = f"console.log(JSON.stringify(require({json.dumps(str(npm_tested))}).ROW_MODES))"
+    proc = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == list(ROW_MODES)
 
 
 def test_built_extension_is_complete():
