@@ -108,6 +108,10 @@ def test_a_program_returns_a_float0_argument_as_jax_jit_does(ctl):
     assert value.dtype == jax.dtypes.float0 and value.shape == (3,)
     assert isinstance(value, np.ndarray) and not isinstance(value, jax.Array)
     assert value is not t
+    # that future (no layout: float0 has no data) goes on into in_shardings as jax.jit's does
+    g = pw.function(lambda x, t: (x, t), slice=ctl.slice(2), in_shardings=P())
+    _, again = g(_arange(4), u)
+    assert again.result(60).dtype == jax.dtypes.float0 and again.shape == (3,)
 
 
 CONSTANTS = {
