@@ -208,13 +208,17 @@ def canonical(arr: np.ndarray) -> np.ndarray:
 
 def leaf_placement(leaf) -> tuple:
     """A program argument's part of the cache key: how it is laid out now, and whether it is
-    weakly typed (a Python scalar, as ``jax.jit`` types it)."""
+    weakly typed (a Python scalar, as ``jax.jit`` types it). Its kind: ``"host"``, ``"dev"``
+    (a future, or a jax.Array committed to its devices) or ``"loose"`` (an uncommitted
+    jax.Array), as ``jax.jit``'s cache key tells committed arrays apart."""
     if isinstance(leaf, Future):
         return leaf.placement or ("dev", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     if isinstance(leaf, jax.Array):
         if isinstance(leaf, Tracer):
             raise Traced
-        return ("dev", leaf.shape, leaf.dtype, leaf.sharding, weak_type(leaf))
+        # (an uncommitted array may be moved, and jax.jit types it as a host value)
+        return ("dev" if leaf.committed else "loose", leaf.shape, leaf.dtype, leaf.sharding,
+                weak_type(leaf))
     if type(leaf) is jax.ShapeDtypeStruct:  # (eval_shape, lower: traced, never called)
         sharding = leaf.sharding if isinstance(leaf.sharding, jax.sharding.NamedSharding) \
             else None
@@ -262,7 +266,8 @@ def value_id(graph: Graph, leaf, name: str) -> int:
         # a placed array captured while tracing: a constant that keeps its layout
         isl = graph.controller.resources.island_of(leaf.sharding.device_set)
         spec = graph.new_value(leaf.shape, leaf.dtype, leaf.sharding,
-                               None if isl is None else isl.id, weak_type(leaf))
+                               None if isl is None else isl.id, weak_type(leaf),
+                               leaf.committed)
         graph.consts[spec.id] = leaf
         return spec.id
     arr = host_array(leaf)
@@ -276,6 +281,20 @@ def value_id(graph: Graph, leaf, name: str) -> int:
     spec = graph.new_value(arr.shape, arr.dtype, weak=is_weak(leaf))
     graph.consts[spec.id] = arr
     return spec.id
+
+
+def constants_as_values(graph: Graph, result, name: str):
+    """``result``, what a program returned, with each constant leaf (a Python or NumPy
+    scalar, a NumPy array, a placed ``jax.Array``) made a value of ``graph``, as ``jax.jit``
+    returns one: an array (a Python scalar's weakly typed). Other leaves stay as they are,
+    for ``Graph.take_result`` to judge."""
+    def value(leaf):
+        if isinstance(leaf, Value | Future | Tracer):
+            return leaf
+        if isinstance(leaf, jax.Array) or host_array(leaf) is not None:
+            return Value(graph, value_id(graph, leaf, name))
+        return leaf
+    return jax.tree_util.tree_map(value, result)
 
 
 class NotAnArray(ProgramError):

@@ -23,7 +23,7 @@ from . import callbacks, done_callbacks, interrupts
 from . import executor as executors
 from .device_groups import Topology
 from .dispatcher import Dispatcher, DispatchMode
-from .errors import ControllerClosedError, DeviceSetupError, SliceError
+from .errors import ControllerClosedError, DeviceSetupError, SliceError, timeout_seconds
 from .events import DEFAULT_CLIENT
 from .executor import Executor, IslandFacts
 from .exits import run_before_pools_stop
@@ -263,6 +263,7 @@ class Controller:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every submitted program has finished; False after ``timeout`` seconds
         in all."""
+        timeout = timeout_seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         for run in self._dispatcher.all_runs():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

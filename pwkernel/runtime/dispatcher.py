@@ -387,7 +387,11 @@ class _Group:
 
 def _passed_through(value, weak: bool) -> Future:
     """A program's argument returned as it is, as ``jax.jit`` returns one: a ``jax.Array``
-    with its sharding (a host value put on the default device; a Python scalar weakly typed)."""
+    with its sharding (a host value put on the default device; a Python scalar weakly typed;
+    a ``float0`` value, a gradient's of an int, has no data to put anywhere: a new host array
+    of it, as ``jax.jit`` gives)."""
+    if getattr(value, "dtype", None) == jax.dtypes.float0:
+        return resolved(np.zeros(np.shape(value), jax.dtypes.float0))
     if not isinstance(value, jax.Array):
         value = jax.numpy.asarray(value.item()) if weak else jax.device_put(value)
     fut = resolved(value, value.sharding)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import numbers
 from types import TracebackType
 
 
@@ -158,3 +159,14 @@ def origin(tb: TracebackType | None, module: str) -> TracebackType | None:
             return t.tb_next
         t = t.tb_next
     return tb
+
+
+def timeout_seconds(timeout):
+    """``timeout`` as a wait takes it (a future's ``result``/``wait``/``exception``, a run's,
+    the controller's): a number of seconds, or None for no limit; anything else is refused
+    at the call, not deep inside the wait."""
+    if timeout is None or isinstance(timeout, numbers.Real):
+        return timeout
+    raise TypeError(f"timeout must be a number of seconds or None (no limit), got "
+                    f"{type(timeout).__name__} {timeout!r}. Maybe you want timeout=5.0 or "
+                    f"timeout=float(...).")

@@ -32,6 +32,10 @@ class ValueSpec:
     sharding: Any = None          # None: the value lives on the host
     island: int | None = None     # None: host, or devices outside every island
     weak: bool = False            # weakly typed (a Python scalar, as JAX types it)
+    # a program's argument on devices (a jax.Array, a future): whether it is committed to
+    # its layout (``jax.Array.committed``; a future is, as a jax.jit output is). None: a host
+    # value or a value the program makes (what an outer jax.jit's tracer is)
+    committed: bool | None = None
 
     @property
     def nbytes(self) -> int:
@@ -105,7 +109,8 @@ class Graph:
             if spec.sharding is not None:
                 isl = island_of(spec.sharding.device_set)
                 self.values[vid] = ValueSpec(vid, spec.shape, spec.dtype, spec.sharding,
-                                             None if isl is None else isl.id, spec.weak)
+                                             None if isl is None else isl.id, spec.weak,
+                                             spec.committed)
 
     def __getattr__(self, name: str):
         # (only for names a Graph lacks: what jax.jit(...).trace(...) gives has them)
@@ -123,9 +128,10 @@ class Graph:
         ctl = self.controller
         return ctl is None or ctl.closed or ctl.resources.epoch != self.epoch
 
-    def new_value(self, shape, dtype, sharding=None, island=None, weak=False) -> ValueSpec:
+    def new_value(self, shape, dtype, sharding=None, island=None, weak=False,
+                  committed: bool | None = None) -> ValueSpec:
         spec = ValueSpec(len(self.values), tuple(shape), as_dtype(dtype), sharding, island,
-                         weak)
+                         weak, committed)
         self.values[spec.id] = spec
         return spec
 
@@ -167,7 +173,7 @@ class Graph:
         ``copy_arguments``) an argument returned as it is, comes back as its own copy, as
         ``jax.jit`` returns a new array (a host value is put on a device anew)."""
         leaves, self.out_tree = jax.tree_util.tree_flatten_with_path(result)
-        returned: set[int] = set(self.inputs) if copy_arguments else set()
+        returned = {*self.inputs, *self.consts} if copy_arguments else set()
         for path, leaf in leaves:
             if not isinstance(leaf, Value) or leaf.graph is not self:
                 raise ProgramError(

@@ -22,7 +22,7 @@ import numpy as np
 from . import done_callbacks, interrupts
 from .arraylike import ArrayOnDemand
 from .dtypes import as_dtype
-from .errors import CancelledError, ControllerClosedError, origin
+from .errors import CancelledError, ControllerClosedError, origin, timeout_seconds
 from .store import BufferRecord, ObjectStore, shard_bytes
 
 __all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved",
@@ -106,8 +106,7 @@ class Future(ArrayOnDemand):
         self.producer = None  # the runtime task making it: its state is "running" from its
         #                       launch on its devices to its end (what running() asks)
         self._lock = threading.Lock()
-        self.t_created = _clock()
-        self.t_done = 0.0
+        self.t_created, self.t_done = _clock(), 0.0
         self.weak_type = False  # a weakly typed value (from Python scalars), as JAX types it
         self.order = -1  # its position among its producer's outputs (which resolve in order)
         self.placement: tuple | None = None  # its part of a program's cache key, if known
@@ -142,6 +141,7 @@ class Future(ArrayOnDemand):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the future resolves; False on timeout."""
+        timeout = timeout_seconds(timeout)  # (before anything: result and exception too)
         if self._state is not _PENDING:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout

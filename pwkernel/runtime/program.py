@@ -30,12 +30,13 @@ from .arguments import (
     NotAnArray,
     Traced,
     Tracer,
+    constants_as_values,
     leaf_placement,
     not_an_array,
     under_a_trace,
     value_id,
 )
-from .errors import ProgramError, SliceError, SpecError, retyped
+from .errors import ProgramError, SliceError, retyped
 from .executable import Executable
 from .graph import Graph, Value
 from .objects import Future
@@ -47,13 +48,14 @@ from .specs import (
     Batch,
     Inferred,
     batch_spec,
+    check_committed,
     check_spec,
     check_specs_arg,
     explicit_axes,
     from_shardings,
     is_spec,
     on_mesh,
-    prefix_leaves,
+    out_spec_leaves,
     spec_leaves,
     tracing_error,
 )
@@ -110,7 +112,9 @@ class CompiledFunction(JitStages):
         check_jit_options(name or getattr(fn, "__name__", "fn"), keep_unused, inline, device,
                           backend, compiler_options)
         self.keep_unused, self.inline = keep_unused, inline
-        self._typed_by_value = in_shardings is not None  # a host value: as jax.jit types it
+        # jax.jit's in_shardings (not pwkernel's in_specs): a host value (or an uncommitted
+        # array) is typed as jax.jit types it, and a committed one must agree with them
+        self.jit_in_shardings = in_shardings is not None
         in_specs = from_shardings("in_shardings", in_shardings, in_specs, slice.mesh)
         out_specs = from_shardings("out_shardings", out_shardings, out_specs, slice.mesh)
         check_specs_arg("in_specs", in_specs)
@@ -156,7 +160,7 @@ class CompiledFunction(JitStages):
         vs = self.slice
         mesh = vs.mesh
         n, specs = len(in_avals), self.in_specs
-        if self._typed_by_value and kwargs:
+        if self.jit_in_shardings and kwargs:
             raise retyped(ProgramError(
                 f"{self.name}: keyword arguments ({', '.join(sorted(kwargs))}) with "
                 "in_shardings: jax.jit takes positional arguments only when in_shardings is "
@@ -164,12 +168,14 @@ class CompiledFunction(JitStages):
         if specs is None or is_spec(specs):  # one spec (or the default) for every input
             given = [specs] * n
         else:  # one per positional argument; keyword arguments take the default
-            given = spec_leaves(specs, args, "in_shardings" if self._typed_by_value
+            given = spec_leaves(specs, args, "in_shardings" if self.jit_in_shardings
                                 else "in_specs", self.arguments.static_nums)
             given += [None] * (n - len(given))
         shardings, why = [], []
-        for i, ((shape, _, placed, _), spec) in enumerate(zip(in_avals, given, strict=True)):
+        for i, ((shape, _, placed, _, committed), spec) in enumerate(
+                zip(in_avals, given, strict=True)):
             what = f"{self.name}: input {i} in_specs"
+            loose = placed is None or committed is False  # (jax.jit types it by its value)
             if spec is None or spec is INFERRED:
                 kept = on_mesh(placed, mesh)
                 spec = placed.spec if kept else P()
@@ -177,11 +183,13 @@ class CompiledFunction(JitStages):
             elif spec is BATCH:
                 spec = batch_spec(shape, vs, what)
                 why.append("in_specs=pw.BATCH")
-            elif self._typed_by_value and placed is None and explicit_axes(spec, mesh):
+            elif self.jit_in_shardings and loose and explicit_axes(spec, mesh):
                 check_spec(spec, shape, mesh, f"{self.name}: input {i} in_shardings")
                 spec = P()  # (checked against the shape first, as jax.jit checks it)
                 why.append("a host value under in_shardings: replicated, as jax.jit types it")
             else:
+                if self.jit_in_shardings and committed and not loose:
+                    check_committed(self.name, i, shape, placed, spec, mesh)
                 why.append("your in_specs")
             check_spec(spec, shape, mesh, what)
             shardings.append(NamedSharding(mesh, spec))
@@ -191,7 +199,7 @@ class CompiledFunction(JitStages):
         vs = self.slice
         mesh = vs.mesh
         dyn, kwargs = _unflatten(in_tree, [jax.ShapeDtypeStruct(s, d, weak_type=w)
-                                           for s, d, _, w in in_avals])
+                                           for s, d, _, w, _ in in_avals])
         in_shardings, why = self._in_shardings(dyn, kwargs, in_avals)
         rebuild, fn = self.arguments.rebuild, self.fn
 
@@ -201,7 +209,7 @@ class CompiledFunction(JitStages):
             return fn(*full, **kw)
 
         structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh, weak_type=w)
-                        for (s, d, _, w), sh in zip(in_avals, in_shardings, strict=True))
+                        for (s, d, _, w, _), sh in zip(in_avals, in_shardings, strict=True))
         # the one trace of the user's Python for this signature, by jax.jit of the function
         # itself (so JAX's errors name it and its arguments); its inputs are the flat leaves
         full, kw = rebuild(*_unflatten(in_tree, structs), statics)
@@ -216,7 +224,7 @@ class CompiledFunction(JitStages):
             return tuple(jax.tree_util.tree_leaves(body(*leaves)))
 
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_struct)
-        out_specs = self._out_spec_leaves(out_struct)
+        out_specs = out_spec_leaves(self.name, self.out_specs, out_struct)
         out_shardings = []
         for i, (o, spec) in enumerate(zip(out_leaves, out_specs, strict=True)):
             if spec is None or spec is INFERRED:
@@ -236,18 +244,6 @@ class CompiledFunction(JitStages):
             return compile_here(spec)
         except Exception as e:
             raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
-
-    def _out_spec_leaves(self, out_struct) -> list[Any]:
-        """One spec per output leaf: ``out_specs`` is a pytree prefix of the result."""
-        try:
-            return prefix_leaves(self.out_specs, out_struct, f"{self.name}: out_specs")
-        except SpecError:
-            n = len(jax.tree_util.tree_leaves(out_struct))
-            raise SpecError(
-                f"{self.name}: out_specs {self.out_specs!r} does not match the function's "
-                f"result ({jax.tree_util.tree_structure(out_struct)}, {n} arrays): give one "
-                "spec for the whole result, or a pytree prefix of it, e.g. one spec per "
-                "element of a returned tuple.") from None
 
     def __call__(self, *args, **kwargs):
         dispatch = self.arguments.pop_dispatch(kwargs)
@@ -302,8 +298,9 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
                            "before it; a program runs on one controller.")
     vids = [value_id(graph, leaf, fn.name) for leaf in leaves]
     values = graph.values
-    avals = tuple((values[v].shape, values[v].dtype, values[v].sharding, values[v].weak)
-                  for v in vids)
+    # (committed only where jax.jit's in_shardings read it: else one trace serves both)
+    avals = tuple((values[v].shape, values[v].dtype, values[v].sharding, values[v].weak,
+                   values[v].committed if fn.jit_in_shardings else None) for v in vids)
     signature = (in_tree, avals, statics, _traced_under())
     exe = fn.executable(signature)
     inputs = [graph.placed(v, sh, island, devices)
@@ -382,7 +379,8 @@ class Program(ProgramStages):
         graph = Graph(self.name)
         values = []
         for kind, shape, dtype, sharding, weak in placement:
-            spec = graph.new_value(shape, dtype, sharding if kind == "dev" else None, weak=weak)
+            spec = graph.new_value(shape, dtype, None if kind == "host" else sharding, weak=weak,
+                                   committed=None if kind == "host" else kind == "dev")
             graph.inputs.append(spec.id)
             values.append(Value(graph, spec.id))
         args, kwargs = jax.tree_util.tree_unflatten(tree, values)
@@ -394,6 +392,8 @@ class Program(ProgramStages):
             result = self.fn(*args, **kwargs)
         finally:
             _tracing.graph = None
+        if self.returns_copies:  # (a cell's plain values stay plain: see notebook/cell.py)
+            result = constants_as_values(graph, result, self.name)
         graph.take_result(result, self.name, copy_arguments=self.returns_copies)
         if graph.controller is None:
             raise ProgramError(f"program {self.name} called no compiled function; wrap the "

@@ -84,6 +84,20 @@ def prefix_leaves(spec, tree, what: str) -> list[Any]:
     return jax.tree_util.tree_structure(tree).flatten_up_to(full)
 
 
+def out_spec_leaves(name: str, out_specs, out_struct) -> list[Any]:
+    """One spec per output leaf of function ``name``: ``out_specs`` is a pytree prefix of the
+    result (``out_struct``)."""
+    try:
+        return prefix_leaves(out_specs, out_struct, f"{name}: out_specs")
+    except SpecError:
+        n = len(jax.tree_util.tree_leaves(out_struct))
+        raise SpecError(
+            f"{name}: out_specs {out_specs!r} does not match the function's result "
+            f"({jax.tree_util.tree_structure(out_struct)}, {n} arrays): give one spec for the "
+            "whole result, or a pytree prefix of it, e.g. one spec per element of a returned "
+            "tuple.") from None
+
+
 def on_mesh(sharding, mesh) -> bool:
     """``sharding`` is a NamedSharding over ``mesh``'s devices, grid and axis names."""
     if not isinstance(sharding, NamedSharding):
@@ -98,6 +112,34 @@ def placed_spec(sharding, mesh) -> P:
     """The default for an input: its own spec when it is on the slice's mesh, else replicated
     (as ``jax.jit`` types a host value)."""
     return sharding.spec if on_mesh(sharding, mesh) else P()
+
+
+def check_committed(name: str, i: int, shape: tuple[int, ...], placed, spec: P,
+                    mesh) -> None:
+    """Refuse ``in_shardings`` that disagree with a committed argument's layout (a
+    ``jax.Array`` placed with ``jax.device_put``, or a future), as ``jax.jit`` refuses them
+    (``ValueError``): it moves a committed array between devices, never into another layout.
+    Layouts are compared as ``jax.jit`` compares them, devices aside (what each device's
+    position in the mesh holds)."""
+    wanted = NamedSharding(mesh, spec)
+    if placed.is_fully_replicated or wanted.is_fully_replicated:
+        same = placed.is_fully_replicated and wanted.is_fully_replicated
+    else:
+        same = (list(placed.devices_indices_map(shape).values())
+                == list(wanted.devices_indices_map(shape).values()))
+    if same:
+        return
+    have = (placed.spec if isinstance(placed, NamedSharding) else
+            f"on device {next(iter(placed.device_set)).id}" if len(placed.device_set) == 1
+            else placed)
+    raise SpecError(
+        f"{name}: input {i} (shape {shape}) is committed to its layout ({have}: a jax.Array "
+        f"placed with jax.device_put, or a future), but "
+        f"in_shardings asks for {spec}; jax.jit refuses this too (\"Sharding passed to jit "
+        "does not match the sharding on the respective arg\"): it does not move a committed "
+        f"array into another layout. Put it there first, jax.device_put(x, NamedSharding("
+        f"slice.mesh, {spec})), or leave this argument's in_shardings out (None) to keep its "
+        "layout.")
 
 
 def batch_spec(shape: tuple[int, ...], vs, what: str) -> P:
@@ -219,7 +261,7 @@ def tracing_error(name: str, e: Exception, in_avals, in_shardings, why) -> Progr
     error's own type, so ``except ValueError`` catches what ``jax.jit`` would raise."""
     cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     inputs = [describe(s, d, sh.spec, w)
-              for (s, d, _, _), sh, w in zip(in_avals, in_shardings, why, strict=True)]
+              for (s, d, *_), sh, w in zip(in_avals, in_shardings, why, strict=True)]
     shown = "; ".join(inputs[:4]) + (f"; ... ({len(inputs)} inputs)" if len(inputs) > 4
                                      else "")
     kind = type(e).__name__

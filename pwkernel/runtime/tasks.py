@@ -31,7 +31,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from .deferred import soon
-from .errors import CancelledError
+from .errors import CancelledError, timeout_seconds
 from .events import ClientSpec
 from .objects import Future
 from .slots import RunSlots, makers, resume
@@ -267,6 +267,7 @@ class ProgramRun(RunSlots):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every node has ended, failed or been cancelled."""
+        timeout = timeout_seconds(timeout)
         if self._ended:
             return True
         if self.owner.virtual:  # a simulated clock moves while someone waits

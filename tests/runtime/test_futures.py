@@ -455,3 +455,21 @@ def test_asking_a_failed_future_again_does_not_grow_the_errors_traceback(ctl):
     assert frames(bad, lambda f: f.result(timeout=30)) == first
     again = frames(dependent, lambda f: f.result(timeout=30))
     assert again == first  # (not the frames of the asks before it)
+
+
+@pytest.mark.parametrize("done", [False, True], ids=["pending", "done"])
+@pytest.mark.parametrize("call", ["result", "wait", "exception"])
+def test_a_timeout_that_is_no_number_is_refused_at_the_call(ctl, call, done):
+    """``timeout`` is a number of seconds or None; anything else is a TypeError that says so,
+    whether or not the future has resolved (not a bare one from deep inside the wait)."""
+    fut = pw.Future((2,), np.float32)
+    if done:
+        fut.set_result(np.zeros(2, np.float32))
+    with pytest.raises(TypeError, match=r"timeout must be a number of seconds or None .*got "
+                       r"str '5'"):
+        getattr(fut, call)(timeout="5")
+    with pytest.raises(TypeError, match="timeout must be a number of seconds"):
+        ctl.wait(timeout="5")
+    if done:  # numbers of every kind still do
+        assert fut.wait(np.float64(1.0)) and fut.wait(1) and fut.result(timeout=np.int64(1)) \
+            is not None and fut.exception(0.5) is None

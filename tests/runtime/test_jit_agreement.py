@@ -1,0 +1,147 @@
+"""Corners where pw.function and @pw.program must do what jax.jit does under
+``jax.set_mesh(slice.mesh)``: each test runs plain jax.jit on the same arguments beside them
+and compares values, dtypes, weak types, shardings, or the kind of error."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pwkernel as pw
+
+
+def _jit(fn, mesh, args, **options):
+    """What jax.jit gives under the slice's mesh: the result, or the error's type."""
+    try:
+        with jax.set_mesh(mesh):
+            return jax.jit(fn, **options)(*args)
+    except Exception as e:  # noqa: BLE001 (the type is what is compared)
+        return type(e)
+
+
+def _type(a) -> str:
+    return str(jax.typeof(a))
+
+
+def _arange(n=8):
+    return np.arange(float(n), dtype=np.float32)
+
+
+# (what the argument is, how to make it on (slice, other slice), in_shardings); each committed
+# to a layout in_shardings disagrees with (devices aside, as jax.jit compares them)
+DISAGREE = {
+    "sharded, asked replicated": (lambda s, o: jax.device_put(
+        _arange(), NamedSharding(s.mesh, P("x"))), P()),
+    "replicated, asked sharded": (lambda s, o: jax.device_put(
+        _arange(), NamedSharding(s.mesh, P())), P("x")),
+    "on one device, asked sharded": (lambda s, o: jax.device_put(
+        _arange(), s.mesh.devices.flat[0]), P("x")),
+    "sharded on another slice, asked replicated": (lambda s, o: jax.device_put(
+        _arange(), NamedSharding(o.mesh, P("x"))), P()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISAGREE))
+def test_in_shardings_that_disagree_with_a_committed_array_are_refused(ctl, case):
+    s, o = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    make, spec = DISAGREE[case]
+    x = make(s, o)
+    assert x.committed
+    assert issubclass(_jit(lambda v: v * 2, s.mesh, (x,), in_shardings=spec), ValueError)
+    f = pw.function(lambda v: v * 2, slice=s, in_shardings=spec)
+    with pytest.raises(ValueError, match=r"committed to its layout.*in_shardings asks for "
+                       r".*jax.device_put\(x, NamedSharding\(slice.mesh, .*leave this "
+                       r"argument's in_shardings out"):
+        f(x)
+    with pytest.raises(pw.SpecError):  # (a NamedSharding, as jax.jit's own example gives it)
+        pw.function(lambda v: v * 2, slice=s, in_shardings=NamedSharding(s.mesh, spec))(x)
+    moved = jax.device_put(x, NamedSharding(s.mesh, spec))  # the fix the error names
+    assert np.array_equal(f(moved).result(60), _arange() * 2)
+
+
+def test_a_future_is_committed_as_a_jax_jit_output_is(ctl):
+    s = ctl.slice(2)
+    y = pw.function(lambda v: v + 1, slice=s, out_shardings=P("x"))(_arange())
+    jy = _jit(lambda v: v + 1, s.mesh, (_arange(),), out_shardings=P("x"))
+    assert issubclass(_jit(lambda v: v * 2, s.mesh, (jy,), in_shardings=P()), ValueError)
+    with pytest.raises(pw.SpecError, match="committed to its layout"):
+        pw.function(lambda v: v * 2, slice=s, in_shardings=P())(y)
+
+
+# arguments jax.jit takes with in_shardings P("x"): agreeing committed ones, and the ones it
+# may move (uncommitted, host), typed as it types them
+AGREE = {
+    "numpy": lambda s, o: _arange(),
+    "uncommitted": lambda s, o: jnp.arange(8.0),
+    "sharded here": lambda s, o: jax.device_put(_arange(), NamedSharding(s.mesh, P("x"))),
+    "sharded on another slice": lambda s, o: jax.device_put(
+        _arange(), NamedSharding(o.mesh, P("x"))),
+}
+
+
+@pytest.mark.parametrize("case, spec", [(case, P("x")) for case in sorted(AGREE)]
+                         + [("numpy", P()), ("uncommitted", P())])
+def test_arrays_jax_jit_places_are_placed_and_typed_as_it_does(ctl, case, spec):
+    s, o = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    x = AGREE[case](s, o)
+    want = _jit(lambda v: v * 2, s.mesh, (x,), in_shardings=spec)
+    value = pw.function(lambda v: v * 2, slice=s, in_shardings=spec)(x).result(60)
+    assert np.array_equal(value, want)
+    assert _type(value) == _type(want), (case, spec)
+    assert value.sharding.spec == want.sharding.spec
+
+
+def test_a_program_returns_a_float0_argument_as_jax_jit_does(ctl):
+    """A float0 leaf (an int's gradient: no data) given to a program and returned as it is
+    comes back as jax.jit gives it: a host array of float0 of its shape."""
+    a = pw.function(lambda x: x * 2, slice=ctl.slice(2))
+    t = np.zeros((3,), jax.dtypes.float0)
+    want = jax.jit(lambda x, t: (x * 2, t))(_arange(3), t)
+    y, u = pw.program(lambda x, t: (a(x), t))(_arange(3), t)
+    assert np.array_equal(y.result(60), want[0])
+    assert u.dtype == want[1].dtype == jax.dtypes.float0 and u.shape == want[1].shape
+    value = u.result(60)
+    assert value.dtype == jax.dtypes.float0 and value.shape == (3,)
+    assert isinstance(value, np.ndarray) and not isinstance(value, jax.Array)
+    assert value is not t
+    # that future (no layout: float0 has no data) goes on into in_shardings as jax.jit's does
+    g = pw.function(lambda x, t: (x, t), slice=ctl.slice(2), in_shardings=P())
+    _, again = g(_arange(4), u)
+    assert again.result(60).dtype == jax.dtypes.float0 and again.shape == (3,)
+
+
+CONSTANTS = {
+    "python float": lambda: 1.0,
+    "python int": lambda: 3,
+    "python bool": lambda: True,
+    "python complex": lambda: 2j,
+    "numpy scalar": lambda: np.float32(2.5),
+    "numpy array": lambda: np.arange(3),
+    "jax array": lambda: jnp.ones((2,), jnp.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONSTANTS))
+def test_a_program_returns_constants_as_jax_jit_does(ctl, case):
+    """A constant in a program's result (``return y, 1.0``) is an array, as jax.jit returns
+    it: its dtype, weak type (a Python scalar's) and device."""
+    a = pw.function(lambda x: x * 2, slice=ctl.slice(2))
+    c = CONSTANTS[case]()
+    want = jax.jit(lambda x: {"y": x * 2, "c": c})(_arange(2))["c"]
+    got = pw.program(lambda x: {"y": a(x), "c": c})(_arange(2))["c"]
+    assert (got.dtype, got.weak_type) == (want.dtype, want.weak_type)  # known at once
+    value = got.result(60)
+    assert isinstance(value, jax.Array)
+    assert np.array_equal(value, want) and _type(value) == _type(want)
+    assert value.sharding == want.sharding
+    assert value is not c  # a new array, as jax.jit's (never the captured one)
+
+
+def test_a_program_still_refuses_what_jax_jit_cannot_return(ctl):
+    a = pw.function(lambda x: x * 2, slice=ctl.slice(2))
+    with pytest.raises(pw.ProgramError, match="returned str 'label'"):
+        pw.program(lambda x: (a(x), "label"))(_arange(2))
