@@ -28,7 +28,9 @@ futures with shapes and times only (``.result()`` raises ``pw.NoValueError``), a
 **Memory.** A microbatch's residuals live from its forward to its backward on that stage.
 Gradients are summed into one accumulator per stage, each freed after the backward that adds
 to it (a flag tells the step's first backward there is nothing to add yet, so one compiled
-backward serves all). The updates take the parameters and optimizer state with
+backward serves all), in float32 at least (``stage.accumulation_dtype``: a bfloat16 sum of M
+microbatches' gradients drifts from ``jax.grad``'s of the whole batch), cast back to the
+parameters' dtype once, by the update. The updates take the parameters and optimizer state with
 ``donate_argnums``: the new state reuses the old one's buffers, so memory stays flat from step
 to step and the state given to ``step`` is consumed (as ``jax.jit`` with ``donate_argnums``
 consumes it); ``step`` does not wait for it (the runtime launches the next step's updates
@@ -52,6 +54,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding
@@ -60,7 +63,7 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
 from .schedule import Kind, Schedule, call_name, order
-from .stage import Stage, backward, forward, residual_bytes
+from .stage import Stage, accumulation_dtype, backward, forward, residual_bytes
 from .state import (
     Placer,
     TrainState,
@@ -336,14 +339,19 @@ def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: C
 def _update(optimizer):
     def update(params, opt_state, grads, barrier):
         # the barrier orders the update after the whole step (see the module's doc); its
-        # first half is the step's loss, optax's ``value=`` (``reduce_on_plateau`` reads it)
+        # first half is the step's loss, optax's ``value=`` (``reduce_on_plateau`` reads it).
+        # The gradients were summed in float32 at least (``accumulation_dtype``): cast back
+        # once, so the optimizer sees the parameters' dtype, as under ``jax.grad``.
+        grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
         return apply_optimizer(optimizer, params, opt_state, grads, barrier[0])
     return update
 
 
 def _mean_loss(microbatches: int, check_finite: bool):
-    def mean(losses):
-        value = sum(losses[1:], losses[0]) / microbatches
+    def mean(losses):  # (summed in float32 at least, as the gradients are: see ``_update``)
+        dtype = jnp.result_type(losses[0])
+        wide = [jnp.asarray(v).astype(accumulation_dtype(dtype)) for v in losses]
+        value = (sum(wide[1:], wide[0]) / microbatches).astype(dtype)
         if check_finite:
             jax.debug.callback(raise_if_not_finite, value)
         return value
