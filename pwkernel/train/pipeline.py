@@ -180,7 +180,11 @@ class Pipeline:
         if not isinstance(state, TrainState):
             raise TypeError(f"step takes the TrainState that init() or step() returned, got "
                             f"{type(state).__name__}.")
-        xs, ys = batch if isinstance(batch, Microbatches) else self._split(batch)
+        if isinstance(batch, Microbatches):
+            xs, ys = batch
+            _check_even(xs, ys, self.microbatches)
+        else:
+            xs, ys = self._split(batch)
         ready_to_donate(state)
         shapes = _struct((xs[0], ys[0]))
         if shapes != self._residual_shapes:  # (first step, or a batch of another shape)
@@ -317,6 +321,29 @@ class Pipeline:
     def __repr__(self) -> str:
         return (f"pw.train.Pipeline({len(self.stages)} stages, schedule={self.schedule.value!r}"
                 f", microbatches={self.microbatches})")
+
+
+def _check_even(xs, ys, microbatches: int) -> None:
+    """Microbatches given whole (``Microbatches``, made by hand) are ``microbatches`` of one
+    size: the step weighs each microbatch's mean loss (and its gradients) by 1/M, which is
+    the batch's mean only when every microbatch has as many examples."""
+    if len(xs) != microbatches or len(ys) != microbatches:
+        raise ValueError(f"expected {microbatches} microbatches, got {len(xs)} inputs and "
+                         f"{len(ys)} targets. Maybe you want pipe.place((x, y)).")
+    sizes = [sorted({_rows(leaf) for leaf in jax.tree_util.tree_leaves((x, y))}, key=str)
+             for x, y in zip(xs, ys, strict=True)]
+    if any(len(s) != 1 for s in sizes) or len({s[0] for s in sizes}) != 1:
+        raise ValueError(
+            f"the microbatches must all have one leading (batch) size, in inputs and targets "
+            f"alike: the step's loss is the mean of their {microbatches} mean losses, the "
+            f"batch's mean only when each holds as many examples. Got sizes {sizes} (per "
+            "microbatch). Maybe you want pipe.place((x, y)), which cuts a batch evenly (and "
+            "says what size fits).")
+
+
+def _rows(leaf) -> int | None:
+    shape = np.shape(leaf)  # (a future's own: nothing is fetched)
+    return shape[0] if shape else None
 
 
 def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: Callable):
