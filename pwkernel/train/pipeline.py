@@ -65,6 +65,7 @@ from ..runtime.resources import VirtualSlice
 from .schedule import Kind, Schedule, call_name, order
 from .stage import Stage, accumulation_dtype, backward, forward, residual_bytes
 from .state import (
+    PackedState,
     Placer,
     TrainState,
     apply_optimizer,
@@ -177,9 +178,7 @@ class Pipeline:
         their data, and a launched call's outputs count in ``ctl.memory()`` at once, so
         1F1B's smaller set of live residuals shows in the trace, not in ``ctl.memory()``;
         under sequential dispatch it shows in both (docs/training.md)."""
-        if not isinstance(state, TrainState):
-            raise TypeError(f"step takes the TrainState that init() or step() returned, got "
-                            f"{type(state).__name__}.")
+        state = _train_state(state, "step")
         if isinstance(batch, Microbatches):
             xs, ys = batch
             _check_even(xs, ys, self.microbatches)
@@ -201,9 +200,7 @@ class Pipeline:
         value of ``model_loss(stages, loss)`` under ``jax.jit``. ``state`` is read, not
         consumed: a ``step`` may take it next. The batch's leading axis divides over every
         stage's devices."""
-        if not isinstance(state, TrainState):
-            raise TypeError(f"evaluate takes the TrainState that init() or step() returned, "
-                            f"got {type(state).__name__}.")
+        state = _train_state(state, "evaluate")
         if isinstance(batch, Microbatches):
             raise TypeError("evaluate takes the batch whole, (inputs, targets), not "
                             "pipe.place(...)'s microbatches (the eval step does not cut it "
@@ -321,6 +318,18 @@ class Pipeline:
     def __repr__(self) -> str:
         return (f"pw.train.Pipeline({len(self.stages)} stages, schedule={self.schedule.value!r}"
                 f", microbatches={self.microbatches})")
+
+
+def _train_state(state, what: str) -> TrainState:
+    """``state`` as a ``TrainState``: a packed ``SPMD``'s ``PackedState`` is unpacked afresh
+    (or, edited, read as its edited ``TrainState``), so a step consumes none of it, as an
+    ``SPMD`` takes a ``Pipeline``'s state without consuming it."""
+    if isinstance(state, PackedState):
+        return state.unpacked() if state.edited() else state.unpacked(fresh=True)
+    if not isinstance(state, TrainState):
+        raise TypeError(f"{what} takes the TrainState that init() or step() returned (or an "
+                        f"SPMD's state), got {type(state).__name__}.")
+    return state
 
 
 def _check_even(xs, ys, microbatches: int) -> None:
