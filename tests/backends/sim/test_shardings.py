@@ -57,3 +57,24 @@ def test_propagation_gives_xlas_layouts_and_none_where_it_leaves_one_open():
         lowered = jax.jit(lambda x: (x.T, x.sum(), np.float32(1))).trace(x).lower(
             lowering_platforms=("tpu",))
     assert propagated_specs(lowered, ("x",)) == [P(None, "x"), None, None]
+
+
+def test_estimate_reads_batch_and_inferred_specs_as_pw_function_does():
+    """``pw.sim.estimate``'s specs are "as in pw.function", but pw.BATCH and pw.INFERRED
+    (at the top or as leaves of nested specs) failed with AttributeError: 'Batch' object has
+    no attribute 'partitions'."""
+    cluster = pw.sim.Cluster.preset("tpu-v4", chips=8)
+    x = jax.ShapeDtypeStruct((512, 256), np.float32)
+
+    def cost(in_specs, out_specs=None):
+        return pw.sim.estimate(layer, x, cluster=cluster, mesh=4, in_specs=in_specs,
+                               out_specs=out_specs)
+
+    assert cost(pw.BATCH) == cost(P("x"))
+    assert cost(P("x"), pw.INFERRED) == cost(P("x"))
+    nested = {"a": pw.BATCH, "b": {"c": pw.INFERRED, "d": [P("x"), pw.BATCH]}}
+    assert cost(P("x"), nested) == cost(P("x"), {"a": P("x"), "b": {"c": None,
+                                                                    "d": [P("x"), P()]}})
+    with pytest.raises(pw.sim.SimError, match="pw.BATCH.*size 6.*not divisible by 4"):
+        pw.sim.estimate(layer, jax.ShapeDtypeStruct((6, 4), np.float32), cluster=cluster,
+                        mesh=4, in_specs=pw.BATCH)
