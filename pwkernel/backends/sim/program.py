@@ -234,8 +234,9 @@ def lower_for_chips(spec: Specialization) -> Executable:
         lowered = _lowered(spec, typed)
         if any(sh is None for sh in typed):  # (auto axes: what propagation gives them)
             found = propagated_specs(lowered, tuple(mesh.axis_names))
-            out_shardings = [sh if sh is not None else NamedSharding(
-                mesh, P() if got is None else got) for sh, got in zip(typed, found, strict=True)]
+            avals = spec.jaxpr.out_avals
+            out_shardings = [sh if sh is not None else NamedSharding(mesh, _as_typed(got, a))
+                             for sh, got, a in zip(typed, found, avals, strict=True)]
             lowered = _lowered(spec, out_shardings)  # (lowered as the futures say it is laid out)
     except Exception as e:
         if spec.hint is None:
@@ -245,6 +246,21 @@ def lower_for_chips(spec: Specialization) -> Executable:
                 "sim_cost=seconds).") from e
         out_shardings = [sh if sh is not None else NamedSharding(mesh, P()) for sh in typed]
     return spec.executable(out_shardings, lowered=lowered)
+
+
+def _as_typed(found: P | None, aval) -> P:
+    """A propagated spec (None: replicated), written as the output's type writes it when
+    they say the same (``P('data', None)`` on a mesh with explicit axes, not ``P('data')``)."""
+    found = P() if found is None else found
+    typed = getattr(getattr(aval, "sharding", None), "spec", None)
+    return typed if typed is not None and _trimmed(typed) == _trimmed(found) else found
+
+
+def _trimmed(spec: P) -> tuple:
+    dims = list(spec)
+    while dims and dims[-1] is None:
+        dims.pop()
+    return tuple(dims)
 
 
 def _lowered(spec: Specialization, out_shardings) -> jax.stages.Lowered:
@@ -265,17 +281,22 @@ def propagated_specs(lowered: jax.stages.Lowered, axis_names: Sequence[str]) -> 
     when it compiles): what a compiled executable's output shardings would say, without
     devices. None for an output it leaves without a layout, or one it splits an axis for
     (a sub-axis has no ``PartitionSpec``): the caller replicates those."""
+    n = len(jax.tree_util.tree_leaves(lowered.out_info))
     module = lowered.compiler_ir("stablehlo")
     with module.context:
         copy = module.operation.clone()
-        passmanager.PassManager.parse("builtin.module(sdy-propagation-pipeline)").run(copy)
+        try:
+            passmanager.PassManager.parse("builtin.module(sdy-propagation-pipeline)").run(copy)
+        except Exception:  # noqa: BLE001 - a module it cannot take: replicated, as before
+            return [None] * n
         main = next(op for op in copy.regions[0].blocks[0].operations
                     if op.operation.name == "func.func"
                     and ir.StringAttr(op.attributes["sym_name"]).value == "main")
         results = ([ir.DictAttr(a) for a in ir.ArrayAttr(main.attributes["res_attrs"])]
                    if "res_attrs" in main.attributes else [])
-        return [_spec_of(a["sdy.sharding"], axis_names) if "sdy.sharding" in a else None
-                for a in results]
+        found = [_spec_of(a["sdy.sharding"], axis_names) if "sdy.sharding" in a else None
+                 for a in results]
+    return (found + [None] * n)[:n]
 
 
 def _spec_of(attr, axis_names: Sequence[str]) -> P | None:

@@ -19,9 +19,9 @@ def layer(x):
     return {"a": x * 2, "b": {"c": x + 1, "d": [x - 1, x.sum()]}}
 
 
-def run(ctl, how: str):
+def run(ctl, how: str, types="auto"):
     """The outputs' specs and the bytes on island 0's chips once they exist."""
-    s = ctl.slice((2, 2), island=0, axis_names=("data", "model"), axis_types="auto")
+    s = ctl.slice((2, 2), island=0, axis_names=("data", "model"), axis_types=types)
     if how == "nested call":  # specs given per leaf, on a pw.function called inside another
         inner = pw.function(layer, slice=s, out_specs=NESTED)
         fn = pw.function(lambda x: inner(x), slice=s)
@@ -47,6 +47,14 @@ def test_simulated_outputs_are_laid_out_as_on_a_real_backend(how):
                         [4 * (32 + 32 + 16 + 1)] * 4)
     else:
         assert want == ([("data",)] * 3 + [()], [4 * (32 * 3 + 1)] * 4)
+
+
+def test_mixed_axis_types_lay_outputs_out_as_on_a_real_backend():
+    """Explicit ``data``, auto ``model``: the types' spec where it says the same as XLA's
+    propagation (``P('data', None)``), the propagated one where the auto axis adds to it."""
+    with pw.Controller(islands=(4, 4)) as real, pw.Controller(backend="sim") as simulated:
+        want, got = (run(c, "inferred", ("explicit", "auto")) for c in (real, simulated))
+    assert got == want and want[0][0] == ("data", None)
 
 
 def test_propagation_gives_xlas_layouts_and_none_where_it_leaves_one_open():
