@@ -200,7 +200,7 @@ class Pipeline:
         value of ``model_loss(stages, loss)`` under ``jax.jit``. ``state`` is read, not
         consumed: a ``step`` may take it next. The batch's leading axis divides over every
         stage's devices."""
-        state = _train_state(state, "evaluate")
+        state = _train_state(state, "evaluate", consumed=False)
         if isinstance(batch, Microbatches):
             raise TypeError("evaluate takes the batch whole, (inputs, targets), not "
                             "pipe.place(...)'s microbatches (the eval step does not cut it "
@@ -320,12 +320,13 @@ class Pipeline:
                 f", microbatches={self.microbatches})")
 
 
-def _train_state(state, what: str) -> TrainState:
+def _train_state(state, what: str, consumed: bool = True) -> TrainState:
     """``state`` as a ``TrainState``: a packed ``SPMD``'s ``PackedState`` is unpacked afresh
-    (or, edited, read as its edited ``TrainState``), so a step consumes none of it, as an
-    ``SPMD`` takes a ``Pipeline``'s state without consuming it."""
+    for a step (or, edited, read as its edited ``TrainState``), so the step consumes none of
+    it, as an ``SPMD`` takes a ``Pipeline``'s state without consuming it."""
     if isinstance(state, PackedState):
-        return state.unpacked() if state.edited() else state.unpacked(fresh=True)
+        fresh = consumed and not state.edited()
+        return state.unpacked(fresh=fresh)
     if not isinstance(state, TrainState):
         raise TypeError(f"{what} takes the TrainState that init() or step() returned (or an "
                         f"SPMD's state), got {type(state).__name__}.")
