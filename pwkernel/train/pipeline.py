@@ -28,7 +28,9 @@ futures with shapes and times only (``.result()`` raises ``pw.NoValueError``), a
 **Memory.** A microbatch's residuals live from its forward to its backward on that stage.
 Gradients are summed into one accumulator per stage, each freed after the backward that adds
 to it (a flag tells the step's first backward there is nothing to add yet, so one compiled
-backward serves all). The updates take the parameters and optimizer state with
+backward serves all), in float32 at least (``stage.accumulation_dtype``: a bfloat16 sum of M
+microbatches' gradients drifts from ``jax.grad``'s of the whole batch), cast back to the
+parameters' dtype once, by the update. The updates take the parameters and optimizer state with
 ``donate_argnums``: the new state reuses the old one's buffers, so memory stays flat from step
 to step and the state given to ``step`` is consumed (as ``jax.jit`` with ``donate_argnums``
 consumes it); ``step`` does not wait for it (the runtime launches the next step's updates
@@ -52,6 +54,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding
@@ -60,8 +63,9 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
 from .schedule import Kind, Schedule, call_name, order
-from .stage import Stage, backward, forward, residual_bytes
+from .stage import Stage, accumulation_dtype, backward, forward, residual_bytes
 from .state import (
+    PackedState,
     Placer,
     TrainState,
     apply_optimizer,
@@ -174,10 +178,12 @@ class Pipeline:
         their data, and a launched call's outputs count in ``ctl.memory()`` at once, so
         1F1B's smaller set of live residuals shows in the trace, not in ``ctl.memory()``;
         under sequential dispatch it shows in both (docs/training.md)."""
-        if not isinstance(state, TrainState):
-            raise TypeError(f"step takes the TrainState that init() or step() returned, got "
-                            f"{type(state).__name__}.")
-        xs, ys = batch if isinstance(batch, Microbatches) else self._split(batch)
+        state = _train_state(state, "step")
+        if isinstance(batch, Microbatches):
+            xs, ys = batch
+            _check_even(xs, ys, self.microbatches)
+        else:
+            xs, ys = self._split(batch)
         ready_to_donate(state)
         shapes = _struct((xs[0], ys[0]))
         if shapes != self._residual_shapes:  # (first step, or a batch of another shape)
@@ -194,9 +200,7 @@ class Pipeline:
         value of ``model_loss(stages, loss)`` under ``jax.jit``. ``state`` is read, not
         consumed: a ``step`` may take it next. The batch's leading axis divides over every
         stage's devices."""
-        if not isinstance(state, TrainState):
-            raise TypeError(f"evaluate takes the TrainState that init() or step() returned, "
-                            f"got {type(state).__name__}.")
+        state = _train_state(state, "evaluate", consumed=False)
         if isinstance(batch, Microbatches):
             raise TypeError("evaluate takes the batch whole, (inputs, targets), not "
                             "pipe.place(...)'s microbatches (the eval step does not cut it "
@@ -316,6 +320,42 @@ class Pipeline:
                 f", microbatches={self.microbatches})")
 
 
+def _train_state(state, what: str, consumed: bool = True) -> TrainState:
+    """``state`` as a ``TrainState``: a packed ``SPMD``'s ``PackedState`` is unpacked afresh
+    for a step (or, edited, read as its edited ``TrainState``), so the step consumes none of
+    it, as an ``SPMD`` takes a ``Pipeline``'s state without consuming it."""
+    if isinstance(state, PackedState):
+        fresh = consumed and not state.edited()
+        return state.unpacked(fresh=fresh)
+    if not isinstance(state, TrainState):
+        raise TypeError(f"{what} takes the TrainState that init() or step() returned (or an "
+                        f"SPMD's state), got {type(state).__name__}.")
+    return state
+
+
+def _check_even(xs, ys, microbatches: int) -> None:
+    """Microbatches given whole (``Microbatches``, made by hand) are ``microbatches`` of one
+    size: the step weighs each microbatch's mean loss (and its gradients) by 1/M, which is
+    the batch's mean only when every microbatch has as many examples."""
+    if len(xs) != microbatches or len(ys) != microbatches:
+        raise ValueError(f"expected {microbatches} microbatches, got {len(xs)} inputs and "
+                         f"{len(ys)} targets. Maybe you want pipe.place((x, y)).")
+    sizes = [sorted({_rows(leaf) for leaf in jax.tree_util.tree_leaves((x, y))}, key=str)
+             for x, y in zip(xs, ys, strict=True)]
+    if any(len(s) != 1 for s in sizes) or len({s[0] for s in sizes}) != 1:
+        raise ValueError(
+            f"the microbatches must all have one leading (batch) size, in inputs and targets "
+            f"alike: the step's loss is the mean of their {microbatches} mean losses, the "
+            f"batch's mean only when each holds as many examples. Got sizes {sizes} (per "
+            "microbatch). Maybe you want pipe.place((x, y)), which cuts a batch evenly (and "
+            "says what size fits).")
+
+
+def _rows(leaf) -> int | None:
+    shape = np.shape(leaf)  # (a future's own: nothing is fetched)
+    return shape[0] if shape else None
+
+
 def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: Callable):
     """``(params, x, y) -> loss``: each stage's forward on its slice (``s1.eval``), the loss
     on the last (``Pipeline.evaluate``'s program)."""
@@ -336,14 +376,19 @@ def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: C
 def _update(optimizer):
     def update(params, opt_state, grads, barrier):
         # the barrier orders the update after the whole step (see the module's doc); its
-        # first half is the step's loss, optax's ``value=`` (``reduce_on_plateau`` reads it)
+        # first half is the step's loss, optax's ``value=`` (``reduce_on_plateau`` reads it).
+        # The gradients were summed in float32 at least (``accumulation_dtype``): cast back
+        # once, so the optimizer sees the parameters' dtype, as under ``jax.grad``.
+        grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
         return apply_optimizer(optimizer, params, opt_state, grads, barrier[0])
     return update
 
 
 def _mean_loss(microbatches: int, check_finite: bool):
-    def mean(losses):
-        value = sum(losses[1:], losses[0]) / microbatches
+    def mean(losses):  # (summed in float32 at least, as the gradients are: see ``_update``)
+        dtype = jnp.result_type(losses[0])
+        wide = [jnp.asarray(v).astype(accumulation_dtype(dtype)) for v in losses]
+        value = (sum(wide[1:], wide[0]) / microbatches).astype(dtype)
         if check_finite:
             jax.debug.callback(raise_if_not_finite, value)
         return value

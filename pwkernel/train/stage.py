@@ -104,9 +104,14 @@ def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = Fa
              scale: float = 1.0) -> Callable:
     """A stage's backward: ``bwd(params, x, y, residuals, dout, acc, token, first=None) ->
     (grads, dx, token + 1)``. ``grads`` are this microbatch's parameter gradients plus ``acc``
-    (the running sum; None: nothing to add). ``first``: a bool scalar; when True, ``acc`` is
-    ignored (it only has the gradients' shapes: the pipeline passes the parameters), so one
-    compiled backward serves the first microbatch and the others. ``dx`` is ``()`` unless
+    (the running sum; None: nothing to add), summed in ``accumulation_dtype`` (float32 at
+    least: a sum of M bfloat16 microbatch gradients kept in bfloat16 loses their small terms,
+    where ``jax.grad`` of the whole batch rounds once), so ``grads`` come in that dtype when
+    ``acc`` is given (cast back to the parameters' once, before the optimizer). ``first``: a
+    bool scalar; when True, ``acc`` is ignored (it only has the gradients' shapes: the
+    pipeline passes the parameters), so one compiled backward serves the first microbatch and
+    the others (two, for parameters narrower than float32: the later ones take the float32
+    running sum). ``dx`` is ``()`` unless
     ``wrt_input``. The last stage (``loss`` given) takes ``dout=None`` and seeds its loss's
     cotangent with ``scale`` (1/M: the step's loss is the mean of its M microbatches').
     Integer and boolean leaves of an activation (masks, positions, token ids a stage passes
@@ -129,10 +134,21 @@ def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = Fa
         grads = cts[0]
         if acc is not None:
             def add(a, g):
-                return a + g if first is None else jnp.where(first, g, a + g)
+                g = g.astype(accumulation_dtype(g.dtype))
+                a = a.astype(g.dtype) + g
+                return a if first is None else jnp.where(first, g, a)
             grads = jax.tree.map(add, acc, grads)
         return grads, (_without_float0(cts[1]) if wrt_input else ()), token + 1
     return bwd
+
+
+def accumulation_dtype(dtype):
+    """The dtype microbatch gradients of ``dtype`` are summed in: the wider of ``dtype`` and
+    float32 for floating (and complex) gradients, as mixed-precision training keeps its
+    accumulators; other dtypes as they are."""
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.promote_types(dtype, jnp.float32)
+    return dtype
 
 
 def _without_float0(cotangent):

@@ -51,8 +51,12 @@ class PackedState:
     def futures(self) -> list[Any]:
         return jax.tree_util.tree_leaves(self.packed)
 
-    def unpacked(self) -> TrainState:
-        """The ``TrainState`` (futures; the same ones on every call)."""
+    def unpacked(self, fresh: bool = False) -> TrainState:
+        """The ``TrainState`` (futures; the same ones on every call). ``fresh``: a new one,
+        unpacked again from the packs (another call on the slice), that a step may consume
+        (donate) without touching this state's."""
+        if fresh:
+            return self._unpack(self.packed)
         if self._state is None:
             self._state = self._unpack(self.packed)
             self._given = jax.tree_util.tree_leaves(self._state)

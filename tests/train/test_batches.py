@@ -58,3 +58,20 @@ def test_a_numpy_microbatch_count_is_taken_and_a_bool_is_not(tctl):
     with pytest.raises(ValueError, match="positive int, got True"):
         pw.train.Pipeline(stages, slices, loss=T.cross_entropy, optimizer=optax.sgd(0.1),
                           microbatches=True)
+
+
+def test_microbatches_of_different_sizes_are_refused(tctl):
+    """Cut by hand into microbatches of unequal sizes, a batch gave a loss (and gradients)
+    that was not its mean, silently: each microbatch's mean loss weighs 1/M (for a small MLP,
+    microbatches of 2 and 4 examples gave 1.61 where plain JAX's mean was 1.31)."""
+    pipe = trainer(tctl, "pipeline")
+    x, y = T.batch(CFG, 8)
+    state = pipe.init(0)
+    for xs, ys in [([x[:2], x[2:]], [y[:2], y[2:]]), ([x[:4], x[4:]], [y[:4], y[4:6]])]:
+        with pytest.raises(ValueError, match=r"one leading \(batch\) size.*pipe.place"):
+            pipe.step(state, pw.train.Microbatches((xs, ys)))
+    with pytest.raises(ValueError, match="expected 2 microbatches, got 1 inputs"):
+        pipe.step(state, pw.train.Microbatches(([x], [y])))
+    want = float(pipe.evaluate(state, (x, y)))
+    _, loss = pipe.step(state, pw.train.Microbatches(([x[:4], x[4:]], [y[:4], y[4:]])))
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)

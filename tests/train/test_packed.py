@@ -154,3 +154,25 @@ def test_a_learning_rate_set_in_the_unpacked_state_is_what_the_next_step_uses(tc
     state.params[0]["embed"] = jnp.zeros(3)  # (packed:) a leaf of another shape is refused
     with pytest.raises(ValueError, match=r"leaf \d+ is float32\[3\]"):
         packed.step(state, batch)
+
+
+def test_a_pipeline_takes_a_packed_state_and_leaves_it_to_its_spmd(tctl):
+    """A packed SPMD's state was refused by a Pipeline of the same stages ("takes the
+    TrainState"), though an SPMD takes a Pipeline's; now it is unpacked afresh and not
+    consumed, even with the stages on the SPMD's own slice (no copy between them)."""
+    stages, s = T.split(CFG, 2), tctl.slice(2, island=0)
+    kw = {"loss": T.cross_entropy, "optimizer": optax.adam(1e-2)}
+    packed = pw.train.SPMD(stages, s, packed=True, name="topipe", **kw)
+    pipe = pw.train.Pipeline(stages, [s, s], microbatches=2, name="frompacked", **kw)
+    state, batch = packed.init(0), T.batch(CFG, 8)
+    pw.train.fetch(state)  # (its unpacked TrainState made: the one a step must not consume)
+    want = float(packed.evaluate(state, batch))
+    np.testing.assert_allclose(float(pipe.evaluate(state, batch)), want, rtol=1e-5)
+    new, loss = pipe.step(state, batch)
+    _, again = pipe.step(state, batch)
+    assert float(loss) == float(again)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    pw.train.fetch(state)  # still whole: packs and unpacked leaves
+    assert not any(leaf.result().is_deleted() for leaf in jax.tree.leaves(state.unpacked()))
+    _, from_packs = packed.step(state, batch)
+    np.testing.assert_allclose(float(from_packs), want, rtol=1e-5)

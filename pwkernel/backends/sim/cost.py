@@ -33,6 +33,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ...runtime.program import spec_leaves
+from ...runtime.specs import BATCH, INFERRED, prefix_leaves
 from .cluster import Cluster
 from .errors import SimError
 
@@ -118,22 +119,45 @@ def _traced_and_lowered(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, i
     specs = spec_leaves(in_specs, args)
     _check_axes(specs + jax.tree_util.tree_leaves(
         out_specs, is_leaf=lambda v: isinstance(v, P)), mesh)
-    structs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype,
-                                    sharding=NamedSharding(mesh, P() if s is None else s))
-               for x, s in zip(leaves, specs, strict=True)]
+    structs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=_sharding(
+        s, np.shape(x), mesh, f"input {i}") or NamedSharding(mesh, P()))
+        for i, (x, s) in enumerate(zip(leaves, specs, strict=True))]
     kwargs = {}
-    if out_specs is not None:
-        kwargs["out_shardings"] = jax.tree_util.tree_map(
-            lambda s: NamedSharding(mesh, s), out_specs, is_leaf=lambda s: isinstance(s, P))
     name = getattr(fn, "__name__", "fn")
     try:
         with jax.sharding.use_abstract_mesh(mesh):
+            if out_specs is not None:  # (one sharding per output leaf; None: left to XLA)
+                out = jax.eval_shape(fn, *jax.tree_util.tree_unflatten(tree, structs))
+                outs, out_tree = jax.tree_util.tree_flatten(out)
+                kwargs["out_shardings"] = jax.tree_util.tree_unflatten(out_tree, [
+                    _sharding(s, o.shape, mesh, f"output {i}") for i, (o, s) in enumerate(
+                        zip(outs, prefix_leaves(out_specs, out, "out_specs"), strict=True))])
             traced = jax.jit(fn, **kwargs).trace(*jax.tree_util.tree_unflatten(tree, structs))
             return traced, traced.lower(lowering_platforms=("tpu",))
     except Exception as e:
         raise SimError(f"could not lower {name} on an abstract mesh {dict(mesh.shape)}: {e}. "
                        "Maybe you want to give its duration instead (Cost.given(seconds)) "
                        "for what XLA cannot estimate.") from e
+
+
+def _sharding(spec, shape: tuple[int, ...], mesh: AbstractMesh,
+              what: str) -> NamedSharding | None:
+    """One leaf's spec as ``pw.function`` reads it: a ``PartitionSpec``; ``pw.BATCH`` (the
+    leading axis over every mesh axis; a scalar replicated); None or ``pw.INFERRED``: None
+    (an input is then replicated, an output left to XLA)."""
+    if spec is None or spec is INFERRED:
+        return None
+    if spec is BATCH:
+        if not shape or mesh.size == 1:
+            return NamedSharding(mesh, P())
+        if shape[0] % mesh.size:
+            raise SimError(f"{what}: pw.BATCH shards the leading axis (size {shape[0]}) over "
+                           f"the mesh's {mesh.size} chips, and {shape[0]} is not divisible by "
+                           f"{mesh.size}. Maybe you want a size that is a multiple of "
+                           f"{mesh.size}, or P() to replicate it.")
+        names = tuple(mesh.axis_names)
+        return NamedSharding(mesh, P(names[0] if len(names) == 1 else names))
+    return NamedSharding(mesh, spec)
 
 
 def _check_axes(specs: list, mesh: AbstractMesh) -> None:

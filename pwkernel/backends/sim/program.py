@@ -22,7 +22,9 @@ from enum import StrEnum
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding
+from jax.extend.mlir import ir, passmanager
+from jax.extend.mlir.dialects import sdy
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ...runtime.errors import ProgramError
@@ -214,28 +216,98 @@ def hinted_seconds(name: str, hint: Any) -> float | None:
 
 def lower_for_chips(spec: Specialization) -> Executable:
     """A simulated slice's specialization: lowered on the abstract mesh of its chips (no
-    devices needed), for the cost model; nothing is compiled. Inferred output layouts are
-    what JAX's types say (explicit axes), else replicated. A body that cannot be lowered
-    needs its duration (``sim_cost``)."""
+    devices needed), for the cost model; nothing is compiled. An inferred output is laid out
+    as a real backend's compiler lays it out: on explicit axes by JAX's types; where the
+    slice has auto axes, by XLA's own sharding propagation (Shardy's, the pass XLA runs when
+    it compiles) over the lowered function, so specs given inside it (a nested
+    ``pw.function``'s ``out_specs`` per leaf, ``with_sharding_constraint``) and its inputs'
+    shardings reach its outputs (``propagated_specs``); else replicated. A body that cannot
+    be lowered needs its duration (``sim_cost``)."""
     vs = spec.slice
     mesh = vs.mesh
-    am = mesh.abstract_mesh
-    out_shardings = [given if given is not None else NamedSharding(
+    auto = any(t == AxisType.Auto for t in mesh.axis_types)
+    typed = [given if given is not None or auto else NamedSharding(
         mesh, getattr(o.sharding, "spec", None) or P())
         for given, o in zip(spec.out_shardings, spec.out_types, strict=True)]
-    lowered = None
+    lowered, out_shardings = None, typed
     try:
-        with vs.ambient():
-            args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(am, sh.spec))
-                    for a, sh in zip(spec.structs, spec.in_shardings, strict=True)]
-            lowered = jax.jit(spec.replay, keep_unused=spec.keep_unused, out_shardings=tuple(
-                NamedSharding(am, sh.spec) for sh in out_shardings)).trace(*args).lower(
-                    lowering_platforms=("tpu",))
+        lowered = _lowered(spec, typed)
+        if any(sh is None for sh in typed):  # (auto axes: what propagation gives them)
+            found = propagated_specs(lowered, tuple(mesh.axis_names))
+            avals = spec.jaxpr.out_avals
+            out_shardings = [sh if sh is not None else NamedSharding(mesh, _as_typed(got, a))
+                             for sh, got, a in zip(typed, found, avals, strict=True)]
+            lowered = _lowered(spec, out_shardings)  # (lowered as the futures say it is laid out)
     except Exception as e:
         if spec.hint is None:
             raise ProgramError(
                 f"{spec.name} could not be lowered for the simulated chips ({e}), so its "
                 "cost cannot be estimated. Give its duration: pw.function(..., "
                 "sim_cost=seconds).") from e
+        out_shardings = [sh if sh is not None else NamedSharding(mesh, P()) for sh in typed]
     return spec.executable(out_shardings, lowered=lowered)
 
+
+def _as_typed(found: P | None, aval) -> P:
+    """A propagated spec (None: replicated), written as the output's type writes it when
+    they say the same (``P('data', None)`` on a mesh with explicit axes, not ``P('data')``)."""
+    found = P() if found is None else found
+    typed = getattr(getattr(aval, "sharding", None), "spec", None)
+    return typed if typed is not None and _trimmed(typed) == _trimmed(found) else found
+
+
+def _trimmed(spec: P) -> tuple:
+    dims = list(spec)
+    while dims and dims[-1] is None:
+        dims.pop()
+    return tuple(dims)
+
+
+def _lowered(spec: Specialization, out_shardings) -> jax.stages.Lowered:
+    """``spec``'s body lowered for the chips; None in ``out_shardings``: left to XLA."""
+    vs = spec.slice
+    am = vs.mesh.abstract_mesh
+    with vs.ambient():
+        args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(am, sh.spec))
+                for a, sh in zip(spec.structs, spec.in_shardings, strict=True)]
+        return jax.jit(spec.replay, keep_unused=spec.keep_unused, out_shardings=tuple(
+            None if sh is None else NamedSharding(am, sh.spec) for sh in out_shardings)).trace(
+                *args).lower(lowering_platforms=("tpu",))
+
+
+def propagated_specs(lowered: jax.stages.Lowered, axis_names: Sequence[str]) -> list[P | None]:
+    """Each output's ``PartitionSpec`` after XLA's sharding propagation (Shardy's
+    ``sdy-propagation-pipeline``, run here on a copy of the lowered module, as XLA runs it
+    when it compiles): what a compiled executable's output shardings would say, without
+    devices. None for an output it leaves without a layout, or one it splits an axis for
+    (a sub-axis has no ``PartitionSpec``): the caller replicates those."""
+    n = len(jax.tree_util.tree_leaves(lowered.out_info))
+    module = lowered.compiler_ir("stablehlo")
+    with module.context:
+        copy = module.operation.clone()
+        try:
+            passmanager.PassManager.parse("builtin.module(sdy-propagation-pipeline)").run(copy)
+        except Exception:  # noqa: BLE001 - a module it cannot take: replicated, as before
+            return [None] * n
+        main = next(op for op in copy.regions[0].blocks[0].operations
+                    if op.operation.name == "func.func"
+                    and ir.StringAttr(op.attributes["sym_name"]).value == "main")
+        results = ([ir.DictAttr(a) for a in ir.ArrayAttr(main.attributes["res_attrs"])]
+                   if "res_attrs" in main.attributes else [])
+        found = [_spec_of(a["sdy.sharding"], axis_names) if "sdy.sharding" in a else None
+                 for a in results]
+    return (found + [None] * n)[:n]
+
+
+def _spec_of(attr, axis_names: Sequence[str]) -> P | None:
+    """An ``sdy.sharding`` attribute as a ``PartitionSpec`` (None: not expressible as one)."""
+    dims = []
+    for dim in sdy.TensorShardingAttr(attr).dimension_shardings:
+        axes = [sdy.AxisRefAttr(a) for a in sdy.DimensionShardingAttr(dim).axes]
+        if any(a.sub_axis_info is not None or a.name not in axis_names for a in axes):
+            return None
+        names = tuple(a.name for a in axes)
+        dims.append(None if not names else names[0] if len(names) == 1 else names)
+    while dims and dims[-1] is None:  # (as a compiled executable's shardings read)
+        dims.pop()
+    return P(*dims)
