@@ -14,7 +14,9 @@
 # its own program), **Chained** (a chain of calls traced into one program) and **Fused** (the
 # chain compiled into one computation). Fused Pathways matched JAX up to about 1000 TPU cores,
 # Chained Pathways beat JAX OpByOp up to 256 cores, and the smallest computation for which
-# Pathways matched JAX throughput was about 2.3 ms at 16 hosts (128 cores).
+# Pathways matched JAX throughput was about 2.3 ms at 16 hosts (128 cores). (These figures are
+# as summarised from the paper, not read off its plots; "128 cores" takes 8 cores a host, as
+# on TPU v3, which tutorial 08 explains.)
 #
 # Here we take the same three forms on two virtual CPU devices, beside bare JAX, using the
 # benchmark harness (`pwkernel.bench`).

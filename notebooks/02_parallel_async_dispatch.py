@@ -106,11 +106,11 @@ print({k: f"{summarize(v)['median']:.0f} stages/s" for k, v in samples.items()},
       f"parallel / sequential {across_speedup:.2f}")
 
 # %% [markdown]
-# Little, and it varies from run to run on this machine. Each stage here waits for a transfer
-# to the other island anyway, and preparing a node is only a dictionary lookup and a scheduler
-# event: there is almost no host work to hide. (The paper's host work included buffer
-# allocation and RPCs between hosts, hundreds of microseconds; on one machine the
-# transfer dominates.)
+# Little or nothing: from run to run the ratio moves around 1 on this machine, and a busy run
+# can put it below 1. Each stage here waits for a transfer to the other island anyway, and
+# preparing a node is only a dictionary lookup and a scheduler event: there is almost no host
+# work to hide. (The paper's host work included buffer allocation and RPCs between hosts,
+# hundreds of microseconds; on one machine the transfer dominates.)
 #
 # ## A chain on one slice
 #

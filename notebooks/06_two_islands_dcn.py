@@ -12,12 +12,13 @@
 # **What the paper found.** Islands are joined by the data-center network (DCN), much slower than
 # the interconnect inside an island. Large models (64B, 136B parameters) trained data-parallel
 # across two islands of 1024 chips reached about 97% of the throughput of one island with the
-# same number of chips.
+# same number of chips (a figure as summarised from the paper; its abstract says throughput
+# comparable to the SPMD case on one island).
 #
 # Here: a small MLP trained data-parallel on two islands (2 devices each, half the batch each),
 # gradients exchanged over an emulated DCN link, against the same training on four devices of
 # one island. The link is a constructor argument, so we close the kernel's controller (it has
-# none) and make our own.
+# no link) and make our own.
 
 # %%
 import statistics

@@ -13,7 +13,7 @@
 # islands are joined by the data-center network, the controller sends each island its part of a
 # program, and bytes go island to island. Two islands of 1024 chips over DCN reached about 97%
 # of one island's throughput. The paper also measured Ray itself as a dispatch substrate: about
-# 10x more overhead per computation than Pathways.
+# 10x more overhead per computation than Pathways. (Both figures as summarised from the paper.)
 #
 # Here the same programs run with each island in its own **process**: a Ray actor with its own
 # JAX devices, on a Ray cluster (a local one on 127.0.0.1 in this notebook; `docs/ray.md` shows
@@ -29,6 +29,10 @@ import ray
 import pwkernel as pw
 
 # %%
+# Run again, this cell would leave the controller it made before open, and with it that
+# controller's island actors and the Ray cluster (the last controller to close stops it).
+if isinstance(previous := globals().get("rctl"), pw.Controller):
+    previous.close()
 t = time.perf_counter()
 rctl = pw.Controller(backend="ray", islands=(2, 2))   # starts a private local Ray cluster
 print(f"started in {time.perf_counter() - t:.1f} s:", rctl)

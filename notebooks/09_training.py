@@ -61,8 +61,11 @@ print("stage devices:", [vs.device_ids for vs in pipe.slices])
 #
 # Each step's loss is a future; the loop reads it when the step ends and streams it into the
 # plot (`ColumnDataSource.stream`), which the page redraws while the cell is still running.
-# (`step` waits for the previous state before donating it, so reading each loss costs no
-# overlap here: `docs/training.md`, known limit 1.)
+# `step` itself never waits: it returns futures at once, and a step is launched behind the
+# one before it, whose state it donates, as `jax.jit` queues a call with donated arguments
+# (`docs/training.md`, known limit 1). It is reading each loss that waits here, so the next
+# step is submitted only once this one's loss exists; a loop that reads its losses now and
+# then lets the host run further ahead of the devices.
 
 # %%
 from bokeh.models import ColumnDataSource

@@ -259,8 +259,9 @@ schedule({0: log}, "island 0 shared at weights 1:2:4")
 # %% [markdown]
 # The pool's own view of its tenants (`ctl.executor.status()["pool"]`, also what
 # `%pathways status` and `python -m pwkernel.pool status` print): device time and share since
-# each attached, bytes held, and the devices its work used on each island. (A function's first
-# run on an island includes compiling it there, and the pool counts that as device time too.)
+# each attached, bytes held, and the devices its work used on each island, as positions on
+# that island (island 1's devices 4 and 5 are its positions 0 and 1). (A function's first run
+# on an island includes compiling it there, and the pool counts that as device time too.)
 
 # %%
 view = ctl.executor.status()["pool"]

@@ -68,8 +68,12 @@ def test_notebook_metadata(name):
 # first run, then the check given (code run in the kernel, "" for none) must pass too.
 _ONE_OPEN = ("import gc\nassert sum(isinstance(o, pw.Controller) and not o.closed\n"
              "           for o in gc.get_objects()) == 1, 'a rerun left a controller open'")
+_ONE_RAY = ("import gc\nassert sum(isinstance(o, pw.Controller) and not o.closed\n"
+            "           and o.backend == 'ray' for o in gc.get_objects()) == 1, "
+            "'a rerun left a Ray controller open (its island actors and the cluster stay up)'")
 RERUN = {
     "06_two_islands_dcn": {1: _ONE_OPEN},         # makes its own controller
+    "07_scale_out_with_ray": {2: _ONE_RAY},       # starts a Ray cluster
     "08_pathways_at_scale_simulated": {10: "", 13: ""},  # measures on a trace; a cell on a pod
     "09_training": {12: ""},                      # steps that donate their states
 }
