@@ -40,7 +40,8 @@ computations in flight (``_busy``) the only record of what runs.
 
 With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers) are
 admitted here too, in the same order, once their bytes fit (counted until ``MemoryFreed``); a
-computation fits once its bytes less its ``credit`` (counted buffers it donates) do. Whether
+computation fits once its bytes less its ``credit`` (counted buffers it donates) do, and is
+counted so: the donated bytes' own ``MemoryFreed``, later, settles what it owes. Whether
 waiting is hopeless is the runtime's call (``waiting_for_memory``, ``runtime.budget``).
 """
 
@@ -106,6 +107,7 @@ class GangScheduler:
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
     _memory: dict[int, int] = field(default_factory=dict)
+    _owed: dict[int, int] = field(default_factory=dict)  # device -> credit not yet given back
     _ledger: ClientLedger = field(default_factory=ClientLedger)  # clients, estimates, vtime
     _seq: int = 0
 
@@ -114,6 +116,7 @@ class GangScheduler:
         self._device_set = frozenset(self.devices)
         self.policy = Policy.parse(self.policy)
         self._memory = {d: 0 for d in self.devices}
+        self._owed = {d: 0 for d in self.devices}
         self._busy = {d: [] for d in self.devices}
         self._clients = self._ledger.clients  # (name -> account; read on every pass)
 
@@ -143,7 +146,7 @@ class GangScheduler:
             elif kind is Submit:
                 changed |= self._submit(event, out)
             elif kind is MemoryFreed:
-                self._memory[event.device] = max(0, self._memory[event.device] - event.nbytes)
+                self._freed(event.device, event.nbytes)
                 changed = True
             elif kind is Cancel:  # (one launched and not ended is in its devices' queues)
                 task = self._tasks.get(event.task)
@@ -319,6 +322,16 @@ class GangScheduler:
         t.client.active -= 1
         t.pending = -1  # never ready, whichever of its producers launches
 
+    def _freed(self, device: int, nbytes: int) -> None:
+        """Bytes freed on ``device``: first what launches were let in on (their credit, taken
+        off when they launched) comes back, then the count goes down by the rest."""
+        owed = self._owed[device]
+        if owed:
+            settled = min(owed, nbytes)
+            self._owed[device] = owed - settled
+            nbytes -= settled
+        self._memory[device] = max(0, self._memory[device] - nbytes)
+
     def _fits_memory(self, t: _Task) -> bool:
         if self.memory_budget is None or not t.memory:
             return True
@@ -438,8 +451,13 @@ class GangScheduler:
         """``t`` starts (its caller took it out of its client's ready list)."""
         tid = t.id
         if self.memory_budget is not None:
+            # Counted net of its credit: XLA reuses what it donates for its outputs, so the
+            # count never reads above the budget for a launch that fit; the donated bytes'
+            # own give-back, later, settles what is owed (``_freed``).
+            credit = min(t.credit, t.memory)
             for d in t.devices:
-                self._memory[d] += t.memory
+                self._memory[d] += t.memory - credit
+                self._owed[d] += credit
         if t.copy:  # it takes its memory and is done here: it never occupies the devices
             del self._tasks[tid]
             t.client.active -= 1

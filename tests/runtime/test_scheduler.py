@@ -360,6 +360,35 @@ def test_copies_need_only_memory_and_keep_the_memory_order():
     assert isinstance(reject, Reject) and "memory budget is 100" in reject.reason
 
 
+def test_a_donating_launch_is_counted_net_of_its_credit_and_never_above_the_budget():
+    """A launch let in on its credit (the bytes it donates, which XLA reuses for its outputs)
+    is counted net of it: the count never reads above the budget for work that fit, and the
+    donated bytes' give-back, whenever it comes, settles the credit instead of counting twice.
+    A free that comes meanwhile settles it first (the count stays conservative)."""
+    s = GangScheduler((0,), memory_budget=100)
+    assert launched(s.handle(Submit(task=0, devices=(0,), memory=60, ready=True))) == [0]
+    assert launched(s.handle(Ended(task=0))) == []  # its output, the state, is alive: 60
+    # the next step donates the state: 60 + 60 - 60 fits, and so does the count
+    assert launched(s.handle(Submit(task=1, devices=(0,), memory=60, ready=True,
+                                    credit=60))) == [1]
+    assert s.memory_in_use() == {0: 60}
+    s.handle(MemoryFreed(device=0, nbytes=60))  # the launch consumed the state: settled
+    assert s.memory_in_use() == {0: 60}
+    # a step let in on its credit while an unrelated 30 B goes before its consumption
+    assert launched(s.handle(Submit(task=2, devices=(0,), memory=30, ready=True,
+                                    copy=True))) == [2]  # 90 in use
+    assert launched(s.handle(Ended(task=1))) == []
+    assert launched(s.handle(Submit(task=3, devices=(0,), memory=60, ready=True,
+                                    credit=60))) == [3]
+    assert s.memory_in_use() == {0: 90}  # (not 150)
+    s.handle(MemoryFreed(device=0, nbytes=30))  # the unrelated free settles 30 of the 60
+    assert s.memory_in_use() == {0: 90}
+    s.handle(MemoryFreed(device=0, nbytes=60))  # the consumption: 30 settled, 30 freed
+    assert s.memory_in_use() == {0: 60}
+    s.handle(Ended(task=3), MemoryFreed(device=0, nbytes=60))
+    assert s.memory_in_use() == {0: 0}
+
+
 def test_waiting_for_memory_reports_only_the_head_of_each_device_set():
     s = GangScheduler(ALL, memory_budget=100)
     s.handle(Submit(task=0, devices=(0, 1), memory=90, ready=True))
