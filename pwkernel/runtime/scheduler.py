@@ -86,12 +86,13 @@ class _Task:
     dependents: list | None = None  # tasks whose ``waits`` name this one
     copy: bool = False  # a copy onto the island: it needs only memory
     credit: int = 0  # of ``memory``: counted bytes it donates, given back as it launches
+    # the weight its client had in the event that submitted it: what its launch is charged
+    # at and its end settled at, whatever weight the name is given meanwhile
+    weight: float = 1.0
     # set when it launches (``ClientLedger.charge``), handed back when it ends: its estimate,
-    # the same if it was never seen yet (else 0), and its client's weight then (the weight may
-    # change while it runs; its end is settled at the weight it was charged at)
+    # and the same if it was never seen yet (else 0)
     charged: float = field(init=False, repr=False)
     guessed: float = field(init=False, repr=False)
-    weight: float = field(init=False, repr=False)
 
 
 @dataclass
@@ -230,7 +231,8 @@ class GangScheduler:
         client = self._ledger.client(spec)
         client.active += 1
         task = _Task(ev.task, self._seq, devices, client, spec.priority, ev.cost_key,
-                     ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy, credit=ev.credit)
+                     ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy, credit=ev.credit,
+                     weight=client.weight)
         self._seq += 1
         self._tasks[ev.task] = task
         if ev.ready:
@@ -241,7 +243,7 @@ class GangScheduler:
 
     def _submit_program(self, ev: SubmitProgram, out: list) -> bool:
         client = self._ledger.client(ev.client)
-        priority, group = ev.client.priority, ev.group
+        priority, group, weight = ev.client.priority, ev.group, client.weight
         tasks, base, seq, ready = self._tasks, ev.base, self._seq, False
         island, budget = self._device_set, self.memory_budget
         for spec in ev.nodes:
@@ -250,7 +252,7 @@ class GangScheduler:
                 out.append(self._refuse(tid, devices, spec.memory))  # (dependents: cancelled)
                 continue
             task = _Task(tid, seq, devices, client, priority, spec.cost_key, spec.memory,
-                         spec.after, base, group, credit=spec.credit)
+                         spec.after, base, group, credit=spec.credit, weight=weight)
             seq += 1
             pending = 0
             for w in spec.waits:  # (one refused above is not among tasks: its dependents
@@ -465,8 +467,8 @@ class GangScheduler:
             return
         for d in t.devices:
             self._busy[d].append(tid)
-        t.charged, t.guessed, t.weight = self._ledger.charge(t.client, t.cost_key,
-                                                             len(t.devices))
+        t.charged, t.guessed = self._ledger.charge(t.client, t.cost_key, len(t.devices),
+                                                   t.weight)
         out.append(Launch(task=tid))
         if t.dependents:
             for dep in t.dependents:  # (a dropped one stays below zero)

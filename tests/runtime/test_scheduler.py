@@ -254,6 +254,41 @@ def test_work_is_settled_at_the_weight_it_was_charged_at_launch(first, then, ord
     assert a.passes == pytest.approx(passes)
 
 
+@pytest.mark.parametrize("program", [False, True], ids=["submit", "program"])
+def test_a_launch_is_charged_at_the_weight_it_was_submitted_with(program):
+    """Client "a" queues a computation at weight 1 behind "b"'s; before it launches, the same
+    name submits more work at weight 4 (another ``ctl.client("a", weight=4)``). The queued
+    computation was submitted at weight 1, so its launch is charged at weight 1 (its 2 s move
+    "a" by 2, not by 0.5), and settled so; the work submitted at weight 4 is charged at 4.
+    Charged at the name's latest weight, "a" got a quarter of the device time it asked for
+    at weight 1 for free."""
+    def submit(task, weight):
+        spec = ClientSpec("a", weight=weight)
+        if program:
+            return SubmitProgram(base=task, client=spec, group=task, nodes=(
+                NodeSpec(index=0, devices=frozenset({0}), cost_key="a"),))
+        return Submit(task=task, devices=(0,), client=spec, cost_key="a", ready=True)
+
+    s = GangScheduler((0,), policy="share")
+    s.handle(Submit(task=0, devices=(0,), client=ClientSpec("b"), cost_key="a", ready=True))
+    # (an estimate for "a"'s computations: 2 s, learnt from "b"'s)
+    assert launched(s.handle(Ended(task=0, seconds=2.0))) == []
+    s.handle(Submit(task=1, devices=(0,), client=ClientSpec("b"), cost_key="b", ready=True))
+    assert launched(s.handle(submit(10, 1.0))) == []   # queued behind "b"'s task 1
+    assert launched(s.handle(submit(20, 4.0))) == []
+    a = s._clients["a"]
+    start = a.passes
+    assert launched(s.handle(Ended(task=1, seconds=2.0))) == [10]
+    assert a.passes - start == pytest.approx(2.0 / 1.0)   # charged at weight 1, not 4
+    # settled at weight 1 too; the work submitted at weight 4 goes next, charged at 4 (the
+    # estimate is now 2.5 s: the mean of 2 and 3)
+    assert launched(s.handle(Ended(task=10, seconds=3.0))) == [20]
+    assert a.passes - start == pytest.approx(3.0 / 1.0 + 2.5 / 4.0)
+    s.handle(Ended(task=20, seconds=2.5))
+    assert a.passes - start == pytest.approx(3.0 / 1.0 + 2.5 / 4.0)
+    assert a.guessed == 0.0
+
+
 def test_memory_budget_back_pressure_and_rejection():
     s = GangScheduler((0, 1), memory_budget=100)
     out = s.handle(Submit(task=0, devices=(0,), memory=101, ready=True))
