@@ -4,11 +4,12 @@ each has been charged, for the proportional-share policy.
 Proportional share is stride scheduling: each client has a pass value (its virtual time),
 advanced by device-seconds / weight; under ``share`` the client with the lowest pass goes
 next. A launch is charged an estimate (the last durations of the same computation, a running
-mean by ``cost_key``) and corrected when it ends, **at the weight it was charged with**: a
-client's weight may change while its work runs (the same name submitting with another weight,
-from another thread or between submissions), and settling an end at the new weight would
-make its pass drift from the device time it used. So ``charge`` returns the weight it used,
-the scheduler keeps it with the launched computation, and hands it back to ``settle``.
+mean by ``cost_key``) and corrected when it ends, **at the weight it was submitted with**: a
+client's weight may change while its work waits or runs (the same name submitting with
+another weight, from another thread or between submissions), and charging or settling it at
+the new weight would make its pass drift from the device time it used at the weight it asked
+for. So the scheduler keeps with each computation its client's weight when it was submitted,
+and hands it to ``charge`` and ``settle``.
 
 A client that becomes active starts at the pass of what has run (``vtime``); a guess charged
 for a computation never seen yet moves no one's start (a guess far too big would otherwise
@@ -50,7 +51,8 @@ class ClientLedger:
 
     def client(self, spec: ClientSpec) -> ClientAccount:
         """``spec``'s account, made on its first use; its weight becomes ``spec.weight`` (for
-        what launches from now on: what already runs keeps the weight it was charged at)."""
+        what is submitted from now on: what waits or runs keeps the weight it was submitted
+        at)."""
         client = self.clients.get(spec.name)
         if client is None:
             client = self.clients[spec.name] = ClientAccount()
@@ -70,27 +72,26 @@ class ClientLedger:
         known = self.estimates.values()
         return sum(known) / len(known) if known else float(devices)
 
-    def charge(self, client: ClientAccount, cost_key: Hashable,
-               devices: int) -> tuple[float, float, float]:
-        """A launch of ``client``'s: charge its estimate now. Returns ``(charged, guessed,
-        weight)`` (``guessed``: the same when the computation was never seen, else 0), to be
-        handed back to ``settle`` when it ends."""
+    def charge(self, client: ClientAccount, cost_key: Hashable, devices: int,
+               weight: float) -> tuple[float, float]:
+        """A launch of ``client``'s, submitted at ``weight``: charge its estimate now. Returns
+        ``(charged, guessed)`` (``guessed``: the same when the computation was never seen,
+        else 0), to be handed back to ``settle`` with the same weight when it ends."""
         settled = client.passes - client.guessed  # (a guess is no one's starting point)
         if settled > self.vtime:
             self.vtime = settled
-        weight = client.weight
         charged = self.estimates.get(cost_key)  # (``estimate``'s usual case, inline)
         guessed = 0.0
         if charged is None:
             charged = guessed = self.estimate(cost_key, devices)
             client.guessed += charged / weight
         client.passes += charged / weight
-        return charged, guessed, weight
+        return charged, guessed
 
     def settle(self, client: ClientAccount, cost_key: Hashable, actual: float, charged: float,
                guessed: float, weight: float) -> None:
         """A launch ended after ``actual`` device-seconds: correct its charge, at the weight
-        it was charged with, and learn its cost."""
+        it was charged with (its submission's), and learn its cost."""
         client.passes += (actual - charged) / weight
         client.guessed -= guessed / weight
         client.device_seconds += actual

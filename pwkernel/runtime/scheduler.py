@@ -40,7 +40,8 @@ computations in flight (``_busy``) the only record of what runs.
 
 With a memory budget, copies onto the island (``Submit(copy=True)``: uploads and transfers) are
 admitted here too, in the same order, once their bytes fit (counted until ``MemoryFreed``); a
-computation fits once its bytes less its ``credit`` (counted buffers it donates) do. Whether
+computation fits once its bytes less its ``credit`` (counted buffers it donates) do, and is
+counted so: the donated bytes' own ``MemoryFreed``, later, settles what it owes. Whether
 waiting is hopeless is the runtime's call (``waiting_for_memory``, ``runtime.budget``).
 """
 
@@ -85,12 +86,13 @@ class _Task:
     dependents: list | None = None  # tasks whose ``waits`` name this one
     copy: bool = False  # a copy onto the island: it needs only memory
     credit: int = 0  # of ``memory``: counted bytes it donates, given back as it launches
+    # the weight its client had in the event that submitted it: what its launch is charged
+    # at and its end settled at, whatever weight the name is given meanwhile
+    weight: float = 1.0
     # set when it launches (``ClientLedger.charge``), handed back when it ends: its estimate,
-    # the same if it was never seen yet (else 0), and its client's weight then (the weight may
-    # change while it runs; its end is settled at the weight it was charged at)
+    # and the same if it was never seen yet (else 0)
     charged: float = field(init=False, repr=False)
     guessed: float = field(init=False, repr=False)
-    weight: float = field(init=False, repr=False)
 
 
 @dataclass
@@ -106,6 +108,7 @@ class GangScheduler:
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _busy: dict[int, list[int]] = field(default_factory=dict)  # device -> in flight, in order
     _memory: dict[int, int] = field(default_factory=dict)
+    _owed: dict[int, int] = field(default_factory=dict)  # device -> credit not yet given back
     _ledger: ClientLedger = field(default_factory=ClientLedger)  # clients, estimates, vtime
     _seq: int = 0
 
@@ -114,6 +117,7 @@ class GangScheduler:
         self._device_set = frozenset(self.devices)
         self.policy = Policy.parse(self.policy)
         self._memory = {d: 0 for d in self.devices}
+        self._owed = {d: 0 for d in self.devices}
         self._busy = {d: [] for d in self.devices}
         self._clients = self._ledger.clients  # (name -> account; read on every pass)
 
@@ -143,7 +147,7 @@ class GangScheduler:
             elif kind is Submit:
                 changed |= self._submit(event, out)
             elif kind is MemoryFreed:
-                self._memory[event.device] = max(0, self._memory[event.device] - event.nbytes)
+                self._freed(event.device, event.nbytes)
                 changed = True
             elif kind is Cancel:  # (one launched and not ended is in its devices' queues)
                 task = self._tasks.get(event.task)
@@ -227,7 +231,8 @@ class GangScheduler:
         client = self._ledger.client(spec)
         client.active += 1
         task = _Task(ev.task, self._seq, devices, client, spec.priority, ev.cost_key,
-                     ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy, credit=ev.credit)
+                     ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy, credit=ev.credit,
+                     weight=client.weight)
         self._seq += 1
         self._tasks[ev.task] = task
         if ev.ready:
@@ -238,7 +243,7 @@ class GangScheduler:
 
     def _submit_program(self, ev: SubmitProgram, out: list) -> bool:
         client = self._ledger.client(ev.client)
-        priority, group = ev.client.priority, ev.group
+        priority, group, weight = ev.client.priority, ev.group, client.weight
         tasks, base, seq, ready = self._tasks, ev.base, self._seq, False
         island, budget = self._device_set, self.memory_budget
         for spec in ev.nodes:
@@ -247,7 +252,7 @@ class GangScheduler:
                 out.append(self._refuse(tid, devices, spec.memory))  # (dependents: cancelled)
                 continue
             task = _Task(tid, seq, devices, client, priority, spec.cost_key, spec.memory,
-                         spec.after, base, group, credit=spec.credit)
+                         spec.after, base, group, credit=spec.credit, weight=weight)
             seq += 1
             pending = 0
             for w in spec.waits:  # (one refused above is not among tasks: its dependents
@@ -318,6 +323,16 @@ class GangScheduler:
         self._unready(t)
         t.client.active -= 1
         t.pending = -1  # never ready, whichever of its producers launches
+
+    def _freed(self, device: int, nbytes: int) -> None:
+        """Bytes freed on ``device``: first what launches were let in on (their credit, taken
+        off when they launched) comes back, then the count goes down by the rest."""
+        owed = self._owed[device]
+        if owed:
+            settled = min(owed, nbytes)
+            self._owed[device] = owed - settled
+            nbytes -= settled
+        self._memory[device] = max(0, self._memory[device] - nbytes)
 
     def _fits_memory(self, t: _Task) -> bool:
         if self.memory_budget is None or not t.memory:
@@ -438,8 +453,13 @@ class GangScheduler:
         """``t`` starts (its caller took it out of its client's ready list)."""
         tid = t.id
         if self.memory_budget is not None:
+            # Counted net of its credit: XLA reuses what it donates for its outputs, so the
+            # count never reads above the budget for a launch that fit; the donated bytes'
+            # own give-back, later, settles what is owed (``_freed``).
+            credit = min(t.credit, t.memory)
             for d in t.devices:
-                self._memory[d] += t.memory
+                self._memory[d] += t.memory - credit
+                self._owed[d] += credit
         if t.copy:  # it takes its memory and is done here: it never occupies the devices
             del self._tasks[tid]
             t.client.active -= 1
@@ -447,8 +467,8 @@ class GangScheduler:
             return
         for d in t.devices:
             self._busy[d].append(tid)
-        t.charged, t.guessed, t.weight = self._ledger.charge(t.client, t.cost_key,
-                                                             len(t.devices))
+        t.charged, t.guessed = self._ledger.charge(t.client, t.cost_key, len(t.devices),
+                                                   t.weight)
         out.append(Launch(task=tid))
         if t.dependents:
             for dep in t.dependents:  # (a dropped one stays below zero)

@@ -197,3 +197,32 @@ def test_a_donation_xla_cannot_use_consumes_and_credits_nothing():
         one_state_held(ctl, d)
         del state
         assert_all_memory_returned(ctl)
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_the_reserved_count_never_reads_above_the_budget(monkeypatch, dispatch):
+    """Each step is let in on its credit (the state it donates) before its launch consumes
+    the state: the schedulers' count (``memory_reserved``), read after every decision they
+    take, stays within the budget all along, not only once the steps are done."""
+    from pwkernel.runtime.scheduler import GangScheduler
+
+    highest = [0]
+    handle = GangScheduler.handle
+
+    def watched(scheduler, *events):
+        out = handle(scheduler, *events)  # (under its island's lock: the count is settled)
+        highest[0] = max(highest[0], *scheduler.memory_in_use().values())
+        return out
+
+    monkeypatch.setattr(GangScheduler, "handle", watched)
+    with pw.Controller(islands=(2, 2), memory_budget=BUDGET, dispatch=dispatch) as ctl:
+        s = ctl.slice(1, island=0)
+        make, bump = functions(s)
+        state = make()
+        for _ in range(STEPS):
+            state = bump(state)
+        np.testing.assert_array_equal(np.asarray(state.result(timeout=60)), expected(STEPS))
+        one_state_held(ctl, s.device_ids[0])
+        del state
+        assert_all_memory_returned(ctl)
+    assert 0 < highest[0] <= BUDGET

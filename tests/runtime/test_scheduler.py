@@ -254,6 +254,41 @@ def test_work_is_settled_at_the_weight_it_was_charged_at_launch(first, then, ord
     assert a.passes == pytest.approx(passes)
 
 
+@pytest.mark.parametrize("program", [False, True], ids=["submit", "program"])
+def test_a_launch_is_charged_at_the_weight_it_was_submitted_with(program):
+    """Client "a" queues a computation at weight 1 behind "b"'s; before it launches, the same
+    name submits more work at weight 4 (another ``ctl.client("a", weight=4)``). The queued
+    computation was submitted at weight 1, so its launch is charged at weight 1 (its 2 s move
+    "a" by 2, not by 0.5), and settled so; the work submitted at weight 4 is charged at 4.
+    Charged at the name's latest weight, "a" got a quarter of the device time it asked for
+    at weight 1 for free."""
+    def submit(task, weight):
+        spec = ClientSpec("a", weight=weight)
+        if program:
+            return SubmitProgram(base=task, client=spec, group=task, nodes=(
+                NodeSpec(index=0, devices=frozenset({0}), cost_key="a"),))
+        return Submit(task=task, devices=(0,), client=spec, cost_key="a", ready=True)
+
+    s = GangScheduler((0,), policy="share")
+    s.handle(Submit(task=0, devices=(0,), client=ClientSpec("b"), cost_key="a", ready=True))
+    # (an estimate for "a"'s computations: 2 s, learnt from "b"'s)
+    assert launched(s.handle(Ended(task=0, seconds=2.0))) == []
+    s.handle(Submit(task=1, devices=(0,), client=ClientSpec("b"), cost_key="b", ready=True))
+    assert launched(s.handle(submit(10, 1.0))) == []   # queued behind "b"'s task 1
+    assert launched(s.handle(submit(20, 4.0))) == []
+    a = s._clients["a"]
+    start = a.passes
+    assert launched(s.handle(Ended(task=1, seconds=2.0))) == [10]
+    assert a.passes - start == pytest.approx(2.0 / 1.0)   # charged at weight 1, not 4
+    # settled at weight 1 too; the work submitted at weight 4 goes next, charged at 4 (the
+    # estimate is now 2.5 s: the mean of 2 and 3)
+    assert launched(s.handle(Ended(task=10, seconds=3.0))) == [20]
+    assert a.passes - start == pytest.approx(3.0 / 1.0 + 2.5 / 4.0)
+    s.handle(Ended(task=20, seconds=2.5))
+    assert a.passes - start == pytest.approx(3.0 / 1.0 + 2.5 / 4.0)
+    assert a.guessed == 0.0
+
+
 def test_memory_budget_back_pressure_and_rejection():
     s = GangScheduler((0, 1), memory_budget=100)
     out = s.handle(Submit(task=0, devices=(0,), memory=101, ready=True))
@@ -358,6 +393,35 @@ def test_copies_need_only_memory_and_keep_the_memory_order():
     assert s.memory_in_use() == {0: 70, 1: 20}
     (reject,) = s.handle(Submit(task=4, devices=(1,), memory=101, ready=True, copy=True))
     assert isinstance(reject, Reject) and "memory budget is 100" in reject.reason
+
+
+def test_a_donating_launch_is_counted_net_of_its_credit_and_never_above_the_budget():
+    """A launch let in on its credit (the bytes it donates, which XLA reuses for its outputs)
+    is counted net of it: the count never reads above the budget for work that fit, and the
+    donated bytes' give-back, whenever it comes, settles the credit instead of counting twice.
+    A free that comes meanwhile settles it first (the count stays conservative)."""
+    s = GangScheduler((0,), memory_budget=100)
+    assert launched(s.handle(Submit(task=0, devices=(0,), memory=60, ready=True))) == [0]
+    assert launched(s.handle(Ended(task=0))) == []  # its output, the state, is alive: 60
+    # the next step donates the state: 60 + 60 - 60 fits, and so does the count
+    assert launched(s.handle(Submit(task=1, devices=(0,), memory=60, ready=True,
+                                    credit=60))) == [1]
+    assert s.memory_in_use() == {0: 60}
+    s.handle(MemoryFreed(device=0, nbytes=60))  # the launch consumed the state: settled
+    assert s.memory_in_use() == {0: 60}
+    # a step let in on its credit while an unrelated 30 B goes before its consumption
+    assert launched(s.handle(Submit(task=2, devices=(0,), memory=30, ready=True,
+                                    copy=True))) == [2]  # 90 in use
+    assert launched(s.handle(Ended(task=1))) == []
+    assert launched(s.handle(Submit(task=3, devices=(0,), memory=60, ready=True,
+                                    credit=60))) == [3]
+    assert s.memory_in_use() == {0: 90}  # (not 150)
+    s.handle(MemoryFreed(device=0, nbytes=30))  # the unrelated free settles 30 of the 60
+    assert s.memory_in_use() == {0: 90}
+    s.handle(MemoryFreed(device=0, nbytes=60))  # the consumption: 30 settled, 30 freed
+    assert s.memory_in_use() == {0: 60}
+    s.handle(Ended(task=3), MemoryFreed(device=0, nbytes=60))
+    assert s.memory_in_use() == {0: 0}
 
 
 def test_waiting_for_memory_reports_only_the_head_of_each_device_set():

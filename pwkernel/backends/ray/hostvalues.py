@@ -27,9 +27,24 @@ def to_host(value) -> np.ndarray | KeyData:
 
 def from_host(value, sharding=None) -> Any:
     """What ``to_host`` made, placed on ``sharding`` (None: left where JAX puts it; a
-    NumPy array is then returned as it is)."""
+    NumPy array is then returned as it is), in this process's own memory (``own``)."""
     import jax
 
     if isinstance(value, KeyData):
-        value = jax.random.wrap_key_data(value.data, impl=value.impl)
+        value = jax.random.wrap_key_data(own(value.data), impl=value.impl)
+    else:
+        value = own(value)
     return value if sharding is None else jax.device_put(value, sharding)
+
+
+def own(value):
+    """``value`` copied into this process's memory when it is a view of memory it does not
+    own. Ray hands a value of more than 100 KB over as a read-only view of its node's object
+    store (shared memory); JAX places a read-only array on a CPU device without copying it,
+    so the ``jax.Array`` would keep the store's memory mapped for as long as it lives, and
+    letting it go once that store has gone (a pool killed with ``kill -9``) makes Ray end
+    this process. The copy is read-only too, so JAX takes it without a second copy."""
+    if isinstance(value, np.ndarray) and value.base is not None:
+        value = np.array(value)
+        value.flags.writeable = False
+    return value
