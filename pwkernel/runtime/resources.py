@@ -270,8 +270,10 @@ placements = _Placements()
 class ResourceManager:
     """Hands out virtual slices and keeps the virtual -> physical mapping.
 
-    Placement is a static heuristic that spreads load, as in the paper: the least loaded island
-    (by slices mapped per device), then its least loaded devices, keeping device order.
+    Placement is a static heuristic that spreads load, as in the paper: the island whose least
+    loaded devices would carry the fewest other slices (so a slice shares no device while
+    enough free ones exist on any island), ties going to the least loaded island (by slices
+    mapped per device); then those devices, keeping device order.
     """
 
     def __init__(self, islands: Sequence[Island], check_open=lambda: None):
@@ -414,10 +416,16 @@ class ResourceManager:
                 f"{max(len(i.devices) for i in self.islands)} devices "
                 f"(islands: {[len(i.devices) for i in self.islands]})."
             )
-        return min(fits, key=lambda isl: (self._island_load(isl), isl.id))
+        return min(fits, key=lambda isl: (self._shared(isl, size), self._island_load(isl),
+                                          isl.id))
 
     def _island_load(self, isl: Island) -> float:
         return sum(self._load[d.id] for d in isl.devices) / len(isl.devices)
+
+    def _shared(self, isl: Island, size: int) -> int:
+        """How many other slices the ``size`` devices ``_choose_devices`` would pick on
+        ``isl`` carry in all (0: they are free)."""
+        return sum(sorted(self._load[d.id] for d in isl.devices)[:size])
 
     def _choose_devices(self, isl: Island, size: int) -> tuple[Any, ...]:
         # The least loaded devices, ties broken by position, returned in island order.

@@ -51,6 +51,17 @@ def test_placement_spreads_load_over_islands_and_devices(ctl):
     assert set(c.device_ids).isdisjoint(same.device_ids)  # least loaded devices first
 
 
+def test_placement_takes_free_devices_before_sharing_a_busy_one():
+    """An island whose devices are less loaded on average, but not free enough for the slice,
+    loses to one with enough free devices (it used to put the slice on a busy device while
+    two stood idle on the other island)."""
+    with pw.Controller(islands=(6, 2)) as ctl:
+        ctl.slice(4, island=0)          # island 0: 4 of 6 devices busy (2/3 on average)
+        ctl.slice(1, island=1)          # island 1: 1 of 2 busy (1/2 on average)
+        s = ctl.slice(2)
+        assert s.island.id == 0 and s.device_ids == (4, 5)
+
+
 def test_slices_may_share_devices(ctl):
     full = [ctl.slice(4, island=0) for _ in range(3)]
     assert all(s.device_ids == full[0].device_ids for s in full)
