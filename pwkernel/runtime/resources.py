@@ -20,7 +20,7 @@ import itertools
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,11 +213,19 @@ def describe_axis_types(types: Sequence[AxisType | str]) -> str:
     return names[0] if len(set(names)) == 1 else ",".join(names)
 
 
+def _as_tuple(given, one) -> tuple:
+    """``given`` as a tuple: ``(given,)`` for one value of type ``one``, ``()`` where it is
+    neither that nor an iterable (so the caller's error, which says what fits, is raised)."""
+    if isinstance(given, one):
+        return (given,)
+    return tuple(given) if isinstance(given, Iterable) and not isinstance(given, bytes) else ()
+
+
 def _axis_types(dims: tuple[int, ...], axis_types, device: Any) -> tuple[AxisType, ...]:
     """One ``AxisType`` per mesh dimension from None, a type, a name, or one per axis."""
     if axis_types is None:
         return (default_axis_type(device),) * len(dims)
-    given = (axis_types,) if isinstance(axis_types, str | AxisType) else tuple(axis_types)
+    given = _as_tuple(axis_types, str | AxisType)
     types = [AXIS_TYPES.get(t.lower()) if isinstance(t, str) else t for t in given]
     if len(types) == 1:
         types = types * len(dims)
@@ -374,11 +382,13 @@ class ResourceManager:
     def _axis_names(self, dims: tuple[int, ...], axis_names) -> tuple[str, ...]:
         if axis_names is None:
             return _default_axis_names(len(dims))
-        names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
-        if len(names) != len(dims) or len(set(names)) != len(names):
+        names = _as_tuple(axis_names, str)
+        if (len(names) != len(dims) or not all(isinstance(n, str) and n for n in names)
+                or len(set(names)) != len(names)):  # (str names: what views and specs show)
             raise SliceError(
-                f"axis_names {names!r} must name each of the {len(dims)} mesh dimensions of "
-                f"shape {dims} once. Maybe you want axis_names={_default_axis_names(len(dims))}."
+                f"axis_names {axis_names!r} must name each of the {len(dims)} mesh dimensions "
+                f"of shape {dims} once, with non-empty strings. Maybe you want "
+                f"axis_names={_default_axis_names(len(dims))}."
             )
         return names
 

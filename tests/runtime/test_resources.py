@@ -80,6 +80,12 @@ def test_slices_may_share_devices(ctl):
         (dict(shape=(2, 2), axis_names=("a",)), "must name each"),
         (dict(shape=(2, 2), axis_types="manual"), "must be 'explicit' or 'auto'"),
         (dict(shape=(2, 2), axis_types=("auto",) * 3), "Maybe you want axis_types='explicit'"),
+        # (these raised a bare "'int' object is not iterable", or were taken: a name that is
+        # no string, or empty, breaks the views and specs that show the slice's axes)
+        (dict(shape=2, axis_types=5), "Maybe you want axis_types='explicit'"),
+        (dict(shape=2, axis_names=5), "Maybe you want axis_names=\\('x',\\)"),
+        (dict(shape=2, axis_names=(1,)), "non-empty strings"),
+        (dict(shape=(2, 2), axis_names=("x", "")), "non-empty strings"),
     ],
 )
 def test_bad_slices_say_what_exists(ctl, kwargs, match):
@@ -87,6 +93,18 @@ def test_bad_slices_say_what_exists(ctl, kwargs, match):
         ctl.slice(**kwargs)
     with pytest.raises(ValueError):  # SliceError is a ValueError
         ctl.slice(**kwargs)
+
+
+def test_a_refused_slice_holds_no_devices(ctl):
+    before = ctl.snapshot()
+    for kwargs in (dict(axis_names=(1,)), dict(axis_types=5), dict(devices=[0, 4]),
+                   dict(island=3)):
+        with pytest.raises(pw.SliceError):
+            ctl.slice(2, **kwargs)
+    assert ctl.slices == () and ctl.snapshot() == before
+    assert ctl.slice(4).device_ids == (0, 1, 2, 3)  # nothing counted against island 0
+    axis_names = (n for n in ("data", "model"))  # any iterable of names, as before
+    assert ctl.slice((2, 2), axis_names=axis_names).axis_names == ("data", "model")
 
 
 def test_released_slice_cannot_be_used(ctl):
