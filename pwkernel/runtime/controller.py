@@ -182,8 +182,9 @@ class Controller:
               axis_names: Sequence[str] | None = None,
               axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
               devices: Sequence[int] | None = None) -> VirtualSlice:
-        """A virtual slice of ``shape`` (int or mesh shape) on ``island`` (or the least
-        loaded one). Slices may share devices; the gang scheduler time-multiplexes them.
+        """A virtual slice of ``shape`` (int or mesh shape) on ``island`` (default: the one
+        whose least loaded devices carry the fewest other slices, so free devices on any
+        island come first). Slices may share devices; the gang scheduler time-multiplexes them.
 
         ``axis_types``: ``"explicit"`` or ``"auto"`` (or ``jax.sharding.AxisType`` values),
         one for all axes or one per axis; default: what ``jax.make_mesh`` gives (explicit).
