@@ -86,6 +86,12 @@ def islands_from_env(variable: str = "PWKERNEL_ISLANDS") -> tuple[int, ...] | No
     return sizes
 
 
+def _fix(size: int) -> str:
+    """The fix for a slice larger than the islands it was asked on."""
+    return (f"a controller with an island that large, e.g. pw.Controller(islands=({size},)), "
+            "which on CPU needs that many host devices")
+
+
 def _what(v: Any) -> str:
     if isinstance(v, VirtualSlice):
         return f"a slice of another controller ({v.controller!r})"
@@ -405,9 +411,18 @@ class ResourceManager:
             by_id = {d.id: d for d in isl.devices}
             if all(i in by_id for i in ids):
                 return isl, tuple(by_id[i] for i in ids)
-        raise SliceError(f"devices {ids} are not all on one island"
-                         + ("" if island is None else f" (island {island})") + "; islands: "
-                         + ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands))
+        fits = [isl for isl in self.islands if len(isl.devices) >= len(ids)]
+        home = next((isl for isl in fits if ids[0] in isl.device_ids), fits[0] if fits else None)
+        if island is not None and self.island(island) in fits:
+            home = self.island(island)
+        hint = (f" Maybe you want {_fix(len(ids))}." if home is None else
+                f" Maybe you want devices={list(home.device_ids[:len(ids)])}"
+                + ("" if island is None else f", island={home.id}") + ".")
+        raise SliceError(f"devices {ids} are not all on "
+                         + ("one island" if island is None else f"island {island}")
+                         + "; a slice lives on one island, and the islands here are "
+                         + ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands)
+                         + "." + hint)
 
     def _choose_island(self, size: int, island: int | None) -> Island:
         if island is not None:
@@ -416,15 +431,21 @@ class ResourceManager:
                 raise SliceError(
                     f"a slice of {size} devices does not fit on island {target.id}, which has "
                     f"{len(target.devices)}. Islands here: "
-                    f"{[len(i.devices) for i in self.islands]} devices."
+                    f"{[len(i.devices) for i in self.islands]} devices. Maybe you want "
+                    + (f"island={other[0]} (or leave island= out: it fits there)" if (other := [
+                        i.id for i in self.islands if len(i.devices) >= size]) else
+                       f"ctl.slice({len(target.devices)}, island={target.id}), or "
+                       f"{_fix(size)}") + "."
                 )
             return target
         fits = [isl for isl in self.islands if len(isl.devices) >= size]
         if not fits:
+            largest = max(len(i.devices) for i in self.islands)
             raise SliceError(
                 f"a slice of {size} devices does not fit on any island; the largest has "
-                f"{max(len(i.devices) for i in self.islands)} devices "
-                f"(islands: {[len(i.devices) for i in self.islands]})."
+                f"{largest} devices (islands: {[len(i.devices) for i in self.islands]}). A "
+                f"slice lives on one island: maybe you want ctl.slice({largest}), or "
+                f"{_fix(size)}."
             )
         return min(fits, key=lambda isl: (self._shared(isl, size), self._island_load(isl),
                                           isl.id))

@@ -95,6 +95,31 @@ def test_bad_slices_say_what_exists(ctl, kwargs, match):
         ctl.slice(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, fix",
+    [
+        (dict(shape=5, island=0), "Maybe you want ctl.slice(4, island=0), or a controller "
+                                  "with an island that large, e.g. pw.Controller(islands=(5,))"),
+        (dict(shape=9), "maybe you want ctl.slice(4), or a controller"),
+        (dict(shape=2, devices=[3, 4]), "Maybe you want devices=[0, 1]."),
+        (dict(shape=2, devices=[4, 5], island=0), "not all on island 0; a slice lives on one "
+                                                  "island"),
+        (dict(shape=5, devices=range(5)), "Maybe you want a controller with an island"),
+    ],
+)
+def test_slices_that_fit_no_island_name_a_fix(ctl, kwargs, fix):
+    """These said only what the islands hold, not what to do."""
+    with pytest.raises(pw.SliceError) as e:
+        ctl.slice(**kwargs)
+    assert fix in str(e.value)
+
+
+def test_a_slice_too_big_for_the_island_asked_names_the_one_it_fits():
+    with pw.Controller(islands=(2, 6)) as ctl:
+        with pytest.raises(pw.SliceError, match=r"Maybe you want island=1 \(or leave"):
+            ctl.slice(5, island=0)
+
+
 def test_a_refused_slice_holds_no_devices(ctl):
     before = ctl.snapshot()
     for kwargs in (dict(axis_names=(1,)), dict(axis_types=5), dict(devices=[0, 4]),
