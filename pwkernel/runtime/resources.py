@@ -317,23 +317,44 @@ class ResourceManager:
     def allocate(self, shape: int | Sequence[int], island: int | None = None,
                  axis_names: Sequence[str] | None = None,
                  axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
-                 devices: Sequence[int] | None = None) -> VirtualSlice:
+                 devices: Sequence[int] | None = None,
+                 replacing: VirtualSlice | None = None) -> VirtualSlice:
+        """A new slice (``ctl.slice`` documents the arguments). ``replacing``: a slice of this
+        manager that the new one takes the place of: placed as though it were given back,
+        and given back once the new one is made (a failed call leaves it as it was)."""
         self.check_open()
         dims = _normalize_shape(shape)
         names = self._axis_names(dims, axis_names)
         types = _axis_types(dims, axis_types, self.islands[0].devices[0])
+        if replacing is not None and (not isinstance(replacing, VirtualSlice)
+                                      or self._slices.get(replacing.id) is not replacing):
+            got = (f"slice {replacing.id}, released already" if isinstance(
+                replacing, VirtualSlice) and replacing.controller is self.controller
+                   else _what(replacing))
+            raise SliceError(f"replacing= takes a slice of this controller that is not "
+                             f"released, got {got}. Maybe you want replacing=None (nothing "
+                             "given back).")
         with self._lock:
-            if devices is None:
-                target = self._choose_island(math.prod(dims), island)
-                chosen = self._choose_devices(target, math.prod(dims))
-            else:
-                target, chosen = self._given_devices(dims, devices, island)
-            devices = chosen
-            vs = VirtualSlice(self, dims, names, target, devices, types)
+            old = () if replacing is None else self._held[replacing.id]
+            for d in old:  # (placed as though it were given back already)
+                self._load[d.id] -= 1
+            try:
+                if devices is None:
+                    target = self._choose_island(math.prod(dims), island)
+                    chosen = self._choose_devices(target, math.prod(dims))
+                else:
+                    target, chosen = self._given_devices(dims, devices, island)
+            except BaseException:
+                for d in old:
+                    self._load[d.id] += 1
+                raise
+            vs = VirtualSlice(self, dims, names, target, chosen, types)
             self._slices[vs.id] = vs
-            self._held[vs.id] = devices
-            for d in devices:
+            self._held[vs.id] = chosen
+            for d in chosen:
                 self._load[d.id] += 1
+            if replacing is not None:
+                self._forget(replacing, count=False)
         return vs
 
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
@@ -366,11 +387,17 @@ class ResourceManager:
         """Give ``vs`` back (``vs.release()`` calls this): its devices' load goes down, and
         programs traced before are traced again (so a call on it raises ``SliceError``)."""
         with self._lock:
-            if self._slices.pop(vs.id, None) is not None:
-                for d in self._held.pop(vs.id):
-                    self._load[d.id] -= 1
-                self.epoch += 1
-            vs.released = True
+            self._forget(vs)
+
+    def _forget(self, vs: VirtualSlice, count: bool = True) -> None:
+        """Under the lock: ``vs`` is released (``count``: its devices' load goes down; False
+        where the caller took it off already)."""
+        if self._slices.pop(vs.id, None) is not None:
+            held = self._held.pop(vs.id)
+            for d in held if count else ():
+                self._load[d.id] -= 1
+            self.epoch += 1
+        vs.released = True
 
     def release_all(self) -> None:
         for vs in list(self._slices.values()):

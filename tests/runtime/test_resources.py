@@ -132,6 +132,20 @@ def test_a_refused_slice_holds_no_devices(ctl):
     assert ctl.slice((2, 2), axis_names=axis_names).axis_names == ("data", "model")
 
 
+def test_a_slice_made_in_place_of_another_keeps_its_devices(ctl):
+    old = ctl.slice(2)
+    new = ctl.slice(2, replacing=old)
+    assert old.released and new.device_ids == (0, 1) and ctl.slices == (new,)
+    with pytest.raises(pw.SliceError, match="does not fit"):
+        ctl.slice(8, replacing=new)  # refused: the one it would replace stays, still counted
+    assert not new.released and ctl.slice(2).device_ids == (4, 5)
+    with pytest.raises(pw.SliceError, match=r"replacing= takes a slice of this controller "
+                                            r"that is not released, got slice \d+, released"):
+        ctl.slice(2, replacing=old)
+    with pytest.raises(pw.SliceError, match="got int. Maybe you want replacing=None"):
+        ctl.slice(2, replacing=3)
+
+
 def test_released_slice_cannot_be_used(ctl):
     s = ctl.slice(2)
     s.release()
