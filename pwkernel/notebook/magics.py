@@ -87,13 +87,12 @@ class PathwaysMagics(Magics):
 
     def _cmd_slice(self, a) -> None:
         old = self.state.slices.get(a.name)
-        try:
+        old = None if old is None or old.released or old.controller is not self.ctl else old
+        try:  # (a name bound again: placed as though its old slice were given back)
             vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes,
-                                axis_types=a.axis_types)
+                                axis_types=a.axis_types, replacing=old)
         except (PathwaysError, ValueError) as e:
             raise UsageError(f"%pathways slice {a.name}: {e}") from None
-        if old is not None:
-            old.release()
         self.state.slices[a.name] = vs
         self.shell.user_ns[a.name] = vs
         dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))

@@ -181,15 +181,19 @@ class Controller:
     def slice(self, shape: int | Sequence[int], island: int | None = None,
               axis_names: Sequence[str] | None = None,
               axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
-              devices: Sequence[int] | None = None) -> VirtualSlice:
-        """A virtual slice of ``shape`` (int or mesh shape) on ``island`` (or the least
-        loaded one). Slices may share devices; the gang scheduler time-multiplexes them.
-
+              devices: Sequence[int] | None = None, *,
+              replacing: VirtualSlice | None = None) -> VirtualSlice:
+        """A virtual slice of ``shape`` (int or mesh shape) on ``island`` (default: the one
+        whose least loaded devices carry the fewest other slices, so free devices on any
+        island come first). Slices may share devices; the gang scheduler time-multiplexes them.
         ``axis_types``: ``"explicit"`` or ``"auto"`` (or ``jax.sharding.AxisType`` values),
         one for all axes or one per axis; default: what ``jax.make_mesh`` gives (explicit).
         ``devices``: the device ids to place it on, in mesh order (default: the least loaded).
+        ``replacing``: a slice this one takes the place of (a name bound again): placed as
+        though that one were given back, which it is once this one is made.
         """
-        return self.resources.allocate(shape, island, axis_names, axis_types, devices)
+        return self.resources.allocate(shape, island, axis_names, axis_types, devices,
+                                       replacing)
 
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
         """Move ``vs`` to other devices; its functions are lowered again on next use."""

@@ -294,8 +294,11 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
     if graph.controller is None:
         graph.bind(ctl, ctl.resources.epoch, ctl.resources.island_of)
     elif graph.controller is not ctl:
-        raise ProgramError(f"{fn.name} belongs to another controller than the functions called "
-                           "before it; a program runs on one controller.")
+        raise ProgramError(f"{fn.name} is on a slice of {ctl!r}, but the functions this "
+                           f"program called before it are on {graph.controller!r}; a program "
+                           "runs on one controller. Place its functions on slices of one "
+                           "controller (ctl.slice(...)), or call them as separate programs "
+                           "and pass fut.result() from one to the next.")
     vids = [value_id(graph, leaf, fn.name) for leaf in leaves]
     values = graph.values
     # (committed only where jax.jit's in_shardings read it: else one trace serves both)

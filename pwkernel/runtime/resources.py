@@ -20,7 +20,7 @@ import itertools
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,12 @@ def islands_from_env(variable: str = "PWKERNEL_ISLANDS") -> tuple[int, ...] | No
         raise DeviceSetupError(f"{variable}={raw!r} is not a list of positive device "
                                f"counts; expected e.g. {variable}=4,4.")
     return sizes
+
+
+def _fix(size: int) -> str:
+    """The fix for a slice larger than the islands it was asked on."""
+    return (f"a controller with an island that large, e.g. pw.Controller(islands=({size},)), "
+            "which on CPU needs that many host devices")
 
 
 def _what(v: Any) -> str:
@@ -213,11 +219,19 @@ def describe_axis_types(types: Sequence[AxisType | str]) -> str:
     return names[0] if len(set(names)) == 1 else ",".join(names)
 
 
+def _as_tuple(given, one) -> tuple:
+    """``given`` as a tuple: ``(given,)`` for one value of type ``one``, ``()`` where it is
+    neither that nor an iterable (so the caller's error, which says what fits, is raised)."""
+    if isinstance(given, one):
+        return (given,)
+    return tuple(given) if isinstance(given, Iterable) and not isinstance(given, bytes) else ()
+
+
 def _axis_types(dims: tuple[int, ...], axis_types, device: Any) -> tuple[AxisType, ...]:
     """One ``AxisType`` per mesh dimension from None, a type, a name, or one per axis."""
     if axis_types is None:
         return (default_axis_type(device),) * len(dims)
-    given = (axis_types,) if isinstance(axis_types, str | AxisType) else tuple(axis_types)
+    given = _as_tuple(axis_types, str | AxisType)
     types = [AXIS_TYPES.get(t.lower()) if isinstance(t, str) else t for t in given]
     if len(types) == 1:
         types = types * len(dims)
@@ -270,8 +284,10 @@ placements = _Placements()
 class ResourceManager:
     """Hands out virtual slices and keeps the virtual -> physical mapping.
 
-    Placement is a static heuristic that spreads load, as in the paper: the least loaded island
-    (by slices mapped per device), then its least loaded devices, keeping device order.
+    Placement is a static heuristic that spreads load, as in the paper: the island whose least
+    loaded devices would carry the fewest other slices (so a slice shares no device while
+    enough free ones exist on any island), ties going to the least loaded island (by slices
+    mapped per device); then those devices, keeping device order.
     """
 
     def __init__(self, islands: Sequence[Island], check_open=lambda: None):
@@ -301,23 +317,44 @@ class ResourceManager:
     def allocate(self, shape: int | Sequence[int], island: int | None = None,
                  axis_names: Sequence[str] | None = None,
                  axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
-                 devices: Sequence[int] | None = None) -> VirtualSlice:
+                 devices: Sequence[int] | None = None,
+                 replacing: VirtualSlice | None = None) -> VirtualSlice:
+        """A new slice (``ctl.slice`` documents the arguments). ``replacing``: a slice of this
+        manager that the new one takes the place of: placed as though it were given back,
+        and given back once the new one is made (a failed call leaves it as it was)."""
         self.check_open()
         dims = _normalize_shape(shape)
         names = self._axis_names(dims, axis_names)
         types = _axis_types(dims, axis_types, self.islands[0].devices[0])
+        if replacing is not None and (not isinstance(replacing, VirtualSlice)
+                                      or self._slices.get(replacing.id) is not replacing):
+            got = (f"slice {replacing.id}, released already" if isinstance(
+                replacing, VirtualSlice) and replacing.controller is self.controller
+                   else _what(replacing))
+            raise SliceError(f"replacing= takes a slice of this controller that is not "
+                             f"released, got {got}. Maybe you want replacing=None (nothing "
+                             "given back).")
         with self._lock:
-            if devices is None:
-                target = self._choose_island(math.prod(dims), island)
-                chosen = self._choose_devices(target, math.prod(dims))
-            else:
-                target, chosen = self._given_devices(dims, devices, island)
-            devices = chosen
-            vs = VirtualSlice(self, dims, names, target, devices, types)
+            old = () if replacing is None else self._held[replacing.id]
+            for d in old:  # (placed as though it were given back already)
+                self._load[d.id] -= 1
+            try:
+                if devices is None:
+                    target = self._choose_island(math.prod(dims), island)
+                    chosen = self._choose_devices(target, math.prod(dims))
+                else:
+                    target, chosen = self._given_devices(dims, devices, island)
+            except BaseException:
+                for d in old:
+                    self._load[d.id] += 1
+                raise
+            vs = VirtualSlice(self, dims, names, target, chosen, types)
             self._slices[vs.id] = vs
-            self._held[vs.id] = devices
-            for d in devices:
+            self._held[vs.id] = chosen
+            for d in chosen:
                 self._load[d.id] += 1
+            if replacing is not None:
+                self._forget(replacing, count=False)
         return vs
 
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
@@ -350,11 +387,17 @@ class ResourceManager:
         """Give ``vs`` back (``vs.release()`` calls this): its devices' load goes down, and
         programs traced before are traced again (so a call on it raises ``SliceError``)."""
         with self._lock:
-            if self._slices.pop(vs.id, None) is not None:
-                for d in self._held.pop(vs.id):
-                    self._load[d.id] -= 1
-                self.epoch += 1
-            vs.released = True
+            self._forget(vs)
+
+    def _forget(self, vs: VirtualSlice, count: bool = True) -> None:
+        """Under the lock: ``vs`` is released (``count``: its devices' load goes down; False
+        where the caller took it off already)."""
+        if self._slices.pop(vs.id, None) is not None:
+            held = self._held.pop(vs.id)
+            for d in held if count else ():
+                self._load[d.id] -= 1
+            self.epoch += 1
+        vs.released = True
 
     def release_all(self) -> None:
         for vs in list(self._slices.values()):
@@ -372,11 +415,13 @@ class ResourceManager:
     def _axis_names(self, dims: tuple[int, ...], axis_names) -> tuple[str, ...]:
         if axis_names is None:
             return _default_axis_names(len(dims))
-        names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
-        if len(names) != len(dims) or len(set(names)) != len(names):
+        names = _as_tuple(axis_names, str)
+        if (len(names) != len(dims) or not all(isinstance(n, str) and n for n in names)
+                or len(set(names)) != len(names)):  # (str names: what views and specs show)
             raise SliceError(
-                f"axis_names {names!r} must name each of the {len(dims)} mesh dimensions of "
-                f"shape {dims} once. Maybe you want axis_names={_default_axis_names(len(dims))}."
+                f"axis_names {axis_names!r} must name each of the {len(dims)} mesh dimensions "
+                f"of shape {dims} once, with non-empty strings. Maybe you want "
+                f"axis_names={_default_axis_names(len(dims))}."
             )
         return names
 
@@ -393,9 +438,18 @@ class ResourceManager:
             by_id = {d.id: d for d in isl.devices}
             if all(i in by_id for i in ids):
                 return isl, tuple(by_id[i] for i in ids)
-        raise SliceError(f"devices {ids} are not all on one island"
-                         + ("" if island is None else f" (island {island})") + "; islands: "
-                         + ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands))
+        fits = [isl for isl in self.islands if len(isl.devices) >= len(ids)]
+        home = next((isl for isl in fits if ids[0] in isl.device_ids), fits[0] if fits else None)
+        if island is not None and self.island(island) in fits:
+            home = self.island(island)
+        hint = (f" Maybe you want {_fix(len(ids))}." if home is None else
+                f" Maybe you want devices={list(home.device_ids[:len(ids)])}"
+                + ("" if island is None else f", island={home.id}") + ".")
+        raise SliceError(f"devices {ids} are not all on "
+                         + ("one island" if island is None else f"island {island}")
+                         + "; a slice lives on one island, and the islands here are "
+                         + ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands)
+                         + "." + hint)
 
     def _choose_island(self, size: int, island: int | None) -> Island:
         if island is not None:
@@ -404,20 +458,32 @@ class ResourceManager:
                 raise SliceError(
                     f"a slice of {size} devices does not fit on island {target.id}, which has "
                     f"{len(target.devices)}. Islands here: "
-                    f"{[len(i.devices) for i in self.islands]} devices."
+                    f"{[len(i.devices) for i in self.islands]} devices. Maybe you want "
+                    + (f"island={other[0]} (or leave island= out: it fits there)" if (other := [
+                        i.id for i in self.islands if len(i.devices) >= size]) else
+                       f"ctl.slice({len(target.devices)}, island={target.id}), or "
+                       f"{_fix(size)}") + "."
                 )
             return target
         fits = [isl for isl in self.islands if len(isl.devices) >= size]
         if not fits:
+            largest = max(len(i.devices) for i in self.islands)
             raise SliceError(
                 f"a slice of {size} devices does not fit on any island; the largest has "
-                f"{max(len(i.devices) for i in self.islands)} devices "
-                f"(islands: {[len(i.devices) for i in self.islands]})."
+                f"{largest} devices (islands: {[len(i.devices) for i in self.islands]}). A "
+                f"slice lives on one island: maybe you want ctl.slice({largest}), or "
+                f"{_fix(size)}."
             )
-        return min(fits, key=lambda isl: (self._island_load(isl), isl.id))
+        return min(fits, key=lambda isl: (self._shared(isl, size), self._island_load(isl),
+                                          isl.id))
 
     def _island_load(self, isl: Island) -> float:
         return sum(self._load[d.id] for d in isl.devices) / len(isl.devices)
+
+    def _shared(self, isl: Island, size: int) -> int:
+        """How many other slices the ``size`` devices ``_choose_devices`` would pick on
+        ``isl`` carry in all (0: they are free)."""
+        return sum(sorted(self._load[d.id] for d in isl.devices)[:size])
 
     def _choose_devices(self, isl: Island, size: int) -> tuple[Any, ...]:
         # The least loaded devices, ties broken by position, returned in island order.

@@ -407,6 +407,23 @@ def test_policy_dispatch_trace_release_reset(ip, tmp_path, capsys):
     assert "released 1 slices (s1)" in capsys.readouterr().out
 
 
+def test_running_a_slice_line_again_keeps_its_devices(ip):
+    """The old slice was given back only after the new one was placed, so each run of the
+    same line moved the name to the other island; a line that fails keeps the old slice."""
+    run(ip, "%pathways slice s0 2")
+    first = ip.user_ns["s0"]
+    ids = first.device_ids
+    for _ in range(2):
+        run(ip, "%pathways slice s0 2")
+        now = ip.user_ns["s0"]
+        assert first.released and now.device_ids == ids and not now.released
+        first = now
+    with pytest.raises(UsageError, match="does not fit"):
+        ip.run_line_magic("pathways", "slice s0 8")
+    assert ip.user_ns["s0"] is now and not now.released
+    assert extension.state().ctl.slice(2).device_ids == (4, 5)  # s0's load still counts
+
+
 def test_trace_save_rows_picks_the_tracks(ip, tmp_path):
     """``--rows`` goes to ``trace.save``: a track per island holds all its devices' spans."""
     run(ip, "x = np.ones(8, np.float32)")

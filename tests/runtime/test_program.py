@@ -150,6 +150,22 @@ def test_tracing_errors_say_what_to_do(ctl):
     assert isinstance(info.value.__context__, NeedsValueError)
 
 
+def test_a_program_over_two_controllers_says_how_to_split_it(ctl):
+    """It said only that a program runs on one controller, not what to do about it."""
+    with pytest.warns(pw.SharedDevicesWarning):
+        other = pw.Controller(islands=(4, 4))
+    try:
+        mine = pw.function(lambda x: x * 2, slice=ctl.slice(2))
+        theirs = pw.function(lambda x: x + 1, slice=other.slice(2), name="theirs")
+        with pytest.raises(pw.ProgramError, match="theirs is on a slice of Controller") as e:
+            pw.program(lambda v: theirs(mine(v)))(np.ones(2))
+        assert "pass fut.result() from one to the next" in str(e.value)
+        # the fix it names works
+        assert theirs(mine(np.ones(2)).result(30)).result(30).tolist() == [3.0, 3.0]
+    finally:
+        other.close()
+
+
 def test_program_static_arguments_and_its_own_dispatch_parameter(ctl):
     """@pw.program takes static_argnums/static_argnames as jax.jit does (a Python value at
     trace time, part of the cache key); a parameter named ``dispatch`` is the function's."""

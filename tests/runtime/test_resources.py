@@ -51,6 +51,17 @@ def test_placement_spreads_load_over_islands_and_devices(ctl):
     assert set(c.device_ids).isdisjoint(same.device_ids)  # least loaded devices first
 
 
+def test_placement_takes_free_devices_before_sharing_a_busy_one():
+    """An island whose devices are less loaded on average, but not free enough for the slice,
+    loses to one with enough free devices (it used to put the slice on a busy device while
+    two stood idle on the other island)."""
+    with pw.Controller(islands=(6, 2)) as ctl:
+        ctl.slice(4, island=0)          # island 0: 4 of 6 devices busy (2/3 on average)
+        ctl.slice(1, island=1)          # island 1: 1 of 2 busy (1/2 on average)
+        s = ctl.slice(2)
+        assert s.island.id == 0 and s.device_ids == (4, 5)
+
+
 def test_slices_may_share_devices(ctl):
     full = [ctl.slice(4, island=0) for _ in range(3)]
     assert all(s.device_ids == full[0].device_ids for s in full)
@@ -69,6 +80,12 @@ def test_slices_may_share_devices(ctl):
         (dict(shape=(2, 2), axis_names=("a",)), "must name each"),
         (dict(shape=(2, 2), axis_types="manual"), "must be 'explicit' or 'auto'"),
         (dict(shape=(2, 2), axis_types=("auto",) * 3), "Maybe you want axis_types='explicit'"),
+        # (these raised a bare "'int' object is not iterable", or were taken: a name that is
+        # no string, or empty, breaks the views and specs that show the slice's axes)
+        (dict(shape=2, axis_types=5), "Maybe you want axis_types='explicit'"),
+        (dict(shape=2, axis_names=5), "Maybe you want axis_names=\\('x',\\)"),
+        (dict(shape=2, axis_names=(1,)), "non-empty strings"),
+        (dict(shape=(2, 2), axis_names=("x", "")), "non-empty strings"),
     ],
 )
 def test_bad_slices_say_what_exists(ctl, kwargs, match):
@@ -76,6 +93,57 @@ def test_bad_slices_say_what_exists(ctl, kwargs, match):
         ctl.slice(**kwargs)
     with pytest.raises(ValueError):  # SliceError is a ValueError
         ctl.slice(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fix",
+    [
+        (dict(shape=5, island=0), "Maybe you want ctl.slice(4, island=0), or a controller "
+                                  "with an island that large, e.g. pw.Controller(islands=(5,))"),
+        (dict(shape=9), "maybe you want ctl.slice(4), or a controller"),
+        (dict(shape=2, devices=[3, 4]), "Maybe you want devices=[0, 1]."),
+        (dict(shape=2, devices=[4, 5], island=0), "not all on island 0; a slice lives on one "
+                                                  "island"),
+        (dict(shape=5, devices=range(5)), "Maybe you want a controller with an island"),
+    ],
+)
+def test_slices_that_fit_no_island_name_a_fix(ctl, kwargs, fix):
+    """These said only what the islands hold, not what to do."""
+    with pytest.raises(pw.SliceError) as e:
+        ctl.slice(**kwargs)
+    assert fix in str(e.value)
+
+
+def test_a_slice_too_big_for_the_island_asked_names_the_one_it_fits():
+    with pw.Controller(islands=(2, 6)) as ctl:
+        with pytest.raises(pw.SliceError, match=r"Maybe you want island=1 \(or leave"):
+            ctl.slice(5, island=0)
+
+
+def test_a_refused_slice_holds_no_devices(ctl):
+    before = ctl.snapshot()
+    for kwargs in (dict(axis_names=(1,)), dict(axis_types=5), dict(devices=[0, 4]),
+                   dict(island=3)):
+        with pytest.raises(pw.SliceError):
+            ctl.slice(2, **kwargs)
+    assert ctl.slices == () and ctl.snapshot() == before
+    assert ctl.slice(4).device_ids == (0, 1, 2, 3)  # nothing counted against island 0
+    axis_names = (n for n in ("data", "model"))  # any iterable of names, as before
+    assert ctl.slice((2, 2), axis_names=axis_names).axis_names == ("data", "model")
+
+
+def test_a_slice_made_in_place_of_another_keeps_its_devices(ctl):
+    old = ctl.slice(2)
+    new = ctl.slice(2, replacing=old)
+    assert old.released and new.device_ids == (0, 1) and ctl.slices == (new,)
+    with pytest.raises(pw.SliceError, match="does not fit"):
+        ctl.slice(8, replacing=new)  # refused: the one it would replace stays, still counted
+    assert not new.released and ctl.slice(2).device_ids == (4, 5)
+    with pytest.raises(pw.SliceError, match=r"replacing= takes a slice of this controller "
+                                            r"that is not released, got slice \d+, released"):
+        ctl.slice(2, replacing=old)
+    with pytest.raises(pw.SliceError, match="got int. Maybe you want replacing=None"):
+        ctl.slice(2, replacing=3)
 
 
 def test_released_slice_cannot_be_used(ctl):
