@@ -198,7 +198,7 @@ class RayBackend:
         a pool's islands know each other already."""
         import ray
 
-        if self.pool is not None:
+        if self.pool is not None or not cluster.connected():
             return
         live = {i: h.actor for i, h in self.hosts.items() if h.actor is not None and not h.lost}
         ray.get([actor.peers.remote({j: a for j, a in live.items() if j != i})
@@ -206,6 +206,8 @@ class RayBackend:
 
     def _island_lost(self, host: IslandHost) -> None:
         """Tell the other islands: a ``recv`` from the lost one fails instead of waiting."""
+        if not cluster.connected():  # (they ended with the connection; a call would start
+            return  # a new local cluster)
         for other in self.hosts.values():
             if other is not host and other.actor is not None and not other.lost:
                 other.actor.source_lost.remote(host.island, host.generation)
@@ -314,6 +316,8 @@ class RayBackend:
             raise DeviceSetupError(f"island {island!r} does not exist; this controller has "
                                    f"islands {sorted(self.hosts)}.")
         host = self.hosts[island]
+        if not cluster.connected():
+            raise DeviceSetupError(f"cannot reattach island {island}: {host.lost_advice()}.")
         host.mark_lost()  # the other islands stop waiting for values from the old actor
         host.kill()
         host.start()

@@ -294,14 +294,24 @@ def _loopback_only() -> None:
 
 def disconnect() -> None:
     """One controller is done. The last one stops the local cluster this module started, or
-    disconnects from the cluster it joined."""
+    disconnects from the cluster it joined (and puts back the settings it changed, also when
+    the user's ``ray.shutdown()`` disconnected first)."""
     global _users, _initialized_here
     with _lock:
         _users = max(0, _users - 1)
-        if _users == 0 and _initialized_here and ray.is_initialized():
-            ray.shutdown()
+        if _users == 0 and _initialized_here:
+            if ray.is_initialized():
+                ray.shutdown()
             _initialized_here = False
             _restore()
+
+
+def connected() -> bool:
+    """Whether this process is connected to Ray. After a ``ray.shutdown()`` (the user's, or
+    ``drop_lost``'s) every Ray call would start a new local cluster (Ray's auto-init, with
+    its defaults: not loopback-only, dashboard on) that nothing stops: so the controller
+    checks this before it calls Ray, and treats its islands as lost instead."""
+    return ray.is_initialized()
 
 
 def gone() -> bool:
@@ -418,7 +428,19 @@ class IslandHost:
 
     def lost_advice(self) -> str:
         """What to do once this island is lost."""
+        if not connected():
+            return (f"this process left its Ray cluster (ray.shutdown()), and island "
+                    f"{self.island}'s actor ended with it: close this controller (ctl.close())"
+                    " and create a new one")
         return f"ctl.reattach({self.island}) starts a new actor"
+
+    def reachable(self) -> bool:
+        """Whether a Ray call to the island's actor may be made now: not when this process
+        has left its Ray cluster (the call would start a new one); the island is lost then."""
+        if connected():
+            return True
+        self.mark_lost()
+        return False
 
     def mark_lost(self) -> None:
         """The actor died (a call to it failed): its buffers are gone, and the islands that
@@ -436,7 +458,10 @@ class IslandHost:
             self.release(actor)
 
     def release(self, actor) -> None:
-        """Let go of the island's actor: this controller started it, so it is killed."""
+        """Let go of the island's actor: this controller started it, so it is killed (it
+        ended already if this process left its Ray cluster)."""
+        if not connected():  # (ray.kill would start a new local cluster)
+            return
         try:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already dead

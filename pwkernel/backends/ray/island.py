@@ -60,7 +60,7 @@ class RemoteBuffer:
     def fetch(self, sharding):
         """The value as a local ``jax.Array`` laid out like the future (once, then cached)."""
         if self._local is None:
-            if not self.alive:
+            if not (self.host.reachable() and self.alive):
                 raise self.lost_error()
             if self.donated is not None:
                 raise deleted_input(f"this value was given to {self.donated}, which "
@@ -121,6 +121,15 @@ def remote_error(record: dict, island: int) -> BaseException:
             error.add_note(f"(raised on Ray island {island})")
             return error
     return RuntimeError(f"on island {island}: {record['error']}")
+
+
+def _unreachable(host: IslandHost, error: Exception) -> None:
+    """A Ray call to ``host``'s actor raised ``error`` where Ray raises only its own errors
+    for an actor it knows (it says "it's from a different cluster": the user's ``ray.init``
+    after a ``ray.shutdown()``): the island is lost to this controller."""
+    logging.getLogger("pwkernel").warning("island %s: Ray cannot reach its actor, so the "
+                                          "island is lost: %s", host.island, error)
+    host.mark_lost()
 
 
 def host_lost(host: IslandHost) -> IslandLostError:
@@ -286,11 +295,16 @@ class RaySite:
             if frees:
                 ops = [*ops, ("free", frees)]
             actor = host.actor
-            if actor is None or host.lost or not (ops or always):
+            if actor is None or host.lost or not (ops or always) or not host.reachable():
                 return None
             if host.generation != self._seq_generation:  # a new actor counts from 0
                 self._seq, self._seq_generation = 0, host.generation
-            actor.submit.remote(self._seq, ops)
+            try:
+                actor.submit.remote(self._seq, ops)
+            except Exception as e:  # noqa: BLE001 - Ray cannot reach the actor (a handle of
+                # a cluster this process left): the island is lost to it, its items fail
+                _unreachable(host, e)
+                return None
             self._seq += 1
             host.last_message = (actor, self._seq - 1)  # (a pool's release waits for it)
             return host.last_message
@@ -335,7 +349,10 @@ class RaySite:
             try:
                 record = None
                 if error is None:
-                    record, error = self._record(rid, sent)
+                    try:
+                        record, error = self._record(rid, sent)
+                    except Exception as e:  # noqa: BLE001 - its future fails with what went
+                        error = e  # wrong, never waits for an end nobody reports
                 if task is not None:  # None: the first half of a transfer, watched only to
                     self._ended(task, record, handles, error, src_host)  # notice a loss
             except BaseException:  # noqa: BLE001 - keep watching; the task already failed
@@ -349,7 +366,8 @@ class RaySite:
         host = self.host
         quiet = 0.0
         while rid not in self._records:
-            if sent is None or sent[0] is not host.actor or host.lost:
+            if (sent is None or sent[0] is not host.actor or host.lost
+                    or not host.reachable()):
                 return None, self._let_go() or host_lost(host)
             t = _now()
             try:
@@ -365,6 +383,9 @@ class RaySite:
                     cause.add_note(f"(raised on Ray island {host.island})")
                     return None, cause
                 return None, RuntimeError(f"island {host.island}: {e}")
+            except Exception as e:  # noqa: BLE001 - Ray cannot reach the actor (see _send)
+                _unreachable(host, e)
+                return None, host_lost(host)
             for r in records:
                 self._records[r["rid"]] = r
             quiet = 0.0 if records else quiet + _now() - t
