@@ -1,7 +1,7 @@
 """Where a training step's host time goes, sampled at full speed: ``bench train --quick``'s
 SPMD step (83 state leaves, Adam) in a loop for py-spy to sample, and a report of its samples.
 
-    py-spy record -r 500 -f raw --threads -o /tmp/spy.txt -- \\
+    py-spy record -r 500 --nonblocking -f raw --threads -o /tmp/spy.txt -- \\
         .venv/bin/python bench/spy_train.py loop --seconds 20          # prints its step count
     .venv/bin/python bench/spy_train.py report /tmp/spy.txt --steps 2250
     ... loop --way jax                                                  # plain jax.jit's loop
