@@ -400,3 +400,40 @@ def test_a_plan_is_made_once_per_input_signature_and_runs_keep_few_objects(ctl):
     assert first.result(timeout=60).tolist() == second.result(timeout=60).tolist() == [4.0] * 4
     held.result(timeout=60)
     assert prog(np.ones(8, np.float32)).run.plan is not plan  # another signature, another plan
+
+
+def test_a_donating_launch_lets_go_of_the_arguments_it_consumed_before_the_run_ends(ctl):
+    """The run forgets a consumed argument at its launch, on the launching thread, not at
+    the run's end: a training step's state, let go at the end, was deallocated on the
+    watcher, each array giving up the GIL and taking it back against the submitting thread
+    (a sixth of a step's host CPU). Here a second node on the other island holds the run
+    open while the caller drops its future: nothing of the run may keep it."""
+    import weakref
+
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    gate = threading.Event()
+
+    def hold(v):
+        gate.wait(60)
+        return v
+
+    step = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0)
+    slow = pw.function(lambda v: jax.pure_callback(
+        hold, jax.ShapeDtypeStruct(v.shape, v.dtype), v), slice=s1)
+
+    @pw.program
+    def both(x, v):
+        return step(x), slow(v)
+
+    x = pw.function(lambda v: v * 2, slice=s0)(np.ones(4, np.float32))
+    x.result()
+    gone = weakref.ref(x)
+    try:
+        y, z = both(x, np.zeros(4, np.float32))
+        assert y.result().tolist() == [3.0] * 4 and not z.done()  # (the run is open)
+        del x
+        gc.collect()
+        assert gone() is None, [type(r).__name__ for r in gc.get_referrers(gone())]
+    finally:
+        gate.set()
+    assert z.result().tolist() == [0.0] * 4
