@@ -229,20 +229,6 @@ class RunSlots:
                 out.append((task, t))
         return out
 
-    def _let_go(self, consumed: tuple[int, ...]) -> None:
-        """Forget the arguments (futures the caller gave, and their values) among ``consumed``,
-        the slots a launch donated and consumed: what stays of them is the caller's."""
-        producer, futures, gone = self.plan.producer, self.futures, []
-        with self.lock:
-            values = self.values
-            if values is None:
-                return  # the run is over: its values went with it
-            for s in consumed:
-                if producer[s] < 0:  # (made by the run: its end's business)
-                    gone.append((futures.pop(s, None), values[s]))
-                    values[s] = None
-        # (what goes with ``gone``, if it was the last reference, goes outside the lock)
-
     def _release_inputs(self, node: PlanNode) -> None:
         """The task has ended: inputs only runs of this program read are freed after their
         last reader (the user's values and futures are the object store's business)."""

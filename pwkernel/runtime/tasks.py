@@ -343,19 +343,12 @@ class ProgramRun(RunSlots):
 
     def _consume_donated(self, node: PlanNode) -> None:
         """The futures whose buffers ``node`` donated are consumed (its outputs are held);
-        under a memory budget, what was counted for them all is given back now. The run lets
-        go of the consumed arguments here, on the launching thread: nothing of the run reads
-        a consumed buffer again, and a training step's state, let go at the run's end,
-        would be deallocated there, on the watcher, where each array's deallocation gives
-        up the GIL and takes it back, contending with the thread that submits the next step
-        (as ``jax.jit``'s caller lets go of its donated state itself)."""
+        under a memory budget, what was counted for them all is given back now."""
         consumed, futures = self.consumed(node), self.futures
         if futures and consumed:
             Future.consumed_many(list(map(futures.get, consumed)))
         if node.donated_internal and self.owner.memory_budget is not None:
             self.give_back(node, consumed)
-        if consumed:
-            self._let_go(consumed)
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
