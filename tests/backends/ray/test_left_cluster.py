@@ -96,6 +96,11 @@ print("ok")
 def test_a_controller_whose_process_left_ray_fails_its_work_and_closes_starting_nothing():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("XLA_FLAGS", "RAY_AUTH", "RAY_ENABLE_WINDOWS"))}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=540)
+    for _ in range(2):  # (once more only if Ray itself gave up starting a node: its raylet
+        # has 30 s to register, fixed in Ray, and three clusters in a row on two busy cores
+        # missed it once in three runs of the suite)
+        done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=540)
+        if "The current node timed out during startup" not in done.stderr:
+            break
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]
