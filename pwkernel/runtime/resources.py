@@ -452,20 +452,19 @@ class ResourceManager:
                          + "." + hint)
 
     def _choose_island(self, size: int, island: int | None) -> Island:
+        fits = [isl for isl in self.islands if len(isl.devices) >= size]
         if island is not None:
             target = self.island(island)
             if size > len(target.devices):
+                fix = (f"island={fits[0].id} (or leave island= out: it fits there)" if fits
+                       else f"ctl.slice({len(target.devices)}, island={target.id}), or "
+                       f"{_fix(size)}")
                 raise SliceError(
                     f"a slice of {size} devices does not fit on island {target.id}, which has "
                     f"{len(target.devices)}. Islands here: "
-                    f"{[len(i.devices) for i in self.islands]} devices. Maybe you want "
-                    + (f"island={other[0]} (or leave island= out: it fits there)" if (other := [
-                        i.id for i in self.islands if len(i.devices) >= size]) else
-                       f"ctl.slice({len(target.devices)}, island={target.id}), or "
-                       f"{_fix(size)}") + "."
+                    f"{[len(i.devices) for i in self.islands]} devices. Maybe you want {fix}."
                 )
             return target
-        fits = [isl for isl in self.islands if len(isl.devices) >= size]
         if not fits:
             largest = max(len(i.devices) for i in self.islands)
             raise SliceError(
