@@ -7,7 +7,11 @@ Two problems with using ``jupyter_bokeh.BokehModel`` as it is:
   ``ColumnsStreamed`` then gets appended a second time on the Python side: the browser shows
   N rows, the kernel holds 2N. ``EchoFreeBokehModel`` ignores data events that come from the
   frontend: in these views only the kernel writes data, so nothing legitimate is lost.
-  Range and selection changes (pan, zoom, tap) still flow back.
+  Range and selection changes (pan, zoom, tap) still flow back, except a property's echo
+  of a value the kernel sent it (``_sent``: the last ``ECHO_MEMORY`` per property). The page
+  echoes late (one message each time the kernel goes idle, so all through a long cell), and an
+  old axis bound applied then would undo the bounds set since: ``view.x_range`` would read
+  what the page showed seconds ago.
 - Bokeh documents are not thread-safe. The views change their documents from an updater
   thread while the kernel's shell thread applies frontend events; ``lock`` serializes both.
 
@@ -51,6 +55,10 @@ from jupyter_bokeh import BokehModel
 
 # Data changes the frontend may echo back; the kernel is the only writer of data here.
 _ECHOED_KINDS = frozenset({"ColumnsStreamed", "ColumnsPatched", "ColumnDataChanged"})
+
+# How many values sent per model property are known as echoes when they come back.
+ECHO_MEMORY = 256
+_SCALARS = (bool, int, float, str)
 
 _bokehjs_loaded = False
 _bokehjs_lock = threading.Lock()
@@ -103,6 +111,8 @@ class EchoFreeBokehModel(BokehModel):
         self._held: list[DocumentPatchedEvent] | None = None  # changes gathered by batch()
         self.bundled_at = 0  # patches_sent when render_bundle was made
         self.page_repairs = 0  # data resent to a page that drew an older bundle
+        # (model id, property) -> the values last sent for it (a dict as an ordered set)
+        self._sent: dict[tuple[str, str], dict[Any, None]] = {}
         super().__init__(model, **kwargs)
         self._document.on_event(DocumentReady, self._on_page_ready)
 
@@ -188,12 +198,22 @@ class EchoFreeBokehModel(BokehModel):
         doc.models.flush_synced(lambda model: not serializer.has_ref(model))
         msg = patch_doc(patch_doc.create_header(), {}, content)
         msg.add_buffers(*serializer.buffers)
+        self._note_sent(events)
         for fragment in (msg.header_json, msg.metadata_json, msg.content_json):
             self.send({"msg": "patch", "payload": fragment})
         for buffer in msg.buffers:
             self.send({"msg": "patch", "payload": json.dumps(buffer.ref)})
             self.send({"msg": "patch"}, [buffer.to_bytes()])
         self.patches_sent += 1
+
+    def _note_sent(self, events: list[DocumentPatchedEvent]) -> None:
+        for event in events:
+            if isinstance(event, ModelChangedEvent) and isinstance(event.new, _SCALARS):
+                values = self._sent.setdefault((event.model.id, event.attr), {})
+                values.pop(event.new, None)
+                values[event.new] = None
+                if len(values) > ECHO_MEMORY:
+                    del values[next(iter(values))]
 
     def close(self) -> None:
         # jupyter_bokeh's close() unregisters from the document without checking it was still
@@ -214,12 +234,23 @@ class EchoFreeBokehModel(BokehModel):
         # A whole new ``data`` dict echoed back would also overwrite rows streamed since.
         return kind == "ModelChanged" and content.get("attr") == "data"
 
+    def _is_sent_value(self, content: dict[str, Any]) -> bool:
+        """A property change carrying a value the kernel sent that property: the page's echo
+        of a patch (possibly long after it, the bounds having moved on since)."""
+        new, model = content.get("new"), content.get("model")
+        if content.get("kind") != "ModelChanged" or not isinstance(new, _SCALARS) \
+                or not isinstance(model, dict):
+            return False
+        return new in self._sent.get((model.get("id"), content.get("attr")), ())
+
     def _sync_model(self, _model: BokehModel, content: dict[str, Any], _buffers: list[Any]
                     ) -> None:
-        if content.get("event", "") == "jsevent" and self._is_data_echo(content):
-            self.ignored_echoes += 1
+        if content.get("event", "") != "jsevent":
             return
         with self.lock:
+            if self._is_data_echo(content) or self._is_sent_value(content):
+                self.ignored_echoes += 1
+                return
             super()._sync_model(_model, content, _buffers)
 
 

@@ -228,6 +228,24 @@ def test_range_changes_from_the_browser_still_apply(ctl, view):
     assert view.plot.ignored_echoes == 0
 
 
+def test_a_late_echo_of_an_axis_bound_does_not_undo_the_bounds_sent_since(ctl, view):
+    """The page echoes each patch back once the kernel is idle (after a long cell, say): the
+    bound of an early patch must not replace the kernel's newer one."""
+    from bokeh.document.events import ModelChangedEvent
+
+    rng = view.x_range
+    with view.plot.batch():
+        rng.update(start=1.25, end=2.25)
+    with view.plot.batch():
+        rng.update(start=3.25, end=4.25)
+    for attr, old in (("start", 1.25), ("end", 2.25)):
+        event = ModelChangedEvent(rng.document, rng, attr, old)
+        content = Serializer(references=set(rng.document.models)).encode(event)
+        view.plot._sync_model(view.plot, {**content, "event": "jsevent"}, [])
+    assert (rng.start, rng.end) == (3.25, 4.25)
+    assert view.plot.ignored_echoes == 2
+
+
 def test_live_thread_streams_and_stops_on_close(ctl, programs):
     v = pw.ScheduleView(ctl, interval=0.02)
     try:
