@@ -154,12 +154,18 @@ students = {name: poolbench.Process(name, [sys.executable, str(script), name, NA
 # and token come from its file), `tenant=` the name the others see, `weight=` its share.
 
 # %%
+# Run again, this cell would leave the controller it made before attached to the pool (two
+# teachers): close that one first.
+if isinstance(previous := globals().get("ctl"), pw.Controller):
+    previous.close()
 t = time.perf_counter()
 ctl = pw.Controller(backend="ray", pool=NAME, tenant="teacher", weight=1)
 print(f"attached in {time.perf_counter() - t:.1f} s:", [len(i.devices) for i in ctl.islands],
       "devices per island")
 step, runs, expected = collectives(ctl, [0, 1, 2, 3], [4, 5])
 step(runs[0]).result(120)
+
+# %%
 for s in students.values():
     print(s.answer())                 # {"ready": ...} once attached and compiled
 print(sorted(t["name"] for t in ctl.executor.status()["pool"]["tenants"]))

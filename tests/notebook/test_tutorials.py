@@ -76,6 +76,7 @@ RERUN = {
     "07_scale_out_with_ray": {2: _ONE_RAY},       # starts a Ray cluster
     "08_pathways_at_scale_simulated": {10: "", 13: ""},  # measures on a trace; a cell on a pod
     "09_training": {12: ""},                      # steps that donate their states
+    "10_one_pool_many_notebooks": {7: _ONE_RAY},  # attaches this kernel to the pool
 }
 
 
