@@ -576,3 +576,16 @@ def test_a_controller_that_cannot_start_is_a_one_line_usage_error():
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("UsageError")]
     assert len(lines) == 2 and all("need 16 CPU devices" in ln for ln in lines), done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_a_future_of_a_typed_key_shows_its_key_data(ip):
+    """A typed PRNG key is no NumPy value: its Future (and the jax.Array) preview the key data
+    it wraps, as the key's repr does, where they used to say '(freed)' and '(deleted)'."""
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nkey = jax.random.key(0)")
+    fmt = ip.display_formatter
+    data, _ = fmt.format(ip.user_ns["key"])
+    assert "key<fry>[]" in data["text/plain"] and "key data [0 0]" in data["text/plain"]
+    assert "key data [0 0]" in data["text/html"] and "freed" not in data["text/html"]
+    data, _ = fmt.format(ip.user_ns["key"].result())
+    assert "key data [0 0]" in data["text/html"] and "deleted" not in data["text/html"]
