@@ -90,9 +90,9 @@ class PathwaysMagics(Magics):
         old = None if old is None or old.released or old.controller is not self.ctl else old
         try:  # (a name bound again: placed as though its old slice were given back)
             vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes,
-                                axis_types=a.axis_types, replacing=old)
+                                axis_types=a.axis_types, devices=a.devices, replacing=old)
         except (PathwaysError, ValueError) as e:
-            raise UsageError(f"%pathways slice {a.name}: {e}") from None
+            raise UsageError(f"%pathways slice {a.name}: {specs.as_flags(str(e))}") from None
         self.state.slices[a.name] = vs
         self.shell.user_ns[a.name] = vs
         dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))

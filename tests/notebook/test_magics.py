@@ -424,6 +424,28 @@ def test_running_a_slice_line_again_keeps_its_devices(ip):
     assert extension.state().ctl.slice(2).device_ids == (4, 5)  # s0's load still counts
 
 
+def test_a_slice_on_the_devices_named_by_id(ip):
+    """``%pathways slice NAME SHAPE --devices 7,6`` places it as ``ctl.slice(..., devices=)``
+    does, in mesh order; a wrong count, and devices off one island, name the flags to use."""
+    run(ip, "%pathways slice s 2x2 --devices 7,6,5,4 --axes a,b")
+    vs = ip.user_ns["s"]
+    assert vs.device_ids == (7, 6, 5, 4) and vs.island.id == 1 and vs.axis_names == ("a", "b")
+    run(ip, "%%pathways --slice s\ny = jnp.ones(4) * 2")
+    assert {d.id for d in ip.user_ns["y"].sharding.device_set} == {4, 5, 6, 7}
+    with pytest.raises(UsageError, match=re.escape(
+            "--devices 2 must list 2 distinct device ids for shape 2, one per device, in "
+            "mesh order. Maybe you want %pathways slice t 2 --devices 0,1.")):
+        run(ip, "%pathways slice t 2 --devices 2")
+    with pytest.raises(UsageError, match=re.escape(
+            "devices [4, 5] are not all on island 0; a slice lives on one island, and the "
+            "islands here are 0: [0, 1, 2, 3], 1: [4, 5, 6, 7]. Maybe you want --devices 0,1 "
+            "--island 0.")):
+        run(ip, "%pathways slice t 2 --devices 4,5 --island 0")
+    with pytest.raises(UsageError, match="--devices goes with %pathways slice"):
+        run(ip, "%pathways status --devices 1")
+    assert "t" not in ip.user_ns and ip.user_ns["s"] is vs
+
+
 def test_trace_save_rows_picks_the_tracks(ip, tmp_path):
     """``--rows`` goes to ``trace.save``: a track per island holds all its devices' spans."""
     run(ip, "x = np.ones(8, np.float32)")
