@@ -289,8 +289,9 @@ class Controller:
 
     def status(self) -> dict[str, Any]:
         """The snapshot as plain dicts and strings: islands (with their queue depths and the
-        backend's facts), slices, programs, memory, policy, dispatch."""
-        return self._take().as_status()
+        backend's facts), slices, programs, memory, policy, dispatch; a closed controller's
+        says ``closed`` and lists nothing (its islands and buffers are gone)."""
+        return self.snapshot().as_status()
 
     def snapshot(self) -> Snapshot:
         """Islands, slices, runs with their nodes, memory, queue depths: frozen records (a
