@@ -298,9 +298,12 @@ class PathwaysMagics(Magics):
             return self._last(plan, plain, results)
         try:
             self._wait(ctl, run, a.timeout, name, endings.leaves(results))
-            errors = [f.exception(0) for f in endings.leaves(results) if f.exception(0) is not None]
-            if errors:
-                raise errors[0]
+            failed = [f for f in endings.leaves(results) if f.exception(0) is not None]
+            if failed:  # (result() raises it with its own traceback: not with the frames of
+                try:  # an earlier raise of the same error, a print of a failed input, say)
+                    failed[0].result(0)
+                except BaseException as e:  # noqa: BLE001 - re-raised: the user's frames
+                    raise cells.user_error(e, filename) from None
         except BaseException:
             results = futures = None  # the traceback must not keep the buffers alive
             raise

@@ -341,6 +341,39 @@ def test_user_errors_point_at_the_cell_line(ip, capsys):
     assert extension.state().ctl.runs() == []
 
 
+def test_a_failed_computation_shows_the_users_frames_not_an_earlier_raise(ip):
+    """A cell whose program failed raises the error with the user's frames only (here the
+    callback's line, no runtime or JAX frames), and a cell that reads that failed value later
+    does not show the frames of an earlier statement that raised it (``print(w)``)."""
+    run(ip, "def bad(v):\n    raise ValueError(f'bad value {v}')\n")
+    run(ip, "%pathways slice s 2")
+
+    def frames(error) -> list[tuple[str, str]]:
+        out, tb = [], error.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            out.append((code.co_filename, code.co_name))
+            tb = tb.tb_next
+        return out
+
+    inside = (os.path.join("", "pwkernel", "runtime", ""), os.path.join("", "jax", ""))
+    for no_block in (False, True):
+        cell = ("%%pathways --slice s" + " --no-block" * no_block
+                + "\nw = jnp.ones(2)\njax.debug.callback(bad, w.sum())\nz = w * 2\n")
+        result = ip.run_cell(cell)
+        if not no_block:
+            assert isinstance(result.error_in_exec, ValueError)
+            assert not any(p in f for f, _ in frames(result.error_in_exec) for p in inside)
+            assert frames(result.error_in_exec)[-1][1] == "bad"
+    ip.user_ns["w"].exception(60)
+    with pytest.raises(ValueError, match="bad value 2.0"):
+        run(ip, "print(w)")
+    result = ip.run_cell("%%pathways --slice s\nq = w + 1\n")
+    assert isinstance(result.error_in_exec, ValueError), result.error_in_exec
+    assert "__str__" not in [name for _, name in frames(result.error_in_exec)]
+    assert not any(p in f for f, _ in frames(result.error_in_exec) for p in inside)
+
+
 def test_status_and_rich_displays(ip):
     run(ip, "%pathways slice s0 2x2")
     run(ip, "other = pw.controller().slice(2, island=1, axis_types='auto')")  # not a magic's
@@ -443,7 +476,7 @@ def test_a_slice_on_the_devices_named_by_id(ip):
         run(ip, "%pathways slice t 2 --devices 4,5 --island 0")
     with pytest.raises(UsageError, match="--devices goes with %pathways slice"):
         run(ip, "%pathways status --devices 1")
-    assert "t" not in ip.user_ns and ip.user_ns["s"] is vs
+    assert ip.user_ns["s"] is vs and not vs.released
 
 
 def test_trace_save_rows_picks_the_tracks(ip, tmp_path):
