@@ -40,9 +40,13 @@ class _Parser(MagicArgumentParser):
 
     def error(self, message: str, command: str | None = None):
         """``command``: the subcommand the arguments were given to (its flags are the ones a
-        misspelt flag is compared with); None: any subcommand's."""
-        raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message, command)} See "
-                         f"{self.hint} for the accepted arguments.")
+        misspelt flag is compared with); None: any subcommand's. A missing argument is shown
+        with the usage of the (sub)command it belongs to, which lists the choices."""
+        usage = ""
+        if message.startswith("the following arguments are required"):
+            usage = " Usage: " + " ".join(self.format_usage().replace("::", "").split()) + "."
+        raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message, command)}"
+                         f"{usage} See {self.hint} for the accepted arguments.")
 
     def flags(self) -> list[str]:
         """Every option string this parser takes (``--timeout``, ...)."""

@@ -190,6 +190,12 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
     ("%pathways slice s2 2 --axis x", "unrecognized arguments: --axis x. Did you mean --axes?"),
     ("%%pathways --noblock\ny = 1", "Did you mean --no-block?"),
     ("%%pathways --timout 5\ny = 1", "Did you mean --timeout?"),
+    # a missing argument: the subcommand's usage, with the values it takes
+    ("%pathways policy", "required: policy. Usage: %pathways policy {fifo,priority,share}."),
+    ("%pathways dispatch", "Usage: %pathways dispatch {parallel,sequential}."),
+    ("%pathways trace", "Usage: %pathways trace [--rows auto|device|host|island] {save,clear}"),
+    ("%pathways attach", "{ray,local,sim}."),
+    ("%pathways slice t", "required: SHAPE. Usage: %pathways slice [--island I]"),
 ])
 def test_bad_input_is_a_short_usage_error(ip, cell, fix):
     run(ip, "%pathways slice s0 2")
