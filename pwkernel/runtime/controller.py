@@ -288,9 +288,8 @@ class Controller:
         return {d: held.get(d.id, 0) for d in self.devices}
 
     def status(self) -> dict[str, Any]:
-        """The snapshot as plain dicts and strings: islands (with their queue depths and the
-        backend's facts), slices, programs, memory, policy, dispatch; a closed controller's
-        says ``closed`` and lists nothing (its islands and buffers are gone)."""
+        """The snapshot as plain dicts and strings: islands (queue depths, the backend's facts),
+        slices, programs, memory, policy, dispatch (closed: ``closed`` and nothing listed)."""
         return self.snapshot().as_status()
 
     def snapshot(self) -> Snapshot:
