@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import keyword
+import math
 import re
 
 from IPython.core.error import UsageError
@@ -39,9 +40,13 @@ class _Parser(MagicArgumentParser):
 
     def error(self, message: str, command: str | None = None):
         """``command``: the subcommand the arguments were given to (its flags are the ones a
-        misspelt flag is compared with); None: any subcommand's."""
-        raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message, command)} See "
-                         f"{self.hint} for the accepted arguments.")
+        misspelt flag is compared with); None: any subcommand's. A missing argument is shown
+        with the usage of the (sub)command it belongs to, which lists the choices."""
+        usage = ""
+        if message.startswith("the following arguments are required"):
+            usage = " Usage: " + " ".join(self.format_usage().replace("::", "").split()) + "."
+        raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message, command)}"
+                         f"{usage} See {self.hint} for the accepted arguments.")
 
     def flags(self) -> list[str]:
         """Every option string this parser takes (``--timeout``, ...)."""
@@ -89,6 +94,15 @@ def _dims(text: str, what: str, example: str) -> tuple[int, ...]:
 
 def _shape(text: str) -> tuple[int, ...]:
     return _dims(text, "slice shape", "e.g. 2, 2x2 or 2,2")
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    """``"4,5"`` -> (4, 5): device ids (ints from 0), comma-separated."""
+    if not re.fullmatch(r"[0-9]+(?:,[0-9]+)*", text.strip()):
+        raise argparse.ArgumentTypeError(
+            f"device ids {text[:40]!r} are not comma-separated ints; expected e.g. "
+            "--devices 4,5 (the ids %pathways status lists)")
+    return tuple(int(p) for p in text.split(","))
 
 
 def _axes(text: str) -> tuple[str, ...]:
@@ -178,6 +192,9 @@ def line_parser() -> _Parser:
     s.add_argument("shape", type=_shape, metavar="SHAPE", help="2, 2x2 or 2,2")
     s.add_argument("--island", type=int, default=None, metavar="I",
                    help="the island to take it on (default: the least loaded)")
+    s.add_argument("--devices", type=_ids, default=None, metavar="4,5",
+                   help="the device ids to place it on, one per device of SHAPE, in mesh order "
+                        "(as ctl.slice(..., devices=[4, 5]); default: the least loaded)")
     s.add_argument("--axes", type=_axes, default=None, metavar="x,y",
                    help="a name for each dimension of SHAPE (default: x, y, z, w)")
     s.add_argument("--axis-types", dest="axis_types", type=_axis_types, default=None,
@@ -321,10 +338,17 @@ def _check_trace_flags(a: argparse.Namespace) -> None:
 
 
 def _check_slice_flags(a: argparse.Namespace) -> None:
-    """``--axes`` names each dimension of SHAPE once; ``--axis-types`` gives one type, or one
+    """``--devices`` lists one distinct id per device of SHAPE; ``--axes`` names each
+    dimension of SHAPE once; ``--axis-types`` gives one type, or one
     per dimension. The error shows the flags as the magic takes them."""
     dims, shape = len(a.shape), "x".join(map(str, a.shape))
     usage = f"%pathways slice {a.name} {shape}"
+    size = math.prod(a.shape)
+    if a.devices is not None and (len(a.devices) != size or len(set(a.devices)) != size):
+        raise UsageError(
+            f"%pathways slice {a.name}: --devices {','.join(map(str, a.devices))} must list "
+            f"{size} distinct device ids for shape {shape}, one per device, in mesh order. "
+            f"Maybe you want {usage} --devices {','.join(map(str, range(size)))}.")
     if a.axes is not None and (len(a.axes) != dims or len(set(a.axes)) != dims):
         names = ("x", "y", "z", "w")[:dims] if dims <= 4 else [f"a{i}" for i in range(dims)]
         raise UsageError(
@@ -360,3 +384,11 @@ def help_text(parser: _Parser) -> str:
                 text += "".join(f"  {line}\n" for line in lines)
     return text
 
+
+
+def as_flags(message: str) -> str:
+    """A runtime error's ``ctl.slice`` keywords (``devices=[4, 5]``, ``island=1``) written as
+    the ``%pathways slice`` flags that do the same (``--devices 4,5``, ``--island 1``)."""
+    message = re.sub(r"\bdevices=\[([0-9, ]*)\]",
+                     lambda m: "--devices " + m.group(1).replace(" ", ""), message)
+    return re.sub(r",? \bisland=([0-9]+)", r" --island \1", message)

@@ -68,8 +68,7 @@ def future_fields(fut: Future) -> dict[str, str]:
     preview = ""
     if fut.state is FutureState.DONE:
         try:
-            preview = np.array2string(np.asarray(fut.result(0)), threshold=8, edgeitems=2,
-                                      precision=4)
+            preview = _preview(fut.result(0))
         except NoValueError:
             preview = "(simulated: shape and times only, no values)"
         except Exception:  # closed controller: nothing to show
@@ -81,6 +80,14 @@ def future_fields(fut: Future) -> dict[str, str]:
             "where": where, "state": f"{fut.state.value} {elapsed}".strip(),
             "program": f"{run.name} (run {run.id}, client {run.client})" if run else "",
             "value": preview}
+
+
+def _preview(value) -> str:
+    """A few of ``value``'s elements; a typed PRNG key array (``jax.random.key``), which NumPy
+    cannot hold, shows the key data it wraps, as its ``repr`` does."""
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended):
+        return "key data " + _preview(jax.random.key_data(value))
+    return np.array2string(np.asarray(value), threshold=8, edgeitems=2, precision=4)
 
 
 def future_text(fut: Future) -> str:
@@ -131,7 +138,7 @@ def array_html(arr) -> str | None:
     spec = getattr(sharding, "spec", None)
     dims = ",".join(str(d) for d in arr.shape)
     try:
-        preview = np.array2string(np.asarray(arr), threshold=8, edgeitems=2, precision=4)
+        preview = _preview(arr)
     except Exception:  # deleted buffer
         preview = "(deleted)"
     rows = [["type", f"{arr.dtype}[{dims}]"],

@@ -90,9 +90,9 @@ class PathwaysMagics(Magics):
         old = None if old is None or old.released or old.controller is not self.ctl else old
         try:  # (a name bound again: placed as though its old slice were given back)
             vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes,
-                                axis_types=a.axis_types, replacing=old)
+                                axis_types=a.axis_types, devices=a.devices, replacing=old)
         except (PathwaysError, ValueError) as e:
-            raise UsageError(f"%pathways slice {a.name}: {e}") from None
+            raise UsageError(f"%pathways slice {a.name}: {specs.as_flags(str(e))}") from None
         self.state.slices[a.name] = vs
         self.shell.user_ns[a.name] = vs
         dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))
@@ -298,9 +298,12 @@ class PathwaysMagics(Magics):
             return self._last(plan, plain, results)
         try:
             self._wait(ctl, run, a.timeout, name, endings.leaves(results))
-            errors = [f.exception(0) for f in endings.leaves(results) if f.exception(0) is not None]
-            if errors:
-                raise errors[0]
+            failed = [f for f in endings.leaves(results) if f.exception(0) is not None]
+            if failed:  # (result() raises it with its own traceback: not with the frames of
+                try:  # an earlier raise of the same error, a print of a failed input, say)
+                    failed[0].result(0)
+                except BaseException as e:  # noqa: BLE001 - re-raised: the user's frames
+                    raise cells.user_error(e, filename) from None
         except BaseException:
             results = futures = None  # the traceback must not keep the buffers alive
             raise

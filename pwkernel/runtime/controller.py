@@ -288,9 +288,9 @@ class Controller:
         return {d: held.get(d.id, 0) for d in self.devices}
 
     def status(self) -> dict[str, Any]:
-        """The snapshot as plain dicts and strings: islands (with their queue depths and the
-        backend's facts), slices, programs, memory, policy, dispatch."""
-        return self._take().as_status()
+        """The snapshot as plain dicts and strings: islands (queue depths, the backend's facts),
+        slices, programs, memory, policy, dispatch (closed: ``closed`` and nothing listed)."""
+        return self.snapshot().as_status()
 
     def snapshot(self) -> Snapshot:
         """Islands, slices, runs with their nodes, memory, queue depths: frozen records (a

@@ -190,6 +190,12 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
     ("%pathways slice s2 2 --axis x", "unrecognized arguments: --axis x. Did you mean --axes?"),
     ("%%pathways --noblock\ny = 1", "Did you mean --no-block?"),
     ("%%pathways --timout 5\ny = 1", "Did you mean --timeout?"),
+    # a missing argument: the subcommand's usage, with the values it takes
+    ("%pathways policy", "required: policy. Usage: %pathways policy {fifo,priority,share}."),
+    ("%pathways dispatch", "Usage: %pathways dispatch {parallel,sequential}."),
+    ("%pathways trace", "Usage: %pathways trace [--rows auto|device|host|island] {save,clear}"),
+    ("%pathways attach", "{ray,local,sim}."),
+    ("%pathways slice t", "required: SHAPE. Usage: %pathways slice [--island I]"),
 ])
 def test_bad_input_is_a_short_usage_error(ip, cell, fix):
     run(ip, "%pathways slice s0 2")
@@ -341,6 +347,39 @@ def test_user_errors_point_at_the_cell_line(ip, capsys):
     assert extension.state().ctl.runs() == []
 
 
+def test_a_failed_computation_shows_the_users_frames_not_an_earlier_raise(ip):
+    """A cell whose program failed raises the error with the user's frames only (here the
+    callback's line, no runtime or JAX frames), and a cell that reads that failed value later
+    does not show the frames of an earlier statement that raised it (``print(w)``)."""
+    run(ip, "def bad(v):\n    raise ValueError(f'bad value {v}')\n")
+    run(ip, "%pathways slice s 2")
+
+    def frames(error) -> list[tuple[str, str]]:
+        out, tb = [], error.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            out.append((code.co_filename, code.co_name))
+            tb = tb.tb_next
+        return out
+
+    inside = (os.path.join("", "pwkernel", "runtime", ""), os.path.join("", "jax", ""))
+    for no_block in (False, True):
+        cell = ("%%pathways --slice s" + " --no-block" * no_block
+                + "\nw = jnp.ones(2)\njax.debug.callback(bad, w.sum())\nz = w * 2\n")
+        result = ip.run_cell(cell)
+        if not no_block:
+            assert isinstance(result.error_in_exec, ValueError)
+            assert not any(p in f for f, _ in frames(result.error_in_exec) for p in inside)
+            assert frames(result.error_in_exec)[-1][1] == "bad"
+    ip.user_ns["w"].exception(60)
+    with pytest.raises(ValueError, match="bad value 2.0"):
+        run(ip, "print(w)")
+    result = ip.run_cell("%%pathways --slice s\nq = w + 1\n")
+    assert isinstance(result.error_in_exec, ValueError), result.error_in_exec
+    assert "__str__" not in [name for _, name in frames(result.error_in_exec)]
+    assert not any(p in f for f, _ in frames(result.error_in_exec) for p in inside)
+
+
 def test_status_and_rich_displays(ip):
     run(ip, "%pathways slice s0 2x2")
     run(ip, "other = pw.controller().slice(2, island=1, axis_types='auto')")  # not a magic's
@@ -422,6 +461,28 @@ def test_running_a_slice_line_again_keeps_its_devices(ip):
         ip.run_line_magic("pathways", "slice s0 8")
     assert ip.user_ns["s0"] is now and not now.released
     assert extension.state().ctl.slice(2).device_ids == (4, 5)  # s0's load still counts
+
+
+def test_a_slice_on_the_devices_named_by_id(ip):
+    """``%pathways slice NAME SHAPE --devices 7,6`` places it as ``ctl.slice(..., devices=)``
+    does, in mesh order; a wrong count, and devices off one island, name the flags to use."""
+    run(ip, "%pathways slice s 2x2 --devices 7,6,5,4 --axes a,b")
+    vs = ip.user_ns["s"]
+    assert vs.device_ids == (7, 6, 5, 4) and vs.island.id == 1 and vs.axis_names == ("a", "b")
+    run(ip, "%%pathways --slice s\ny = jnp.ones(4) * 2")
+    assert {d.id for d in ip.user_ns["y"].sharding.device_set} == {4, 5, 6, 7}
+    with pytest.raises(UsageError, match=re.escape(
+            "--devices 2 must list 2 distinct device ids for shape 2, one per device, in "
+            "mesh order. Maybe you want %pathways slice t 2 --devices 0,1.")):
+        run(ip, "%pathways slice t 2 --devices 2")
+    with pytest.raises(UsageError, match=re.escape(
+            "devices [4, 5] are not all on island 0; a slice lives on one island, and the "
+            "islands here are 0: [0, 1, 2, 3], 1: [4, 5, 6, 7]. Maybe you want --devices 0,1 "
+            "--island 0.")):
+        run(ip, "%pathways slice t 2 --devices 4,5 --island 0")
+    with pytest.raises(UsageError, match="--devices goes with %pathways slice"):
+        run(ip, "%pathways status --devices 1")
+    assert ip.user_ns["s"] is vs and not vs.released
 
 
 def test_trace_save_rows_picks_the_tracks(ip, tmp_path):
@@ -576,3 +637,16 @@ def test_a_controller_that_cannot_start_is_a_one_line_usage_error():
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("UsageError")]
     assert len(lines) == 2 and all("need 16 CPU devices" in ln for ln in lines), done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_a_future_of_a_typed_key_shows_its_key_data(ip):
+    """A typed PRNG key is no NumPy value: its Future (and the jax.Array) preview the key data
+    it wraps, as the key's repr does, where they used to say '(freed)' and '(deleted)'."""
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nkey = jax.random.key(0)")
+    fmt = ip.display_formatter
+    data, _ = fmt.format(ip.user_ns["key"])
+    assert "key<fry>[]" in data["text/plain"] and "key data [0 0]" in data["text/plain"]
+    assert "key data [0 0]" in data["text/html"] and "freed" not in data["text/html"]
+    data, _ = fmt.format(ip.user_ns["key"].result())
+    assert "key data [0 0]" in data["text/html"] and "deleted" not in data["text/html"]

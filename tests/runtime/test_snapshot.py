@@ -60,6 +60,18 @@ def test_a_closed_controller_snapshots_as_closed():
     assert ctl.snapshot() == Snapshot(closed=True)
 
 
+def test_a_closed_controllers_status_says_closed_and_lists_nothing():
+    """``ctl.status()`` is the snapshot rendered: once closed, no islands, slices or memory
+    (its islands' devices and buffers are gone), the same keys, ``closed`` True."""
+    ctl = pw.Controller(islands=(2,))
+    ctl.slice(2)
+    keys = set(ctl.status())
+    ctl.close()
+    assert ctl.status() == {"islands": [], "slices": [], "programs": [], "memory": {},
+                            "policy": "", "dispatch": "", "closed": True}
+    assert set(ctl.status()) == keys
+
+
 def test_set_default_makes_pw_controller_return_it():
     from pwkernel.runtime.controller import running_default
 
