@@ -35,7 +35,7 @@ from ..runtime.objects import Future
 from .cell import ambient_mesh, reads_before_binding
 
 _CONVERT = {"print", "float", "int", "bool", "complex", "str", "repr", "format", "display"}
-_METHODS = {"item", "tolist", "block_until_ready", "__array__"}
+_METHODS = {"item", "tolist", "block_until_ready", "copy_to_host_async", "__array__"}
 _NUMPY = {"np", "numpy", "onp"}
 # methods that store their argument into the object they are called on (a list of losses,
 # a dict of metrics): the object would keep a traced value, so the statement runs as Python

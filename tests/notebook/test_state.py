@@ -115,6 +115,17 @@ y.sum()
     np.testing.assert_allclose(np.asarray(ip.user_ns["y"]), np.arange(8.0) * 2)
 
 
+def test_a_cell_that_starts_a_copy_to_the_host(ip):
+    """``y.copy_to_host_async()`` in a cell (a value's method, as ``block_until_ready``): the
+    statement runs as plain Python, not traced (before: JAX's "not available on a traced
+    array" error)."""
+    run(ip, "import jax.numpy as jnp, numpy as np")
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\ny = jnp.arange(4.0) * 3\ny.copy_to_host_async()\n"
+            "z = y + 1\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["z"]), np.arange(4.0) * 3 + 1)
+
+
 def test_a_cell_that_does_arithmetic_on_a_pw_function_result(ip):
     """``double(jnp.sin(x)) + 1``: a compiled function's result used as an array (before: a
     TypeError, Future + int)."""
