@@ -43,6 +43,9 @@ class Arguments:
         self.takes_dispatch = any(p.name == "dispatch" for p in params or ())
         self.static_nums, self.static_names = _both(
             name, "static", static_argnums, static_argnames, params)
+        # a negative static position of a function taking *args counts from the end of each
+        # call's positional arguments, as jax.jit counts it (``static_at``)
+        self.static_from_end = frozenset(i for i in self.static_nums if i < 0)
         self.donate_nums, self.donate_names = _both(
             name, "donate", donate_argnums, donate_argnames, params)
         both = self.static_nums & self.donate_nums
@@ -56,9 +59,16 @@ class Arguments:
         when not given, or when it is the function's own parameter."""
         return kwargs.pop("dispatch", None) if kwargs and not self.takes_dispatch else None
 
+    def static_at(self, nargs: int) -> frozenset[int]:
+        """The static positions of a call with ``nargs`` positional arguments."""
+        if not self.static_from_end:
+            return self.static_nums
+        return frozenset(i % nargs if i < 0 else i for i in self.static_nums) if nargs else (
+            self.static_nums - self.static_from_end)
+
     def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
         """``(dynamic positional, dynamic keyword, static key)``; the key is hashable."""
-        nums, names = self.static_nums, self.static_names
+        nums, names = self.static_at(len(args)), self.static_names
         if not nums and not names:
             return args, kwargs, (len(args), (), (), ())
         dyn = tuple(a for i, a in enumerate(args) if i not in nums)
@@ -146,8 +156,9 @@ def _both(fn_name: str, what: str, nums, names, params):
     checked against the signature as ``jax.jit`` checks them (a negative position counts
     from the end of the positional parameters)."""
     nums = () if nums is None else (nums,) if isinstance(nums, int) else tuple(nums)
+    nums = tuple(int(i) if isinstance(i, bool) else i for i in nums)  # (jax.jit: True is 1)
     names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in nums):
+    if not all(isinstance(i, int) for i in nums):
         raise ProgramError(f"{fn_name}: {what}_argnums must be ints (positions of arguments), "
                            f"got {nums!r}. Maybe you want {what}_argnums=(1,).")
     if not all(isinstance(n, str) for n in names):
@@ -165,6 +176,8 @@ def _both(fn_name: str, what: str, nums, names, params):
                 f"takes {len(positional)} positional arguments ({', '.join(positional)})."),
                 ValueError)
         nums = tuple(i % len(positional) for i in nums)
+    elif what == "static" and params:
+        pass  # (with *args: a negative one counts from each call's end, as in jax.jit)
     elif any(i < 0 for i in nums):
         raise ProgramError(f"{fn_name}: {what}_argnums={nums}: a negative position needs a "
                            "function with a fixed number of positional arguments (this one "
@@ -180,7 +193,7 @@ def _both(fn_name: str, what: str, nums, names, params):
             f"Check the spelling, or use {what}_argnums for positional-only arguments."),
             ValueError)
     nums_set = set(nums) | {positional.index(n) for n in names if n in positional}
-    names_set = set(names) | {positional[i] for i in nums if i < len(positional)}
+    names_set = set(names) | {positional[i] for i in nums if 0 <= i < len(positional)}
     return frozenset(nums_set), frozenset(names_set)
 
 
@@ -305,8 +318,9 @@ def not_an_array(name: str, what: str, args: tuple, kwargs: dict,
                  arguments: Arguments) -> ProgramError:
     """The error for a call given something that is no array, scalar or future: which
     argument (and where in its pytree), what it is, and the fix."""
+    statics = arguments.static_at(len(args))
     given = [(f"argument {i}", a, f"static_argnums={i}") for i, a in enumerate(args)
-             if i not in arguments.static_nums]
+             if i not in statics]
     given += [(f"argument {k!r}", v, f"static_argnames={k!r}") for k, v in kwargs.items()
               if k not in arguments.static_names]
     for where, value, static in given:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+import jax
+
 from .objects import Future
 
 if TYPE_CHECKING:
@@ -281,6 +283,31 @@ class RunSlots:
             if value is not None and (is_deleted is None or is_deleted()):
                 out.append(s)
         return tuple(out)
+
+    def moved_and_consumed(self, consumed: tuple[int, ...]) -> list:
+        """The caller's ``jax.Array``s that donated slots in ``consumed`` were moved from, as
+        ``jax.jit``'s move consumes them: where the move could reuse a buffer of the array
+        (a device holds the same block in both layouts: an uncommitted ``jnp`` array on the
+        default device, moved to a slice of several devices), the donation consumes it with
+        the copy. Only a plain argument (not a future: the store's) that this copy is the one
+        reader of, given once, and whose copy the launch did consume."""
+        plan, values, futures, out = self.plan, self.values, self.futures, []
+        if values is None:
+            return out
+        for s in consumed:
+            made = plan.makers[s]
+            moved = values[s]
+            if made is None or made[0].is_compute or not made[0].node.shares_buffers:
+                continue
+            src = made[0].inputs[0]
+            value = values[src]
+            if (src in futures or src not in plan.inputs or not isinstance(value, jax.Array)
+                    or not isinstance(moved, jax.Array) or not moved.is_deleted()
+                    or len(plan.consumers[src]) != 1 or len(plan.consumers[s]) != 1
+                    or sum(values[i] is value for i in plan.inputs) != 1):
+                continue
+            out.append(value)
+        return out
 
     def give_back(self, node: PlanNode, consumed: tuple[int, ...]) -> None:
         """``node``'s launch consumed (donated) values this run made that no future shows:

@@ -166,7 +166,8 @@ class JitStages:
             return out
 
         def body(*args, **kwargs):
-            dyn = tuple(a for i, a in enumerate(args) if i not in nums)
+            at = self.arguments.static_at(len(args))
+            dyn = tuple(a for i, a in enumerate(args) if i not in at)
             dkw = {k: v for k, v in kwargs.items() if k not in names}
             leaves, tree = jax.tree_util.tree_flatten((dyn, dkw))
             specs = [self.in_specs] * len(leaves) if (

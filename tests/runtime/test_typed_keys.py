@@ -68,15 +68,21 @@ def test_a_donated_key_state_is_consumed_and_a_kept_one_is_not(ctl):
     step = pw.function(lambda st: {"w": st["w"] * 2, "rng": jax.random.split(st["rng"], 1)[0]},
                        slice=s, donate_argnums=0)
     mine = {"w": np.ones(4, np.float32), "rng": jax.random.key(4)}
-    state = step(mine)  # the user's own key: copied onto the slice, never consumed
+    want = {"w": mine["w"], "rng": jax.random.key(4)}
+    # the user's own key, uncommitted on device 0: moved onto the slice (the move reuses its
+    # buffer on device 0), and the donation consumes it, as jax.jit's does (test_jit_donation)
+    state = step(mine)
     for _ in range(3):
         state = step(state)
-    want = mine
     for _ in range(4):
         want = {"w": want["w"] * 2, "rng": jax.random.split(want["rng"], 1)[0]}
     np.testing.assert_array_equal(np.asarray(state["w"].result()), want["w"])
     np.testing.assert_array_equal(key_data(state["rng"].result()), key_data(want["rng"]))
-    assert not mine["rng"].is_deleted()
+    assert mine["rng"].is_deleted()
+    with jax.set_mesh(s.mesh):
+        theirs = {"w": np.ones(4, np.float32), "rng": jax.random.key(4)}
+        jax.jit(step.fn, donate_argnums=0)(theirs)
+    assert theirs["rng"].is_deleted()
 
 
 def test_a_typed_key_is_counted_at_its_key_datas_size(ctl):

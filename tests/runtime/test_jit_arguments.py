@@ -1,0 +1,52 @@
+"""Static positions as ``jax.jit`` reads them, beyond what ``test_jax_contract`` covers."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import pwkernel as pw
+
+
+def _same(got, want) -> None:
+    got = jax.tree.map(lambda v: v.result(60) if isinstance(v, pw.Future) else v, got)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape)
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_a_negative_static_position_with_star_args_counts_from_each_calls_end(ctl):
+    """With ``*args`` a negative static position is taken from the end of each call's
+    positional arguments, as jax.jit takes it (it was refused when the function was made);
+    a ``@pw.program`` reads it the same way."""
+    s = ctl.slice(2)
+    x = np.arange(4.0, dtype=np.float32)
+
+    def scaled(v, *rest):  # the last positional argument is a Python int (static)
+        assert isinstance(rest[-1], int)
+        return v * rest[-1] + len(rest)
+
+    f = pw.function(scaled, slice=s, static_argnums=-1)
+    jf = jax.jit(scaled, static_argnums=-1)
+    for args in ((x, 5), (x, x, 3), (x, x, x, 2)):
+        _same(f(*args), jf(*args))
+    both = pw.function(lambda *a: a[1] * a[0] * a[-1], slice=s, static_argnums=(0, -1))
+    _same(both(2, x, 3), jax.jit(lambda *a: a[1] * a[0] * a[-1], static_argnums=(0, -1))(2, x, 3))
+
+    @pw.program
+    def last(v, *rest):
+        return f(v, *rest)
+
+    prog = pw.program(last.fn, static_argnums=-1)
+    _same(prog(x, 7), jf(x, 7))
+    with pytest.raises(TypeError, match="argument 1 is of type str"):
+        pw.function(lambda *a: a[0], slice=s, static_argnums=-1)(x, "s", 3)
+
+
+def test_static_argnums_given_as_a_bool_is_a_position_as_in_jax_jit(ctl):
+    s = ctl.slice(2)
+    x = np.arange(4.0, dtype=np.float32)
+    f = pw.function(lambda v, n: v * n, slice=s, static_argnums=True)
+    _same(f(x, 3), jax.jit(lambda v, n: v * n, static_argnums=True)(x, 3))
