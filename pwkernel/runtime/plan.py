@@ -102,6 +102,9 @@ class PlanNode:
     credit_room: int | None = None
     donated_internal: tuple[int, ...] = ()
     reused: bool = False
+    moved: tuple[tuple[int, int], ...] = ()  # (donated slot, argument slot): a copy sharing
+    #                                 the argument's buffers that only this node reads, of an
+    #                                 argument only that copy reads (``moved_and_consumed``)
     internal: tuple[int, ...] = ()  # its distinct input slots made by the run (freed after
     #                                 their last reader; arguments and constants never are)
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
@@ -192,8 +195,10 @@ def build(graph: Graph) -> Plan:
                               waits=tuple(waits), after=tuple(after), external=p.external > 0,
                               credit=p.credit)
         nodes.append(p)
-    seen = frozenset(graph.outputs)
+    seen, inputs = frozenset(graph.outputs), frozenset(graph.inputs)
     for p in nodes:
+        p.moved = tuple((s, nodes[producer[s]].inputs[0]) for s in dict.fromkeys(p.donated_slots)
+                        if _moved_argument(s, nodes, producer, consumers, inputs))
         p.notifies = any(notify[s] for s in p.outputs)
         p.returns = tuple(s for s in p.outputs if s in seen)
         p.returns_nbytes = tuple(p.out_nbytes[k] for k, s in enumerate(p.outputs) if s in seen)
@@ -211,6 +216,18 @@ def build(graph: Graph) -> Plan:
                       for v in (graph.values[s],)),
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)))
+
+
+def _moved_argument(slot: int, nodes: list[PlanNode], producer: list[int],
+                    consumers: list[list[int]], inputs: frozenset[int]) -> bool:
+    """``slot`` is a copy that may share a program argument's buffers (a move onto a slice a
+    device of which holds the same block), read by one node only, of an argument only that
+    copy reads."""
+    src = producer[slot]
+    if src < 0 or nodes[src].is_compute or not nodes[src].node.shares_buffers:
+        return False
+    arg = nodes[src].inputs[0]
+    return arg in inputs and len(consumers[arg]) == 1 and len(consumers[slot]) == 1
 
 
 def _output(slot: int, v, producer: int, nodes: list[PlanNode]) -> Output:

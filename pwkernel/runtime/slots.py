@@ -284,29 +284,20 @@ class RunSlots:
                 out.append(s)
         return tuple(out)
 
-    def moved_and_consumed(self, consumed: tuple[int, ...]) -> list:
-        """The caller's ``jax.Array``s that donated slots in ``consumed`` were moved from, as
-        ``jax.jit``'s move consumes them: where the move could reuse a buffer of the array
-        (a device holds the same block in both layouts: an uncommitted ``jnp`` array on the
-        default device, moved to a slice of several devices), the donation consumes it with
-        the copy. Only a plain argument (not a future: the store's) that this copy is the one
-        reader of, given once, and whose copy the launch did consume."""
-        plan, values, futures, out = self.plan, self.values, self.futures, []
-        if values is None:
-            return out
-        for s in consumed:
-            made = plan.makers[s]
-            moved = values[s]
-            if made is None or made[0].is_compute or not made[0].node.shares_buffers:
-                continue
-            src = made[0].inputs[0]
-            value = values[src]
-            if (src in futures or src not in plan.inputs or not isinstance(value, jax.Array)
-                    or not isinstance(moved, jax.Array) or not moved.is_deleted()
-                    or len(plan.consumers[src]) != 1 or len(plan.consumers[s]) != 1
-                    or sum(values[i] is value for i in plan.inputs) != 1):
-                continue
-            out.append(value)
+    def moved_and_consumed(self, node: PlanNode, consumed: tuple[int, ...]) -> list:
+        """The caller's ``jax.Array``s that ``node``'s consumed donated slots were moved from
+        (``PlanNode.moved``), as ``jax.jit``'s move consumes them: where the move could reuse
+        a buffer of the array (a device holds the same block in both layouts: an uncommitted
+        ``jnp`` array on the default device, moved to a slice of several devices), the
+        donation consumes it with the copy. Only a plain argument (not a future: the
+        store's), given once, whose copy the launch did consume."""
+        values, futures, out = self.values, self.futures, []
+        for s, src in node.moved if values is not None else ():
+            value, moved = values[src], values[s]
+            if (s in consumed and src not in futures and isinstance(value, jax.Array)
+                    and isinstance(moved, jax.Array) and moved.is_deleted()
+                    and sum(values[i] is value for i in self.plan.inputs) == 1):
+                out.append(value)
         return out
 
     def give_back(self, node: PlanNode, consumed: tuple[int, ...]) -> None:

@@ -347,7 +347,7 @@ class ProgramRun(RunSlots):
         consumed, futures = self.consumed(node), self.futures
         if futures and consumed:
             Future.consumed_many(list(map(futures.get, consumed)))
-        for value in self.moved_and_consumed(consumed) if consumed else ():
+        for value in self.moved_and_consumed(node, consumed) if node.moved else ():
             value.delete()  # (the caller's array a copy was moved from: as jax.jit's move)
         if node.donated_internal and self.owner.memory_budget is not None:
             self.give_back(node, consumed)
