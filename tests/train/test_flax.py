@@ -73,3 +73,16 @@ def test_flax_pieces_given_to_pw_train_get_errors_that_name_the_fix(tctl):
                                             r"pw\.train\.TrainState\(\*state\)"):
             trainer.step(tuple(state), (X, Y))
         trainer.step(pw.train.TrainState(*tuple(state)), (X, Y))[1].result()  # as it says
+
+
+def test_a_loss_with_metrics_is_refused_with_what_to_return(tctl):
+    def with_metrics(out, y):  # as jax.value_and_grad(..., has_aux=True) would take it
+        return mse(out, y), {"mae": jnp.mean(jnp.abs(out - y))}
+    s = tctl.slice(1, island=0)
+    spmd = pw.train.SPMD(STAGES, s, loss=with_metrics, optimizer=optax.sgd(0.1), name="aux")
+    pipe = pw.train.Pipeline(STAGES, [s, s], loss=with_metrics, optimizer=optax.sgd(0.1),
+                             microbatches=2, name="aux2")
+    for trainer in (spmd, pipe):
+        with pytest.raises(TypeError, match=r"must return one scalar .* got a tuple of 2\. "
+                                            r"pw\.train takes no auxiliary outputs"):
+            trainer.step(trainer.init(0), (X, Y))
