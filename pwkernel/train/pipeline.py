@@ -70,9 +70,11 @@ from .state import (
     TrainState,
     apply_optimizer,
     check_batch,
+    check_optimizer,
     check_stages,
     init_stage,
     inputs_and_targets,
+    not_a_state,
     raise_if_not_finite,
     ready_to_donate,
     simulated,
@@ -108,6 +110,7 @@ class Pipeline:
                  schedule: Schedule | str = Schedule.ONE_F_ONE_B, microbatches: int = 4,
                  check_finite: bool = False, name: str = "pipeline"):
         check_stages(stages, slices)
+        check_optimizer(optimizer)
         if (not isinstance(microbatches, int | np.integer) or isinstance(microbatches, bool)
                 or microbatches < 1):  # (a NumPy int, say batch // per, is one too)
             raise ValueError(f"microbatches must be a positive int, got {microbatches!r}.")
@@ -328,8 +331,8 @@ def _train_state(state, what: str, consumed: bool = True) -> TrainState:
         fresh = consumed and not state.edited()
         return state.unpacked(fresh=fresh)
     if not isinstance(state, TrainState):
-        raise TypeError(f"{what} takes the TrainState that init() or step() returned (or an "
-                        f"SPMD's state), got {type(state).__name__}.")
+        raise not_a_state(state, what, "the pw.train.TrainState that init() or step() "
+                          "returned (or an SPMD's state)")
     return state
 
 

@@ -38,9 +38,11 @@ from .state import (
     TrainState,
     apply_optimizer,
     check_batch,
+    check_optimizer,
     check_stages,
     init_stage,
     inputs_and_targets,
+    not_a_state,
     raise_if_not_finite,
     ready_to_donate,
     simulated,
@@ -107,6 +109,7 @@ class SPMD:
                  optimizer: optax.GradientTransformation, check_finite: bool = False,
                  packed: bool = False, name: str = "spmd"):
         check_stages(stages)
+        check_optimizer(optimizer)
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
         self.name, self.packed = name, packed
         self._train, self._make = train_step(self.stages, loss, optimizer), init_state(
@@ -219,8 +222,8 @@ class SPMD:
                 raise ValueError(f"this TrainState is not one of {self!r}'s: {why}. Maybe "
                                  "you want the state this trainer's init() returned.")
         elif not isinstance(state, TrainState):
-            raise TypeError(f"step takes the state that init() or step() returned (or a "
-                            f"TrainState), got {type(state).__name__}.")
+            raise not_a_state(state, "step", "the state that init() or step() returned (or a "
+                              "pw.train.TrainState)")
         return state
 
     def __repr__(self) -> str:

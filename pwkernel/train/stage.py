@@ -56,8 +56,26 @@ def model_loss(stages: Sequence[Stage], loss: Callable) -> Callable:
     def full(params, x, y):
         for apply, p in zip(applies, params, strict=True):
             x = apply(p, x)
-        return loss(x, y)
+        return check_scalar_loss(loss(x, y))
     return full
+
+
+def check_scalar_loss(value):
+    """``value``, a loss's result, if it is one scalar array; else the error that says what
+    to return (jax.grad's own rule: a vector seeded with ones is another loss; a tuple, a
+    loss with metrics as ``jax.value_and_grad(has_aux=True)`` takes, failed before in JAX's
+    "Gradient only defined for scalar-output functions" or in ``jnp.shape``)."""
+    if isinstance(value, tuple | list | dict):
+        raise TypeError(
+            f"the loss must return one scalar (the mean over the examples), got a "
+            f"{type(value).__name__} of {len(value)}. pw.train takes no auxiliary outputs "
+            f"(has_aux): return the loss alone, and compute metrics with evaluate() or a "
+            f"pw.function of your own on the state's params.")
+    if jnp.shape(value) != ():
+        raise TypeError(
+            f"the loss must be a scalar (the mean over the microbatch's examples), got shape "
+            f"{jnp.shape(value)}. Maybe you want jnp.mean(...) over every axis, not axis=1.")
+    return value
 
 
 def _target(apply: Callable, loss: Callable | None, wrt_input: bool, x, y) -> tuple:
@@ -77,10 +95,8 @@ def _vjp(apply, loss, wrt_input: bool, params, x, y):
     index of the stage's input leaf it is (the same traced array), or -1 for a residual."""
     f, extra = _target(apply, loss, wrt_input, x, y)
     out, vjp = jax.vjp(f, params, *extra)
-    if loss is not None and jnp.shape(out) != ():
-        raise TypeError(  # (jax.grad's own rule: a vector seeded with ones is another loss)
-            f"the loss must be a scalar (the mean over the microbatch's examples), got shape "
-            f"{jnp.shape(out)}. Maybe you want jnp.mean(...) over every axis, not axis=1.")
+    if loss is not None:
+        check_scalar_loss(out)
     leaves, tree = _flatten(vjp)
     inputs = {id(leaf): i for i, leaf in enumerate(_leaves((params, x, y)))}
     where = [inputs.get(id(leaf), -1) for leaf in leaves]

@@ -272,12 +272,49 @@ def check_stages(stages: Sequence, slices: Sequence | None = None) -> None:
     from .stage import Stage
 
     if not stages or not all(isinstance(s, Stage) for s in stages):
+        modules = [s for s in stages or () if callable(getattr(s, "init", None))
+                   and callable(getattr(s, "apply", None))]
+        hint = (" A flax module is one as pw.train.Stage(init=lambda key: module.init(key, "
+                "example_input)['params'], apply=lambda params, x: module.apply({'params': "
+                "params}, x))." if modules else "")
         raise TypeError(f"stages must be a non-empty list of pw.train.Stage(init, apply), got "
-                        f"{[type(s).__name__ for s in stages] if stages else stages!r}.")
+                        f"{[type(s).__name__ for s in stages] if stages else stages!r}.{hint}")
     if slices is not None and len(slices) != len(stages):
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, "
                          f"{len(slices)} slices. Maybe you want "
                          f"slices=[ctl.slice(1) for _ in range({len(stages)})].")
+
+
+def check_optimizer(optimizer) -> None:
+    """``optimizer`` is an optax transformation (``init`` and ``update``), not the function
+    that makes one: before, ``optimizer=optax.adam`` failed only in ``init``'s trace."""
+    if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+        return
+    name = getattr(optimizer, "__name__", None)
+    module = getattr(optimizer, "__module__", "") or ""
+    hint = ""
+    if callable(optimizer) and name:
+        where = "optax." if module.split(".")[0] == "optax" else ""
+        hint = f" Maybe you want {where}{name}(...) (called: {where}{name}(1e-3), say)."
+    got = f"the function {name}" if callable(optimizer) and name else repr(optimizer)
+    raise TypeError(f"optimizer must be an optax GradientTransformation (with init and "
+                    f"update), got {got}.{hint}")
+
+
+def not_a_state(state, what: str, takes: str) -> TypeError:
+    """The error for a ``state`` that is not a ``pw.train`` state, naming its full type (a
+    flax ``TrainState`` and ``pw.train.TrainState`` share a name) and what to pass."""
+    kind = type(state)
+    full = f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")
+    if isinstance(state, tuple) and len(state) == 2 and not hasattr(state, "_fields"):
+        hint = " Maybe you want pw.train.TrainState(*state): (params, opt_state), per stage."
+    elif hasattr(state, "params") and hasattr(state, "opt_state"):
+        hint = (" pw.train's state is pw.train.TrainState(params=[...], opt_state=[...]), "
+                "one entry per stage, as init() makes it; a flax TrainState is for a step you "
+                "write yourself, which pw.function(step, slice=...) takes as jax.jit does.")
+    else:
+        hint = ""
+    return TypeError(f"{what} takes {takes}, got {full}.{hint}")
 
 
 def simulated(vs: VirtualSlice) -> bool:

@@ -1,0 +1,88 @@
+"""A flax researcher's pieces given to pw.train: flax.linen modules as stages (the same
+losses as plain jax.jit), and the errors for a flax TrainState, an optax constructor not
+called, or a module given where a Stage goes, each naming what to pass instead."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.training import train_state
+
+import pwkernel as pw
+from pwkernel.train.state import stage_keys
+
+X = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+Y = np.sin(X[:, :1])
+
+
+def mse(out, y):
+    return jnp.mean((out - y) ** 2)
+
+
+def linen_stage(module, example):
+    """A flax.linen module as a stage, as the error for a module given bare says."""
+    return pw.train.Stage(init=lambda key: module.init(key, example)["params"],
+                          apply=lambda params, x: module.apply({"params": params}, x))
+
+
+STAGES = [linen_stage(nn.Sequential([nn.Dense(8), nn.tanh]), X[:1]),
+          linen_stage(nn.Dense(1), np.zeros((1, 8), np.float32))]
+
+
+def test_linen_stages_train_as_plain_jax_jit(tctl):
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
+    step = jax.jit(pw.train.train_step(STAGES, mse, opt))
+    state = jax.jit(pw.train.init_state(STAGES, opt))(stage_keys(0, 2))
+    plain = []
+    for _ in range(3):
+        state, loss = step(state, X, Y)
+        plain.append(float(loss))
+    pipe = pw.train.Pipeline(STAGES, [tctl.slice(1, island=0), tctl.slice(1, island=1)],
+                             loss=mse, optimizer=opt, microbatches=2, name="linen")
+    ours = pipe.init(0)
+    for i in range(3):
+        ours, loss = pipe.step(ours, (X, Y))
+        np.testing.assert_allclose(float(loss), plain[i], rtol=1e-5)
+
+
+def test_flax_pieces_given_to_pw_train_get_errors_that_name_the_fix(tctl):
+    s = tctl.slice(1, island=0)
+    with pytest.raises(TypeError, match=r"got the function adam\. Maybe you want optax\.adam"):
+        pw.train.SPMD(STAGES, s, loss=mse, optimizer=optax.adam)
+    with pytest.raises(TypeError, match=r"got the function sgd\. Maybe you want optax\.sgd"):
+        pw.train.Pipeline(STAGES, [s, s], loss=mse, optimizer=optax.sgd)
+    dense = nn.Dense(1)
+    with pytest.raises(TypeError, match=r"A flax module is one as pw\.train\.Stage\(init="):
+        pw.train.SPMD([dense], s, loss=mse, optimizer=optax.sgd(0.1))
+    flax_state = train_state.TrainState.create(
+        apply_fn=dense.apply, params=dense.init(jax.random.key(0), X)["params"],
+        tx=optax.sgd(0.1))
+    spmd = pw.train.SPMD(STAGES, s, loss=mse, optimizer=optax.sgd(0.1), name="flaxerr")
+    pipe = pw.train.Pipeline(STAGES, [s, s], loss=mse, optimizer=optax.sgd(0.1),
+                             microbatches=2, name="flaxerr2")
+    for trainer in (spmd, pipe):
+        with pytest.raises(TypeError, match=r"got flax\.training\.train_state\.TrainState\. "
+                                            r"pw\.train's state is pw\.train\.TrainState\("):
+            trainer.step(flax_state, (X, Y))
+        state = trainer.init(0)
+        with pytest.raises(TypeError, match=r"got tuple\. Maybe you want "
+                                            r"pw\.train\.TrainState\(\*state\)"):
+            trainer.step(tuple(state), (X, Y))
+        trainer.step(pw.train.TrainState(*tuple(state)), (X, Y))[1].result()  # as it says
+
+
+def test_a_loss_with_metrics_is_refused_with_what_to_return(tctl):
+    def with_metrics(out, y):  # as jax.value_and_grad(..., has_aux=True) would take it
+        return mse(out, y), {"mae": jnp.mean(jnp.abs(out - y))}
+    s = tctl.slice(1, island=0)
+    spmd = pw.train.SPMD(STAGES, s, loss=with_metrics, optimizer=optax.sgd(0.1), name="aux")
+    pipe = pw.train.Pipeline(STAGES, [s, s], loss=with_metrics, optimizer=optax.sgd(0.1),
+                             microbatches=2, name="aux2")
+    for trainer in (spmd, pipe):
+        with pytest.raises(TypeError, match=r"must return one scalar .* got a tuple of 2\. "
+                                            r"pw\.train takes no auxiliary outputs"):
+            trainer.step(trainer.init(0), (X, Y))
