@@ -425,6 +425,7 @@ class PoolIslandActor:
                         break
                 else:
                     tenant.records.append(record)
+                item = entry = None  # an idle tenant's thread keeps no operation of its own
                 self._changed(wake_all=True)
 
 
