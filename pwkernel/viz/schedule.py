@@ -43,7 +43,7 @@ from .inputs import (
 )
 from .palette import COLORS
 from .report import report
-from .updater import DEFAULT_INTERVAL, LiveUpdater, close_with_page
+from .updater import DEFAULT_INTERVAL, LiveUpdater, close_all, close_with_page
 
 FOLLOW, PAUSE = "follow live", "pause"
 # The view reads the trace's stored tuples (``Trace.rows``), in ``Event`` field order: no
@@ -486,9 +486,8 @@ class ScheduleView(w.VBox):
         for name in ("plot", "mode", "window", "color_by", "export_trace", "export_report",
                      "program_filter", "client_filter", "message", "legend", "status",
                      "_toolbar", "_filters"):
-            child = getattr(self, name, None)
-            if child is not None:
-                child.close()
+            close_all(getattr(self, name, None))  # with its layout, style, children
+        close_all(getattr(self, "layout", None))
         super().close()
 
     def _repr_mimebundle_(self, **kwargs):

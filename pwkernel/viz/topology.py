@@ -31,7 +31,7 @@ from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
 from .columns import DeviceLayout, merged_busy
 from .inputs import check_controller, virtual_clock, window_seconds
-from .updater import LiveUpdater, close_with_page
+from .updater import LiveUpdater, close_all, close_with_page
 
 TOPOLOGY_COLUMNS = ("x", "device", "island", "utilization", "util_text", "memory",
                     "memory_text", "slices", "color")
@@ -193,9 +193,8 @@ class TopologyView(w.VBox):
         if getattr(self, "_updater", None) is not None:
             self._updater.stop()
         for name in ("plot", "islands"):  # getattr: __init__ may have failed half-way
-            child = getattr(self, name, None)
-            if child is not None:
-                child.close()
+            close_all(getattr(self, name, None))  # with its layout, style, children
+        close_all(getattr(self, "layout", None))
         super().close()
 
     def _repr_mimebundle_(self, **kwargs):

@@ -135,6 +135,23 @@ class LiveUpdater:
         return self._thread
 
 
+def close_all(*widgets) -> None:
+    """Close each widget with everything it made: its children (a box's), recursively, and
+    its ``layout`` and ``style``. ipywidgets' ``close()`` closes only the widget itself; its
+    layout and style are widgets of their own that stay open in ipywidgets' registry (and
+    their comms in the kernel) for the rest of the kernel's life, 23 of them for each
+    ``ScheduleView`` made and closed. Closing twice is harmless (a shared layout too)."""
+    for widget in widgets:
+        if widget is None:
+            continue
+        close_all(*getattr(widget, "children", ()))
+        for part in ("layout", "style"):
+            child = getattr(widget, part, None)
+            if child is not None and callable(getattr(child, "close", None)):
+                child.close()
+        widget.close()
+
+
 def close_with_page(widget) -> None:
     """Call ``widget.close()`` when the frontend closes the widget's comm (the page dropped its
     model), as the kernel's comm manager reports it: a live view then stops its updater thread

@@ -289,6 +289,31 @@ def test_a_view_the_page_closes_stops_and_is_let_go(ctl, make):
     assert ref() is None  # nothing keeps the view: not ipywidgets, not a thread
 
 
+@pytest.mark.parametrize("make", [
+    lambda ctl: pw.ScheduleView(ctl, interval=0.02),
+    lambda ctl: pw.TopologyView(ctl, interval=0.02),
+], ids=["schedule", "topology"])
+def test_closing_a_view_closes_every_widget_it_made(ctl, make):
+    """Layouts and styles are widgets too, each with a comm: ipywidgets' close() leaves them
+    open (23 per ScheduleView), so a view made again in every cell run piled them up."""
+    import ipywidgets as w
+
+    def tree(widget):
+        yield widget
+        for part in ("layout", "style"):
+            if isinstance(getattr(widget, part, None), w.Widget):
+                yield getattr(widget, part)
+        for child in getattr(widget, "children", ()):
+            yield from tree(child)
+
+    v = make(ctl)
+    made = list(tree(v)) + [getattr(v, name) for name in vars(v)
+                            if isinstance(getattr(v, name), w.Widget)]
+    assert len(made) > 5 and all(x.comm is not None for x in made)
+    v.close()
+    assert [type(x).__name__ for x in made if x.comm is not None] == []
+
+
 def test_a_costly_update_never_leaves_the_view_more_than_max_wait_behind():
     # 20 ms of this thread's CPU per update under a 1 % budget asks for ~2 s between updates;
     # max_wait caps it (the CI flake: a first update that cost 0.3 s waited 30 s).

@@ -166,6 +166,7 @@ class IslandActor:
                     with self._cv:
                         self._running += 1
                     self._issued.put(item)
+            ops = op = item = None  # an idle executor keeps no value of its last message
             with self._cv:
                 self._next += 1
                 self._cv.notify_all()

@@ -328,8 +328,7 @@ class PoolIslandActor:
             self._post(Ready(task=head.task))
 
     def _post(self, *events) -> None:
-        """Under the lock: feed the scheduler; its launches go to the executor in order, and
-        each launch lets its tenant's next operation join."""
+        """Under the lock: feed the scheduler; its launches go to the executor, in order."""
         while events:
             more: list = []
             for decision in self._scheduler.handle(*events):
@@ -344,7 +343,7 @@ class PoolIslandActor:
                     item.refused = decision.reason
                 tenant.in_flight += 1
                 self._issue.append((tenant, item, item.op))
-                more += self._advance(tenant)
+                more += self._advance(tenant)  # a launch lets its next operation join
             events = tuple(more)
         self._cv.notify_all()
 
@@ -425,6 +424,7 @@ class PoolIslandActor:
                         break
                 else:
                     tenant.records.append(record)
+                item = entry = None  # an idle tenant's thread keeps no operation of its own
                 self._changed(wake_all=True)
 
 

@@ -54,3 +54,47 @@ def test_a_value_a_later_launch_donates_is_seen_to_end_without_an_error(island):
     assert all(r["t_start"] <= r["t_end"] for r in records)
     np.testing.assert_array_equal(np.asarray(buffers[12]), [1.0, 3.0, 5.0, 7.0])
 
+
+
+def test_an_idle_island_actor_keeps_no_value_of_its_last_message(island):
+    # The actor's executor thread kept the last message it issued (and its last operation)
+    # in its locals while it waited for the next: a program's host argument, which Ray hands
+    # over as a view of its shared object store, stayed pinned there until the next message.
+    import gc
+    import weakref
+
+    from pwkernel.backends.ray.actor import IslandActor
+
+    actor = IslandActor(0, jax.device_count(), "cpu")  # its threads stay (daemons), as on Ray
+    value = np.arange(4, dtype=np.float32)
+    held = weakref.ref(value)
+    layout = ((0, 1), (2,), ("x",), P("x"))
+    actor.submit(0, [("put", 0, 10, value, layout), ("free", [10])])
+    del value
+    assert actor.buffers(after=0) == {}  # the message was issued, its free done
+    assert [r["rid"] for r in actor.poll(30.0)] == [0]  # and the put seen to end
+    gc.collect()
+    assert held() is None
+
+
+def test_an_idle_pool_island_keeps_no_value_of_a_tenants_last_operation(island):
+    # The pool island's completion thread of each tenant kept the last operation it saw end
+    # (its item, which holds the operation) while it waited for the next one.
+    import gc
+    import weakref
+
+    from pwkernel.backends.ray.tenancy import PoolIslandActor
+
+    pool = PoolIslandActor(0, jax.device_count(), "cpu", "leaks", lease=600.0)
+    secret = pool.register("t")["secret"]
+    value = np.arange(4, dtype=np.float32)
+    held = weakref.ref(value)
+    layout = ((0, 1), (2,), ("x",), P("x"))
+    pool.submit(secret, 0, [("put", 0, 10, value, layout), ("free", [10])])
+    del value
+    try:
+        assert [r["rid"] for r in pool.poll(secret, 30.0)] == [0]  # the put seen to end
+        gc.collect()
+        assert held() is None
+    finally:
+        pool.unregister(secret, after=0)  # (its completion thread ends)
