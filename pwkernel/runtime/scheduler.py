@@ -280,7 +280,10 @@ class GangScheduler:
 
     def _make_ready(self, t: _Task) -> None:
         key = (-t.priority, t.seq) if self.policy is Policy.PRIORITY else t.seq
-        ready = t.client.ready
+        client = t.client
+        ready = client.ready
+        if not ready and not client.running:  # its work waited for inputs: no credit banked
+            self._ledger.rejoin(client)
         if not ready or ready[-1][0] < key:
             ready.append((key, t))
         else:
@@ -316,6 +319,7 @@ class GangScheduler:
         actual = (seconds if seconds > 0.0 else 0.0) * len(t.devices)
         client = t.client
         client.active -= 1
+        client.running -= 1
         self._ledger.settle(client, t.cost_key, actual, t.charged, t.guessed, t.weight)
 
     def _drop(self, t: _Task) -> None:
@@ -467,6 +471,7 @@ class GangScheduler:
             return
         for d in t.devices:
             self._busy[d].append(tid)
+        t.client.running += 1
         t.charged, t.guessed = self._ledger.charge(t.client, t.cost_key, len(t.devices),
                                                    t.weight)
         out.append(Launch(task=tid))

@@ -515,3 +515,23 @@ def test_a_policy_switch_keeps_every_ready_computation():
             order.append(running)
     assert sorted(order) == list(range(1, 10))
     assert [t % 3 for t in order] == sorted((t % 3 for t in order), reverse=True)
+
+
+def test_work_that_waited_for_its_inputs_does_not_bank_credit():
+    """Client "a" queues ten computations whose inputs come from elsewhere (another island, a
+    pending future); "b" runs ten meanwhile. "a" was not competing while its work waited, so
+    once its inputs arrive it shares the device from the pass of what has run, alternating
+    with "b" at equal weights; from its old pass, it ran its whole backlog back to back."""
+    s = GangScheduler((0,), policy="share")
+    b, a = ClientSpec("b"), ClientSpec("a")
+    running = launched(s.handle(*(Submit(task=t, devices=(0,), client=b, cost_key="x",
+                                         ready=True) for t in range(40))))
+    s.handle(*(Submit(task=100 + t, devices=(0,), client=a, cost_key="x") for t in range(10)))
+    for _ in range(10):
+        running = launched(s.handle(Ended(task=running[0], seconds=1.0)))
+    s.handle(*(Ready(task=100 + t) for t in range(10)))
+    order = []
+    for _ in range(10):
+        order.append("a" if running[0] >= 100 else "b")
+        running = launched(s.handle(Ended(task=running[0], seconds=1.0)))
+    assert "".join(order) == "baba" * 2 + "ba", "".join(order)
