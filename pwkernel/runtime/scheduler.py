@@ -23,7 +23,7 @@ order:
 
 A ready computation that cannot start (its devices are busy, or its outputs would exceed the
 memory budget) reserves its devices: later computations may use other devices (backfill) but
-never jump ahead of it on its own, so nothing starves.
+never jump ahead of it on its own, so nothing starves (but for ``Backfill``: see events.py).
 
 A program's computations on one island arrive in one event (``SubmitProgram``), each naming the
 computations of the same program it reads from directly (``waits``): such a computation becomes
@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 from .clients import ClientAccount, ClientLedger
 from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
+    Backfill,
     Cancel,
     ClientSpec,
     Ended,
@@ -156,6 +157,9 @@ class GangScheduler:
                     changed = True
             elif kind is SetPolicy:
                 self._set_policy(Policy.parse(event.policy))
+                changed = True
+            elif kind is Backfill:
+                self._backfill(out)
                 changed = True
             else:
                 raise TypeError(f"GangScheduler cannot handle {event!r}")
@@ -410,6 +414,19 @@ class GangScheduler:
             self._launch(t, out)
             if share:
                 return True
+
+    def _backfill(self, out: list) -> None:
+        """One pass in policy order in which what waits only for memory reserves nothing
+        (``Backfill``): launches stay one sequence, so the gang order holds."""
+        reserved: set[int] = set()
+        for t in self._in_order():
+            if not reserved.isdisjoint(t.devices):
+                continue
+            if not self._devices_free(t):
+                reserved |= t.devices
+            elif self._fits_memory(t):
+                self._unready(t)
+                self._launch(t, out)
 
     def _is_ancestor(self, a: int, t: _Task) -> bool:
         """Does ``t`` read ``a``'s outputs, directly or through computations of this island
