@@ -13,7 +13,10 @@ and hands it to ``charge`` and ``settle``.
 
 A client that becomes active starts at the pass of what has run (``vtime``); a guess charged
 for a computation never seen yet moves no one's start (a guess far too big would otherwise
-keep a newcomer waiting until the other had used all of it).
+keep a newcomer waiting until the other had used all of it). So does a client whose queued work
+only waited for its inputs (nothing of its ready, nothing running: ``rejoin``): it was not
+competing meanwhile, and starting from its old pass would let its backlog run back to back for
+as long as it waited.
 
 Pure bookkeeping, like the scheduler that owns it: no JAX, no thread, no clock.
 """
@@ -34,6 +37,7 @@ class ClientAccount:
     passes: float = 0.0  # stride scheduling's pass value, in device-seconds / weight
     guessed: float = 0.0  # of ``passes``: charges of running tasks whose cost is unknown
     active: int = 0      # queued + running tasks
+    running: int = 0     # launched computations not ended yet (copies never count)
     device_seconds: float = 0.0
     # (key, task) of its ready tasks, sorted by key; keys are unique (each is, or ends with,
     # the task's ``seq``), so two tasks are never compared. The scheduler keeps this list.
@@ -62,6 +66,12 @@ class ClientLedger:
         if client.active == 0:  # a client returning from idle starts at the current time
             client.passes = max(client.passes, self.vtime)
         return client
+
+    def rejoin(self, client: ClientAccount) -> None:
+        """``client`` had nothing ready and nothing running, and now has a computation ready:
+        it competes again from the pass of what has run, as a newcomer does."""
+        if client.passes < self.vtime:
+            client.passes = self.vtime
 
     def estimate(self, cost_key: Hashable, devices: int) -> float:
         """Device-seconds a computation is expected to take: the running mean of its

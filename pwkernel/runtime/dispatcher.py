@@ -315,6 +315,10 @@ class Dispatcher:
         for island in islands:
             found = island.memory_stuck(self, freed_by_user)
             if found is not None:
+                # ready work queued behind what waits may fit, and free that memory as it
+                # ends: it goes first (its end looks again); only if none can is a run stopped
+                if any(i.backfill() for i in islands):
+                    return
                 run, error = found
                 run.cancel(error=error)  # which looks again, once its frees landed
                 return

@@ -139,6 +139,14 @@ class SetPolicy:
     policy: Policy
 
 
+@dataclass(slots=True, kw_only=True)
+class Backfill:
+    """Nothing runs anywhere and what waits here for memory cannot get it by waiting: one pass
+    in which a computation waiting only for memory does not reserve its devices, so ready work
+    behind it that fits may launch (its end may free what the other waits for). Sent by the
+    runtime before it stops a program for memory (``runtime.budget``)."""
+
+
 # --- decisions (out) -----------------------------------------------------------------------
 @dataclass(slots=True, kw_only=True)
 class Launch:

@@ -25,6 +25,7 @@ from . import budget
 from .ends import EndOrder
 from .errors import MemoryBudgetError
 from .events import (
+    Backfill,
     Cancel,
     Ended,
     Launch,
@@ -127,13 +128,21 @@ class IslandQueue:
     def set_policy(self, policy: Policy) -> None:
         self.post(SetPolicy(policy=policy))
 
+    def backfill(self) -> bool:
+        """Nothing runs anywhere and work waits for memory: launch ready work that fits past
+        what waits (``Backfill``). True if something launched."""
+        if self.scheduler.memory_budget is None:
+            return False
+        return self.post(Backfill()) > 0
+
     # --- the one place decisions are taken -------------------------------------------------
-    def post(self, *events) -> None:
-        """Feed events to the scheduler and hand its launches to the executor, in order."""
+    def post(self, *events) -> int:
+        """Feed events to the scheduler and hand its launches to the executor, in order.
+        Returns how many launches they led to (0 when left to the ``post`` under way)."""
         with self._lock:
             if self._handling:  # re-entered from a GC finalizer freeing memory mid-handle
                 self._deferred.extend(events)
-                return
+                return 0
             self._handling = True
             try:
                 decisions = self.scheduler.handle(*events)
@@ -143,9 +152,11 @@ class IslandQueue:
             finally:
                 self._handling = False
             rejects = copies = None  # (a decision or two at a time, mostly: nothing hoisted)
+            launches = 0
             for decision in decisions:
                 task = self._tasks.pop(decision.task)
                 if type(decision) is Launch:
+                    launches += 1
                     if task.node.is_compute:
                         task.launch(self.ends.line(task.node.devices))
                         self._todo.append(task)
@@ -170,6 +181,7 @@ class IslandQueue:
                 task.run.owner.start_copy(task)
         if drain:
             self._drain()
+        return launches
 
     def pause(self) -> None:
         """Take decisions but launch nothing until ``resume()`` (while a run is submitted to

@@ -23,7 +23,7 @@ order:
 
 A ready computation that cannot start (its devices are busy, or its outputs would exceed the
 memory budget) reserves its devices: later computations may use other devices (backfill) but
-never jump ahead of it on its own, so nothing starves.
+never jump ahead of it on its own, so nothing starves (but for ``Backfill``: see events.py).
 
 A program's computations on one island arrive in one event (``SubmitProgram``), each naming the
 computations of the same program it reads from directly (``waits``): such a computation becomes
@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 from .clients import ClientAccount, ClientLedger
 from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
+    Backfill,
     Cancel,
     ClientSpec,
     Ended,
@@ -156,6 +157,9 @@ class GangScheduler:
                     changed = True
             elif kind is SetPolicy:
                 self._set_policy(Policy.parse(event.policy))
+                changed = True
+            elif kind is Backfill:
+                self._backfill(out)
                 changed = True
             else:
                 raise TypeError(f"GangScheduler cannot handle {event!r}")
@@ -280,7 +284,10 @@ class GangScheduler:
 
     def _make_ready(self, t: _Task) -> None:
         key = (-t.priority, t.seq) if self.policy is Policy.PRIORITY else t.seq
-        ready = t.client.ready
+        client = t.client
+        ready = client.ready
+        if not ready and not client.running:  # its work waited for inputs: no credit banked
+            self._ledger.rejoin(client)
         if not ready or ready[-1][0] < key:
             ready.append((key, t))
         else:
@@ -316,6 +323,7 @@ class GangScheduler:
         actual = (seconds if seconds > 0.0 else 0.0) * len(t.devices)
         client = t.client
         client.active -= 1
+        client.running -= 1
         self._ledger.settle(client, t.cost_key, actual, t.charged, t.guessed, t.weight)
 
     def _drop(self, t: _Task) -> None:
@@ -407,6 +415,19 @@ class GangScheduler:
             if share:
                 return True
 
+    def _backfill(self, out: list) -> None:
+        """One pass in policy order in which what waits only for memory reserves nothing
+        (``Backfill``): launches stay one sequence, so the gang order holds."""
+        reserved: set[int] = set()
+        for t in self._in_order():
+            if not reserved.isdisjoint(t.devices):
+                continue
+            if not self._devices_free(t):
+                reserved |= t.devices
+            elif self._fits_memory(t):
+                self._unready(t)
+                self._launch(t, out)
+
     def _is_ancestor(self, a: int, t: _Task) -> bool:
         """Does ``t`` read ``a``'s outputs, directly or through computations of this island
         still known here? (A link through one already ended is missed: ``t`` then waits,
@@ -467,6 +488,7 @@ class GangScheduler:
             return
         for d in t.devices:
             self._busy[d].append(tid)
+        t.client.running += 1
         t.charged, t.guessed = self._ledger.charge(t.client, t.cost_key, len(t.devices),
                                                    t.weight)
         out.append(Launch(task=tid))

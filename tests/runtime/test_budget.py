@@ -23,6 +23,7 @@ from tests.helpers.budget import (
     check_fan_in_fails_and_says_who_holds_the_memory,
     reserved,
 )
+from tests.helpers.programs import gate
 
 
 def test_a_fan_in_that_cannot_fit_fails_and_says_who_holds_the_memory():
@@ -146,6 +147,32 @@ def test_cancelling_a_program_held_back_by_the_budget_launches_none_of_it():
         assert not [e for e in ctl.trace.events() if e.program_id == run], "a cancelled node ran"
         assert reserved(ctl)[s.device_ids[0]] == 96
         del x, hold, outs
+        assert_all_memory_returned(ctl)
+
+
+def test_work_that_fits_behind_a_waiting_computation_runs_before_anything_is_stopped():
+    """``wide`` waits for room that ``big``'s output takes; ``head``, queued behind it on the
+    same device, fits and is the last reader of that output. Once ``big`` ends nothing runs:
+    ``head`` goes past ``wide`` and its end makes the room, so both finish. (``head`` waited
+    behind ``wide``'s reservation and ``wide`` was stopped with a MemoryBudgetError.)"""
+    entered, release = threading.Event(), threading.Event()
+    with pw.Controller(islands=(1,), memory_budget=128) as ctl:
+        s = ctl.slice(1)
+        y = pw.function(lambda v: v, slice=s)(np.ones(1, np.float32))   # 4 B
+        y.result(timeout=60)
+        held = gate(entered, release)
+        big = pw.function(lambda v: held(jnp.broadcast_to(v, (24,))), slice=s, name="big")
+        wide = pw.function(lambda v: jnp.broadcast_to(v, (12,)) * 3, slice=s, name="wide")
+        head = pw.function(lambda v: v[:2] + 1, slice=s, name="head")
+        a = big(y)                   # 96 B
+        assert entered.wait(30)
+        w = wide(y)                  # 48 B more: 4 + 96 + 48 > 128, it waits
+        h = head(a)                  # 8 B: fits, queued behind wide
+        del a
+        release.set()
+        assert h.result(timeout=60).tolist() == [2.0, 2.0]
+        assert w.result(timeout=60).tolist() == [3.0] * 12
+        del h, w, y
         assert_all_memory_returned(ctl)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pwkernel.runtime.scheduler import (
+    Backfill,
     Cancel,
     ClientSpec,
     Ended,
@@ -515,3 +516,41 @@ def test_a_policy_switch_keeps_every_ready_computation():
             order.append(running)
     assert sorted(order) == list(range(1, 10))
     assert [t % 3 for t in order] == sorted((t % 3 for t in order), reverse=True)
+
+
+def test_work_that_waited_for_its_inputs_does_not_bank_credit():
+    """Client "a" queues ten computations whose inputs come from elsewhere (another island, a
+    pending future); "b" runs ten meanwhile. "a" was not competing while its work waited, so
+    once its inputs arrive it shares the device from the pass of what has run, alternating
+    with "b" at equal weights; from its old pass, it ran its whole backlog back to back."""
+    s = GangScheduler((0,), policy="share")
+    b, a = ClientSpec("b"), ClientSpec("a")
+    running = launched(s.handle(*(Submit(task=t, devices=(0,), client=b, cost_key="x",
+                                         ready=True) for t in range(40))))
+    s.handle(*(Submit(task=100 + t, devices=(0,), client=a, cost_key="x") for t in range(10)))
+    for _ in range(10):
+        running = launched(s.handle(Ended(task=running[0], seconds=1.0)))
+    s.handle(*(Ready(task=100 + t) for t in range(10)))
+    order = []
+    for _ in range(10):
+        order.append("a" if running[0] >= 100 else "b")
+        running = launched(s.handle(Ended(task=running[0], seconds=1.0)))
+    assert "".join(order) == "baba" * 2 + "ba", "".join(order)
+
+
+def test_backfill_launches_what_fits_past_what_waits_for_memory_and_only_then():
+    """Task 1 waits for memory (task 0's output holds it) and reserves device 0: task 2, which
+    fits, waits behind it, and task 3 behind task 2's devices. A ``Backfill`` (the runtime's,
+    once nothing runs anywhere) launches task 2 past task 1 but still not task 3, which shares
+    a device with it; the next ordinary pass reserves for task 1 again."""
+    s = GangScheduler((0, 1), memory_budget=100)
+    assert launched(s.handle(Submit(task=0, devices=(0,), memory=80, ready=True))) == [0]
+    s.handle(Ended(task=0))
+    assert launched(s.handle(Submit(task=1, devices=(0,), memory=50, ready=True),
+                             Submit(task=2, devices=(0,), memory=10, ready=True),
+                             Submit(task=3, devices=(0, 1), memory=5, ready=True))) == []
+    assert launched(s.handle(Backfill())) == [2]
+    assert s.running == (2,) and s.queued == (1, 3)
+    s.handle(Ended(task=2))
+    assert launched(s.handle(Submit(task=4, devices=(0,), memory=5, ready=True))) == []
+    assert launched(s.handle(MemoryFreed(device=0, nbytes=80))) == [1]
