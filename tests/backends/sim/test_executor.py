@@ -159,6 +159,21 @@ def test_futures_have_shapes_shardings_and_times_but_no_values():
         assert z.sharding.is_equivalent_to(NamedSharding(s.mesh, P()), 2)
 
 
+def test_a_simulated_future_answers_what_its_shape_dtype_and_sharding_tell():
+    # nbytes, itemsize and is_fully_replicated waited for the value: NoValueError here
+    def fn(x):
+        return x.astype(jnp.bfloat16), jax.random.split(jax.random.key(0), 3), x.sum()
+
+    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+        f = pw.function(fn, slice=ctl.slice(4), in_specs=P("x"), out_specs=(P("x"), P(), P()),
+                        sim_cost=1e-3)
+        outs = f(np.ones((8, 2), np.float32))
+        for fut, real in zip(outs, fn(np.ones((8, 2), np.float32)), strict=True):
+            assert (fut.nbytes, fut.itemsize) == (real.nbytes, real.itemsize)
+        assert [fut.is_fully_replicated for fut in outs] == [False, True, True]
+        assert not any(fut.done() for fut in outs)  # none of it waited for the clock
+
+
 def test_a_simulated_future_given_to_another_controller_says_what_to_pass():
     # the error said "pass fut.result()", which raises NoValueError for a simulated future
     with pw.Controller(backend="sim", cluster=TINY) as one, \
