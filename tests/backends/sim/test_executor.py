@@ -436,6 +436,21 @@ def test_bad_input_is_refused_with_the_fix():
     assert pw.sim is sim
 
 
+def test_a_slice_larger_than_a_simulated_island_names_a_larger_simulated_pod():
+    # it said pw.Controller(islands=(8,)), "which on CPU needs that many host devices": a
+    # controller on this machine's CPUs, not a simulated pod
+    with pw.Controller(backend="sim", islands=(4, 4)) as ctl:
+        for ask in (lambda: ctl.slice(8), lambda: ctl.slice(8, island=1),
+                    lambda: ctl.slice(8, devices=range(8))):
+            with pytest.raises(pw.SliceError, match=r"a simulated cluster with an island that "
+                               r"large: its preset with islands=\(8,\), e.g. pw.Controller\("
+                               r"backend='sim', cluster='tpu-v4', islands=\(8,\)\)") as error:
+                ask()
+            assert "on CPU" not in str(error.value)
+    with pw.Controller(backend="sim", cluster="tpu-v4", islands=(8,)) as bigger:
+        assert bigger.slice(8).size == 8  # what it says works
+
+
 def test_the_scale_benchmark_runs_small():
     from pwkernel.bench import sim_controller
 
