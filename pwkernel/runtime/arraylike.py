@@ -18,9 +18,11 @@ as after ``jax.jit``:
   waits for the futures in ``tree`` as for arrays (before, it returned at once).
 
 What the future knows before its value (shape, dtype, sharding, ``ndim``, ``size``,
-``len()``, ``devices()``) does not wait. ``==`` and ``hash`` stay the future's own: a future
-is a key in dictionaries and sets, which an array cannot be. A future is not an instance of
-``jax.Array`` (a plain class, which takes no virtual subclasses): code that checks for one
+``len()``, ``devices()``, ``nbytes``, ``itemsize``, ``is_fully_replicated``) does not wait,
+so a simulated future, which has no value, answers them too. ``==`` and ``hash`` stay the
+future's own: a future is a key in dictionaries and sets, which an array cannot be. A future
+is not an instance of ``jax.Array`` (a plain class, which takes no virtual subclasses): code
+that checks for one
 (``jax.random`` with a typed key, ``flax.serialization``) needs ``result()``. Like the array,
 it is immutable: ``fut[i] = v`` raises the TypeError ``jax.Array`` raises, and says what a
 flax.nnx module holding futures needs.
@@ -137,6 +139,23 @@ class ArrayOnDemand:
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element, from the dtype (as ``jax.Array.itemsize``)."""
+        itemsize = getattr(self.dtype, "itemsize", None)
+        return self.result().itemsize if itemsize is None else int(itemsize)
+
+    @property
+    def nbytes(self) -> int:
+        """The whole array's bytes, from its shape and dtype (as ``jax.Array.nbytes``)."""
+        return self.size * self.itemsize
+
+    @property
+    def is_fully_replicated(self) -> bool:
+        """Whether every device holds the whole value, from the sharding."""
+        sharding = self.sharding
+        return (self.result() if sharding is None else sharding).is_fully_replicated
+
 
 for _op in _BINARY:
     _f, _name = getattr(operator, _op), _op.rstrip("_")
@@ -147,7 +166,8 @@ for _name, _f in _UNARY:
 for _name in ARRAY_METHODS:
     setattr(ArrayOnDemand, _name, _method(_name))
 for _name in ARRAY_PROPERTIES:
-    setattr(ArrayOnDemand, _name, _property(_name))
+    if _name not in vars(ArrayOnDemand):  # (those known before the value are defined above)
+        setattr(ArrayOnDemand, _name, _property(_name))
 
 
 def register_with_jax(cls: type) -> bool:

@@ -86,8 +86,12 @@ def islands_from_env(variable: str = "PWKERNEL_ISLANDS") -> tuple[int, ...] | No
     return sizes
 
 
-def _fix(size: int) -> str:
-    """The fix for a slice larger than the islands it was asked on."""
+def _fix(size: int, islands: Sequence[Island]) -> str:
+    """The fix for a slice larger than the islands it was asked on (simulated ones: a pod)."""
+    if any(isl.simulated for isl in islands):
+        return (f"a simulated cluster with an island that large: its preset with islands="
+                f"({size},), e.g. pw.Controller(backend='sim', cluster='tpu-v4', "
+                f"islands=({size},))")
     return (f"a controller with an island that large, e.g. pw.Controller(islands=({size},)), "
             "which on CPU needs that many host devices")
 
@@ -442,7 +446,7 @@ class ResourceManager:
         home = next((isl for isl in fits if ids[0] in isl.device_ids), fits[0] if fits else None)
         if island is not None and self.island(island) in fits:
             home = self.island(island)
-        hint = (f" Maybe you want {_fix(len(ids))}." if home is None else
+        hint = (f" Maybe you want {_fix(len(ids), self.islands)}." if home is None else
                 f" Maybe you want devices={list(home.device_ids[:len(ids)])}"
                 + ("" if island is None else f", island={home.id}") + ".")
         raise SliceError(f"devices {ids} are not all on "
@@ -458,7 +462,7 @@ class ResourceManager:
             if size > len(target.devices):
                 fix = (f"island={fits[0].id} (or leave island= out: it fits there)" if fits
                        else f"ctl.slice({len(target.devices)}, island={target.id}), or "
-                       f"{_fix(size)}")
+                       f"{_fix(size, self.islands)}")
                 raise SliceError(
                     f"a slice of {size} devices does not fit on island {target.id}, which has "
                     f"{len(target.devices)}. Islands here: "
@@ -471,7 +475,7 @@ class ResourceManager:
                 f"a slice of {size} devices does not fit on any island; the largest has "
                 f"{largest} devices (islands: {[len(i.devices) for i in self.islands]}). A "
                 f"slice lives on one island: maybe you want ctl.slice({largest}), or "
-                f"{_fix(size)}."
+                f"{_fix(size, self.islands)}."
             )
         return min(fits, key=lambda isl: (self._shared(isl, size), self._island_load(isl),
                                           isl.id))

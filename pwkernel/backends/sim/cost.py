@@ -119,9 +119,9 @@ def _traced_and_lowered(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, i
     specs = spec_leaves(in_specs, args)
     _check_axes(specs + jax.tree_util.tree_leaves(
         out_specs, is_leaf=lambda v: isinstance(v, P)), mesh)
-    structs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=_sharding(
-        s, np.shape(x), mesh, f"input {i}") or NamedSharding(mesh, P()))
-        for i, (x, s) in enumerate(zip(leaves, specs, strict=True))]
+    structs = [_struct(x, _sharding(s, np.shape(x), mesh, f"input {i}")
+                       or NamedSharding(mesh, P()))
+               for i, (x, s) in enumerate(zip(leaves, specs, strict=True))]
     kwargs = {}
     name = getattr(fn, "__name__", "fn")
     try:
@@ -138,6 +138,17 @@ def _traced_and_lowered(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, i
         raise SimError(f"could not lower {name} on an abstract mesh {dict(mesh.shape)}: {e}. "
                        "Maybe you want to give its duration instead (Cost.given(seconds)) "
                        "for what XLA cannot estimate.") from e
+
+
+def _struct(x, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+    """An argument as ``jax.jit`` types it, on ``sharding``: an array's (or a struct's) shape
+    and dtype; a Python scalar weakly typed (before, a Python scalar had no ``dtype``)."""
+    if hasattr(x, "dtype") and hasattr(x, "shape"):
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding,
+                                    weak_type=bool(getattr(x, "weak_type", False)))
+    aval = jax.typeof(x)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding,
+                                weak_type=aval.weak_type)
 
 
 def _sharding(spec, shape: tuple[int, ...], mesh: AbstractMesh,
@@ -261,10 +272,17 @@ def roofline(analysis: Analysis, cluster: Cluster) -> Cost:
                 bool(analysis.collectives))
 
 
-def estimate(fn: Callable, *args, cluster: Cluster, mesh=1, axis_names=None, in_specs=None,
-             out_specs=None) -> Cost:
-    """The cost of ``fn(*args)`` on a slice of ``cluster`` shaped ``mesh`` (an int, a tuple,
-    or an ``AbstractMesh``)."""
+def estimate(fn: Callable, *args, cluster: Cluster | str, mesh=1, axis_names=None,
+             in_specs=None, out_specs=None) -> Cost:
+    """The cost of ``fn(*args)`` on a slice of ``cluster`` (a ``Cluster`` or a preset's name)
+    shaped ``mesh`` (an int, a tuple, or an ``AbstractMesh``). ``args``: arrays,
+    ``jax.ShapeDtypeStruct``s or Python scalars (weakly typed, as ``jax.jit`` reads them)."""
+    if isinstance(cluster, str):
+        cluster = Cluster.preset(cluster)
+    elif not isinstance(cluster, Cluster):
+        raise SimError(f"estimate's cluster= must be a pw.sim.Cluster or a preset's name, got "
+                       f"{type(cluster).__name__}. Maybe you want cluster='tpu-v4' or "
+                       "pw.sim.Cluster.preset('tpu-v4', chips=2048).")
     m = abstract_mesh(mesh, axis_names)
     traced, lowered = _traced_and_lowered(fn, args, m, in_specs, out_specs)
     return roofline(analyze(lowered, m, traced.jaxpr), cluster)

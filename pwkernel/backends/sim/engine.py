@@ -151,8 +151,12 @@ class Simulator:
         at = self.now if at is None else float(at)
         if at < self.now:
             raise SimError(f"cannot submit at t={at} s: the clock is already at {self.now} s.")
-        if after is not None and (not isinstance(after, SimRun) or after.tasks[-1].launched
-                                  or after.tasks[-1].done):
+        if after is not None and not (isinstance(after, SimRun) and after.id < len(self.runs)
+                                      and self.runs[after.id] is after):
+            raise SimError(f"after must be a SimRun this simulator's submit returned, got "
+                           f"{after!r} (a run of another simulator never ends here). Maybe you "
+                           "want to submit the whole chain to one Simulator.")
+        if after is not None and (after.tasks[-1].launched or after.tasks[-1].done):
             raise SimError(f"after must be a SimRun of this simulator that has not started, got "
                            f"{after!r}. Maybe you want to submit the whole chain before run().")
         run = SimRun(len(self.runs), program.name, client, at, remaining=len(program.nodes))

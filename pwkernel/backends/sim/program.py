@@ -58,6 +58,14 @@ class SimNode:
     src_devices: tuple[int, ...] = ()
     collective: bool = False
 
+    def __post_init__(self) -> None:
+        # chip and node ids given as a list, a range or an array are taken as a tuple (a list
+        # was a bare "unhashable type" TypeError from inside submit)
+        for name in ("devices", "inputs", "src_devices"):
+            ids = getattr(self, name)
+            if type(ids) is not tuple:
+                object.__setattr__(self, name, _ids(ids, name, self.name))
+
 
 @dataclass(frozen=True)
 class SimProgram:
@@ -69,6 +77,10 @@ class SimProgram:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
+        if not self.nodes:  # (its run would never end, and after= it had nothing to read)
+            raise SimError(f"program {self.name!r} has no nodes; a program runs at least one "
+                           "SimNode, e.g. SimProgram(name, [SimNode(0, 'step', chips, "
+                           "seconds=1e-3)]).")
         for i, n in enumerate(self.nodes):
             if not isinstance(n, SimNode):
                 raise SimError(f"program {self.name!r}: node {i} is a {type(n).__name__}, "
@@ -85,6 +97,11 @@ class SimProgram:
             if n.kind is NodeKind.TRANSFER and len(n.inputs) > 1:
                 raise SimError(f"program {self.name!r}: transfer {i} ({n.name}) reads "
                                f"{len(n.inputs)} nodes; a transfer moves one value.")
+            for field, value in (("seconds", n.seconds), ("nbytes", n.nbytes)):
+                if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                    raise SimError(f"program {self.name!r}: node {i} ({n.name}) has {field}="
+                                   f"{value!r}, a {type(value).__name__}; expected a number, "
+                                   f"e.g. {field}={'1e-3' if field == 'seconds' else '4096'}.")
             if not 0 <= n.seconds < math.inf:  # (NaN fails both)
                 raise SimError(f"program {self.name!r}: node {i} ({n.name}) has seconds="
                                f"{n.seconds!r}; expected a finite duration >= 0.")
@@ -112,6 +129,20 @@ class SimProgram:
                 raise SimError(f"program {self.name!r}: node {n.id} ({n.name}) spans islands "
                                f"{sorted(islands)}; a computation runs on one island. Maybe "
                                "you want a transfer between two computations, one per island.")
+
+
+def _ids(ids, field: str, node: str) -> tuple[int, ...]:
+    """A node's chip or node ids as a tuple of ints, or a ``SimError`` naming the field."""
+    try:
+        out = tuple(ids)
+    except TypeError:
+        out = None
+    if out is None or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                              for i in out):
+        raise SimError(f"SimNode {node!r}: {field} must be a sequence of ints (chip ids for "
+                       f"devices/src_devices, earlier node ids for inputs), got {ids!r}. "
+                       f"Maybe you want {field}=(0, 1).")
+    return tuple(int(i) for i in out)
 
 
 CostFn = Callable[[ComputeNode], "Cost | float"]

@@ -143,6 +143,29 @@ def test_a_given_duration_and_bad_input():
         estimate(lambda a: a, x, cluster=switch_cluster(), mesh=(4,), out_specs=P("model"))
 
 
+def test_estimate_takes_python_scalars_as_jit_does_and_a_presets_name():
+    # a Python scalar argument was an AttributeError (no .dtype); jax.jit types it weakly,
+    # so it keeps a bf16 array bf16 where a float32 scalar would widen the product
+    x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
+    weak = jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)
+    strong = jax.ShapeDtypeStruct((), jnp.float32)
+    c = switch_cluster()
+
+    def scale(a, s):
+        return a * s
+
+    by_scalar = estimate(scale, x, 2.0, cluster=c)
+    assert by_scalar == estimate(scale, x, weak, cluster=c)
+    assert by_scalar.bytes_accessed < estimate(scale, x, strong, cluster=c).bytes_accessed
+    assert estimate(scale, x, 3, cluster=c).flops == by_scalar.flops
+    # cluster= takes a preset's name, as pw.Controller(backend="sim", cluster=...) does
+    assert estimate(scale, x, 2.0, cluster="tpu-v4") == estimate(
+        scale, x, 2.0, cluster=Cluster.preset("tpu-v4"))
+    with pytest.raises(SimError, match=r"cluster= must be a pw.sim.Cluster or a preset's "
+                                       r"name, got int. Maybe you want cluster='tpu-v4'"):
+        estimate(scale, x, 2.0, cluster=4)
+
+
 def test_loops_of_known_length_count_every_trip():
     # XLA's cost analysis counts a loop's body once: a 100-step scan was timed as one step
     x = jax.ShapeDtypeStruct((512, 512), jnp.float32)

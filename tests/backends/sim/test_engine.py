@@ -84,6 +84,29 @@ def test_a_program_after_another_is_launched_behind_it_without_waiting_for_its_e
         sim.submit(one("p3", 1 * US), after=p1)
 
 
+def test_nodes_given_as_lists_run_and_programs_that_could_never_end_are_refused():
+    # devices as a list was "unhashable type: 'list'" from inside submit; it runs as a tuple
+    sim = Simulator(toy())
+    sim.submit(SimProgram("chain", [SimNode(0, "a", [0, 1], seconds=100 * US),
+                                    SimNode(1, "b", range(2), [0], 200 * US)]))
+    assert sim.run() == pytest.approx(324 * US)
+    assert spans(sim) == {"a": (12, 24, 124), "b": (14, 124, 324)}  # chain()'s timeline
+    with pytest.raises(SimError, match=r"devices must be a sequence of ints .* got 3"):
+        SimNode(0, "a", 3)
+    with pytest.raises(SimError, match=r"node 0 \(a\) has seconds='1', a str; expected a "
+                                       r"number, e.g. seconds=1e-3"):
+        SimProgram("p", [SimNode(0, "a", (0,), seconds="1")])
+    # a program with no nodes never ended (t_done stayed None), and after= it was IndexError
+    with pytest.raises(SimError, match="program 'nothing' has no nodes"):
+        SimProgram("nothing", [])
+    # after= a run of another simulator was taken, and the program never ended
+    other = Simulator(toy()).submit(one("p1", 100 * US))
+    fresh = Simulator(toy())
+    with pytest.raises(SimError, match="a SimRun this simulator's submit returned"):
+        fresh.submit(one("p2", 100 * US), after=other)
+    assert fresh.runs == [] and fresh.run() == 0.0
+
+
 def test_per_program_client_costs_come_before_the_programs_nodes():
     sim = Simulator(toy().with_host(client_per_program=5 * US, program_fanout_per_host=3 * US))
     sim.submit(chain())

@@ -159,6 +159,21 @@ def test_futures_have_shapes_shardings_and_times_but_no_values():
         assert z.sharding.is_equivalent_to(NamedSharding(s.mesh, P()), 2)
 
 
+def test_a_simulated_future_answers_what_its_shape_dtype_and_sharding_tell():
+    # nbytes, itemsize and is_fully_replicated waited for the value: NoValueError here
+    def fn(x):
+        return x.astype(jnp.bfloat16), jax.random.split(jax.random.key(0), 3), x.sum()
+
+    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+        f = pw.function(fn, slice=ctl.slice(4), in_specs=P("x"), out_specs=(P("x"), P(), P()),
+                        sim_cost=1e-3)
+        outs = f(np.ones((8, 2), np.float32))
+        for fut, real in zip(outs, fn(np.ones((8, 2), np.float32)), strict=True):
+            assert (fut.nbytes, fut.itemsize) == (real.nbytes, real.itemsize)
+        assert [fut.is_fully_replicated for fut in outs] == [False, True, True]
+        assert not any(fut.done() for fut in outs)  # none of it waited for the clock
+
+
 def test_a_simulated_future_given_to_another_controller_says_what_to_pass():
     # the error said "pass fut.result()", which raises NoValueError for a simulated future
     with pw.Controller(backend="sim", cluster=TINY) as one, \
@@ -419,6 +434,21 @@ def test_bad_input_is_refused_with_the_fix():
         with pytest.raises(ValueError, match="reattach"):
             ctl.reattach(0)
     assert pw.sim is sim
+
+
+def test_a_slice_larger_than_a_simulated_island_names_a_larger_simulated_pod():
+    # it said pw.Controller(islands=(8,)), "which on CPU needs that many host devices": a
+    # controller on this machine's CPUs, not a simulated pod
+    with pw.Controller(backend="sim", islands=(4, 4)) as ctl:
+        for ask in (lambda: ctl.slice(8), lambda: ctl.slice(8, island=1),
+                    lambda: ctl.slice(8, devices=range(8))):
+            with pytest.raises(pw.SliceError, match=r"a simulated cluster with an island that "
+                               r"large: its preset with islands=\(8,\), e.g. pw.Controller\("
+                               r"backend='sim', cluster='tpu-v4', islands=\(8,\)\)") as error:
+                ask()
+            assert "on CPU" not in str(error.value)
+    with pw.Controller(backend="sim", cluster="tpu-v4", islands=(8,)) as bigger:
+        assert bigger.slice(8).size == 8  # what it says works
 
 
 def test_the_scale_benchmark_runs_small():
