@@ -73,7 +73,10 @@ else
   say "no GPU: every benchmark on the host CPU (virtual devices), not on a GPU"
   BENCH=(all)
 fi
-timeout $((DEADLINE - SECONDS)) "$PY" -m pwkernel.bench "${BENCH[@]}" "${ARGS[@]}" 2>&1 | tee -a "$LOG"
+# (a benchmark that fails, or the deadline, ends this run but not the script: results.json
+# then holds what finished, with `failed` or `interrupted`; the steps below still run)
+timeout $((DEADLINE - SECONDS)) "$PY" -m pwkernel.bench "${BENCH[@]}" "${ARGS[@]}" 2>&1 \
+  | tee -a "$LOG" || say "the benchmarks exited with status $? (see run.log and results.json)"
 
 LEFT=$((DEADLINE - SECONDS))
 if (( NGPU >= 1 && LEFT > 300 )); then

@@ -418,3 +418,81 @@ def test_spy_train_reports_the_timed_loop_per_step_and_runs_its_loop(tmp_path):
                               text=True, timeout=600, cwd=root)
         assert done.returncode == 0, done.stderr[-3000:]
         assert re.match(rf"{way}: \d+ steps, [\d.]+ ms a step", done.stdout), done.stdout
+
+
+def test_a_benchmark_that_raises_is_reported_and_the_others_still_run(monkeypatch):
+    """A failure part-way through a run keeps what the other benchmarks measured."""
+    monkeypatch.setenv("PWKERNEL_BENCH_ISLANDS", "abc")  # dispatch's controller refuses it
+    payload = runner.run_benchmarks(["dispatch", "sim-paper"], mode="tiny")
+    assert payload["failed"] == ["dispatch"]
+    failed = payload["benchmarks"]["dispatch"]
+    assert failed["error"].startswith("DeviceSetupError: PWKERNEL_BENCH_ISLANDS='abc'")
+    assert "Traceback" in failed["traceback"]
+    check_tiny_payload(payload, "sim-paper")  # measured after the failure, all of it
+    assert "running" not in payload
+
+
+def test_cli_writes_the_json_and_exits_1_when_a_benchmark_fails(tmp_path, monkeypatch, capsys):
+    """The CLI writes every finished benchmark, names the failed one, skips its plot and exits
+    1, instead of losing the run (or calling a benchmark's own error a usage error)."""
+    from pwkernel.bench.__main__ import main
+
+    # a benchmark whose module cannot be imported: fails inside the run, not in the CLI's checks
+    monkeypatch.setitem(runner.BENCHMARKS, "dispatch", "no_such_benchmark_module")
+    out, png = tmp_path / "out.json", tmp_path / "d.png"
+    code = main(["dispatch", "sim-paper", "--tiny", "--json", str(out), "--plot", str(png)])
+    seen = capsys.readouterr()
+    assert code == 1
+    assert "failed: dispatch" in seen.err and "no plot" in seen.err and not png.exists()
+    payload = json.loads(out.read_text())
+    assert payload["failed"] == ["dispatch"]
+    assert "ModuleNotFoundError" in payload["benchmarks"]["dispatch"]["error"]
+    assert set(payload["ratios"]) == EXPECTED["sim-paper"] == set(payload["verdicts"])
+
+
+def test_cli_ended_by_sigterm_writes_what_finished(tmp_path):
+    """``timeout`` (bench/gpu.sh's deadline) ends a run with SIGTERM: the benchmarks that
+    finished are in the JSON, with what was running when it stopped."""
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pwkernel.bench", "sim-paper", "dispatch",
+                             "--tiny", "--json", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("running dispatch"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    payload = json.loads(out.read_text())
+    assert payload["interrupted"] == {"by": "SystemExit", "during": "dispatch"}
+    assert list(payload["benchmarks"]) == ["sim-paper"]
+    assert set(payload["ratios"]) == EXPECTED["sim-paper"]
+
+
+def test_islands_from_the_environment_are_checked_before_running(monkeypatch, capsys):
+    from pwkernel.bench.__main__ import main
+
+    monkeypatch.setenv("PWKERNEL_BENCH_ISLANDS", "16")
+    with pytest.raises(SystemExit) as done:
+        main(["dispatch", "--tiny"])
+    seen = capsys.readouterr()
+    assert done.value.code == 2 and "PWKERNEL_BENCH_ISLANDS" in seen.err
+    assert "needs 16 devices; JAX has 8" in seen.err and "running" not in seen.out
+
+
+def test_json_is_standard_json_with_no_nan(tmp_path):
+    """A ratio with no samples is NaN in Python; the file says null (jq and JavaScript
+    refuse NaN)."""
+    path = harness.write_json(tmp_path / "r.json", {
+        "ratios": {"a": float("nan"), "b": 1.5}, "rows": [{"x": float("inf")}, (2.0,)]})
+
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {
+        "ratios": {"a": None, "b": 1.5}, "rows": [{"x": None}, [2.0]]}
