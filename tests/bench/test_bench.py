@@ -496,3 +496,18 @@ def test_json_is_standard_json_with_no_nan(tmp_path):
 
     assert json.loads(path.read_text(), parse_constant=refuse) == {
         "ratios": {"a": None, "b": 1.5}, "rows": [{"x": None}, [2.0]]}
+
+
+@pytest.mark.parametrize("script, args, says", [
+    ("thread_cpu.py", ["--rounds", "0"], "--rounds must be at least 1"),
+    ("thread_cpu.py", ["--seconds", "0"], "--ms and --seconds must be above 0"),
+    ("thread_cpu.py", ["--devices", "8"], "--devices must be 1 to 4"),
+    ("packed_state.py", ["--steps", "0"], "--steps must be at least 1"),
+    ("packed_state.py", ["--rounds", "0"], "--rounds must be at least 1")])
+def test_bench_scripts_refuse_bad_flags_before_measuring(script, args, says):
+    """A bad flag is a usage error at once, not a KeyError or ZeroDivisionError after the
+    calibration or compilation."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "bench" / script), *args],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
