@@ -58,6 +58,10 @@ def _check(parser: argparse.ArgumentParser, args) -> None:
                        os.environ[ISLANDS_VARIABLE])
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
+            if Path(path).is_dir():
+                example = Path(path) / ("results.json" if flag == "--json" else "dispatch.png")
+                parser.error(f"{flag} {path} is a folder; give a file name in it, e.g. "
+                             f"{example}.")
             folder = Path(path).resolve().parent
             try:
                 folder.mkdir(parents=True, exist_ok=True)

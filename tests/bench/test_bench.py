@@ -246,7 +246,9 @@ def test_cli_rejects_an_unknown_benchmark():
     (["sim-paper", "--plot", "x.png"], "--plot draws the dispatch benchmark"),
     (["dispatch", "--islands", "16"], "needs 16 devices; JAX has 8"),
     (["dispatch", "--islands", "abc"], "device counts per island"),
-    (["parallel-dispatch", "--json", "/proc/no/x.json"], "cannot make its folder")])
+    (["parallel-dispatch", "--json", "/proc/no/x.json"], "cannot make its folder"),
+    (["sim-paper", "--json", "."], "--json . is a folder"),
+    (["dispatch", "--plot", "."], "--plot . is a folder")])
 def test_cli_refuses_what_would_fail_before_running_anything(args, says, capsys):
     """Refused at once (exit 2) with what to fix, not after minutes of measuring."""
     from pwkernel.bench.__main__ import main
