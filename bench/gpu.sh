@@ -24,6 +24,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-${OUT:-$ROOT/bench-results/$(date +%Y%m%d-%H%M%S)}}"
 MODE="${BENCH_MODE:-quick}"
+[[ "$MODE" == quick || "$MODE" == tiny ]] || {
+  echo "BENCH_MODE must be quick (the default) or tiny, got '$MODE'" >&2; exit 2; }
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/run.log"
 DEADLINE=$((SECONDS + 570))   # leave 30 s of the 10 minutes for set-up slack

@@ -513,3 +513,18 @@ def test_bench_scripts_refuse_bad_flags_before_measuring(script, args, says):
     done = subprocess.run([sys.executable, str(root / "bench" / script), *args],
                           capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+
+
+def test_plot_of_one_slice_shows_every_variant_in_its_legend(tmp_path):
+    """With one island of one device (``--islands 1``, bench/gpu.sh on one GPU) the figure
+    has one panel; its legend still shows all five variants."""
+    from pwkernel.bench.plot import COLORS, MARGIN, PANEL_H, dispatch_png
+
+    rows = [{"devices": 1, "computation_us": us,
+             "steps_per_s": {v: {"median": 1e5 / us * (i + 1)} for i, v in enumerate(COLORS)}}
+            for us in (1.0, 10.0, 100.0)]
+    path = dispatch_png({"name": "dispatch", "rows": rows}, tmp_path / "one.png")
+    with Image.open(path) as img:
+        legend = img.convert("RGB").crop((0, PANEL_H + MARGIN + 40, img.width, img.height))
+        seen = {color for _, color in legend.getcolors(maxcolors=1 << 16)}
+    assert [v for v, color in COLORS.items() if color not in seen] == []
