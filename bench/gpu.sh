@@ -24,6 +24,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-${OUT:-$ROOT/bench-results/$(date +%Y%m%d-%H%M%S)}}"
 MODE="${BENCH_MODE:-quick}"
+[[ "$MODE" == quick || "$MODE" == tiny ]] || {
+  echo "BENCH_MODE must be quick (the default) or tiny, got '$MODE'" >&2; exit 2; }
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/run.log"
 DEADLINE=$((SECONDS + 570))   # leave 30 s of the 10 minutes for set-up slack
@@ -73,7 +75,10 @@ else
   say "no GPU: every benchmark on the host CPU (virtual devices), not on a GPU"
   BENCH=(all)
 fi
-timeout $((DEADLINE - SECONDS)) "$PY" -m pwkernel.bench "${BENCH[@]}" "${ARGS[@]}" 2>&1 | tee -a "$LOG"
+# (a benchmark that fails, or the deadline, ends this run but not the script: results.json
+# then holds what finished, with `failed` or `interrupted`; the steps below still run)
+timeout $((DEADLINE - SECONDS)) "$PY" -m pwkernel.bench "${BENCH[@]}" "${ARGS[@]}" 2>&1 \
+  | tee -a "$LOG" || say "the benchmarks exited with status $? (see run.log and results.json)"
 
 LEFT=$((DEADLINE - SECONDS))
 if (( NGPU >= 1 && LEFT > 300 )); then

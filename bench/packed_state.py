@@ -50,13 +50,16 @@ def one_round(trainer: Trainer) -> tuple[float, float, float]:
             submit / n * 1e6)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=8, help="steps per round and way")
     ap.add_argument("--devices", type=int, default=4, help="the slice (island 0)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for name in ("batch", "rounds", "steps", "devices"):  # before minutes of compiling
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     model = CONFIGS["quick"]["model"]
     ctl = pw.Controller(islands=islands())
     try:

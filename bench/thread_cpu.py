@@ -104,14 +104,25 @@ def watched(sl: steps.Slice, batch: int, watch_us: float):
     return run, lambda: todo.put(None)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--devices", type=int, default=1)
-    ap.add_argument("--ms", type=float, nargs="+", default=[1.0, 10.0])
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--devices", type=int, default=1, help="the slice (island 0 of 4)")
+    ap.add_argument("--ms", type=float, nargs="+", default=[1.0, 10.0],
+                    help="JAX step times to calibrate to, in ms")
+    ap.add_argument("--seconds", type=float, default=6.0, help="per way and round")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--watch-us", type=float, default=100.0)
-    args = ap.parse_args()
+    ap.add_argument("--watch-us", type=float, default=100.0,
+                    help="the stand-in watcher's CPU per step (0: none)")
+    args = ap.parse_args(argv)
+    # refused before calibrating, not after
+    if not 1 <= args.devices <= 4:
+        ap.error(f"--devices must be 1 to 4 (a slice of island 0, 4 devices), got {args.devices}")
+    if min(args.ms) <= 0 or args.seconds <= 0:
+        ap.error(f"--ms and --seconds must be above 0, got --ms {args.ms} --seconds "
+                 f"{args.seconds}")
+    if args.rounds < 1 or args.watch_us < 0:
+        ap.error(f"--rounds must be at least 1 and --watch-us at least 0, got --rounds "
+                 f"{args.rounds} --watch-us {args.watch_us}")
     ctl = pw.Controller(islands=(4, 4))
     try:
         sl = steps.Slice(ctl, args.devices)

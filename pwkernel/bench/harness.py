@@ -199,8 +199,22 @@ def verdict(key: str, value: float | None) -> str:
     return "meets" if ok else "misses"
 
 
+def _strict(value: Any) -> Any:
+    """``value`` with every NaN or infinity made None: JSON has no such numbers (Python's
+    ``json`` writes ``NaN``, which ``jq``, JavaScript and most other readers refuse)."""
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` as standard JSON: a number that is not finite (a ratio with no
+    samples) is written as null, as a missing ratio is."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=str))
+    path.write_text(json.dumps(_strict(payload), indent=2, default=str, allow_nan=False))
     return path

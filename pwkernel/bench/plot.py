@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw, ImageFont
 COLORS = {"pw_opbyop": (214, 39, 40), "jax_opbyop": (255, 152, 150),
           "pw_chained": (31, 119, 180), "pw_fused": (44, 160, 44), "jax_fused": (152, 223, 138)}
 PANEL_W, PANEL_H, MARGIN = 360, 300, 60
+LEGEND_STEP = 110  # px per variant in the legend under the panels
 
 
 def _log_ticks(lo: float, hi: float) -> list[float]:
@@ -43,7 +44,8 @@ def dispatch_png(result: dict[str, Any], path: str | Path) -> Path:
     ys = [s["median"] for r in rows for s in r["steps_per_s"].values()]
     xlo, xhi = min(xs) / 1.5, max(xs) * 1.5
     ylo, yhi = min(ys) / 1.5, max(ys) * 1.5
-    width = MARGIN + len(slices) * (PANEL_W + MARGIN)
+    # as wide as the legend too: one panel (``--islands 1``) is narrower than five entries
+    width = max(MARGIN + len(slices) * (PANEL_W + MARGIN), MARGIN + len(COLORS) * LEGEND_STEP)
     img = Image.new("RGB", (width, PANEL_H + 2 * MARGIN + 40), "white")
     draw = ImageDraw.Draw(img)
     font = ImageFont.load_default()
@@ -83,7 +85,7 @@ def dispatch_png(result: dict[str, Any], path: str | Path) -> Path:
     for variant, color in COLORS.items():
         draw.rectangle([lx, PANEL_H + MARGIN + 42, lx + 12, PANEL_H + MARGIN + 52], fill=color)
         draw.text((lx + 16, PANEL_H + MARGIN + 41), variant, fill="black", font=font)
-        lx += 110
+        lx += LEGEND_STEP
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path, "PNG")

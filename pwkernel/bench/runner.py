@@ -3,12 +3,13 @@
 >>> from pwkernel.bench.runner import run_benchmarks
 >>> payload = run_benchmarks(["tracing"], mode="tiny")     # doctest: +SKIP
 >>> sorted(payload)                                         # doctest: +SKIP
-['benchmarks', 'machine', 'mode', 'ratios', 'verdicts']
+['benchmarks', 'failed', 'machine', 'mode', 'ratios', 'verdicts']
 """
 
 from __future__ import annotations
 
 import importlib
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,18 +53,36 @@ def run_one(name: str, mode: str) -> Result:
 
 
 def run_benchmarks(names: Sequence[str], mode: str = "quick",
-                   progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Run ``names`` one after another; returns the JSON payload (machine, results, ratios)."""
+                   progress: Callable[[str], None] = lambda s: None,
+                   payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run ``names`` one after another; returns the JSON payload (machine, results, ratios).
+
+    A benchmark that raises does not stop the others: its entry in ``benchmarks`` is
+    ``{"name", "mode", "error", "traceback"}``, its name is listed in ``failed`` and the rest
+    run. ``payload``, when given, is filled in place as each benchmark ends, so a caller that
+    is interrupted (Ctrl-C, SIGTERM) still holds what finished."""
     check_mode(mode)
-    payload: dict[str, Any] = {"mode": mode, "machine": machine_info(), "benchmarks": {},
-                               "ratios": {}, "verdicts": {}}
-    for name in resolve(names):
+    todo = resolve(names)
+    payload = {} if payload is None else payload
+    payload.update({"mode": mode, "machine": machine_info(), "benchmarks": {}, "ratios": {},
+                    "verdicts": {}, "failed": []})
+    for name in todo:
+        payload["running"] = name  # (what an interrupted caller was in the middle of)
         progress(f"running {name} ({mode}) ...")
-        result = run_one(name, mode)
+        try:
+            result = run_one(name, mode)
+        except Exception as e:  # noqa: BLE001 - reported in the payload; the rest still run
+            payload["benchmarks"][name] = {"name": name, "mode": mode,
+                                           "error": f"{type(e).__name__}: {e}",
+                                           "traceback": traceback.format_exc()}
+            payload["failed"].append(name)
+            progress(f"{name}: FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            continue
         payload["benchmarks"][name] = result.to_dict()
         payload["ratios"].update(result.ratios)
+        payload["verdicts"].update({k: verdict(k, v) for k, v in result.ratios.items()})
         progress(summary_lines(result))
-    payload["verdicts"] = {k: verdict(k, v) for k, v in payload["ratios"].items()}
+    payload.pop("running", None)
     return payload
 
 

@@ -246,7 +246,9 @@ def test_cli_rejects_an_unknown_benchmark():
     (["sim-paper", "--plot", "x.png"], "--plot draws the dispatch benchmark"),
     (["dispatch", "--islands", "16"], "needs 16 devices; JAX has 8"),
     (["dispatch", "--islands", "abc"], "device counts per island"),
-    (["parallel-dispatch", "--json", "/proc/no/x.json"], "cannot make its folder")])
+    (["parallel-dispatch", "--json", "/proc/no/x.json"], "cannot make its folder"),
+    (["sim-paper", "--json", "."], "--json . is a folder"),
+    (["dispatch", "--plot", "."], "--plot . is a folder")])
 def test_cli_refuses_what_would_fail_before_running_anything(args, says, capsys):
     """Refused at once (exit 2) with what to fix, not after minutes of measuring."""
     from pwkernel.bench.__main__ import main
@@ -418,3 +420,111 @@ def test_spy_train_reports_the_timed_loop_per_step_and_runs_its_loop(tmp_path):
                               text=True, timeout=600, cwd=root)
         assert done.returncode == 0, done.stderr[-3000:]
         assert re.match(rf"{way}: \d+ steps, [\d.]+ ms a step", done.stdout), done.stdout
+
+
+def test_a_benchmark_that_raises_is_reported_and_the_others_still_run(monkeypatch):
+    """A failure part-way through a run keeps what the other benchmarks measured."""
+    monkeypatch.setenv("PWKERNEL_BENCH_ISLANDS", "abc")  # dispatch's controller refuses it
+    payload = runner.run_benchmarks(["dispatch", "sim-paper"], mode="tiny")
+    assert payload["failed"] == ["dispatch"]
+    failed = payload["benchmarks"]["dispatch"]
+    assert failed["error"].startswith("DeviceSetupError: PWKERNEL_BENCH_ISLANDS='abc'")
+    assert "Traceback" in failed["traceback"]
+    check_tiny_payload(payload, "sim-paper")  # measured after the failure, all of it
+    assert "running" not in payload
+
+
+def test_cli_writes_the_json_and_exits_1_when_a_benchmark_fails(tmp_path, monkeypatch, capsys):
+    """The CLI writes every finished benchmark, names the failed one, skips its plot and exits
+    1, instead of losing the run (or calling a benchmark's own error a usage error)."""
+    from pwkernel.bench.__main__ import main
+
+    # a benchmark whose module cannot be imported: fails inside the run, not in the CLI's checks
+    monkeypatch.setitem(runner.BENCHMARKS, "dispatch", "no_such_benchmark_module")
+    out, png = tmp_path / "out.json", tmp_path / "d.png"
+    code = main(["dispatch", "sim-paper", "--tiny", "--json", str(out), "--plot", str(png)])
+    seen = capsys.readouterr()
+    assert code == 1
+    assert "failed: dispatch" in seen.err and "no plot" in seen.err and not png.exists()
+    payload = json.loads(out.read_text())
+    assert payload["failed"] == ["dispatch"]
+    assert "ModuleNotFoundError" in payload["benchmarks"]["dispatch"]["error"]
+    assert set(payload["ratios"]) == EXPECTED["sim-paper"] == set(payload["verdicts"])
+
+
+def test_cli_ended_by_sigterm_writes_what_finished(tmp_path):
+    """``timeout`` (bench/gpu.sh's deadline) ends a run with SIGTERM: the benchmarks that
+    finished are in the JSON, with what was running when it stopped."""
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pwkernel.bench", "sim-paper", "dispatch",
+                             "--tiny", "--json", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("running dispatch"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    payload = json.loads(out.read_text())
+    assert payload["interrupted"] == {"by": "SystemExit", "during": "dispatch"}
+    assert list(payload["benchmarks"]) == ["sim-paper"]
+    assert set(payload["ratios"]) == EXPECTED["sim-paper"]
+
+
+def test_islands_from_the_environment_are_checked_before_running(monkeypatch, capsys):
+    from pwkernel.bench.__main__ import main
+
+    monkeypatch.setenv("PWKERNEL_BENCH_ISLANDS", "16")
+    with pytest.raises(SystemExit) as done:
+        main(["dispatch", "--tiny"])
+    seen = capsys.readouterr()
+    assert done.value.code == 2 and "PWKERNEL_BENCH_ISLANDS" in seen.err
+    assert "needs 16 devices; JAX has 8" in seen.err and "running" not in seen.out
+
+
+def test_json_is_standard_json_with_no_nan(tmp_path):
+    """A ratio with no samples is NaN in Python; the file says null (jq and JavaScript
+    refuse NaN)."""
+    path = harness.write_json(tmp_path / "r.json", {
+        "ratios": {"a": float("nan"), "b": 1.5}, "rows": [{"x": float("inf")}, (2.0,)]})
+
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {
+        "ratios": {"a": None, "b": 1.5}, "rows": [{"x": None}, [2.0]]}
+
+
+@pytest.mark.parametrize("script, args, says", [
+    ("thread_cpu.py", ["--rounds", "0"], "--rounds must be at least 1"),
+    ("thread_cpu.py", ["--seconds", "0"], "--ms and --seconds must be above 0"),
+    ("thread_cpu.py", ["--devices", "8"], "--devices must be 1 to 4"),
+    ("packed_state.py", ["--steps", "0"], "--steps must be at least 1"),
+    ("packed_state.py", ["--rounds", "0"], "--rounds must be at least 1")])
+def test_bench_scripts_refuse_bad_flags_before_measuring(script, args, says):
+    """A bad flag is a usage error at once, not a KeyError or ZeroDivisionError after the
+    calibration or compilation."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "bench" / script), *args],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+
+
+def test_plot_of_one_slice_shows_every_variant_in_its_legend(tmp_path):
+    """With one island of one device (``--islands 1``, bench/gpu.sh on one GPU) the figure
+    has one panel; its legend still shows all five variants."""
+    from pwkernel.bench.plot import COLORS, MARGIN, PANEL_H, dispatch_png
+
+    rows = [{"devices": 1, "computation_us": us,
+             "steps_per_s": {v: {"median": 1e5 / us * (i + 1)} for i, v in enumerate(COLORS)}}
+            for us in (1.0, 10.0, 100.0)]
+    path = dispatch_png({"name": "dispatch", "rows": rows}, tmp_path / "one.png")
+    with Image.open(path) as img:
+        legend = img.convert("RGB").crop((0, PANEL_H + MARGIN + 40, img.width, img.height))
+        seen = {color for _, color in legend.getcolors(maxcolors=1 << 16)}
+    assert [v for v, color in COLORS.items() if color not in seen] == []
