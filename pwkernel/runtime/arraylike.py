@@ -22,8 +22,8 @@ What the future knows before its value (shape, dtype, sharding, ``ndim``, ``size
 so a simulated future, which has no value, answers them too. ``==`` and ``hash`` stay the
 future's own: a future is a key in dictionaries and sets, which an array cannot be. A future
 is not an instance of ``jax.Array`` (a plain class, which takes no virtual subclasses): code
-that checks for one
-(``jax.random`` with a typed key, ``flax.serialization``) needs ``result()``. Like the array,
+that checks for one (``jax.random`` with a typed key, ``flax.serialization``) needs
+``result()``. Like the array,
 it is immutable: ``fut[i] = v`` raises the TypeError ``jax.Array`` raises, and says what a
 flax.nnx module holding futures needs.
 """
