@@ -47,6 +47,19 @@ RANGES_JS = """(id) => {
 }"""
 
 
+def _shows_range(page, which: str, want: dict, timeout_ms: int) -> None:
+    """Wait until every drawn copy of the plot on ``page`` has the kernel's x range."""
+    check = f"""(want) => {{ const copies = ({RANGES_JS})(want.id);
+        return copies.length >= 1 && copies.every((c) => c.every(
+            (v, i) => Math.abs(v - want.range[i]) < 1e-9)); }}"""
+    try:
+        page.wait_for_function(check, arg=want, timeout=timeout_ms)
+    except Exception:
+        raise AssertionError(f"the {which} page's x range: "
+                             f"{page.evaluate(RANGES_JS, want['id'])}; the kernel's: "
+                             f"{want['range']}") from None
+
+
 @pytest.mark.browser
 @pytest.mark.timeout(600)
 def test_a_second_page_draws_the_view_as_it_is_now(tmp_path):
@@ -67,15 +80,7 @@ def test_a_second_page_draws_the_view_as_it_is_now(tmp_path):
             # (the axis starts at [0, window]; 20 runs of fig2 take far longer than 0.5 ms)
             assert start > 0.0, "the runs should have moved the axis past its first window"
             want = {"id": range_id, "range": [start, end]}
-            check = f"""(want) => {{ const copies = ({RANGES_JS})(want.id);
-                return copies.length >= 1 && copies.every((c) => c.every(
-                    (v, i) => Math.abs(v - want.range[i]) < 1e-9)); }}"""
-            try:
-                page.wait_for_function(check, arg=want, timeout=60_000)
-            except Exception:
-                raise AssertionError(f"the first page's x range: "
-                                     f"{page.evaluate(RANGES_JS, range_id)}; the kernel's: "
-                                     f"{[start, end]}") from None
+            _shows_range(page, "first", want, 60_000)
             # saved with its outputs (BokehJS and the widget), as a user's notebook is
             page.keyboard.press("Control+s")
             page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')")
@@ -83,10 +88,5 @@ def test_a_second_page_draws_the_view_as_it_is_now(tmp_path):
             assert saved["cells"][0]["outputs"], "the notebook was saved without its outputs"
             second = page.context.new_page()
             second.goto(lab.notebook_url(NOTEBOOK))
-            try:
-                second.wait_for_function(check, arg=want, timeout=120_000)
-            except Exception:
-                raise AssertionError(f"the second page's x range: "
-                                     f"{second.evaluate(RANGES_JS, range_id)}; the kernel's: "
-                                     f"{[start, end]}") from None
+            _shows_range(second, "second", want, 120_000)
             assert page.errors == [], f"errors in the page: {page.errors}"
