@@ -385,7 +385,6 @@ def help_text(parser: _Parser) -> str:
     return text
 
 
-
 def as_flags(message: str) -> str:
     """A runtime error's ``ctl.slice`` keywords (``devices=[4, 5]``, ``island=1``) written as
     the ``%pathways slice`` flags that do the same (``--devices 4,5``, ``--island 1``)."""
