@@ -375,8 +375,15 @@ _HOST_ASSUMED = {
 
 def _split(name: str, chips: int | None, islands: int, per_host: int, default: int) -> tuple:
     chips = default if chips is None else chips
-    if (not isinstance(chips, int) or not isinstance(islands, int) or islands < 1
-            or chips < 1 or chips % (per_host * islands)):
+    if isinstance(islands, bool) or not isinstance(islands, int) or islands < 1:
+        raise SimError(f"preset {name!r} needs islands, a whole number from 1, got "
+                       f"islands={islands!r}. Maybe you want islands=1 (one island of all "
+                       f"the chips) or islands=2 (two joined by DCN).")
+    if isinstance(chips, str) and chips.strip().isdigit():
+        raise SimError(f"preset {name!r} needs chips as an int, got the string {chips!r}. "
+                       f"Maybe you want chips={int(chips)}.")
+    if (isinstance(chips, bool) or not isinstance(chips, int) or chips < 1
+            or chips % (per_host * islands)):
         unit = per_host * islands if isinstance(islands, int) and islands > 0 else per_host
         raise SimError(f"preset {name!r} needs chips, a multiple of {per_host} chips per host "
                        f"times the islands, got chips={chips!r}, islands={islands!r}. Maybe "

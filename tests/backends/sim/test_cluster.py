@@ -62,6 +62,14 @@ def test_bad_clusters_are_refused_with_the_fix():
         Cluster(PRESETS["tpu-v4"](8, 1).chip, (0,), 4, *([None] * 3))
     with pytest.raises(SimError, match="island 3 does not exist"):
         Cluster.preset("tpu-v4", chips=8).island_devices(3)
+    # the field that is wrong is the one named (before: "Maybe you want chips=8" for
+    # islands=0, and chips=4 for the string '8')
+    for islands in (0, -1, True, 1.5):
+        with pytest.raises(SimError, match="needs islands, a whole number from 1.*Maybe you "
+                                           "want islands=1"):
+            Cluster.preset("tpu-v4", chips=8, islands=islands)
+    with pytest.raises(SimError, match="chips as an int.*Maybe you want chips=8\\."):
+        Cluster.preset("tpu-v4", chips="8")
 
 
 def _calibration() -> dict:
