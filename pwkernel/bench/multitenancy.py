@@ -113,11 +113,16 @@ def _shares(ctl: pw.Controller, cfg: dict) -> dict:
     start = ctl.trace.next_index
     gate = threading.Barrier(len(weights))
     outs: dict[str, list] = {}
+    failed: dict[str, BaseException] = {}
 
     def submit(name: str, weight: float) -> None:
-        with ctl.client(name, weight=weight):
-            gate.wait(TIMEOUT)  # all clients queue their backlog at about the same moment
-            outs[name] = [fn(x0) for _ in range(cfg["backlog"])]
+        try:
+            with ctl.client(name, weight=weight):
+                gate.wait(TIMEOUT)  # all clients queue their backlog at about the same moment
+                outs[name] = [fn(x0) for _ in range(cfg["backlog"])]
+        except BaseException as e:  # noqa: BLE001 - raised below, in the measuring thread
+            failed[name] = e
+            gate.abort()  # (the others stop waiting for this one)
 
     threads = [threading.Thread(target=submit, args=(n, w)) for n, w in zip(names, weights,
                                                                              strict=True)]
@@ -125,6 +130,14 @@ def _shares(ctl: pw.Controller, cfg: dict) -> dict:
         t.start()
     for t in threads:
         t.join(TIMEOUT)
+    stuck = [n for n, t in zip(names, threads, strict=True) if t.is_alive()]
+    raised = {n: e for n, e in failed.items()
+              if not isinstance(e, threading.BrokenBarrierError)}  # (not: stopped by abort)
+    if raised or stuck:
+        raise RuntimeError(
+            f"the share measurement's clients did not all submit their backlog: failed "
+            f"{sorted(raised)}, still submitting after {TIMEOUT} s {stuck}. The first "
+            f"error is the cause of this one.") from next(iter(raised.values()), None)
     for futs in outs.values():
         for f in futs:
             f.result(TIMEOUT)

@@ -160,6 +160,23 @@ def test_multitenancy_shares_cover_every_weight():
     assert heavy["achieved_pct"] > 2 * light["achieved_pct"], clients
 
 
+def test_a_share_client_that_fails_says_so_and_holds_no_other_back():
+    """A client of the share measurement that raises (here: a weight ctl.client refuses)
+    fails the measurement with its error as the cause, at once: before, the others waited at
+    the barrier for two minutes and the run ended in max() of an empty sequence."""
+    import pwkernel as pw
+    from pwkernel.bench import multitenancy
+
+    cfg = dict(multitenancy.CONFIGS["tiny"], weights=(1, -1))
+    ctl = pw.Controller(islands=(4, 4))
+    try:
+        with pytest.raises(RuntimeError, match=r"failed \['w-1'\]") as info:
+            multitenancy._shares(ctl, cfg)
+        assert "weight" in str(info.value.__cause__)
+    finally:
+        ctl.close()
+
+
 def test_parallel_dispatch_skips_the_ray_row_in_tiny_mode():
     result = runner.run_one("parallel-dispatch", "tiny")
     ray = [r for r in result.rows if r["backend"] == "ray"]
