@@ -385,9 +385,12 @@ def help_text(parser: _Parser) -> str:
     return text
 
 
-def as_flags(message: str) -> str:
+def as_flags(message: str, name: str = "NAME") -> str:
     """A runtime error's ``ctl.slice`` keywords (``devices=[4, 5]``, ``island=1``) written as
-    the ``%pathways slice`` flags that do the same (``--devices 4,5``, ``--island 1``)."""
+    the ``%pathways slice`` flags that do the same (``--devices 4,5``, ``--island 1``), and its
+    ``ctl.slice(4)`` as the line that does the same (``%pathways slice NAME 4``)."""
+    message = re.sub(r"\bctl\.slice\(([0-9]+)(, island=[0-9]+)?\)",
+                     lambda m: f"%pathways slice {name} {m.group(1)}{m.group(2) or ''}", message)
     message = re.sub(r"\bdevices=\[([0-9, ]*)\]",
                      lambda m: "--devices " + m.group(1).replace(" ", ""), message)
     return re.sub(r",? \bisland=([0-9]+)", r" --island \1", message)

@@ -92,7 +92,8 @@ class PathwaysMagics(Magics):
             vs = self.ctl.slice(a.shape, island=a.island, axis_names=a.axes,
                                 axis_types=a.axis_types, devices=a.devices, replacing=old)
         except (PathwaysError, ValueError) as e:
-            raise UsageError(f"%pathways slice {a.name}: {specs.as_flags(str(e))}") from None
+            fix = specs.as_flags(str(e), a.name)
+            raise UsageError(f"%pathways slice {a.name}: {fix}") from None
         self.state.slices[a.name] = vs
         self.shell.user_ns[a.name] = vs
         dims = " x ".join(f"{n}={s}" for n, s in zip(vs.axis_names, vs.shape, strict=True))

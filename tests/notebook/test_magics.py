@@ -482,6 +482,13 @@ def test_a_slice_on_the_devices_named_by_id(ip):
         run(ip, "%pathways slice t 2 --devices 4,5 --island 0")
     with pytest.raises(UsageError, match="--devices goes with %pathways slice"):
         run(ip, "%pathways status --devices 1")
+    # a slice too large: the fix is the magic's own line (it said ctl.slice(4))
+    with pytest.raises(UsageError, match=re.escape(
+            "maybe you want %pathways slice t 4, or a controller")):
+        run(ip, "%pathways slice t 100")
+    with pytest.raises(UsageError, match=re.escape(
+            "Maybe you want %pathways slice t 4 --island 1, or a controller")):
+        run(ip, "%pathways slice t 6 --island 1")
     assert ip.user_ns["s"] is vs and not vs.released
 
 
