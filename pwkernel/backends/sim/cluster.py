@@ -384,7 +384,7 @@ def _split(name: str, chips: int | None, islands: int, per_host: int, default: i
                        f"Maybe you want chips={int(chips)}.")
     if (isinstance(chips, bool) or not isinstance(chips, int) or chips < 1
             or chips % (per_host * islands)):
-        unit = per_host * islands if isinstance(islands, int) and islands > 0 else per_host
+        unit = per_host * islands  # (islands is a whole number from 1 here)
         raise SimError(f"preset {name!r} needs chips, a multiple of {per_host} chips per host "
                        f"times the islands, got chips={chips!r}, islands={islands!r}. Maybe "
                        f"you want chips={unit * max(1, round(_number(chips) / unit))}.")
