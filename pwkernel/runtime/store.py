@@ -44,6 +44,13 @@ def shard_bytes(shape: tuple[int, ...], dtype, sharding) -> dict[int, int]:
 _ARRAYS: set[type] = set()  # the concrete jax.Array types seen (a type test is cheaper)
 
 
+def _asked(value) -> bool:
+    """Whether a value's launch was asked through it: a live array (not one given to a
+    donating launch since, or a host value, such as a ``float0`` gradient, which no launch
+    computed)."""
+    return (type(value) in _ARRAYS or _is_array(value)) and not value.is_deleted()
+
+
 def _is_array(value) -> bool:
     if isinstance(value, jax.Array):
         _ARRAYS.add(type(value))
@@ -62,9 +69,13 @@ class _Held(weakref.ref):
     the future's going and ``close()`` never free it twice; empty once it is being freed).
     ``reserve``: the same for the bytes a memory budget counts (None: nobody is told of
     frees, or they were never reserved): whoever pops it gives them back, its free or the
-    launch that consumes (donates) it, whichever comes first, so never both."""
+    launch that consumes (donates) it, whichever comes first, so never both. ``unchecked``:
+    a one-item list shared by the outputs of one launch (``add_many``), emptied once one of
+    them is seen to hold no error (``failure``): they share the launch's fate, so the others
+    need not ask."""
 
-    __slots__ = ("key", "value", "exported", "donated", "nbytes", "labels", "claim", "reserve")
+    __slots__ = ("key", "value", "exported", "donated", "nbytes", "labels", "claim", "reserve",
+                 "unchecked")
 
     @property
     def record(self) -> BufferRecord:
@@ -121,7 +132,8 @@ class ObjectStore:
     def add_many(self, futures: Sequence[Future], values: Sequence,
                  nbytes: Sequence[dict[int, int] | None] | None = None,
                  reserved: bool = False, skip_donated: bool = False) -> list[_Held | None]:
-        """``add`` for many values at once (a node's outputs), under one lock: ``futures``
+        """``add`` for many values at once (a node's outputs: one launch made them all), under
+        one lock: ``futures``
         with their ``values`` and ``nbytes`` (in order, as sequences side by side: no tuple
         per value; None: every size from its sharding); the entries come back in that
         order. ``skip_donated``: a ``jax.Array`` a later launch consumed already (its future
@@ -131,6 +143,7 @@ class ObjectStore:
         under a memory budget are given back now (``on_free``), once. A backend's handle is
         entered all the same: deleting it is what frees the island's copy."""
         out, on_drop, last, island, labels = [], self._on_drop, _Held, _Held, ()
+        unchecked = [True]  # (one launch's outputs: see ``failure``)
         told = reserved and self._on_free is not None  # (its entries get a ``reserve``)
         given = None  # the skipped ones' reserved bytes, given back below
         for i, fut in enumerate(futures):
@@ -152,7 +165,7 @@ class ObjectStore:
             held = _Held(fut, on_drop)
             held.value, held.exported, held.claim = value, False, [True]
             held.donated, held.reserve = fut.donated, [True] if told else None
-            held.nbytes, held.labels = size, labels
+            held.nbytes, held.labels, held.unchecked = size, labels, unchecked
             out.append(held)
         entries = self._held
         with self._lock:  # (an entry's key is its id: unique while it is in the dict)
@@ -206,11 +219,19 @@ class ObjectStore:
     def failure(self, held: _Held) -> BaseException | None:
         """The error a value holds that its computation's end did not report (the backend's
         ``failure``: a local launch that failed while it ran and was seen ready at once);
-        None when there is none, or the backend keeps no such errors."""
+        None when there is none, or the backend keeps no such errors.
+
+        Asked once per launch: a launch's outputs hold its one error or none (XLA fails them
+        all together), so once one of them, alive, holds none, its siblings are not asked
+        (asking waits on the value: the GIL is let go and taken back, per output, and a
+        training step's state has dozens, all read when a loop waits for its step)."""
         value = held.value
-        if self._failure is None or value is None:
+        if self._failure is None or value is None or not held.unchecked:
             return None
-        return self._failure(value)
+        error = self._failure(value)
+        if error is None and _asked(value):
+            held.unchecked.clear()
+        return error
 
     def _dropped(self, held: _Held, _quietly=held_quietly, _exiting=sys.is_finalizing) -> None:
         """A future went: free its buffer (run wherever Python collects it, so an interrupt

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
+from pwkernel.backends.local import LocalBackend
 
 TIMEOUT = 60.0
 
@@ -58,3 +59,50 @@ def test_a_run_time_failure_fails_what_reads_it_in_a_program(ctl):
         with pytest.raises(jax.errors.JaxRuntimeError, match="Out of memory allocating"):
             fut.result(TIMEOUT)
     assert y.run.wait(TIMEOUT)
+
+
+def too_big_with_siblings(x, n):
+    """A float0 (the gradient of an int: a host value no launch computes) first, then two
+    outputs of the failing launch."""
+    zero = jax.grad(lambda n: jnp.float32(0.0), allow_int=True)(n)
+    y = too_big(x)
+    return zero, y, y * 2
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_every_output_of_a_launch_that_failed_while_it_ran_fails(ctl, devices):
+    f = pw.function(too_big_with_siblings, slice=ctl.slice(devices, island=0), name="f")
+    for _ in range(3):  # (the fast path, and the watcher's, whichever sees it)
+        zero, y, y2 = f(np.ones(1, np.float32), np.int32(3))
+        assert zero.wait(TIMEOUT)  # asked first (a host value says nothing of the launch;
+        zero.exception()  # failed with it where its end was seen on the launch's fence)
+        for fut in (y, y2):
+            with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
+                fut.result(TIMEOUT)
+            assert isinstance(fut.exception(), jax.errors.JaxRuntimeError)
+
+
+class AskCounting(LocalBackend):
+    """The local backend, counting how often the runtime asks a value for its error."""
+
+    asked = 0
+
+    def failure(self, value):
+        AskCounting.asked += 1
+        return LocalBackend.failure(value)
+
+
+def test_a_launch_is_asked_for_its_error_once_not_once_per_output():
+    # A training step's state has dozens of outputs, all read when a loop waits for its step:
+    # asking each waits on it, letting the GIL go and taking it back, per output.
+    ctl = pw.Controller(backend=AskCounting(islands=(4, 4)))
+    try:
+        step = pw.function(lambda tree: jax.tree.map(lambda v: v + 1, tree),
+                           slice=ctl.slice(4, island=0))
+        state = step({str(i): np.zeros(8, np.float32) for i in range(20)})
+        AskCounting.asked = 0
+        values = [fut.result(TIMEOUT) for fut in state.values()]
+        assert [float(v[0]) for v in values] == [1.0] * 20
+        assert AskCounting.asked == 1
+    finally:
+        ctl.close()
