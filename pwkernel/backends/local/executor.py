@@ -349,7 +349,10 @@ class _Watcher:
 
     def __init__(self, name: str):
         self._queue: collections.deque = collections.deque()  # [task, outs, error, t_ready]
-        self._changed = threading.Condition()
+        # (entered as the plain lock where nobody waits: a Condition's own enter and exit
+        # are Python calls, five per computation)
+        self._mutex = threading.Lock()
+        self._changed = threading.Condition(self._mutex)
         self._observing = threading.Lock()
         self._owner: int | None = None  # the thread reporting ends now
         self._closed = False
@@ -365,7 +368,7 @@ class _Watcher:
         self._thread.start()
 
     def put(self, task: Task, outs, error) -> None:
-        with self._changed:
+        with self._mutex:
             self.outstanding += 1
             self._queue.append([task, outs, error, None])
             if self._asleep:  # (awake, it looks again within _PATIENCE)
@@ -388,10 +391,10 @@ class _Watcher:
                         return False  # the watcher waits on it: it reports it
                     if error is None and t_ready is None and not _ready(outs):
                         return False
-                    with self._changed:
+                    with self._mutex:
                         queue.popleft()
                     _observe(task, outs, error, t_ready)
-                    with self._changed:
+                    with self._mutex:
                         self.outstanding -= 1
                 return not self.outstanding
             finally:
@@ -399,14 +402,14 @@ class _Watcher:
 
     def hurry(self) -> None:
         """Nobody is about to launch here (a thread waits for a result): report at once."""
-        with self._changed:
+        with self._mutex:
             self.last_launch = 0.0
             self._changed.notify()
 
     def _run(self) -> None:
         observe, queue, me = _observe, self._queue, threading.get_ident()
         while True:
-            with self._changed:
+            with self._mutex:
                 while not queue and not self._closed:
                     # While work is launched here, look again every _PATIENCE (a put then
                     # needs no wake-up); idle for long, sleep until a put wakes it.
@@ -425,11 +428,11 @@ class _Watcher:
                     _block(entry[1])
                 except BaseException:  # noqa: BLE001 - observe() reports it
                     pass
-            with self._changed:
+            with self._mutex:
                 self._waiting = None
             if entry[3] is None:
                 entry[3] = _now()  # seen ready now (a helper may report it with this time)
-            with self._changed:  # another thread still launching here reports it at its
+            with self._mutex:  # another thread still launching here reports it at its
                 while (queue and queue[0] is entry and not self._closed  # next launch: leave
                        and self.last_launcher != me):  # it that long
                     idle = _now() - self.last_launch
@@ -438,20 +441,20 @@ class _Watcher:
                     self._changed.wait(_PATIENCE - idle)
             with self._observing:
                 self._owner = me
-                with self._changed:
+                with self._mutex:
                     mine = bool(queue) and queue[0] is entry
                     if mine:
                         queue.popleft()
                 if mine:  # (else a helper reported it meanwhile)
                     observe(*entry)
-                    with self._changed:
+                    with self._mutex:
                         self.outstanding -= 1
                 self._owner = None
             entry = None  # an idle watcher keeps no task or value alive
 
     def close(self) -> None:
         """Finish what is queued, then stop."""
-        with self._changed:
+        with self._mutex:
             self._closed = True
             self._changed.notify()
         self._thread.join()
