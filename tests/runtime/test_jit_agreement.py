@@ -145,3 +145,22 @@ def test_a_program_still_refuses_what_jax_jit_cannot_return(ctl):
     a = pw.function(lambda x: x * 2, slice=ctl.slice(2))
     with pytest.raises(pw.ProgramError, match="returned str 'label'"):
         pw.program(lambda x: (a(x), "label"))(_arange(2))
+
+
+def test_a_weakly_typed_future_is_weak_wherever_jax_reads_its_type(ctl):
+    """A future of a weakly typed value (``f(2.0)``) is weak where jnp reads the weak type of
+    an argument (its ``aval``, as a jax.Array's): ``jnp.asarray`` keeps it, and it promotes
+    as jax.jit's result does (a bfloat16 operand wins)."""
+    s = ctl.slice(2)
+    with jax.set_mesh(s.mesh):
+        want = jax.jit(lambda x: x + 1)(2.0)
+    got = pw.function(lambda x: x + 1, slice=s)(2.0)
+    assert want.weak_type and got.weak_type
+    assert jnp.result_type(got, jnp.bfloat16) == jnp.result_type(want, jnp.bfloat16)
+    assert jnp.asarray(got).weak_type and jnp.array(got).weak_type
+    assert _type(jnp.asarray(got)) == _type(jnp.asarray(want))
+    key = pw.function(jax.random.split, slice=s)(jax.random.key(0))
+    sharded = pw.function(lambda x: x * 2, slice=s, out_specs=P("x"))(_arange(4))
+    for fut in (got, key, sharded):  # known before the value, and the value's own type
+        assert fut.aval == jax.typeof(fut.result(60)), fut
+
