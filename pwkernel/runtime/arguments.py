@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax._src import core as jax_core
 
-from .dtypes import weak_type
+from .dtypes import jax_takes, untyped_fix, weak_type
 from .errors import ProgramError, retyped
 from .graph import Graph, Value
 from .objects import Future
@@ -250,7 +250,8 @@ def leaf_placement(leaf) -> tuple:
 def host_array(leaf) -> np.ndarray | None:
     """``leaf`` as the NumPy array JAX reads a host value as (a Python int of JAX's default int
     type, or JAX's ``OverflowError``), or None where ``jax.jit`` takes no such argument: not
-    numeric, or a masked array (its mask would be lost)."""
+    numeric, of a dtype JAX has no type for (``>f4``, ``np.longdouble``), or a masked array
+    (its mask would be lost)."""
     if isinstance(leaf, np.ma.MaskedArray):
         return None
     dtype = python_int(leaf) if type(leaf) is int else None
@@ -258,7 +259,17 @@ def host_array(leaf) -> np.ndarray | None:
         arr = np.asarray(leaf, dtype)
     except Exception:  # (not an array at all)
         return None
-    return arr if arr.dtype.kind in NUMERIC else None
+    return arr if arr.dtype.kind in NUMERIC and jax_takes(arr.dtype) else None
+
+
+def described(leaf) -> tuple[str, str | None]:
+    """What a leaf ``host_array`` refused is, for an error: its type, or a NumPy array's
+    dtype that JAX has no type for; and how to convert such a dtype (None: no such fix)."""
+    if isinstance(leaf, np.ndarray | np.generic) and not isinstance(leaf, np.ma.MaskedArray):
+        kind = "array" if isinstance(leaf, np.ndarray) else "scalar"
+        return (f"a NumPy {kind} of dtype {leaf.dtype}, which JAX has no type for",
+                untyped_fix(leaf.dtype))
+    return f"of type {type(leaf).__name__}", None
 
 
 def value_id(graph: Graph, leaf, name: str) -> int:
@@ -285,9 +296,11 @@ def value_id(graph: Graph, leaf, name: str) -> int:
         return spec.id
     arr = host_array(leaf)
     if arr is None:
-        raise ProgramError(f"{name} got an argument of type {type(leaf).__name__}; compiled "
-                           "functions take arrays, scalars and pytrees of them. Maybe you want "
-                           "static_argnums=... (or static_argnames=...) for that argument.")
+        is_a, fix = described(leaf)
+        raise ProgramError(f"{name} got an argument that is {is_a}; compiled functions take "
+                           "arrays, scalars and pytrees of them. Maybe you want "
+                           f"{fix or 'static_argnums=... (or static_argnames=...)'} for that "
+                           "argument.")
     arr = canonical(arr)
     if isinstance(leaf, np.ndarray) and np.may_share_memory(arr, leaf):
         arr = arr.copy()  # the constant is what it was at trace time, as under ``jax.jit``
@@ -333,11 +346,12 @@ def not_an_array(name: str, what: str, args: tuple, kwargs: dict,
                        "to take it out of the pytree (a static argument, or a field that is "
                        "not a pytree node, e.g. flax.struct.field(pytree_node=False))")
                 masked = isinstance(leaf, np.ma.MaskedArray)  # (its mask would be lost)
+                is_a, dtype_fix = described(leaf)
                 if masked:
                     fix = "x.filled(value) (a NumPy masked array's mask would be lost)"
+                fix = dtype_fix or fix
                 err = ProgramError(
-                    f"{name}: {where}{jax.tree_util.keystr(path)} is of type "
-                    f"{type(leaf).__name__}; "
+                    f"{name}: {where}{jax.tree_util.keystr(path)} is {is_a}; "
                     f"{what} takes arrays, Python scalars, futures and pytrees of them, as "
                     f"jax.jit does. Maybe you want {fix}.")
                 return retyped(err, ValueError) if masked else err  # (as jax.jit's)

@@ -17,7 +17,7 @@ as after ``jax.jit``:
 - ``block_until_ready()``: waits and returns the future, so ``jax.block_until_ready(tree)``
   waits for the futures in ``tree`` as for arrays (before, it returned at once).
 
-What the future knows before its value (shape, dtype, sharding, ``ndim``, ``size``,
+What the future knows before its value (shape, dtype, sharding, ``aval``, ``ndim``, ``size``,
 ``len()``, ``devices()``, ``nbytes``, ``itemsize``, ``is_fully_replicated``) does not wait,
 so a simulated future, which has no value, answers them too. ``==`` and ``hash`` stay the
 future's own: a future is a key in dictionaries and sets, which an array cannot be. A future
@@ -81,7 +81,7 @@ def _property(name: str) -> property:
 
 class ArrayOnDemand:
     """The array surface of a value that arrives later; a subclass has ``result()`` (the value,
-    waiting for it) and ``shape``, ``dtype`` and ``sharding`` known before it."""
+    waiting for it) and ``shape``, ``dtype``, ``sharding`` and ``weak_type`` known before it."""
 
     __slots__ = ()
 
@@ -130,6 +130,15 @@ class ArrayOnDemand:
         if not self.shape:
             raise TypeError("len() of a 0-d (scalar) Future")
         return self.shape[0]
+
+    @property
+    def aval(self):
+        """JAX's type of the value (``jax.Array.aval``), from what is known before it:
+        ``jnp.asarray``, ``jnp.array`` and ``jnp.result_type`` read an argument's weak type
+        there, so a future of ``f(2.0)`` promotes as the weakly typed array it holds."""
+        import jax
+        return jax.typeof(jax.ShapeDtypeStruct(self.shape, self.dtype, sharding=self.sharding,
+                                               weak_type=self.weak_type))
 
     @property
     def ndim(self) -> int:

@@ -10,6 +10,7 @@ cannot represent but which hashes, compares and has an ``itemsize`` like one.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -45,3 +46,26 @@ def weak_type(value) -> bool:
     """Whether ``value`` (an array, a future) is weakly typed, as JAX types a Python scalar
     (a typed key array has no such flag: it never is)."""
     return bool(getattr(value, "weak_type", False))
+
+
+@functools.cache
+def jax_takes(dtype: np.dtype) -> bool:
+    """Whether JAX has a type for a NumPy array of ``dtype`` (``jax.jit`` refuses one it has
+    none for: non-native byte order, ``np.longdouble``, objects, strings, dates)."""
+    try:
+        jax.typeof(np.zeros((), dtype))
+    except TypeError:
+        return False
+    return True
+
+
+def untyped_fix(dtype: np.dtype) -> str | None:
+    """How to give JAX a NumPy array of ``dtype``, which it has no type for (None: it has no
+    numeric dtype to convert it to)."""
+    if not dtype.isnative:
+        return ("x.astype(x.dtype.newbyteorder('=')) (JAX takes arrays in the machine's byte "
+                "order)")
+    if dtype.kind in "fc" and not jax_takes(dtype):
+        return ("x.astype(np.float64)" if dtype.kind == "f" else "x.astype(np.complex128)") + \
+            " (JAX has no extended-precision types)"
+    return None

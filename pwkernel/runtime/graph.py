@@ -217,12 +217,13 @@ class Value(ArrayOnDemand):
     Whatever needs the value itself (operators, ``jax.Array``'s methods, ``jnp`` functions,
     comparisons, ``range(v)``) raises ``NeedsValueError``, which says where the work goes."""
 
-    __slots__ = ("graph", "id", "shape", "dtype", "sharding")
+    __slots__ = ("graph", "id", "shape", "dtype", "sharding", "weak_type")
 
     def __init__(self, graph: Graph, vid: int):
         spec = graph.values[vid]
         self.graph, self.id = graph, vid
         self.shape, self.dtype, self.sharding = spec.shape, spec.dtype, spec.sharding
+        self.weak_type = spec.weak
 
     def result(self, *_, **__):
         raise NeedsValueError(

@@ -4,6 +4,8 @@ and compares values, dtypes, weak types, shardings, or the kind of error."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,3 +147,57 @@ def test_a_program_still_refuses_what_jax_jit_cannot_return(ctl):
     a = pw.function(lambda x: x * 2, slice=ctl.slice(2))
     with pytest.raises(pw.ProgramError, match="returned str 'label'"):
         pw.program(lambda x: (a(x), "label"))(_arange(2))
+
+
+def test_a_weakly_typed_future_is_weak_wherever_jax_reads_its_type(ctl):
+    """A future of a weakly typed value (``f(2.0)``) is weak where jnp reads the weak type of
+    an argument (its ``aval``, as a jax.Array's): ``jnp.asarray`` keeps it, and it promotes
+    as jax.jit's result does (a bfloat16 operand wins)."""
+    s = ctl.slice(2)
+    with jax.set_mesh(s.mesh):
+        want = jax.jit(lambda x: x + 1)(2.0)
+    got = pw.function(lambda x: x + 1, slice=s)(2.0)
+    assert want.weak_type and got.weak_type
+    assert jnp.result_type(got, jnp.bfloat16) == jnp.result_type(want, jnp.bfloat16)
+    assert jnp.asarray(got).weak_type and jnp.array(got).weak_type
+    assert _type(jnp.asarray(got)) == _type(jnp.asarray(want))
+    key = pw.function(jax.random.split, slice=s)(jax.random.key(0))
+    sharded = pw.function(lambda x: x * 2, slice=s, out_specs=P("x"))(_arange(4))
+    for fut in (got, key, sharded):  # known before the value, and the value's own type
+        assert fut.aval == jax.typeof(fut.result(60)), fut
+
+
+# NumPy arrays of dtypes JAX has no type for: (dtype, what the error's fix says)
+UNTYPED = {
+    "big-endian float": (">f4", r"x\.astype\(x\.dtype\.newbyteorder\('='\)\)"),
+    "big-endian int": (">i8", r"x\.astype\(x\.dtype\.newbyteorder\('='\)\)"),
+    "long double": (np.longdouble, r"x\.astype\(np\.float64\)"),
+    "object": (object, "static_argnums=0"),
+    "datetime": ("datetime64[D]", "static_argnums=0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNTYPED))
+def test_a_numpy_array_of_a_dtype_jax_does_not_take_is_named_with_its_fix(ctl, case):
+    """jax.jit refuses a NumPy array of a dtype JAX has no type for (a TypeError), before
+    tracing; so does pw.function, naming the argument, the dtype and the fix, whatever its
+    body does with it (before, the body was traced and failed inside, or ran)."""
+    dtype, fix = UNTYPED[case]
+    x = np.zeros(4, dtype)
+    with pytest.raises(TypeError):
+        jax.jit(lambda a: a)(x)
+    said = rf"a NumPy array of dtype {re.escape(str(x.dtype))}, which JAX has no type for"
+    for body in (lambda a: a, lambda a: a * 2):
+        f = pw.function(body, slice=ctl.slice(2))
+        with pytest.raises(pw.ProgramError, match=rf"argument 0 is {said}.*{fix}"):
+            f(x)
+        with pytest.raises(pw.ProgramError, match=rf"argument 0 is {said}.*{fix}"):
+            _calling(f)(x)
+        if "static" not in fix:  # (a constant a program captures: no argument to make static)
+            with pytest.raises(pw.ProgramError, match=rf"got an argument that is {said}.*{fix}"):
+                _calling(f, x)(_arange(4))
+
+
+def _calling(f, constant=None):
+    """A program that calls ``f`` on its argument, or on ``constant`` (which it captures)."""
+    return pw.program(lambda a: f(a if constant is None else constant))
