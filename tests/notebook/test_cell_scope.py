@@ -247,3 +247,16 @@ def test_objects_a_cell_binds_hold_arrays_not_traced_values(nb):
     run(nb, "%%pathways --slice s\nparams = {'w': x * 2}\ncfg = types.SimpleNamespace(lr=0.1)\n")
     assert isinstance(nb.user_ns["params"]["w"], pw.Future)  # still one program
     assert nb.user_ns["cfg"].lr == 0.1
+
+
+def test_a_cell_reading_an_arrays_sharding_runs_as_plain_python(nb):
+    """``x.sharding`` (and the other attributes only concrete arrays have: JAX raises
+    AttributeError for them on a traced array) is what the same cell gives without the
+    magic, under the slice's mesh."""
+    run(nb, "%%pathways --slice s\nx = jax.device_put(jnp.arange(4.0), jax.P('x'))\n")
+    run(nb, "%%pathways --slice s\ny = x * 2\nsh = y.sharding\nrep = x.is_fully_replicated\n"
+            "fmt = x.format\n")
+    sharding = nb.user_ns["sh"]
+    assert isinstance(sharding, jax.sharding.NamedSharding) and sharding.spec == jax.P("x")
+    assert nb.user_ns["rep"] is False and nb.user_ns["fmt"] is not None
+    assert np.asarray(nb.user_ns["y"]).tolist() == [0.0, 2.0, 4.0, 6.0]
