@@ -365,9 +365,13 @@ def parse_cell(line: str) -> argparse.Namespace:
     """Parse the ``%%pathways`` line; ``--island`` only goes with ``--devices``."""
     args = CELL.parse_args(_split(line, "%%pathways"))
     if args.island is not None and args.devices is None:
-        raise UsageError("%%pathways: --island I chooses where --devices N are taken; with "
-                         "--slice the slice already fixes its island. Add --devices N, or "
-                         "drop --island.")
+        if args.slice is not None:
+            raise UsageError(f"%%pathways: --island I chooses where --devices N are taken; "
+                             f"--slice {args.slice} already fixes its island. Drop --island.")
+        raise UsageError(f"%%pathways: --island I chooses where --devices N are taken; without "
+                         f"--devices the cell runs on all devices of island 0. Add --devices N "
+                         f"(e.g. %%pathways --devices 2 --island {args.island}), or drop "
+                         f"--island.")
     return args
 
 

@@ -12,13 +12,16 @@ when called (``rehome``).
 from __future__ import annotations
 
 import functools
+import gc
 import types
 from typing import Any
 
 import jax
+import numpy as np
 
 from ..runtime.errors import NeedsValueError
 from ..runtime.graph import Value
+from ..runtime.objects import Future
 
 DELETED = object()  # the value of a name the cell deleted (``del x``): unbound after it
 
@@ -107,34 +110,51 @@ def check_kept(user_ns: dict[str, Any], before: dict[str, Any], bound: dict[str,
     for name, value in bound.items():
         if _is_jit(value):  # its traces may hold this cell's traced values as constants:
             value.clear_cache()  # it traces again, on the notebook's values, when next called
-        if _keeps_traced(value) and where is None:
-            where = f"what {name!r} holds (a closure, a default or a class attribute)"
+        if where is None and any(_holds_traced(x) for x in jax.tree_util.tree_leaves(value)
+                                 if not _traced(x)):
+            where = (f"what {name!r} holds (a closure, a default, a class attribute, or an "
+                     "object, iterator or generator that is no pytree)")
     if where is not None:
         raise NeedsValueError(f"%%pathways: the cell keeps a value it computes in {where}; "
                               "it runs as plain Python.")
 
 
-def _keeps_traced(value: Any, seen: set[int] | None = None) -> bool:
-    """A function, ``functools.partial`` or class the cell defined (or the function a
-    ``jax.jit`` wraps) holds a traced value, also through the functions and classes it
-    holds."""
-    seen = set() if seen is None else seen
-    if id(value) in seen:
-        return False
-    seen.add(id(value))
-    if _is_jit(value):
-        value = value.__wrapped__
-    if isinstance(value, functools.partial):
-        held = [value.func, value.args, value.keywords]
-    elif isinstance(value, types.FunctionType):
-        held = [value.__defaults__, value.__kwdefaults__,
-                [c.cell_contents for c in value.__closure__ or () if _filled(c)]]
-    elif isinstance(value, type):
-        held = list(vars(value).values())
-    else:
-        return False
-    return any(_traced(x) or (callable(x) and _keeps_traced(x, seen))
-               for x in jax.tree_util.tree_leaves(held))
+def _holds_traced(value: Any, budget: int = 10_000) -> bool:
+    """``value`` (a pytree leaf the cell bound) holds a traced value: a function,
+    ``functools.partial`` or class through its closure, defaults or attributes (and the
+    function a ``jax.jit`` wraps), any other object through what it refers to (a
+    ``SimpleNamespace``, a dataclass that is no pytree, an iterator, ``map``, a generator's
+    frame). Namespaces (globals, modules) are not followed: the cell's own names are its
+    outputs. At most ``budget`` objects are visited."""
+    todo, seen = [value], set()
+    while todo and budget > 0:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        budget -= 1
+        if _traced(x):
+            return True
+        if isinstance(x, _OPAQUE) or (isinstance(x, dict) and "__builtins__" in x):
+            continue
+        if _is_jit(x):
+            todo.append(x.__wrapped__)
+        elif isinstance(x, functools.partial):
+            todo += [x.func, x.args, x.keywords]
+        elif isinstance(x, types.FunctionType):
+            todo += [x.__defaults__, x.__kwdefaults__,
+                     [c.cell_contents for c in x.__closure__ or () if _filled(c)]]
+        elif isinstance(x, type):
+            if x.__module__ != "builtins":
+                todo += list(vars(x).values())
+        else:
+            todo += gc.get_referents(x)
+    return False
+
+
+# values that hold no traced value of the cell (or that are outputs of it): not followed
+_OPAQUE = (str, bytes, int, float, complex, bool, type(None), types.ModuleType,
+           types.CodeType, jax.Array, np.ndarray, np.generic, Future)
 
 
 def _is_jit(value: Any) -> bool:

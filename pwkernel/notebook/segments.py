@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import tokenize
 from typing import Any
 
@@ -44,6 +45,9 @@ _MUTATORS = {"append", "extend", "insert", "update", "add", "setdefault", "appen
 _VALUE_ERRORS = tuple(getattr(jax.errors, n) for n in (
     "ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
     "TracerArrayConversionError") if hasattr(jax.errors, n))
+
+# JAX's AttributeError for an attribute or method only a concrete array has
+_CONCRETE_ONLY = re.compile(r"The '\w+' (attribute|method) is not available on traced array")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +127,13 @@ def quiet(body: str) -> bool:
 
 
 def needs_value(error: BaseException) -> bool:
-    """``error`` (or what it wraps) says the traced Python needed a concrete value."""
+    """``error`` (or what it wraps) says the traced Python needed a concrete value (also
+    JAX's AttributeError for what only a concrete array has: ``x.sharding``, ``x.device``,
+    ``x.format``)."""
     seen = 0
     while error is not None and seen < 8:
-        if isinstance(error, _VALUE_ERRORS + (NeedsValueError,)):
+        if isinstance(error, _VALUE_ERRORS + (NeedsValueError,)) or (
+                isinstance(error, AttributeError) and _CONCRETE_ONLY.search(str(error))):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False

@@ -230,3 +230,33 @@ def test_a_cell_run_again_compiles_nothing_new_and_sees_a_changed_value(nb):
     run(nb, "lr = 0.25")  # a value the cell's Python reads: a new computation
     run(nb, body)
     np.testing.assert_allclose(np.asarray(nb.user_ns["w2"]), 1 - 0.25 * np.tanh(1.0), rtol=1e-6)
+
+
+def test_objects_a_cell_binds_hold_arrays_not_traced_values(nb):
+    """A plain object (not a pytree) holding an array, an iterator, a ``map`` or a generator
+    over the cell's arrays: used in a later cell, each gives what it gives without the
+    magic (the cell runs as plain Python), never a value of the cell's trace."""
+    run(nb, "import types, dataclasses\n@dataclasses.dataclass\nclass Box:\n    w: object")
+    run(nb, "%%pathways --slice s\nx = jnp.arange(4.0)\nlst = [x, x + 1]\n")
+    run(nb, "%%pathways --slice s\nns = types.SimpleNamespace(w=x * 2)\nbx = Box(x * 3)\n"
+            "it = iter(lst)\nmp = map(lambda v: v * 4, lst)\ngen = (v * 5 for v in lst)\n"
+            "y = x + 1\n")
+    got = run(nb, "[np.asarray(v).tolist() for v in (ns.w, bx.w, next(it), next(mp), "
+                  "next(gen), y)]")
+    assert got == [[k * v for v in range(4)] for k in (2, 3, 1, 4, 5)] + [[1.0, 2.0, 3.0, 4.0]]
+    run(nb, "%%pathways --slice s\nparams = {'w': x * 2}\ncfg = types.SimpleNamespace(lr=0.1)\n")
+    assert isinstance(nb.user_ns["params"]["w"], pw.Future)  # still one program
+    assert nb.user_ns["cfg"].lr == 0.1
+
+
+def test_a_cell_reading_an_arrays_sharding_runs_as_plain_python(nb):
+    """``x.sharding`` (and the other attributes only concrete arrays have: JAX raises
+    AttributeError for them on a traced array) is what the same cell gives without the
+    magic, under the slice's mesh."""
+    run(nb, "%%pathways --slice s\nx = jax.device_put(jnp.arange(4.0), jax.P('x'))\n")
+    run(nb, "%%pathways --slice s\ny = x * 2\nsh = y.sharding\nrep = x.is_fully_replicated\n"
+            "fmt = x.format\n")
+    sharding = nb.user_ns["sh"]
+    assert isinstance(sharding, jax.sharding.NamedSharding) and sharding.spec == jax.P("x")
+    assert nb.user_ns["rep"] is False and nb.user_ns["fmt"] is not None
+    assert np.asarray(nb.user_ns["y"]).tolist() == [0.0, 2.0, 4.0, 6.0]

@@ -158,7 +158,10 @@ def test_timeout_cancels_the_rest_and_the_shell_stays_usable(ip):
     ("%%pathways --slice nope\ny = 1", "%pathways slice nope"),
     ("%%pathways --slice s0 --devices 2\ny = 1", "not allowed with argument --slice"),
     ("%%pathways --devices 9\ny = 1", "does not fit"),
-    ("%%pathways --island 1\ny = 1", "Add --devices N"),
+    ("%%pathways --island 1\ny = 1", "without --devices the cell runs on all devices of "
+     "island 0. Add --devices N (e.g. %%pathways --devices 2 --island 1), or drop --island."),
+    ("%%pathways --slice s0 --island 1\ny = 1", "--slice s0 already fixes its island. "
+     "Drop --island"),
     ("%%pathways --bogus\ny = 1", "unrecognized arguments: --bogus"),
     ("%%pathways --timeout -1\ny = 1", "positive number"),
     ("%%pathways\ny = (1\n", "syntax error in the cell at line 2"),
