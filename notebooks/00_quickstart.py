@@ -12,11 +12,13 @@
 # **What the paper found.** Pathways (Barham et al., MLSys 2022) goes back to a *single
 # controller*: one Python program describes a dataflow graph of compiled functions placed on
 # sets of accelerators, and the runtime dispatches it asynchronously. It still reaches about
-# 100% accelerator utilization for plain SPMD on 2048 TPUs. Its Figure 2 is a three-function
-# program across two device sets, which gives `([3., 5.], [2., 4.])` for the input `[1., 2.]`.
+# 100% accelerator utilization for plain SPMD on 2048 TPUs. Its Figure 2 is a program of
+# three compiled functions (`jax.pmap`s, each on its own set of two devices), which gives
+# `([3., 5.], [2., 4.])` for the input `[1., 2.]`.
 #
 # This notebook runs that program here: the host CPU split into two *islands* of four virtual
-# devices. It uses the **Pathways (JAX)** kernel, which has already run `%load_ext pwkernel`.
+# devices, with `a` on two devices of island 0 and `b` and `c` sharing two devices of island 1.
+# It uses the **Pathways (JAX)** kernel, which has already run `%load_ext pwkernel`.
 
 # %%
 # %load_ext pwkernel

@@ -14,7 +14,8 @@
 # once its predecessor has run, so short computations leave accelerators idle. Because compiled
 # functions are regular, Pathways does that work for every node of a program up front, in
 # parallel: the control plane runs ahead of the data plane. In the paper's pipeline benchmark,
-# sequential dispatch was always slower.
+# sequential dispatch was always slower (a result as summarised from the paper, not read off
+# its figure).
 #
 # `ctl.dispatch = "sequential"` prepares a node only when its inputs exist (the paper's
 # baseline); `"parallel"` prepares every node when the program is submitted.

@@ -12,7 +12,7 @@
 # **What the paper found.** Several clients can time-share one island. With four clients the
 # aggregate throughput was at least that of a dedicated client, with no context-switch cost
 # while everything fitted in memory, and a trace showed proportional-share interleaving at
-# weights 1:2:4:8.
+# weights 1:2:4:8 (results as summarised from the paper, not read off its figures).
 #
 # Here: four client threads, each inside `ctl.client(name, weight=w)`, queue work on the same
 # four devices, with `ctl.policy = "share"`.

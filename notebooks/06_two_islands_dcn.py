@@ -98,6 +98,8 @@ view.stop()
 crossed = [e for e in burst if e.link == "dcn"]
 print(f"same parameters on both islands and on one island; {len(crossed)} DCN transfers, "
       f"{sum(e.nbytes for e in crossed) / 1e6:.2f} MB")
+# every step, each island's gradient (one array per parameter) crosses to the other island
+assert len(crossed) == 2 * len(params) * cfg["steps"], len(crossed)
 for e in crossed:        # the emulated link holds each transfer to its modelled time
     assert e.t_end - e.t_start >= link.duration(e.nbytes) - 1e-9, e
 
@@ -133,9 +135,10 @@ assert fast["ratio"] > slow["ratio"], "a faster link should bring two islands cl
 
 # %% [markdown]
 # On this machine the two islands' eight "devices" share two CPU cores, and a two-island step
-# has four computations and two DCN transfers where one island has one computation, so the
-# ratio stays below the paper's 0.97 even on a fast link; the direction (bandwidth matters,
-# and a fast link hides most of it) is the paper's. `docs/benchmarks.md` has the full sweep.
+# has four computations and two gradients crossing the DCN (one transfer per parameter array,
+# each way) where one island has one computation, so the ratio stays below the paper's
+# 0.97 even on a fast link; the direction (bandwidth matters: a faster link brings two islands
+# closer to one) is the paper's. `docs/benchmarks.md` has the full sweep.
 #
 # ## What we measured here
 

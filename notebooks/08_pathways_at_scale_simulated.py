@@ -203,9 +203,10 @@ print(f"simulated time: the pod's virtual clock reads {pw.controller().executor.
 # pays a cost per program and a message per host; multi-controller JAX dispatches on every
 # host at once. The smallest computation at which Pathways keeps up (95 % of JAX's
 # throughput) grows with the hosts. Two control-plane costs are fit on the paper's two points
-# (16 and 512 hosts); the other points of the curve follow from the model. The paper's counts
-# imply its hardware: 128 TPU cores at 16 hosts are TPU v3 hosts (8 cores each), 2048 at 512
-# hosts are TPU v4 hosts (4 chips each), so the 16-host point runs on v3, the others on v4.
+# (16 and 512 hosts); the other points of the curve follow from the model. The hardware is an
+# assumption (the summaries of the paper leave it open): 128 TPU cores at 16 hosts fit TPU v3
+# hosts (4 chips, 8 cores each), 2048 TPUs at 512 hosts fit TPU v4 hosts (4 chips each), so
+# the 16-host point runs on v3, the others on v4.
 
 # %%
 from pwkernel.backends.sim import paper_dispatch as pd
