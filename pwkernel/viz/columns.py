@@ -285,8 +285,11 @@ def tail(columns: dict[str, list], rows: int) -> dict[str, list]:
 _DEVICES = getter("devices")
 
 
-def newest(events: Sequence[Event], rows: int) -> list[Event]:
-    """The shortest suffix of ``events`` that makes at least ``rows`` bars (one per device).
+def newest(events: Sequence[Event], rows: int,
+           layout: DeviceLayout | None = None) -> list[Event]:
+    """The shortest suffix of ``events`` that makes at least ``rows`` bars: one per device,
+    or, with ``layout``, one per row of it the event is shown on (``layout.shown``: rows
+    that group devices, a drill-down that leaves devices out).
 
     Converting only these is what keeps a 100,000-event history cheap to show: the page
     keeps ``rows`` rows anyway.
@@ -294,7 +297,10 @@ def newest(events: Sequence[Event], rows: int) -> list[Event]:
     if rows <= 0:
         return []
     # Bars per event, newest first, counted in C (an Event or a Trace.rows tuple alike).
-    counts = np.fromiter(map(len, map(_DEVICES, reversed(events))), np.int64, len(events))
+    devices = map(_DEVICES, reversed(events))
+    if layout is not None and (layout.groups or layout.partial):
+        devices = map(layout.shown, devices)  # fewer bars than devices: count those drawn
+    counts = np.fromiter(map(len, devices), np.int64, len(events))
     enough = np.cumsum(counts) >= rows
     start = len(events) - (int(enough.argmax()) + 1 if enough.any() else len(events))
     return list(events[start:])

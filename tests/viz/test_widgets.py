@@ -540,6 +540,26 @@ def test_a_paused_view_still_sees_its_controller_close():
     assert ticks and ticks[-1] is True  # one last update shows the closed controller
 
 
+def test_a_drill_down_made_after_busy_devices_shows_its_own_devices_history(ctl):
+    """Devices left out of a view draw no bars: the newest ``max_rows`` bars of a view of
+    island 1 are island 1's, however busy island 0 was since (it showed none)."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    busy = pw.function(lambda x: x * 2, slice=s0, name="busy")
+    quiet = pw.function(lambda x: x + 1, slice=s1, name="quiet")
+    for _ in range(2):
+        quiet(np.ones(2, np.float32)).result()
+    for _ in range(10):
+        busy(np.ones(2, np.float32)).result()
+    assert ctl.wait(60.0)
+    v = pw.ScheduleView(ctl, devices=s1.device_ids, max_rows=3, live=False)
+    try:
+        ran = [e for e in ctl.trace.events() if e.name == "quiet"]
+        assert v.decoded()["index"] == [e.index for e in ran for _ in e.devices][-3:]
+        assert v.decoded()["name"] == ["quiet"] * 3
+    finally:
+        v.close()
+
+
 def test_a_fitted_view_drills_down_fitted(ctl, programs):
     run(programs[0])
     assert ctl.wait(60.0)
