@@ -19,7 +19,7 @@ import pwkernel as pw
 from pwkernel.viz import columns as C
 from pwkernel.viz.bokeh_model import EchoFreeBokehModel
 from pwkernel.viz.schedule import FOLLOW, PAUSE
-from tests.helpers.programs import make_programs, run
+from tests.helpers.programs import gate, make_programs, run
 
 
 @pytest.fixture
@@ -434,6 +434,27 @@ def test_topology_view(ctl, programs):
         assert "island 1" in topo.islands.value and "queued" in topo.islands.value
     finally:
         topo.close()
+
+
+def test_topology_counts_a_computation_that_is_still_running(ctl):
+    """A device busy in a long computation is busy before the computation ends (it read 0 %
+    until then, while the queue behind it grew: the picture of an idle island)."""
+    quad = ctl.slice(4, island=0)
+    entered, release = threading.Event(), threading.Event()
+    topo = pw.TopologyView(ctl, window=60.0, live=False)
+    try:
+        held = pw.function(gate(entered, release, quad.mesh), slice=quad, in_specs=pw.BATCH,
+                           name="gate")(np.ones(4, np.float32))
+        assert entered.wait(30)
+        topo.update()
+        use = dict(zip(topo.source.data["device"], topo.source.data["utilization"],
+                       strict=True))
+        assert all(use[d] > 0 for d in quad.device_ids)
+        assert all(use[d] == 0 for d in ctl.islands[1].device_ids)
+    finally:
+        release.set()
+        topo.close()
+    held.result(timeout=60)
 
 
 def test_a_hundred_thousand_events(ctl, programs):
