@@ -38,6 +38,8 @@ LINK_COLUMNS: tuple[str, ...] = (
     "src_device", "dst_device", "start", "duration", "nbytes", "bytes_text", "bw_text", "c_link",
 )
 
+_DEVICES = getter("devices")
+
 # Vertical placement inside a device row (rows are 1 apart): computations take the main band,
 # transfers a thin strip beside it, so both stay readable when they overlap in time.
 COMPUTE_OFFSET, COMPUTE_HEIGHT = -0.1, 0.55
@@ -157,6 +159,13 @@ class DeviceLayout:
                     out.append(d)
             out = self._shown[devices] = tuple(out)
         return out
+
+    def drawn(self, events: list) -> list:
+        """The events (``Event`` objects or ``Trace.rows`` tuples) that get a bar here: all of
+        them, but a drill-down's (``partial``) only those on its devices."""
+        if not self.partial:
+            return events
+        return [e for e in events if self.shown(_DEVICES(e))]
 
     def pairs(self, src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
         """Source -> destination device pairs of a transfer to draw: one per pair of rows."""
@@ -281,8 +290,6 @@ def tail(columns: dict[str, list], rows: int) -> dict[str, list]:
     """The last ``rows`` rows of ``columns`` (what a rollover of ``rows`` would keep)."""
     return {k: v[-rows:] if rows > 0 else [] for k, v in columns.items()}
 
-
-_DEVICES = getter("devices")
 
 
 def newest(events: Sequence[Event], rows: int,

@@ -320,6 +320,7 @@ class ScheduleView(w.VBox):
             return as_events(self._rows)
 
     def _filtered(self, rows: list[tuple]) -> list[tuple]:
+        rows = self.layout_rows.drawn(rows)  # a drill-down: the events on its devices only
         programs, clients = self.programs, self.clients
         if programs is None and clients is None:
             return rows  # the usual case: no per-event pass at all

@@ -581,6 +581,30 @@ def test_a_drill_down_made_after_busy_devices_shows_its_own_devices_history(ctl)
         v.close()
 
 
+def test_a_drill_down_names_and_fits_only_what_it_draws(ctl):
+    """The legend of a view of island 1 names island 1's programs, and its fitted axis spans
+    their bars (it named and spanned island 0's too, which it does not draw)."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+
+    def there(x):
+        return x * 2
+
+    def here(x):
+        return x + 1
+
+    there, here = pw.function(there, slice=s0), pw.function(here, slice=s1)
+    here(np.ones(2, np.float32)).result()
+    there(np.ones(2, np.float32)).result()
+    assert ctl.wait(60.0)
+    v = pw.ScheduleView(ctl, devices=s1.device_ids, live=False)
+    try:
+        assert set(v.decoded()["program"]) == {"here"}
+        assert ">here<" in v.legend.value and ">there<" not in v.legend.value
+        assert v.x_range.end < max(v.source.data["right"]) * 1.1
+    finally:
+        v.close()
+
+
 def test_a_fitted_view_drills_down_fitted(ctl, programs):
     run(programs[0])
     assert ctl.wait(60.0)
