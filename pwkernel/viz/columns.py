@@ -38,6 +38,8 @@ LINK_COLUMNS: tuple[str, ...] = (
     "src_device", "dst_device", "start", "duration", "nbytes", "bytes_text", "bw_text", "c_link",
 )
 
+_DEVICES = getter("devices")
+
 # Vertical placement inside a device row (rows are 1 apart): computations take the main band,
 # transfers a thin strip beside it, so both stay readable when they overlap in time.
 COMPUTE_OFFSET, COMPUTE_HEIGHT = -0.1, 0.55
@@ -157,6 +159,13 @@ class DeviceLayout:
                     out.append(d)
             out = self._shown[devices] = tuple(out)
         return out
+
+    def drawn(self, events: list) -> list:
+        """The events (``Event`` objects or ``Trace.rows`` tuples) that get a bar here: all of
+        them, but a drill-down's (``partial``) only those on its devices."""
+        if not self.partial:
+            return events
+        return [e for e in events if self.shown(_DEVICES(e))]
 
     def pairs(self, src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
         """Source -> destination device pairs of a transfer to draw: one per pair of rows."""
@@ -282,11 +291,12 @@ def tail(columns: dict[str, list], rows: int) -> dict[str, list]:
     return {k: v[-rows:] if rows > 0 else [] for k, v in columns.items()}
 
 
-_DEVICES = getter("devices")
 
-
-def newest(events: Sequence[Event], rows: int) -> list[Event]:
-    """The shortest suffix of ``events`` that makes at least ``rows`` bars (one per device).
+def newest(events: Sequence[Event], rows: int,
+           layout: DeviceLayout | None = None) -> list[Event]:
+    """The shortest suffix of ``events`` that makes at least ``rows`` bars: one per device,
+    or, with ``layout``, one per row of it the event is shown on (``layout.shown``: rows
+    that group devices, a drill-down that leaves devices out).
 
     Converting only these is what keeps a 100,000-event history cheap to show: the page
     keeps ``rows`` rows anyway.
@@ -294,7 +304,10 @@ def newest(events: Sequence[Event], rows: int) -> list[Event]:
     if rows <= 0:
         return []
     # Bars per event, newest first, counted in C (an Event or a Trace.rows tuple alike).
-    counts = np.fromiter(map(len, map(_DEVICES, reversed(events))), np.int64, len(events))
+    devices = map(_DEVICES, reversed(events))
+    if layout is not None and (layout.groups or layout.partial):
+        devices = map(layout.shown, devices)  # fewer bars than devices: count those drawn
+    counts = np.fromiter(map(len, devices), np.int64, len(events))
     enough = np.cumsum(counts) >= rows
     start = len(events) - (int(enough.argmax()) + 1 if enough.any() else len(events))
     return list(events[start:])

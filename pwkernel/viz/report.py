@@ -107,14 +107,14 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
     compute = [e for e in evs if e.kind == "compute"]
     moved = [e for e in evs if e.kind == "transfer"]
     own, others = own_and_others(compute)  # a shared pool's other tenants: drawn apart
-    drawn_compute, drawn_moved = newest(own, max_rows), newest(moved, max_rows)
+    drawn_compute, drawn_moved = newest(own, max_rows, layout), newest(moved, max_rows, layout)
     # The live view's typed columns: binary in the file too, with names looked up on hover.
     book = Codebook()
     bars = ColumnDataSource(tail(compute_arrays(drawn_compute, layout, t0, book), max_rows))
     strips = ColumnDataSource(tail(transfer_arrays(drawn_moved, layout, t0, book), max_rows))
     segs = ColumnDataSource(tail(link_arrays(drawn_moved, layout, t0, book), max_rows))
-    theirs = ColumnDataSource(tail(compute_arrays(newest(others, max_rows), layout, t0, book),
-                                   max_rows)) if others else None
+    theirs = ColumnDataSource(tail(compute_arrays(newest(others, max_rows, layout), layout,
+                                                  t0, book), max_rows)) if others else None
     sched = schedule_figure(layout, bars, strips, segs, names_source(book.names),
                             title="Gang schedule", x_range=Range1d(0.0, max(t_end - t0, 1e-6)),
                             others=theirs)

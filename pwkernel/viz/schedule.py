@@ -320,6 +320,7 @@ class ScheduleView(w.VBox):
             return as_events(self._rows)
 
     def _filtered(self, rows: list[tuple]) -> list[tuple]:
+        rows = self.layout_rows.drawn(rows)  # a drill-down: the events on its devices only
         programs, clients = self.programs, self.clients
         if programs is None and clients is None:
             return rows  # the usual case: no per-event pass at all
@@ -355,9 +356,9 @@ class ScheduleView(w.VBox):
         compute, others = own_and_others(compute)
         # An event has at most one bar per device: below this many, every event fits.
         fits = self.max_rows // max(1, self.layout_rows.n_rows)
-        compute, moved, others = (x if len(x) <= fits else newest(x, self.max_rows)
-                                  for x in (compute, moved, others))
         book, rows = self.codebook, self.layout_rows
+        compute, moved, others = (x if len(x) <= fits else newest(x, self.max_rows, rows)
+                                  for x in (compute, moved, others))
         return (tail(compute_arrays(compute, rows, t0, book), self.max_rows),
                 tail(transfer_arrays(moved, rows, t0, book), self.max_rows),
                 tail(link_arrays(moved, rows, t0, book), self.max_rows),

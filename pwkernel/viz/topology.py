@@ -1,9 +1,10 @@
 """``pw.TopologyView``: islands and devices, which slices map where, and how busy they are.
 
-Per device: utilization over the last ``window`` seconds (from the trace; on a virtual clock,
-a simulator's, by default over the whole run: its work takes microseconds) and memory held by
-live buffers; per island: computations queued and running in its gang scheduler. Everything
-but the trace comes from ``ctl.snapshot()``, twice a second: snapshots, not a stream.
+Per device: utilization over the last ``window`` seconds (the trace's computations, plus those
+the snapshot shows running; on a virtual clock, a simulator's, by default over the whole run:
+its work takes microseconds) and memory held by live buffers; per island: computations
+queued and running in its gang scheduler. Everything but the trace comes from
+``ctl.snapshot()``, twice a second: snapshots, not a stream.
 
 With more devices than fit (``rows="auto"``, as ``ScheduleView``), a bar stands for a host, a
 group of hosts or an island (its label gives the device count): its utilization is the
@@ -26,6 +27,7 @@ from bokeh.plotting import figure
 
 from ..runtime.controller import Controller
 from ..runtime.snapshot import Snapshot
+from ..runtime.tasks import TaskState
 from ..runtime.trace import Event
 from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
@@ -46,6 +48,15 @@ def slice_map(snap: Snapshot) -> dict[int, list[str]]:
         for d in vs.device_ids:
             out.setdefault(d, []).append(f"slice {vs.id} ({shape})")
     return out
+
+
+def running(snap: Snapshot | None) -> list[tuple[float, tuple[int, ...]]]:
+    """(launch time, devices) of every computation running now: busy, though the trace has
+    no event for it until it ends (a long training step would otherwise read 0 %)."""
+    if snap is None or snap.closed:
+        return []
+    return [(n.t_launch, n.devices) for r in snap.runs for n in r.nodes
+            if n.compute and n.state is TaskState.RUNNING]
 
 
 class TopologyView(w.VBox):
@@ -108,6 +119,9 @@ class TopologyView(w.VBox):
         """Take a snapshot of utilization, memory, slices and queues, and redraw."""
         batch: AbstractContextManager = nullcontext() if self.plot is None else self.plot.batch()
         with self._lock, batch:
+            # a simulator has no live buffers, queues or slices to report. The snapshot comes
+            # before the trace: a computation that ends in between is then in one of them.
+            snap = self.ctl.snapshot() if isinstance(self.ctl, Controller) else None
             for e in self.ctl.trace.events(since=self._cursor):
                 if e.index >= self._cursor:
                     self._cursor = e.index + 1
@@ -124,9 +138,7 @@ class TopologyView(w.VBox):
                 start = now - self.window_s
             while self._recent and self._recent[0].t_end < start:
                 self._recent.popleft()
-            util = self._row_utilization(start, now)
-            # a simulator has no live buffers, queues or slices to report
-            snap = self.ctl.snapshot() if isinstance(self.ctl, Controller) else None
+            util = self._row_utilization(start, now, running(snap))
             live = snap is not None and not snap.closed
             memory = snap.memory if live else {}
             slices = slice_map(snap) if live else {}
@@ -154,17 +166,23 @@ class TopologyView(w.VBox):
             else:  # a closed controller says so
                 self.islands.value = self._islands_html(snap, slices)
 
-    def _row_utilization(self, start: float, end: float) -> dict[float, float]:
-        """Busy fraction of each row (any of its devices computing) in ``[start, end]``."""
+    def _row_utilization(self, start: float, end: float,
+                         now_running: list[tuple[float, tuple[int, ...]]] = ()
+                         ) -> dict[float, float]:
+        """Busy fraction of each row (any of its devices computing) in ``[start, end]``: the
+        ended computations read from the trace, and ``now_running`` (launch time, devices)
+        until ``end``."""
         if not end > start:
             return {}
         layout = self.layout_rows
         spans: dict[float, list[tuple[float, float]]] = {}
-        for e in self._recent:
-            if e.t_end <= start or e.t_start >= end:
+        ended = ((e.t_start, e.t_end, e.devices) for e in self._recent)
+        going = ((t, end, devices) for t, devices in now_running)
+        for t_start, t_end, devices in (*ended, *going):
+            if t_end <= start or t_start >= end:
                 continue
-            span = (max(e.t_start, start), min(e.t_end, end))
-            for d in layout.shown(e.devices):
+            span = (max(t_start, start), min(t_end, end))
+            for d in layout.shown(devices):
                 spans.setdefault(layout.rows[d], []).append(span)
         return {y: merged_busy(v) / (end - start) for y, v in spans.items()}
 

@@ -85,3 +85,18 @@ def test_topology_view_of_a_simulated_pod(pod):
         assert "simulated" in view.islands.value
     finally:
         view.close()
+
+
+def test_a_view_made_after_a_run_keeps_max_rows_bars_of_grouped_rows(pod):
+    """A row grouping 32 chips draws one bar per computation, not one per chip: a view made
+    after the run holds the newest ``max_rows`` bars (it held 12 of 300: the history was cut
+    as if each 2048-chip step made 2048 bars)."""
+    view = pw.ScheduleView(pod, live=False, max_rows=300)
+    try:
+        layout = view.layout_rows
+        computations = [e for e in pod.trace.events() if e.kind == "compute"]
+        drawn = [e.index for e in computations for _ in {layout.rows[d] for d in e.devices}]
+        assert len(drawn) > 300
+        assert view.decoded()["index"] == drawn[-300:]
+    finally:
+        view.close()

@@ -19,7 +19,7 @@ import pwkernel as pw
 from pwkernel.viz import columns as C
 from pwkernel.viz.bokeh_model import EchoFreeBokehModel
 from pwkernel.viz.schedule import FOLLOW, PAUSE
-from tests.helpers.programs import make_programs, run
+from tests.helpers.programs import gate, make_programs, run
 
 
 @pytest.fixture
@@ -436,6 +436,27 @@ def test_topology_view(ctl, programs):
         topo.close()
 
 
+def test_topology_counts_a_computation_that_is_still_running(ctl):
+    """A device busy in a long computation is busy before the computation ends (it read 0 %
+    until then, while the queue behind it grew: the picture of an idle island)."""
+    quad = ctl.slice(4, island=0)
+    entered, release = threading.Event(), threading.Event()
+    topo = pw.TopologyView(ctl, window=60.0, live=False)
+    try:
+        held = pw.function(gate(entered, release, quad.mesh), slice=quad, in_specs=pw.BATCH,
+                           name="gate")(np.ones(4, np.float32))
+        assert entered.wait(30)
+        topo.update()
+        use = dict(zip(topo.source.data["device"], topo.source.data["utilization"],
+                       strict=True))
+        assert all(use[d] > 0 for d in quad.device_ids)
+        assert all(use[d] == 0 for d in ctl.islands[1].device_ids)
+    finally:
+        release.set()
+        topo.close()
+    held.result(timeout=60)
+
+
 def test_a_hundred_thousand_events(ctl, programs):
     """A long history: the page keeps ``max_rows``, Python keeps everything."""
     run(programs[0])
@@ -538,6 +559,50 @@ def test_a_paused_view_still_sees_its_controller_close():
     u.join(30.0)
     assert not u.is_alive()
     assert ticks and ticks[-1] is True  # one last update shows the closed controller
+
+
+def test_a_drill_down_made_after_busy_devices_shows_its_own_devices_history(ctl):
+    """Devices left out of a view draw no bars: the newest ``max_rows`` bars of a view of
+    island 1 are island 1's, however busy island 0 was since (it showed none)."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    busy = pw.function(lambda x: x * 2, slice=s0, name="busy")
+    quiet = pw.function(lambda x: x + 1, slice=s1, name="quiet")
+    for _ in range(2):
+        quiet(np.ones(2, np.float32)).result()
+    for _ in range(10):
+        busy(np.ones(2, np.float32)).result()
+    assert ctl.wait(60.0)
+    v = pw.ScheduleView(ctl, devices=s1.device_ids, max_rows=3, live=False)
+    try:
+        ran = [e for e in ctl.trace.events() if e.name == "quiet"]
+        assert v.decoded()["index"] == [e.index for e in ran for _ in e.devices][-3:]
+        assert v.decoded()["name"] == ["quiet"] * 3
+    finally:
+        v.close()
+
+
+def test_a_drill_down_names_and_fits_only_what_it_draws(ctl):
+    """The legend of a view of island 1 names island 1's programs, and its fitted axis spans
+    their bars (it named and spanned island 0's too, which it does not draw)."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+
+    def there(x):
+        return x * 2
+
+    def here(x):
+        return x + 1
+
+    there, here = pw.function(there, slice=s0), pw.function(here, slice=s1)
+    here(np.ones(2, np.float32)).result()
+    there(np.ones(2, np.float32)).result()
+    assert ctl.wait(60.0)
+    v = pw.ScheduleView(ctl, devices=s1.device_ids, live=False)
+    try:
+        assert set(v.decoded()["program"]) == {"here"}
+        assert ">here<" in v.legend.value and ">there<" not in v.legend.value
+        assert v.x_range.end < max(v.source.data["right"]) * 1.1
+    finally:
+        v.close()
 
 
 def test_a_fitted_view_drills_down_fitted(ctl, programs):
