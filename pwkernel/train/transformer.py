@@ -2,7 +2,8 @@
 
 Token embedding, ``layers`` pre-norm blocks (causal self-attention, then an MLP), a final norm
 and a language-model head. The first stage holds the embedding, the last the norm and head;
-the blocks are dealt evenly. The embedding is a one-hot matmul (not a gather): its sharding is
+the blocks are dealt evenly, or as many to each stage as
+``split`` is told. The embedding is a one-hot matmul (not a gather): its sharding is
 unambiguous on explicit mesh axes, with the batch sharded over a slice.
 
 >>> cfg = Config(vocab=32, width=16, heads=2, layers=2, seq=8)
@@ -14,6 +15,7 @@ unambiguous on explicit mesh axes, with the batch sharded over a slice.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax
@@ -64,15 +66,30 @@ def init_block(key, d: int) -> dict:
     return p
 
 
-def split(cfg: Config, stages: int) -> list[Stage]:
-    """The model as ``stages`` stages of ``cfg.layers / stages`` blocks each."""
-    if stages < 1 or cfg.layers % stages:
-        raise ValueError(f"{cfg.layers} layers do not split into {stages} equal stages; use a "
-                         f"number of stages that divides {cfg.layers}.")
+def split(cfg: Config, stages: int | Sequence[int]) -> list[Stage]:
+    """The model as ``stages`` stages of ``cfg.layers / stages`` blocks each, or, given a
+    sequence, as stages of those many blocks (``split(cfg, (1, 2, 1))``: 4 layers, the
+    middle stage holding two; a first or last stage of 0 blocks holds the embedding or the
+    head alone)."""
     if cfg.width % cfg.heads:
         raise ValueError(f"width {cfg.width} is not divisible by heads {cfg.heads}.")
-    per = cfg.layers // stages
-    return [_stage(cfg, per, s == 0, s == stages - 1, f"stage{s}") for s in range(stages)]
+    if isinstance(stages, int | np.integer):
+        if stages < 1 or cfg.layers % stages:
+            raise ValueError(f"{cfg.layers} layers do not split into {stages} equal stages; "
+                             f"use a number of stages that divides {cfg.layers}, or blocks "
+                             f"per stage that sum to it (split(cfg, (1, 2, 1)), say).")
+        blocks = [cfg.layers // int(stages)] * int(stages)
+    else:
+        blocks = list(stages)
+        if not blocks or any(not isinstance(b, int | np.integer) or b < 0 for b in blocks):
+            raise ValueError(f"blocks per stage must be at least one stage of non-negative "
+                             f"ints, got {stages!r}.")
+        if sum(blocks) != cfg.layers:
+            raise ValueError(f"blocks per stage {tuple(blocks)} sum to {sum(blocks)}, not the "
+                             f"{cfg.layers} layers of the model. Maybe you want "
+                             f"Config(..., layers={sum(blocks)}).")
+    last = len(blocks) - 1
+    return [_stage(cfg, int(n), s == 0, s == last, f"stage{s}") for s, n in enumerate(blocks)]
 
 
 def _stage(cfg: Config, blocks: int, first: bool, last: bool, name: str) -> Stage:
