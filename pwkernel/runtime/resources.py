@@ -14,7 +14,6 @@ tutorials make.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import math
@@ -28,7 +27,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from .errors import DeviceSetupError, SliceError
+from .errors import ControllerClosedError, DeviceSetupError, SliceError
+from .placements import placements
 
 # The islands a controller gets when nothing names them (pw.Controller(), a backend made by
 # name): 2 islands x 4 devices, the host CPU split into 8 on a machine without accelerators.
@@ -181,8 +181,17 @@ class VirtualSlice:
         self.version += 1
 
     def check_usable(self) -> None:
-        """Raise ``SliceError`` once the slice is released (or its controller closed)."""
-        self._manager.check_open()
+        """Raise ``SliceError`` once the slice is released, ``ControllerClosedError`` once its
+        controller is closed (naming the slice: a function placed on it stays bound to it
+        after a new controller is made)."""
+        try:
+            self._manager.check_open()
+        except ControllerClosedError:
+            raise ControllerClosedError(
+                f"slice {self.id} belongs to a controller that was closed, and what is placed "
+                "on it (a pw.function, a program, a cell's --slice) cannot run any more. Make a "
+                "slice on an open controller and place the function there again: "
+                "pw.function(fn, slice=ctl.slice(...)).") from None
         if self.released:
             raise SliceError(
                 f"slice {self.id} was released and can no longer be used; "
@@ -245,44 +254,6 @@ def _axis_types(dims: tuple[int, ...], axis_types, device: Any) -> tuple[AxisTyp
             f".Explicit / .Auto), once for all axes or once for each of the {len(dims)} mesh "
             f"dimensions of shape {dims}. Maybe you want axis_types='explicit'.")
     return tuple(types)
-
-
-class _Placements:
-    """Slices move only while no other thread traces a program: a trace reads its slices'
-    devices and meshes many times (placing inputs, compiling), and one that read them on both
-    sides of a move would build a graph whose inputs sit on one set of devices and whose
-    computation was compiled for another. Traces do not wait for each other; a remap waits for
-    the traces of other threads to end (its own thread's: a program that remaps while traced,
-    goes on), and traces that start meanwhile wait for the move."""
-
-    def __init__(self):
-        self._changed = threading.Condition()
-        self._tracing: collections.Counter = collections.Counter()  # thread -> traces
-
-    @contextlib.contextmanager
-    def tracing(self):
-        me = threading.get_ident()
-        with self._changed:
-            self._tracing[me] += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._tracing[me] -= 1
-                if not self._tracing[me]:
-                    del self._tracing[me]
-                self._changed.notify_all()
-
-    @contextlib.contextmanager
-    def moving(self):
-        me = threading.get_ident()
-        with self._changed:
-            self._changed.wait_for(lambda: not self._tracing.keys() - {me})
-            yield
-
-
-#: the process's: slices of every controller
-placements = _Placements()
 
 
 class ResourceManager:

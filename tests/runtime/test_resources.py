@@ -289,3 +289,18 @@ def test_remap_refuses_a_slice_of_another_controller(ctl):
         assert ctl.remap(mine, island=1).island.id == 1
     finally:
         other.close()
+
+
+def test_a_function_on_a_closed_controllers_slice_says_to_place_it_again():
+    """It said "create a new one with pw.Controller(...)" even after the user had: the
+    function was still placed on the old controller's slice, which the message did not say."""
+    old = pw.Controller(islands=(4, 4))
+    double = pw.function(lambda x: x * 2, slice=old.slice(2))
+    old.close()
+    with pw.Controller(islands=(4, 4)) as new:
+        for call in (lambda: double(np.ones(2)), lambda: double.lower(np.ones(2))):
+            with pytest.raises(pw.ControllerClosedError,
+                               match=r"slice \d+ belongs to a controller that was closed.*"
+                                     r"pw.function\(fn, slice=ctl.slice\(\.\.\.\)\)"):
+                call()
+        assert new.slices == ()
