@@ -188,7 +188,7 @@ class Controller:
         island come first). Slices may share devices; the gang scheduler time-multiplexes them.
         ``axis_types``: ``"explicit"`` or ``"auto"`` (or ``jax.sharding.AxisType`` values),
         one for all axes or one per axis; default: what ``jax.make_mesh`` gives (explicit).
-        ``devices``: the device ids to place it on, in mesh order (default: the least loaded).
+        ``devices``: device ids or JAX devices, in mesh order (default: the least loaded).
         ``replacing``: a slice this one takes the place of (a name bound again): placed as
         though that one were given back, which it is once this one is made.
         """

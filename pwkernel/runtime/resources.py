@@ -402,13 +402,17 @@ class ResourceManager:
 
     def _given_devices(self, dims: tuple[int, ...], ids, island: int | None):
         """The island and devices named by ``ids`` (device ids, in mesh order)."""
-        given = ids
-        ids = list(ids) if isinstance(ids, Sequence) and not isinstance(ids, str) else None
+        given, ids = ids, self._ids_of(ids, math.prod(dims))
         if (ids is None or len(ids) != math.prod(dims) or len(set(ids)) != len(ids) or not all(
                 isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids)):
             raise SliceError(f"devices= must list {math.prod(dims)} distinct device ids for a "
                              f"slice of shape {dims}, got {given!r}. Maybe you want "
                              f"devices={list(self.islands[0].device_ids[:math.prod(dims)])}.")
+        missing = [i for i in ids if all(i not in isl.device_ids for isl in self.islands)]
+        if missing:
+            raise SliceError(f"device {missing[0]} does not exist here; the islands here are "
+                             + self._listed() + f". Maybe you want devices="
+                             f"{list(self.islands[0].device_ids[:len(ids)])}.")
         for isl in self.islands if island is None else (self.island(island),):
             by_id = {d.id: d for d in isl.devices}
             if all(i in by_id for i in ids):
@@ -423,8 +427,31 @@ class ResourceManager:
         raise SliceError(f"devices {ids} are not all on "
                          + ("one island" if island is None else f"island {island}")
                          + "; a slice lives on one island, and the islands here are "
-                         + ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands)
-                         + "." + hint)
+                         + self._listed() + "." + hint)
+
+    def _listed(self) -> str:
+        return ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands)
+
+    def _ids_of(self, given, size: int) -> list | None:
+        """``devices=`` as a list of ids: ids, or devices of these islands (as
+        ``jax.make_mesh`` takes them), in a sequence or an array in mesh order; None where it
+        is neither a sequence nor an array."""
+        if isinstance(given, np.ndarray):
+            given = given.ravel().tolist()
+        if not isinstance(given, Sequence) or isinstance(given, str | bytes):
+            return None
+        ours = {d for isl in self.islands for d in isl.devices}
+        ids = []
+        for item in given:
+            if isinstance(item, int | np.integer) or not hasattr(item, "id"):
+                ids.append(item)  # (an id, or what the caller's check refuses)
+            elif item in ours:
+                ids.append(item.id)
+            else:
+                raise SliceError(f"device {item.id} ({item!r}) is not one of this controller's"
+                                 f"; its islands hold devices {self._listed()}. Maybe you want "
+                                 f"devices={list(self.islands[0].device_ids[:size])}.")
+        return ids
 
     def _choose_island(self, size: int, island: int | None) -> Island:
         fits = [isl for isl in self.islands if len(isl.devices) >= size]
