@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
+import inspect
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -402,6 +404,12 @@ def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:
     Its islands come from ``islands``, else ``PWKERNEL_ISLANDS`` ("4,4"), else what JAX sees
     (accelerators by host; on CPU-only machines the host as islands (4, 4)).
     """
+    takes = list(inspect.signature(Controller).parameters)
+    for k in sorted(kwargs.keys() - set(takes)):
+        near = difflib.get_close_matches(k, takes, n=1)
+        raise TypeError(f"pw.controller() got an unexpected keyword argument {k!r}"
+                        + (f"; maybe you meant {near[0]!r}" if near else "")
+                        + f". It takes pw.Controller's: {', '.join(takes)}.")
     with registry.making_default():  # (threads asking at once get the one that is made)
         ctl = running_default()
         if ctl is not None:

@@ -67,6 +67,21 @@ def test_threads_asking_for_the_process_wide_controller_at_once_get_one(recwarn)
     assert not [w for w in recwarn if issubclass(w.category, pw.SharedDevicesWarning)]
 
 
+def test_a_misspelt_setting_of_the_process_wide_controller_is_a_type_error():
+    """Once it existed, pw.controller(memory_bugdet=...) said the setting "would be ignored"
+    and suggested pw.Controller(memory_bugdet=...), which fails too; it is the TypeError
+    a misspelt keyword gives, named, whether the controller exists yet or not."""
+    ctl = pw.controller(islands=(2, 2))
+    try:
+        for _ in range(2):
+            with pytest.raises(TypeError, match=r"pw.controller\(\) got an unexpected keyword "
+                                                r"argument 'memory_bugdet'.*memory_budget"):
+                pw.controller(memory_bugdet=1024)
+            ctl.close()
+    finally:
+        ctl.close()
+
+
 def test_islands_none_on_cpu_is_the_default_two_by_four():
     ctl = pw.Controller(islands=None)
     try:
