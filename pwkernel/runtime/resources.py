@@ -403,8 +403,9 @@ class ResourceManager:
     def _given_devices(self, dims: tuple[int, ...], ids, island: int | None):
         """The island and devices named by ``ids`` (device ids, in mesh order)."""
         given, ids = ids, self._ids_of(ids, math.prod(dims))
-        if (ids is None or len(ids) != math.prod(dims) or len(set(ids)) != len(ids) or not all(
-                isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids)):
+        if (ids is None or len(ids) != math.prod(dims) or not all(
+                isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids)
+                or len(set(ids)) != len(ids)):  # (ints first: a list in it is unhashable)
             raise SliceError(f"devices= must list {math.prod(dims)} distinct device ids for a "
                              f"slice of shape {dims}, got {given!r}. Maybe you want "
                              f"devices={list(self.islands[0].device_ids[:math.prod(dims)])}.")

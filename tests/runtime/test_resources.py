@@ -316,6 +316,8 @@ def test_devices_may_be_given_as_jax_devices_as_jax_make_mesh_takes_them(ctl):
     grid = ctl.slice((2, 2), devices=np.array(jax.devices()[:4]).reshape(2, 2))
     assert grid.device_ids == (0, 1, 2, 3)
     assert ctl.slice(2, devices=np.arange(6, 8)).device_ids == (6, 7)
+    with pytest.raises(pw.SliceError, match="must list 2 distinct device ids"):
+        ctl.slice(2, devices=[[0], [1]])  # (a TypeError, unhashable list, before)
     with pytest.warns(pw.SharedDevicesWarning):
         small = pw.Controller(islands=(2,))
     with small:
