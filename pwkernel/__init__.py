@@ -17,7 +17,7 @@
 """
 
 from . import backends  # noqa: F401 - registers the backends by name (local, ray, sim)
-from .runtime.controller import Controller, SharedDevicesWarning, controller
+from .runtime.controller import Controller, controller
 from .runtime.dispatcher import DispatchMode
 from .runtime.errors import (
     CancelledError,
@@ -35,6 +35,7 @@ from .runtime.events import ClientSpec
 from .runtime.executor import Executor
 from .runtime.objects import Future, FutureState
 from .runtime.program import BATCH, INFERRED, CompiledFunction, Program, function, program
+from .runtime.registry import SharedDevicesWarning
 from .runtime.resources import Island, VirtualSlice
 from .runtime.scheduler import GangScheduler, Policy
 from .runtime.tasks import ProgramRun

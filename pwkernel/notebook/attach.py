@@ -13,8 +13,8 @@ import warnings
 from IPython.core.error import UsageError
 
 from ..runtime import controller as process
-from ..runtime.controller import SharedDevicesWarning
 from ..runtime.errors import PathwaysError
+from ..runtime.registry import SharedDevicesWarning
 from ..runtime.resources import islands_from_env
 from .tenants import pool_of
 

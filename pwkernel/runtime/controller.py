@@ -10,25 +10,27 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
+import inspect
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 from jax.sharding import AxisType
 
-from . import callbacks, done_callbacks, interrupts
+from . import callbacks, done_callbacks, interrupts, registry
 from . import executor as executors
 from .device_groups import Topology
 from .dispatcher import Dispatcher, DispatchMode
 from .errors import ControllerClosedError, DeviceSetupError, SliceError, timeout_seconds
 from .events import DEFAULT_CLIENT
 from .executor import Executor, IslandFacts
-from .exits import run_before_pools_stop
 from .graph import Graph
 from .objects import BufferRecord, Future, ObjectStore
+from .registry import SharedDevicesWarning as SharedDevicesWarning  # (its old home)
+from .registry import running_default
 from .resources import DEFAULT_ISLANDS, Island, ResourceManager, VirtualSlice, islands_from_env
 from .scheduler import Policy
 from .snapshot import IslandView, PoolView, RunView, SliceView, Snapshot
@@ -147,7 +149,7 @@ class Controller:
                                       memory_budget)
         self._policy = policy
         interrupts.install()  # Ctrl-C waits for the runtime's work in the main thread to end
-        _register(self)
+        registry.register(self)
 
     @property
     def backend(self) -> str:
@@ -188,7 +190,7 @@ class Controller:
         island come first). Slices may share devices; the gang scheduler time-multiplexes them.
         ``axis_types``: ``"explicit"`` or ``"auto"`` (or ``jax.sharding.AxisType`` values),
         one for all axes or one per axis; default: what ``jax.make_mesh`` gives (explicit).
-        ``devices``: the device ids to place it on, in mesh order (default: the least loaded).
+        ``devices``: device ids or JAX devices, in mesh order (default: the least loaded).
         ``replacing``: a slice this one takes the place of (a name bound again): placed as
         though that one were given back, which it is once this one is made.
         """
@@ -371,15 +373,13 @@ class Controller:
             done_callbacks.runner.wait_idle()  # meanwhile read values: before they are freed
             self.store.close()
             self.resources.release_all()
-            _unregister(self)
+            registry.unregister(self)
             done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled ran
 
     def set_default(self) -> Controller:
         """Make this the process-wide controller that ``pw.controller()`` returns."""
-        global _default
         self._check_open()
-        with _lock:
-            _default = self
+        registry.set_default(self)
         return self
 
     def __enter__(self) -> Controller:
@@ -397,93 +397,32 @@ class Controller:
                 f"dispatch={self.dispatch!r}{backend})")
 
 
-# --- the process-wide controller -----------------------------------------------------------
-_lock = threading.Lock()
-_making = threading.local()  # ``default``: pw.controller() is making the controller
-_default: Controller | None = None
-_open: list[Controller] = []
-
-
-class SharedDevicesWarning(UserWarning):
-    """Two open controllers hold the same local devices: each has its own gang scheduler, so
-    their computations are not ordered together (collectives on both may deadlock)."""
-
-
-def _register(ctl: Controller) -> None:
-    with _lock:
-        mine = set(ctl.devices) if ctl.backend == "local" else set()
-        shared = [other for other in _open if not other.closed and other.backend == "local"
-                  and mine & set(other.devices)]
-        _open.append(ctl)
-    run_before_pools_stop(_close_at_exit)
-    if shared:
-        ids = sorted(d.id for d in mine & set(shared[0].devices))
-        warnings.warn(
-            f"another open controller already holds devices {ids}; this one shares them "
-            "with its own gang scheduler, so their computations are not ordered together "
-            "(collectives from both may deadlock). "
-            + ("pw.controller() made it because no controller was set as the process-wide "
-               "one: call ctl.set_default() on yours first, and pw.controller() returns it."
-               if getattr(_making, "default", False) else
-               "Maybe you want pw.controller() (the process-wide one), or to close the other "
-               "first (ctl.close())."),
-            SharedDevicesWarning, stacklevel=3)
-
-
-def _close_at_exit() -> None:
-    """Close every open controller, newest first, while the interpreter still runs threads: a
-    script that ends without ``ctl.close()`` leaves its watcher threads to be stopped by the
-    interpreter's finalization, where one that drops a ``jax.Array`` aborts the process
-    (status 134, "FATAL: exception not rethrown")."""
-    with _lock:
-        left = _open[::-1]
-    for ctl in left:
-        try:
-            ctl.close()
-        except Exception as e:  # noqa: BLE001 - the others are closed all the same
-            warnings.warn(f"closing {ctl!r} at exit failed: {type(e).__name__}: {e}",
-                          RuntimeWarning, stacklevel=1)
-
-
-def _unregister(ctl: Controller) -> None:
-    global _default
-    with _lock:
-        if ctl in _open:
-            _open.remove(ctl)
-        if _default is ctl:
-            _default = None
-
-
-def running_default() -> Controller | None:
-    """The process-wide controller if one is open; never starts one."""
-    with _lock:
-        return _default if _default is not None and not _default.closed else None
-
-
+# --- the process-wide controller (the open ones: registry.py) -----------------------------
 def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:
     """The process-wide controller, created on first use.
 
     Its islands come from ``islands``, else ``PWKERNEL_ISLANDS`` ("4,4"), else what JAX sees
     (accelerators by host; on CPU-only machines the host as islands (4, 4)).
     """
-    global _default
-    with _lock:
-        if _default is not None and not _default.closed:
-            unlike = _unlike(_default, islands, kwargs)
+    takes = list(inspect.signature(Controller).parameters)
+    for k in sorted(kwargs.keys() - set(takes)):
+        near = difflib.get_close_matches(k, takes, n=1)
+        raise TypeError(f"pw.controller() got an unexpected keyword argument {k!r}"
+                        + (f"; maybe you meant {near[0]!r}" if near else "")
+                        + f". It takes pw.Controller's: {', '.join(takes)}.")
+    with registry.making_default():  # (threads asking at once get the one that is made)
+        ctl = running_default()
+        if ctl is not None:
+            unlike = _unlike(ctl, islands, kwargs)
             if not unlike:
-                return _default
+                return ctl
             raise ValueError(
                 f"pw.controller({', '.join(unlike)}): the process-wide controller exists "
-                f"already ({_default!r}) and its settings are fixed when it is made, so these "
+                f"already ({ctl!r}) and its settings are fixed when it is made, so these "
                 "would be ignored. Call pw.controller() without them, close it first "
                 f"(pw.controller().close()), or make your own: pw.Controller({', '.join(unlike)})")
-    _making.default = True  # (what a warning about shared devices suggests)
-    try:
         ctl = Controller(islands if islands is not None else islands_from_env(), **kwargs)
-    finally:
-        _making.default = False
-    with _lock:
-        _default = ctl
+        registry.set_default(ctl)
     return ctl
 
 

@@ -40,7 +40,8 @@ from .errors import ProgramError, SliceError, retyped
 from .executable import Executable
 from .graph import Graph, Value
 from .objects import Future
-from .resources import VirtualSlice, placements
+from .placements import placements
+from .resources import VirtualSlice
 from .specialization import Specialization, compile_here
 from .specs import (
     BATCH,

@@ -14,7 +14,6 @@ tutorials make.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import math
@@ -28,7 +27,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from .errors import DeviceSetupError, SliceError
+from .errors import ControllerClosedError, DeviceSetupError, SliceError
+from .placements import placements
 
 # The islands a controller gets when nothing names them (pw.Controller(), a backend made by
 # name): 2 islands x 4 devices, the host CPU split into 8 on a machine without accelerators.
@@ -181,8 +181,17 @@ class VirtualSlice:
         self.version += 1
 
     def check_usable(self) -> None:
-        """Raise ``SliceError`` once the slice is released (or its controller closed)."""
-        self._manager.check_open()
+        """Raise ``SliceError`` once the slice is released, ``ControllerClosedError`` once its
+        controller is closed (naming the slice: a function placed on it stays bound to it
+        after a new controller is made)."""
+        try:
+            self._manager.check_open()
+        except ControllerClosedError:
+            raise ControllerClosedError(
+                f"slice {self.id} belongs to a controller that was closed, and what is placed "
+                "on it (a pw.function, a program, a cell's --slice) cannot run any more. Make a "
+                "slice on an open controller and place the function there again: "
+                "pw.function(fn, slice=ctl.slice(...)).") from None
         if self.released:
             raise SliceError(
                 f"slice {self.id} was released and can no longer be used; "
@@ -245,44 +254,6 @@ def _axis_types(dims: tuple[int, ...], axis_types, device: Any) -> tuple[AxisTyp
             f".Explicit / .Auto), once for all axes or once for each of the {len(dims)} mesh "
             f"dimensions of shape {dims}. Maybe you want axis_types='explicit'.")
     return tuple(types)
-
-
-class _Placements:
-    """Slices move only while no other thread traces a program: a trace reads its slices'
-    devices and meshes many times (placing inputs, compiling), and one that read them on both
-    sides of a move would build a graph whose inputs sit on one set of devices and whose
-    computation was compiled for another. Traces do not wait for each other; a remap waits for
-    the traces of other threads to end (its own thread's: a program that remaps while traced,
-    goes on), and traces that start meanwhile wait for the move."""
-
-    def __init__(self):
-        self._changed = threading.Condition()
-        self._tracing: collections.Counter = collections.Counter()  # thread -> traces
-
-    @contextlib.contextmanager
-    def tracing(self):
-        me = threading.get_ident()
-        with self._changed:
-            self._tracing[me] += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._tracing[me] -= 1
-                if not self._tracing[me]:
-                    del self._tracing[me]
-                self._changed.notify_all()
-
-    @contextlib.contextmanager
-    def moving(self):
-        me = threading.get_ident()
-        with self._changed:
-            self._changed.wait_for(lambda: not self._tracing.keys() - {me})
-            yield
-
-
-#: the process's: slices of every controller
-placements = _Placements()
 
 
 class ResourceManager:
@@ -431,13 +402,18 @@ class ResourceManager:
 
     def _given_devices(self, dims: tuple[int, ...], ids, island: int | None):
         """The island and devices named by ``ids`` (device ids, in mesh order)."""
-        given = ids
-        ids = list(ids) if isinstance(ids, Sequence) and not isinstance(ids, str) else None
-        if (ids is None or len(ids) != math.prod(dims) or len(set(ids)) != len(ids) or not all(
-                isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids)):
+        given, ids = ids, self._ids_of(ids, math.prod(dims))
+        if (ids is None or len(ids) != math.prod(dims) or not all(
+                isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids)
+                or len(set(ids)) != len(ids)):  # (ints first: a list in it is unhashable)
             raise SliceError(f"devices= must list {math.prod(dims)} distinct device ids for a "
                              f"slice of shape {dims}, got {given!r}. Maybe you want "
                              f"devices={list(self.islands[0].device_ids[:math.prod(dims)])}.")
+        missing = [i for i in ids if all(i not in isl.device_ids for isl in self.islands)]
+        if missing:
+            raise SliceError(f"device {missing[0]} does not exist here; the islands here are "
+                             + self._listed() + f". Maybe you want devices="
+                             f"{list(self.islands[0].device_ids[:len(ids)])}.")
         for isl in self.islands if island is None else (self.island(island),):
             by_id = {d.id: d for d in isl.devices}
             if all(i in by_id for i in ids):
@@ -452,8 +428,31 @@ class ResourceManager:
         raise SliceError(f"devices {ids} are not all on "
                          + ("one island" if island is None else f"island {island}")
                          + "; a slice lives on one island, and the islands here are "
-                         + ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands)
-                         + "." + hint)
+                         + self._listed() + "." + hint)
+
+    def _listed(self) -> str:
+        return ", ".join(f"{i.id}: {list(i.device_ids)}" for i in self.islands)
+
+    def _ids_of(self, given, size: int) -> list | None:
+        """``devices=`` as a list of ids: ids, or devices of these islands (as
+        ``jax.make_mesh`` takes them), in a sequence or an array in mesh order; None where it
+        is neither a sequence nor an array."""
+        if isinstance(given, np.ndarray):
+            given = given.ravel().tolist()
+        if not isinstance(given, Sequence) or isinstance(given, str | bytes):
+            return None
+        ours = {d for isl in self.islands for d in isl.devices}
+        ids = []
+        for item in given:
+            if isinstance(item, int | np.integer) or not hasattr(item, "id"):
+                ids.append(item)  # (an id, or what the caller's check refuses)
+            elif item in ours:
+                ids.append(item.id)
+            else:
+                raise SliceError(f"device {item.id} ({item!r}) is not one of this controller's"
+                                 f"; its islands hold devices {self._listed()}. Maybe you want "
+                                 f"devices={list(self.islands[0].device_ids[:size])}.")
+        return ids
 
     def _choose_island(self, size: int, island: int | None) -> Island:
         fits = [isl for isl in self.islands if len(isl.devices) >= size]

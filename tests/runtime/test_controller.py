@@ -46,6 +46,42 @@ def test_process_wide_controller_refuses_settings_it_was_not_made_with():
         ctl.close()
 
 
+def test_threads_asking_for_the_process_wide_controller_at_once_get_one(recwarn):
+    """Each thread that found none made its own: four controllers over the same devices, each
+    with its own gang scheduler (a SharedDevicesWarning each), three of them never closed."""
+    start, got = threading.Barrier(4), []
+
+    def ask():
+        start.wait()
+        got.append(pw.controller(islands=(4, 4)))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made = {id(c): c for c in got}
+    for ctl in made.values():
+        ctl.close()
+    assert len(got) == 4 and len(made) == 1
+    assert not [w for w in recwarn if issubclass(w.category, pw.SharedDevicesWarning)]
+
+
+def test_a_misspelt_setting_of_the_process_wide_controller_is_a_type_error():
+    """Once it existed, pw.controller(memory_bugdet=...) said the setting "would be ignored"
+    and suggested pw.Controller(memory_bugdet=...), which fails too; it is the TypeError
+    a misspelt keyword gives, named, whether the controller exists yet or not."""
+    ctl = pw.controller(islands=(2, 2))
+    try:
+        for _ in range(2):
+            with pytest.raises(TypeError, match=r"pw.controller\(\) got an unexpected keyword "
+                                                r"argument 'memory_bugdet'.*memory_budget"):
+                pw.controller(memory_bugdet=1024)
+            ctl.close()
+    finally:
+        ctl.close()
+
+
 def test_islands_none_on_cpu_is_the_default_two_by_four():
     ctl = pw.Controller(islands=None)
     try:

@@ -289,3 +289,46 @@ def test_remap_refuses_a_slice_of_another_controller(ctl):
         assert ctl.remap(mine, island=1).island.id == 1
     finally:
         other.close()
+
+
+def test_a_function_on_a_closed_controllers_slice_says_to_place_it_again():
+    """It said "create a new one with pw.Controller(...)" even after the user had: the
+    function was still placed on the old controller's slice, which the message did not say."""
+    old = pw.Controller(islands=(4, 4))
+    double = pw.function(lambda x: x * 2, slice=old.slice(2))
+    old.close()
+    with pw.Controller(islands=(4, 4)) as new:
+        for call in (lambda: double(np.ones(2)), lambda: double.lower(np.ones(2))):
+            with pytest.raises(pw.ControllerClosedError,
+                               match=r"slice \d+ belongs to a controller that was closed.*"
+                                     r"pw.function\(fn, slice=ctl.slice\(\.\.\.\)\)"):
+                call()
+        assert new.slices == ()
+
+
+def test_devices_may_be_given_as_jax_devices_as_jax_make_mesh_takes_them(ctl):
+    """``jax.make_mesh(..., devices=jax.devices()[4:6])`` takes device objects; ctl.slice
+    refused them as not "device ids" and suggested devices=[0, 1], another island's."""
+    devices = jax.devices()[4:6]
+    s = ctl.slice(2, devices=devices)
+    assert s.devices == tuple(devices) and s.island.id == 1
+    assert s.mesh.devices.tolist() == jax.make_mesh((2,), ("x",), devices=devices).devices.tolist()
+    grid = ctl.slice((2, 2), devices=np.array(jax.devices()[:4]).reshape(2, 2))
+    assert grid.device_ids == (0, 1, 2, 3)
+    assert ctl.slice(2, devices=np.arange(6, 8)).device_ids == (6, 7)
+    with pytest.raises(pw.SliceError, match="must list 2 distinct device ids"):
+        ctl.slice(2, devices=[[0], [1]])  # (a TypeError, unhashable list, before)
+    with pytest.warns(pw.SharedDevicesWarning):
+        small = pw.Controller(islands=(2,))
+    with small:
+        with pytest.raises(pw.SliceError, match=r"device 4 \(CpuDevice\(id=4\)\) is not one "
+                                                r"of this controller's.*devices=\[0, 1\]"):
+            small.slice(2, devices=jax.devices()[4:6])
+
+
+def test_device_ids_that_do_not_exist_are_named(ctl):
+    """devices=[0, 99] said the devices "are not all on one island", as though 99 existed."""
+    with pytest.raises(pw.SliceError, match=r"device 99 does not exist here; the islands here "
+                                            r"are 0: \[0, 1, 2, 3\], 1: \[4, 5, 6, 7\]"):
+        ctl.slice(2, devices=[0, 99])
+    assert ctl.slices == ()
