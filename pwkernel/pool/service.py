@@ -60,9 +60,28 @@ def start(name: str, islands: Sequence[int], address: str | None = None, lease: 
     if not (isinstance(lease, int | float) and 0 < lease < float("inf")):
         raise PoolError(f"lease must be a positive number of seconds, got {lease!r}; e.g. 5")
     choice = _platform_choice(platform)
+    if address is not None:
+        check_address(address)
     with starting(name):
         _refuse_running(name)
+        if address is not None and address != "auto" and not head.answers(address):
+            raise PoolError(
+                f"no Ray cluster answers at {address} (--address joins a running cluster: "
+                "start its head there first, e.g. `ray start --head --port 6379`); or "
+                f"leave --address out to start the pool's own cluster on 127.0.0.1: python "
+                f"-m pwkernel.pool start --name {name} --islands "
+                f"{','.join(map(str, sizes))}")
         return _start(name, sizes, address, float(lease), choice, port)
+
+
+def check_address(address: str) -> str:
+    """``address`` of a cluster to join: ``HOST:PORT`` (port 1 to 65535) or ``auto``."""
+    host, _, port = str(address).rpartition(":")
+    if address != "auto" and not (host.strip("[]") and port.isdigit()
+                                  and 0 < int(port) < 65536):
+        raise PoolError(f"expected HOST:PORT of a running Ray cluster's head (e.g. "
+                        f"10.0.0.1:6379) or auto, got {address!r}")
+    return address
 
 
 def _start(name: str, sizes: tuple[int, ...], address: str | None, lease: float, choice: str,
