@@ -76,11 +76,9 @@ def start(name: str, islands: Sequence[int], address: str | None = None, lease: 
 
 def check_address(address: str) -> str:
     """``address`` of a cluster to join: ``HOST:PORT`` (port 1 to 65535) or ``auto``."""
-    host, _, port = str(address).rpartition(":")
-    if address != "auto" and not (host.strip("[]") and port.isdigit()
-                                  and 0 < int(port) < 65536):
-        raise PoolError(f"expected HOST:PORT of a running Ray cluster's head (e.g. "
-                        f"10.0.0.1:6379) or auto, got {address!r}")
+    problem = cluster.address_problem(str(address))
+    if problem is not None:
+        raise PoolError(problem)
     return address
 
 

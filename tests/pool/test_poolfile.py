@@ -179,3 +179,11 @@ def test_start_with_an_address_where_no_cluster_runs_says_so(pool_dir, capsys):
     assert f"no Ray cluster answers at {address}" in err, err
     assert "leave --address out" in err and "is not running" not in err
     assert poolfile.load("p") is None
+
+
+def test_a_controller_given_an_address_that_is_not_host_port_says_what_it_expects():
+    """Before: Ray's "Invalid address format: foo" (nothing about the expected form)."""
+    for bad in ("foo", "127.0.0.1", "localhost:abc", "127.0.0.1:70000"):
+        with pytest.raises(pw.DeviceSetupError, match="expected HOST:PORT of a running Ray "
+                           r"cluster's head \(e.g. 10.0.0.1:6379\) or 'auto'"):
+            pw.Controller(backend="ray", islands=(2,), ray_address=bad)
