@@ -53,6 +53,13 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _address(text: str) -> str:
+    try:
+        return service.check_address(text)
+    except service.PoolError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pwkernel.pool",
@@ -63,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--name", type=_name, required=True, help="the pool's name, e.g. class")
     s.add_argument("--islands", type=_islands, required=True, metavar="4,4",
                    help="devices per island (GPUs on a GPU machine, else virtual CPU devices)")
-    s.add_argument("--address", default=None, metavar="HOST:PORT",
+    s.add_argument("--address", type=_address, default=None, metavar="HOST:PORT",
                    help="join this running Ray cluster (default: start one on 127.0.0.1)")
     s.add_argument("--port", type=_port, default=None, metavar="P",
                    help="the new cluster's GCS port (default: a free one)")

@@ -60,9 +60,26 @@ def start(name: str, islands: Sequence[int], address: str | None = None, lease: 
     if not (isinstance(lease, int | float) and 0 < lease < float("inf")):
         raise PoolError(f"lease must be a positive number of seconds, got {lease!r}; e.g. 5")
     choice = _platform_choice(platform)
+    if address is not None:
+        check_address(address)
     with starting(name):
         _refuse_running(name)
+        if address is not None and address != "auto" and not head.answers(address):
+            raise PoolError(
+                f"no Ray cluster answers at {address} (--address joins a running cluster: "
+                "start its head there first, e.g. `ray start --head --port 6379`); or "
+                f"leave --address out to start the pool's own cluster on 127.0.0.1: python "
+                f"-m pwkernel.pool start --name {name} --islands "
+                f"{','.join(map(str, sizes))}")
         return _start(name, sizes, address, float(lease), choice, port)
+
+
+def check_address(address: str) -> str:
+    """``address`` of a cluster to join: ``HOST:PORT`` (port 1 to 65535) or ``auto``."""
+    problem = cluster.address_problem(str(address))
+    if problem is not None:
+        raise PoolError(problem)
+    return address
 
 
 def _start(name: str, sizes: tuple[int, ...], address: str | None, lease: float, choice: str,
@@ -133,11 +150,34 @@ def starting(name: str) -> Iterator[None]:
         os.close(fd)
 
 
+def _refuse_starting(name: str) -> None:
+    """Refuse to look at pool ``name`` while another process holds its start lock (its
+    islands do not exist yet, which would read as lost): say who starts it."""
+    path = poolfile.pool_dir() / f".{poolfile.check_name(name)}.starting"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no start runs (the file goes when a start ends)
+    try:
+        try:  # shared, at once: fails only while a start holds it
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            raise PoolRunningError(
+                f"pool {name!r} is being started right now (pid {holder}); its islands are "
+                "not up yet. Ask again once `python -m pwkernel.pool start` has printed how "
+                "to attach.") from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def status(name: str) -> dict[str, Any]:
     """Pool ``name``'s record and, under ``islands``, each island's ``pool_status()``
     (its devices, platform, pid, tenants, bytes held and launches); an island whose actor
     died is ``{"island", "devices", "lost": True, "tenants": []}`` (the others keep their
-    numbers)."""
+    numbers). While a ``start`` of the name runs, refused with ``PoolRunningError``."""
+    _refuse_starting(name)
     record = _record(name)
     _require_answer(record)
     import ray

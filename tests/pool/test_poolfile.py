@@ -156,3 +156,34 @@ def test_a_tenant_weight_that_is_not_a_finite_number_above_0_is_refused_first(po
         pw.Controller(backend="ray", pool="w", weight=weight)
     with pytest.raises(pw.DeviceSetupError, match="pool 'w' does not answer"):  # (accepted)
         pw.Controller(backend="ray", pool="w", weight=np.float32(2.0))
+
+
+def test_start_with_an_address_where_no_cluster_runs_says_so(pool_dir, capsys):
+    """``start --address`` joins a running cluster: an address that is not ``host:port`` is a
+    usage error (exit 2, not Ray's traceback), and one where nothing answers names the
+    address it tried and how to start a pool without one (not "pool ... is not running",
+    which is about a pool that ran once)."""
+    from pwkernel.pool.__main__ import main
+    from pwkernel.pool.head import free_port
+
+    for bad in ("foo", "127.0.0.1", "127.0.0.1:x", "127.0.0.1:0", ":6379"):
+        with pytest.raises(SystemExit) as info:
+            main(["start", "--name", "p", "--islands", "2", "--address", bad])
+        assert info.value.code == 2, bad
+        assert "expected HOST:PORT of a running Ray cluster's head" in capsys.readouterr().err
+    with pytest.raises(service.PoolError, match="expected HOST:PORT"):
+        service.start("p", (2,), address="foo")
+    address = f"127.0.0.1:{free_port()}"
+    assert main(["start", "--name", "p", "--islands", "2", "--address", address]) == 1
+    err = capsys.readouterr().err
+    assert f"no Ray cluster answers at {address}" in err, err
+    assert "leave --address out" in err and "is not running" not in err
+    assert poolfile.load("p") is None
+
+
+def test_a_controller_given_an_address_that_is_not_host_port_says_what_it_expects():
+    """Before: Ray's "Invalid address format: foo" (nothing about the expected form)."""
+    for bad in ("foo", "127.0.0.1", "localhost:abc", "127.0.0.1:70000"):
+        with pytest.raises(pw.DeviceSetupError, match="expected HOST:PORT of a running Ray "
+                           r"cluster's head \(e.g. 10.0.0.1:6379\) or 'auto'"):
+            pw.Controller(backend="ray", islands=(2,), ray_address=bad)

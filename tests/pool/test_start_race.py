@@ -69,3 +69,31 @@ def test_a_start_while_another_holds_the_name_is_refused_at_once(tmp_path, monke
             raise AssertionError("a second start of 'held' was not refused")
     assert f"(pid {os.getpid()})" in message and "--name held" in message
     assert sorted(os.listdir(tmp_path / "pools")) == []  # nothing started, nothing written
+
+
+def test_status_while_a_start_runs_says_the_pool_is_being_started(tmp_path, monkeypatch):
+    """Before: while ``start`` ran (half a minute on a busy machine) ``status`` said "no pool
+    named ..., start one", then (once the pool file was written) every island "lost (its
+    actor died)" or the cluster "stopped ... clean up with stop", which would end the start."""
+    from pwkernel.backends.ray import poolfile
+    from tests.pool.test_poolfile import record
+
+    monkeypatch.setenv("PWKERNEL_POOL_DIR", str(tmp_path / "pools"))
+    with service.starting("held"):
+        for written in (False, True):
+            if written:  # as `start` does once its head runs
+                poolfile.save(record("held", address=f"127.0.0.1:{head.free_port()}",
+                                     started_cluster=True))
+            try:
+                service.status("held")
+            except service.PoolError as e:
+                message = str(e)
+            else:
+                raise AssertionError("status of a pool being started gave a status")
+            assert f"pool 'held' is being started right now (pid {os.getpid()})" in message, \
+                message
+    poolfile.remove("held")
+    try:
+        service.status("held")
+    except service.PoolError as e:  # the start is over: as before
+        assert "no pool named 'held'" in str(e)

@@ -83,6 +83,10 @@ def _one_address(ray_address: str | None, address: str | None) -> str | None:
         if value is not None and not isinstance(value, str):
             raise DeviceSetupError(f"{name} must be a string ('auto' or 'host:port') or "
                                    f"None, got {type(value).__name__}.")
+        problem = None if value is None else cluster.address_problem(value)
+        if problem is not None:
+            raise DeviceSetupError(f"{name}: {problem}; or leave it out (None) to start a "
+                                   "local cluster.")
     if ray_address is not None and address is not None and ray_address != address:
         raise DeviceSetupError(f"address={address!r} and ray_address={ray_address!r} name two "
                                "clusters; they are the same option, pass one of them.")

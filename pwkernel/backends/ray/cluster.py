@@ -56,6 +56,17 @@ def connect(address: str | None, pool: str | None = None, own_token: bool = Fals
         _users += 1
 
 
+def address_problem(address: str) -> str | None:
+    """Why ``address`` cannot name a Ray cluster to join (None when it can): ``HOST:PORT``
+    with a port of 1 to 65535, ``auto`` or a ``ray://`` client address."""
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or (
+            host.strip("[]") and port.isdigit() and 0 < int(port) < 65536):
+        return None
+    return (f"expected HOST:PORT of a running Ray cluster's head (e.g. 10.0.0.1:6379) or "
+            f"'auto', got {address!r}")
+
+
 def same_address(a: str, b: str) -> bool:
     """Whether ``host:port`` ``a`` and ``b`` name the same server (host names resolved)."""
     def key(address: str) -> tuple[str, str]:
