@@ -72,6 +72,7 @@ class CellPlan:
     # a name the cell reads whose object JAX code changes in place (a flax.nnx Module or
     # Optimizer): the cell runs as plain Python, as a value stored into an object does
     mutable: str | None = None
+    last_line: int = 1  # the notebook line of ``last_name`` (a NameError there points at it)
 
     def inputs(self, user_ns: dict[str, Any]) -> list[Any]:
         """The values passed for ``params``: each input, or the arrays of a mixed one."""
@@ -178,9 +179,10 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
             raise UsageError("%%pathways: a cell cannot use return, yield, await or nonlocal at "
                              "its top level; it runs as the body of one program. Move that code "
                              "into a function.")
-    last_name = None
+    last_name, last_line = None, 1
     if tree.body and isinstance(tree.body[-1], ast.Expr) and isinstance(tree.body[-1].value,
                                                                          ast.Name):
+        last_line = tree.body[-1].lineno + line_offset
         last_name = tree.body.pop().value.id  # no second buffer for a value already named
     elif tree.body and isinstance(tree.body[-1], ast.Expr):
         last = tree.body[-1]
@@ -201,7 +203,7 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
         def fn(*args):
             return inner(*[_rebuild(*mixed[p], a) if p in mixed else a
                            for p, a in zip(params, args, strict=True)])
-    return CellPlan(fn, params, uses_pw, filename, last_name, mixed, mutable)
+    return CellPlan(fn, params, uses_pw, filename, last_name, mixed, mutable, last_line)
 
 
 def reads_before_binding(tree: ast.Module) -> set[str]:

@@ -405,10 +405,12 @@ class PathwaysMagics(Magics):
                 ns[key] = value
 
     def _last(self, plan, plain: dict[str, Any], results: Any):
+        __tracebackhide__ = True
         if plan.last_name is not None:
-            if plan.last_name not in self.shell.user_ns:  # as Python evaluates it: at the end
-                raise NameError(f"name {plan.last_name!r} is not defined",
-                                name=plan.last_name)
+            if plan.last_name not in self.shell.user_ns:  # as Python evaluates it: at the end,
+                # on the cell's line (a builtin, or a NameError whose traceback is that line)
+                line = "\n" * (plan.last_line - 1) + plan.last_name
+                return eval(compile(line, plan.filename, "eval"), self.shell.user_ns)
             return self.shell.user_ns[plan.last_name]
         return cells.bound_values(plain, results).get(cells.LAST)
 

@@ -75,6 +75,14 @@ class Arguments:
         spos = tuple((i, args[i]) for i in sorted(nums) if i < len(args))
         skw = tuple(sorted((k, v) for k, v in kwargs.items() if k in names))
         dkw = {k: v for k, v in kwargs.items() if k not in names}
+        for _, v in spos + skw:
+            if isinstance(v, _ARRAYS):  # (a future hashes by identity: it would compile
+                raise retyped(ProgramError(  # and be kept once per future)
+                    f"{self.name}: a static argument must be a Python value known when the "
+                    f"call is made, got a {type(v).__name__} (an array's value is not part "
+                    "of the compilation key, as in jax.jit). Pass it as an array argument, "
+                    "or its value (float(x), tuple(x.tolist())) as the static one."),
+                    ValueError)
         # jax.jit keeps statics that compare equal but differ in type apart (2 and 2.0,
         # 1 and True): they can trace to different dtypes.
         key = (len(args), spos, skw, tuple(type(v) for _, v in spos + skw))
@@ -90,14 +98,6 @@ class Arguments:
                 f"compilation key, as in jax.jit), got a {type(bad).__name__}{held}. Maybe you "
                 "want a tuple instead of a list, or to pass it as an array argument."),
                 ValueError) from None
-        for _, v in spos + skw:
-            if isinstance(v, _ARRAYS):  # (a future hashes by identity: it would compile
-                raise retyped(ProgramError(  # and be kept once per future)
-                    f"{self.name}: a static argument must be a Python value known when the "
-                    f"call is made, got a {type(v).__name__} (an array's value is not part "
-                    "of the compilation key, as in jax.jit). Pass it as an array argument, "
-                    "or its value (float(x), tuple(x.tolist())) as the static one."),
-                    ValueError)
         return dyn, dkw, key
 
     def check_new(self, key: tuple) -> None:
@@ -140,7 +140,9 @@ class Arguments:
         return tuple(out)
 
 
-_ARRAYS = (Future, jax.Array)  # never static (only a future is hashable; by identity)
+# Never static: checked before hashing, so an array gets this fix, not an unhashable's
+# (only a future is hashable; by identity).
+_ARRAYS = (Future, jax.Array, np.ndarray)
 
 
 def _hashable(v) -> bool:

@@ -263,12 +263,12 @@ class Controller:
             return self._dispatcher.submit(graph, leaves, self.current_client, mode)
 
     def runs(self) -> list[ProgramRun]:
-        """Programs submitted and not yet finished."""
+        """The runs (programs' submissions) that have not ended yet."""
         return self._dispatcher.active_runs()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted program has finished; False after ``timeout`` seconds
-        in all."""
+        """Wait until every run submitted has ended; False after ``timeout`` seconds in
+        all."""
         timeout = timeout_seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         for run in self._dispatcher.all_runs():

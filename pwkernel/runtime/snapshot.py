@@ -106,7 +106,7 @@ class NodeView:
 
 @dataclass(frozen=True)
 class RunView:
-    """One submitted program that has not finished, with its nodes."""
+    """One run (a program's submission) that has not ended, with its nodes."""
 
     id: int
     name: str

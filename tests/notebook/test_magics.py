@@ -350,6 +350,19 @@ def test_user_errors_point_at_the_cell_line(ip, capsys):
     assert extension.state().ctl.runs() == []
 
 
+def test_an_undefined_last_expression_shows_no_frames_of_pwkernel(ip, capsys):
+    """A cell whose last line is an undefined name raises ``NameError`` as Python does, and
+    its traceback points at that line with no frame of pwkernel's; a builtin's name there is
+    the builtin, as in Python."""
+    capsys.readouterr()
+    for body in ("q = jnp.ones(3)\nundefined_name", "z = 1\nundefined_name"):
+        result = ip.run_cell("%%pathways\n" + body)
+        assert isinstance(result.error_in_exec, NameError)
+        shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # (no colours)
+        assert "----> 3 undefined_name" in shown and "pwkernel" not in shown, shown
+    assert run(ip, "%%pathways\nq = jnp.ones(3)\nlen") is len  # a builtin, as in Python
+
+
 def test_a_failed_computation_shows_the_users_frames_not_an_earlier_raise(ip):
     """A cell whose program failed raises the error with the user's frames only (here the
     callback's line, no runtime or JAX frames), and a cell that reads that failed value later

@@ -40,6 +40,16 @@ def test_keyword_static_and_pytree_arguments(ctl):
         named(x, n=[1, 2])
 
 
+@pytest.mark.parametrize("make", [jnp.ones, np.ones], ids=["jax", "numpy"])
+def test_an_array_given_as_a_static_argument_is_told_to_pass_it_as_an_array(ctl, make):
+    """An array (unhashable, as under ``jax.jit``) given as a static value gets the array's
+    fix, not the list's ("a tuple instead of a list")."""
+    f = pw.function(lambda x, n: x * 2, slice=ctl.slice(2), static_argnums=1)
+    with pytest.raises(ValueError, match="Pass it as an array argument") as e:
+        f(np.ones(2), make(2))
+    assert "tuple instead of a list" not in str(e.value)
+
+
 def test_methods_bind_self_as_jax_jit_methods_do(ctl):
     """``@pw.function`` (and ``@pw.program``) on a method binds ``self`` as a
     ``jax.jit``-decorated method does: the instance is the first argument (here static)."""
