@@ -142,6 +142,8 @@ def test_an_error_in_a_cell_with_a_key_is_the_users_error(nb):
 
 
 def test_a_deleted_name_is_unbound_for_the_rest_of_the_cell(nb):
+    for name in ("b", "m"):  # (the shell is shared: an earlier test may have bound them)
+        nb.user_ns.pop(name, None)
     run(nb, "%%pathways --slice s\na = jnp.arange(4.0)\n")
     run(nb, "n = 5")
     for body in ("del a\nb = a + 1\n", "del n\nm = n + 1\n", "del n\ndel n\n"):
