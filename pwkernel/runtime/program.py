@@ -358,6 +358,7 @@ class Program(ProgramStages):
         ``jax.jit(...).trace``, whose result is one jaxpr; see ``lower``)."""
         args, kwargs, statics = self._split(args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        self.refuse_tracers(leaves)
         return self._graph(tree, leaves, statics)
 
     def _graph(self, tree, leaves, statics: tuple = ()) -> Graph:

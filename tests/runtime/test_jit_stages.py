@@ -222,3 +222,24 @@ def test_eval_shape_and_trace_inside_a_program_as_inside_jax_jit(ctl):
     assert seen["program"][0].shape == (2,)
     # (its two calls and their inputs' moves: the stages added nothing to its graph)
     assert len(f.trace(np.arange(2.0, dtype=np.float32)).nodes) == 4
+
+
+def test_stages_on_jax_tracers_as_jax_jits_take_them(ctl):
+    """Inside ``jax.jit`` (on tracers) a ``pw.function``'s and a program's ``eval_shape``
+    give the types the call gives there, as a nested ``jax.jit``'s does; ``trace``/``lower``
+    say why they have nothing to give there (all raised a bare, empty ``Traced``)."""
+    double = pw.function(lambda x: x * 2, slice=ctl.slice(2))
+    prog = pw.program(lambda x: double(x))
+    seen = {}
+
+    def body(x):
+        seen["fn"], seen["program"] = double.eval_shape(x), prog.eval_shape(x)
+        seen["jit"] = jax.jit(lambda v: v * 2).eval_shape(x)
+        for stage in (double.trace, double.lower, prog.trace):
+            with pytest.raises(ValueError, match="given JAX tracers.*outside the transfor"):
+                stage(x)
+        return double(x)
+
+    np.testing.assert_array_equal(jax.jit(body)(np.arange(3.0)), [0.0, 2.0, 4.0])
+    for what in ("fn", "program"):
+        assert (seen[what].shape, seen[what].dtype) == (seen["jit"].shape, seen["jit"].dtype)
