@@ -249,6 +249,22 @@ def leaf_placement(leaf) -> tuple:
     return ("host", arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype), None, is_weak(leaf))
 
 
+def placement_key(leaf, tracing: Graph | None) -> tuple:
+    """A program argument's part of its graph's cache key (``leaf_placement``, or the one a
+    future carries); a value of the program being traced (``tracing``), given to
+    ``fn.eval_shape``, ``fn.trace`` or ``prog.eval_shape`` inside it as ``jax.jit``'s stages
+    take an outer trace's tracers, is what that graph knows of it: kind ``"made"`` where the
+    program made it (neither a host value nor committed: what an outer trace's tracer is)."""
+    if type(leaf) is Future and leaf.placement:
+        return leaf.placement
+    if type(leaf) is Value and tracing is not None and leaf.graph is tracing:
+        spec = tracing.values[leaf.id]
+        kind = ("host" if spec.sharding is None else "made" if spec.committed is None
+                else "dev" if spec.committed else "loose")
+        return kind, spec.shape, spec.dtype, spec.sharding, spec.weak
+    return leaf_placement(leaf)
+
+
 def host_array(leaf) -> np.ndarray | None:
     """``leaf`` as the NumPy array JAX reads a host value as (a Python int of JAX's default int
     type, or JAX's ``OverflowError``), or None where ``jax.jit`` takes no such argument: not

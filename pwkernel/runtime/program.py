@@ -31,8 +31,8 @@ from .arguments import (
     Traced,
     Tracer,
     constants_as_values,
-    leaf_placement,
     not_an_array,
+    placement_key,
     under_a_trace,
     value_id,
 )
@@ -343,7 +343,7 @@ class Program(ProgramStages):
         self._statics = bool(self.arguments.static_nums or self.arguments.static_names)
         self._graphs: dict[Any, Graph] = {}
         self._last: tuple | None = None  # (key, graph) of the last call
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (its own eval_shape while it is traced)
         functools.update_wrapper(self, fn, updated=())
 
     def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
@@ -358,11 +358,12 @@ class Program(ProgramStages):
         ``jax.jit(...).trace``, whose result is one jaxpr; see ``lower``)."""
         args, kwargs, statics = self._split(args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        self.refuse_tracers(leaves)
         return self._graph(tree, leaves, statics)
 
     def _graph(self, tree, leaves, statics: tuple = ()) -> Graph:
-        key = (tree, tuple([leaf.placement if type(leaf) is Future and leaf.placement
-                            else leaf_placement(leaf) for leaf in leaves]), statics,
+        tracing = _current_graph()
+        key = (tree, tuple([placement_key(leaf, tracing) for leaf in leaves]), statics,
                _traced_under())
         last = self._last  # the key of the last call, compared without hashing: a program's
         if last is not None and last[0] == key:  # futures share their placement tuples
@@ -384,18 +385,18 @@ class Program(ProgramStages):
         values = []
         for kind, shape, dtype, sharding, weak in placement:
             spec = graph.new_value(shape, dtype, None if kind == "host" else sharding, weak=weak,
-                                   committed=None if kind == "host" else kind == "dev")
+                                   committed=kind == "dev" if kind in ("dev", "loose") else None)
             graph.inputs.append(spec.id)
             values.append(Value(graph, spec.id))
         args, kwargs = jax.tree_util.tree_unflatten(tree, values)
         if statics:
             self.arguments.check_new(statics)
             args, kwargs = self.arguments.rebuild(args, kwargs, statics)
-        _tracing.graph = graph
-        try:
+        outer, _tracing.graph = _current_graph(), graph  # (outer: a program traced around
+        try:                                                # this one's eval_shape or trace)
             result = self.fn(*args, **kwargs)
         finally:
-            _tracing.graph = None
+            _tracing.graph = outer
         if self.returns_copies:  # (a cell's plain values stay plain: see notebook/cell.py)
             result = constants_as_values(graph, result, self.name)
         graph.take_result(result, self.name, copy_arguments=self.returns_copies)

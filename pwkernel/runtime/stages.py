@@ -17,6 +17,7 @@ from typing import Any
 import jax
 from jax.sharding import AxisType
 
+from .arguments import Traced, Tracer
 from .errors import ProgramError, retyped
 from .executable import Executable
 from .graph import ComputeNode
@@ -73,6 +74,23 @@ def check_program_options(name: str, given: dict) -> None:
             "name=, static_argnums= and static_argnames=."), ValueError)
 
 
+class OnTracers(Traced, ProgramError, ValueError):
+    """A stage (``trace``, ``lower``) given JAX tracers: see ``on_tracers_error``."""
+
+
+def on_tracers_error(name: str, what: str) -> OnTracers:
+    """``trace``/``lower`` on JAX tracers (inside ``jax.jit``, ``jax.grad``, ``jax.vmap``),
+    where a call is its body inlined into the computation around it (a nested ``jax.jit``):
+    there is no placed computation to give (the slice's mesh cannot be set inside a trace),
+    and ``eval_shape`` (which catches it, as ``Traced``) gives what the call gives there."""
+    return OnTracers(
+        f"{name} was given JAX tracers (inside jax.jit, jax.grad or jax.vmap), where a call "
+        "is its body inlined into the computation around it, not a computation placed on its "
+        f"slice, so {what}.trace and {what}.lower have none to give. Call them outside the "
+        f"transformation (on arrays or jax.ShapeDtypeStructs), or {what}.eval_shape(*args) "
+        "for the types the call gives there.")
+
+
 class JitStages:
     """``jax.jit``'s staged API on a ``CompiledFunction`` (which sets ``fn``, ``slice``,
     ``name``, ``arguments``, ``keep_unused``, ``inline`` and its caches)."""
@@ -88,13 +106,18 @@ class JitStages:
         """The compiled specialization a call with these arguments runs (compiled now if it
         is new; nothing runs)."""
         dyn, dkw, statics = self.arguments.split(args, kwargs)
+        if any(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves((dyn, dkw))):
+            raise on_tracers_error(self.name, "fn")  # (eval_shape: what the call gives there)
         graph = self._program(statics).trace(dyn, dkw)
         return next(n for n in graph.nodes if isinstance(n, ComputeNode)).exe
 
     def eval_shape(self, *args, **kwargs):
         """The result's shapes, dtypes and shardings (``jax.ShapeDtypeStruct``s), as
         ``jax.jit(...).eval_shape`` gives them: what a call's futures say at once."""
-        exe = self.specialization(*args, **kwargs)
+        try:
+            exe = self.specialization(*args, **kwargs)
+        except Traced:  # on JAX tracers: what the call gives there (a nested jax.jit)
+            return jax.eval_shape(lambda: self.on_tracers(args, kwargs))
         return jax.tree_util.tree_unflatten(exe.out_tree, [
             jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh, weak_type=o.weak_type)
             for o, sh in zip(exe.out_shapes, exe.out_shardings, strict=True)])
@@ -207,10 +230,19 @@ class ProgramStages:
         ``jax.jit(...).eval_shape`` gives them: what a call's futures say at once (traced
         now if new; nothing runs)."""
         self.arguments.pop_dispatch(kwargs)
-        graph = self.trace(*args, **kwargs)
+        try:
+            graph = self.trace(*args, **kwargs)
+        except Traced:  # on JAX tracers: what the call gives there (its body, inlined)
+            return jax.eval_shape(lambda: self(*args, **kwargs))
         specs = [graph.values[v] for v in graph.outputs]
         return jax.tree_util.tree_unflatten(graph.out_tree, [jax.ShapeDtypeStruct(
             v.shape, v.dtype, sharding=v.sharding, weak_type=v.weak) for v in specs])
+
+    def refuse_tracers(self, leaves: list) -> None:
+        """``trace`` on JAX tracers: see ``on_tracers_error`` (a ``pw.function``'s own
+        program, ``inline=None``, is never given them: ``JitStages`` says it first)."""
+        if any(isinstance(leaf, Tracer) for leaf in leaves):
+            raise on_tracers_error(f"program {self.name}", "prog")
 
     def lower(self, *args, **kwargs):
         """Not one computation: see the error (``jax.jit(...).lower`` has one to lower)."""

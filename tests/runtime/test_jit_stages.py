@@ -187,3 +187,59 @@ def test_clear_cache_leaves_a_submitted_call_its_executable(ctl, dispatch):
     release.set()
     assert out.result(60).tolist() == [2.0] * 4
     assert len(traced) == 1
+
+
+def test_eval_shape_and_trace_inside_a_program_as_inside_jax_jit(ctl):
+    """Inside a program, ``fn.eval_shape``/``fn.trace``/``prog.eval_shape`` on concrete
+    arrays or on the program's own values give what they give outside, as ``jax.jit``'s
+    stages do inside an outer ``jax.jit``, and the program's trace goes on after them
+    (it was lost: the next call inside the program was refused as given a ``Value``)."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    inc = pw.function(lambda x: x + 1, slice=s0)
+    wide = pw.function(lambda x: jnp.concatenate([x, x]), slice=s1)
+
+    @pw.program
+    def pair(x):
+        return inc(x), wide(x)
+
+    seen = {}
+
+    @pw.program
+    def f(x):
+        seen["host"] = inc.eval_shape(np.ones(3, np.int32))
+        y = inc(x)
+        seen["value"] = wide.eval_shape(y)
+        seen["traced"] = wide.trace(y).out_info
+        seen["program"] = pair.eval_shape(y)
+        return wide(y)
+
+    out = f(np.arange(2.0, dtype=np.float32))
+    np.testing.assert_array_equal(out.result(), [1.0, 2.0, 1.0, 2.0])
+    assert (seen["host"].shape, seen["host"].dtype) == ((3,), np.int32)
+    for struct in (seen["value"], seen["traced"], seen["program"][1]):
+        assert (struct.shape, struct.dtype, struct.sharding) == (
+            out.shape, out.dtype, out.sharding)
+    assert seen["program"][0].shape == (2,)
+    # (its two calls and their inputs' moves: the stages added nothing to its graph)
+    assert len(f.trace(np.arange(2.0, dtype=np.float32)).nodes) == 4
+
+
+def test_stages_on_jax_tracers_as_jax_jits_take_them(ctl):
+    """Inside ``jax.jit`` (on tracers) a ``pw.function``'s and a program's ``eval_shape``
+    give the types the call gives there, as a nested ``jax.jit``'s does; ``trace``/``lower``
+    say why they have nothing to give there (all raised a bare, empty ``Traced``)."""
+    double = pw.function(lambda x: x * 2, slice=ctl.slice(2))
+    prog = pw.program(lambda x: double(x))
+    seen = {}
+
+    def body(x):
+        seen["fn"], seen["program"] = double.eval_shape(x), prog.eval_shape(x)
+        seen["jit"] = jax.jit(lambda v: v * 2).eval_shape(x)
+        for stage in (double.trace, double.lower, prog.trace):
+            with pytest.raises(ValueError, match="given JAX tracers.*outside the transfor"):
+                stage(x)
+        return double(x)
+
+    np.testing.assert_array_equal(jax.jit(body)(np.arange(3.0)), [0.0, 2.0, 4.0])
+    for what in ("fn", "program"):
+        assert (seen[what].shape, seen[what].dtype) == (seen["jit"].shape, seen["jit"].dtype)
