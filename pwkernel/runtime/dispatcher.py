@@ -193,12 +193,13 @@ class Dispatcher:
         for group in pending.values():
             group.watched.hook(_Group(group, run.inputs_ended))
 
-    def arrived(self, run: ProgramRun, *slots: int) -> None:
+    def arrived(self, run: ProgramRun, *slots: int, gates_only: bool = False) -> None:
         """Values of ``run`` are there: launched (parallel) or resolved (sequential). Count
-        them for the nodes that wait for them; those they complete go on."""
+        them for the nodes that wait for them; those they complete go on. ``gates_only``:
+        for the donating nodes they gate only (``plan.py``): their producer failed."""
         if not run.tasks or not slots:
             return  # the run is over (its consumers failed or were cancelled)
-        for task in run.count_arrived(slots):
+        for task in run.count_arrived(slots, gates_only):
             if not run.parallel:
                 self._sequential(task)
             elif task.is_compute:

@@ -33,9 +33,10 @@ class RunOwner(Protocol):
     def now(self) -> float:
         """The clock of every time the runtime keeps."""
 
-    def arrived(self, run: Any, *slots: int) -> None:
+    def arrived(self, run: Any, *slots: int, gates_only: bool = False) -> None:
         """Values of ``run`` are there (launched in parallel dispatch, ended in sequential):
-        count them for the nodes that wait on them."""
+        count them for the nodes that wait on them (``gates_only``: only for the donating
+        nodes they gate, ``plan.py``: their producer failed)."""
 
     def start_copy(self, task: Any) -> None:
         """The destination's scheduler admitted this copy (it is RUNNING): start it."""

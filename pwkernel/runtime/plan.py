@@ -14,6 +14,13 @@ program on the same island becomes ready when that producer is *launched*, insid
 scheduler (``NodeSpec.waits``), so a chain launches ahead without a round trip per node. Every
 other input (a program argument, a transfer, a computation that may run synchronously) is an
 ``external`` arrival the dispatcher counts.
+
+A computation that donates a value waits, as one more external arrival, for every node that
+read the value before it in program order (``gates``): for that reader's launch (parallel
+dispatch; its end under sequential), or its failure. Under ``jax.jit`` those reads are
+dispatched first and XLA holds the buffer for them; here such a reader may wait longer (for
+an input from another island, for memory) than the donating call, which would then consume
+the buffer before it was read.
 """
 
 from __future__ import annotations
@@ -107,6 +114,9 @@ class PlanNode:
     #                                 argument only that copy reads (``moved_and_consumed``)
     internal: tuple[int, ...] = ()  # its distinct input slots made by the run (freed after
     #                                 their last reader; arguments and constants never are)
+    gates: tuple[int, ...] = ()   # later nodes that donate what this one reads: they wait
+    #                               for its first output's arrival, or its failure
+    gated: int = 0                # how many such earlier readers this node waits for
     trace: tuple = ()             # its events' fields no run changes (``Trace.node_fields``)
 
 
@@ -132,6 +142,7 @@ class Plan:
     sources: tuple[int, ...] = ()         # argument and constant slots
     made: tuple[Output, ...] = ()         # per output: what its Future is made of
     makers: tuple = ()                    # slot -> (producer node, output position), or None
+    gates: tuple[tuple[int, ...], ...] = ()  # slot -> nodes it gates (a reader's first output)
 
 
 def build(graph: Graph) -> Plan:
@@ -171,6 +182,10 @@ def build(graph: Graph) -> Plan:
         p.n_inputs, p.distinct = len(distinct), distinct
         p.internal = tuple(s for s in distinct if producer[s] >= 0)
         p.donated_slots = tuple(ins[i] for i in p.donates)
+        for r in sorted({r for s in set(p.donated_slots) for r in consumers[s]}):
+            if nodes[r].outputs:  # an earlier reader of what it donates: launched first
+                nodes[r].gates += (index,)
+                p.gated += 1
         waits, after = [], []
         for slot in distinct:
             consumers[slot].append(index)
@@ -182,6 +197,7 @@ def build(graph: Graph) -> Plan:
             else:
                 notify[slot].append(index)
                 p.external += 1
+        p.external += p.gated
         for slot in outs:
             producer[slot] = index
             argument[slot] = not compute and argument[ins[0]]
@@ -199,7 +215,7 @@ def build(graph: Graph) -> Plan:
     for p in nodes:
         p.moved = tuple((s, nodes[producer[s]].inputs[0]) for s in dict.fromkeys(p.donated_slots)
                         if _moved_argument(s, nodes, producer, consumers, inputs))
-        p.notifies = any(notify[s] for s in p.outputs)
+        p.notifies = bool(p.gates) or any(notify[s] for s in p.outputs)
         p.returns = tuple(s for s in p.outputs if s in seen)
         p.returns_nbytes = tuple(p.out_nbytes[k] for k, s in enumerate(p.outputs) if s in seen)
     islands: dict[int, list[NodeSpec]] = {}
@@ -210,11 +226,14 @@ def build(graph: Graph) -> Plan:
                 tuple(graph.outputs), tuple(producer), tuple(map(tuple, notify)),
                 tuple(map(tuple, consumers)), tuple(len(c) for c in consumers),
                 frozenset(graph.outputs), {i: tuple(s) for i, s in islands.items()},
-                tuple(p.external for p in nodes), tuple(p.n_inputs for p in nodes), {},
+                tuple(p.external for p in nodes),
+                tuple(p.n_inputs + p.gated for p in nodes), {},
                 tuple(graph.inputs) + tuple(graph.consts),
                 tuple(_output(s, v, producer[s], nodes) for s in graph.outputs
                       for v in (graph.values[s],)),
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
+                      for s, p in enumerate(producer)),
+                tuple(nodes[p].gates if p >= 0 and nodes[p].outputs[0] == s else ()
                       for s, p in enumerate(producer)))
 
 

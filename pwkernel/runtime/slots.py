@@ -141,13 +141,21 @@ class RunSlots:
                 out.append(node.out_nbytes[node.outputs.index(s)])
         return out
 
-    def count_arrived(self, slots) -> list:
-        """Count ``slots`` for the nodes that wait on them; returns those now complete."""
-        readers = self.plan.notify if self.parallel else self.plan.consumers
+    def count_arrived(self, slots, gates_only: bool = False) -> list:
+        """Count ``slots`` for the nodes that wait on them; returns those now complete.
+        ``gates_only``: only for the donating nodes a reader's first output gates (the reader
+        failed: its readers fail, what it gates may go)."""
+        plan = self.plan
+        readers = () if gates_only else plan.notify if self.parallel else plan.consumers
+        gates = plan.gates
         waiting, tasks, go = self.waiting, self.tasks, []
         with self.lock:
             for slot in slots:
-                for c in readers[slot]:
+                for c in readers[slot] if readers else ():
+                    waiting[c] -= 1
+                    if not waiting[c]:
+                        go.append(tasks[c])
+                for c in gates[slot] if gates else ():
                     waiting[c] -= 1
                     if not waiting[c]:
                         go.append(tasks[c])

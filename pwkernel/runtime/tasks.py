@@ -320,9 +320,12 @@ class ProgramRun(RunSlots):
             self._outputs_arrived(node)
 
     def _outputs_arrived(self, node: PlanNode) -> None:
-        """Count the outputs of ``node`` (launched, or ended at once) for their readers."""
+        """Count the outputs of ``node`` (launched, or ended at once) for their readers (and
+        for what it gates: its first output's)."""
         notify = self.plan.notify
         came = [s for s in node.outputs if notify[s]]
+        if node.gates and not notify[node.outputs[0]]:
+            came.append(node.outputs[0])
         if came:
             self.owner.arrived(self, *came)
 
@@ -388,6 +391,7 @@ class ProgramRun(RunSlots):
                                   t_end, "ok" if error is None else "error")
         task.makers = None  # (after the move: see ``slots.makers``)
         values, futures, dropped, unparked = self.values, self.futures, None, None
+        counted = task.has_outputs  # (parallel: its outputs' arrival was counted at launch)
         with self.lock:
             if fresh is not None:
                 if task.has_outputs or values is None:
@@ -440,6 +444,8 @@ class ProgramRun(RunSlots):
         if error is not None:
             for s in node.outputs:
                 self.spread(s, error)
+            if node.gates and not (self.parallel and counted):  # what it gated may go
+                owner.arrived(self, node.outputs[0], gates_only=True)
         elif not self.parallel:
             owner.arrived(self, *node.outputs)
         elif fresh is not None and node.notifies:  # consumers counted no launch: now

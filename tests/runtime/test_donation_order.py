@@ -1,0 +1,106 @@
+"""A call that donates a value goes after the program's earlier reads of it, as under
+``jax.jit``, whose dispatch order is program order: XLA holds a buffer for the calls
+dispatched before the one that consumes it. Here an earlier reader may wait longer (for a
+value from another island, for memory) than the donating call, which then waits for it
+(``plan.py``, ``gates``)."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from tests.helpers.programs import gate
+
+TIMEOUT = 60.0
+N = 1024
+
+
+def _held_island_one(ctl):
+    """Island 1's four devices held by a gate until ``release`` is set."""
+    quad = ctl.slice(4, island=1)
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(gate(entered, release, quad.mesh), slice=quad, in_specs=pw.BATCH,
+                       name="gate")(np.ones(4, np.float32))
+    assert entered.wait(TIMEOUT)
+    return held, release
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_donating_call_waits_for_an_earlier_reader_held_up_by_another_island(dispatch):
+    with pw.Controller(islands=(4, 4), dispatch=dispatch) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        a = pw.function(lambda x: x * 2, slice=s0, name="a")
+        far = pw.function(lambda h: h + 1, slice=s1, name="far")
+        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+
+        @pw.program
+        def p(v, h):
+            y = a(v)
+            z = read(y, far(h))  # reads y, but waits for island 1, held below
+            w = eat(y)           # then consumes y
+            return z, w
+
+        held, release = _held_island_one(ctl)
+        n0 = ctl.trace.next_index
+        z, w = p(np.ones(N, np.float32), np.ones(8, np.float32))
+        assert ctl.trace.wait_for(n0 + 1, TIMEOUT)  # y is made; island 1 still held
+        assert not z.done()
+        release.set()
+        held.result(TIMEOUT)
+        assert z.result(TIMEOUT).tolist() == [7.0] * N  # (before: "Array has been deleted")
+        assert w.result(TIMEOUT).tolist() == [3.0] * N
+
+
+def test_a_donating_call_waits_for_an_earlier_copy_held_up_by_memory():
+    with pw.Controller(islands=(4, 4), memory_budget=3_000_000) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        a = pw.function(lambda x: x * 2, slice=s0, name="a")
+        far = pw.function(lambda x: x + 5, slice=s1, name="far")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        hold = pw.function(lambda: jnp.ones(600_000, jnp.float32), slice=s1)()
+        hold.result(TIMEOUT)  # island 1 nearly full: the copy of y waits for memory
+
+        @pw.program
+        def p(v):
+            y = a(v)
+            return far(y), eat(y)  # far's copy reads y first, then eat consumes it
+
+        n0 = ctl.trace.next_index
+        z, w = p(np.ones(250_000, np.float32))
+        assert ctl.trace.wait_for(n0 + 1, TIMEOUT)  # y is made; its copy waits
+        assert not z.done()
+        del hold  # the copy is admitted
+        assert z.result(TIMEOUT)[0] == 7.0  # (before: "Array has been deleted")
+        assert w.result(TIMEOUT)[0] == 3.0
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_donating_call_still_runs_when_an_earlier_reader_fails(dispatch):
+    def bad(h):
+        def check(v):
+            raise ValueError("no")
+        return jax.pure_callback(check, jax.ShapeDtypeStruct(h.shape, h.dtype), h)
+
+    with pw.Controller(islands=(4, 4), dispatch=dispatch) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        a = pw.function(lambda x: x * 2, slice=s0, name="a")
+        fails = pw.function(bad, slice=s1, name="fails")
+        read = pw.function(lambda x, r: x + r[0], slice=s0, name="read")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+
+        @pw.program
+        def p(v, h):
+            y = a(v)
+            z = read(y, fails(h))  # never launches: its other input fails
+            return z, eat(y)
+
+        z, w = p(np.ones(8, np.float32), np.ones(8, np.float32))
+        assert w.result(TIMEOUT).tolist() == [3.0] * 8  # as under jax.jit: not held up
+        with pytest.raises(ValueError, match="no"):
+            z.result(TIMEOUT)
