@@ -161,6 +161,28 @@ def test_an_interrupt_while_closing_is_raised_once_closing_is_done(handler):
     assert not [t for t in threading.enumerate() if t.name.startswith("pw-island")]
 
 
+def test_an_interrupt_while_waiting_on_a_simulated_cluster_loses_no_event(handler):
+    """``ctl.wait()`` on ``backend="sim"`` moves the virtual clock event by event: Ctrl-C
+    that landed in an event after it was taken off the heap dropped it, its computation
+    never ended, and every later wait on the controller hung."""
+    from pwkernel.backends.sim import executor as sim_executor
+
+    ctl = pw.Controller(backend="sim", cluster="tpu-v4", islands=(4,))
+    try:
+        f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
+        x = jnp.arange(8.0)
+        f(x).wait()
+        with pytest.raises(KeyboardInterrupt), \
+                _InterruptAt(sim_executor._report.__code__) as hook:
+            ys = [f(x) for _ in range(3)]
+            ctl.wait()
+        assert hook.fired
+        assert ctl.wait(timeout=60), f"a computation never ended: {ctl.status()['programs']}"
+        assert all(y.done() for y in ys) and f(x).wait(timeout=60)
+    finally:
+        ctl.close()
+
+
 def test_the_handler_replaces_only_pythons_default(handler):
     assert interrupts.install()
     mine = signal.getsignal(signal.SIGINT)
