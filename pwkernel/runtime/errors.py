@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import numbers
+import threading
 from types import TracebackType
 
 
@@ -164,9 +166,15 @@ def origin(tb: TracebackType | None, module: str) -> TracebackType | None:
 def timeout_seconds(timeout):
     """``timeout`` as a wait takes it (a future's ``result``/``wait``/``exception``, a run's,
     the controller's): a number of seconds, or None for no limit; anything else is refused
-    at the call, not deep inside the wait."""
-    if timeout is None or isinstance(timeout, numbers.Real):
-        return timeout
-    raise TypeError(f"timeout must be a number of seconds or None (no limit), got "
-                    f"{type(timeout).__name__} {timeout!r}. Maybe you want timeout=5.0 or "
-                    f"timeout=float(...).")
+    at the call, not deep inside the wait. A negative one is 0 (``concurrent.futures``); one
+    longer than a wait can take (``float('inf')``) is no limit, not an ``OverflowError``."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None (no limit), got "
+                        f"{type(timeout).__name__} {timeout!r}. Maybe you want timeout=5.0 "
+                        f"or timeout=float(...).")
+    if math.isnan(timeout):
+        raise ValueError("timeout is NaN; pass a number of seconds, or None to wait without "
+                         "a limit.")
+    return None if timeout >= threading.TIMEOUT_MAX else timeout

@@ -28,7 +28,7 @@ import _thread
 import signal
 import threading
 
-__all__ = ["held", "held_quietly", "install", "raise_kept"]
+__all__ = ["held", "held_quietly", "holds_from_entry", "install", "raise_kept"]
 
 _MAIN = threading.main_thread().ident
 _ident = threading.get_ident
@@ -97,6 +97,20 @@ class _Hold:
         return False
 
 
+#: code whose every bytecode is runtime work: an interrupt that lands at its entry, before its
+#: ``with held_quietly:`` has begun, is kept as one inside it is (see ``holds_from_entry``)
+_from_entry = {_Hold.__enter__.__code__}
+
+
+def holds_from_entry(fn):
+    """Mark ``fn`` (a weak reference's callback that begins with ``with held_quietly:``) as
+    held from its first bytecode: Python checks for a signal on entering a function, so a
+    Ctrl-C could land there, before the hold, and be raised where Python ignores it, leaving
+    the work undone (a dropped future's buffer never freed)."""
+    _from_entry.add(fn.__code__)
+    return fn
+
+
 #: the main thread's runtime work: an interrupt that arrives inside is raised at its end
 held = _Hold(True)
 #: the same, for work Python runs where it ignores exceptions (a weak reference's callback):
@@ -104,9 +118,18 @@ held = _Hold(True)
 held_quietly = _Hold(False)
 
 
+def _in_entry(frame) -> bool:
+    """The main thread is inside a function ``holds_from_entry`` marked (or a hold's start)."""
+    while frame is not None:
+        if frame.f_code in _from_entry:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _handler(signum, frame) -> None:
     __tracebackhide__ = True  # (IPython shows the user's frame the interrupt came in)
-    if _state.depth:
+    if _state.depth or _in_entry(frame):
         _state.pending = True
         return
     _state.pending = False

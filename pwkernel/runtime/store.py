@@ -21,7 +21,7 @@ import numpy as np
 
 from .dtypes import itemsize
 from .interrupts import held as interrupts_held
-from .interrupts import held_quietly
+from .interrupts import held_quietly, holds_from_entry
 
 
 class Future(Protocol):
@@ -233,6 +233,7 @@ class ObjectStore:
             held.unchecked.clear()
         return error
 
+    @holds_from_entry
     def _dropped(self, held: _Held, _quietly=held_quietly, _exiting=sys.is_finalizing) -> None:
         """A future went: free its buffer (run wherever Python collects it, so an interrupt
         waits for the free's end and is raised by the runtime's next call: ``interrupts``).

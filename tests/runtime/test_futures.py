@@ -5,6 +5,7 @@ on real arrays and a real controller."""
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import traceback
 
@@ -473,3 +474,42 @@ def test_a_timeout_that_is_no_number_is_refused_at_the_call(ctl, call, done):
     if done:  # numbers of every kind still do
         assert fut.wait(np.float64(1.0)) and fut.wait(1) and fut.result(timeout=np.int64(1)) \
             is not None and fut.exception(0.5) is None
+
+
+
+class _ReleasedOnWait:
+    """Open ``release`` when the main thread starts to block in ``threading.Event.wait``."""
+
+    def __init__(self, release: threading.Event):
+        self.release = release
+
+    def __enter__(self):
+        def profile(frame, event, _arg):
+            if event == "call" and frame.f_code is threading.Event.wait.__code__:
+                self.release.set()
+        sys.setprofile(profile)
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+
+
+@pytest.mark.parametrize("call", ["result", "wait", "exception", "ctl.wait", "run.wait"])
+def test_a_timeout_of_nan_true_or_infinity_means_what_it_says(ctl, call):
+    """``timeout=True`` (``queue.get(True)``'s "block") was taken as one second, NaN as 0
+    ("not ready after nan s"), and ``float('inf')`` or 1e300 failed with "OverflowError:
+    timestamp out of range" while the value was pending. Now True and NaN are refused, and
+    infinity waits without a limit; a negative timeout stays 0 (``concurrent.futures``)."""
+    s = ctl.slice(1)
+    for endless in (float("inf"), 1e300):
+        entered, release = threading.Event(), threading.Event()
+        fut = pw.function(gate(entered, release), slice=s)(np.zeros(2, np.float32))
+        wait = {"ctl.wait": ctl.wait, "run.wait": fut.run.wait}.get(call) or getattr(fut, call)
+        with pytest.raises(TypeError, match="timeout must be a number of seconds or None .*"
+                           "bool True"):
+            wait(timeout=True)
+        with pytest.raises(ValueError, match="timeout is NaN"):
+            wait(timeout=float("nan"))
+        assert not fut.done()
+        with _ReleasedOnWait(release):
+            wait(timeout=endless)
+        assert fut.done() and fut.result(timeout=-1).tolist() == [0.0, 0.0]

@@ -122,6 +122,28 @@ def test_an_interrupt_inside_a_free_keeps_the_free_whole_and_is_raised_by_the_ne
         ctl.close()
 
 
+def test_an_interrupt_at_the_start_of_a_dropped_futures_callback_still_frees_it(handler):
+    """Python checks for a signal on entering a function: Ctrl-C as the garbage collector
+    calls a dropped future's weak reference callback, before its hold, was raised there,
+    where Python ignores it ("Exception ignored in ... _dropped"): the free never ran, and the
+    buffer stayed counted in ``ctl.memory()`` for the controller's life."""
+    ctl = pw.Controller(islands=(4,))
+    try:
+        f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
+        x = jnp.arange(8.0)
+        y = f(x)
+        y.wait()
+        with _InterruptAt(ObjectStore._dropped.__code__) as hook:
+            del y
+        assert hook.fired
+        assert sum(ctl.memory().values()) == 0, "the interrupted callback leaked its buffer"
+        with pytest.raises(KeyboardInterrupt):  # kept, not lost: the next call raises it
+            f(x)
+        _settled(ctl, f, x)
+    finally:
+        ctl.close()
+
+
 def test_an_interrupt_while_closing_is_raised_once_closing_is_done(handler):
     """Ctrl-C inside ``ctl.close()`` (it waits for what is running): the close finishes, then
     the interrupt is raised. Raised half-way, it left a controller marked closed that kept
@@ -137,6 +159,28 @@ def test_an_interrupt_while_closing_is_raised_once_closing_is_done(handler):
     assert hook.fired and ctl.closed
     assert ctl.store.records() == [] and ctl.resources.slices == ()
     assert not [t for t in threading.enumerate() if t.name.startswith("pw-island")]
+
+
+def test_an_interrupt_while_waiting_on_a_simulated_cluster_loses_no_event(handler):
+    """``ctl.wait()`` on ``backend="sim"`` moves the virtual clock event by event: Ctrl-C
+    that landed in an event after it was taken off the heap dropped it, its computation
+    never ended, and every later wait on the controller hung."""
+    from pwkernel.backends.sim import executor as sim_executor
+
+    ctl = pw.Controller(backend="sim", cluster="tpu-v4", islands=(4,))
+    try:
+        f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
+        x = jnp.arange(8.0)
+        f(x).wait()
+        with pytest.raises(KeyboardInterrupt), \
+                _InterruptAt(sim_executor._report.__code__) as hook:
+            ys = [f(x) for _ in range(3)]
+            ctl.wait()
+        assert hook.fired
+        assert ctl.wait(timeout=60), f"a computation never ended: {ctl.status()['programs']}"
+        assert all(y.done() for y in ys) and f(x).wait(timeout=60)
+    finally:
+        ctl.close()
 
 
 def test_the_handler_replaces_only_pythons_default(handler):

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from ...runtime import interrupts
 from ...runtime.errors import NoValueError, deleted_input, donated_and_read_in
 from ...runtime.executable import Executable
 from ...runtime.executor import IslandFacts, NoGroup
@@ -177,7 +178,8 @@ class SimExecutor(NoGroup):
         with self._cv:
             while not predicate():
                 if timing.heap:
-                    timing.step()
+                    with interrupts.held:  # (an event popped and not run: its task never
+                        timing.step()  # ends. Ctrl-C is raised between two events)
                     continue
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -199,7 +201,8 @@ class SimExecutor(NoGroup):
         with self._cv:
             until = timing.now + seconds
             while timing.heap and timing.heap[0][0] <= until:
-                timing.step()
+                with interrupts.held:
+                    timing.step()
             timing.now = until
             return until
 
