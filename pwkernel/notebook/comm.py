@@ -245,8 +245,8 @@ def _act(ctl, msg: dict[str, Any], conn: Connection | None, root: Path | None) -
         raise RequestError("the controller has not started yet; it starts with the first "
                            "%pathways command or cell (or pw.controller()).")
     if ctl.closed:
-        raise RequestError("the controller is closed; run %load_ext pwkernel (or "
-                           "pw.controller()) to start a new one.")
+        raise RequestError("the controller is closed; the next %pathways command "
+                           "(%pathways status) or pw.controller() starts a new one.")
     if kind == "policy":
         ctl.policy = msg["policy"]
         return {"type": "policy", "policy": ctl.policy}

@@ -63,7 +63,7 @@ def load_ipython_extension(ip) -> None:
     install(st)
     ip.register_magics(PathwaysMagics(ip, st))
     display.register(ip)
-    comm.register(ip, st.peek)
+    comm.register(ip, st.shown)
     ip.events.register("pre_run_cell", _pre_run_cell)
     ctl = st.peek()  # a controller the user started before loading us
     print(banner(ctl) if ctl is not None else waiting_banner())

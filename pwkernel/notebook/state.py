@@ -52,6 +52,12 @@ class NotebookState:
             return self.controller()
         return None
 
+    def shown(self) -> Controller | None:
+        """What the sidebar shows: ``peek()``, else the hosted controller that was closed
+        (so the sidebar says it is closed rather than not started); never starts one."""
+        running = self.peek()
+        return running if running is not None else self._ctl
+
     def adopt(self, ctl: Controller) -> None:
         """Host ``ctl`` from now on (``%pathways attach``); its default slice is made anew."""
         self._ctl, self._default = ctl, None

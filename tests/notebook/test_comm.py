@@ -257,3 +257,26 @@ def test_every_comm_message_is_answered_and_nothing_runs(kernel):
     assert set(os.listdir(cwd)) == before  # nothing written, nothing run
     c.close()
     assert run_code(kernel, "print(1 + 1)").strip() == "2"
+
+
+def test_the_sidebar_is_told_the_controller_was_closed(kernel):
+    """``pw.controller().close()`` in a cell: the sidebar said "controller not started yet"
+    (the kernel sent the status of a kernel that never started one); it is told the
+    controller is closed, its requests are refused with how to start a new one, and the next
+    ``%pathways`` shows the new controller."""
+    c = CommClient(kernel, "pw-closed-test")
+    c.open({})
+    c.next(lambda d: d["type"] == "status")
+    run_code(kernel, "import pwkernel as pw\nget_ipython().run_line_magic('pathways', 'status')\n"
+                     "pw.controller().close()")
+    c.request({"type": "status", "id": 1})
+    assert c.next(lambda d: d.get("id") == 1)["data"] == {"closed": True,
+                                                          "protocol": comm.PROTOCOL}
+    c.request({"type": "policy", "policy": "share", "id": 2})
+    error = c.next(lambda d: d.get("id") == 2)["error"]
+    assert "controller is closed" in error and "%pathways status" in error, error
+    run_code(kernel, "get_ipython().run_line_magic('pathways', 'status')")
+    c.request({"type": "status", "id": 3})
+    data = c.next(lambda d: d.get("id") == 3)["data"]
+    assert data["started"] and not data["closed"] and len(data["islands"]) == 2, data
+    c.close()
