@@ -53,15 +53,15 @@ def test_a_timed_out_cell_shows_its_magic_line(nb, capsys):
     run(nb, "held = blocker(np.ones(2, np.float32))")  # the slice's devices are busy
     assert entered.wait(60)
     try:
-        text = shown(nb, capsys, "%%pathways --slice s --timeout 0.2\ny = jnp.ones(2) * 3\n",
-                     TimeoutError)
+        text = shown(nb, capsys, "%%pathways --slice s --timeout 0.2\n"
+                     "never_bound = jnp.ones(2) * 3\n", TimeoutError)
     finally:
         release.set()
     run(nb, "held.result(60);")
     assert_users_frames_only(text)
     assert "----> 1 %%pathways --slice s --timeout 0.2" in text, text
     assert "CellTimeout: cell[" in text and "did not end within --timeout 0.2 s" in text
-    assert "y" not in nb.user_ns
+    assert "never_bound" not in nb.user_ns
 
 
 def test_an_interrupt_while_the_cell_waits_shows_its_magic_line(nb, capsys):
