@@ -38,7 +38,7 @@ import symtable
 import types
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import numpy as np
@@ -449,3 +449,16 @@ def user_error(exc: BaseException, filename: str) -> BaseException:
     if not frames:
         return exc
     return exc.with_traceback(_chain(frames))
+
+
+def raise_in_cell(exc: BaseException, filename: str) -> NoReturn:
+    """Raise ``exc`` (an error pwkernel raises on purpose, a Ctrl-C) as the notebook shows it:
+    with the user's frames only, or, where none is the user's (a ``--timeout`` that ran out, a
+    cancel or an interrupt while the cell waits), at the cell's ``%%pathways`` line (line 1 of
+    ``filename``): IPython always shows the frame an error was raised in, even a hidden one."""
+    __tracebackhide__ = True
+    frames = _user_frames(exc.__traceback__)
+    if frames:
+        raise exc.with_traceback(_chain(frames))
+    exc.__traceback__ = None
+    exec(compile("raise __pwkernel_error__", filename, "exec"), {"__pwkernel_error__": exc})

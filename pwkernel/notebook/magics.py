@@ -175,14 +175,20 @@ class PathwaysMagics(Magics):
         if not cell.strip():
             raise UsageError("%%pathways: the cell is empty; put the code to run below the "
                              "%%pathways line.")
-        ctl = self.ctl
-        vs, temporary = self._slice_for(a)
+        source = f"%%pathways {line}".rstrip() + f"\n{cell}"  # as the history holds it
+        count = _cell_number(self.shell, source)
+        filename = self.shell.compile.cache(source, count, raw_code=source)
         try:
-            return self._run_cell(a, line, cell, ctl, vs, temporary)
-        finally:
-            if temporary is not None and not self.state.keep(temporary):
-                temporary.release()
-                self.state.sweep()
+            ctl = self.ctl
+            vs, temporary = self._slice_for(a)
+            try:
+                return self._run_cell(a, f"cell[{count}]", filename, cell, ctl, vs, temporary)
+            finally:
+                if temporary is not None and not self.state.keep(temporary):
+                    temporary.release()
+                    self.state.sweep()
+        except (PathwaysError, KeyboardInterrupt) as e:  # (a timeout, a cancel, a Ctrl-C)
+            cells.raise_in_cell(e, filename)  # the user's frames, or the %%pathways line
 
     def _slice_for(self, a) -> tuple[VirtualSlice | None, VirtualSlice | None]:
         if a.slice is not None:
@@ -207,15 +213,10 @@ class PathwaysMagics(Magics):
             return vs, vs
         return self.state.default_slice(), None
 
-    def _run_cell(self, a, line: str, cell: str, ctl, vs, temporary):
+    def _run_cell(self, a, name: str, filename: str, cell: str, ctl, vs, temporary):
         """The cell as one program, or split where its Python needs values (segments.py)."""
         __tracebackhide__ = True
-        shell = self.shell
-        source = f"%%pathways {line}".rstrip() + f"\n{cell}"  # as the history holds it
-        count = _cell_number(shell, source)
-        name = f"cell[{count}]"
-        filename = shell.compile.cache(source, count, raw_code=source)
-        body = shell.transform_cell(cell)
+        body = self.shell.transform_cell(cell)
         try:
             parts = segments.segments(body)
         except SyntaxError:
@@ -266,9 +267,10 @@ class PathwaysMagics(Magics):
                 # (compiled functions carry their own slices: no ambient mesh for them)
                 try:
                     graph = program.trace(*inputs)
-                except KeyboardInterrupt:  # (the cell's own Python, traced: no frames of JAX's)
+                except KeyboardInterrupt as e:  # (the cell's own Python, traced: its line)
                     raise KeyboardInterrupt(f"{name} interrupted while its Python ran; nothing "
-                                            "of it was submitted") from None
+                                            "of it was submitted").with_traceback(
+                                                e.__traceback__) from None
                 if not _has_work(graph):  # tracing ran the cell's Python: that was all of it
                     self._bind(plain, None)
                     value = self._last(plan, plain, None)  # (a NameError there: no note)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 from nbclient import NotebookClient
 
@@ -96,6 +97,10 @@ def test_interrupt_cancels_the_cell_and_the_kernel_survives(kernel_env):
     ), client_cls=InterruptWhenStarted)
     c = nb.cells
     assert "KeyboardInterrupt" in text(c[1]) and "cancelled" in text(c[1])
+    # its traceback is the cell's %%pathways line, not the frame of magics.py that raised it
+    (shown,) = [re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(o.traceback))
+                for o in c[1].outputs if o.output_type == "error"]
+    assert "----> 1 %%pathways --sequential" in shown and "pwkernel/" not in shown, shown
     assert "after True [] True" in text(c[2])
     assert "float32[2,256]" in text(c[3]) and "done" in text(c[3])
 
