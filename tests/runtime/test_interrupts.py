@@ -102,29 +102,12 @@ def test_an_interrupt_inside_a_donating_call_comes_after_the_caller_took_its_res
         ctl.close()
 
 
+@pytest.mark.parametrize("where", ["_free", "_dropped"])
 def test_an_interrupt_inside_a_free_keeps_the_free_whole_and_is_raised_by_the_next_call(
-        handler):
-    ctl = pw.Controller(islands=(4,))
-    try:
-        f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
-        x = jnp.arange(8.0)
-        y = f(x)
-        y.wait()
-        assert sum(ctl.memory().values()) > 0
-        with _InterruptAt(ObjectStore._free.__code__) as hook:
-            del y  # freed by the weak reference's callback, where Python ignores exceptions
-        assert hook.fired
-        assert sum(ctl.memory().values()) == 0, "the interrupted free leaked its buffer"
-        with pytest.raises(KeyboardInterrupt):  # kept, not lost: the next call raises it
-            f(x)
-        _settled(ctl, f, x)
-    finally:
-        ctl.close()
-
-
-def test_an_interrupt_at_the_start_of_a_dropped_futures_callback_still_frees_it(handler):
-    """Python checks for a signal on entering a function: Ctrl-C as the garbage collector
-    calls a dropped future's weak reference callback, before its hold, was raised there,
+        handler, where):
+    """Inside the free, or at the start of the weak reference's callback that calls it
+    (``_dropped``): Python checks for a signal on entering a function, so Ctrl-C as the
+    garbage collector calls a dropped future's callback, before its hold, was raised there,
     where Python ignores it ("Exception ignored in ... _dropped"): the free never ran, and the
     buffer stayed counted in ``ctl.memory()`` for the controller's life."""
     ctl = pw.Controller(islands=(4,))
@@ -133,10 +116,11 @@ def test_an_interrupt_at_the_start_of_a_dropped_futures_callback_still_frees_it(
         x = jnp.arange(8.0)
         y = f(x)
         y.wait()
-        with _InterruptAt(ObjectStore._dropped.__code__) as hook:
-            del y
+        assert sum(ctl.memory().values()) > 0
+        with _InterruptAt(getattr(ObjectStore, where).__code__) as hook:
+            del y  # freed by the weak reference's callback, where Python ignores exceptions
         assert hook.fired
-        assert sum(ctl.memory().values()) == 0, "the interrupted callback leaked its buffer"
+        assert sum(ctl.memory().values()) == 0, "the interrupted free leaked its buffer"
         with pytest.raises(KeyboardInterrupt):  # kept, not lost: the next call raises it
             f(x)
         _settled(ctl, f, x)

@@ -10,6 +10,7 @@ import pytest
 
 import pwkernel as pw
 from pwkernel.train import transformer as T
+from tests.train.test_train import plain_jax_losses
 
 CFG = T.Config(vocab=16, width=8, heads=2, layers=4, seq=4)
 
@@ -31,17 +32,7 @@ def test_a_transformer_splits_into_stages_of_given_sizes_and_trains_as_plain_jax
         state, loss = pipe.step(state, batch)
         got.append(float(loss))
 
-    full = pw.train.model_loss(stages, T.cross_entropy)
-
-    @jax.jit
-    def step(params, opt_state, x, y):
-        value, grads = jax.value_and_grad(full)(params, x, y)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-    opt_state, want = opt.init(params), []
-    for x, y in data:
-        params, opt_state, value = step(params, opt_state, x, y)
-        want.append(float(value))
+    want, _ = plain_jax_losses(stages, params, data, opt)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
