@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pwkernel.notebook.kernelspec")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("install", help="install the 'pwkernel' kernelspec")
-    i.add_argument("--prefix", default=None, help="default: sys.prefix (this environment)")
-    i.add_argument("--user", action="store_true", help="into the user's Jupyter directory")
+    where = i.add_mutually_exclusive_group()  # (--user used to win over --prefix unsaid)
+    where.add_argument("--prefix", default=None, help="default: sys.prefix (this environment)")
+    where.add_argument("--user", action="store_true", help="into the user's Jupyter directory")
     sub.add_parser("show", help="print kernel.json")
     a = p.parse_args(argv)
     if a.command == "show":

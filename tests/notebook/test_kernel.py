@@ -18,6 +18,25 @@ def test_kernelspec_runs_the_extension():
     assert spec["argv"][-2:] == ["--ext", "pwkernel"]
 
 
+def test_kernelspec_install_twice_and_prefix_or_user(tmp_path, monkeypatch, capsys):
+    """Installing again replaces the spec in place; ``--prefix`` with ``--user`` is refused
+    (it used to install into the user's directory and drop ``--prefix`` without a word)."""
+    import json
+
+    import pytest
+
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "user"))  # where --user writes
+    for _ in range(2):
+        assert kernelspec.main(["install", "--prefix", str(tmp_path / "env")]) == 0
+    dest = tmp_path / "env" / "share" / "jupyter" / "kernels" / kernelspec.NAME
+    assert json.loads((dest / "kernel.json").read_text()) == kernelspec.spec()
+    assert sorted(p.name for p in dest.iterdir()) == ["kernel.json"]
+    with pytest.raises(SystemExit) as e:
+        kernelspec.main(["install", "--prefix", str(tmp_path / "env"), "--user"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "user").exists()
+
+
 def test_the_kernel_leaves_jax_alone_until_the_first_cell(kernel_env, monkeypatch):
     """A notebook that configures JAX in its first cell runs unchanged on this kernel."""
     monkeypatch.setenv("PWKERNEL_ISLANDS", "3,3")

@@ -271,8 +271,39 @@ def test_closed_controller_refuses_use(ctl):
 
 
 def test_too_few_host_devices_explains_the_fix():
-    with pytest.raises(pw.DeviceSetupError, match="jax_num_cpu_devices"):
+    jax.devices()  # JAX's backend is up (with the 8 devices of conftest.py), as in a session
+    with pytest.raises(pw.DeviceSetupError, match="jax_num_cpu_devices") as e:
         pw.Controller(islands=(8, 8))
+    assert "islands that fit in 8: islands=(4, 4)" in str(e.value), e.value
+
+
+_FEW_IN_XLA_FLAGS = """
+import pwkernel as pw
+try:
+    pw.controller()
+except pw.DeviceSetupError as e:
+    print(e)
+"""
+
+
+def test_a_device_count_set_in_xla_flags_is_named_as_the_cause():
+    """The user's XLA_FLAGS gave JAX 2 CPU devices and the controller (the default islands
+    (4, 4)) started JAX itself: the error used to say JAX 'was already initialized' and to
+    create the controller before any JAX operation, which is what the user had done."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env.pop("PWKERNEL_ISLANDS", None)
+    done = subprocess.run([sys.executable, "-c", _FEW_IN_XLA_FLAGS], capture_output=True,
+                          text=True, timeout=300, env=env)
+    out = done.stdout
+    assert "need 8 CPU devices but XLA_FLAGS=" in out and "gives JAX 2" in out, (out,
+                                                                              done.stderr)
+    assert "already initialized" not in out, out
+    assert "--xla_force_host_platform_device_count=8 in XLA_FLAGS" in out, out
+    assert "islands=(1, 1)" in out and "PWKERNEL_ISLANDS=1,1" in out, out
 
 
 def test_remap_refuses_a_slice_of_another_controller(ctl):

@@ -30,10 +30,14 @@ def _accelerators() -> list:
     return [d for d in devices if d.platform != "cpu"]
 
 
+def _flags_count() -> bool:
+    """Whether the user's ``XLA_FLAGS`` set the host platform's device count."""
+    return "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+
+
 def request_host_devices(count: int) -> None:
     """Ask JAX for ``count`` virtual CPU devices, if its backend is not up yet."""
-    if _backends_initialized() or "xla_force_host_platform_device_count" in os.environ.get(
-            "XLA_FLAGS", ""):
+    if _backends_initialized() or _flags_count():
         return  # too late, or the user chose the count: discover() checks it is enough
     jax.config.update("jax_num_cpu_devices", max(count, jax.config.jax_num_cpu_devices or 1))
 
@@ -45,6 +49,7 @@ def discover(islands: Sequence[int] | None) -> list[Island]:
     default (4, 4) of virtual host devices. A tuple of counts: that many devices per island,
     from the accelerators if there are any, else from the host CPU.
     """
+    started_before = _backends_initialized()  # (else a count too small is XLA_FLAGS')
     if islands is not None:
         sizes = tuple(int(n) for n in islands)
         if not sizes or min(sizes) < 1:
@@ -67,14 +72,7 @@ def discover(islands: Sequence[int] | None) -> list[Island]:
     if sum(sizes) > len(pool):
         kind = accel[0].platform if accel else "cpu"
         if kind == "cpu":
-            raise DeviceSetupError(
-                f"islands={sizes} need {sum(sizes)} CPU devices but JAX was already "
-                f"initialized with {len(pool)}. Create the controller before any JAX "
-                f"operation (right after `import jax`), or start Python with "
-                f"XLA_FLAGS=--xla_force_host_platform_device_count={sum(sizes)} or "
-                f"jax.config.update('jax_num_cpu_devices', {sum(sizes)}) before using JAX; "
-                f"in a notebook, restart the kernel."
-            )
+            raise DeviceSetupError(_too_few_cpus(sizes, len(pool), started_before))
         raise DeviceSetupError(f"islands={sizes} need {sum(sizes)} {kind} devices but this "
                                f"process sees {len(pool)}; ask for at most that many.")
     out, start = [], 0
@@ -83,3 +81,23 @@ def discover(islands: Sequence[int] | None) -> list[Island]:
         out.append(Island(i, devs, devs[0].platform))
         start += n
     return out
+
+
+def _too_few_cpus(sizes: tuple[int, ...], have: int, started_before: bool) -> str:
+    """Why the host has ``have`` CPU devices, not ``sum(sizes)``, and the ways out."""
+    need = sum(sizes)
+    n = len(sizes)
+    fit = (have // n,) * n if have >= n else (have,)
+    smaller = (f"or ask for islands that fit in {have}: islands={fit} (pw.controller(islands="
+               f"{fit}), or PWKERNEL_ISLANDS={','.join(map(str, fit))} before the controller "
+               "starts)")
+    if not started_before and _flags_count():
+        return (f"islands={sizes} need {need} CPU devices but XLA_FLAGS="
+                f"{os.environ['XLA_FLAGS']!r} gives JAX {have}. Set "
+                f"--xla_force_host_platform_device_count={need} in XLA_FLAGS before Python "
+                f"starts (in a notebook: restart the kernel), {smaller}.")
+    return (f"islands={sizes} need {need} CPU devices but JAX was already initialized with "
+            f"{have}. Create the controller before any JAX operation (right after "
+            f"`import jax`), or start Python with XLA_FLAGS=--xla_force_host_platform_device_"
+            f"count={need} or jax.config.update('jax_num_cpu_devices', {need}) before using "
+            f"JAX (in a notebook: restart the kernel and put it in the first cell), {smaller}.")
