@@ -146,9 +146,8 @@ class Future(ArrayOnDemand):
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         producer = self.producer
-        if producer is not None:  # the waiting thread may see its end itself
-            with interrupts.held:
-                producer.expedite(timeout)
+        if producer is not None:  # the waiting thread may see its end itself (held there)
+            producer.expedite(timeout)
         with self._lock:
             if self._state is not _PENDING:
                 return True

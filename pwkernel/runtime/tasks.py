@@ -30,6 +30,7 @@ import threading
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from . import interrupts
 from .deferred import soon
 from .errors import CancelledError, timeout_seconds
 from .events import ClientSpec
@@ -182,10 +183,20 @@ class Task:
 
     def expedite(self, timeout: float | None = None) -> None:
         """Someone waits for this task's outputs: its executor may let that thread see the
-        end itself (``Executor.expedite``, optional) rather than hand it over."""
+        end itself (``Executor.expedite``, optional) rather than hand it over. A Ctrl-C kept
+        from earlier runtime work is raised first; one meanwhile is held while the ends this
+        thread reports are (``interrupts``). Under a virtual clock that is the wait itself,
+        so each event is held on its own there and Ctrl-C comes between two events: held
+        whole, it came only when the wait ended (never, for a wait that does not)."""
         owner = self.run.owner
-        if self.state is _RUNNING or (owner.virtual and self.state is not _ENDED):
-            owner.expedite(self, timeout)
+        if owner.virtual:
+            interrupts.raise_kept()
+            if self.state is not _ENDED:
+                owner.expedite(self, timeout)
+            return
+        with interrupts.held:
+            if self.state is _RUNNING:
+                owner.expedite(self, timeout)
 
     # --- the moves other modules ask for (the only places a state changes) -----------------
     def move(self, to: TaskState) -> bool:

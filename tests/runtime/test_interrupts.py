@@ -167,6 +167,55 @@ def test_an_interrupt_while_waiting_on_a_simulated_cluster_loses_no_event(handle
         ctl.close()
 
 
+def _chain(ctl: pw.Controller, steps: int) -> list:
+    f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
+    ys = [f(jnp.arange(8.0))]
+    for _ in range(steps):
+        ys.append(f(ys[-1]))
+    return ys
+
+
+def test_ctrl_c_interrupts_a_long_simulated_wait_between_two_events(handler):
+    """``fut.result()`` on ``backend="sim"`` is a whole simulation: Ctrl-C was held across
+    it, so it came only once the wait ended (a long simulation ran to its end first). Now it
+    is raised after the event in hand, and the future stays valid: waiting again continues
+    the simulation, which ends where one never interrupted does."""
+    from pwkernel.backends.sim import executor as sim_executor
+
+    with pw.Controller(backend="sim", cluster="tpu-v4", islands=(4,)) as plain:
+        expected = [y.t_done for y in _chain(plain, 100) if y.wait(timeout=60)]
+    with pw.Controller(backend="sim", cluster="tpu-v4", islands=(4,)) as ctl:
+        ys = _chain(ctl, 100)
+        with pytest.raises(KeyboardInterrupt), \
+                _InterruptAt(sim_executor._report.__code__) as hook:
+            ys[-1].result(timeout=60)
+        assert hook.fired
+        assert sum(y.done() for y in ys) < 5, "raised only once the wait had ended"
+        assert ys[-1].wait(timeout=60)
+        assert [y.t_done for y in ys] == expected  # no event lost, none run twice
+
+
+def test_ctrl_c_interrupts_a_simulated_wait_that_never_ends(handler):
+    """A simulated future that waits for memory its user never frees: its wait moves no
+    clock and naps until another thread adds work. Ctrl-C, held across that wait, was never
+    raised: the kernel could not be interrupted. (The timeout turns that hang into a
+    failure.)"""
+    with pw.Controller(backend="sim", cluster="tpu-v4", islands=(4,),
+                       memory_budget=1024) as ctl:
+        f = pw.function(lambda v: v + 1, slice=ctl.slice(4))
+        x = np.ones(64, np.float32)  # 256 B per device
+        kept = [f(x) for _ in range(3)]  # the user's: 768 B of 1 KiB, no room for another
+        assert all(k.wait(timeout=60) for k in kept)
+        y = f(x)  # waits for room
+        with pytest.raises(KeyboardInterrupt), \
+                _InterruptAt(threading.Condition.wait.__code__) as hook:
+            y.wait(timeout=20)
+        assert hook.fired and not y.done()
+        del kept
+        gc.collect()
+        assert y.wait(timeout=60)  # the same future, once there is room
+
+
 def test_the_handler_replaces_only_pythons_default(handler):
     assert interrupts.install()
     mine = signal.getsignal(signal.SIGINT)
