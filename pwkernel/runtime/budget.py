@@ -45,6 +45,9 @@ class LiveBuffer:
 
     record: BufferRecord
     pinned: bool
+    # the runs (id, program) whose queued computations read it, when only they pin it (its
+    # own program has ended: a value the user passed on to a later program)
+    read_by: tuple[tuple[int, str], ...] = ()
 
 
 Held = LiveBuffer  # its name before the glossary (docs/architecture.md) kept "hold" for islands
@@ -74,15 +77,19 @@ def stuck(waiting: list[Waiting], budget: int, in_use: Mapping[int, int], live: 
 
     The run chosen is the youngest of those that pin memory on the stuck computation's
     devices and have work queued on the island (failing it frees that memory); when none
-    does, the stuck computation's own run."""
+    does, the stuck computation's own run. A buffer of an ended program that queued work
+    reads is pinned by its readers, not by its program."""
     later = set(freed_by_user)
     if later:
         live = [LiveBuffer(h.record, False) if h.record.program_id in later else h
                 for h in live]
     for w in waiting:
         if not fits_once_user_frees(w, budget, in_use, live):
-            pinning = {h.record.program_id for h in live
-                       if h.pinned and w.devices & h.record.nbytes.keys()}
+            pinning = set()
+            for h in live:
+                if h.pinned and w.devices & h.record.nbytes.keys():
+                    pinning |= ({rid for rid, _ in h.read_by} if h.read_by
+                                else {h.record.program_id})
             candidates = pinning & set(queued_runs)
             return w, (max(candidates) if candidates else w.run)
     return None
@@ -98,13 +105,13 @@ def message(stuck: Waiting, victim: str, budget: int, in_use: Mapping[int, int],
         n = h.record.nbytes.get(device)
         if n and h.record.reserved:
             r = h.record
-            by_owner.setdefault((r.program_id, r.program, r.client, h.pinned), []).append(n)
+            by_owner.setdefault((r.program_id, r.program, r.client, h.pinned, h.read_by),
+                                []).append(n)
     owners = sorted(by_owner.items(), key=lambda kv: -sum(kv[1]))
     lines = [f"  {human_bytes(sum(ns))} in {len(ns)} buffer{'s' * (len(ns) != 1)} of program "
              f"{prog!r} (run {rid}, client {client!r}), "
-             + ("held for its computations that have not run" if pinned
-                else "held only by your references")
-             for (rid, prog, client, pinned), ns in owners]
+             + _why_held(pinned, read_by)
+             for (rid, prog, client, pinned, read_by), ns in owners]
     return (
         f"{victim} was stopped: it cannot go on under the memory budget of {human_bytes(budget)} "
         f"per device. {stuck.name!r} (program {stuck.program!r}, run {stuck.run}, client "
@@ -116,3 +123,13 @@ def message(stuck: Waiting, victim: str, budget: int, in_use: Mapping[int, int],
         "program that keeps fewer values alive at once (e.g. consume each value before making "
         "the next)."
     )
+
+
+def _why_held(pinned: bool, read_by: tuple[tuple[int, str], ...]) -> str:
+    if not pinned:
+        return "held only by your references"
+    if not read_by:
+        return "held for its computations that have not run"
+    readers = ", ".join(f"program {name!r} (run {rid})" for rid, name in read_by)
+    return f"its program has ended; held because computations of {readers} that have not " \
+           "run read them"

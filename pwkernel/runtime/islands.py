@@ -299,7 +299,7 @@ def _held(island: int, runs, live, island_of) -> list[budget.Held]:
     """Every buffer on ``island`` with whether only the runtime can free it: the object
     store's (pinned while their program runs, or while a node not yet ended reads them) and
     the values runs keep in their slots (always pinned: no user holds them)."""
-    reading: set[int] = set()
+    reading: dict[int, dict[int, str]] = {}  # id(future) -> the runs reading it
     out: list[budget.Held] = []
     for run in runs:
         if run.values is None:
@@ -309,12 +309,14 @@ def _held(island: int, runs, live, island_of) -> list[budget.Held]:
                 for s in task.node.distinct:
                     fut = run.futures.get(s)
                     if fut is not None:
-                        reading.add(id(fut))
+                        reading.setdefault(id(fut), {})[run.id] = run.name
         for nbytes in run.internal_bytes():
             if island_of(nbytes) == island:
                 out.append(budget.Held(BufferRecord(nbytes, run.name, run.id, run.client, island,
                                                     True), True))
     ids = {r.id for r in runs}
-    out += [budget.Held(rec, rec.program_id in ids or id(f) in reading)
-            for rec, f in live if rec.island == island]
+    for rec, f in live:
+        if rec.island == island:
+            readers = () if rec.program_id in ids else tuple(sorted(reading.get(id(f), {}).items()))
+            out.append(budget.Held(rec, rec.program_id in ids or bool(readers), readers))
     return out

@@ -263,6 +263,47 @@ def test_the_youngest_program_holding_the_memory_is_stopped():
     assert "128 B per device" in text and "48 B in 1 buffer of program 'p' (run 3" in text
 
 
+def test_a_value_of_an_ended_program_is_said_to_be_held_for_its_readers():
+    """A value the user passes from an ended program to a later one is pinned by the later
+    program's queued reads: the error named the ended program as holding it "for its
+    computations that have not run" (it had none left)."""
+    with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
+        s0 = ctl.slice(2, island=0)
+        make = pw.function(lambda x: jnp.broadcast_to(x[:, None], (512, 1024)) * 2.0,
+                           slice=s0, in_specs=pw.BATCH, name="make")
+        add5 = pw.function(lambda a, b, c, d, e: a + b + c + d + e, slice=s0, name="add5")
+        x = np.ones(512, np.float32)
+        first = pw.program(lambda x: make(x), name="first")(x)
+        assert first.exception(timeout=60) is None
+
+        @pw.program
+        def second(v, x):
+            return add5(v, *[make(x) for _ in range(4)])
+
+        out = second(first, x)
+        with pytest.raises(pw.MemoryBudgetError) as info:
+            out.result(timeout=60)
+        text = str(info.value)
+        assert "program 'second'" in text.split(" was stopped")[0]
+        line = next(ln for ln in text.splitlines() if "program 'first'" in ln)
+        assert "1.0 MiB in 1 buffer" in line
+        assert "held because computations of program 'second'" in line, text
+        assert "held for its computations" not in line, text
+        del out, first
+        assert_all_memory_returned(ctl)
+
+
+def test_an_ended_programs_value_is_pinned_by_the_run_that_reads_it():
+    in_use = {0: 96, 1: 96}
+    read = budget.Held(BufferRecord({0: 48, 1: 48}, "p", 2, "c", 0, True), True, ((6, "q"),))
+    two = [held(48, 3, pinned=True), read]
+    head = waiting(48, 3)
+    assert budget.stuck([head], 128, in_use, two, {3, 6}) == (head, 6)  # the reader, not 3
+    text = budget.message(head, "program 'q' (run 6)", 128, in_use, two)
+    assert "of program 'p' (run 2, client 'c'), its program has ended; held because " \
+           "computations of program 'q' (run 6) that have not run read them" in text
+
+
 # --- many clients under a tight budget -----------------------------------------------------
 def test_four_clients_on_overlapping_slices_under_a_tight_budget_all_end():
     # The issue's livelock: with several clients, a memory check re-queued itself behind
