@@ -363,8 +363,9 @@ class Program(ProgramStages):
 
     def _graph(self, tree, leaves, statics: tuple = ()) -> Graph:
         tracing = _current_graph()
-        key = (tree, tuple([placement_key(leaf, tracing) for leaf in leaves]), statics,
-               _traced_under())
+        key = (tree, tuple([leaf.placement if type(leaf) is Future and leaf.placement
+                            else placement_key(leaf, tracing) for leaf in leaves]), statics,
+               _traced_under())  # (a future's inline: a training state has dozens)
         last = self._last  # the key of the last call, compared without hashing: a program's
         if last is not None and last[0] == key:  # futures share their placement tuples
             graph = last[1]
