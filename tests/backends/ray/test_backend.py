@@ -89,6 +89,11 @@ def test_bad_arguments_are_refused_clearly():
         foreign = pw.Island(0, tuple(local.islands[0].devices[:1]), "cpu")
         with pytest.raises(pw.SliceError, match="not an island of this controller"):
             local.reattach(foreign)
+    # an absurd device count: at once, before a cluster starts (not a minute later, in JAX)
+    with pytest.raises(pw.DeviceSetupError, match=r"islands=\(100000000000000000000,\) asks "
+                       r"for 100000000000000000000 devices; at most 4096 devices in all"):
+        pw.Controller(backend="ray", islands=(10**20,))
+    assert not ray.is_initialized()
 
 
 def test_islands_are_actor_processes_on_a_private_cluster(rctl):
