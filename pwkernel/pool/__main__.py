@@ -5,7 +5,8 @@
     python -m pwkernel.pool stop --name class
 
 Exit status: 0 done, 1 refused or failed (the message says why and what to do), 2 bad
-arguments.
+arguments, 141 the reader of the output went away (``... | head -1``; quietly, as shell tools
+do).
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import sys
 
 from ..backends.ray.poolfile import PoolNameError, check_name
+from ..backends.ray.sizes import sizes_problem
 from ..runtime.errors import PathwaysError
 from . import report, service
+
+EXIT_PIPE = 128 + signal.SIGPIPE  # the reader of our output went away (141 on Linux)
 
 
 def _name(text: str) -> str:
@@ -33,7 +39,11 @@ def _islands(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not devices per island as positive ints separated by commas; "
             "e.g. --islands 4,4 (two islands of 4 devices)")
-    return tuple(int(p) for p in parts)
+    sizes = tuple(int(p) for p in parts)
+    problem = sizes_problem(sizes, named=f"--islands {text}")
+    if problem is not None:  # (before a cluster starts: JAX would refuse it a minute later)
+        raise argparse.ArgumentTypeError(f"{problem}; e.g. --islands 4,4")
+    return sizes
 
 
 def _seconds(text: str) -> float:
@@ -87,24 +97,46 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def say(text: str, stream=None) -> None:
+    """Write ``text`` and a newline to ``stream`` (default stdout) and flush it. A reader that
+    went away (``... status --json | head -1``) ends the command as it ends a shell tool: at
+    once, quietly, with exit status 141 (128 + SIGPIPE), instead of a BrokenPipeError
+    traceback."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        if text is not None:
+            print(text, file=stream)
+        stream.flush()
+    except BrokenPipeError:
+        # The Python docs' recipe (library/signal, "Note on SIGPIPE"): point the stream at
+        # devnull, so that the interpreter's own flush at exit does not fail on it again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        raise SystemExit(EXIT_PIPE) from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+    try:
+        a = parser().parse_args(argv)
+    except SystemExit:  # --help, or a usage error: argparse wrote them (unflushed)
+        say(None)
+        say(None, sys.stderr)
+        raise
     try:
         if a.command == "start":
             if a.address is not None and a.port is not None:
-                print("--port is the port of a cluster the pool starts; with --address it "
-                      "joins a running one. Drop one of them.", file=sys.stderr)
+                say("--port is the port of a cluster the pool starts; with --address it "
+                    "joins a running one. Drop one of them.", sys.stderr)
                 return 2
             record = service.start(a.name, a.islands, address=a.address, lease=a.lease,
                                    platform=a.platform, port=a.port)
-            print(report.started(record))
+            say(report.started(record))
         elif a.command == "status":
             st = service.status(a.name)
-            print(json.dumps(st, indent=2, sort_keys=True) if a.json else report.status_text(st))
+            say(json.dumps(st, indent=2, sort_keys=True) if a.json else report.status_text(st))
         else:
-            print(report.stopped(service.stop(a.name)))
+            say(report.stopped(service.stop(a.name)))
     except PathwaysError as e:
-        print(f"pwkernel.pool {a.command}: {e}", file=sys.stderr)
+        say(f"pwkernel.pool {a.command}: {e}", sys.stderr)
         return 1
     return 0
 

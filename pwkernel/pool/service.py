@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..backends.ray import cluster, poolfile
+from ..backends.ray.sizes import sizes_problem
 from ..runtime.errors import DeviceSetupError
 from . import head
 
@@ -252,6 +253,9 @@ def _sizes(islands: Sequence[int]) -> tuple[int, ...]:
     if not ok:
         raise PoolError(f"islands must be positive device counts, one per island, got "
                         f"{islands!r}; e.g. --islands 4,4")
+    problem = sizes_problem(sizes)
+    if problem is not None:
+        raise PoolError(f"{problem}; e.g. --islands 4,4")
     return sizes
 
 

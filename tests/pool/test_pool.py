@@ -18,8 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pwkernel.pool import head
-from pwkernel.pool.__main__ import main
+from pwkernel.backends.ray import poolfile
+from pwkernel.pool import head, service
+from pwkernel.pool.__main__ import main, parser
 from tests.helpers import ROOT
 
 TIMEOUT = 240.0
@@ -46,6 +47,28 @@ def env(pool_dir, tmp_path_factory) -> dict[str, str]:
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pwkernel.pool", *args], env=env, text=True,
                           capture_output=True, timeout=TIMEOUT, cwd=ROOT)
+
+
+def cli_to_gone_reader(env: dict[str, str], stream: str, *args: str):
+    """The CLI with its ``stream`` (stdout or stderr) a pipe whose reader is gone, as in
+    ``python -m pwkernel.pool status --json | head -1``; the other stream is captured. Its
+    output is buffered, as in a user's shell (not PYTHONUNBUFFERED)."""
+    env = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}
+    read, write = os.pipe()
+    os.close(read)  # (before the CLI writes: every write fails, no race with a reader)
+    other = "stderr" if stream == "stdout" else "stdout"
+    try:
+        return subprocess.run([sys.executable, "-m", "pwkernel.pool", *args], env=env,
+                              text=True, timeout=TIMEOUT, cwd=ROOT,
+                              **{stream: write, other: subprocess.PIPE})
+    finally:
+        os.close(write)
+
+
+def assert_quiet_end(done: subprocess.CompletedProcess) -> None:
+    """Ended as a shell tool does when its reader goes: 141 (128 + SIGPIPE), no traceback."""
+    said = (done.stdout or "") + (done.stderr or "")
+    assert (done.returncode, said) == (141, ""), done.args
 
 
 def load(pool_dir: Path, name: str = NAME) -> dict:
@@ -86,6 +109,32 @@ def test_bad_arguments_are_refused_with_what_to_do(env, pool_dir, monkeypatch, c
             got = e.code
         assert (got, message in capsys.readouterr().err) == (code, True), argv
     assert not (pool_dir / f"{NAME}.json").exists()
+
+
+def test_an_absurd_device_count_is_a_usage_error_at_once(env, pool_dir, capsys):
+    done = cli(env, "start", "--name", NAME, "--islands", "99999999999999999999")
+    assert done.returncode == 2, done.stderr  # (it started a cluster, then failed in JAX)
+    assert "--islands 99999999999999999999 asks for 99999999999999999999 devices" in done.stderr
+    assert "at most 4096 devices in all" in done.stderr and "incompatible" not in done.stderr
+    with pytest.raises(SystemExit) as refused:  # (parsed only: a count that fits would start)
+        parser().parse_args(["start", "--name", NAME, "--islands", "4000,97"])
+    assert refused.value.code == 2
+    assert "--islands 4000,97 asks for 4097 devices; at most 4096" in capsys.readouterr().err
+    with pytest.raises(service.PoolError, match="at most 4096 devices in all"):
+        service.start(NAME, (10**20,))
+    assert not (pool_dir / f"{NAME}.json").exists()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(env, pool_dir, monkeypatch):
+    assert_quiet_end(cli_to_gone_reader(env, "stdout", "--help"))
+    assert_quiet_end(cli_to_gone_reader(env, "stderr", "status", "--name", "nowhere"))
+    # `stop` of a pool whose cluster is gone (the machine restarted) cleans up and says so
+    monkeypatch.setenv("PWKERNEL_POOL_DIR", str(pool_dir))
+    poolfile.save({"name": "gone", "address": "127.0.0.1:1", "token_path": None,
+                   "islands": [1], "platform": "cpu", "lease": 5.0, "started_cluster": False,
+                   "session_dir": None, "temp_dir": None, "pids": [], "started": 0.0})
+    assert_quiet_end(cli_to_gone_reader(env, "stdout", "stop", "--name", "gone"))
+    assert not (pool_dir / "gone.json").exists()  # (it did its work, then said nothing)
 
 
 def test_start_leaves_a_pool_running_and_says_how_to_attach(started, pool_dir):
@@ -140,6 +189,10 @@ def test_status_lists_islands_tenants_and_memory(started, env):
     assert lines[0].startswith(f"pool '{NAME}' at {record['address']} (its own cluster")
     assert any(line.split()[:3] == ["0", "2", "cpu"] for line in lines)
     assert "tenants: none" in text.stdout
+    for args in (["status", "--name", NAME, "--json"], ["status", "--name", NAME]):
+        assert_quiet_end(cli_to_gone_reader(env, "stdout", *args))  # e.g. `| head -1`
+    assert_quiet_end(cli_to_gone_reader(env, "stderr", "start", "--name", NAME,
+                                        "--islands", "2,2"))  # refused: runs already
 
 
 def test_the_pool_listens_on_loopback_only(started):

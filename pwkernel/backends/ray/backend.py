@@ -46,6 +46,7 @@ from .cluster import IslandHost
 from .hostvalues import to_host
 from .island import RaySite, RemoteBuffer, host_lost, layout
 from .ops import jax_settings
+from .sizes import sizes_problem
 
 
 class RayIsland(Island):
@@ -150,6 +151,8 @@ class RayBackend:
         if sizes is not None and (not sizes or min(sizes) < 1):
             raise DeviceSetupError(f"islands must be a tuple of positive device counts, got "
                                    f"{islands!r}; e.g. islands=(4, 4).")
+        if sizes is not None and sizes_problem(sizes):  # (before a cluster starts for them)
+            raise DeviceSetupError(f"{sizes_problem(sizes)}; e.g. islands=(4, 4).")
         # JAX is asked for the stand-in devices now (before anything starts it), and started
         # only once the islands are up: a failed attach leaves it as it was, so the local
         # backend (or another attach) can still have the devices it asks for.

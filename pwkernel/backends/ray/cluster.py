@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 
 import ray
@@ -110,9 +111,14 @@ def _start_or_join(address: str | None, pool: str | None = None) -> None:
         _token_auth_chosen()
         # address="local": a new cluster, even if `ray start` left one (or its
         # address file) on this machine.
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                 log_to_driver=False, configure_logging=False,
-                 num_cpus=1)  # island actors take no CPU slot; few idle workers
+        # Ray starts its processes with subprocess.Popen(preexec_fn=...): a fork whose child
+        # only masks SIGINT and sets its parent-death signal, then execs Ray's programs; it
+        # runs no JAX, so JAX's at-fork "will likely lead to a deadlock" does not apply.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                     log_to_driver=False, configure_logging=False,
+                     num_cpus=1)  # island actors take no CPU slot; few idle workers
     else:
         local_ip = {}
         if _is_loopback(address):  # a cluster on this machine's loopback address

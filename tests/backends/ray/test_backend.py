@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -47,9 +48,18 @@ def expected() -> list[np.ndarray]:
         return run_twice(f)
 
 
+STARTED_WARNINGS: list[warnings.WarningMessage] = []  # what starting `rctl` warned of
+
+
 @pytest.fixture(scope="module")
 def rctl():
-    ctl = pw.Controller(backend="ray", islands=(4, 4))
+    """The module's controller, started as in a notebook whose JAX is up already (a cell run
+    again); the warnings it gave go to ``STARTED_WARNINGS``."""
+    jax.devices()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctl = pw.Controller(backend="ray", islands=(4, 4))
+    STARTED_WARNINGS[:] = caught
     try:
         yield ctl
     finally:
@@ -79,6 +89,11 @@ def test_bad_arguments_are_refused_clearly():
         foreign = pw.Island(0, tuple(local.islands[0].devices[:1]), "cpu")
         with pytest.raises(pw.SliceError, match="not an island of this controller"):
             local.reattach(foreign)
+    # an absurd device count: at once, before a cluster starts (not a minute later, in JAX)
+    with pytest.raises(pw.DeviceSetupError, match=r"islands=\(100000000000000000000,\) asks "
+                       r"for 100000000000000000000 devices; at most 4096 devices in all"):
+        pw.Controller(backend="ray", islands=(10**20,))
+    assert not ray.is_initialized()
 
 
 def test_islands_are_actor_processes_on_a_private_cluster(rctl):
@@ -95,6 +110,12 @@ def test_islands_are_actor_processes_on_a_private_cluster(rctl):
                  if c.status == psutil.CONN_LISTEN and c.pid in ours]
     assert listening and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening)
     assert rctl.status()["islands"][0]["lost"] is False
+
+
+def test_starting_a_cluster_after_jax_gives_no_fork_warning(rctl):
+    """Ray starts its processes with fork and exec (Popen with a preexec_fn); the children
+    run no JAX, so JAX's "os.fork() ... will likely lead to a deadlock" is noise there."""
+    assert [str(w.message) for w in STARTED_WARNINGS if "os.fork()" in str(w.message)] == []
 
 
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
