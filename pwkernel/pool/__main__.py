@@ -19,8 +19,8 @@ import signal
 import sys
 
 from ..backends.ray.poolfile import PoolNameError, check_name
-from ..backends.ray.sizes import sizes_problem
 from ..runtime.errors import PathwaysError
+from ..runtime.sizes import sizes_problem
 from . import report, service
 
 EXIT_PIPE = 128 + signal.SIGPIPE  # the reader of our output went away (141 on Linux)

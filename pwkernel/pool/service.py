@@ -26,8 +26,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..backends.ray import cluster, poolfile
-from ..backends.ray.sizes import sizes_problem
 from ..runtime.errors import DeviceSetupError
+from ..runtime.sizes import sizes_problem
 from . import head
 
 PLATFORMS = ("auto", "cpu", "gpu")

@@ -363,3 +363,10 @@ def test_device_ids_that_do_not_exist_are_named(ctl):
                                             r"are 0: \[0, 1, 2, 3\], 1: \[4, 5, 6, 7\]"):
         ctl.slice(2, devices=[0, 99])
     assert ctl.slices == ()
+
+
+def test_an_absurd_island_size_on_the_local_backend_is_refused_with_the_limit():
+    from pwkernel.backends.local import LocalBackend  # (islands checked as it is made)
+    with pytest.raises(pw.DeviceSetupError, match="at most 4096 devices in all") as e:
+        LocalBackend(islands=(10**20,))
+    assert "incompatible" not in str(e.value)

@@ -14,6 +14,7 @@ import jax
 
 from ...runtime.errors import DeviceSetupError
 from ...runtime.resources import DEFAULT_ISLANDS, Island
+from ...runtime.sizes import sizes_problem
 
 
 def _backends_initialized() -> bool:
@@ -52,9 +53,9 @@ def discover(islands: Sequence[int] | None) -> list[Island]:
     started_before = _backends_initialized()  # (else a count too small is XLA_FLAGS')
     if islands is not None:
         sizes = tuple(int(n) for n in islands)
-        if not sizes or min(sizes) < 1:
-            raise DeviceSetupError(f"islands must be a tuple of positive device counts, got "
-                                   f"{islands!r}; e.g. islands=(4, 4).")
+        problem = sizes_problem(sizes)
+        if problem is not None:
+            raise DeviceSetupError(f"{problem}; e.g. islands=(4, 4).")
         request_host_devices(sum(sizes))
     else:
         sizes = None

@@ -38,6 +38,7 @@ from ...runtime import callbacks
 from ...runtime.errors import DeviceSetupError, copy_error, deleted_input
 from ...runtime.executor import IslandFacts
 from ...runtime.resources import DEFAULT_ISLANDS, Island
+from ...runtime.sizes import sizes_problem
 from ...runtime.specialization import jitted
 from ...runtime.tasks import Task
 from ..local import request_host_devices
@@ -46,7 +47,6 @@ from .cluster import IslandHost
 from .hostvalues import to_host
 from .island import RaySite, RemoteBuffer, host_lost, layout
 from .ops import jax_settings
-from .sizes import sizes_problem
 
 
 class RayIsland(Island):
