@@ -142,7 +142,8 @@ class Plan:
     sources: tuple[int, ...] = ()         # argument and constant slots
     made: tuple[Output, ...] = ()         # per output: what its Future is made of
     makers: tuple = ()                    # slot -> (producer node, output position), or None
-    gates: tuple[tuple[int, ...], ...] = ()  # slot -> nodes it gates (a reader's first output)
+    gates: tuple[tuple[int, ...], ...] = ()  # slot -> nodes it gates (a reader's first output;
+    #                                        empty when no node is gated)
 
 
 def build(graph: Graph) -> Plan:
@@ -233,8 +234,15 @@ def build(graph: Graph) -> Plan:
                       for v in (graph.values[s],)),
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)),
-                tuple(nodes[p].gates if p >= 0 and nodes[p].outputs[0] == s else ()
-                      for s, p in enumerate(producer)))
+                _gates(nodes, producer))
+
+
+def _gates(nodes: list[PlanNode], producer: list[int]) -> tuple[tuple[int, ...], ...]:
+    """Per slot, the nodes its producer gates (on its first output), or () if none does."""
+    if not any(p.gates for p in nodes):
+        return ()
+    return tuple(nodes[p].gates if p >= 0 and nodes[p].outputs[0] == s else ()
+                 for s, p in enumerate(producer))
 
 
 def _moved_argument(slot: int, nodes: list[PlanNode], producer: list[int],

@@ -146,19 +146,17 @@ class RunSlots:
         ``gates_only``: only for the donating nodes a reader's first output gates (the reader
         failed: its readers fail, what it gates may go)."""
         plan = self.plan
-        readers = () if gates_only else plan.notify if self.parallel else plan.consumers
-        gates = plan.gates
+        counts = [] if gates_only else [plan.notify if self.parallel else plan.consumers]
+        if plan.gates:  # (empty in a plan where nothing donates what an earlier node reads)
+            counts.append(plan.gates)
         waiting, tasks, go = self.waiting, self.tasks, []
         with self.lock:
             for slot in slots:
-                for c in readers[slot] if readers else ():
-                    waiting[c] -= 1
-                    if not waiting[c]:
-                        go.append(tasks[c])
-                for c in gates[slot] if gates else ():
-                    waiting[c] -= 1
-                    if not waiting[c]:
-                        go.append(tasks[c])
+                for readers in counts:
+                    for c in readers[slot]:
+                        waiting[c] -= 1
+                        if not waiting[c]:
+                            go.append(tasks[c])
         return go
 
     def inputs_arrived(self, group: ArgumentGroup) -> None:
