@@ -68,20 +68,28 @@ COPIES_JS = """(id) => {
   }
   return out;
 }"""
-# Zoom the newest drawing of ``id`` onto its newest bar; return that bar's middle in the page.
+# Zoom the newest drawn copy of ``id`` onto its newest bar; return that bar's middle in the
+# page. A document the page still lists may have no view (a repair's bundle replaced its
+# output): such copies are passed over, and when none is drawn the error says why per copy.
 BAR_XY_JS = """(id) => {
-  let doc = null;
-  for (const d of window.Bokeh.documents) if (d.get_model_by_id(id) != null) doc = d;
-  const renderer = doc.get_model_by_name("compute");
-  const view = window.Bokeh.index.find_one(renderer);
-  const plot = view.parent, src = renderer.data_source, last = src.get_length() - 1;
-  const left = src.get_column("left")[last], right = src.get_column("right")[last];
-  plot.model.x_range.setv({start: left - (right - left), end: right + (right - left)});
-  plot.canvas_view.el.scrollIntoView({block: "center"});
-  const sx = plot.frame.x_scale.compute((left + right) / 2);
-  const sy = plot.frame.y_scale.compute(src.get_column("y")[last]);
-  const box = plot.canvas_view.el.getBoundingClientRect();
-  return [box.left + sx, box.top + sy];
+  const why = [];
+  const docs = window.Bokeh.documents.filter((d) => d.get_model_by_id(id) != null);
+  for (const doc of docs.reverse()) {
+    const renderer = doc.get_model_by_name("compute");
+    const view = window.Bokeh.index.find_one(renderer);
+    if (view == null) { why.push("no view"); continue; }
+    const plot = view.parent, src = renderer.data_source, last = src.get_length() - 1;
+    const left = src.get_column("left")[last], right = src.get_column("right")[last];
+    plot.model.x_range.setv({start: left - (right - left), end: right + (right - left)});
+    plot.canvas_view.el.scrollIntoView({block: "center"});
+    const sx = plot.frame.x_scale.compute((left + right) / 2);
+    const sy = plot.frame.y_scale.compute(src.get_column("y")[last]);
+    const box = plot.canvas_view.el.getBoundingClientRect();
+    const xy = [box.left + sx, box.top + sy];
+    if (xy.every(Number.isFinite)) return xy;
+    why.push(`no layout yet (${JSON.stringify([sx, sy, box.left, box.top])})`);
+  }
+  throw new Error(`no drawn copy of ${id} among ${docs.length}: ${why.join("; ")}`);
 }"""
 
 
@@ -104,8 +112,13 @@ def wait_for_copies(page, source_id, rows, names, at_least, timeout=120.0):
 
 def hover_newest_bar(page, source_id: str) -> list[str]:
     # (a drawing just made from a new bundle has no layout yet: wait for real coordinates)
-    page.wait_for_function(f"""(id) => {{ try {{ return ({BAR_XY_JS})(id).every(Number.isFinite) }}
-                               catch (e) {{ return false }} }}""", arg=source_id)
+    try:
+        page.wait_for_function(f"""(id) => {{ try {{ return ({BAR_XY_JS})(id).every(Number.isFinite) }}
+                                   catch (e) {{ return false }} }}""", arg=source_id)
+    except PlaywrightTimeout:
+        why = page.evaluate(f"(id) => {{ try {{ ({BAR_XY_JS})(id); return 'drawn now' }} "
+                            "catch (e) { return String(e) } }", source_id)
+        raise AssertionError(f"no bar of {source_id} to hover: {why}") from None
     values: list[str] = []
     for _ in range(3):  # a page's repair still in the kernel's queue may reset the axis
         x, y = page.evaluate(BAR_XY_JS, source_id)
