@@ -87,9 +87,8 @@ def _traced_under() -> tuple:
 
 
 class CompiledFunction(JitStages):
-    """``jax.jit`` placed on a virtual slice: the same call conventions (positional and keyword
-    arguments, pytrees, static and donated arguments), values and shardings as ``jax.jit``
-    under ``jax.set_mesh(slice.mesh)``.
+    """``jax.jit`` placed on a virtual slice: its call conventions, values and shardings under
+    ``jax.set_mesh(slice.mesh)`` (see ``function``).
 
     >>> double = pw.function(lambda x: x * 2, slice=s0)                    # doctest: +SKIP
     >>> double(np.arange(4.0)).result()                                    # doctest: +SKIP
@@ -103,6 +102,10 @@ class CompiledFunction(JitStages):
                  inline: bool = False, device=None, backend=None, compiler_options=None):
         if not callable(fn):
             raise ProgramError(f"pw.function needs a callable, got {type(fn).__name__}.")
+        if slice is None:  # (``@pw.function`` bare, as ``@jax.jit`` is written)
+            raise ProgramError("pw.function needs slice=, the devices it runs on: "
+                               "@pw.function(slice=ctl.slice(2)) with ctl = pw.controller() "
+                               "(a %%pathways cell runs plain JAX code with no pw.function).")
         if not isinstance(slice, VirtualSlice):
             raise SliceError(
                 f"pw.function needs slice= a VirtualSlice (from ctl.slice(...)), got "
@@ -455,8 +458,8 @@ def program(fn: Callable | None = None, *, name: str | None = None, static_argnu
     return make if fn is None else make(fn)
 
 
-def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, out_specs=None,
-             static_argnums=None, static_argnames=None, donate_argnums=None,
+def function(fn: Callable | None = None, *, slice: VirtualSlice | None = None, in_specs=None,
+             out_specs=None, static_argnums=None, static_argnames=None, donate_argnums=None,
              donate_argnames=None, name: str | None = None, sim_cost=None, in_shardings=None,
              out_shardings=None, keep_unused: bool = False, inline: bool = False, device=None,
              backend=None, compiler_options=None):
@@ -476,16 +479,15 @@ def function(fn: Callable | None = None, *, slice: VirtualSlice, in_specs=None, 
     ``NamedSharding``, ``PartitionSpec`` or None): each NamedSharding's spec is used on the
     slice's mesh, so code written for ``jax.jit`` keeps its arguments. Give one of
     ``in_specs`` and ``in_shardings`` (and of ``out_specs`` and ``out_shardings``).
-
     Called inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` or another ``pw.function``'s body
     it is what a nested ``jax.jit`` is: its body, traced inline (see ``on_tracers``).
 
     ``sim_cost``: on a simulated controller (``backend="sim"``), the seconds one call takes
-    (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate; elsewhere unused.
-    The runtime carries it as the function's backend ``hint``; the simulator checks it.
+    (or a ``pw.sim.Cost``), for what XLA's cost analysis cannot estimate (the function's
+    backend ``hint``); elsewhere unused.
 
-    ``keep_unused``, ``inline``: as ``jax.jit``'s (an input the body does not read stays an
-    input of the computation; on JAX tracers, its equations go into the caller's trace).
+    ``keep_unused``, ``inline``: as ``jax.jit``'s (an unread input stays an input of the
+    computation; on JAX tracers, its equations go into the caller's trace).
     ``device``, ``backend`` and ``compiler_options`` are refused, with what to use instead.
     Beside the call, as on a ``jax.jit`` function: ``trace``, ``lower``, ``eval_shape`` and
     ``clear_cache`` (``runtime/stages.py``).

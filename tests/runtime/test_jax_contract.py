@@ -512,6 +512,8 @@ def test_tracing_errors_name_the_inputs_who_chose_them_and_the_fix(ctl):
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), static_argnums="0"),
      "static_argnums must be ints"),
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), name=3), "name must be a str"),
+    (lambda ctl: pw.function(lambda x: x), "needs slice=, the devices it runs on"),
+    (lambda ctl: pw.function()(lambda x: x), "@pw.function.slice=ctl.slice.2.. with ctl"),
     (lambda ctl: pw.Controller(islands=4), "islands must be a sequence of positive"),
     (lambda ctl: pw.Controller(islands="4,4"), "Maybe you want islands=\\(4, 4\\)"),
     (lambda ctl: pw.program(5), "pw.program needs a callable .the function to trace., got int"),
