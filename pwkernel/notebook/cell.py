@@ -24,7 +24,8 @@ Inputs are the cell's free names that hold arrays, futures, or any pytree of the
 parameters, optax state, dicts): state bound by one cell flows into the next on the devices.
 A cell whose Python needs a value is split first (``segments.py``).
 
-Names the cell binds to arrays come back as futures; plain Python values stay plain.
+Names the cell binds to arrays come back as futures; plain Python values, and NumPy values
+the cell's own NumPy code made, stay plain.
 ``jax.debug.print`` calls written in the cell print into the cell that ran them, even after it
 returned (``--no-block``): see ``CellOutput``.
 """
@@ -339,7 +340,10 @@ def _build(tree: ast.Module, params: list[str], seeded: list[str], user_ns: dict
 
 # --- splitting a cell's results into arrays (futures) and plain values ---------------------
 def _array_leaf(leaf: Any) -> bool:
-    return isinstance(leaf, jax.core.Tracer | jax.Array | np.ndarray | np.generic | Value)
+    # (a NumPy value the cell made is host Python's, computed while the cell was traced: it
+    # stays the NumPy value the plain cell binds, its float64 or int64 neither narrowed to
+    # JAX's 32 bits nor made a future)
+    return isinstance(leaf, jax.core.Tracer | jax.Array | Value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -401,12 +401,12 @@ class Program(ProgramStages):
             result = self.fn(*args, **kwargs)
         finally:
             _tracing.graph = outer
+        if graph.controller is None:  # (before its constants: they are placed by its slices)
+            raise ProgramError(f"program {self.name} called no compiled function; wrap the "
+                               "work in pw.function(fn, slice=...) and call that.")
         if self.returns_copies:  # (a cell's plain values stay plain: see notebook/cell.py)
             result = constants_as_values(graph, result, self.name)
         graph.take_result(result, self.name, copy_arguments=self.returns_copies)
-        if graph.controller is None:
-            raise ProgramError(f"program {self.name} called no compiled function; wrap the "
-                               "work in pw.function(fn, slice=...) and call that.")
         return graph
 
     def __call__(self, *args, **kwargs):

@@ -63,6 +63,25 @@ def test_sharded_cell_binds_futures_and_keeps_plain_values(ip, capsys):
                                np.asarray(y.result()) + float(z.result()), rtol=1e-6)
 
 
+@pytest.mark.parametrize("work", ["y = jnp.ones(2) + 1", "y = pw.function(jnp.sin, slice=s0)(x)"],
+                         ids=["one-function", "compiled-calls"])
+def test_numpy_values_a_cell_makes_stay_the_numpy_values_the_plain_cell_binds(ip, work):
+    """NumPy work in a cell is host Python's, as without the magic: its float64 and int64
+    values are neither narrowed to JAX's 32 bits (an int64 of 2**40 read back as 0) nor made
+    futures, beside the array work that is."""
+    run(ip, "%pathways slice s0 2")
+    run(ip, "x = np.ones(2, np.float32)")
+    run(ip, f"%%pathways --slice s0\n{work}\nbig = np.int64(2**40)\nfine = np.float64(0.1)\n"
+            "idx = np.arange(3)\npair = (np.ones(2), y)")
+    ns = ip.user_ns
+    assert isinstance(ns["y"], pw.Future) and isinstance(ns["pair"][1], pw.Future)
+    for name, want in [("big", np.int64(1099511627776)), ("fine", np.float64(0.1)),
+                       ("idx", np.array([0, 1, 2], np.int64)), ("pair", np.ones(2, np.float64))]:
+        got = ns[name][0] if name == "pair" else ns[name]
+        assert type(got) is type(want) and got.dtype == want.dtype, (name, type(got))
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_typed_key_flows_from_cell_to_cell(ip):
     """A jax.random.key carried between %%pathways cells, as a training loop does, draws
     what plain JAX draws (before, a typed key was captured as a constant)."""

@@ -128,6 +128,8 @@ def test_tracing_errors_say_what_to_do(ctl):
         pw.program(lambda v: f(v) + 1)(np.ones(2))
     with pytest.raises(pw.ProgramError, match="called no compiled function"):
         pw.program(lambda v: v)(np.ones(2))
+    with pytest.raises(pw.ProgramError, match="called no compiled function"):
+        pw.program(lambda v: (v, 1.0, jnp.ones(2)))(np.ones(2))  # (constants: no slice to place)
     with pytest.raises(pw.ProgramError, match=r"returned str 'hello' at \['label'\]; a program "
                        r"returns the values of its compiled-function calls. Maybe you want"):
         pw.program(lambda v: {"y": f(v), "label": "hello"})(np.ones(2))
