@@ -113,8 +113,9 @@ def wait_for_copies(page, source_id, rows, names, at_least, timeout=120.0):
 def hover_newest_bar(page, source_id: str) -> list[str]:
     # (a drawing just made from a new bundle has no layout yet: wait for real coordinates)
     try:
-        page.wait_for_function(f"""(id) => {{ try {{ return ({BAR_XY_JS})(id).every(Number.isFinite) }}
-                                   catch (e) {{ return false }} }}""", arg=source_id)
+        page.wait_for_function(f"""(id) => {{
+            try {{ return ({BAR_XY_JS})(id).every(Number.isFinite) }}
+            catch (e) {{ return false }} }}""", arg=source_id)
     except PlaywrightTimeout:
         why = page.evaluate(f"(id) => {{ try {{ ({BAR_XY_JS})(id); return 'drawn now' }} "
                             "catch (e) { return String(e) } }", source_id)
