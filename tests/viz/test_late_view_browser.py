@@ -54,17 +54,20 @@ v2.wait_for(ctl.trace.next_index, 60)
 print("viz cell done")
 """
 
-# For each drawn copy of the source with this id: its length, and the names (through the
-# page's lookup, as the hover does) of its newest bar's coded columns.
+# For each copy of the source with this id in the page: whether it is drawn (a document the
+# page still lists may have no view: a repair's bundle replaced its output), its length, and
+# the names (through the page's lookup, as the hover does) of its newest bar's coded columns.
 COPIES_JS = """(id) => {
   const out = [];
   for (const doc of (window.Bokeh && window.Bokeh.documents) || []) {
     const src = doc.get_model_by_id(id);
     if (src == null) continue;
+    const drawn = window.Bokeh.index.find_one(doc.get_model_by_name("compute")) != null;
     const names = doc.get_model_by_name("pw-schedule-names").get_column("text");
     const last = src.get_length() - 1;
-    out.push([src.get_length(), last < 0 ? [] : ["name", "program", "client", "status"].map(
-        (c) => String(names[src.get_column(c)[last]]))]);
+    const newest = last < 0 ? [] : ["name", "program", "client", "status"].map(
+        (c) => String(names[src.get_column(c)[last]]));
+    out.push({drawn, copy: [src.get_length(), newest]});
   }
   return out;
 }"""
@@ -100,8 +103,9 @@ def wait_for_copies(page, source_id, rows, names, at_least, timeout=120.0):
     try:
         page.wait_for_function(
             f"""(want) => {{ const copies = ({COPIES_JS})(want.id);
-                return copies.length >= want.at_least && copies.every(
-                    (c) => JSON.stringify(c) === JSON.stringify(want.copy)); }}""",
+                const drawn = copies.filter((c) => c.drawn);
+                return drawn.length >= want.at_least && drawn.every(
+                    (c) => JSON.stringify(c.copy) === JSON.stringify(want.copy)); }}""",
             arg={"id": source_id, "at_least": at_least, "copy": want},
             timeout=timeout * 1000)
     except PlaywrightTimeout:
@@ -110,20 +114,24 @@ def wait_for_copies(page, source_id, rows, names, at_least, timeout=120.0):
                              f"{want}") from None
 
 
-def hover_newest_bar(page, source_id: str) -> list[str]:
-    # (a drawing just made from a new bundle has no layout yet: wait for real coordinates)
+def newest_bar_xy(page, source_id: str) -> tuple[float, float]:
+    """The page point of the newest bar of ``source_id``'s newest drawn copy, as soon as it has
+    one (a drawing just made from a new bundle has no layout yet): the coordinates come from
+    the same poll that found them, so a copy replaced in between cannot be read."""
     try:
-        page.wait_for_function(f"""(id) => {{
-            try {{ return ({BAR_XY_JS})(id).every(Number.isFinite) }}
-            catch (e) {{ return false }} }}""", arg=source_id)
+        return tuple(page.wait_for_function(
+            f"(id) => {{ try {{ return ({BAR_XY_JS})(id) }} catch (e) {{ return false }} }}",
+            arg=source_id).json_value())
     except PlaywrightTimeout:
         why = page.evaluate(f"(id) => {{ try {{ ({BAR_XY_JS})(id); return 'drawn now' }} "
                             "catch (e) { return String(e) } }", source_id)
         raise AssertionError(f"no bar of {source_id} to hover: {why}") from None
+
+
+def hover_newest_bar(page, source_id: str) -> list[str]:
     values: list[str] = []
     for _ in range(3):  # a page's repair still in the kernel's queue may reset the axis
-        x, y = page.evaluate(BAR_XY_JS, source_id)
-        values = hover_tooltip(page, x, y)
+        values = hover_tooltip(page, *newest_bar_xy(page, source_id))
         if values:
             break
     return values

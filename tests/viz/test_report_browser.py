@@ -69,8 +69,10 @@ def _hover(page, path: Path, renderer: str) -> list[str]:
     return hover_tooltip(page, x, y)
 
 
+# (the page makes its document a task after it loads: until then there is none)
 DRAWN_JS = """() => {
-  const doc = window.Bokeh.documents[0];
+  const doc = ((window.Bokeh && window.Bokeh.documents) || [])[0];
+  if (doc == null) return null;  // not made yet
   const bars = doc.get_model_by_name("compute");
   if (window.Bokeh.index.find_one(bars) == null) return null;  // not drawn yet
   return ["transfers", "ici-links", "dcn-links"].map((n) => doc.get_model_by_name(n).visible);
