@@ -18,7 +18,10 @@ cluster. How each time is taken:
   therefore upper bounds on device busy time, accurate to a few tens of microseconds.
 
 Events are appended by the threads that see the ends; readers take copies. ``index`` grows
-forever, so a live view can ask for ``events(since=k)`` and stream only what is new.
+forever, so a live view can ask for ``events(since=k)`` and stream only what is new. The log
+keeps the newest ``capacity`` events (``CAPACITY`` by default, about 250 bytes each), so a
+kernel that trains for days runs in bounded memory; older ones are dropped as ``clear`` drops
+them, their indices never reused.
 """
 
 from __future__ import annotations
@@ -28,11 +31,16 @@ import json
 import operator
 import os
 import threading
+from collections import deque
 from enum import StrEnum
+from itertools import islice
 from pathlib import Path
 from typing import NamedTuple
 
 from .device_groups import Topology, check_rows
+
+#: events a ``Trace`` keeps by default: the newest million (about 250 MB at most)
+CAPACITY = 1_000_000
 
 
 class EventKind(StrEnum):
@@ -123,13 +131,17 @@ class Trace:
     ``topology``: the islands (and hosts) the events ran on, which ``save(path, rows=...)``
     groups tracks by; the controller and the simulator give theirs. Without one, the islands
     and devices the events name, each device its own host.
+
+    ``capacity``: how many events it keeps, the newest (an int > 0, or None for every one;
+    settable: ``ctl.trace.capacity = 10_000``). Older events are dropped as they are recorded
+    past it: ``events()`` starts at the oldest kept, ``next_index`` still counts them all.
     """
 
-    def __init__(self, enabled: bool = True, topology: Topology | None = None):
+    def __init__(self, enabled: bool = True, topology: Topology | None = None,
+                 capacity: int | None = CAPACITY):
         self.enabled = enabled
         self.topology = topology
-        self._raw: list[tuple] = []
-        self._first = 0  # index of _raw[0]
+        self._raw: deque[tuple] = deque(maxlen=_capacity(capacity))
         self._next = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -186,7 +198,14 @@ class Trace:
         """Like ``events`` but the stored tuples themselves (``Event`` fields in order; read
         them with ``operator.itemgetter``): no object is made per event."""
         with self._lock:
-            return self._raw[max(0, since - self._first):]
+            new = min(self._next - since, len(self._raw))  # the newest ``new`` rows
+            if new <= 0:
+                return []
+            if new == len(self._raw):
+                return list(self._raw)
+            rows = list(islice(reversed(self._raw), new))
+        rows.reverse()
+        return rows
 
     def wait_for(self, count: int, timeout: float | None = None) -> bool:
         """Block until at least ``count`` events were ever recorded; False on timeout."""
@@ -198,6 +217,17 @@ class Trace:
                 self._waiters -= 1
 
     @property
+    def capacity(self) -> int | None:
+        """How many events the log keeps (the newest); None: every one."""
+        return self._raw.maxlen
+
+    @capacity.setter
+    def capacity(self, value: int | None) -> None:
+        keep = _capacity(value)
+        with self._lock:
+            self._raw = deque(self._raw, maxlen=keep)
+
+    @property
     def next_index(self) -> int:
         """The index the next event will get (the number of events ever recorded)."""
         return self._next
@@ -205,8 +235,7 @@ class Trace:
     def clear(self) -> None:
         """Forget recorded events; indices keep growing so live views stay consistent."""
         with self._lock:
-            self._raw = []
-            self._first = self._next
+            self._raw.clear()
 
     def __len__(self) -> int:
         return len(self._raw)
@@ -314,6 +343,19 @@ class Trace:
         check_rows(rows)
         path.write_text(json.dumps(self.to_chrome(rows)))
         return path
+
+
+def _capacity(value: int | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        keep = operator.index(value)
+    except TypeError:
+        keep = 0
+    if isinstance(value, bool) or keep <= 0:
+        raise ValueError(f"a trace's capacity is how many events it keeps: an int > 0, or None "
+                         f"to keep every one; got {value!r}.")
+    return keep
 
 
 def _file_path(path: str | Path) -> Path:

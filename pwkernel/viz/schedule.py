@@ -1,10 +1,10 @@
 """``pw.ScheduleView``: a live Gantt chart of the controller's gang schedules and transfers.
 
-Three layers, as in dask's task stream: the trace keeps every event with an ever-growing
+Three layers, as in dask's task stream: the trace keeps its newest events with an ever-growing
 index; ``encoding.compute_arrays``/``transfer_arrays``/``link_arrays`` turn events into typed
 NumPy columns (pure; strings as codes into ``view.codebook``); ``update()`` streams only the
 new columns into Bokeh sources with a rollover, so the page holds at most ``max_rows`` rows
-per source while ``history`` keeps every event in Python.
+per source while ``history`` keeps as many events in Python as the trace keeps.
 """
 
 from __future__ import annotations
@@ -50,9 +50,8 @@ FOLLOW, PAUSE = "follow live", "pause"
 # object is made per event on the update path, and none is kept that Python's garbage
 # collector would have to walk (see ``Trace``).
 _INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
-_T_START = getter("t_start")
 _PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
-_TENANT = getter("tenant")
+_T_START, _TENANT = getter("t_start"), getter("tenant")
 
 
 def _drill_devices(ctl, island, hosts, devices) -> list[int]:
@@ -103,10 +102,11 @@ class ScheduleView(w.VBox):
     ``live=False``, or of a simulated controller (a virtual clock), fits its axis to the events
     it shows (a simulated run's microseconds, a burst of steps) until a window is set
     (``view.window.value``). ``max_rows``: rows kept in the page per source (older ones roll
-    over; ``history`` keeps everything). ``live=False`` starts no thread: call ``update()``
-    yourself. ``until``: a ``ProgramRun`` (``fut.run``): the view stops following once it has
-    ended, after drawing its end (a ``%%pathways --viz`` cell's view). A view lives until
-    ``view.close()``, the page closing its widget, or its controller closing.
+    over; ``history`` keeps ``ctl.trace.capacity``, up to an eighth more). ``live=False``
+    starts no thread: call ``update()`` yourself. ``until``: a ``ProgramRun`` (``fut.run``):
+    the view stops following once it has ended, after drawing its end (a ``%%pathways --viz``
+    cell's view). A view lives until ``view.close()``, the page closing it, or its controller
+    closing.
 
     The sources hold NumPy columns; their string columns are codes into ``codebook`` (the
     page's copy is ``lookup``): ``view.decoded()`` gives the rows with the names.
@@ -134,7 +134,7 @@ class ScheduleView(w.VBox):
         self.layout_rows = DeviceLayout.from_controller(ctl, rows, devices=devices)
         self._options = dict(programs=programs, clients=clients, window=given,
                              color_by=color_by, max_rows=max_rows, interval=interval)
-        self._rows: list[tuple] = []  # every event read, as the trace's tuples
+        self._rows: list[tuple] = []  # the events read (the trace's tuples), the newest kept
         self._cursor = 0      # next trace index to read
         self._shown = 0       # history[:_shown] has been pushed to the sources
         self._t0: float | None = None
@@ -256,11 +256,8 @@ class ScheduleView(w.VBox):
 
     # --- data ----------------------------------------------------------------------------
     def update(self) -> int:
-        """Read the events recorded since the last call and stream them into the plot.
-
-        Returns how many new events were read. While paused, events are kept in ``history``
-        and shown on resume.
-        """
+        """Read the events recorded since the last call and stream them into the plot; returns
+        how many were read. While paused, events are kept in ``history`` and shown on resume."""
         with self._lock, self._batch():
             new = self.ctl.trace.rows(since=self._cursor)  # indices >= the cursor
             if new:
@@ -269,6 +266,10 @@ class ScheduleView(w.VBox):
                     self._t0 = min(map(_T_SUBMIT, new))
                 self._rows.extend(new)
                 self._note_names(new)
+                keep = self.ctl.trace.capacity  # cut in steps of an eighth: O(1) a row
+                if keep is not None and (cut := len(self._rows) - keep) > keep // 8:
+                    del self._rows[:cut]
+                    self._shown = max(0, self._shown - cut)
             if self.following and self._shown < len(self._rows):
                 self._push(self._rows[self._shown:])
                 self._shown = len(self._rows)
@@ -314,8 +315,8 @@ class ScheduleView(w.VBox):
 
     @property
     def history(self) -> list[Event]:
-        """Every event this view has read (built on each access: keep the list if you need
-        it more than once)."""
+        """The events this view has read, as many as the trace keeps (built on each access:
+        keep the list if you need it more than once)."""
         with self._lock:
             return as_events(self._rows)
 
@@ -442,11 +443,9 @@ class ScheduleView(w.VBox):
         else:
             live = "not live"
         mode = "following" if self.following else "paused"
-        total = len(self._rows)
-        if self.programs is None and self.clients is None:
-            events = f"{total} events"
-        else:
-            events = f"{self._shown_events} of {total} events (filtered)"
+        events = f"{len(self._rows)} events"
+        if self.programs is not None or self.clients is not None:
+            events = f"{self._shown_events} of {events} (filtered)"
         self.status.value = (f'<span style="font-size:11px;color:#555">{events} · '
                              f'{length(self.source.data)} bars in view · {mode} · '
                              f'{live}</span>')

@@ -199,3 +199,41 @@ def test_clear_and_disable(ctl):
     assert ctl.trace.events(since=np.int64(n))[0].index == n
     with pytest.raises(TypeError, match="since is an event index"):
         ctl.trace.events(since=2.5)
+
+
+def _record(trace: Trace, n: int) -> None:
+    for i in range(n):
+        trace.record(kind="compute", name=f"c{i}", program="p", program_id=i, client="",
+                     island=0, devices=(0,), t_submit=i, t_start=i, t_end=i + 0.5)
+
+
+def test_a_trace_keeps_its_newest_events_up_to_its_capacity():
+    trace = Trace(capacity=100)
+    _record(trace, 1000)  # ten times what it keeps: a log that grew per event would hold all
+    assert len(trace) == 100 and trace.next_index == 1000
+    assert [e.index for e in trace.events()] == list(range(900, 1000))
+    assert [e.index for e in trace.events(since=950)] == list(range(950, 1000))
+    assert trace.events(since=5) == trace.events()  # dropped ones: from the oldest kept
+    assert trace.rows(since=1000) == [] and trace.rows(since=2000) == []
+    trace.capacity = 10  # smaller: the newest 10 stay
+    assert [e.index for e in trace.events()] == list(range(990, 1000))
+    trace.capacity = None  # every event from now on
+    _record(trace, 500)
+    assert len(trace) == 510 and trace.capacity is None
+    for bad in (0, -1, 2.5, True, "10"):
+        with pytest.raises(ValueError, match="an int > 0, or None"):
+            trace.capacity = bad
+    assert Trace().capacity == 1_000_000  # bounded by default (documented in README)
+
+
+def test_a_long_loop_keeps_the_controllers_trace_bounded(ctl):
+    ctl.trace.capacity = 50
+    step = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=0))
+    x = step(np.zeros(4, np.float32))
+    for _ in range(300):  # a computation each, and uploads: hundreds of events
+        x = step(x)
+    assert ctl.wait(60.0)
+    assert ctl.trace.next_index > 300
+    assert len(ctl.trace) == 50
+    assert [e.index for e in ctl.trace.events()] == list(range(ctl.trace.next_index - 50,
+                                                                 ctl.trace.next_index))

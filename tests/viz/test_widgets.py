@@ -77,6 +77,24 @@ def test_rollover_keeps_the_newest_rows_and_the_full_history(ctl, programs):
         v.close()
 
 
+def test_a_views_history_keeps_what_the_trace_keeps(ctl, programs):
+    fig2, _ = programs
+    ctl.trace.capacity = 16
+    v = pw.ScheduleView(ctl, live=False, max_rows=5)
+    try:
+        for _ in range(40):  # several events a run: far more than the trace keeps
+            run(fig2)
+            assert ctl.wait(60.0)
+            v.update()
+            assert len(v.history) <= 16 + 16 // 8  # an eighth more at most, between two cuts
+        assert ctl.trace.next_index > 100
+        kept = [e.index for e in v.history]
+        assert kept == list(range(kept[0], ctl.trace.next_index))  # the newest, none missing
+        assert v.decoded()["index"] == expected(ctl, v, "compute")["index"][-5:]
+    finally:
+        v.close()
+
+
 def test_follow_moves_the_window_to_the_newest_event(ctl, programs):
     v = pw.ScheduleView(ctl, live=False, window=1e-4)
     try:
