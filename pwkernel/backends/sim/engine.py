@@ -121,7 +121,8 @@ class Simulator:
         self.schedulers = {i: sch.GangScheduler(cluster.island_devices(i), policy,
                                                 depth=depth, program_ahead=program_ahead)
                            for i in range(len(cluster.islands))}
-        self.trace = Trace() if trace is None else trace
+        # (a run of its own keeps every event: what it measures is counted from them)
+        self.trace = Trace(capacity=None) if trace is None else trace
         if self.trace.topology is None:  # (its export groups tracks per host, as the views)
             self.trace.topology = Topology.of(
                 ((i, cluster.island_devices(i)) for i in range(len(cluster.islands))),

@@ -134,6 +134,13 @@ def test_the_scheduler_sends_each_launch_to_each_host_one_after_another():
     assert spans(multi)["c"][1] == 3
 
 
+def test_a_simulation_of_its_own_keeps_every_event_it_counts():
+    # (a controller's trace keeps its newest million; a simulated run is counted from its
+    # events, so one past a million computations must not lose its first ones)
+    sim = Simulator(Cluster.preset("tpu-v4", chips=8))
+    assert sim.trace.capacity is None
+
+
 def test_multi_controller_hosts_dispatch_their_own_chips_with_no_client_hop():
     sim = Simulator(toy(islands=(2,)), controller="multi")  # chips 0, 1 on host 0; 2, 3 on 1
     chips = (0, 1, 2, 3)
