@@ -202,7 +202,7 @@ def test_work_that_fits_behind_a_waiting_computation_runs_before_anything_is_sto
         wide = pw.function(lambda v: jnp.broadcast_to(v, (12,)) * 3, slice=s, name="wide")
         head = pw.function(lambda v: v[:2] + 1, slice=s, name="head")
         a = big(y)                   # 96 B
-        assert entered.wait(30)
+        assert entered.wait(60)
         w = wide(y)                  # 48 B more: 4 + 96 + 48 > 128, it waits
         h = head(a)                  # 8 B: fits, queued behind wide
         del a
