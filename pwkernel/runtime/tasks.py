@@ -442,6 +442,8 @@ class ProgramRun(RunSlots):
             self._consume_donated(node)
         if dropped:
             self._free(dropped)
+        if node.internal:  # before its futures resolve: a user who got a result finds the
+            self._release_inputs(node)  # inputs only this run read freed (a budget's count)
         if node.returns:  # its outputs the user sees
             made = list(map(futures.__getitem__, node.returns))
             if error is not None:
@@ -461,8 +463,6 @@ class ProgramRun(RunSlots):
             owner.arrived(self, *node.outputs)
         elif fresh is not None and node.notifies:  # consumers counted no launch: now
             self._outputs_arrived(node)
-        if node.internal:
-            self._release_inputs(node)
         # another task's end may still be freeing values: the last to end its own
         # bookkeeping closes the run (the count's next() is one atomic step)
         if next(self._bookkept) == self._ntasks:

@@ -24,7 +24,7 @@ def gate(entered: threading.Event, release: threading.Event, mesh=None):
 
     def hold(x):
         entered.set()
-        if not release.wait(30):
+        if not release.wait(60):
             raise TimeoutError("gate was never released")
         return x
 
@@ -45,7 +45,7 @@ def launch_beside_a_running_gate(ctl, log: LaunchLog):
     entered, release = threading.Event(), threading.Event()
     held = pw.function(gate(entered, release, quad.mesh), slice=quad, in_specs=pw.BATCH,
                        name="gate")(np.ones(4, np.float32))
-    assert entered.wait(30)
+    assert entered.wait(60)
     log.on_launch = lambda task: release.set()
     other = pw.function(lambda x: x + 1, slice=pair, name="other")(np.ones(2, np.float32))
     release.set()
@@ -104,4 +104,4 @@ def run(prog, n: int = 1) -> None:
         outs = outs if isinstance(outs, tuple) else (outs,)
         for out in outs:
             out.result()
-        outs[0].run.wait(10.0)
+        assert outs[0].run.wait(60)

@@ -135,8 +135,8 @@ def test_one_updater_serves_every_subscribed_comm_and_caps_them(ctl):
         assert all(m["type"] == "error" and "Send 'subscribe' again" in m["error"]
                    for m in dropped)
         ctl.policy = "share"  # a change: the updater pushes it to every served comm
-        assert pushed.wait(30)
-        deadline = time.monotonic() + 30
+        assert pushed.wait(60)
+        deadline = time.monotonic() + 60
         while not all(sent[i][-1]["type"] == "status" and sent[i][-1]["data"]["policy"] == "share"
                       for i in range(100 - comm.MAX_SUBSCRIBERS, 100)):
             assert time.monotonic() < deadline, "not every served comm got the change"
@@ -252,7 +252,7 @@ def test_every_comm_message_is_answered_and_nothing_runs(kernel):
     before = set(os.listdir(cwd))
     for msg in NASTY:
         c.request(msg)
-        out = c.next(lambda d: True, timeout=10)  # one reply each, in order
+        out = c.next(lambda d: True, timeout=60)  # one reply each, in order
         assert out["type"] == "error" and len(json.dumps(out)) < 1000, (msg, out)
     assert set(os.listdir(cwd)) == before  # nothing written, nothing run
     c.close()

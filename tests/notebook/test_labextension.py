@@ -99,7 +99,7 @@ def test_status_from_python_validates_in_the_sidebar(npm_tested, ctl, tmp_path):
         assert seen["n"] == 2 and seen["devices"] == 8 and seen["runs"][0]["id"] == run["id"]
     finally:
         gate.set()
-        assert out.run.wait(30)
+        assert out.run.wait(60)
 
 
 def test_sidebar_offers_the_rows_the_kernel_accepts(npm_tested):
@@ -199,7 +199,7 @@ def test_cancel_a_running_program_by_run_id(ctl):
     gate, entered = threading.Event(), threading.Event()
     out = gated_program(ctl, gate, entered)(np.ones(4, np.float32))
     try:
-        assert entered.wait(30)  # the first node runs: cancelling stops only the second
+        assert entered.wait(60)  # the first node runs: cancelling stops only the second
         status = comm.status_message(ctl)["data"]
         assert [r["id"] for r in status["runs"]] == [out.run.id]
         reply = comm.reply(ctl, {"type": "cancel", "run": out.run.id})
@@ -208,9 +208,9 @@ def test_cancel_a_running_program_by_run_id(ctl):
         assert missing["type"] == "error" and f"[{out.run.id}]" in missing["error"]
     finally:
         gate.set()
-    assert out.run.wait(30)
+    assert out.run.wait(60)
     with pytest.raises(pw.PathwaysError):
-        out.result(timeout=30)
+        out.result(timeout=60)
     assert comm.status_message(ctl)["data"]["runs"] == []
 
 
@@ -245,7 +245,7 @@ def test_push_thread_stops_when_the_connection_closes(ctl):
         assert thread is not None and thread.is_alive()
         f = pw.function(lambda x: x + 1, slice=ctl.slice(1, island=0))
         f(np.ones(3)).result()  # a change in the status, so the pusher sends it
-        assert pushed.wait(30), got
+        assert pushed.wait(60), got
         assert conn in comm.connections()
     finally:
         conn.close()
@@ -278,7 +278,7 @@ def test_kernel_pushes_status_and_answers_actions(kernel):
     c.request({"type": "policy", "policy": "nope", "id": 3})
     bad = c.next(lambda d: d.get("id") == 3)
     assert bad["type"] == "error" and "'nope'" in bad["error"]
-    run_code(kernel, "gate.set(); y.run.wait(30)")
+    run_code(kernel, "gate.set(); y.run.wait(60)")
     c.next(lambda d: d["type"] == "status" and not d["data"]["runs"])
     alive = "print(sorted(t.name for t in threading.enumerate() if t.name.startswith('pwkernel-'" \
             "'comm')))"

@@ -70,7 +70,7 @@ def test_an_interrupt_while_the_cell_waits_shows_its_magic_line(nb, capsys):
     ``KeyboardInterrupt``; before, the frame of ``magics.py`` that re-raised it."""
     release = threading.Event()
     nb.user_ns["release"] = release
-    run(nb, "def poke(v):\n    _thread.interrupt_main()\n    release.wait(30)\n    return v\n")
+    run(nb, "def poke(v):\n    _thread.interrupt_main()\n    release.wait(60)\n    return v\n")
     try:
         text = shown(nb, capsys, "%%pathways --slice s\nw = jnp.ones(2)\n"
                      "w2 = jax.pure_callback(poke, jax.ShapeDtypeStruct((2,), jnp.float32), w)\n",

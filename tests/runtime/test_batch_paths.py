@@ -24,7 +24,7 @@ def held_many(entered: threading.Event, release: threading.Event, fail: bool = F
 
     def hold(x):
         entered.set()
-        if not release.wait(30):
+        if not release.wait(60):
             raise TimeoutError("never released")
         if fail:
             raise RuntimeError("the producer failed")
@@ -47,7 +47,7 @@ def test_a_pytree_of_pending_futures_arrives_whole_in_any_order(ctl, order):
     total = pw.function(lambda leaves, z: sum(leaves) + z, slice=s)
     outs = make(np.ones(3, np.float32))
     z = other(np.ones(3, np.float32))
-    assert entered.wait(30)
+    assert entered.wait(60)
     if order == "reversed":
         outs = outs[::-1]
     elif order == "interleaved":
@@ -69,7 +69,7 @@ def test_a_pytree_of_a_producer_not_yet_launched_arrives_at_its_launch(ctl):
     make = pw.function(lambda x: [x + i for i in range(N)], slice=s, name="make")
     total = pw.function(lambda leaves, k: sum(leaves) * k, slice=s, name="total")
     held = hold(np.ones(3, np.float32))
-    assert entered.wait(30)
+    assert entered.wait(60)
     outs = make(np.full(3, 2.0, np.float32))  # queued: the device is held
     assert not outs[0].producer.has_outputs and outs[0].peek() is None
     result = total(outs, 3.0)
@@ -86,7 +86,7 @@ def test_a_failed_producer_fails_its_whole_groups_consumer(ctl):
     make = pw.function(held_many(entered, release, fail=True), slice=s)
     total = pw.function(lambda leaves, x: sum(leaves) + x, slice=s)
     outs = make(np.ones(3, np.float32))
-    assert entered.wait(30)
+    assert entered.wait(60)
     result = total(outs[::-1], np.ones(3, np.float32))
     release.set()
     with pytest.raises(Exception, match="the producer failed"):

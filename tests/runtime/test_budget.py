@@ -6,6 +6,7 @@ analysis of ``runtime.budget``. Waits are bounded; nothing sleeps."""
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 import pwkernel as pw
 from pwkernel.runtime import budget
-from pwkernel.runtime.objects import BufferRecord
+from pwkernel.runtime.objects import BufferRecord, Future
 from tests.helpers.budget import (
     MiB,
     assert_all_memory_returned,
@@ -101,6 +102,42 @@ def test_work_waiting_on_another_island_for_the_users_frees_is_not_stuck():
         assert_all_memory_returned(ctl)
 
 
+def test_an_upload_is_given_back_before_the_result_it_fed_resolves():
+    """A result in hand, the upload only its call read is no longer counted: it was given
+    back after the result resolved, so ``y.result()`` then the islands' memory status read
+    both (twice the upload here) in the moment between, which a loaded machine made long.
+    Read in the thread that resolves the result, as it resolves it (a profile hook on every
+    thread the controller starts), so the check does not depend on who runs first."""
+    seen: list[dict[int, int]] = []
+    armed = threading.Event()
+    ctl = None
+
+    def at_resolve(frame, event, _arg):
+        if event == "call" and frame.f_code is Future.set_results.__code__ and armed.is_set():
+            seen.append(reserved(ctl))
+
+    threading.setprofile(at_resolve)  # (the controller's threads start with it)
+    sys.setprofile(at_resolve)  # (a small computation's end is seen by the caller)
+    try:
+        with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
+            s0 = ctl.slice(2, island=0)
+            keep = pw.function(lambda x: x * 1, slice=s0, in_specs=pw.BATCH, name="keep")
+            arg = np.ones(3 * MiB // 4, np.float32)  # 3 MiB: 1.5 MiB per device
+            d0 = s0.device_ids[0]
+            keep(arg).result(timeout=60)  # compiled
+            assert ctl.wait(60)
+            armed.set()
+            held = keep(arg)
+            held.result(timeout=60)
+            armed.clear()
+            assert seen and all(r[d0] == 3 * MiB // 2 for r in seen), (seen, 3 * MiB // 2)
+            del held
+            assert_all_memory_returned(ctl)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+
+
 def test_uploads_count_against_the_budget_like_computation_outputs():
     with pw.Controller(islands=(4, 4), memory_budget=4 * MiB) as ctl:
         s0 = ctl.slice(2, island=0)
@@ -165,7 +202,7 @@ def test_work_that_fits_behind_a_waiting_computation_runs_before_anything_is_sto
         wide = pw.function(lambda v: jnp.broadcast_to(v, (12,)) * 3, slice=s, name="wide")
         head = pw.function(lambda v: v[:2] + 1, slice=s, name="head")
         a = big(y)                   # 96 B
-        assert entered.wait(30)
+        assert entered.wait(60)
         w = wide(y)                  # 48 B more: 4 + 96 + 48 > 128, it waits
         h = head(a)                  # 8 B: fits, queued behind wide
         del a

@@ -120,7 +120,7 @@ def test_transfers_overlap_with_computation(ctl):
     entered, release = threading.Event(), threading.Event()
     busy = pw.function(gate(entered, release), slice=ctl.slice(1, island=0))
     held = busy(np.ones(2, np.float32))
-    assert entered.wait(30)  # island 0's device 0 is now occupied
+    assert entered.wait(60)  # island 0's device 0 is now occupied
     src = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=1))
     dst = ctl.slice(2, island=0)
     moved = pw.function(lambda x: x, slice=dst)  # placed beside busy: devices 1, 2
@@ -393,7 +393,7 @@ def test_a_second_close_returns_once_the_first_has_closed_everything():
     ctl = pw.Controller(islands=(2, 2))
     entered, release = threading.Event(), threading.Event()
     held = pw.function(gate(entered, release), slice=ctl.slice(1))(np.zeros(2, np.float32))
-    assert entered.wait(30)
+    assert entered.wait(60)
     first = threading.Thread(target=ctl.close)  # it waits for the gate
     main, close = threading.current_thread(), pw.Controller.close.__code__
 
@@ -413,7 +413,7 @@ def test_a_second_close_returns_once_the_first_has_closed_everything():
                                    if t.name.startswith("pw-")} - before
     finally:
         release.set()
-        first.join(30)
-        opener.join(30)
+        first.join(60)
+        opener.join(60)
     assert done and not left, (done, left)
     assert held.exception(timeout=0) is None

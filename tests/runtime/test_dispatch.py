@@ -104,7 +104,7 @@ def test_cancel_drops_queued_work_and_frees_its_buffers(ctl):
     blocker = pw.function(gate(entered, release), slice=s, name="blocker")
     inc = pw.function(lambda x: x + 1, slice=s)
     held = blocker(np.ones(2, np.float32))
-    assert entered.wait(30)
+    assert entered.wait(60)
     queued = pw.program(lambda v: inc(inc(v)))(np.ones(2, np.float32))
     assert queued.run.cancel() >= 1
     release.set()
@@ -207,7 +207,7 @@ def test_close_leaves_no_threads_and_cancels_pending_work():
     inc = pw.function(lambda x: x + 1, slice=s)
     held = blocker(np.ones(2, np.float32))
     pending = inc(inc(np.ones(2, np.float32)))
-    assert entered.wait(30)
+    assert entered.wait(60)
     pending.add_done_callback(lambda _: release.set())  # close cancels it, then the gate opens
     ctl.close()
     assert held.exception(timeout=0) is None
@@ -264,7 +264,7 @@ def test_close_does_not_wait_for_the_link_model():
         x.result(timeout=60)
     closing = threading.Thread(target=ctl.close)
     closing.start()
-    closing.join(timeout=30)
+    closing.join(timeout=60)
     assert not closing.is_alive()
     assert ctl.runs() == [] and all(y.done() for _, y in outs)
 
@@ -279,7 +279,7 @@ def test_share_policy_on_the_real_runtime(ctl):
     entered, release = threading.Event(), threading.Event()
     gate_fn = pw.function(gate(entered, release, s.mesh), slice=s, in_specs=pw.BATCH)
     blocker = gate_fn(np.ones(4, np.float32))  # hold the island while every client queues up
-    assert entered.wait(30)
+    assert entered.wait(60)
     weights = {"w1": 1, "w2": 2, "w4": 4, "w8": 8}
     futures = {}
     for name, w in weights.items():
@@ -390,7 +390,7 @@ def test_a_plan_is_made_once_per_input_signature_and_runs_keep_few_objects(ctl):
     entered, release = threading.Event(), threading.Event()
     held = pw.function(gate(entered, release, s.mesh), slice=s, in_specs=pw.BATCH,
                        name="gate")(x)
-    assert entered.wait(30)
+    assert entered.wait(60)
     second = prog(x)
     assert prog.trace(x).plan is plan  # the same plan: no host-side work per node again
     inside = {v for n in plan.nodes for v in n.outputs} - set(plan.outputs)

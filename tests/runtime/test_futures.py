@@ -64,7 +64,7 @@ def test_set_results_resolves_each_future_in_order_with_its_value(sharded):
     for k, f in enumerate(futs):
         f.add_done_callback(lambda _f, k=k: order.append(k))
     Future.set_results(*outs, t_done=2.5, reserved=False)
-    assert done_callbacks.runner.wait_idle(30) and order == [0, 1]
+    assert done_callbacks.runner.wait_idle(60) and order == [0, 1]
     assert [f.state for f in futs] == [FutureState.DONE] * 2 and [f.t_done for f in futs] == \
         [2.5, 2.5]
     assert futs[0].result().tolist() == list(range(8)) and futs[1].result().tolist() == [1, 1]
@@ -206,7 +206,7 @@ def hold_until(entered: threading.Event, release: threading.Event):
     """A computation that says when it runs, then keeps its device until released."""
     def hold(x):
         entered.set()
-        if not release.wait(30):
+        if not release.wait(60):
             raise TimeoutError("never released")
         return x
     return lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
@@ -217,14 +217,14 @@ def test_running_is_true_from_launch_to_end_only(ctl):
     entered, release = threading.Event(), threading.Event()
     held = pw.function(hold_until(entered, release), slice=one, name="held")(np.ones(2))
     try:
-        assert entered.wait(30)
+        assert entered.wait(60)
         # on the same device, queued until the held computation ends
         queued = pw.function(lambda x: x + 1, slice=one, name="queued")(np.ones(2))
         assert held.running() and not held.done()
         assert not queued.running() and not queued.done()
     finally:
         release.set()
-    assert queued.result(timeout=30).tolist() == [2.0, 2.0]
+    assert queued.result(timeout=60).tolist() == [2.0, 2.0]
     assert held.done() and not held.running() and not queued.running()
 
 
@@ -238,7 +238,7 @@ def test_what_waits_on_a_nodes_outputs_runs_once_all_of_them_are_set(sharded):
     futs[0].add_done_callback(lambda f: seen.append(("done", futs[1].done())))
     Future.set_launched_many(futs, outs[1])
     Future.set_results(*outs, t_done=1.0)
-    assert done_callbacks.runner.wait_idle(30) and seen == [("launch", True), ("done", True)]
+    assert done_callbacks.runner.wait_idle(60) and seen == [("launch", True), ("done", True)]
 
 
 def test_a_callback_may_wait_on_and_hook_a_sibling_output(ctl):
@@ -250,8 +250,8 @@ def test_a_callback_may_wait_on_and_hook_a_sibling_output(ctl):
     a, b = both(np.arange(4, dtype=np.float32))
     b.add_done_callback(lambda f: got.append(a.result().tolist()))
     b.add_done_callback(lambda f: a.add_done_callback(lambda g: hooked.set()))
-    assert b.result(timeout=30).tolist() == [0, 2, 4, 6]
-    assert hooked.wait(10) and got == [[1, 2, 3, 4]]
+    assert b.result(timeout=60).tolist() == [0, 2, 4, 6]
+    assert hooked.wait(60) and got == [[1, 2, 3, 4]]
 
 
 def test_a_future_does_arithmetic_as_the_array_it_holds(ctl):
@@ -342,16 +342,16 @@ def test_a_done_callback_may_wait_for_more_work_on_the_same_devices(ctl):
     got, waited, release = [], threading.Event(), threading.Event()
 
     def chain(fut):
-        got.append(inc(fut).result(timeout=30).tolist())
+        got.append(inc(fut).result(timeout=60).tolist())
         waited.set()
 
     first = inc(np.zeros(2, np.float32))
     first.add_done_callback(chain)
-    first.add_done_callback(lambda _: release.wait(30))  # blocks the callbacks after it only
-    assert waited.wait(30) and got == [[2.0, 2.0]]
-    assert inc(inc(first)).result(timeout=30).tolist() == [3.0, 3.0]  # the island runs on
+    first.add_done_callback(lambda _: release.wait(60))  # blocks the callbacks after it only
+    assert waited.wait(60) and got == [[2.0, 2.0]]
+    assert inc(inc(first)).result(timeout=60).tolist() == [3.0, 3.0]  # the island runs on
     release.set()
-    assert done_callbacks.runner.wait_idle(30)
+    assert done_callbacks.runner.wait_idle(60)
 
     def boom(_):
         raise RuntimeError("callback bug")
@@ -422,11 +422,11 @@ def test_a_done_callback_that_raises_system_exit_stops_no_later_callback():
 
     runner.submit([leave, lambda _: ran.set()], None)
     runner.submit([lambda _: later.set()], None)
-    assert ran.wait(30) and later.wait(30)
-    assert runner.wait_idle(30)
+    assert ran.wait(60) and later.wait(60)
+    assert runner.wait_idle(60)
     again = threading.Event()
     runner.submit([lambda _: again.set()], None)  # the runner starts a thread again
-    assert again.wait(30) and runner.wait_idle(30)
+    assert again.wait(60) and runner.wait_idle(60)
 
 
 def test_asking_a_failed_future_again_does_not_grow_the_errors_traceback(ctl):
@@ -448,13 +448,13 @@ def test_asking_a_failed_future_again_does_not_grow_the_errors_traceback(ctl):
             how(fut)
         return [f.name for f in traceback.extract_tb(info.value.__traceback__)]
 
-    first = frames(bad, lambda f: f.result(timeout=30))
+    first = frames(bad, lambda f: f.result(timeout=60))
     assert "failing" in first
     for _ in range(100):
-        frames(bad, lambda f: f.result(timeout=30))
+        frames(bad, lambda f: f.result(timeout=60))
         frames(bad, lambda f: f.block_until_ready())
-    assert frames(bad, lambda f: f.result(timeout=30)) == first
-    again = frames(dependent, lambda f: f.result(timeout=30))
+    assert frames(bad, lambda f: f.result(timeout=60)) == first
+    again = frames(dependent, lambda f: f.result(timeout=60))
     assert again == first  # (not the frames of the asks before it)
 
 

@@ -209,7 +209,7 @@ def test_ctrl_c_interrupts_a_simulated_wait_that_never_ends(handler):
         y = f(x)  # waits for room
         with pytest.raises(KeyboardInterrupt), \
                 _InterruptAt(threading.Condition.wait.__code__) as hook:
-            y.wait(timeout=20)
+            y.wait(timeout=60)
         assert hook.fired and not y.done()
         del kept
         gc.collect()

@@ -659,7 +659,7 @@ def test_a_donating_call_behind_a_reader_of_a_host_callbacks_outputs_runs(ctl, n
                        name="step")
     try:
         outs = make(np.ones(3, np.float32))
-        assert entered.wait(30)
+        assert entered.wait(60)
         result = total(outs[::-1], np.ones(3, np.float32))
         new = step(outs)
     finally:

@@ -20,8 +20,8 @@ def test_figure2_program_in_both_dispatch_modes(ctl, fig2, mode):
     y, z = f(np.array([1.0, 2.0]))
     assert isinstance(y, pw.Future) and isinstance(z, pw.Future)
     assert y.shape == (2,) and y.dtype == np.float32 and y.sharding is not None
-    assert y.result(timeout=30).tolist() == [3.0, 5.0]
-    assert z.result(timeout=30).tolist() == [2.0, 4.0]
+    assert y.result(timeout=60).tolist() == [3.0, 5.0]
+    assert z.result(timeout=60).tolist() == [2.0, 4.0]
     events = ctl.trace.events()
     dcn = [e for e in events if e.kind == "transfer" and e.link == "dcn"]
     assert {(e.src, e.dst) for e in dcn} == {(0, 1), (1, 0)}
@@ -47,7 +47,7 @@ def test_ici_transfer_between_slices_of_one_island(ctl):
     a = pw.function(lambda x: x + 1, slice=s0)
     b = pw.function(lambda x: x * 10, slice=s1)
     out = pw.program(lambda v: b(a(v)))(np.arange(4, dtype=np.float32))
-    assert out.result(timeout=30).tolist() == [10.0, 20.0, 30.0, 40.0]
+    assert out.result(timeout=60).tolist() == [10.0, 20.0, 30.0, 40.0]
     (ici,) = [e for e in ctl.trace.events() if e.link == "ici"]
     assert ici.src == ici.dst == 0 and set(ici.devices) == set(s1.device_ids)
 
@@ -56,8 +56,8 @@ def test_compiled_once_per_signature(ctl):
     s = ctl.slice(2)
     f = pw.function(lambda x: x * 2, slice=s)
     for _ in range(3):
-        f(np.ones(4, np.float32)).result(timeout=30)
-    f(np.ones(6, np.float32)).result(timeout=30)
+        f(np.ones(4, np.float32)).result(timeout=60)
+    f(np.ones(6, np.float32)).result(timeout=60)
     assert len(f._cache) == 2
 
 
@@ -93,7 +93,7 @@ def test_futures_flow_into_later_programs_before_they_resolve(ctl):
     chain = [x]
     for _ in range(20):
         chain.append(inc(chain[-1]))
-    assert chain[-1].result(timeout=30).tolist() == [21.0, 21.0]
+    assert chain[-1].result(timeout=60).tolist() == [21.0, 21.0]
     assert np.asarray(chain[5]).tolist() == [6.0, 6.0]
 
 
@@ -105,7 +105,7 @@ def test_collectives_with_shard_map(ctl):
                              in_specs=P("x"), out_specs=P())(x)
 
     f = pw.function(total, slice=s, in_specs=P("x"), out_specs=P())
-    assert f(np.arange(8.0)).result(timeout=30).tolist() == [28.0]
+    assert f(np.arange(8.0)).result(timeout=60).tolist() == [28.0]
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,7 @@ def test_a_program_over_two_controllers_says_how_to_split_it(ctl):
             pw.program(lambda v: theirs(mine(v)))(np.ones(2))
         assert "pass fut.result() from one to the next" in str(e.value)
         # the fix it names works
-        assert theirs(mine(np.ones(2)).result(30)).result(30).tolist() == [3.0, 3.0]
+        assert theirs(mine(np.ones(2)).result(60)).result(60).tolist() == [3.0, 3.0]
     finally:
         other.close()
 
@@ -228,7 +228,7 @@ def test_a_program_returning_its_argument_gives_what_jax_jit_gives(ctl):
     for b, weak in ((x * 2, False), (3.0, True), (7, True), (placed, False)):
         fut = passes(x, b)[0]
         assert fut.sharding is not None and fut.weak_type is weak
-        got = fut.result(timeout=30)
+        got = fut.result(timeout=60)
         assert isinstance(got, jax.Array) and got.weak_type is weak
         assert got.sharding == fut.sharding
         assert jax.typeof(got).dtype == jax.typeof(jnp.asarray(b)).dtype

@@ -167,13 +167,13 @@ def test_functions_and_programs_called_before_a_release_refuse_it_after(ctl):
         return c(a(v))
 
     x = np.ones(4, np.float32)
-    np.testing.assert_array_equal(two_islands(x).result(30), 3 * x)
-    np.testing.assert_array_equal(c(x).result(30), 2 * x)
+    np.testing.assert_array_equal(two_islands(x).result(60), 3 * x)
+    np.testing.assert_array_equal(c(x).result(60), 2 * x)
     s1.release()
     for call in (lambda: c(x), lambda: two_islands(x)):
         with pytest.raises(pw.SliceError, match=f"slice {s1.id} was released"):
             call()
-    np.testing.assert_array_equal(a(x).result(30), 2 * x)  # the other slice carries on
+    np.testing.assert_array_equal(a(x).result(60), 2 * x)  # the other slice carries on
 
 
 def test_remap_moves_a_slice_and_functions_are_lowered_again(ctl):
@@ -207,13 +207,13 @@ def test_a_remap_waits_for_the_traces_of_other_threads(ctl):
     def twice(x):
         y = double(x)
         entered.set()
-        assert release.wait(30)
+        assert release.wait(60)
         return double(y)
 
     caller = threading.Thread(target=lambda: got.append(twice(np.ones(2)).result(60)))
     mover = threading.Thread(target=lambda: (ctl.remap(s, island=1), moved.set()))
     caller.start()
-    assert entered.wait(30)
+    assert entered.wait(60)
     mover.start()
     assert not moved.wait(0.5)  # (a negative check: it cannot pass early, only late)
     release.set()

@@ -22,11 +22,11 @@ def test_a_running_program_with_its_nodes_slices_memory_and_queues(ctl):
     after = pw.function(lambda x: x + 1, slice=s1, name="after")
     y = pw.program(lambda v: after(held(v)), name="blocked")(np.ones(4, np.float32))
     try:
-        assert entered.wait(30)
+        assert entered.wait(60)
         snap = ctl.snapshot()
     finally:
         release.set()
-    y.result(timeout=30)
+    y.result(timeout=60)
 
     assert isinstance(snap, Snapshot) and not snap.closed
     assert (snap.policy, snap.dispatch) == ("fifo", "parallel")
@@ -98,11 +98,11 @@ def test_dispatch_per_call_leaves_the_controllers_mode_alone(ctl, mode):
     ctl.dispatch = "sequential" if mode == "parallel" else "parallel"  # the other one
     y = prog(np.ones(4, np.float32), dispatch=mode)
     try:
-        assert entered.wait(30)
+        assert entered.wait(60)
         (run,) = ctl.snapshot().runs
     finally:
         release.set()
-    np.testing.assert_allclose(y.result(timeout=30), 2.0)
+    np.testing.assert_allclose(y.result(timeout=60), 2.0)
     state = {n.name: n.state for n in run.nodes if n.compute}
     assert state["held"] is TaskState.RUNNING
     ahead = (TaskState.QUEUED, TaskState.RUNNING) if mode == "parallel" else (TaskState.WAITING,)

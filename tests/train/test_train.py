@@ -514,7 +514,7 @@ def test_a_state_whose_controller_closed_says_so(stages):
     pw.train.wait(spmd.step(spmd.init(0), T.batch(CFG, 8)))  # trained on it: compiled
     held = pw.function(gate(entered, release), slice=s)(np.ones(2, np.float32))
     pending = pw.function(lambda v: v + 1, slice=s)(held)
-    assert entered.wait(30)
+    assert entered.wait(60)
     pending.add_done_callback(lambda _: release.set())  # close cancels it; the gate opens
     ctl.close()
     with pytest.raises(pw.ControllerClosedError, match="closed controller.*device_get"):
