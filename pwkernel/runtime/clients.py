@@ -44,6 +44,11 @@ class ClientAccount:
     ready: list = field(default_factory=list)
 
 
+#: estimates kept, those settled last: each run of a ``%%pathways`` cell is a new function
+#: (a new ``cost_key``), so keeping every one would grow with every cell run
+ESTIMATES = 1024
+
+
 @dataclass(slots=True)
 class ClientLedger:
     """Every client's account, the virtual time, and the estimates of device time."""
@@ -106,8 +111,10 @@ class ClientLedger:
         client.guessed -= guessed / weight
         client.device_seconds += actual
         if cost_key is not None:
-            old = self.estimates.get(cost_key)
+            old = self.estimates.pop(cost_key, None)  # (re-inserted: the newest last)
             self.estimates[cost_key] = actual if old is None else 0.5 * (old + actual)
+            if len(self.estimates) > ESTIMATES:  # forget the one settled longest ago
+                del self.estimates[next(iter(self.estimates))]
 
     def shares(self) -> dict[str, float]:
         """Each client's fraction of the device-seconds charged so far."""

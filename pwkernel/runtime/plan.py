@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -36,7 +37,9 @@ from .objects import shard_bytes
 from .scheduler import NodeSpec
 from .trace import EventKind, Trace
 
-_cost_keys: dict[tuple, int] = {}  # (function, signature) -> an int the scheduler hashes
+# function -> {signature: an int the scheduler hashes}; an entry goes with its function (a
+# ``%%pathways`` cell makes a new one each run: kept by ``id``, every run would add one)
+_cost_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _cost_ids = itertools.count()
 _cost_lock = threading.Lock()
 
@@ -44,12 +47,20 @@ _cost_lock = threading.Lock()
 def cost_key(fn, signature) -> int:
     """One int per compiled function and input signature: what the share policy's estimates
     are kept under (hashing the signature itself per launch would cost more)."""
-    key = (id(fn), signature)
     with _cost_lock:
-        out = _cost_keys.get(key)
+        keys = _cost_keys.get(fn)
+        if keys is None:
+            keys = _cost_keys[fn] = {}
+        out = keys.get(signature)
         if out is None:
-            out = _cost_keys[key] = next(_cost_ids)
+            out = keys[signature] = next(_cost_ids)
         return out
+
+
+def cost_keys_kept() -> int:
+    """How many (function, signature) cost keys are kept now: those of live functions."""
+    with _cost_lock:
+        return sum(len(keys) for keys in list(_cost_keys.values()))
 
 
 class Output(NamedTuple):
