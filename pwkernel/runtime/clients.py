@@ -116,6 +116,20 @@ class ClientLedger:
             if len(self.estimates) > ESTIMATES:  # forget the one settled longest ago
                 del self.estimates[next(iter(self.estimates))]
 
+    def forget(self, name: str, cost_keys: tuple = ()) -> bool:
+        """Client ``name`` is gone for good (a pool's tenant that left): drop its account and
+        the estimates of ``cost_keys``, so that what is kept, and what a scheduling pass
+        reads, does not grow with every client there ever was. A client with work queued or
+        running is kept (False)."""
+        client = self.clients.get(name)
+        if client is not None and client.active:
+            return False
+        self.clients.pop(name, None)
+        for key in cost_keys:
+            self.estimates.pop(key, None)
+        self.sole = next(iter(self.clients.values())) if len(self.clients) == 1 else None
+        return True
+
     def shares(self) -> dict[str, float]:
         """Each client's fraction of the device-seconds charged so far."""
         total = sum(c.device_seconds for c in self.clients.values())

@@ -140,6 +140,15 @@ class SetPolicy:
 
 
 @dataclass(slots=True, kw_only=True)
+class Forget:
+    """Client ``client`` is gone for good, its work all ended (a pool's tenant that left):
+    its account and the estimates of its ``cost_keys`` go (``ClientLedger.forget``)."""
+
+    client: str
+    cost_keys: tuple = ()
+
+
+@dataclass(slots=True, kw_only=True)
 class Backfill:
     """Nothing runs anywhere and what waits here for memory cannot get it by waiting: one pass
     in which a computation waiting only for memory does not reserve its devices, so ready work

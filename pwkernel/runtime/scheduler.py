@@ -58,6 +58,7 @@ from .events import (  # noqa: F401 - the scheduler's vocabulary, re-exported
     ClientSpec,
     Ended,
     Finished,
+    Forget,
     Launch,
     MemoryFreed,
     NodeSpec,
@@ -158,6 +159,8 @@ class GangScheduler:
             elif kind is SetPolicy:
                 self._set_policy(Policy.parse(event.policy))
                 changed = True
+            elif kind is Forget:
+                self._ledger.forget(event.client, event.cost_keys)
             elif kind is Backfill:
                 self._backfill(out)
                 changed = True
@@ -179,8 +182,7 @@ class GangScheduler:
 
     @property
     def queued(self) -> tuple[int, ...]:
-        running = self._launched()
-        return tuple(sorted(self._tasks.keys() - running, key=lambda t: self._tasks[t].seq))
+        return tuple(sorted(set(self._tasks) - self._launched(), key=lambda t: self._tasks[t].seq))
 
     def _launched(self) -> set[int]:
         return {t for queue in self._busy.values() for t in queue}
@@ -231,10 +233,9 @@ class GangScheduler:
         if refused is not None:
             out.append(refused)
             return False
-        spec = ev.client
-        client = self._ledger.client(spec)
+        client = self._ledger.client(ev.client)
         client.active += 1
-        task = _Task(ev.task, self._seq, devices, client, spec.priority, ev.cost_key,
+        task = _Task(ev.task, self._seq, devices, client, ev.client.priority, ev.cost_key,
                      ev.memory, tuple(ev.after), 0, ev.group, copy=ev.copy, credit=ev.credit,
                      weight=client.weight)
         self._seq += 1
@@ -302,8 +303,7 @@ class GangScheduler:
     def _set_policy(self, policy: Policy) -> None:
         self.policy = policy
         for client in self._clients.values():
-            client.ready = [(self._key(t), t) for _, t in client.ready]
-            client.ready.sort()
+            client.ready = sorted((self._key(t), t) for _, t in client.ready)  # (keys unique)
 
     def _end(self, task: int, seconds: float) -> None:
         t = self._tasks.get(task)

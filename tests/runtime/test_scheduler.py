@@ -10,6 +10,7 @@ from pwkernel.runtime.scheduler import (
     Cancel,
     ClientSpec,
     Ended,
+    Forget,
     GangScheduler,
     Launch,
     MemoryFreed,
@@ -554,3 +555,22 @@ def test_backfill_launches_what_fits_past_what_waits_for_memory_and_only_then():
     s.handle(Ended(task=2))
     assert launched(s.handle(Submit(task=4, devices=(0,), memory=5, ready=True))) == []
     assert launched(s.handle(MemoryFreed(device=0, nbytes=80))) == [1]
+
+
+def test_a_client_gone_for_good_is_forgotten_once_its_work_ended():
+    # A pool island's scheduler kept an account for every tenant that ever came, and each
+    # scheduling pass read them all: thousands of attaches made every launch slow.
+    s = GangScheduler(range(2), Policy.SHARE)
+    gone, stays = ClientSpec("gone"), ClientSpec("stays")
+    assert s.handle(Submit(task=0, devices=(0,), client=gone, cost_key="g", ready=True)) == [
+        Launch(task=0)]
+    s.handle(Forget(client="gone", cost_keys=("g",)))  # still running: its account stays
+    assert set(s.shares()) == {"gone"}
+    s.handle(Ended(task=0, seconds=1.0), Forget(client="gone", cost_keys=("g",)))
+    assert s.shares() == {}
+    # the client left schedules as before, alone or with another
+    assert s.handle(Submit(task=1, devices=(0, 1), client=stays, cost_key="s", ready=True),
+                    Submit(task=2, devices=(0, 1), client=stays, cost_key="s", ready=True,
+                           after=(1,))) == [Launch(task=1), Launch(task=2)]
+    s.handle(Ended(task=1, seconds=1.0), Ended(task=2, seconds=1.0))
+    assert set(s.shares()) == {"stays"} and s.queued == () and s.running == ()

@@ -128,21 +128,21 @@ class PoolIslandActor:
     def pool_status(self) -> dict:
         """This island's tenants (queued and running operations, device time and its share,
         bytes held, device positions used), its bytes in all (every live array of this
-        process), its launch count and its scheduler's queued and running tasks."""
+        process), its launch count, its scheduler's queued and running tasks and accounts."""
         import jax
 
         with self._cv:
             tenants = list(self._tenants.values())
             total = sum(t.device_seconds for t in tenants)
             rows = [t.status(total) for t in tenants]
-            launches = self._logged + len(self._log)
+            launches, accounts = self._logged + len(self._log), len(self._scheduler.shares())
             queued, running = len(self._scheduler.queued), len(self._scheduler.running)
         live = sum(int(a.nbytes) for a in jax.live_arrays())
         return {"island": self.island, "devices": len(self.ops.devices),
                 "platform": self.ops.devices[0].platform, "pid": os.getpid(),
                 "pool": self.pool, "policy": self._scheduler.policy.value,
                 "tenants": rows, "bytes": live, "launches": launches,
-                "queued": queued, "running": running}
+                "queued": queued, "running": running, "accounts": accounts}
 
     def changed(self, seen: int = -1, timeout: float = 1.0) -> int:
         """How many times what ``pool_status`` shows has changed (a tenant came or went, an
@@ -312,7 +312,7 @@ class PoolIslandActor:
             after = () if tenant.last_compute not in self._items else (tenant.last_compute,)
             item.waiting = kind == "recv" and not tenant.can_recv(op)
             return [Submit(task=item.task, devices=tuple(devices), client=tenant.client,
-                           cost_key=(tenant.id, op[2]) if compute else None,
+                           cost_key=tenant.cost_key(op[2]) if compute else None,
                            ready=not item.waiting, after=after if compute else (),
                            copy=not compute)]
         return []
@@ -376,8 +376,7 @@ class PoolIslandActor:
                         tenant.issued.put(None)
                     continue
                 entry = {"seq": self._logged + len(self._log), "tenant": tenant.name,
-                         "tenant_id": tenant.id,
-                         "client": op[9] if op[0] == "run" else None,
+                         "tenant_id": tenant.id, "client": op[9] if op[0] == "run" else None,
                          "name": op[8] if op[0] == "run" else op[0],
                          "kind": "compute" if op[0] == "run" else op[0],
                          "devices": sorted(item.devices), "t_launch": out[3],
@@ -410,8 +409,7 @@ class PoolIslandActor:
             record = self.ops.complete(out)
             out = got = None  # drop the arrays: a freed buffer goes once its last user ended
             with self._cv:
-                entry.update(t_start=record["t_start"], t_end=record["t_end"],
-                             ok=record["ok"])
+                entry.update((k, record[k]) for k in ("t_start", "t_end", "ok"))
                 tenant.running -= 1
                 tenant.in_flight -= 1
                 if item.compute and item.refused is None:
@@ -419,13 +417,15 @@ class PoolIslandActor:
                     tenant.ended(item.devices, seconds)
                     del self._items[item.task]
                     self._post(Ended(task=item.task, seconds=seconds))
-                if tenant.dropped:
-                    if not tenant.running and not tenant.issuing:
-                        break
-                else:
+                if not tenant.dropped:
                     tenant.records.append(record)
+                elif not tenant.running and not tenant.issuing:
+                    break
                 item = entry = None  # an idle tenant's thread keeps no operation of its own
                 self._changed(wake_all=True)
+        with self._cv:  # it left and its work has all ended: its account goes too
+            self._post(tenant.farewell())
+            self._changed()
 
 
 # --- a pool's islands on the connected Ray cluster ---------------------------------------

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime.scheduler import ClientSpec
+from ...runtime.scheduler import ClientSpec, Forget
 
 
 class TenantRefused(PermissionError):
@@ -58,6 +58,7 @@ class Tenant:
     issuing: bool = False  # the executor is issuing one of its operations now
     device_seconds: float = 0.0
     positions: set = field(default_factory=set)  # device positions its computations used
+    cost_keys: set = field(default_factory=set)  # its computations' keys at the scheduler
     dropped: bool = False
 
     def __post_init__(self) -> None:
@@ -71,6 +72,17 @@ class Tenant:
             self.pending.extend(self.messages.pop(self.next))
             self.pending.append(("mark", self.next))
             self.next += 1
+
+    def cost_key(self, name: str) -> tuple:
+        """The scheduler's key for the device time of its computation ``name``."""
+        key = (self.id, name)
+        self.cost_keys.add(key)
+        return key
+
+    def farewell(self) -> Forget:
+        """Gone, its work all ended: the scheduler forgets its account and estimates (a pool
+        that saw thousands of tenants come and go schedules as fast as a new one)."""
+        return Forget(client=self.client.name, cost_keys=tuple(self.cost_keys))
 
     def can_recv(self, op: tuple) -> bool:
         """Has a ``recv``'s value arrived (or its source island been lost)?"""
