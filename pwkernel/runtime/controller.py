@@ -296,8 +296,16 @@ class Controller:
 
     def snapshot(self) -> Snapshot:
         """Islands, slices, runs with their nodes, memory, queue depths: frozen records (a
-        closed controller's has only ``closed``)."""
-        return Snapshot(closed=True) if self.closed else self._take()
+        closed controller's has only ``closed``). Safe beside other threads: one that closes
+        the controller while this reads it gives the closed snapshot."""
+        if self.closed:
+            return Snapshot(closed=True)
+        try:
+            return self._take()
+        except ControllerClosedError:  # (closed by another thread while it was read)
+            if self.closed:
+                return Snapshot(closed=True)
+            raise
 
     def _take(self) -> Snapshot:
         """Each part read once, in order (islands, slices, runs, memory), from the parts
@@ -305,7 +313,7 @@ class Controller:
         islands = tuple(IslandView.of(i, IslandFacts.of(self._backend.status(i.id)),
                                       **self._dispatcher.islands[i.id].status())
                         for i in self._islands)
-        slices = tuple(SliceView.of(vs) for vs in self.slices if not vs.released)
+        slices = tuple(view for vs in self.slices if (view := _view_of(vs)) is not None)
         runs = tuple(RunView.of(r) for r in self.runs())
         memory = {d.id: n for d, n in self.memory().items()}
         return Snapshot(self.closed, self.policy, self.dispatch, islands, slices, runs, memory,
@@ -395,6 +403,17 @@ class Controller:
         backend = "" if self.backend == "local" else f", backend={self.backend!r}"
         return (f"Controller(islands={{{isl}}}, policy={self.policy!r}, "
                 f"dispatch={self.dispatch!r}{backend})")
+
+
+def _view_of(vs: VirtualSlice) -> SliceView | None:
+    """The view of ``vs``; None once it is released (by another thread while it is read,
+    maybe: a snapshot leaves it out, as it leaves out one released before)."""
+    try:
+        return None if vs.released else SliceView.of(vs)
+    except SliceError:
+        if vs.released:
+            return None
+        raise
 
 
 # --- the process-wide controller (the open ones: registry.py) -----------------------------

@@ -221,7 +221,7 @@ class CompiledFunction(JitStages):
             with vs.ambient():
                 traced = self.inlined.trace(*full, **kw)
         except Exception as e:
-            raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
+            raise tracing_error(self.name, e, in_avals, in_shardings, why, vs) from e
         out_struct = traced.out_info
 
         def flat(*leaves):  # the body again (for lowering on another mesh: sim.xla_cost)
@@ -247,7 +247,7 @@ class CompiledFunction(JitStages):
         try:
             return compile_here(spec)
         except Exception as e:
-            raise tracing_error(self.name, e, in_avals, in_shardings, why) from e
+            raise tracing_error(self.name, e, in_avals, in_shardings, why, vs) from e
 
     def __call__(self, *args, **kwargs):
         dispatch = self.arguments.pop_dispatch(kwargs)

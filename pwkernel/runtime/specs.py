@@ -22,7 +22,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .errors import ProgramError, SpecError, retyped
+from .errors import ControllerClosedError, ProgramError, SliceError, SpecError, retyped
 
 
 class Inferred(enum.Enum):
@@ -255,10 +255,18 @@ def check_specs_arg(what: str, specs) -> None:
                         f"want {what}=P() (replicate) or {what}=P('x').")
 
 
-def tracing_error(name: str, e: Exception, in_avals, in_shardings, why) -> ProgramError:
+def tracing_error(name: str, e: Exception, in_avals, in_shardings, why,
+                  vs=None) -> Exception:
     """One pwkernel line on top of JAX's error: which function, how its inputs were laid
     out and who chose that, and the likely fix. A ``ProgramError`` that is also of the
-    error's own type, so ``except ValueError`` catches what ``jax.jit`` would raise."""
+    error's own type, so ``except ValueError`` catches what ``jax.jit`` would raise. Where
+    the slice ``vs`` it was traced for went meanwhile (another thread closed its controller
+    or released it), the slice's own error instead: the function is not to blame."""
+    if vs is not None:
+        try:
+            vs.check_usable()
+        except (SliceError, ControllerClosedError) as gone:
+            return gone
     cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     inputs = [describe(s, d, sh.spec, w)
               for (s, d, *_), sh, w in zip(in_avals, in_shardings, why, strict=True)]

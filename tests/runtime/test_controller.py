@@ -417,3 +417,40 @@ def test_a_second_close_returns_once_the_first_has_closed_everything():
         opener.join(60)
     assert done and not left, (done, left)
     assert held.exception(timeout=0) is None
+
+
+@pytest.mark.parametrize("gone", ["closed", "released"])
+def test_a_first_call_whose_slice_goes_while_it_is_traced_says_so(gone):
+    """Another thread closes the controller (or releases the slice) while a first call's
+    function is traced: the call raises the slice's own error, not a tracing error; before,
+    it said "could not be traced" and blamed JAX ("JAX raised it while tracing")."""
+    ctl = pw.Controller(islands=(2, 2))
+    vs = ctl.slice(1)
+    tracing, go = threading.Event(), threading.Event()
+
+    def body(x):
+        tracing.set()
+        assert go.wait(60)
+        return x * 2
+
+    f, got = pw.function(body, slice=vs), []
+
+    def first_call():
+        try:
+            got.append(f(np.ones(2, np.float32)))
+        except Exception as e:  # noqa: BLE001 - handed to the test to assert on
+            got.append(e)
+
+    caller = threading.Thread(target=first_call)
+    caller.start()
+    try:
+        assert tracing.wait(60)
+        ctl.close() if gone == "closed" else vs.release()
+    finally:
+        go.set()
+        caller.join(60)
+        ctl.close()
+    (error,) = got
+    expected = pw.ControllerClosedError if gone == "closed" else pw.SliceError
+    assert type(error) is expected, repr(error)
+    assert "could not be traced" not in str(error) and f"slice {vs.id}" in str(error)

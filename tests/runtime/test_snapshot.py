@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 
 import numpy as np
@@ -128,3 +129,68 @@ def test_a_pool_part_from_an_executors_generic_pool_dict(ctl):
     assert PoolView.of(None) is None
     assert PoolView.of_executor(ctl.executor) is None  # local islands are no pool's
     assert ctl.snapshot().pool is None and "pool" not in ctl.status()
+
+
+class _PausedAt:
+    """Hold the thread that runs ``target`` when it first calls ``code`` (with arguments
+    ``when`` accepts), until ``go``."""
+
+    def __init__(self, code, target, when=lambda args: True):
+        self.code, self.target, self.when = code, target, when
+        self.inside, self.go = threading.Event(), threading.Event()
+        self.result: list = []
+
+    def __call__(self) -> None:
+        def profile(frame, event, _arg):
+            if (event == "call" and frame.f_code is self.code and not self.inside.is_set()
+                    and self.when(frame.f_locals)):
+                self.inside.set()
+                self.go.wait(60)
+        sys.setprofile(profile)  # (this thread only)
+        try:
+            self.result.append(self.target())
+        except Exception as e:  # noqa: BLE001 - handed to the test to assert on
+            self.result.append(e)
+        finally:
+            sys.setprofile(None)
+
+
+@pytest.mark.parametrize("read", ["snapshot", "status"])
+def test_a_snapshot_taken_while_another_thread_closes_says_closed(read):
+    """A monitoring thread's ``ctl.status()`` as another thread closes the controller: it
+    answers closed; before, one that had begun reading slices the close then released raised
+    ``ControllerClosedError`` (a status loop beside a training loop died with it)."""
+    ctl = pw.Controller(islands=(4, 4))
+    ctl.slice(2, island=0)
+    paused = _PausedAt(SliceView.of.__func__.__code__, getattr(ctl, read))
+    reader = threading.Thread(target=paused)
+    reader.start()
+    try:
+        assert paused.inside.wait(60)  # it has seen the controller open, and reads a slice
+        ctl.close()
+    finally:
+        paused.go.set()
+        reader.join(60)
+    (got,) = paused.result
+    assert not isinstance(got, Exception), repr(got)
+    assert got.closed if read == "snapshot" else got["closed"]
+    assert not (got.slices if read == "snapshot" else got["slices"])
+
+
+def test_a_slice_released_while_a_snapshot_reads_it_is_left_out(ctl):
+    """A slice another thread releases while ``ctl.snapshot()`` reads the slices is left out
+    of it, as one released before is; before, the snapshot raised ``SliceError``."""
+    kept, going = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    paused = _PausedAt(SliceView.of.__func__.__code__, ctl.snapshot,
+                       when=lambda args: args["vs"] is going)  # (kept was read already)
+    reader = threading.Thread(target=paused)
+    reader.start()
+    try:
+        assert paused.inside.wait(60)
+        going.release()
+    finally:
+        paused.go.set()
+        reader.join(60)
+    (got,) = paused.result
+    assert not isinstance(got, Exception), repr(got)
+    assert [v.id for v in got.slices] == [kept.id]
