@@ -268,6 +268,11 @@ def test_closed_controller_refuses_use(ctl):
         ctl.slice(2)
     with pytest.raises(pw.ControllerClosedError):
         _ = s.mesh
+    # what only reads or tidies answers as an empty controller (README: ``ctl.close()``)
+    assert ctl.snapshot().closed and ctl.status()["closed"]
+    assert ctl.runs() == [] and set(ctl.memory().values()) == {0}
+    assert ctl.wait() is True and ctl.cancel_all() == 0
+    ctl.close()
 
 
 def test_too_few_host_devices_explains_the_fix():
