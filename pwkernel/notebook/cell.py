@@ -82,8 +82,9 @@ class CellPlan:
 
 
 def _is_array(value: Any) -> bool:
-    # (typed PRNG keys, jax.random.key, included: the runtime moves them like any array)
-    return isinstance(value, Future | jax.Array | np.ndarray)
+    # (typed PRNG keys, jax.random.key, included: the runtime moves them like any array; a
+    # NumPy scalar the notebook holds is an argument too, as ``jax.jit`` takes it)
+    return isinstance(value, Future | jax.Array | np.ndarray | np.generic)
 
 
 def is_state(value: Any) -> bool:
