@@ -37,14 +37,15 @@ def sizes_problem(sizes: Sequence[int], named: str | None = None) -> str | None:
 
 def islands_fix(sizes: Sequence[int]) -> str:
     """How to get islands of ``sizes`` devices: a controller of one's own, or the kernel's
-    process-wide one (``PWKERNEL_ISLANDS``, read when it starts).
+    process-wide one (``PWKERNEL_ISLANDS``, read when it starts; on CPU, before JAX starts).
 
     >>> islands_fix((4, 4))[:55]
     'pw.Controller(islands=(4, 4)), or PWKERNEL_ISLANDS=4,4 '
     """
     sizes = tuple(int(n) for n in sizes)
     return (f"pw.Controller(islands={sizes}), or PWKERNEL_ISLANDS={','.join(map(str, sizes))} "
-            "for the kernel's pw.controller() (set before it starts: restart the kernel)")
+            f"for the kernel's pw.controller() (set where Jupyter starts, or call pw.controller("
+            f"islands={sizes}) first thing after restarting the kernel)")
 
 
 def more_islands(island: object, islands: Sequence) -> str:
