@@ -41,7 +41,11 @@ ctl
 # %%
 for isl in ctl.islands:
     print(f"island {isl.id}: {len(isl.devices)} {isl.platform} devices {isl.device_ids}")
-assert len(ctl.islands) >= 2, "the Figure 2 program needs two islands (PWKERNEL_ISLANDS=4,4)"
+sizes = [len(isl.devices) for isl in ctl.islands]   # this notebook: islands (4, 4)
+assert len(sizes) >= 2 and sizes[0] >= 4 and sizes[1] >= 2, (
+    f"this notebook needs two islands, of 4 and 2 devices at least; this kernel has {sizes}."
+    " Start Jupyter with PWKERNEL_ISLANDS=4,4, or restart the kernel and run "
+    "pw.controller(islands=(4, 4)) first")
 
 # %% [markdown]
 # ## Slices

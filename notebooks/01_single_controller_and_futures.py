@@ -40,7 +40,8 @@ ctl
 # Inside `@pw.program`, the whole chain is one submission.
 
 # %%
-sl = ctl.slice(2, island=0)
+DEVICES = min(2, len(ctl.islands[0].devices))   # 2, or all that a smaller island has
+sl = ctl.slice(DEVICES, island=0)
 step = pw.function(lambda x: jnp.tanh(x) * 0.5 + x * 0.5, slice=sl, name="step")
 x0 = jax.device_put(np.linspace(-1, 1, 256, dtype=np.float32), NamedSharding(sl.mesh, P("x")))
 
@@ -96,7 +97,8 @@ from pwkernel.bench.harness import interleave, paired_ratio, summarize
 
 
 def measure(size, chain_len, fused_calls, rounds=3):
-    samples = interleave(dispatch.variants(ctl, 2, size, chain_len, fused_calls), rounds=rounds)
+    samples = interleave(dispatch.variants(ctl, DEVICES, size, chain_len, fused_calls),
+                         rounds=rounds)
     us = {v: 1e6 / summarize(samples[v])["median"] for v in dispatch.VARIANTS}
     return samples, us
 
@@ -143,7 +145,8 @@ assert ratios["large"]["Fused/JAX Fused"] > ratios["small"]["Fused/JAX Fused"], 
 # ## What we measured here
 
 # %%
-print(f"one step of 256 elements on 2 devices: JAX {small_us['jax_opbyop']:.0f} us per call, "
+print(f"one step of 256 elements on {DEVICES} devices: JAX {small_us['jax_opbyop']:.0f} us per "
+      "call, "
       f"pwkernel OpByOp {small_us['pw_opbyop']:.0f} us, Chained {small_us['pw_chained']:.0f} us, "
       f"Fused {small_us['pw_fused']:.1f} us")
 print(f"Fused pwkernel / Fused JAX: {ratios['small']['Fused/JAX Fused']:.2f} at 256 elements, "

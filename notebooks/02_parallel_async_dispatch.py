@@ -29,6 +29,11 @@ from jax.sharding import PartitionSpec as P
 import pwkernel as pw
 
 ctl = pw.controller()          # the process-wide controller the kernel hosts
+sizes = [len(isl.devices) for isl in ctl.islands]   # this notebook: islands (4, 4)
+assert len(sizes) >= 2 and min(sizes[:2]) >= 2, (
+    f"this notebook needs two islands of 2 devices at least; this kernel has {sizes}."
+    " Start Jupyter with PWKERNEL_ISLANDS=4,4, or restart the kernel and run "
+    "pw.controller(islands=(4, 4)) first")
 ctl
 
 # %%

@@ -29,6 +29,11 @@ from jax.sharding import PartitionSpec as P
 import pwkernel as pw
 
 ctl = pw.controller()          # the process-wide controller the kernel hosts
+sizes = [len(isl.devices) for isl in ctl.islands]   # this notebook: islands (4, 4)
+assert sizes[0] >= 4, (
+    f"this notebook needs 4 devices on island 0, one per pipeline stage; this kernel has {sizes}."
+    " Start Jupyter with PWKERNEL_ISLANDS=4,4, or restart the kernel and run "
+    "pw.controller(islands=(4, 4)) first")
 ctl
 
 # %%

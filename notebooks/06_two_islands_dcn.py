@@ -36,6 +36,11 @@ from pwkernel.bench.harness import interleave, paired_ratio, summarize
 # an earlier run, if any, then the kernel's.
 if isinstance(previous := globals().get("ctl"), pw.Controller):
     previous.close()
+have = sum(len(isl.devices) for isl in pw.controller().islands)
+assert have >= 8, (
+    f"this notebook makes its own controller of islands (4, 4), 8 devices; this kernel has "
+    f"{have}. Start Jupyter with PWKERNEL_ISLANDS=4,4, or restart the kernel and run "
+    "pw.controller(islands=(4, 4)) first")
 pw.controller().close()
 link = pw.Link(bandwidth=1e9, latency=20e-6)        # 1 GB/s, 20 us
 ctl = pw.Controller(islands=(4, 4), dcn=link)

@@ -37,6 +37,11 @@ cfg = transformer.Config(vocab=32, width=32, heads=2, layers=4, seq=16)
 BATCH, M = 16, 4               # sequences per step, microbatches per pipelined step
 batch = transformer.batch(cfg, BATCH)          # (inputs, next-token targets), int32[16, 16]
 train = dict(loss=transformer.cross_entropy, optimizer=optax.adam(1e-2))
+sizes = [len(isl.devices) for isl in ctl.islands]   # this notebook: islands (4, 4)
+assert len(sizes) >= 2 and sizes[0] >= 4, (
+    f"this notebook needs two islands, of 4 and 1 devices at least; this kernel has {sizes}."
+    " Start Jupyter with PWKERNEL_ISLANDS=4,4, or restart the kernel and run "
+    "pw.controller(islands=(4, 4)) first")
 ctl
 
 # %% [markdown]

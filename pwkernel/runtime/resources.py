@@ -29,6 +29,7 @@ from jax.sharding import AxisType, Mesh
 
 from .errors import ControllerClosedError, DeviceSetupError, SliceError
 from .placements import placements
+from .sizes import islands_fix, more_islands
 
 # The islands a controller gets when nothing names them (pw.Controller(), a backend made by
 # name): 2 islands x 4 devices, the host CPU split into 8 on a machine without accelerators.
@@ -92,8 +93,8 @@ def _fix(size: int, islands: Sequence[Island]) -> str:
         return (f"a simulated cluster with an island that large: its preset with islands="
                 f"({size},), e.g. pw.Controller(backend='sim', cluster='tpu-v4', "
                 f"islands=({size},))")
-    return (f"a controller with an island that large, e.g. pw.Controller(islands=({size},)), "
-            "which on CPU needs that many host devices")
+    return (f"a controller with an island that large, e.g. {islands_fix((size,))}; on CPU "
+            "that needs that many host devices")
 
 
 def _what(v: Any) -> str:
@@ -286,7 +287,7 @@ class ResourceManager:
                 f"island {island!r} does not exist; this controller has islands "
                 f"{list(range(len(self.islands)))} with "
                 f"{[len(i.devices) for i in self.islands]} devices."
-            )
+                + more_islands(island, self.islands))
         return self.islands[island]
 
     def allocate(self, shape: int | Sequence[int], island: int | None = None,

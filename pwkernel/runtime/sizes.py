@@ -17,6 +17,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
 MAX_DEVICES = 4096  # island devices in all, for one controller or one pool
 
@@ -32,3 +33,29 @@ def sizes_problem(sizes: Sequence[int], named: str | None = None) -> str | None:
                 "devices in all (a controller makes one virtual CPU device of its own per "
                 "island device: a few thousand take a second, far more take minutes)")
     return None
+
+
+def islands_fix(sizes: Sequence[int]) -> str:
+    """How to get islands of ``sizes`` devices: a controller of one's own, or the kernel's
+    process-wide one (``PWKERNEL_ISLANDS``, read when it starts; on CPU, before JAX starts).
+
+    >>> islands_fix((4, 4))[:55]
+    'pw.Controller(islands=(4, 4)), or PWKERNEL_ISLANDS=4,4 '
+    """
+    sizes = tuple(int(n) for n in sizes)
+    return (f"pw.Controller(islands={sizes}), or PWKERNEL_ISLANDS={','.join(map(str, sizes))} "
+            f"for the kernel's pw.controller() (set where Jupyter starts, or call pw.controller("
+            f"islands={sizes}) first thing after restarting the kernel)")
+
+
+def more_islands(island: object, islands: Sequence) -> str:
+    """The fix for ``island=`` past the last of ``islands`` (``Island`` objects): as many
+    islands, of the devices there are; "" where none fits (simulated pods have presets)."""
+    if not isinstance(island, Integral) or isinstance(island, bool) or any(
+            i.simulated for i in islands):
+        return ""
+    want, have = int(island) + 1, sum(len(i.devices) for i in islands)
+    if not len(islands) < want <= max(have, 16):
+        return ""
+    return (f" For {want} islands of these {have} devices: "
+            f"{islands_fix((max(have // want, 1),) * want)}.")

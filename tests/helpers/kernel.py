@@ -36,14 +36,17 @@ def execute(nb, client_cls=NotebookClient, **kw):
 
 
 def cell_errors(nb) -> list[str]:
-    """Each error a notebook's cells raised, with the cell and its traceback's end."""
+    """Each error a notebook's cells raised, with the cell and its traceback's end; a magic's
+    ``UsageError`` too (IPython writes it to stderr, with no error output)."""
     out = []
     for i, cell in enumerate(nb.cells):
+        where = f"cell {i} ({cell.source.splitlines()[0][:60]!r})"
         for o in cell.get("outputs", []):
             if o.output_type == "error":
                 tb = "\n".join(o.get("traceback", [])[-6:])
-                out.append(f"cell {i} ({cell.source.splitlines()[0][:60]!r}): "
-                           f"{o.ename}: {o.evalue}\n{tb}")
+                out.append(f"{where}: {o.ename}: {o.evalue}\n{tb}")
+            elif o.output_type == "stream" and o.name == "stderr" and "UsageError:" in o.text:
+                out.append(f"{where}: {o.text[-2000:]}")
     return out
 
 

@@ -114,3 +114,17 @@ def test_notebook_runs(name, kernel_env, tmp_path):
     assert nb.cells[-1].outputs and any(o.output_type == "stream"
                                         for o in nb.cells[-1].outputs), "no closing summary"
     print(f"{name}:\n{_stdout(nb)[-1500:]}")
+
+
+def test_a_magic_that_fails_is_an_error(kernel_env, tmp_path):
+    # (IPython shows a magic's UsageError on stderr, with no error output: a tutorial whose
+    # `%pathways slice quick 4` failed on a kernel of islands (2, 2) passed that cell)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%pathways slice big 99"),
+                                         nbformat.v4.new_code_cell("ok = 1")])
+    client = NotebookClient(nb, kernel_name=kernelspec.NAME, timeout=CELL_TIMEOUT,
+                            startup_timeout=120, allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    _run_cells(client, nb, {})
+    errors = cell_errors(nb)
+    assert len(errors) == 1 and errors[0].startswith("cell 0") and "does not fit" in errors[0], (
+        errors)

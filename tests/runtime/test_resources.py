@@ -375,3 +375,18 @@ def test_an_absurd_island_size_on_the_local_backend_is_refused_with_the_limit():
     with pytest.raises(pw.DeviceSetupError, match="at most 4096 devices in all") as e:
         LocalBackend(islands=(10**20,))
     assert "incompatible" not in str(e.value)
+
+
+def test_a_missing_island_or_a_small_one_says_how_to_get_it():
+    # (a tutorial written for islands (4, 4), run on a kernel of one island of 8, got "island 1
+    # does not exist" and no word of PWKERNEL_ISLANDS, which sets the kernel's islands)
+    one = pw.Controller(islands=(8,))
+    try:
+        with pytest.raises(pw.SliceError, match=r"For 2 islands of these 8 devices: pw\."
+                           r"Controller\(islands=\(4, 4\)\), or PWKERNEL_ISLANDS=4,4 for the "
+                           r"kernel's pw.controller\(\)"):
+            one.slice(2, island=1)
+        with pytest.raises(pw.SliceError, match=r"PWKERNEL_ISLANDS=9 for the kernel's"):
+            one.slice(9, island=0)
+    finally:
+        one.close()
