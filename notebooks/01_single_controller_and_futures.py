@@ -145,8 +145,8 @@ assert ratios["large"]["Fused/JAX Fused"] > ratios["small"]["Fused/JAX Fused"], 
 # ## What we measured here
 
 # %%
-print(f"one step of 256 elements on {DEVICES} devices: JAX {small_us['jax_opbyop']:.0f} us per "
-      "call, "
+print(f"one step of 256 elements on {DEVICES} devices: "
+      f"JAX {small_us['jax_opbyop']:.0f} us per call, "
       f"pwkernel OpByOp {small_us['pw_opbyop']:.0f} us, Chained {small_us['pw_chained']:.0f} us, "
       f"Fused {small_us['pw_fused']:.1f} us")
 print(f"Fused pwkernel / Fused JAX: {ratios['small']['Fused/JAX Fused']:.2f} at 256 elements, "
