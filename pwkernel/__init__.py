@@ -25,6 +25,7 @@ from .runtime.errors import (
     DeviceSetupError,
     IslandLostError,
     MemoryBudgetError,
+    MemoryWaitWarning,
     NoValueError,
     PathwaysError,
     ProgramError,
@@ -81,7 +82,7 @@ __all__ = [
     "BATCH", "INFERRED", "CancelledError", "ClientSpec", "CompiledFunction", "Controller",
     "ControllerClosedError", "DeviceSetupError", "DispatchMode", "Event", "Executor", "Future",
     "FutureState", "GangScheduler", "Island", "IslandLostError", "Link", "MemoryBudgetError",
-    "NoValueError", "PathwaysError", "Policy", "Program", "ProgramError", "SharedDevicesWarning",
-    "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice", "controller", "function",
-    "program", "ScheduleView", "TopologyView", "report", "sim",
+    "MemoryWaitWarning", "NoValueError", "PathwaysError", "Policy", "Program", "ProgramError",
+    "SharedDevicesWarning", "ProgramRun", "SliceError", "SpecError", "Trace", "VirtualSlice",
+    "controller", "function", "program", "ScheduleView", "TopologyView", "report", "sim",
 ]

@@ -14,6 +14,10 @@ A live buffer is pinned by the runtime while its program is still running (its v
 program's own, outputs included) or while a queued computation or copy of any program reads
 it. Everything else only the user can free.
 
+When every computation that waits could start once the user drops some of their futures, it
+waits for them (back-pressure), and the runtime says so once with a ``MemoryWaitWarning``
+(``wait_message``): what waits, and the user's largest buffers in its way.
+
 This module is pure: the dispatcher gathers the facts under its locks and asks ``stuck``.
 """
 
@@ -37,6 +41,7 @@ class Waiting:
     run: int            # its program run
     program: str
     client: str
+    task: int = -1      # its task id (what tells one wait from the next)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,7 @@ class LiveBuffer:
     # the runs (id, program) whose queued computations read it, when only they pin it (its
     # own program has ended: a value the user passed on to a later program)
     read_by: tuple[tuple[int, str], ...] = ()
+    name: str | None = None  # its future's name, if a future holds it
 
 
 Held = LiveBuffer  # its name before the glossary (docs/architecture.md) kept "hold" for islands
@@ -133,3 +139,32 @@ def _why_held(pinned: bool, read_by: tuple[tuple[int, str], ...]) -> str:
     readers = ", ".join(f"program {name!r} (run {rid})" for rid, name in read_by)
     return f"its program has ended; held because computations of {readers} that have not " \
            "run read them"
+
+
+def wait_message(w: Waiting, budget: int, in_use: Mapping[int, int], live: Iterable[LiveBuffer],
+                 others: int = 0, most: int = 5) -> str:
+    """What the ``MemoryWaitWarning`` says: ``w`` waits for memory that only the user's
+    references hold, with the ``most`` largest of those buffers on its devices. ``others``:
+    how many more computations wait likewise."""
+    device = max(sorted(w.devices), key=lambda d: in_use.get(d, 0))
+    mine = sorted(((max(n for d, n in h.record.nbytes.items() if d in w.devices), h)
+                   for h in live if h.record.reserved and not h.pinned
+                   and w.devices & h.record.nbytes.keys()), key=lambda nh: -nh[0])
+    lines = [f"  {human_bytes(n)}: future {h.name or '(unnamed)'!r} of program "
+             f"{h.record.program!r} (run {h.record.program_id})" for n, h in mine[:most]]
+    if len(mine) > most:
+        rest = mine[most:]
+        lines.append(f"  and {len(rest)} more ({human_bytes(sum(n for n, _ in rest))})")
+    also = (f" {others} other computation{'s' * (others != 1)} on island {w.island} "
+            f"wait{'s' * (others == 1)} likewise." if others else "")
+    return (
+        f"{w.name!r} (program {w.program!r}, run {w.run}, client {w.client!r}) on island "
+        f"{w.island} waits for memory: it needs {human_bytes(w.nbytes)} more on devices "
+        f"{sorted(w.devices)} under the memory budget of {human_bytes(budget)} per device "
+        f"({human_bytes(in_use.get(device, 0))} in use on device {device}), nothing is running "
+        f"that could free any, and the room it needs is held only by your own futures, so it "
+        f"waits until you drop them.{also} Your largest on its devices:\n"
+        + "\n".join(lines or ["  (none)"])
+        + "\nDrop them: del fut, or take fut.result() and drop the future; or raise "
+        "memory_budget (pw.Controller(memory_budget=...))."
+    )

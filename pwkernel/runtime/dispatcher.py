@@ -323,6 +323,8 @@ class Dispatcher:
                 run, error = found
                 run.cancel(error=error)  # which looks again, once its frees landed
                 return
+        for island in islands:  # nothing is stuck: what waits, waits for the user's frees
+            island.tell_user()
 
     # --- the rest of what runs ask (owner.RunOwner) ----------------------------------------
     def run_ended(self, run: ProgramRun) -> None:

@@ -33,6 +33,12 @@ class MemoryBudgetError(PathwaysError, MemoryError):
     """A single computation needs more device memory than the controller's budget allows."""
 
 
+class MemoryWaitWarning(UserWarning):
+    """A computation waits for device memory that only your own futures hold, with nothing
+    running that could free it: it goes on once you drop them (``del fut``). A
+    ``UserWarning``, so it shows by default; said once per wait."""
+
+
 class DeviceSetupError(PathwaysError, RuntimeError):
     """JAX's devices cannot be arranged into the requested islands."""
 

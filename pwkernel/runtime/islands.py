@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from . import budget
 from .ends import EndOrder
-from .errors import MemoryBudgetError
+from .errors import MemoryBudgetError, MemoryWaitWarning
 from .events import (
     Backfill,
     Cancel,
@@ -63,6 +64,11 @@ class IslandQueue:
         self._draining = False
         self._paused = 0
         self.ends = EndOrder()  # launch order per device set, for reporting ends
+        # under a budget, the heads found waiting for memory only the user can free (by
+        # task id), those already told of (``MemoryWaitWarning``), and what to tell next
+        self._on_user: dict[int, budget.Waiting] = {}
+        self._told: set[int] = set()
+        self._tell: tuple[str, list[int]] | None = None
 
     # --- what the dispatcher and the task life post ----------------------------------------
     def submit_program(self, tasks: list[Task], event: SubmitProgram,
@@ -259,13 +265,32 @@ class IslandQueue:
             with self._lock:
                 facts = self._memory_facts(dispatcher)
                 if facts is None:
+                    self._tell = None
                     return set()
                 limit, heads, in_use, held, _, live = facts
-                if not any(budget.fits_once_user_frees(w, limit, in_use, held) for w in heads):
-                    return set()
-                return {t.run.id for t in self._tasks.values()}
+                fits = [w for w in heads if budget.fits_once_user_frees(w, limit, in_use, held)]
+                self._on_user = {w.task: w for w in fits}
+                self._told &= self._on_user.keys()  # one no longer waiting: its wait is over
+                new = [w for w in fits if w.task not in self._told]
+                self._tell = (budget.wait_message(new[0], limit, in_use, held, len(fits) - 1),
+                              [w.task for w in fits]) if new else None
+                return {t.run.id for t in self._tasks.values()} if fits else set()
         finally:
             del live
+
+    def tell_user(self) -> None:
+        """Nothing is stuck anywhere: what waits here for memory waits for the user's frees.
+        Say so (``MemoryWaitWarning``) for heads not told of yet: once per wait, not per
+        look."""
+        with self._lock:
+            tell, self._tell = self._tell, None
+            if tell is not None:
+                self._told.update(tell[1])
+        if tell is not None:
+            try:
+                warnings.warn(tell[0], MemoryWaitWarning, stacklevel=1)
+            except Exception:  # noqa: BLE001 - a filter made it an error: the runtime goes on
+                _log.warning("%s", tell[0])
 
     def _memory_facts(self, dispatcher):
         """(budget, waiting heads, memory in use, live buffers, runs by id, the store's live
@@ -285,14 +310,19 @@ class IslandQueue:
         for tid, devices, nbytes in waiting:
             run = self._tasks[tid].run
             heads.append(budget.Waiting(self._tasks[tid].node.name, self.island.id, devices,
-                                        nbytes, run.id, run.name, run.client))
+                                        nbytes, run.id, run.name, run.client, tid))
         return limit, heads, self.scheduler.memory_in_use(), held, runs, live
 
     # --- queries ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         with self._lock:
+            on_user = self._on_user
+            if on_user:  # (those of them still waiting for memory)
+                waiting = {tid for tid, _, _ in self.scheduler.waiting_for_memory()}
+                on_user = {t: w for t, w in on_user.items() if t in waiting}
             return {"running": len(self.scheduler.running), "queued": len(self.scheduler.queued),
-                    "memory_reserved": self.scheduler.memory_in_use()}
+                    "memory_reserved": self.scheduler.memory_in_use(),
+                    "waiting_for_memory": tuple(on_user.values())}
 
 
 def _held(island: int, runs, live, island_of) -> list[budget.Held]:
@@ -318,5 +348,6 @@ def _held(island: int, runs, live, island_of) -> list[budget.Held]:
     for rec, f in live:
         if rec.island == island:
             readers = () if rec.program_id in ids else tuple(sorted(reading.get(id(f), {}).items()))
-            out.append(budget.Held(rec, rec.program_id in ids or bool(readers), readers))
+            out.append(budget.Held(rec, rec.program_id in ids or bool(readers), readers,
+                                   None if f is None else f.name))
     return out

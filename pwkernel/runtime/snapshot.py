@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from .budget import Waiting
 from .executor import IslandFacts
 from .resources import describe_axis_types
 from .tasks import TaskState
@@ -43,20 +44,28 @@ class IslandView:
     #: bytes its scheduler has reserved for launched work, by device
     memory_reserved: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     facts: IslandFacts = IslandFacts()  # what its executor knows (Ray: the actor)
+    #: computations that wait for memory only your futures hold (``MemoryWaitWarning``)
+    waiting_for_memory: tuple[Waiting, ...] = ()
 
     @classmethod
     def of(cls, island: Island, facts: IslandFacts, running: int, queued: int,
-           memory_reserved: Mapping[int, int]) -> IslandView:
+           memory_reserved: Mapping[int, int], waiting_for_memory=()) -> IslandView:
         """An island with its scheduler's queue depths and its executor's facts."""
         return cls(island.id, island.platform, tuple(island.device_ids), int(running),
                    int(queued), bool(facts.lost), MappingProxyType(
-                       {int(d): int(n) for d, n in memory_reserved.items()}), facts)
+                       {int(d): int(n) for d, n in memory_reserved.items()}), facts,
+                   tuple(waiting_for_memory))
 
     def as_status(self) -> dict[str, Any]:
         """This island in ``ctl.status()``."""
         out = {"id": self.id, "platform": self.platform, "devices": list(self.device_ids),
                "running": self.running, "queued": self.queued,
-               "memory_reserved": dict(self.memory_reserved), **self.facts.details}
+               "memory_reserved": dict(self.memory_reserved),
+               "waiting_for_memory": [
+                   {"computation": w.name, "program": w.program, "run": w.run,
+                    "client": w.client, "devices": sorted(w.devices), "bytes": w.nbytes}
+                   for w in self.waiting_for_memory],
+               **self.facts.details}
         if self.facts.lost is not None:
             out["lost"] = self.facts.lost
         return out
