@@ -154,6 +154,20 @@ class _PausedAt:
         finally:
             sys.setprofile(None)
 
+    def meanwhile(self, action):
+        """Run ``target`` on a thread of its own, do ``action`` while it is held, let it go;
+        what it returned (or raised)."""
+        reader = threading.Thread(target=self)
+        reader.start()
+        try:
+            assert self.inside.wait(60)
+            action()
+        finally:
+            self.go.set()
+            reader.join(60)
+        (got,) = self.result
+        return got
+
 
 @pytest.mark.parametrize("read", ["snapshot", "status"])
 def test_a_snapshot_taken_while_another_thread_closes_says_closed(read):
@@ -163,15 +177,7 @@ def test_a_snapshot_taken_while_another_thread_closes_says_closed(read):
     ctl = pw.Controller(islands=(4, 4))
     ctl.slice(2, island=0)
     paused = _PausedAt(SliceView.of.__func__.__code__, getattr(ctl, read))
-    reader = threading.Thread(target=paused)
-    reader.start()
-    try:
-        assert paused.inside.wait(60)  # it has seen the controller open, and reads a slice
-        ctl.close()
-    finally:
-        paused.go.set()
-        reader.join(60)
-    (got,) = paused.result
+    got = paused.meanwhile(ctl.close)  # (it has seen the controller open, and reads a slice)
     assert not isinstance(got, Exception), repr(got)
     assert got.closed if read == "snapshot" else got["closed"]
     assert not (got.slices if read == "snapshot" else got["slices"])
@@ -183,14 +189,6 @@ def test_a_slice_released_while_a_snapshot_reads_it_is_left_out(ctl):
     kept, going = ctl.slice(2, island=0), ctl.slice(2, island=1)
     paused = _PausedAt(SliceView.of.__func__.__code__, ctl.snapshot,
                        when=lambda args: args["vs"] is going)  # (kept was read already)
-    reader = threading.Thread(target=paused)
-    reader.start()
-    try:
-        assert paused.inside.wait(60)
-        going.release()
-    finally:
-        paused.go.set()
-        reader.join(60)
-    (got,) = paused.result
+    got = paused.meanwhile(going.release)
     assert not isinstance(got, Exception), repr(got)
     assert [v.id for v in got.slices] == [kept.id]
