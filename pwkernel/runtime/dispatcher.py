@@ -68,6 +68,7 @@ class Dispatcher:
         # A virtual clock (the simulator) moves only when the runtime waits, so host-side
         # work happens in the thread that causes it: no dispatcher thread for sequential runs.
         self.virtual = bool(getattr(executor, "virtual", False))
+        self.launch_holds_inputs = bool(getattr(executor, "launch_holds_inputs", False))
         self._submitted = getattr(executor, "submitted", None)  # optional: a run starts
         self._expedite = getattr(executor, "expedite", None)  # optional: a thread waits
         self.store = store

@@ -45,6 +45,12 @@ Optional members, looked up by the runtime with ``getattr``:
   causes it (no dispatcher thread), calls ``expedite`` for any task not yet ended, and
   ``settle(predicate, timeout)`` when it waits for a whole run: the executor moves its clock
   until ``predicate()`` holds.
+- ``launch_holds_inputs = True``: a launched computation keeps its inputs' buffers alive
+  until it has run, whoever else drops them (JAX's own arrays: the local backend). The runtime
+  then lets go of a value its run made once the value's last reader has launched, as
+  ``jax.jit``'s caller drops an intermediate, so XLA frees it when that reader has run (and
+  reuses its memory for the next step's outputs) instead of when the reader's end is reported.
+  Without it the runtime deletes such a value after its last reader's end.
 - ``compile(spec) -> Executable``: lower a ``pw.function``'s specialization for its islands
   (``spec``: a ``runtime.specialization.Specialization``, the traced body with its input and output
   types and shardings, and the function's backend ``hint``) instead of the runtime's own

@@ -27,6 +27,9 @@ class RunOwner(Protocol):
     virtual: bool
     #: bytes per device the island schedulers may reserve, or None
     memory_budget: int | None
+    #: a launch holds its inputs' buffers (the executor's ``launch_holds_inputs``): a run lets
+    #: go of a value it made once the value's last reader has launched (optional: False)
+    launch_holds_inputs: bool
     #: the event log (``runtime.trace.Trace``)
     trace: Any
 

@@ -4,7 +4,8 @@ arguments given as futures arriving.
 ``RunSlots`` is the part of a ``ProgramRun`` (``tasks.py``) that holds and answers questions
 about values; it changes no task's state. Only the values the user sees (the program's
 outputs, and futures passed in) are ``Future``s; the rest live in ``values`` until their last
-reader ends.
+reader ends, or (where a launch holds its inputs) until it launches: ``LET_GO`` then marks the
+slot, so its end gives the bytes back without deleting anything.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from .objects import Future
 
 if TYPE_CHECKING:
     from .plan import Plan, PlanNode
+
+#: a slot whose value its run let go of once its last reader launched (``RunSlots.let_go``)
+LET_GO = object()
 
 
 class ArgumentGroup:
@@ -237,6 +241,16 @@ class RunSlots:
                 out.append((task, t))
         return out
 
+    def let_go(self, node: PlanNode) -> None:
+        """Under the lock, ``node`` launched: drop the values this run made that no other
+        reader left needs and no future shows (``LET_GO`` takes their place). The launch holds
+        their buffers until it has run, then XLA frees them, as it does an intermediate
+        ``jax.jit``'s caller dropped; the last reader's end gives their counted bytes back."""
+        refs, futures, values, donated = self.refs, self.futures, self.values, node.donated_slots
+        for s in node.internal:  # (a donated one is the launch's: ``consumed`` reads it)
+            if refs[s] == 1 and s not in futures and s not in donated and values[s] is not None:
+                values[s] = LET_GO
+
     def _release_inputs(self, node: PlanNode) -> None:
         """The task has ended: inputs only runs of this program read are freed after their
         last reader (the user's values and futures are the object store's business)."""
@@ -265,7 +279,7 @@ class RunSlots:
         for value, producer, k in dropped:
             if value is None:
                 continue
-            if hasattr(value, "delete"):
+            if value is not LET_GO and hasattr(value, "delete"):
                 try:
                     value.delete()
                 except Exception:  # already deleted or donated: nothing left to free

@@ -252,6 +252,7 @@ class ProgramRun(RunSlots):
         self.trace_fields = (self.name, self.id, client.name)  # its part of every event
         self.owner = owner
         self.parallel = parallel
+        self.lets_go = getattr(owner, "launch_holds_inputs", False)  # (``_hold_outputs``)
         self.waiting = list(plan.external if parallel else plan.n_inputs)
         base = self.base
         self.tasks = [Task(base + p.index, p, self) for p in plan.nodes]
@@ -342,7 +343,9 @@ class ProgramRun(RunSlots):
 
     def _hold_outputs(self, task: Task, values) -> bool:
         """Put ``task``'s output values in their slots, once (False: they are there already,
-        or the run is over); the futures whose buffers it donates are consumed then."""
+        or the run is over); the futures whose buffers it donates are consumed then. Where a
+        launch holds its inputs (``RunOwner.launch_holds_inputs``), the values this run made
+        that ``task`` is the last to read are let go of here (``slots.LET_GO``)."""
         node = task.node
         with self.lock:
             if task.has_outputs or self.values is None:
@@ -351,6 +354,8 @@ class ProgramRun(RunSlots):
             slots = self.values
             for s, v in zip(node.outputs, values, strict=True):
                 slots[s] = v
+            if self.lets_go and node.internal:
+                self.let_go(node)
         if node.donates:
             self._consume_donated(node)
         return True

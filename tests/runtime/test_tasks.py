@@ -191,7 +191,8 @@ def test_the_dispatcher_and_the_test_owner_implement_the_port():
     assert {"arrived", "computation_ended", "run_ended", "start_copy"} <= methods
     for cls in (Dispatcher, Owner):  # (a dispatcher's ``now`` is its executor's, per instance)
         assert not [n for n in methods - {"now"} if not callable(getattr(cls, n, None))], cls
-    assert set(RunOwner.__annotations__) == {"virtual", "memory_budget", "trace"}
+    assert set(RunOwner.__annotations__) == {"virtual", "memory_budget", "launch_holds_inputs",
+                                             "trace"}
 
 
 def sum_plan(ctl, n: int):

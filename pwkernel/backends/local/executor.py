@@ -66,6 +66,7 @@ class LocalBackend(NoGroup):
 
     name = "local"
     program_ahead = False
+    launch_holds_inputs = True  # (a jax.Array's buffer lives while a launch reads it)
 
     def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS, dcn: Link | None = None):
         if dcn is not None and not isinstance(dcn, Link):

@@ -1,0 +1,118 @@
+"""A value a run made is let go of once its last reader has launched, as ``jax.jit``'s caller
+drops an intermediate: XLA then frees it when that reader has run, not when the runtime hears of
+the reader's end. The executor says whether its launches hold their inputs
+(``launch_holds_inputs``); one that does not gets its values deleted after the last reader's
+end, as before.
+
+The executor here is the local backend with one change, made through the public executor
+contract: the completion of computations named ``late`` is reported only when the test says
+so, so the test can look at the run between that launch and its end.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from pwkernel.backends.local import LocalBackend
+from tests.helpers.budget import reserved
+
+SHAPE = (3, 5)  # the intermediate's shape: nothing else in the program has it
+
+
+class LateEnds:
+    """The local backend, except that a ``late`` computation's completion waits for ``go``."""
+
+    def __init__(self, holds_inputs: bool):
+        self.inner = LocalBackend(islands=(2,))
+        self.launch_holds_inputs = holds_inputs
+        self.launched, self.go = threading.Event(), threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def __getattr__(self, name):  # everything else is the local backend's
+        return getattr(self.inner, name)
+
+    def launch(self, island, tasks):
+        for task in tasks:
+            if task.node.name != "late":
+                self.inner.launch(island, [task])
+                continue
+            outs = task.node.call(*task.inputs())
+            task.launched(outs)
+            self.launched.set()
+
+            def complete(task=task, outs=outs):
+                self.go.wait(60)
+                jax.block_until_ready(list(outs))
+                task.completed(self.inner.now())
+
+            thread = threading.Thread(target=complete, name="late-end")
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self):
+        self.go.set()
+        for thread in self._threads:
+            thread.join()
+        self.inner.close()
+
+
+def intermediates(ctl) -> list:
+    """The values the controller's runs hold that have the intermediate's shape."""
+    return [v for run in ctl.runs() for v in run.values or ()
+            if isinstance(v, jax.Array) and v.shape == SHAPE]
+
+
+def run_held(holds_inputs: bool):
+    """Start ``late(early(x))`` and stop between ``late``'s launch and its end; returns the
+    controller, its backend, the output future and what the run then holds."""
+    ex = LateEnds(holds_inputs)
+    ctl = pw.Controller(backend=ex)
+    s = ctl.slice(1, island=0)
+    early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
+    late = pw.function(lambda a: a.sum(axis=0), slice=s, name="late")
+    out = pw.program(lambda x: late(early(x)))(np.arange(4, dtype=np.float32))
+    assert ex.launched.wait(60)
+    return ctl, ex, out, intermediates(ctl)
+
+
+@pytest.mark.parametrize("holds_inputs", [True, False])
+def test_the_last_readers_launch_lets_go_of_a_value_where_launches_hold_their_inputs(
+        holds_inputs):
+    ctl, ex, out, held = run_held(holds_inputs)
+    try:
+        # the local backend's launches hold their inputs: nothing of early's output is kept
+        # while late runs; a backend whose launches do not keeps it until late's end
+        assert len(held) == (0 if holds_inputs else 1)
+        ex.go.set()
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 18.0))
+        assert ctl.wait(60) and not ctl.runs()
+        assert all(v.is_deleted() for v in held)  # deleted after its last reader's end
+    finally:
+        ctl.close()
+
+
+def test_a_let_go_value_still_gives_its_bytes_back_under_a_memory_budget():
+    ex = LateEnds(True)
+    ctl = pw.Controller(backend=ex, memory_budget=1 << 20)
+    try:
+        s = ctl.slice(1, island=0)
+        early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
+        late = pw.function(lambda a: a.sum(axis=0), slice=s, name="late")
+        out = pw.program(lambda x: late(early(x)))(np.arange(4, dtype=np.float32))
+        assert ex.launched.wait(60) and not intermediates(ctl)
+        device = s.device_ids[0]
+        # let go of, and still counted until late's end (XLA frees it only once late has run)
+        assert reserved(ctl)[device] >= 4 * np.prod(SHAPE)
+        ex.go.set()
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 18.0))
+        assert ctl.wait(60)
+        del out
+        assert not any(reserved(ctl).values())  # given back once, at late's end
+    finally:
+        ctl.close()
