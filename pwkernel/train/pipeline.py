@@ -26,9 +26,10 @@ futures with shapes and times only (``.result()`` raises ``pw.NoValueError``), a
 ``check_finite`` has nothing to check there (it is ignored).
 
 **Memory.** A microbatch's residuals live from its forward to its backward on that stage.
-Gradients are summed into one accumulator per stage, each freed after the backward that adds
-to it (a flag tells the step's first backward there is nothing to add yet, so one compiled
-backward serves all), in float32 at least (``stage.accumulation_dtype``: a bfloat16 sum of M
+Gradients are summed into one accumulator per stage, which every backward after the stage's
+first donates, so the new sum takes the old one's buffer (a flag tells the first backward
+there is nothing to add yet: it is given the parameters, which it does not donate), in
+float32 at least (``stage.accumulation_dtype``: a bfloat16 sum of M
 microbatches' gradients drifts from ``jax.grad``'s of the whole batch), cast back to the
 parameters' dtype once, by the update. The updates take the parameters and optimizer state with
 ``donate_argnums``: the new state reuses the old one's buffers, so memory stays flat from step
