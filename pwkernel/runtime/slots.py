@@ -54,7 +54,7 @@ class RunSlots:
         self._changed: threading.Condition | None = None  # made when someone waits on a value
         self._waiters = 0
         self._parked: dict[int, Any] = {}  # completions waiting for their inputs' ends
-        self.given: set[int] | None = None  # made values a launch consumed: bytes given back
+        self.given: set[int] | None = None  # made values a launch consumed (donated)
 
     def slot_error(self, slots) -> BaseException | None:
         """The error of the first of ``slots`` that failed, if any."""
@@ -320,23 +320,34 @@ class RunSlots:
                 out.append(value)
         return out
 
-    def give_back(self, node: PlanNode, consumed: tuple[int, ...]) -> None:
-        """``node``'s launch consumed (donated) values this run made that no future shows:
-        the bytes counted for them go back to their islands' schedulers now, as XLA reuses
-        them for its outputs, not when their last reader ends (``_release_inputs`` then
-        frees them without giving anything back). Under a memory budget only."""
-        made = []
-        with self.lock:
-            values = self.values
-            if values is None:
-                return
-            if self.given is None:
-                self.given = set()
-            for s in node.donated_internal:
-                if values[s] is not None and s not in self.given and s in consumed:
-                    self.given.add(s)
-                    made.append(self.plan.makers[s])
-        for producer, k in made:
+    def taken(self, node: PlanNode) -> tuple[tuple[int, ...], list[tuple]]:
+        """Under the lock, as ``node``'s outputs are held: the slots its launch consumed
+        (``consumed``), and where the values among them this run made were made
+        (``mark_given``: they hold no bytes from now on)."""
+        consumed = self.consumed(node)
+        return consumed, (self.mark_given(node, consumed) if node.donated_internal else [])
+
+    def mark_given(self, node: PlanNode, consumed: tuple[int, ...]) -> list[tuple]:
+        """Under the lock, as ``node``'s outputs are held: the values this run made that its
+        launch consumed (donated) and no future shows hold no bytes from now on
+        (``internal_bytes``), as XLA reuses their buffers for those outputs; returns where
+        each was made (``plan.makers``), for ``give_back``. ``_release_inputs`` later frees
+        them without giving anything back."""
+        values, made = self.values, []
+        if values is None:
+            return made
+        if self.given is None:
+            self.given = set()
+        for s in node.donated_internal:
+            if values[s] is not None and s not in self.given and s in consumed:
+                self.given.add(s)
+                made.append(self.plan.makers[s])
+        return made
+
+    def give_back(self, made: list[tuple]) -> None:
+        """Under a memory budget: the bytes counted for values ``mark_given`` marked go back
+        to their islands' schedulers now, not when their last reader ends."""
+        for producer, k in made if self.owner.memory_budget is not None else ():
             nbytes = producer.out_nbytes[k]
             self.owner.release_memory(producer.island, list(nbytes),
                                       max(nbytes.values(), default=0))

@@ -356,20 +356,21 @@ class ProgramRun(RunSlots):
                 slots[s] = v
             if self.lets_go and node.internal:
                 self.let_go(node)
+            taken = self.taken(node) if node.donates else None  # (as its outputs count)
         if node.donates:
-            self._consume_donated(node)
+            self._consume_donated(node, taken)
         return True
 
-    def _consume_donated(self, node: PlanNode) -> None:
+    def _consume_donated(self, node: PlanNode, taken: tuple) -> None:
         """The futures whose buffers ``node`` donated are consumed (its outputs are held);
-        under a memory budget, what was counted for them all is given back now."""
-        consumed, futures = self.consumed(node), self.futures
+        what a budget counted for the values it consumed goes back (``taken(node)``'s)."""
+        (consumed, made), futures = taken, self.futures
         if futures and consumed:
             Future.consumed_many(list(map(futures.get, consumed)))
         for value in self.moved_and_consumed(node, consumed) if node.moved else ():
             value.delete()  # (the caller's array a copy was moved from: as jax.jit's move)
-        if node.donated_internal and self.owner.memory_budget is not None:
-            self.give_back(node, consumed)
+        if made:
+            self.give_back(made)
 
     def fail(self, task: Task, error: BaseException, dropped: bool = False) -> None:
         """``task`` will not run (cancelled, rejected, or an input failed): it ends now with
@@ -438,13 +439,14 @@ class ProgramRun(RunSlots):
             if self._parked:
                 unparked = self._unpark()
             self._unended -= 1  # (not among ctl.runs() once its last outputs resolve)
+            taken = self.taken(node) if fresh is not None and node.donates else None
         if ran:
             if node.is_compute:  # its devices are free: what waited may launch (its outputs'
                 owner.computation_ended(task, t_end - t_start)  # ends are known by then)
             if error is not None:  # the memory its outputs reserved (under a budget)
                 owner.release_memory(node.island, node.devices, node.memory)
-        if fresh is not None and node.donates:
-            self._consume_donated(node)
+        if taken is not None:
+            self._consume_donated(node, taken)
         if dropped:
             self._free(dropped)
         if node.internal:  # before its futures resolve: a user who got a result finds the

@@ -26,9 +26,10 @@ futures with shapes and times only (``.result()`` raises ``pw.NoValueError``), a
 ``check_finite`` has nothing to check there (it is ignored).
 
 **Memory.** A microbatch's residuals live from its forward to its backward on that stage.
-Gradients are summed into one accumulator per stage, each freed after the backward that adds
-to it (a flag tells the step's first backward there is nothing to add yet, so one compiled
-backward serves all), in float32 at least (``stage.accumulation_dtype``: a bfloat16 sum of M
+Gradients are summed into one accumulator per stage, which every backward after the stage's
+first donates, so the new sum takes the old one's buffer (a flag tells the first backward
+there is nothing to add yet: it is given the parameters, which it does not donate), in
+float32 at least (``stage.accumulation_dtype``: a bfloat16 sum of M
 microbatches' gradients drifts from ``jax.grad``'s of the whole batch), cast back to the
 parameters' dtype once, by the update. The updates take the parameters and optimizer state with
 ``donate_argnums``: the new state reuses the old one's buffers, so memory stays flat from step
@@ -132,10 +133,13 @@ class Pipeline:
             self._fwd.append(function(
                 forward(st.apply, head, s > 0), slice=vs, in_specs=(None, BATCH, BATCH, None),
                 out_specs=(out_spec, None, P()), name=call_name(s, Kind.FWD)))
-            self._bwd.append(function(
-                backward(st.apply, head, s > 0, 1.0 / M), slice=vs,
-                in_specs=(None, BATCH, BATCH, None, BATCH, None, None, None),
-                out_specs=(P(), BATCH, P()), name=call_name(s, Kind.BWD)))
+            bwd = backward(st.apply, head, s > 0, 1.0 / M)
+            specs = dict(slice=vs, in_specs=(None, BATCH, BATCH, None, BATCH, None, None, None),
+                         out_specs=(P(), BATCH, P()), name=call_name(s, Kind.BWD))
+            # the first backward's accumulator is the parameters (the state's, never donated);
+            # the later ones donate the running sum, the step's own, so it is updated in place
+            self._bwd.append((function(bwd, **specs),
+                              function(bwd, donate_argnums=_ACC, **specs)))
             self._update.append(function(
                 _update(optimizer), slice=vs, out_specs=P(), donate_argnums=(0, 1),
                 name=call_name(s, Kind.UPDATE)))
@@ -144,7 +148,7 @@ class Pipeline:
         self._mean = function(
             _mean_loss(M, check_finite and not simulated(self.slices[-1])),
             slice=self.slices[-1], out_specs=P(), name="loss")
-        self._named: dict[tuple[int, Kind, int], CompiledFunction] = {}
+        self._named: dict[tuple[int, Kind, int, bool], CompiledFunction] = {}
         self._programs: dict[Schedule, Program] = {}
         self._init_program = program(self._init_all, name=f"{name}.init")
         self._consts: list[tuple[Any, Any, Any]] | None = None
@@ -273,8 +277,9 @@ class Pipeline:
                     acts[s, m] = out
             else:
                 dout = None if s == S - 1 else douts.pop((s, m))
-                acc, flag = (params[s], first[s]) if grads[s] is None else (grads[s], later[s])
-                grads[s], dx, tokens[s] = self._call(s, kind, m)(
+                adds = grads[s] is not None  # (the first takes the parameters, not donated)
+                acc, flag = (grads[s], later[s]) if adds else (params[s], first[s])
+                grads[s], dx, tokens[s] = self._call(s, kind, m, adds)(
                     params[s], x, y, res.pop((s, m)), dout, acc, tokens[s], flag)
                 if s > 0:
                     douts[s - 1, m] = dx
@@ -286,13 +291,15 @@ class Pipeline:
         new = [self._update[s](params[s], opt_state[s], grads[s], barrier) for s in range(S)]
         return TrainState([p for p, _ in new], [o for _, o in new]), loss
 
-    def _call(self, stage: int, kind: Kind, microbatch: int) -> CompiledFunction:
+    def _call(self, stage: int, kind: Kind, microbatch: int,
+              adds: bool = False) -> CompiledFunction:
         """The stage's forward or backward under its own trace name (``s1.fwd[m2]``): a copy
-        of the compiled function that shares its executables, so naming costs no compile."""
-        key = (stage, kind, microbatch)
+        of the compiled function that shares its executables, so naming costs no compile.
+        ``adds``: a backward that adds to the step's running sum, which it donates."""
+        key = (stage, kind, microbatch, adds)
         fn = self._named.get(key)
         if fn is None:
-            base = (self._fwd if kind is Kind.FWD else self._bwd)[stage]
+            base = self._fwd[stage] if kind is Kind.FWD else self._bwd[stage][adds]
             fn = self._named[key] = copy.copy(base)
             fn.name = call_name(stage, kind, microbatch)
         return fn
@@ -321,6 +328,10 @@ class Pipeline:
     def __repr__(self) -> str:
         return (f"pw.train.Pipeline({len(self.stages)} stages, schedule={self.schedule.value!r}"
                 f", microbatches={self.microbatches})")
+
+
+#: the backward's argument that is the running gradient sum (``stage.backward``'s ``acc``)
+_ACC = 5
 
 
 def _train_state(state, what: str, consumed: bool = True) -> TrainState:

@@ -125,9 +125,9 @@ def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = Fa
     where ``jax.grad`` of the whole batch rounds once), so ``grads`` come in that dtype when
     ``acc`` is given (cast back to the parameters' once, before the optimizer). ``first``: a
     bool scalar; when True, ``acc`` is ignored (it only has the gradients' shapes: the
-    pipeline passes the parameters), so one compiled backward serves the first microbatch and
-    the others (two, for parameters narrower than float32: the later ones take the float32
-    running sum). ``dx`` is ``()`` unless
+    pipeline passes the parameters), so one function serves the first microbatch and the
+    others (the pipeline compiles it twice: the later backwards donate ``acc``, the running
+    sum, and for parameters narrower than float32 take it in float32). ``dx`` is ``()`` unless
     ``wrt_input``. The last stage (``loss`` given) takes ``dout=None`` and seeds its loss's
     cotangent with ``scale`` (1/M: the step's loss is the mean of its M microbatches').
     Integer and boolean leaves of an activation (masks, positions, token ids a stage passes

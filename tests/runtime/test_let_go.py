@@ -116,3 +116,29 @@ def test_a_let_go_value_still_gives_its_bytes_back_under_a_memory_budget():
         assert not any(reserved(ctl).values())  # given back once, at late's end
     finally:
         ctl.close()
+
+
+@pytest.mark.parametrize("budget", [None, 1 << 20])
+def test_a_value_the_run_made_and_a_launch_donated_holds_no_bytes_while_that_launch_runs(
+        budget):
+    """``late`` donates ``early``'s output and XLA reuses its buffer for its own: while
+    ``late`` runs, ``ctl.memory()`` counts that buffer once, as its output (as it does a
+    donated future), not also as the consumed input, with or without a memory budget.
+    Before, without a budget it counted both until ``late``'s end (a pipeline's backward
+    that donates the running gradient sum showed two sums per stage, where one is held)."""
+    ex = LateEnds(True)
+    ctl = pw.Controller(backend=ex, memory_budget=budget, dispatch="sequential")
+    try:
+        s = ctl.slice(1, island=0)
+        early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
+        late = pw.function(lambda a: a * 2.0, slice=s, donate_argnums=0, name="late")
+        total = pw.function(lambda b: b.sum(axis=0), slice=s, name="total")
+        out = pw.program(lambda x: total(late(early(x))))(np.arange(4, dtype=np.float32))
+        assert ex.launched.wait(60)
+        [device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
+        assert ctl.memory()[device] == 4 * np.prod(SHAPE), budget  # late's output alone
+        ex.go.set()
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 36.0))
+        assert ctl.wait(60)
+    finally:
+        ctl.close()
