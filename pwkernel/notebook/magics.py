@@ -250,7 +250,22 @@ class PathwaysMagics(Magics):
 
     def _run_program(self, a, body: str, name: str, filename: str, ctl, vs, temporary,
                      last: bool, quiet: bool = False):
-        """``body`` (the cell, or one segment of it) as ONE program on the slice."""
+        """``body`` (the cell, or one segment of it) as ONE program on the slice. A Ctrl-C
+        from the moment the runtime took the program (``_submit`` names its run in ``taken``,
+        with SIGINT held) to the end of the wait cancels it, wherever it lands."""
+        __tracebackhide__ = True
+        taken: list = []
+        try:
+            return self._program(a, body, name, filename, ctl, vs, temporary, last, quiet,
+                                 taken)
+        except KeyboardInterrupt as e:
+            if not taken:  # (nothing submitted, or the program ended: nothing to cancel)
+                raise
+            e.__traceback__ = None  # (its frames hold the cell's futures; IPython keeps it)
+            raise _interrupted(name, taken[0]) from None
+
+    def _program(self, a, body: str, name: str, filename: str, ctl, vs, temporary,
+                 last: bool, quiet: bool, taken: list):
         __tracebackhide__ = True
         shell = self.shell
         out = CellOutput(name)
@@ -277,7 +292,7 @@ class PathwaysMagics(Magics):
                     if not quiet:
                         print(f"({name}: no array work in this cell; it ran as plain Python)")
                     return value
-                futures, run = self._submit(ctl, graph, inputs, a.sequential)
+                futures, run = self._submit(ctl, graph, inputs, a.sequential, taken, temporary)
                 self._submitted += 1
         except (UsageError, KeyboardInterrupt):
             raise
@@ -286,21 +301,21 @@ class PathwaysMagics(Magics):
                 # (compiled functions carry their own slices: no ambient mesh for them)
                 return self._run_plain(body, filename, None if plan.uses_pw else vs, last)
             raise cells.user_error(e, filename) from None
-        if temporary is not None:
-            self.state.temporary.append((run, temporary))
         results = futures[0] if futures else {}
         view = self._show(a, ctl, run)
         if a.no_block and last:
             if getattr(shell, "kernel", None) is not None:
                 out.detach()
             self.state.watch(out)
-            self._bind(plain, results)
             deadline = endings.Deadline(run, a.timeout) if a.timeout is not None else None
             endings.when_done(run, results, lambda status: out.finish(
                 deadline.finish(status) if deadline else status))
+            taken.clear()  # its display sees its end: from here it runs on, as the cell said
+            self._bind(plain, results)
             return self._last(plan, plain, results)
         try:
             self._wait(ctl, run, a.timeout, name, endings.leaves(results))
+            taken.clear()  # ended, or an output failed: its error is the cell's, as raised
             failed = [f for f in endings.leaves(results) if f.exception(0) is not None]
             if failed:  # (result() raises it with its own traceback: not with the frames of
                 try:  # an earlier raise of the same error, a print of a failed input, say)
@@ -326,8 +341,10 @@ class PathwaysMagics(Magics):
             weight=a.weight if a.weight is not None else (base.weight if same else 1.0),
             priority=a.priority if a.priority is not None else (base.priority if same else 0))
 
-    def _submit(self, ctl, graph, inputs, sequential: bool):
-        """Submit the whole cell at once; returns (output pytree in a list, the run)."""
+    def _submit(self, ctl, graph, inputs, sequential: bool, taken: list, temporary):
+        """Submit the whole cell at once; returns (output pytree in a list, the run). The run
+        goes into ``taken`` (and a ``--devices`` slice's keep) before SIGINT is let through,
+        so a Ctrl-C from then on finds what to cancel (see ``_run_program``)."""
         import dataclasses
 
         import jax
@@ -342,9 +359,12 @@ class PathwaysMagics(Magics):
         submitted = dataclasses.replace(graph, outputs=list(graph.outputs) + extra)
         with _defer_interrupt() as caught:
             futs = ctl.submit(submitted, leaves, dispatch="sequential" if sequential else None)
+            taken.append(futs[0].run)
+            if temporary is not None:  # (released once the program ends: ``state.sweep``)
+                self.state.temporary.append((futs[0].run, temporary))
         run = futs[0].run
-        if caught:  # a Ctrl-C while submitting: the program went whole, and is cancelled now
-            raise _interrupted(graph.name, run)
+        if caught:  # a Ctrl-C while submitting: the program went whole; the caller cancels it
+            raise KeyboardInterrupt
         results = jax.tree_util.tree_unflatten(graph.out_tree, futs[:n])
         return [results], run
 
@@ -370,31 +390,29 @@ class PathwaysMagics(Magics):
     def _wait(self, ctl, run, timeout: float | None, name: str,
               outputs: list[Future]) -> None:
         """Until the program ends, or an output failed (a cancel from the sidebar, say): then
-        the cell fails at once, and computations already launched end on their own."""
+        the cell fails at once, and computations already launched end on their own. A Ctrl-C
+        meanwhile cancels the program (``_run_program``)."""
         __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
         resolved = endings.all_resolved(outputs)
         if getattr(ctl.executor, "virtual", False):  # a simulated clock: the cell's program
             run.wait(timeout)  # runs to its end while this thread waits (no real time passes)
-        try:
-            while True:
-                left = None if deadline is None else deadline - time.monotonic()
-                # ended first: a run that ended by the deadline did not time out (a simulated
-                # one runs to its end inside run.wait, however long that takes in real time)
-                if run.done() or (resolved.is_set() and any(
-                        f.exception(0) is not None for f in outputs)):
-                    return
-                if left is not None and left <= 0:
-                    run.cancel(f"timed out after {timeout:g} s")
-                    raise CellTimeout(
-                        f"{name} did not end within --timeout {timeout:g} s; cancelled its "
-                        "queued computations (one already running ends first). "
-                        "Raise --timeout, or use a bigger slice.") from None
-                # short steps: a long --timeout never overflows a wait, Ctrl-C is seen
-                (run if resolved.is_set() else resolved).wait(
-                    0.5 if left is None else min(left, 0.5))
-        except KeyboardInterrupt:
-            raise _interrupted(name, run) from None
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            # ended first: a run that ended by the deadline did not time out (a simulated
+            # one runs to its end inside run.wait, however long that takes in real time)
+            if run.done() or (resolved.is_set() and any(
+                    f.exception(0) is not None for f in outputs)):
+                return
+            if left is not None and left <= 0:
+                run.cancel(f"timed out after {timeout:g} s")
+                raise CellTimeout(
+                    f"{name} did not end within --timeout {timeout:g} s; cancelled its "
+                    "queued computations (one already running ends first). "
+                    "Raise --timeout, or use a bigger slice.") from None
+            # short steps: a long --timeout never overflows a wait, Ctrl-C is seen
+            (run if resolved.is_set() else resolved).wait(
+                0.5 if left is None else min(left, 0.5))
 
     def _bind(self, plain: dict[str, Any], results: Any) -> None:
         ns = self.shell.user_ns

@@ -230,6 +230,44 @@ def test_a_remap_waits_for_the_traces_of_other_threads(ctl):
     assert moving(np.ones(2)).result(60).tolist() == [2.0, 2.0] and s.island.id == 0
 
 
+def test_two_programs_that_remap_while_traced_in_two_threads_do_not_wait_on_each_other(ctl):
+    """Each remap waits for the other thread's trace to end: two programs traced at once that
+    each remap inside would wait forever. The second to ask is refused at once (SliceError,
+    saying why); the first moves once that trace has ended, and its program runs."""
+    one, two = ctl.slice(1, island=0), ctl.slice(1, island=0)
+    inside = {s.id: threading.Event() for s in (one, two)}
+    got: dict[int, object] = {}
+
+    def moving_program(s, other):
+        f = pw.function(lambda x: x + 1, slice=s)
+
+        @pw.program
+        def body(x):
+            y = f(x)
+            inside[s.id].set()
+            assert inside[other.id].wait(60)  # both traces are under way
+            ctl.remap(s, island=1)
+            return f(y)
+
+        def call():
+            try:
+                got[s.id] = body(np.zeros(2, np.float32)).result(60)
+            except pw.SliceError as e:
+                got[s.id] = e
+        return threading.Thread(target=call, daemon=True)
+
+    threads = [moving_program(one, two), moving_program(two, one)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "the two remaps wait for each other"
+    refused = [v for v in got.values() if isinstance(v, pw.SliceError)]
+    ran = [v for v in got.values() if not isinstance(v, pw.SliceError)]
+    assert len(refused) == 1 and "another thread" in str(refused[0]), got
+    assert len(ran) == 1 and np.asarray(ran[0]).tolist() == [2.0, 2.0], got
+
+
 def test_a_call_runs_where_it_was_traced_if_the_slice_moves_before_it_is_submitted(ctl):
     """Another thread's remap can land between a call finding its graph (traced for the
     slice's devices then) and submitting it: the call runs the executable it was traced

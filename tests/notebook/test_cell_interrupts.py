@@ -1,0 +1,68 @@
+"""Ctrl-C at any moment of a ``%%pathways`` cell's run, once its program was submitted:
+before the cell waits (its display made, its wait set up) as while it waits, the program is
+cancelled, the cell binds nothing, and the next cell runs on the same controller.
+
+The interrupt is raised at a chosen point, right after the real work there is done: what
+Python's ``SIGINT`` handler does between two bytecodes, at a moment a test can pick."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from pwkernel.notebook import endings, extension
+from pwkernel.notebook.magics import PathwaysMagics
+from pwkernel.runtime.tasks import TaskState
+from tests.helpers.programs import gate
+from tests.helpers.shell import run
+
+# (where the interrupt lands, the cell's flags): between the submission and the wait, in the
+# magic (its display) and at the wait's start (its futures' event), blocking or not
+POINTS = [(PathwaysMagics, "_show", ""), (endings, "all_resolved", ""),
+          (PathwaysMagics, "_show", " --no-block")]
+
+
+@pytest.mark.parametrize(("owner", "point", "flags"), POINTS,
+                         ids=["before-wait", "wait-start", "no-block"])
+def test_an_interrupt_after_the_submission_cancels_the_cells_program(ip, monkeypatch, owner,
+                                                                   point, flags):
+    run(ip, "%pathways slice s 2")
+    entered, release = threading.Event(), threading.Event()
+    ip.user_ns["blocker"] = pw.function(gate(entered, release, ip.user_ns["s"].mesh),
+                                        slice=ip.user_ns["s"], in_specs=pw.BATCH)
+    run(ip, "held = blocker(np.ones(2, np.float32))")  # the cell's program queues behind it
+    assert entered.wait(60)
+    seen: list = []
+    real = getattr(owner, point)
+
+    def interrupted(*args, **kwargs):
+        seen.append(list(_cell_run(args).tasks))  # (a run lets go of its tasks at its end)
+        real(*args, **kwargs)  # (the work there done first)
+        monkeypatch.setattr(owner, point, real)  # (once: the next cell runs as usual)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(owner, point, interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            run(ip, f"%%pathways --slice s{flags}\nnever_bound = jnp.ones(2) * 3\n")
+    finally:
+        release.set()
+    assert seen, f"the cell never reached {point}"
+    ctl = extension.state().ctl
+    assert ctl.wait(60)
+    assert "never_bound" not in ip.user_ns
+    states = [t.state for t in seen[0]]
+    assert states and set(states) == {TaskState.CANCELLED}, states  # none ran after Ctrl-C
+    assert "cancelled the queued computations" in str(info.value), info.value
+    run(ip, "held.result(60);")
+    run(ip, "%%pathways --slice s\nafter = jnp.ones(2) * 3\n")  # the controller goes on
+    np.testing.assert_allclose(np.asarray(ip.user_ns["after"]), [3.0, 3.0])
+
+
+def _cell_run(args):
+    """The cell's run from the arguments of the point the interrupt came at."""
+    if isinstance(args[0], list):  # all_resolved(outputs)
+        return args[0][0].run
+    return args[-1]  # _show(self, a, ctl, run)
