@@ -15,8 +15,11 @@ completion side waits for, ``complete`` waits for it and makes its completion re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,6 +31,7 @@ now = time.perf_counter
 # Where an operation carries the controller's JAX settings (``settings`` below), by kind.
 SETTINGS_AT = {"run": 10, "put": 5, "recv": 6}
 DONATED_AT = 11  # a run's donated input positions (donate_argnums), after its settings
+KEEP_EXECUTABLES = 128  # a pool island's compiled executables kept for the next tenants
 # The settings of the controller that an island applies to what it runs: dtypes (float64 and
 # int64 exist only under x64) and the NaN/Inf checks of jax.jit's call.
 JAX_SETTINGS = ("jax_enable_x64", "jax_debug_nans", "jax_debug_infs")
@@ -74,9 +78,11 @@ class Failed(Exception):
 
 class IslandDevices:
     """One island's JAX devices (virtual CPU devices or GPUs of this process), the meshes
-    over them, and the issuing of operations on them."""
+    over them, and the issuing of operations on them (``shared``: a pool's island, where
+    tenants that send the same computation share one compiled executable)."""
 
-    def __init__(self, island: int, devices: int, platform: str):
+    def __init__(self, island: int, devices: int, platform: str,
+                 shared: SharedExecutables | None = None):
         self.island = island
         if platform == "cpu":
             os.environ["JAX_PLATFORMS"] = "cpu"
@@ -92,6 +98,7 @@ class IslandDevices:
         self.devices = pool[:devices]
         self._meshes: dict[tuple, Any] = {}
         self.last_end: dict[int, float] = {}  # device position -> when its last work ended
+        self.shared = shared
 
     def info(self) -> dict:
         import socket
@@ -126,14 +133,29 @@ class IslandDevices:
         return from_host(ref, self.sharding(layout))
 
     def compiled(self, executables: dict, key: str, blob: bytes | None, in_layouts,
-                 out_layouts, donated: tuple[int, ...] = ()):
+                 out_layouts, donated: tuple[int, ...] = (), settings=()):
+        """The executable the caller calls ``key`` (``executables``: the caller's, by its
+        keys), compiled from ``blob`` the first time; with ``shared`` (a pool's island), one
+        already compiled from the same content for anyone is reused."""
         exe = executables.get(key)
         if exe is not None:
             return exe
         if blob is None:
             raise KeyError(f"executable {key} was never sent to island {self.island}")
+        exported = self.jax.export.deserialize(bytearray(blob))
+        digest = None
+        if self.shared is not None:
+            digest = content_key(exported, in_layouts, out_layouts, donated, settings)
+            exe = self.shared.get(digest)
+        if exe is None:
+            exe = self._compile(exported, in_layouts, out_layouts, donated)
+        if digest is not None:
+            self.shared.put(digest, exe)
+        executables[key] = exe
+        return exe
+
+    def _compile(self, exported, in_layouts, out_layouts, donated: tuple[int, ...]):
         jax = self.jax
-        exported = jax.export.deserialize(bytearray(blob))
         in_sh = tuple(self.sharding(lay) for lay in in_layouts)
         out_sh = tuple(self.sharding(lay) for lay in out_layouts)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
@@ -150,8 +172,7 @@ class IslandDevices:
 
         if sub_byte(exported.in_avals):  # (int4/uint4 inputs: jax.jit's own call)
             exe = jitted
-        executables[key] = exe = Fenced(exe)
-        return exe
+        return Fenced(exe)
 
     # --- issuing ---------------------------------------------------------------------------
     def issue(self, op: tuple, t_launch: float, buffers: dict, executables: dict,
@@ -175,7 +196,9 @@ class IslandDevices:
         if kind == "run":
             _, rid, key, blob, in_layouts, out_layouts, inputs, outputs, *_ = op
             donated = op[DONATED_AT] if len(op) > DONATED_AT else ()
-            exe = self.compiled(executables, key, blob, in_layouts, out_layouts, donated)
+            settings = op[SETTINGS_AT[kind]] if len(op) > SETTINGS_AT[kind] else ()
+            exe = self.compiled(executables, key, blob, in_layouts, out_layouts, donated,
+                                settings)
             t_launch = now()  # compiling (the first time) is host work, not device time
             args = [self.arg(buffers, r, lay)
                     for r, lay in zip(inputs, in_layouts, strict=True)]
@@ -260,6 +283,50 @@ class IslandDevices:
             deliver(bid, None, f"{type(e).__name__}: {e}", t_launch)
             raise
         deliver(bid, value, None, t_launch)
+
+
+def content_key(exported, *made_with) -> str:
+    """What an executable is compiled from, leaving out where its code was written: the
+    computation (its StableHLO without debug locations, as a notebook cell's file name differs
+    from kernel to kernel), its signature and ``made_with`` (layouts, donations, settings)."""
+    from jax._src.interpreters import mlir  # (JAX has no public "print without locations")
+    from jax._src.lib.mlir import ir
+
+    try:
+        with mlir.make_ir_context():
+            text = ir.Module.parse(exported.mlir_module()).operation.get_asm(
+                enable_debug_info=False)
+    except Exception:  # noqa: BLE001 - one it cannot print is shared by exact bytes only
+        text = exported.mlir_module_serialized
+    signature = [(f.name, repr(getattr(exported, f.name))) for f in dataclasses.fields(exported)
+                 if not f.name.startswith("_") and f.name != "mlir_module_serialized"]
+    return hashlib.sha256(repr((text, signature, made_with)).encode()).hexdigest()
+
+
+class SharedExecutables:
+    """A pool island's compiled executables by ``content_key``, the ``keep`` latest used: a
+    tenant that sends one already compiled here (its own earlier attach, another notebook of
+    the same code) gets that one. Each tenant also holds those it uses, by its own keys, until
+    it leaves, so dropping one here never takes it from a tenant."""
+
+    def __init__(self, keep: int = KEEP_EXECUTABLES):
+        self.keep = keep
+        self._entries: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, digest: str):
+        exe = self._entries.get(digest)
+        if exe is not None:
+            self._entries.move_to_end(digest)
+        return exe
+
+    def put(self, digest: str, exe) -> None:
+        self._entries[digest] = exe
+        self._entries.move_to_end(digest)
+        while len(self._entries) > self.keep:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class Fenced:

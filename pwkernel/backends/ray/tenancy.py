@@ -54,7 +54,7 @@ from ...runtime.scheduler import (
 )
 from .actor import linger
 from .hostvalues import to_host
-from .ops import IslandDevices, compute_positions, now
+from .ops import IslandDevices, SharedExecutables, compute_positions, now
 from .poolfile import check_name
 from .tenants import Item, Tenant, TenantRefused
 
@@ -82,7 +82,7 @@ class PoolIslandActor:
             raise ValueError(f"lease must be a positive number of seconds, got {lease!r}")
         self.island, self.pool, self.lease = island, pool, float(lease)
         self.sizes = [int(n) for n in sizes]  # every island's devices (the pool's layout)
-        self.ops = IslandDevices(island, devices, platform)
+        self.ops = IslandDevices(island, devices, platform, SharedExecutables())
         self._cv = threading.Condition()
         self._scheduler = GangScheduler(range(devices), Policy.SHARE, depth=DEPTH)
         self._every = frozenset(range(devices))
@@ -126,9 +126,8 @@ class PoolIslandActor:
             return [dict(e) for e in self._log[max(0, since - self._logged):]]
 
     def pool_status(self) -> dict:
-        """This island's tenants (queued and running operations, device time and its share,
-        bytes held, device positions used), its bytes in all (every live array of this
-        process), its launch count, its scheduler's queued and running tasks and accounts."""
+        """This island's tenants (queued, running, device time, share, bytes, positions used),
+        bytes of all live arrays here, launches, scheduler tasks and accounts, executables."""
         import jax
 
         with self._cv:
@@ -142,7 +141,8 @@ class PoolIslandActor:
                 "platform": self.ops.devices[0].platform, "pid": os.getpid(),
                 "pool": self.pool, "policy": self._scheduler.policy.value,
                 "tenants": rows, "bytes": live, "launches": launches,
-                "queued": queued, "running": running, "accounts": accounts}
+                "queued": queued, "running": running, "accounts": accounts,
+                "executables": len(self.ops.shared)}
 
     def changed(self, seen: int = -1, timeout: float = 1.0) -> int:
         """How many times what ``pool_status`` shows has changed (a tenant came or went, an
@@ -274,7 +274,7 @@ class PoolIslandActor:
         return to_host(self.ops.arg(buffers, bid, None))
 
     def executables(self, secret: str) -> list[str]:
-        with self._cv:
+        with self._cv:  # (the tenant's keys: compiled ones are shared, ``SharedExecutables``)
             return sorted(self._tenant(secret).executables)
 
     def deliver(self, secret: str, bid: int, value, error: str | None, t_src: float) -> None:
