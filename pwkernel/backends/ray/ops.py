@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -312,18 +313,21 @@ class SharedExecutables:
     def __init__(self, keep: int = KEEP_EXECUTABLES):
         self.keep = keep
         self._entries: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()  # (tenants' operations are issued from several threads)
 
     def get(self, digest: str):
-        exe = self._entries.get(digest)
-        if exe is not None:
-            self._entries.move_to_end(digest)
-        return exe
+        with self._lock:
+            exe = self._entries.get(digest)
+            if exe is not None:
+                self._entries.move_to_end(digest)
+            return exe
 
     def put(self, digest: str, exe) -> None:
-        self._entries[digest] = exe
-        self._entries.move_to_end(digest)
-        while len(self._entries) > self.keep:
-            self._entries.popitem(last=False)
+        with self._lock:
+            self._entries[digest] = exe
+            self._entries.move_to_end(digest)
+            while len(self._entries) > self.keep:
+                self._entries.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._entries)
