@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from .resources import Island
 
 _log = logging.getLogger("pwkernel")
+_get_ident = threading.get_ident
 
 
 class IslandQueue:
@@ -62,6 +63,11 @@ class IslandQueue:
         self._deferred: list = []
         self._todo: list[Task] = []
         self._draining = False
+        # the thread draining now, and the ends it reported meanwhile (without a memory
+        # budget): its drain loop hands them to the scheduler together, between launches
+        self._drainer: int | None = None
+        self._ends: list[Ended] = []
+        self._gathers = memory_budget is None
         self._paused = 0
         self.ends = EndOrder()  # launch order per device set, for reporting ends
         # under a budget, the heads found waiting for memory only the user can free (by
@@ -111,7 +117,13 @@ class IslandQueue:
             node.donated_args and self.scheduler.memory_budget is not None) else 0
 
     def ended(self, task: Task, seconds: float) -> None:
-        """A launched computation ended: its devices are free."""
+        """A launched computation ended: its devices are free. Seen by the thread draining
+        this island (a launch that completed at once), the end joins its drain loop's next
+        step with the others seen meanwhile: one scheduler pass for them all, not one each.
+        Under a memory budget it goes at once (an idle check must see the devices free)."""
+        if self._drainer == _get_ident():  # (set only without a budget)
+            self._ends.append(Ended(task=task.id, seconds=seconds))  # (only this thread's)
+            return
         self.post(Ended(task=task.id, seconds=seconds))
 
     def cancel(self, *tasks: Task) -> list[Task]:
@@ -211,15 +223,23 @@ class IslandQueue:
 
     def _drain(self) -> None:
         launch, island = self.executor.launch, self.island.id
-        interrupted = None
+        interrupted, me = None, _get_ident()
         while True:
-            with self._lock:
-                todo = self._todo
-                if not todo:
-                    self._draining = False
-                    break
-                self._todo = []
             try:
+                if self._ends:  # (appended by this thread only: see ``ended``)
+                    ends, self._ends = self._ends, []
+                    self.post(*ends)  # (what they launch joins ``_todo``: this loop's)
+                with self._lock:
+                    todo = self._todo
+                    if not todo:
+                        if self._ends:  # (a post above saw more of them at once)
+                            continue
+                        self._draining = False
+                        self._drainer = None
+                        break
+                    self._todo = []
+                    # (one launch's end is posted at once: nothing to gather it with)
+                    self._drainer = me if len(todo) > 1 and self._gathers else None
                 launch(island, todo)
             except BaseException as e:  # noqa: BLE001 - keep draining; raise it after
                 if isinstance(e, Exception):
