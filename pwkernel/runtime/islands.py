@@ -106,8 +106,13 @@ class IslandQueue:
 
     def _ready(self, task: Task) -> Ready:
         """The event saying ``task``'s inputs are there, with its ``argument_credit``."""
-        return Ready(task=task.id, after=task.run.after(task) if task.node.foreign else (),
-                     credit=self.argument_credit(task))
+        # Its producers of other runs matter only if one is still in flight on its devices:
+        # it is ready, so they launched (and are in their devices' queues) before now, and
+        # no other ancestor of it can join those queues any more.
+        node = task.node
+        after = task.run.after(task) if node.foreign and self.scheduler.busy(node.devices) \
+            else ()
+        return Ready(task=task.id, after=after, credit=self.argument_credit(task))
 
     def argument_credit(self, task: Task) -> int:
         """Under a memory budget, the counted bytes of the arguments ``task`` donates, given
