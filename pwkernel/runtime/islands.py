@@ -175,13 +175,15 @@ class IslandQueue:
             finally:
                 self._handling = False
             rejects = copies = None  # (a decision or two at a time, mostly: nothing hoisted)
-            launches = 0
+            launches, lines = 0, self.ends.lines
             for decision in decisions:
                 task = self._tasks.pop(decision.task)
                 if type(decision) is Launch:
                     launches += 1
-                    if task.node.is_compute:
-                        task.launch(self.ends.line(task.node.devices))
+                    node = task.node
+                    if node.is_compute:
+                        line = lines.get(node.devices)  # (a Line with nothing in it is falsy)
+                        task.launch(line if line is not None else self.ends.line(node.devices))
                         self._todo.append(task)
                         if self.scheduler.memory_budget is not None:
                             task.run.owner.work_began()
