@@ -86,20 +86,21 @@ class Line:
 class EndOrder:
     """One island's lines, by device set, and when work last ended on each device."""
 
-    __slots__ = ("_lines", "last_end")
+    __slots__ = ("lines", "last_end")
 
     def __init__(self):
-        self._lines: dict[tuple[int, ...], Line] = {}
+        #: by device set (read under the island's lock; ``line`` adds one)
+        self.lines: dict[tuple[int, ...], Line] = {}
         self.last_end: dict[int, float] = {}
 
     def line(self, devices: tuple[int, ...]) -> Line:
         """The line of ``devices`` (called under the island's lock)."""
-        line = self._lines.get(devices)
+        line = self.lines.get(devices)
         if line is None:
-            line = self._lines[devices] = Line(self.last_end)
+            line = self.lines[devices] = Line(self.last_end)
         return line
 
     def unreported(self) -> int:
         """Computations launched here whose ends are not reported yet."""
-        return sum(len(line) for line in list(self._lines.values()))
+        return sum(len(line) for line in list(self.lines.values()))
 

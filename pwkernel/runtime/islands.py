@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from .resources import Island
 
 _log = logging.getLogger("pwkernel")
+_get_ident = threading.get_ident
 
 
 class IslandQueue:
@@ -62,6 +63,11 @@ class IslandQueue:
         self._deferred: list = []
         self._todo: list[Task] = []
         self._draining = False
+        # the thread draining now, and the ends it reported meanwhile (without a memory
+        # budget): its drain loop hands them to the scheduler together, between launches
+        self._drainer: int | None = None
+        self._ends: list[Ended] = []
+        self._gathers = memory_budget is None
         self._paused = 0
         self.ends = EndOrder()  # launch order per device set, for reporting ends
         # under a budget, the heads found waiting for memory only the user can free (by
@@ -100,8 +106,13 @@ class IslandQueue:
 
     def _ready(self, task: Task) -> Ready:
         """The event saying ``task``'s inputs are there, with its ``argument_credit``."""
-        return Ready(task=task.id, after=task.run.after(task) if task.node.foreign else (),
-                     credit=self.argument_credit(task))
+        # Its producers of other runs matter only if one is still in flight on its devices:
+        # it is ready, so they launched (and are in their devices' queues) before now, and
+        # no other ancestor of it can join those queues any more.
+        node = task.node
+        after = task.run.after(task) if node.foreign and self.scheduler.busy(node.devices) \
+            else ()
+        return Ready(task=task.id, after=after, credit=self.argument_credit(task))
 
     def argument_credit(self, task: Task) -> int:
         """Under a memory budget, the counted bytes of the arguments ``task`` donates, given
@@ -111,7 +122,13 @@ class IslandQueue:
             node.donated_args and self.scheduler.memory_budget is not None) else 0
 
     def ended(self, task: Task, seconds: float) -> None:
-        """A launched computation ended: its devices are free."""
+        """A launched computation ended: its devices are free. Seen by the thread draining
+        this island (a launch that completed at once), the end joins its drain loop's next
+        step with the others seen meanwhile: one scheduler pass for them all, not one each.
+        Under a memory budget it goes at once (an idle check must see the devices free)."""
+        if self._drainer == _get_ident():  # (set only without a budget)
+            self._ends.append(Ended(task=task.id, seconds=seconds))  # (only this thread's)
+            return
         self.post(Ended(task=task.id, seconds=seconds))
 
     def cancel(self, *tasks: Task) -> list[Task]:
@@ -158,13 +175,15 @@ class IslandQueue:
             finally:
                 self._handling = False
             rejects = copies = None  # (a decision or two at a time, mostly: nothing hoisted)
-            launches = 0
+            launches, lines = 0, self.ends.lines
             for decision in decisions:
                 task = self._tasks.pop(decision.task)
                 if type(decision) is Launch:
                     launches += 1
-                    if task.node.is_compute:
-                        task.launch(self.ends.line(task.node.devices))
+                    node = task.node
+                    if node.is_compute:
+                        line = lines.get(node.devices)  # (a Line with nothing in it is falsy)
+                        task.launch(line if line is not None else self.ends.line(node.devices))
                         self._todo.append(task)
                         if self.scheduler.memory_budget is not None:
                             task.run.owner.work_began()
@@ -211,15 +230,23 @@ class IslandQueue:
 
     def _drain(self) -> None:
         launch, island = self.executor.launch, self.island.id
-        interrupted = None
+        interrupted, me = None, _get_ident()
         while True:
-            with self._lock:
-                todo = self._todo
-                if not todo:
-                    self._draining = False
-                    break
-                self._todo = []
             try:
+                if self._ends:  # (appended by this thread only: see ``ended``)
+                    ends, self._ends = self._ends, []
+                    self.post(*ends)  # (what they launch joins ``_todo``: this loop's)
+                with self._lock:
+                    todo = self._todo
+                    if not todo:
+                        if self._ends:  # (a post above saw more of them at once)
+                            continue
+                        self._draining = False
+                        self._drainer = None
+                        break
+                    self._todo = []
+                    # (one launch's end is posted at once: nothing to gather it with)
+                    self._drainer = me if len(todo) > 1 and self._gathers else None
                 launch(island, todo)
             except BaseException as e:  # noqa: BLE001 - keep draining; raise it after
                 if isinstance(e, Exception):

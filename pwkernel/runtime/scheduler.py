@@ -30,9 +30,6 @@ computations of the same program it reads from directly (``waits``): such a comp
 ready the moment its producers are *launched*, inside this state machine, so one event can
 launch a whole chain (up to ``depth``) without a round trip per node.
 
-The events, decisions and policies live in ``runtime/events.py`` (re-exported here); the
-clients' accounts in ``runtime/clients.py``.
-
 The order is kept incrementally: each client's ready computations sit in a list sorted by the
 policy's key (binary insertion), merged by a scheduling pass that stops once every device is
 reserved. These lists are the only record of what is ready, and each device's queue of
@@ -186,6 +183,10 @@ class GangScheduler:
 
     def _launched(self) -> set[int]:
         return {t for queue in self._busy.values() for t in queue}
+
+    def busy(self, devices: Iterable[int]) -> bool:
+        """Whether a computation is in flight (launched, not ended) on any of ``devices``."""
+        return any(self._busy[d] for d in devices)
 
     def memory_in_use(self) -> dict[int, int]:
         return dict(self._memory)

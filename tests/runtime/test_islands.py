@@ -98,3 +98,44 @@ def test_an_admitted_copy_is_started_by_its_runs_owner(ctl, island):
     submit(queue, copy, memory=100, copy=True)
     assert copy.state is TaskState.RUNNING and copy.line is None
     assert ("start_copy", copy.node.name) in owner.calls
+
+
+class EndsAtOnce(Launches):
+    """Launches what it is handed and sees each end at once, in the launching thread (as the
+    local backend does when a launch's outputs are ready when its call returns)."""
+
+    def __init__(self):
+        super().__init__()
+        self.queue: IslandQueue | None = None
+
+    def launch(self, island: int, tasks) -> None:
+        super().launch(island, tasks)
+        for task in tasks:
+            self.queue.ended(task, 1.0)
+
+
+def test_ends_seen_at_once_while_draining_reach_the_scheduler_together(ctl, island):
+    executor = EndsAtOnce()
+    queue = executor.queue = IslandQueue(island, executor, "fifo", None)
+    handled: list[list[str]] = []
+    handle = queue.scheduler.handle
+
+    def counting(*events):
+        handled.append([type(e).__name__ for e in events])
+        return handle(*events)
+
+    queue.scheduler.handle = counting
+    plan = chain_plan(ctl)
+    t = by_name(start(plan))
+    other = by_name(start(plan))["a"]  # another run's, on the same device: waits
+    queue.pause()
+    submit(queue, t["a"])
+    assert t["b"].enqueue()
+    queue.submit(t["b"], sch.Submit(task=t["b"].id, devices=t["b"].node.devices, ready=True,
+                                    after=(t["a"].id,), group=t["b"].run.id))  # behind a
+    submit(queue, other)
+    queue.resume()
+    assert executor.handed == [["a", "b"], ["a"]]  # the gang order is the scheduler's
+    # a's and b's ends, seen while their batch launched, in one step; then other's alone
+    assert handled[-2:] == [["Ended", "Ended"], ["Ended"]]
+    assert queue.scheduler.running == () and queue.scheduler.queued == ()

@@ -574,3 +574,13 @@ def test_a_client_gone_for_good_is_forgotten_once_its_work_ended():
                            after=(1,))) == [Launch(task=1), Launch(task=2)]
     s.handle(Ended(task=1, seconds=1.0), Ended(task=2, seconds=1.0))
     assert set(s.shares()) == {"stays"} and s.queued == () and s.running == ()
+
+
+def test_busy_says_whether_work_is_in_flight_on_any_of_the_devices():
+    s = GangScheduler(ALL)
+    assert launched(s.handle(Submit(task=1, devices=(0, 1), ready=True))) == [1]
+    assert s.busy((1, 2)) and not s.busy((2, 3))
+    s.handle(Submit(task=2, devices=(2,), ready=False))  # queued, not launched: not busy
+    assert not s.busy((2, 3))
+    s.handle(Ended(task=1, seconds=0.0))
+    assert not s.busy(ALL)
