@@ -217,6 +217,10 @@ class PathwaysMagics(Magics):
         """The cell as one program, or split where its Python needs values (segments.py)."""
         __tracebackhide__ = True
         body = self.shell.transform_cell(cell)
+        # (IPython drops the leading blank lines: put them back, so lines are the cell's)
+        lines = cell.splitlines()
+        blank = next((i for i, t in enumerate(lines) if t.strip()), 0)
+        body = "\n" * blank + body
         try:
             parts = segments.segments(body)
         except SyntaxError:

@@ -141,3 +141,19 @@ def test_errors_in_the_cells_code_show_its_lines(nb, capsys, cell, line, error):
     text = shown(nb, capsys, "%%pathways --slice s\n" + cell, error)
     assert_users_frames_only(text)
     assert line in text, text
+
+
+@pytest.mark.parametrize(("cell", "line", "error"), [
+    ("\n\ny = jnp.ones(2)\nz = jnp.ones(3) @ y\n", "----> 5 z = jnp.ones(3) @ y", TypeError),
+    ("\n \ny = jnp.ones(2)\nprint(float(y.sum()))\nint('x')\n", "----> 6 int('x')",
+     ValueError),
+    ("\ndef f(v):\n    raise ValueError('user code raised')\ny = f(jnp.ones(2))\n",
+     "----> 5 y = f(jnp.ones(2))", ValueError),
+])
+def test_blank_lines_under_the_magic_line_keep_the_cells_line_numbers(nb, capsys, cell, line,
+                                                                      error):
+    """IPython drops a cell's leading blank lines before its code runs; the traceback counts
+    them, as the notebook shows the cell. Before, each line shown was off by that many."""
+    text = shown(nb, capsys, "%%pathways --slice s\n" + cell, error)
+    assert_users_frames_only(text)
+    assert line in text, text
