@@ -14,6 +14,7 @@ Needs ``jupytext`` (in the ``dev`` extras).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -51,7 +52,13 @@ def stale(folder: Path = NOTEBOOKS) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if "--check" in argv:
+    parser = argparse.ArgumentParser(
+        prog="python -m pwkernel.notebook.tutorials",
+        description="Write every tutorial notebook notebooks/NN_name.ipynb from its source "
+                    "notebooks/NN_name.py (make notebooks).")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; name the notebooks out of date, exit 1 if any")
+    if parser.parse_args(argv).check:
         out = stale()
         for name in out:
             print(f"{name} is out of date: run `make notebooks`", file=sys.stderr)

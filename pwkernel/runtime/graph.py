@@ -11,6 +11,7 @@ While a program is traced, its values are ``Value`` placeholders (shape, dtype, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,3 +237,17 @@ class Value(ArrayOnDemand):
         return f"Value(shape={self.shape}, dtype={self.dtype})"
 
     __str__ = __repr__  # (printed while tracing, as a tracer prints)
+
+
+def call_traced(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)``, a program's Python while it is traced. A ``jnp`` function or
+    ``jax.jit`` given a ``Value`` catches its ``NeedsValueError`` (a ``TypeError``) and raises
+    its own, which says to mark the argument static: that one becomes the ``NeedsValueError``
+    again, which says where the work goes, with JAX's error as its cause."""
+    try:
+        return fn(*args, **kwargs)
+    except TypeError as e:
+        inner = e.__context__
+        if isinstance(e, NeedsValueError) or not isinstance(inner, NeedsValueError):
+            raise
+        raise NeedsValueError(str(inner)) from e

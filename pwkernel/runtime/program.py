@@ -38,7 +38,7 @@ from .arguments import (
 )
 from .errors import ProgramError, SliceError, retyped
 from .executable import Executable
-from .graph import Graph, Value
+from .graph import Graph, Value, call_traced
 from .objects import Future
 from .placements import placements
 from .resources import VirtualSlice
@@ -398,7 +398,7 @@ class Program(ProgramStages):
             args, kwargs = self.arguments.rebuild(args, kwargs, statics)
         outer, _tracing.graph = _current_graph(), graph  # (outer: a program traced around
         try:                                                # this one's eval_shape or trace)
-            result = self.fn(*args, **kwargs)
+            result = call_traced(self.fn, args, kwargs)
         finally:
             _tracing.graph = outer
         if graph.controller is None:  # (before its constants: they are placed by its slices)

@@ -310,6 +310,31 @@ def test_inline_python_m_commands_name_modules_that_exist():
     assert not [m for m in named if not _module(m)], sorted(m for m in named if not _module(m))
 
 
+_TEST_REF = re.compile(r"(tests/[\w/]+\.py)(?:::(\w+))?|(?<![\w/.])::(\w+)")
+
+
+def test_the_tests_the_pages_name_exist():
+    """Every ``tests/x.py::test_y`` that README.md and docs/*.md give as evidence names a test
+    that exists (``::test_z`` alone: another test of the file named last); a renamed test
+    otherwise leaves a promise pointing at nothing."""
+    missing, named = [], 0
+    pages = ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
+    for page in pages:
+        current = None
+        for m in _TEST_REF.finditer((ROOT / page).read_text()):
+            path, name = (m[1], m[2]) if m[1] else (current, m[3])
+            current = path
+            if path is None or not (ROOT / path).exists():
+                missing.append(f"{page}: {m[0]} (no such file)")
+            elif name:
+                named += 1
+                if not re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{name}\b",
+                                 (ROOT / path).read_text(), re.M):
+                    missing.append(f"{page}: {path}::{name}")
+    assert named > 50, f"expected the pages to name their tests, found {named}"
+    assert not missing, missing
+
+
 # --- the runner itself can fail --------------------------------------------------------------
 def test_a_broken_script_fails(tmp_path):
     broken = Example((Block("page.md", 3, "python", "import numpy as np\nnp.nope()\n", None,

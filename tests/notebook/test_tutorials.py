@@ -53,6 +53,17 @@ def test_drift_is_caught(tmp_path):
     assert tutorials.stale(tmp_path) == [source.with_suffix(".ipynb").name]
 
 
+def test_the_command_refuses_what_it_does_not_know(capsys):
+    """A misspelt --check rewrote every notebook and exited 0, so the check it was meant to
+    be passed whatever the notebooks held; --help did the same instead of showing help."""
+    for argv in (["--chek"], ["--help"]):
+        before = {p: p.stat().st_mtime_ns for p in NOTEBOOKS.glob("*.ipynb")}
+        with pytest.raises(SystemExit) as done:
+            tutorials.main(argv)
+        assert done.value.code == (2 if argv == ["--chek"] else 0), argv
+        assert {p: p.stat().st_mtime_ns for p in NOTEBOOKS.glob("*.ipynb")} == before, argv
+    assert "--check" in capsys.readouterr().out
+
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_metadata(name):
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
