@@ -22,13 +22,45 @@ import hashlib
 import threading
 from typing import Any
 
-__all__ = ["KEEP", "clear", "compile_once", "kept"]
+__all__ = ["KEEP", "Latest", "clear", "compile_once", "kept"]
 
 KEEP = 64  # executables kept
 _LARGE = 1 << 20  # bytes of captured constants past which a computation is not fingerprinted
 
-_kept: collections.OrderedDict = collections.OrderedDict()
-_lock = threading.Lock()
+
+
+class Latest:
+    """The ``keep`` values used last, by key, for any thread (an LRU: a ``get`` that finds one
+    makes it the latest; a ``put`` past ``keep`` drops the one used longest ago)."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key) -> Any:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.keep:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_kept = Latest(KEEP)
 
 
 def compile_once(traced, devices) -> Any:
@@ -36,18 +68,11 @@ def compile_once(traced, devices) -> Any:
     ``devices`` (a sequence of JAX devices, in mesh order) was compiled to."""
     lowered = traced.lower()
     key = _key(traced, lowered, devices)
-    if key is not None:
-        with _lock:
-            compiled = _kept.get(key)
-            if compiled is not None:
-                _kept.move_to_end(key)
-                return compiled
-    compiled = lowered.compile()
-    if key is not None:
-        with _lock:
-            _kept[key] = compiled
-            while len(_kept) > KEEP:
-                _kept.popitem(last=False)
+    compiled = None if key is None else _kept.get(key)
+    if compiled is None:
+        compiled = lowered.compile()
+        if key is not None:
+            _kept.put(key, compiled)
     return compiled
 
 
@@ -70,5 +95,4 @@ def kept() -> int:
 
 def clear() -> None:
     """Forget every kept executable."""
-    with _lock:
-        _kept.clear()
+    _kept.clear()

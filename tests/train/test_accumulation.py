@@ -16,6 +16,7 @@ import numpy as np
 import optax
 
 import pwkernel as pw
+from tests.train.test_train import plain_jax_losses
 
 W = 256  # a stage is one (W, W) float32 matrix: 256 KiB, its gradient's size
 GRAD = W * W * 4
@@ -38,23 +39,6 @@ def data():
     rng = np.random.default_rng(0)
     return [(rng.normal(size=(8, W)).astype(np.float32),
              rng.normal(size=(8, W)).astype(np.float32)) for _ in range(STEPS)]
-
-
-def plain_jax_losses(params):
-    full = pw.train.model_loss(stages(), mse)
-    opt = optax.sgd(0.5)
-
-    @jax.jit
-    def step(params, opt_state, x, y):
-        value, grads = jax.value_and_grad(full)(params, x, y)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    opt_state, out = opt.init(params), []
-    for x, y in data():
-        params, opt_state, value = step(params, opt_state, x, y)
-        out.append(float(value))
-    return out
 
 
 def pipeline_losses(budget):
@@ -82,5 +66,6 @@ def test_a_stage_sums_its_microbatch_gradients_in_one_gradients_bytes():
     MemoryBudgetError; now it trains to plain ``jax.jit``'s losses, as without a budget."""
     free, params = pipeline_losses(None)
     tight, _ = pipeline_losses(GRAD * 5 // 2)
-    np.testing.assert_allclose(free, plain_jax_losses(params), rtol=1e-5)
+    want, _ = plain_jax_losses(stages(), params, data(), optax.sgd(0.5), loss=mse)
+    np.testing.assert_allclose(free, want, rtol=1e-5)
     np.testing.assert_array_equal(tight, free)

@@ -18,12 +18,11 @@ import contextlib
 import dataclasses
 import hashlib
 import os
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ...runtime.compiled import Latest
 from .hostvalues import from_host, to_host
 
 now = time.perf_counter
@@ -304,33 +303,14 @@ def content_key(exported, *made_with) -> str:
     return hashlib.sha256(repr((text, signature, made_with)).encode()).hexdigest()
 
 
-class SharedExecutables:
+class SharedExecutables(Latest):
     """A pool island's compiled executables by ``content_key``, the ``keep`` latest used: a
     tenant that sends one already compiled here (its own earlier attach, another notebook of
     the same code) gets that one. Each tenant also holds those it uses, by its own keys, until
     it leaves, so dropping one here never takes it from a tenant."""
 
     def __init__(self, keep: int = KEEP_EXECUTABLES):
-        self.keep = keep
-        self._entries: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()  # (tenants' operations are issued from several threads)
-
-    def get(self, digest: str):
-        with self._lock:
-            exe = self._entries.get(digest)
-            if exe is not None:
-                self._entries.move_to_end(digest)
-            return exe
-
-    def put(self, digest: str, exe) -> None:
-        with self._lock:
-            self._entries[digest] = exe
-            self._entries.move_to_end(digest)
-            while len(self._entries) > self.keep:
-                self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(keep)
 
 
 class Fenced:
