@@ -71,9 +71,11 @@ COPIES_JS = """(id) => {
   }
   return out;
 }"""
-# Zoom the newest drawn copy of ``id`` onto its newest bar; return that bar's middle in the
-# page. A document the page still lists may have no view (a repair's bundle replaced its
-# output): such copies are passed over, and when none is drawn the error says why per copy.
+# Zoom the newest drawn copy of ``id`` onto its newest bar that has a width (a span can be
+# zero long: an end seen before the previous one on its devices starts and ends there, and
+# a range of no width has no scale); return that bar's middle in the page. A document the
+# page still lists may have no view (a repair's bundle replaced its output): such copies are
+# passed over, and when none is drawn the error says why per copy.
 BAR_XY_JS = """(id) => {
   const why = [];
   const docs = window.Bokeh.documents.filter((d) => d.get_model_by_id(id) != null);
@@ -81,8 +83,11 @@ BAR_XY_JS = """(id) => {
     const renderer = doc.get_model_by_name("compute");
     const view = window.Bokeh.index.find_one(renderer);
     if (view == null) { why.push("no view"); continue; }
-    const plot = view.parent, src = renderer.data_source, last = src.get_length() - 1;
-    const left = src.get_column("left")[last], right = src.get_column("right")[last];
+    const plot = view.parent, src = renderer.data_source;
+    const lefts = src.get_column("left"), rights = src.get_column("right");
+    let last = src.get_length() - 1;
+    while (last > 0 && !(rights[last] > lefts[last])) last -= 1;
+    const left = lefts[last], right = rights[last];
     plot.model.x_range.setv({start: left - (right - left), end: right + (right - left)});
     plot.canvas_view.el.scrollIntoView({block: "center"});
     const sx = plot.frame.x_scale.compute((left + right) / 2);
@@ -115,9 +120,10 @@ def wait_for_copies(page, source_id, rows, names, at_least, timeout=120.0):
 
 
 def newest_bar_xy(page, source_id: str) -> tuple[float, float]:
-    """The page point of the newest bar of ``source_id``'s newest drawn copy, as soon as it has
-    one (a drawing just made from a new bundle has no layout yet): the coordinates come from
-    the same poll that found them, so a copy replaced in between cannot be read."""
+    """The page point of the newest bar with a width of ``source_id``'s newest drawn copy, as
+    soon as it has one (a drawing just made from a new bundle has no layout yet): the
+    coordinates come from the same poll that found them, so a copy replaced in between cannot
+    be read."""
     try:
         return tuple(page.wait_for_function(
             f"(id) => {{ try {{ return ({BAR_XY_JS})(id) }} catch (e) {{ return false }} }}",
@@ -156,17 +162,21 @@ def test_late_and_repeated_views_show_every_row_and_name(tmp_path):
 import json
 def state(v):
     rows = v.decoded()
+    wide = max(i for i, (l, r) in enumerate(zip(rows["left"], rows["right"])) if r > l)
     return [v.source.id, len(rows["index"]),
-            [rows[c][-1] for c in ("name", "program", "client", "status")]]
+            [rows[c][-1] for c in ("name", "program", "client", "status")],
+            [rows[c][wide] for c in ("name", "program", "client", "status")]]
 print(json.dumps([state(view), state(v2)]))""")
-            (first_id, first_rows, first_names), (viz_id, viz_rows, viz_names) = json.loads(out)
+            (first_id, first_rows, first_names, wide_names), (viz_id, viz_rows, viz_names, _) = \
+                json.loads(out)
             assert first_rows > 0 and first_names[1:] == ["fig2", "carol", "ok"]
             # both outputs of ``view`` (made after runs, then shown again) hold every row
             wait_for_copies(page, first_id, first_rows, first_names, at_least=2)
             # the view displayed while its cell ran programs: repaired once the cell ended
             wait_for_copies(page, viz_id, viz_rows, viz_names, at_least=1)
-            # a real hover shows names, looked up from the codes
+            # a real hover shows names, looked up from the codes (on the newest bar with a
+            # width, found by the same rule in the page's copy, equal to the kernel's)
             values = hover_newest_bar(page, first_id)
-            assert values[:3] == first_names[:3], values
+            assert values[:3] == wide_names[:3], values
             assert values[-1] == "ok", values
             assert page.errors == [], f"errors in the page: {page.errors}"

@@ -47,7 +47,15 @@ RANGES_JS = """(id) => {
 }"""
 
 
-def _shows_range(page, which: str, want: dict, timeout_ms: int) -> None:
+def _kernel_side(lab) -> str:
+    """What the kernel's widget did for the pages (for a failure's message): Bokeh messages
+    sent, those the bundle pages draw from already holds, repairs sent to pages that drew it."""
+    with kernel_client(lab, NOTEBOOK) as client:
+        return run_code(client, "p = view.plot\nprint(dict(patches_sent=p.patches_sent, "
+                                "bundled_at=p.bundled_at, page_repairs=p.page_repairs))")
+
+
+def _shows_range(page, which: str, want: dict, timeout_ms: int, lab=None) -> None:
     """Wait until every drawn copy of the plot on ``page`` has the kernel's x range."""
     check = f"""(want) => {{ const copies = ({RANGES_JS})(want.id);
         return copies.length >= 1 && copies.every((c) => c.every(
@@ -57,7 +65,8 @@ def _shows_range(page, which: str, want: dict, timeout_ms: int) -> None:
     except Exception:
         raise AssertionError(f"the {which} page's x range: "
                              f"{page.evaluate(RANGES_JS, want['id'])}; the kernel's: "
-                             f"{want['range']}") from None
+                             f"{want['range']}; its widget: "
+                             f"{_kernel_side(lab) if lab else '?'}") from None
 
 
 @pytest.mark.browser
@@ -80,7 +89,7 @@ def test_a_second_page_draws_the_view_as_it_is_now(tmp_path):
             # (the axis starts at [0, window]; 20 runs of fig2 take far longer than 0.5 ms)
             assert start > 0.0, "the runs should have moved the axis past its first window"
             want = {"id": range_id, "range": [start, end]}
-            _shows_range(page, "first", want, 60_000)
+            _shows_range(page, "first", want, 60_000, lab)
             # saved with its outputs (BokehJS and the widget), as a user's notebook is
             page.keyboard.press("Control+s")
             page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')")
@@ -88,5 +97,5 @@ def test_a_second_page_draws_the_view_as_it_is_now(tmp_path):
             assert saved["cells"][0]["outputs"], "the notebook was saved without its outputs"
             second = page.context.new_page()
             second.goto(lab.notebook_url(NOTEBOOK))
-            _shows_range(second, "second", want, 120_000)
+            _shows_range(second, "second", want, 120_000, lab)
             assert page.errors == [], f"errors in the page: {page.errors}"
