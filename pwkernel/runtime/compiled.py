@@ -28,7 +28,6 @@ KEEP = 64  # executables kept
 _LARGE = 1 << 20  # bytes of captured constants past which a computation is not fingerprinted
 
 
-
 class Latest:
     """The ``keep`` values used last, by key, for any thread (an LRU: a ``get`` that finds one
     makes it the latest; a ``put`` past ``keep`` drops the one used longest ago)."""

@@ -31,7 +31,10 @@ now = time.perf_counter
 # Where an operation carries the controller's JAX settings (``settings`` below), by kind.
 SETTINGS_AT = {"run": 10, "put": 5, "recv": 6}
 DONATED_AT = 11  # a run's donated input positions (donate_argnums), after its settings
-KEEP_EXECUTABLES = 128  # a pool island's compiled executables kept for the next tenants
+# A pool island's compiled executables kept by ``content_key`` for the next tenants (its own
+# next attach, another notebook of the same code); each tenant also holds those it uses, by its
+# own keys, until it leaves, so dropping one from these never takes it from a tenant.
+KEEP_EXECUTABLES = 128
 # The settings of the controller that an island applies to what it runs: dtypes (float64 and
 # int64 exist only under x64) and the NaN/Inf checks of jax.jit's call.
 JAX_SETTINGS = ("jax_enable_x64", "jax_debug_nans", "jax_debug_infs")
@@ -82,7 +85,7 @@ class IslandDevices:
     tenants that send the same computation share one compiled executable)."""
 
     def __init__(self, island: int, devices: int, platform: str,
-                 shared: SharedExecutables | None = None):
+                 shared: bool = False):
         self.island = island
         if platform == "cpu":
             os.environ["JAX_PLATFORMS"] = "cpu"
@@ -98,7 +101,7 @@ class IslandDevices:
         self.devices = pool[:devices]
         self._meshes: dict[tuple, Any] = {}
         self.last_end: dict[int, float] = {}  # device position -> when its last work ended
-        self.shared = shared
+        self.shared = Latest(KEEP_EXECUTABLES) if shared else None  # by ``content_key``
 
     def info(self) -> dict:
         import socket
@@ -301,16 +304,6 @@ def content_key(exported, *made_with) -> str:
     signature = [(f.name, repr(getattr(exported, f.name))) for f in dataclasses.fields(exported)
                  if not f.name.startswith("_") and f.name != "mlir_module_serialized"]
     return hashlib.sha256(repr((text, signature, made_with)).encode()).hexdigest()
-
-
-class SharedExecutables(Latest):
-    """A pool island's compiled executables by ``content_key``, the ``keep`` latest used: a
-    tenant that sends one already compiled here (its own earlier attach, another notebook of
-    the same code) gets that one. Each tenant also holds those it uses, by its own keys, until
-    it leaves, so dropping one here never takes it from a tenant."""
-
-    def __init__(self, keep: int = KEEP_EXECUTABLES):
-        super().__init__(keep)
 
 
 class Fenced:

@@ -54,7 +54,7 @@ from ...runtime.scheduler import (
 )
 from .actor import linger
 from .hostvalues import to_host
-from .ops import IslandDevices, SharedExecutables, compute_positions, now
+from .ops import IslandDevices, compute_positions, now
 from .poolfile import check_name
 from .tenants import Item, Tenant, TenantRefused
 
@@ -82,7 +82,7 @@ class PoolIslandActor:
             raise ValueError(f"lease must be a positive number of seconds, got {lease!r}")
         self.island, self.pool, self.lease = island, pool, float(lease)
         self.sizes = [int(n) for n in sizes]  # every island's devices (the pool's layout)
-        self.ops = IslandDevices(island, devices, platform, SharedExecutables())
+        self.ops = IslandDevices(island, devices, platform, shared=True)
         self._cv = threading.Condition()
         self._scheduler = GangScheduler(range(devices), Policy.SHARE, depth=DEPTH)
         self._every = frozenset(range(devices))
@@ -274,7 +274,7 @@ class PoolIslandActor:
         return to_host(self.ops.arg(buffers, bid, None))
 
     def executables(self, secret: str) -> list[str]:
-        with self._cv:  # (the tenant's keys: compiled ones are shared, ``SharedExecutables``)
+        with self._cv:  # (the tenant's keys: compiled ones are shared, ``ops.content_key``)
             return sorted(self._tenant(secret).executables)
 
     def deliver(self, secret: str, bid: int, value, error: str | None, t_src: float) -> None:
