@@ -8,12 +8,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup lab test lint browser notebooks clean
+.PHONY: setup lab test lint browser notebooks constraints clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]" -c constraints.txt
 	@if $(PY) -c "import pwkernel.notebook.kernelspec" 2>/dev/null; then \
 		$(PY) -m pwkernel.notebook.kernelspec install; fi
 	sh extension/setup.sh $(VENV)
@@ -43,6 +43,11 @@ lint: setup
 # The tutorials' .ipynb files, generated from their sources notebooks/NN_*.py.
 notebooks: setup
 	$(PY) -m pwkernel.notebook.tutorials
+
+# After upgrading packages in .venv (and testing them): pin what is installed now.
+constraints: setup
+	@{ sed -n '1,2p' constraints.txt; $(PY) -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts
