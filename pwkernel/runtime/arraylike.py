@@ -23,14 +23,17 @@ so a simulated future, which has no value, answers them too. ``==`` and ``hash``
 future's own: a future is a key in dictionaries and sets, which an array cannot be. A future
 is not an instance of ``jax.Array`` (a plain class, which takes no virtual subclasses): code
 that checks for one (``jax.random`` with a typed key, ``flax.serialization``) needs
-``result()``. Like the array,
-it is immutable: ``fut[i] = v`` raises the TypeError ``jax.Array`` raises, and says what a
+``result()``: ``jax.random`` given a key future says so (its check of a non-array key reads
+``ndim``, which raises that fix there), and ``jax.device_get`` copies one to the host as it
+copies the key (``__array__`` answers it so; ``np.asarray`` raises as for the key). Like the
+array, it is immutable: ``fut[i] = v`` raises the TypeError ``jax.Array`` raises, and says what a
 flax.nnx module holding futures needs.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import operator
 from collections.abc import Callable
 
@@ -67,6 +70,29 @@ def on_value(op: Callable) -> Callable:
     return method
 
 
+def _is_key(dtype) -> bool:
+    """Whether ``dtype`` is a typed PRNG key's (``jax.random.key``; not a NumPy dtype)."""
+    if isinstance(dtype, np.dtype):
+        return False
+    import jax
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _read_by(module: str, function: str | None = None) -> bool:
+    """Whether the caller of a future's method is JAX's ``module`` (its ``function``): where
+    JAX takes a future for an array but treats only a ``jax.Array`` key as a key."""
+    frame = inspect.currentframe().f_back.f_back  # (this, the method, its caller)
+    return frame.f_globals.get("__name__") == module and function in (None,
+                                                                      frame.f_code.co_name)
+
+
+KEY_NOT_AN_ARRAY = (
+    "jax.random was given a pw.Future holding a typed PRNG key ({dtype}); jax.random takes "
+    "a typed key only as a jax.Array, which a future is not. Pass its value, key.result() "
+    "(waits for it), or call the jax.random function in a pw.function or jax.jit, which take "
+    "futures: jax.jit(jax.random.split)(key).")
+
+
 def _method(name: str) -> Callable:
     method = on_value(lambda v, *args, **kwargs: getattr(v, name)(*args, **kwargs))
     method.__name__ = name
@@ -86,6 +112,9 @@ class ArrayOnDemand:
     __slots__ = ()
 
     def __array__(self, dtype=None, copy=None):
+        if _is_key(self.dtype) and _read_by("jax._src.api", "_device_get"):
+            import jax  # (jax.device_get copies a jax.Array key whole, NumPy cannot hold it)
+            return jax.device_get(self.result())
         out = np.asarray(self.result())
         return out.astype(dtype) if dtype is not None else out
 
@@ -142,6 +171,8 @@ class ArrayOnDemand:
 
     @property
     def ndim(self) -> int:
+        if _is_key(self.dtype) and _read_by("jax._src.random.prng"):  # (checking key data)
+            raise TypeError(KEY_NOT_AN_ARRAY.format(dtype=self.dtype))
         return len(self.shape)
 
     @property

@@ -400,3 +400,33 @@ def test_a_plan_is_made_once_per_input_signature_and_runs_keep_few_objects(ctl):
     assert first.result(timeout=60).tolist() == second.result(timeout=60).tolist() == [4.0] * 4
     held.result(timeout=60)
     assert prog(np.ones(8, np.float32)).run.plan is not plan  # another signature, another plan
+
+
+def test_cancelling_the_task_awaiting_a_future_leaves_its_program_running(ctl):
+    """Unlike ``asyncio.wrap_future`` on a ``concurrent.futures.Future``, a cancelled awaiter
+    (``task.cancel()``, ``asyncio.wait_for`` timing out) gives up only its own wait: the
+    future is a value other programs and futures may share, and ``fut.cancel()`` cancels its
+    whole program, so that stays an explicit call."""
+    release = threading.Event()
+
+    def held(x):
+        return jax.pure_callback(lambda a: (release.wait(60), a)[1],
+                                 jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    fut = pw.function(held, slice=ctl.slice(2))(np.arange(3, dtype=np.float32))
+
+    async def main():
+        task = asyncio.ensure_future(_awaiting(fut))
+        await asyncio.sleep(0)  # the task is now awaiting the future
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not fut.done()
+        release.set()
+        return await fut
+
+    assert asyncio.run(main()).tolist() == [0.0, 1.0, 2.0] and not fut.cancelled()
+
+
+async def _awaiting(fut):
+    return await fut

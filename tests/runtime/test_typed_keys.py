@@ -103,3 +103,33 @@ def test_numpy_dtypes_are_kept_as_numpy_dtypes(dtype):
 
     assert as_dtype(dtype) == np.dtype(dtype) and isinstance(as_dtype(dtype), np.dtype)
     assert itemsize(dtype) == np.dtype(dtype).itemsize
+
+
+def test_jax_random_outside_a_function_names_the_fix_for_a_key_future(ctl):
+    """``jax.random`` takes a typed key only as a ``jax.Array`` (a future is not one): given a
+    key future outside a function, it says so and what to pass, instead of JAX's "invalid PRNG
+    key data: expected key_data.ndim >= 1"; the two fixes it names give what JAX gives."""
+    key = pw.function(jax.random.key, slice=ctl.slice(2))(3)
+    for use in (jax.random.split, lambda k: jax.random.normal(k, (2,)),
+                lambda k: jax.random.fold_in(k, 1), jax.random.key_data):
+        with pytest.raises(TypeError, match=r"pw.Future.*key\.result\(\).*jax\.jit"):
+            use(key)
+    want = jax.random.split(jax.random.key(3))
+    np.testing.assert_array_equal(key_data(jax.random.split(key.result())), key_data(want))
+    np.testing.assert_array_equal(key_data(jax.jit(jax.random.split)(key)), key_data(want))
+    assert key.ndim == 0 and np.ndim(key) == 0  # read elsewhere, ndim is the key's own
+
+
+def test_device_get_copies_a_key_future_to_the_host_as_it_copies_the_key(ctl):
+    """``jax.device_get(tree)`` (the host copy the README names for a tree of futures) takes a
+    typed key future, alone or in a tree, as it takes the key: a key on the host."""
+    s = ctl.slice(2)
+    state = pw.function(lambda k: {"key": jax.random.key(k), "w": jax.numpy.ones(2)}, slice=s)(5)
+    got, want = jax.device_get(state), jax.device_get({"key": jax.random.key(5)})
+    assert type(got["key"]) is type(want["key"]) and got["key"].dtype == want["key"].dtype
+    np.testing.assert_array_equal(key_data(got["key"]), key_data(want["key"]))
+    assert isinstance(got["w"], np.ndarray)
+    alone = jax.device_get(state["key"])
+    np.testing.assert_array_equal(key_data(alone), key_data(want["key"]))
+    with pytest.raises(TypeError, match="PRNGKey dtype cannot be converted"):
+        np.asarray(state["key"])  # as np.asarray(key) raises for the jax.Array
