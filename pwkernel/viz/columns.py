@@ -29,8 +29,8 @@ from ..runtime.units import human_bytes
 from .palette import COLORS, FAILED_COLOR, ColorRegistry, link_color
 
 BAR_COLUMNS: tuple[str, ...] = (
-    "index", "kind", "y", "left", "right", "name", "program", "client", "device", "island",
-    "link", "status", "start", "duration", "nbytes", "bytes_text", "bw_text",
+    "index", "kind", "y", "left", "right", "instant", "name", "program", "client", "device",
+    "island", "link", "status", "start", "duration", "nbytes", "bytes_text", "bw_text",
     "c_program", "c_client", "c_link", "tenant", "c_tenant",
 )
 LINK_COLUMNS: tuple[str, ...] = (
@@ -228,15 +228,18 @@ def rectangles(events: Iterable[Event], layout: DeviceLayout, t0: float,
 
     Computations sit on their devices' rows; transfers on their destination devices' rows in
     the thin transfer strip, coloured by link (``c_link``). Another tenant's computation (a
-    shared pool's) names it in ``tenant`` and has its colour in ``c_tenant``.
+    shared pool's) names it in ``tenant`` and has its colour in ``c_tenant``. A bar of no
+    length (it started and ended at once) has its time in ``instant`` (NaN for the others).
     """
     out = empty(BAR_COLUMNS)
     for e in events:
         is_transfer = e.kind == "transfer"
         offset = TRANSFER_OFFSET if is_transfer else COMPUTE_OFFSET
         bw = e.bandwidth
+        left, right = e.t_start - t0, e.t_end - t0
         shared = {
-            "index": e.index, "kind": e.kind, "left": e.t_start - t0, "right": e.t_end - t0,
+            "index": e.index, "kind": e.kind, "left": left, "right": right,
+            "instant": left if right == left else math.nan,
             "name": e.name, "program": e.program, "client": e.client, "island": e.island,
             "link": e.link or "", "status": e.status, "start": e.t_start - t0,
             "duration": e.duration, "nbytes": e.nbytes,

@@ -42,14 +42,18 @@ LINK_CODES: dict[str, int] = {name: i for i, name in enumerate(LINK_NAMES)}
 
 # Column name -> dtype. The string columns hold codes; ``c_*`` hold palette indices. A bar's
 # start is its ``left`` (a segment's ``x0``): no separate column crosses the wire for it.
+# ``instant``: where a bar of no length (left == right) sits, NaN for every other bar; the
+# page draws a mark a few pixels wide there (``figures.INSTANT_PX``), since the bar is not.
 COMPUTE_ARRAYS: dict[str, type] = {
     "index": np.int64, "y": np.float64, "left": np.float64, "right": np.float64,
+    "instant": np.float64,
     "name": np.int32, "program": np.int32, "client": np.int32, "device": np.int32,
     "island": np.int32, "status": np.int32, "duration": np.float64,
     "c_program": np.int32, "c_client": np.int32, "tenant": np.int32, "c_tenant": np.int32,
 }
 TRANSFER_ARRAYS: dict[str, type] = {
     "index": np.int64, "y": np.float64, "left": np.float64, "right": np.float64,
+    "instant": np.float64,
     "name": np.int32, "program": np.int32, "client": np.int32, "device": np.int32,
     "island": np.int32, "link": np.int32, "status": np.int32, "duration": np.float64,
     "nbytes": np.float64, "bandwidth": np.float64,
@@ -161,6 +165,7 @@ def _bars(columns: dict[str, Sequence], devices: list[tuple[int, ...]], layout: 
             for name, values in columns.items()}
     left, right = cols.pop("t_start") - t0, cols.pop("t_end") - t0
     cols.update(left=left, right=right, duration=right - left,
+                instant=np.where(right == left, left, np.nan),
                 device=np.asarray(flat, dtype=np.int32), y=_row_table(layout, flat) + offset)
     return {k: cols[k] for k in schema}
 

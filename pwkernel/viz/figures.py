@@ -97,6 +97,10 @@ def _link_view(link: str) -> CDSView:
 
 
 DENSE_PX = 2.0
+# A bar of no length (a computation that started and ended at once: 2-4 % of a real trace)
+# would draw nothing and could not be hovered. Its ``instant`` (NaN for every other bar) gets
+# a mark this many pixels wide, whatever the zoom, on the renderer ``<bars>-instants``.
+INSTANT_PX = 3
 ASSUMED_WIDTH = 1000  # px of plot a page usually gives a stretched figure, before it is drawn
 _DENSE_JS = """
 const left = bars.data.left, right = bars.data.right;
@@ -113,6 +117,16 @@ for (const r of links) {
 """
 
 
+def _instants(fig, bars, height: float):
+    """The mark of each bar of no length of ``bars`` (a bar renderer): ``INSTANT_PX`` pixels
+    wide at its ``instant``, styled as the bar; other bars' NaN draws nothing there."""
+    glyph = bars.glyph
+    return fig.rect(x="instant", y="y", width=INSTANT_PX, width_units="screen", height=height,
+                    source=bars.data_source, fill_color=glyph.fill_color,
+                    line_color=glyph.line_color, fill_alpha=glyph.fill_alpha,
+                    line_width=glyph.line_width, name=f"{bars.name}-instants")
+
+
 def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: ColumnDataSource,
                     segments: ColumnDataSource, names: ColumnDataSource,
                     color_by: str = "program", title: str = "Gang schedule",
@@ -123,10 +137,11 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
     The sources hold the typed columns of ``encoding`` (``compute_arrays``,
     ``transfer_arrays``, ``link_arrays``); ``names`` is the page's copy of their codebook
     (``names_source``), which the hover tooltips read names from. The figure's glyph
-    renderers are named ``compute``, ``transfers``, ``ici-links`` and ``dcn-links``; switch
+    renderers are named ``compute``, ``transfers``, ``ici-links`` and ``dcn-links`` (and
+    ``compute-instants``, ``transfers-instants``: the marks of bars of no length); switch
     colouring with ``set_color_by(fig, "client")``. ``others``: a shared pool's other tenants'
     computations (``compute_arrays`` too), drawn lighter and hatched on the same rows, coloured
-    by tenant (``c_tenant``), as the renderer ``others``.
+    by tenant (``c_tenant``), as the renderer ``others`` (and ``others-instants``).
     """
     low, high = layout.extent
     rows = layout.n_rows
@@ -152,18 +167,21 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
     color = transform(color_field(color_by), _color_mapper(colors))
     compute = fig.hbar(y="y", left="left", right="right", height=COMPUTE_HEIGHT, source=bars,
                        fill_color=color, line_color=color, line_width=0.5, name="compute")
-    drawn = [compute]
+    computes = [compute, _instants(fig, compute, COMPUTE_HEIGHT)]
+    theirs = []
     if others is not None:
         tenant = transform("c_tenant", _color_mapper(colors))
-        drawn.append(fig.hbar(y="y", left="left", right="right", height=COMPUTE_HEIGHT,
-                              source=others, fill_color=tenant, line_color=tenant,
-                              fill_alpha=0.5, line_width=0.5, hatch_pattern="left_diagonal_line",
-                              hatch_color="white", hatch_alpha=0.7, name="others"))
+        hatched = fig.hbar(y="y", left="left", right="right", height=COMPUTE_HEIGHT,
+                           source=others, fill_color=tenant, line_color=tenant, fill_alpha=0.5,
+                           line_width=0.5, hatch_pattern="left_diagonal_line",
+                           hatch_color="white", hatch_alpha=0.7, name="others")
+        theirs = [hatched, _instants(fig, hatched, COMPUTE_HEIGHT)]
     link_color = transform("link", _link_mapper())
-    moved = fig.hbar(y="y", left="left", right="right", height=TRANSFER_HEIGHT,
+    strip = fig.hbar(y="y", left="left", right="right", height=TRANSFER_HEIGHT,
                      source=transfers, fill_color=link_color, line_color=link_color,
                      hatch_pattern="right_diagonal_line", hatch_color="white",
                      hatch_alpha=0.6, name="transfers")
+    moved = [strip, _instants(fig, strip, TRANSFER_HEIGHT)]
     ici = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=segments,
                       view=_link_view("ici"), line_color="#777777", line_width=1,
                       line_alpha=0.6, name="ici-links")
@@ -176,25 +194,25 @@ def schedule_figure(layout: DeviceLayout, bars: ColumnDataSource, transfers: Col
     # opening on many bars hides them at load) and on every zoom, pan and stream, so zooming
     # with the mouse is covered too; the figure starts with the same decision made here for
     # a typical width.
-    hide = CustomJS(args=dict(bars=bars, fig=fig, links=[moved, ici, dcn], rows=max(1, rows),
+    hide = CustomJS(args=dict(bars=bars, fig=fig, links=[*moved, ici, dcn], rows=max(1, rows),
                               min_px=DENSE_PX), code=_DENSE_JS)
     fig.x_range.js_on_change("start", hide)
     fig.x_range.js_on_change("end", hide)
     fig.js_on_change("inner_width", hide)
     bars.js_on_change("streaming", hide)
     bars.js_on_change("data", hide)
-    for renderer in (moved, ici, dcn):
+    for renderer in (*moved, ici, dcn):
         renderer.visible = not dense(bars.data, fig.x_range, rows)
     formatters = _formatters(names)
-    fig.add_tools(HoverTool(renderers=[compute], formatters=formatters, tooltips=[
+    fig.add_tools(HoverTool(renderers=computes, formatters=formatters, tooltips=[
         *_BAR_TIPS, ("device", "@device (island @island)"), ("status", "@status{custom}")]))
     if others is not None:
-        fig.add_tools(HoverTool(renderers=drawn[1:], formatters=formatters, tooltips=[
+        fig.add_tools(HoverTool(renderers=theirs, formatters=formatters, tooltips=[
             ("tenant", "@tenant{custom}"), *_BAR_TIPS, ("device", "@device (island @island)"),
             ("status", "@status{custom}")]))
     transfer_tips = [("link", "@link{custom}"), ("bytes", "@nbytes{custom}"),
                      ("bandwidth", "@bandwidth{custom}"), ("status", "@status{custom}")]
-    fig.add_tools(HoverTool(renderers=[moved], formatters=formatters, tooltips=[
+    fig.add_tools(HoverTool(renderers=moved, formatters=formatters, tooltips=[
         *_BAR_TIPS, *transfer_tips, ("to device", "@device (island @island)")]))
     fig.add_tools(HoverTool(renderers=[ici, dcn], line_policy="interp", formatters=formatters,
                             tooltips=[*_SEGMENT_TIPS, *transfer_tips,
@@ -219,9 +237,10 @@ def dense(bars: dict, x_range: Range1d, rows: int, width: float = ASSUMED_WIDTH)
 def set_color_by(fig, color_by: str) -> None:
     """Colour the computation bars of a ``schedule_figure`` by program or by client."""
     name = color_field(color_by)
-    glyph = fig.select_one({"name": "compute"}).glyph
-    # Same colour mapper, other index column: nothing but the field name goes to the page.
-    glyph.fill_color = glyph.line_color = transform(name, glyph.fill_color.transform)
+    for renderer in ("compute", "compute-instants"):
+        glyph = fig.select_one({"name": renderer}).glyph
+        # Same colour mapper, other index column: nothing but the field name goes to the page.
+        glyph.fill_color = glyph.line_color = transform(name, glyph.fill_color.transform)
 
 
 def _swatches(colors: dict[str, str], hatched: bool = False) -> str:

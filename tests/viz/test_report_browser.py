@@ -12,16 +12,16 @@ from pwkernel.viz.columns import human_bytes, human_rate
 from tests.helpers.lab import CHROMIUM, chromium_page, hover_tooltip
 from tests.helpers.programs import make_programs, run
 
-# Page coordinates of the middle of the first computation bar, through BokehJS's views.
-BAR_XY_JS = """(name) => {
+# Page coordinates of the middle of bar ``row`` of a renderer, through BokehJS's views.
+BAR_XY_JS = """([name, row]) => {
   const doc = window.Bokeh.documents[0];
   const renderer = doc.get_model_by_name(name);
   const view = window.Bokeh.index.find_one(renderer);
   const plot = view.parent;
   const src = renderer.data_source;
-  const left = src.get_column("left")[0], right = src.get_column("right")[0];
+  const left = src.get_column("left")[row], right = src.get_column("right")[row];
   const sx = plot.frame.x_scale.compute((left + right) / 2);
-  const sy = plot.frame.y_scale.compute(src.get_column("y")[0]);
+  const sy = plot.frame.y_scale.compute(src.get_column("y")[row]);
   const box = plot.canvas_view.el.getBoundingClientRect();
   return [box.left + sx, box.top + sy];
 }"""
@@ -57,15 +57,24 @@ def test_report_hover_shows_names(ctl, tmp_path):
                                tenant="bob")
         values = _hover(page, pw.report(ctl, tmp_path / "o.html", events=[other]), "others")
         assert values[:4] == ["bob", first.name, "bob", "bob/default"], values
+        # a computation of no length (it started and ended at once), between two true ones
+        # on the same devices: its bar has no width, but its mark in the page is hovered
+        at, d = first.t_end + first.duration, first.duration
+        instant = first._replace(index=first.index + 20_000, name="instant", t_start=at,
+                                 t_end=at)
+        later = first._replace(index=first.index + 30_000, t_start=at + d, t_end=at + 2 * d)
+        path = pw.report(ctl, tmp_path / "z.html", events=[first, instant, later])
+        values = _hover(page, path, "compute", row=len(first.devices))
+        assert values[:1] == ["instant"] and values[4:5] == ["0.000000 s"], values
         assert page.errors == [], f"errors in the page: {page.errors}"
 
 
-def _hover(page, path: Path, renderer: str) -> list[str]:
-    """Open ``path``, hover the middle of ``renderer``'s first bar, return the tooltip."""
+def _hover(page, path: Path, renderer: str, row: int = 0) -> list[str]:
+    """Open ``path``, hover the middle of ``renderer``'s bar ``row``, return the tooltip."""
     page.goto(path.as_uri())
-    page.wait_for_function(f"""() => {{ try {{ return ({BAR_XY_JS})("{renderer}")[0] > 0 }}
+    page.wait_for_function(f"""() => {{ try {{ return ({BAR_XY_JS})(["{renderer}", {row}])[0] > 0 }}
                                catch (e) {{ return false }} }}""")
-    x, y = page.evaluate(BAR_XY_JS, renderer)
+    x, y = page.evaluate(BAR_XY_JS, [renderer, row])
     return hover_tooltip(page, x, y)
 
 

@@ -678,3 +678,37 @@ def test_view_arguments_take_numpy_numbers_and_refuse_what_would_not_draw(ctl):
         pw.ScheduleView(ctl, clients=3, live=False)
     with pytest.raises(TypeError, match=r"devices must be device ids .*devices=\[0, 1\]"):
         pw.ScheduleView(ctl, devices=3, live=False)
+
+
+def test_a_zero_length_computation_is_drawn_and_hovered_at_its_instant(ctl):
+    """A computation that starts and ends at the same time (2-4 % of a real trace) has a bar
+    of no width: the page draws it as a mark ``INSTANT_PX`` pixels wide at that instant, which
+    the computations' hover covers. The bars keep their true start and end."""
+    from bokeh.models import HoverTool
+
+    span = dict(kind="compute", program="p", program_id=0, client="default", island=0,
+                t_submit=0.5)
+    ctl.trace.record(name="long", devices=(0,), t_start=1.0, t_end=2.0, **span)
+    ctl.trace.record(name="instant", devices=(0, 1), t_start=3.0, t_end=3.0, **span)
+    v = pw.ScheduleView(ctl, live=False)
+    try:
+        rows = v.decoded()
+        assert rows["name"] == ["long", "instant", "instant"]
+        left, right, at = (np.asarray(rows[k]) for k in ("left", "right", "instant"))
+        assert right[0] - left[0] == pytest.approx(1.0)  # a true span: no instant mark
+        assert np.isnan(at[0])
+        # the zero-length one: its true start and end, and its mark 2 s after "long" began
+        assert (right[1:] == left[1:]).all() and rows["duration"][1:] == [0.0, 0.0]
+        assert at[1:] == pytest.approx(left[0] + 2.0) and (at[1:] == left[1:]).all()
+        from pwkernel.viz.figures import INSTANT_PX
+
+        mark = v.figure.select_one({"name": "compute-instants"})
+        assert mark.data_source is v.source and mark.glyph.x == "instant"
+        assert mark.glyph.width == INSTANT_PX and mark.glyph.width_units == "screen"
+        hover = [t for t in v.figure.select({"type": HoverTool})
+                 if v.figure.select_one({"name": "compute"}) in t.renderers]
+        assert len(hover) == 1 and mark in hover[0].renderers
+        v.color_by.value = "client"  # the marks follow the bars' colouring
+        assert mark.glyph.fill_color.field == "c_client"
+    finally:
+        v.close()
