@@ -148,17 +148,6 @@ class CompiledFunction(JitStages):
     def controller(self):
         return self.slice.controller
 
-    def executable(self, signature) -> Executable:
-        """The compiled specialization for ``signature`` ((tree, ((shape, dtype, sharding),
-        ...), static key, JAX's options it is traced under: ``_traced_under``))."""
-        key = (self.slice.version, signature)
-        exe = self._cache.get(key)
-        if exe is None:
-            with self._lock:
-                exe = self._cache.get(key) or self._compile(*signature)
-                self._cache[key] = exe
-        return exe
-
     def _in_shardings(self, args, kwargs, in_avals) -> tuple[list, list[str]]:
         """Each input leaf's sharding, and who chose it (for errors)."""
         vs = self.slice

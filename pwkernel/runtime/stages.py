@@ -145,6 +145,23 @@ class JitStages:
         with self.slice.ambient():
             return lower_as_called(exe, jax.tree_util.tree_structure((dyn, dkw)), self.name)
 
+    def executable(self, signature) -> Executable:
+        """The compiled specialization for ``signature`` ((tree, ((shape, dtype, sharding),
+        ...), static key, JAX's options it is traced under: ``program._traced_under``)), by
+        the slice's ``version``. What was compiled for where the slice was before a remap
+        is never run again: the first compile after one drops it (else every remap would
+        keep one more executable per specialization, for as long as the function lives)."""
+        version = self.slice.version
+        key = (version, signature)
+        exe = self._cache.get(key)
+        if exe is None:
+            with self._lock:
+                exe = self._cache.get(key) or self._compile(*signature)
+                if any(v != version for v, _ in self._cache):  # (a moved slice: rare)
+                    self._cache = {k: e for k, e in self._cache.items() if k[0] == version}
+                self._cache[key] = exe
+        return exe
+
     def clear_cache(self) -> None:
         """Forget every specialization traced and compiled so far, as ``jax.jit``'s
         ``clear_cache()``: the next call runs the function's Python again (to see a global it

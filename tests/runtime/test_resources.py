@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import jax
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
+from pwkernel.runtime.executable import Executable
 
 
 def test_islands_are_the_host_split_into_virtual_devices(ctl):
@@ -192,6 +194,23 @@ def test_remap_moves_a_slice_and_functions_are_lowered_again(ctl):
     w = f(y)
     assert w.result().tolist() == [0.0, 9.0, 18.0, 27.0]
     assert any(e.kind == "transfer" and e.link == "dcn" for e in ctl.trace.events())
+
+
+def test_a_function_keeps_nothing_compiled_for_where_its_slice_was(ctl):
+    # what was compiled for the slice's old place is never run again: kept, it grew by one
+    # executable per remap (a kernel open all day that moves a slice back and forth)
+    def executables() -> int:
+        gc.collect()
+        return sum(isinstance(o, Executable) for o in gc.get_objects())
+
+    s = ctl.slice(2, island=0)
+    f = pw.function(lambda x: x * 3, slice=s)
+    f(np.arange(4.0)).result()
+    before = executables()
+    for n in range(20):
+        ctl.remap(s, island=(n + 1) % 2)
+        assert f(np.arange(4.0)).result().tolist() == [0.0, 3.0, 6.0, 9.0]
+    assert executables() <= before
 
 
 def test_a_remap_waits_for_the_traces_of_other_threads(ctl):
