@@ -64,7 +64,14 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
 from .schedule import Kind, Schedule, call_name, order
-from .stage import Stage, accumulation_dtype, backward, forward, residual_bytes
+from .stage import (
+    Stage,
+    accumulation_dtype,
+    backward,
+    check_trainable,
+    forward,
+    residual_bytes,
+)
 from .state import (
     PackedState,
     Placer,
@@ -259,6 +266,7 @@ class Pipeline:
         if len(constants) != S:
             raise ValueError(f"expected {S} stages' constants, got {len(constants)}. Maybe "
                              "you want pipe.constants().")
+        check_trainable(params)  # (once per traced signature)
         tokens = [c[0] for c in constants]
         first, later = [c[1] for c in constants], [c[2] for c in constants]
         acts: dict[tuple[int, int], Any] = {}   # stage s's output of microbatch m
