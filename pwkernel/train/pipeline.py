@@ -50,7 +50,6 @@ anything: the state given to the failed step is still valid.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -220,8 +219,7 @@ class Pipeline:
                             "pipe.place(...)'s microbatches (the eval step does not cut it "
                             "into microbatches). Maybe you want pipe.evaluate(state, (x, y)).")
         x, y = inputs_and_targets(batch, "pipe")
-        check_batch((x, y), 1, "batch (inputs and targets)",
-                    math.lcm(*(vs.size for vs in self.slices)))
+        check_batch((x, y), 1, "batch (inputs and targets)", [vs.size for vs in self.slices])
         if self._eval is None:
             self._eval = program(_evaluation(self.stages, self.slices, self.loss),
                                  name=f"{self.name}.eval")
@@ -317,9 +315,9 @@ class Pipeline:
         return TrainState([p for p, _ in made], [o for _, o in made])
 
     def _split(self, batch) -> tuple[list, list]:
-        devices = math.lcm(*(vs.size for vs in self.slices))
         parts = split_batch(inputs_and_targets(batch, "pipe"), self.microbatches,
-                            "batch (inputs and targets)", devices)  # (one check of both)
+                            "batch (inputs and targets)",  # (one check of both)
+                            [vs.size for vs in self.slices])
         return [x for x, _ in parts], [y for _, y in parts]
 
     def _residual_bytes(self, params, x, y) -> list[int]:
