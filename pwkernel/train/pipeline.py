@@ -50,7 +50,6 @@ anything: the state given to the failed step is still valid.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,7 +63,14 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
 from .schedule import Kind, Schedule, call_name, order
-from .stage import Stage, accumulation_dtype, backward, forward, residual_bytes
+from .stage import (
+    Stage,
+    accumulation_dtype,
+    backward,
+    check_trainable,
+    forward,
+    residual_bytes,
+)
 from .state import (
     PackedState,
     Placer,
@@ -213,8 +219,7 @@ class Pipeline:
                             "pipe.place(...)'s microbatches (the eval step does not cut it "
                             "into microbatches). Maybe you want pipe.evaluate(state, (x, y)).")
         x, y = inputs_and_targets(batch, "pipe")
-        check_batch((x, y), 1, "batch (inputs and targets)",
-                    math.lcm(*(vs.size for vs in self.slices)))
+        check_batch((x, y), 1, "batch (inputs and targets)", [vs.size for vs in self.slices])
         if self._eval is None:
             self._eval = program(_evaluation(self.stages, self.slices, self.loss),
                                  name=f"{self.name}.eval")
@@ -259,6 +264,7 @@ class Pipeline:
         if len(constants) != S:
             raise ValueError(f"expected {S} stages' constants, got {len(constants)}. Maybe "
                              "you want pipe.constants().")
+        check_trainable(params)  # (once per traced signature)
         tokens = [c[0] for c in constants]
         first, later = [c[1] for c in constants], [c[2] for c in constants]
         acts: dict[tuple[int, int], Any] = {}   # stage s's output of microbatch m
@@ -309,9 +315,9 @@ class Pipeline:
         return TrainState([p for p, _ in made], [o for _, o in made])
 
     def _split(self, batch) -> tuple[list, list]:
-        devices = math.lcm(*(vs.size for vs in self.slices))
         parts = split_batch(inputs_and_targets(batch, "pipe"), self.microbatches,
-                            "batch (inputs and targets)", devices)  # (one check of both)
+                            "batch (inputs and targets)",  # (one check of both)
+                            [vs.size for vs in self.slices])
         return [x for x, _ in parts], [y for _, y in parts]
 
     def _residual_bytes(self, params, x, y) -> list[int]:

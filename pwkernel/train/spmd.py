@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from .packed import Layout
-from .stage import Stage, model_loss
+from .stage import Stage, check_trainable, model_loss
 from .state import (
     PackedState,
     Placer,
@@ -71,6 +71,7 @@ def step_parts(stages: Sequence[Stage], loss: Callable, optimizer: optax.Gradien
     full = model_loss(stages, loss)
 
     def grads(state: TrainState, x, y):
+        check_trainable(state.params)
         value, g = jax.value_and_grad(full)(state.params, x, y)
         if check_finite:
             jax.debug.callback(raise_if_not_finite, value)

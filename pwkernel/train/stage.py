@@ -60,6 +60,28 @@ def model_loss(stages: Sequence[Stage], loss: Callable) -> Callable:
     return full
 
 
+def check_trainable(params: Sequence[Any]) -> None:
+    """Every leaf of every stage's parameters (``params[s]``) is a floating (or complex)
+    array, what ``jax.grad`` differentiates; else the error that names the stage, the leaf and
+    what to do. Plain ``jax.jit`` refuses such a leaf too ("grad requires real- or
+    complex-valued inputs"); a ``Pipeline``'s backward failed on it less clearly ("Called add
+    with a float0 array", "Cannot convert_element_type from key<fry> to void")."""
+    for s, stage_params in enumerate(params):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(stage_params)[0]:
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is None or jnp.issubdtype(dtype, jnp.inexact):
+                continue
+            where = jax.tree_util.keystr(path) or "(the whole tree)"
+            raise TypeError(
+                f"stage {s}'s parameters hold {where}, a {dtype} array, which jax.grad cannot "
+                "differentiate (as under plain jax.jit): a stage's parameters are what it "
+                "trains, floating-point arrays only. An int step counter, a PRNG key or "
+                "flax.nnx's RngState is not one: return only the trainable arrays from the "
+                "stage's init (flax.nnx: nnx.state(model, nnx.Param); linen: "
+                "variables['params']), and keep the rest in apply or in a step of your own "
+                "(pw.function, docs/training.md 'Flax models').")
+
+
 def check_scalar_loss(value):
     """``value``, a loss's result, if it is one scalar array; else the error that says what
     to return (jax.grad's own rule: a vector seeded with ones is another loss; a tuple, a

@@ -8,6 +8,7 @@ model have states of the same shape). Its leaves are ``pw.Future``s while a step
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -225,9 +226,16 @@ def inputs_and_targets(batch, trainer: str) -> tuple[Any, Any]:
     return batch[0], batch[1]
 
 
-def check_batch(batch, microbatches: int, what: str = "batch", devices: int = 1) -> tuple:
+def check_batch(batch, microbatches: int, what: str = "batch",
+                devices: int | Sequence[int] = 1) -> tuple:
     """``batch``'s leaves, tree and leading size, checked: every leaf has the same leading
-    (batch) axis, divisible by ``microbatches`` x ``devices``."""
+    (batch) axis, divisible by ``microbatches`` x ``devices`` (a pipeline's stage slice sizes:
+    x their least common multiple, each microbatch being sharded over every stage's)."""
+    widths = list(dict.fromkeys(devices)) if isinstance(devices, Sequence) else [devices]
+    devices = math.lcm(*widths)
+    over = (f"{devices} (the least common multiple of the stages' "
+            f"{', '.join(map(str, widths))} devices)" if len(widths) > 1
+            else None)
     leaves, tree = jax.tree_util.tree_flatten(batch)
     if not leaves:
         raise ValueError(f"the {what} has no arrays; expected (inputs, targets).")
@@ -245,10 +253,10 @@ def check_batch(batch, microbatches: int, what: str = "batch", devices: int = 1)
     step = microbatches * devices
     if size is None or size % step:
         if microbatches == 1:
-            per = f"the slice's {devices} devices (it is sharded over them)"
+            per = over or f"the slice's {devices} devices (it is sharded over them)"
         elif devices > 1:
-            per = (f"microbatches={microbatches} x {devices} devices per stage slice = {step} "
-                   "(each microbatch is sharded over a stage's devices)")
+            per = (f"microbatches={microbatches} x {over or f'{devices} devices per stage slice'}"
+                   f" = {step} (each microbatch is sharded over a stage's devices)")
         else:
             per = f"microbatches={microbatches}"
         raise ValueError(f"the arrays of the {what} must share one leading (batch) axis "
@@ -258,7 +266,8 @@ def check_batch(batch, microbatches: int, what: str = "batch", devices: int = 1)
     return leaves, tree, size
 
 
-def split_batch(batch, microbatches: int, what: str = "batch", devices: int = 1) -> list:
+def split_batch(batch, microbatches: int, what: str = "batch",
+                devices: int | Sequence[int] = 1) -> list:
     """``batch`` (a pytree of arrays with a leading batch axis) cut into ``microbatches``
     equal parts along that axis (host arrays: NumPy views; others: sliced by JAX), each part
     a multiple of ``devices`` (the most devices a stage's slice shards it over)."""

@@ -75,3 +75,22 @@ def test_microbatches_of_different_sizes_are_refused(tctl):
     want = float(pipe.evaluate(state, (x, y)))
     _, loss = pipe.step(state, pw.train.Microbatches(([x[:4], x[4:]], [y[:4], y[4:]])))
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+
+
+def test_stages_of_different_widths_name_each_slice_in_what_divides_the_batch(tctl):
+    """Stages on 3 and 2 devices shard a microbatch over both, so it divides by lcm(3, 2) = 6:
+    the error said "x 6 devices per stage slice", a slice size neither stage has."""
+    stages = T.split(CFG, 2)
+    pipe = pw.train.Pipeline(stages, [tctl.slice(3, island=0), tctl.slice(2, island=1)],
+                             loss=T.cross_entropy, optimizer=optax.sgd(0.1), microbatches=2)
+    x, y = T.batch(CFG, 8)
+    state = pipe.init(0)
+    with pytest.raises(ValueError, match=r"microbatches=2 x 6 \(the least common multiple of "
+                       r"the stages' 3, 2 devices\) = 12.*batch of 12 examples"):
+        pipe.step(state, (x, y))
+    with pytest.raises(ValueError, match=r"divisible by 6 \(the least common multiple of the "
+                       r"stages' 3, 2 devices\)"):
+        pipe.evaluate(state, (x, y))
+    x, y = T.batch(CFG, 12)
+    want = float(pipe.evaluate(state, (x, y)))  # (before the step consumes the state)
+    np.testing.assert_allclose(float(pipe.step(state, (x, y))[1]), want, rtol=1e-5)
