@@ -72,8 +72,9 @@ OWN = LINK_CODES[""]  # the ``tenant`` code of this controller's own work (``""`
 class Codebook:
     """An append-only table of strings: each new string gets the next integer code.
 
-    Codes never change, so rows streamed earlier stay valid; the page needs only the names
-    added since it last looked (``names[k:]``).
+    Codes never change while rows use them, so rows streamed earlier stay valid; the page
+    needs only the names added since it last looked (``names[k:]``). ``keep`` drops the names
+    no row uses any more (a view does, re-coding its rows and names at once).
 
     >>> book = Codebook(seed=())
     >>> [book.code(s) for s in ("a", "b", "a")], book.decode([1, 0])
@@ -86,6 +87,7 @@ class Codebook:
         self._lock = threading.Lock()
         for name in seed:
             self.code(name)
+        self._seed = tuple(self.names)  # kept by ``keep`` whatever the rows use
 
     def code(self, name: str) -> int:
         """The code of ``name``, adding it if new."""
@@ -110,6 +112,24 @@ class Codebook:
             for name in dict.fromkeys(names):
                 self.code(name)
             return np.fromiter(map(self._codes.__getitem__, names), np.int32, len(names))
+
+    def keep(self, codes: Iterable[int]) -> np.ndarray:
+        """Keep only the names of ``codes`` (and the seed), in their order; returns each old
+        code's new one (-1: dropped), to re-code the columns that used the old codes.
+
+        >>> book = Codebook(seed=("x",)); _ = [book.code(s) for s in "abc"]
+        >>> book.keep([3]).tolist(), book.names
+        ([0, -1, -1, 1], ['x', 'c'])
+        """
+        with self._lock:
+            old, seed = self.names, self._seed
+            kept = [*seed, *(old[c] for c in sorted(set(map(int, codes))) if c >= len(seed))]
+            self.names = kept
+            self._codes = {name: i for i, name in enumerate(kept)}
+            remap = np.full(len(old), -1, dtype=np.int32)
+            for code, name in enumerate(old):
+                remap[code] = self._codes.get(name, -1)
+            return remap
 
     def decode(self, codes: Iterable[int]) -> list[str]:
         """The strings of ``codes`` (a column of a coded source)."""

@@ -243,27 +243,34 @@ def set_color_by(fig, color_by: str) -> None:
         glyph.fill_color = glyph.line_color = transform(name, glyph.fill_color.transform)
 
 
-def _swatches(colors: dict[str, str], hatched: bool = False) -> str:
+def _swatches(colors: dict[str, str], hatched: bool = False, older: int = 0,
+              what: str = "") -> str:
     # a hatched swatch: the colour at the others' alpha, crossed by white lines like their bars
     fill = ("background:repeating-linear-gradient(45deg,{c}80 0 3px,#fff 3px 4px)" if hatched
             else "background:{c}")
+    more = (f'<span class="pw-legend-older" style="margin-right:10px;white-space:nowrap;'
+            f'color:#555">+ {older} older {_escape(what)}{"s" if older != 1 else ""} (hover a '
+            'bar for its name)</span>') if older else ""
     return "".join(
         f'<span style="margin-right:10px;white-space:nowrap"><span style="display:inline-block;'
         f'width:11px;height:11px;{fill.format(c=c)};border:1px solid #333;margin-right:3px;'
-        f'vertical-align:middle"></span>{_escape(k)}</span>' for k, c in colors.items())
+        f'vertical-align:middle"></span>{_escape(k)}</span>' for k, c in colors.items()) + more
 
 
 def legend_html(colors: dict[str, str], title: str,
-                tenants: dict[str, str] | None = None) -> str:
+                tenants: dict[str, str] | None = None, older: int = 0,
+                older_tenants: int = 0) -> str:
     """Small HTML swatches: a legend that costs nothing in the plot. ``tenants``: a shared
-    pool's other tenants whose work is shown (hatched), each with its colour."""
+    pool's other tenants whose work is shown (hatched), each with its colour. ``older``
+    (``older_tenants``): how many more names are shown, counted in one entry."""
     others = ('<span style="margin-left:8px;white-space:nowrap"><b>other tenants:</b> '
-              f'{_swatches(tenants, hatched=True)}</span>') if tenants else ""
+              f'{_swatches(tenants, True, older_tenants, "tenant")}</span>'
+              ) if tenants or older_tenants else ""
     links = ('<span style="margin-left:8px;white-space:nowrap">transfers: '
              '<b style="color:#777">━ ICI</b> <b style="color:#000">╍ DCN</b> '
              '<b style="color:#BBB">▬ host</b></span>')
-    return (f'<div style="font-size:12px"><b>{_escape(title)}:</b> {_swatches(colors)}'
-            f'{others}{links}</div>')
+    return (f'<div style="font-size:12px"><b>{_escape(title)}:</b> '
+            f'{_swatches(colors, older=older, what=title)}{others}{links}</div>')
 
 
 def _escape(text: str) -> str:

@@ -74,3 +74,33 @@ def device_ids(value: Iterable[int] | None) -> tuple[int, ...] | None:
     if bad:
         raise TypeError(f"devices must be device ids (int), got {bad!r}; e.g. devices=[0, 1].")
     return tuple(int(d) for d in found)
+
+
+def drill_devices(ctl, island, hosts, devices) -> list[int]:
+    """The devices a drill-down asks for (exactly one way of naming them)."""
+    given = [x is not None for x in (island, hosts, devices)]
+    if sum(given) != 1:
+        raise ValueError("drill needs exactly one of island=, hosts= or devices=, got "
+                         f"island={island!r}, hosts={hosts!r}, devices={devices!r}. Maybe you "
+                         "want view.drill(hosts=range(8)).")
+    everything = [d for isl in ctl.islands for d in isl.device_ids]
+    if island is not None:
+        chosen = [d for isl in ctl.islands if isl.id == island for d in isl.device_ids]
+    elif hosts is not None:
+        host_of = getattr(ctl, "host_of", None)
+        if host_of is None:
+            raise ValueError(f"{type(ctl).__name__} does not say which host each device is "
+                             "on; drill by island= or devices= instead.")
+        wanted = {hosts} if isinstance(hosts, int) else set(hosts)
+        chosen = [d for d in everything if int(host_of[d]) in wanted]
+    else:
+        known = set(everything)
+        chosen = [int(d) for d in devices]
+        missing = [d for d in chosen if d not in known]
+        if missing:
+            raise ValueError(f"devices {missing} are not in this view's islands (devices "
+                             f"{min(known)}..{max(known)}).")
+    if not chosen:
+        raise ValueError(f"no devices match island={island!r}, hosts={hosts!r}; this view "
+                         f"has islands {[isl.id for isl in ctl.islands]}.")
+    return chosen

@@ -28,14 +28,32 @@ FAILED_COLOR = "#D3D3D3"  # a failed or cancelled computation: grey, whatever it
 class ColorRegistry:
     """Maps (namespace, key) to a palette colour; the first key seen gets the first colour.
 
-    After ``len(palette)`` keys the colours repeat; a view's legend still names each key.
+    After ``len(palette)`` keys the colours repeat (each new key takes the next one, so the
+    newest ``len(palette)`` keys differ); a view's legend still names each key. The registry
+    is bounded: it keeps the keys used within the last ``limit // 2`` new keys of their
+    namespace at least, up to ``limit``, and forgets the rest (a notebook's cells are one
+    program each: a day of them must not pile up). A key forgotten and seen again takes the
+    next colour, as a new one; a key in use keeps its colour.
+
+    >>> reg = ColorRegistry(("#000", "#fff"), limit=4)
+    >>> [reg.index("program", k) for k in "abcdefa"]
+    [0, 1, 0, 1, 0, 1, 0]
+    >>> len(reg.assigned("program")) <= 4
+    True
     """
 
-    def __init__(self, palette: tuple[str, ...] = OKABE_ITO):
+    def __init__(self, palette: tuple[str, ...] = OKABE_ITO, limit: int = 4096):
         if not palette:
             raise ValueError("a ColorRegistry needs at least one colour, got an empty palette.")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+            raise ValueError(f"a ColorRegistry's limit must be an int >= 2, got {limit!r}.")
         self.palette = tuple(palette)
-        self._assigned: dict[str, dict[str, str]] = {}
+        self.limit = limit
+        # Two generations per namespace: keys used lately, and those of the generation before
+        # (kept while still used; forgotten when the young one fills up again).
+        self._young: dict[str, dict[str, int]] = {}
+        self._old: dict[str, dict[str, int]] = {}
+        self._serial: dict[str, int] = {}  # keys handed a colour so far, per namespace
         self._lock = threading.Lock()
 
     def color(self, namespace: str, key: str) -> str:
@@ -49,14 +67,22 @@ class ColorRegistry:
         >>> ColorRegistry(("#000", "#fff")).index("program", "a")
         0
         """
-        table = self._assigned.get(namespace)
+        table = self._young.get(namespace)
         found = None if table is None else table.get(key)  # the common case takes no lock
         if found is None:
             with self._lock:
-                table = self._assigned.setdefault(namespace, {})
+                table = self._young.setdefault(namespace, {})
                 found = table.get(key)
                 if found is None:
-                    found = table[key] = len(table) % len(self.palette)
+                    found = self._old.get(namespace, {}).pop(key, None)
+                    if found is None:  # a new key: the next colour
+                        serial = self._serial.get(namespace, 0)
+                        self._serial[namespace] = serial + 1
+                        found = serial % len(self.palette)
+                    if len(table) >= self.limit // 2:  # the young generation grows old
+                        self._old[namespace], table = table, {}
+                        self._young[namespace] = table
+                    table[key] = found
         return found
 
     @property
@@ -70,9 +96,11 @@ class ColorRegistry:
         return (*self.palette, FAILED_COLOR)
 
     def assigned(self, namespace: str) -> dict[str, str]:
-        """A copy of the colours handed out so far in ``namespace``, in first-seen order."""
+        """A copy of the colours ``namespace``'s keys have now (the registry's bounded table),
+        the least recently handed out first."""
         with self._lock:
-            return {k: self.palette[i] for k, i in self._assigned.get(namespace, {}).items()}
+            both = {**self._old.get(namespace, {}), **self._young.get(namespace, {})}
+            return {k: self.palette[i] for k, i in both.items()}
 
 
 # One registry per process: every ScheduleView, TopologyView and report agrees on colours.

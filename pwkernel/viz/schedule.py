@@ -36,11 +36,13 @@ from .figures import COLOR_FIELDS, legend_html, names_source, schedule_figure, s
 from .inputs import (
     check_controller,
     device_ids,
+    drill_devices,
     filter_names,
     positive_int,
     virtual_clock,
     window_seconds,
 )
+from .names import CODEBOOK_FLOOR, FILTER_NAMES, LEGEND_NAMES, Recent, compact, filter_options
 from .palette import COLORS
 from .report import report
 from .updater import DEFAULT_INTERVAL, LiveUpdater, close_all, close_with_page
@@ -52,36 +54,6 @@ FOLLOW, PAUSE = "follow live", "pause"
 _INDEX, _T_SUBMIT, _T_END = getter("index"), getter("t_submit"), getter("t_end")
 _PROGRAM, _CLIENT, _KIND = getter("program"), getter("client"), getter("kind")
 _T_START, _TENANT = getter("t_start"), getter("tenant")
-
-
-def _drill_devices(ctl, island, hosts, devices) -> list[int]:
-    """The devices a drill-down asks for (exactly one way of naming them)."""
-    given = [x is not None for x in (island, hosts, devices)]
-    if sum(given) != 1:
-        raise ValueError("drill needs exactly one of island=, hosts= or devices=, got "
-                         f"island={island!r}, hosts={hosts!r}, devices={devices!r}. Maybe you "
-                         "want view.drill(hosts=range(8)).")
-    everything = [d for isl in ctl.islands for d in isl.device_ids]
-    if island is not None:
-        chosen = [d for isl in ctl.islands if isl.id == island for d in isl.device_ids]
-    elif hosts is not None:
-        host_of = getattr(ctl, "host_of", None)
-        if host_of is None:
-            raise ValueError(f"{type(ctl).__name__} does not say which host each device is "
-                             "on; drill by island= or devices= instead.")
-        wanted = {hosts} if isinstance(hosts, int) else set(hosts)
-        chosen = [d for d in everything if int(host_of[d]) in wanted]
-    else:
-        known = set(everything)
-        chosen = [int(d) for d in devices]
-        missing = [d for d in chosen if d not in known]
-        if missing:
-            raise ValueError(f"devices {missing} are not in this view's islands (devices "
-                             f"{min(known)}..{max(known)}).")
-    if not chosen:
-        raise ValueError(f"no devices match island={island!r}, hosts={hosts!r}; this view "
-                         f"has islands {[isl.id for isl in ctl.islands]}.")
-    return chosen
 
 
 class ScheduleView(w.VBox):
@@ -143,9 +115,13 @@ class ScheduleView(w.VBox):
         self._lock = threading.RLock()
         self._updated = threading.Condition(self._lock)  # notified after every update()
         self._quiet = False   # set while the view itself changes its controls
-        # what the plot shows (filters applied): the legend's names and the events' count
-        self._legend: dict[str, dict[str, None]] = {"program": {}, "client": {}, "tenant": {}}
+        # bounded however many programs run (``names``): what the filters offer; what the plot
+        # shows (filters applied), the legend's names, and the events' count
+        self._offered = {k: Recent(FILTER_NAMES) for k in ("program", "client")}
+        self._legend = {k: Recent(LEGEND_NAMES) for k in ("program", "client", "tenant")}
+        self._drawn: tuple | None = None  # what the legend shows now
         self._shown_events = 0
+        self._compact_at = CODEBOOK_FLOOR  # codebook names past which unused ones are dropped
         #: the other tenants of a shared pool whose computations this view has read
         self.tenants: dict[str, None] = {}
         # Typed columns only (``encoding``): strings are codes into ``codebook`` (names: ``lookup``)
@@ -184,7 +160,7 @@ class ScheduleView(w.VBox):
 
         >>> view.drill(hosts=range(8))        # doctest: +SKIP
         """
-        chosen = _drill_devices(self.ctl, island, hosts, devices)
+        chosen = drill_devices(self.ctl, island, hosts, devices)
         opts = {**self._options, "live": self._updater_alive(), **options}
         return ScheduleView(self.ctl, devices=chosen, **opts)
 
@@ -270,6 +246,7 @@ class ScheduleView(w.VBox):
                 if keep is not None and (cut := len(self._rows) - keep) > keep // 8:
                     del self._rows[:cut]
                     self._shown = max(0, self._shown - cut)
+                    self._forget_before(_INDEX(self._rows[0]))
             if self.following and self._shown < len(self._rows):
                 self._push(self._rows[self._shown:])
                 self._shown = len(self._rows)
@@ -303,10 +280,12 @@ class ScheduleView(w.VBox):
             self.transfers.data = transfers
             self.links.data = segments
             self.others.data = others
+            self._compact_names()
             self._shown = len(self._rows)
             self._latest = max(map(_T_END, shown), default=t0) - t0
             self._earliest = min(map(_T_START, shown), default=float("inf")) - t0
-            self._legend = {"program": {}, "client": {}, "tenant": {}}
+            for names in self._legend.values():
+                names.clear()
             self._shown_events = 0
             self._note_shown(shown)
             self._refresh_legend()
@@ -341,6 +320,7 @@ class ScheduleView(w.VBox):
         for source, cols in zip(sources, arrays, strict=True):
             if length(cols):
                 source.stream(cols, rollover=self.max_rows)
+        self._compact_names()
         self._follow()
 
     def _arrays(self, events: list[tuple], t0: float) -> tuple[dict, dict, dict, dict]:
@@ -370,6 +350,14 @@ class ScheduleView(w.VBox):
         if sent < len(self.codebook):
             self.lookup.stream({"text": self.codebook.names[sent:]})
 
+    def _compact_names(self) -> None:
+        """Past twice the names its rows used when last compacted, the codebook keeps only
+        those the page's rows use (rows re-coded, in this update's one message)."""
+        if len(self.codebook) > self._compact_at:
+            sources = (self.source, self.transfers, self.links, self.others)
+            self._compact_at = max(CODEBOOK_FLOOR,
+                                   2 * compact(self.codebook, sources, self.lookup))
+
     def decoded(self, source: ColumnDataSource | None = None) -> dict[str, list]:
         """The rows of ``source`` (default: the computation bars) with names, not codes.
 
@@ -395,43 +383,56 @@ class ScheduleView(w.VBox):
         self.x_range.update(start=end - float(self.window.value), end=end)
 
     def _note_shown(self, events: list[tuple]) -> None:
-        """Count the events the plot shows, and note their names for the legend (a shared
-        pool's other tenants get their own part of it, not the programs')."""
+        """Count the events shown; note their names for the legend (other tenants apart)."""
         self._shown_events += len(events)
-        legend = self._legend
         own, others = own_and_others(events)
-        before = sum(map(len, legend.values()))
-        legend["program"] |= dict.fromkeys(map(_PROGRAM, own))  # first-seen order, C speed
-        legend["client"] |= dict.fromkeys(map(_CLIENT, own))
-        if others:
-            legend["tenant"] |= dict.fromkeys(map(_TENANT, others))
-        if sum(map(len, legend.values())) != before:
-            self._refresh_legend()
+        for key, rows, field in (("program", own, _PROGRAM), ("client", own, _CLIENT),
+                                 ("tenant", others, _TENANT)):
+            if rows:
+                self._legend[key].note(map(field, rows), map(_INDEX, rows))
+        self._refresh_legend(changed_only=True)
 
     def _note_names(self, events: list[Event]) -> None:
-        """New names join the filters' choices, and other tenants ``tenants``."""
-        programs = dict.fromkeys(map(_PROGRAM, events))  # first-seen order, at C speed
-        clients = dict.fromkeys(map(_CLIENT, events))
+        """Names join the filters' choices (the newest ``FILTER_NAMES``, newest first, and
+        the selected ones), and other tenants ``tenants``."""
         others = own_and_others(events)[1]
         if others:
             self.tenants |= dict.fromkeys(map(_TENANT, others))
-        for sel, names in ((self.program_filter, programs), (self.client_filter, clients)):
-            missing = [n for n in names if n not in sel.options]
-            if missing:
-                value = sel.value
-                self._quiet = True
+        for key, field in (("program", _PROGRAM), ("client", _CLIENT)):
+            self._offered[key].note(map(field, events), map(_INDEX, events))
+        self._refresh_filters()
+
+    def _forget_before(self, first: int) -> None:
+        """Names whose events all left ``history`` leave the legend and the filters."""
+        for names in (*self._offered.values(), *self._legend.values()):
+            names.prune(first)
+        self._refresh_filters()
+        self._refresh_legend(changed_only=True)
+
+    def _refresh_filters(self) -> None:
+        for key, sel in (("program", self.program_filter), ("client", self.client_filter)):
+            options = filter_options(self._offered[key], sel.value)
+            if set(options) != set(sel.options):  # a name joined or left: not a new order
+                value, self._quiet = sel.value, True
                 try:
-                    sel.options = (*sel.options, *missing)
+                    sel.options = options
                     sel.value = value
                 finally:
                     self._quiet = False
 
-    def _refresh_legend(self) -> None:
-        """The names of what the plot shows (the filters applied), with their colours."""
+    def _refresh_legend(self, changed_only: bool = False) -> None:
+        """The names of what the plot shows (the filters applied), with their colours: the
+        newest ``LEGEND_NAMES``, then one entry counting the older ones."""
         key = self.color_by.value
+        drawn = (key, self._legend[key].shown(), self._legend["tenant"].shown())
+        if changed_only and drawn == self._drawn:
+            return
+        self._drawn = drawn
+        own, tenants = self._legend[key], self._legend["tenant"]
         self.legend.value = legend_html(
-            {n: COLORS.color(key, n) for n in self._legend[key]}, key,
-            {n: COLORS.color("tenant", n) for n in self._legend["tenant"]})
+            {n: COLORS.color(key, n) for n in own.newest()}, key,
+            {n: COLORS.color("tenant", n) for n in tenants.newest()},
+            older=own.older, older_tenants=tenants.older)
 
     def _refresh_status(self) -> None:
         if getattr(self.ctl, "closed", False):
