@@ -9,7 +9,9 @@ first run had compiled. JAX keeps compiled executables per ``jax.jit`` object, w
 these makes afresh. Here they are kept by what XLA compiles: the lowered StableHLO as text
 without source locations (so a cell's number or line does not count, and every constant does:
 none are elided), the devices it runs on, and the traced input and output types, weak types
-included (the executable gives its outputs those types, and HLO does not show them).
+included (the executable gives its outputs those types, and HLO does not show them), and the
+output shardings it was asked for (``P()`` and ``P(None, None)`` lower alike, and each
+executable gives its outputs its own spelling, as ``jax.jit``'s ``out_shardings`` say).
 
 A computation that captured large constants is compiled without the cache: printing it would
 cost about what compiling it does. The cache keeps the ``KEEP`` executables used last.
@@ -21,6 +23,8 @@ import collections
 import hashlib
 import threading
 from typing import Any
+
+import jax
 
 __all__ = ["KEEP", "Latest", "clear", "compile_once", "kept"]
 
@@ -83,8 +87,11 @@ def _key(traced, lowered, devices) -> tuple | None:
         enable_debug_info=False, large_elements_limit=None)
     types = tuple((a.shape, str(a.dtype), a.weak_type) for a in (*closed.in_avals,
                                                                     *closed.out_avals))
+    # the output shardings as asked for: P() and P(None, None) lower alike, and the
+    # executable gives its outputs the spelling it was compiled with
+    layouts = tuple(getattr(o, "sharding", None) for o in jax.tree.leaves(lowered.out_info))
     return (hashlib.sha256(text.encode()).digest(),
-            tuple((d.platform, d.id) for d in devices), types)
+            tuple((d.platform, d.id) for d in devices), types, layouts)
 
 
 def kept() -> int:

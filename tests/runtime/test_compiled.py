@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 from pwkernel.runtime import compiled
@@ -31,3 +32,15 @@ def test_a_function_made_again_reuses_its_executable_and_nothing_else_does(ctl):
     weak, strong = make(2.0)(3.0), make(2.0)(jnp.float32(3.0))  # the same HLO, other types
     assert weak.result(60).weak_type and not strong.result(60).weak_type
     assert float(weak) == float(strong) == 7.0
+
+
+def test_layouts_spelled_differently_keep_their_own_executables(ctl):
+    # P() and P(None, None) lower to the same HLO; the executable gives its outputs the
+    # spelling it was compiled with, and jax.jit's result has the one its out_shardings say
+    compiled.clear()
+    s = ctl.slice(2, island=0)
+    x = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+    for spec in (P(), P(None, None), P("x"), P("x", None)):
+        y = pw.function(lambda v: v + 1, slice=s, in_specs=spec, out_specs=spec)(x)
+        assert y.sharding.spec == spec
+        assert y.result(60).sharding.spec == spec  # as jax.jit(..., out_shardings=) gives it
