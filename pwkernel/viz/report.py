@@ -31,6 +31,7 @@ from .columns import (
 from .encoding import Codebook, compute_arrays, link_arrays, own_and_others, transfer_arrays
 from .figures import legend_html, names_source, schedule_figure
 from .inputs import check_controller
+from .names import LEGEND_NAMES, Recent
 from .palette import COLORS
 
 
@@ -119,7 +120,11 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
                             title="Gang schedule", x_range=Range1d(0.0, max(t_end - t0, 1e-6)),
                             others=theirs)
     programs = {e.program: None for e in evs if not e.tenant}
-    tenants = {e.tenant: COLORS.color("tenant", e.tenant) for e in others}
+    # the legend: the newest programs (and other tenants), then one entry counting the older
+    shown, theirs_shown = Recent(LEGEND_NAMES), Recent(LEGEND_NAMES)
+    own_evs = [e for e in evs if not e.tenant]
+    shown.note([e.program for e in own_evs], [e.index for e in own_evs])
+    theirs_shown.note([e.tenant for e in others], [e.index for e in others])
     clients = sorted({e.client for e in evs})
     summary = (f"<h2>{html.escape(title)}</h2><p>{len(evs)} events ({len(compute)} "
                f"computations, {len(moved)} transfers) over {(t_end - t0) * 1e3:.3f} ms on "
@@ -127,8 +132,11 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
                f"{len(programs)} programs, {len(clients)} clients.</p>")
     doc = column(
         Div(text=summary, sizing_mode="stretch_width"),
-        Div(text=legend_html({p: COLORS.color("program", p) for p in programs}, "program",
-                             tenants), sizing_mode="stretch_width"),
+        Div(text=legend_html({p: COLORS.color("program", p) for p in shown.newest()},
+                             "program",
+                             {t: COLORS.color("tenant", t) for t in theirs_shown.newest()},
+                             older=shown.older, older_tenants=theirs_shown.older),
+            sizing_mode="stretch_width"),
         sched, _utilization_figure(own, layout, t0, t_end), _transfer_table(evs),
         _share_figure(evs), sizing_mode="stretch_width")
     path.write_text(file_html(doc, resources=INLINE, title=title), encoding="utf-8")

@@ -4,6 +4,7 @@ registry bounded, and each program its colour while it is shown."""
 
 from __future__ import annotations
 
+import html
 import re
 
 import numpy as np
@@ -99,3 +100,14 @@ def test_a_selected_program_stays_in_the_filter_and_names_leave_with_their_event
         sorted(kept, key=lambda p: -int(p[1:]))[:FILTER])
     assert "p0" not in view.program_filter.options  # its events left the view
     view.close()
+
+
+def test_a_report_of_300_programs_names_the_newest_in_its_legend(many, ctl, tmp_path):
+    page = pw.report(ctl, tmp_path / "run.html").read_text()
+    page = html.unescape(page).replace('\\"', '"')  # (the document's JSON, in the page)
+    legend = page[page.index("<b>program:</b>"):]
+    legend = legend[:legend.index("transfers:")]
+    named = re.findall(r'vertical-align:middle"></span>([^<]*)</span>', legend)
+    assert named == [f"p{i}" for i in range(PROGRAMS - 1, PROGRAMS - 1 - LEGEND, -1)]
+    assert f"+ {PROGRAMS - LEGEND} older programs" in legend
+    assert f"{PROGRAMS} programs" in page  # the summary counts every one
