@@ -389,6 +389,14 @@ def help_text(parser: _Parser) -> str:
     return text
 
 
+def as_cell_flags(message: str) -> str:
+    """A runtime error's ``ctl.slice(4)`` / ``ctl.slice(4, island=1)`` written as the
+    ``%%pathways`` flags that do the same (``%%pathways --devices 4 --island 1``)."""
+    return re.sub(r"\bctl\.slice\(([0-9]+)(?:, island=([0-9]+))?\)",
+                  lambda m: f"%%pathways --devices {m.group(1)}"
+                  + (f" --island {m.group(2)}" if m.group(2) else ""), message)
+
+
 def as_flags(message: str, name: str = "NAME") -> str:
     """A runtime error's ``ctl.slice`` keywords (``devices=[4, 5]``, ``island=1``) written as
     the ``%pathways slice`` flags that do the same (``--devices 4,5``, ``--island 1``), and its

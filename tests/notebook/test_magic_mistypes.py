@@ -1,0 +1,35 @@
+"""Mistyped magics: each says, in the magics' own words, what was expected and how to fix it,
+and leaves the kernel's controller and slices as they were."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from IPython.core.error import UsageError
+
+from pwkernel.notebook import extension
+from tests.helpers.shell import run
+
+
+def _state(ip) -> tuple:
+    st = extension.state()
+    return (st.ctl, st.ctl.backend, sorted((n, vs.device_ids) for n, vs in st.slices.items()),
+            st.client, st.ctl.policy, st.ctl.dispatch)
+
+
+@pytest.mark.parametrize("line, says, never", [
+    # a --devices cell too large: the fix is the cell's own flags (it said ctl.slice(4))
+    ("%%pathways --devices 9\ny = 1", "maybe you want %%pathways --devices 4,", "ctl.slice"),
+    ("%%pathways --devices 9 --island 1\ny = 1", "Maybe you want %%pathways --devices 4 "
+     "--island 1,", "ctl.slice"),
+])
+def test_a_mistyped_magic_names_the_fix_and_changes_nothing(ip, line, says, never):
+    run(ip, "%pathways slice s0 2")
+    before = _state(ip)
+    with pytest.raises(UsageError) as err:
+        run(ip, line)
+    message = str(err.value)
+    assert says in message and never not in message, message
+    assert _state(ip) == before and extension.state().ctl.runs() == []
+
