@@ -23,6 +23,9 @@ def _state(ip) -> tuple:
     ("%%pathways --devices 9\ny = 1", "maybe you want %%pathways --devices 4,", "ctl.slice"),
     ("%%pathways --devices 9 --island 1\ny = 1", "Maybe you want %%pathways --devices 4 "
      "--island 1,", "ctl.slice"),
+    # --address is Ray's: the magic's flags, not pw.Controller's keywords (ray_address=)
+    ("%pathways attach sim --address 127.0.0.1:6379", "%pathways attach sim takes no "
+     "--address; use %pathways attach ray --address A for a Ray cluster.", "ray_address"),
 ])
 def test_a_mistyped_magic_names_the_fix_and_changes_nothing(ip, line, says, never):
     run(ip, "%pathways slice s0 2")
