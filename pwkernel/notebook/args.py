@@ -31,6 +31,7 @@ class _Parser(MagicArgumentParser):
         self.allow_abbrev = False  # (--axis is no --axis-types, but a typo of --axes)
         self.hint, self.label = hint, label
         self.subcommands: dict[str, argparse.ArgumentParser] = {}  # name -> its parser
+        self.conflict_fix = ""  # what to do when flags that exclude each other meet
 
     def add_subparsers(self, **kwargs):
         # argparse keeps its subparsers only in private fields: remember them here
@@ -45,6 +46,8 @@ class _Parser(MagicArgumentParser):
         usage = ""
         if message.startswith("the following arguments are required"):
             usage = " Usage: " + " ".join(self.format_usage().replace("::", "").split()) + "."
+        elif " not allowed with argument " in message:
+            usage = " " + self.conflict_fix if self.conflict_fix else ""
         raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message, command)}"
                          f"{usage} See {self.hint} for the accepted arguments.")
 
@@ -255,6 +258,9 @@ def cell_parser() -> _Parser:
     where.add_argument("--devices", type=_count, default=None, metavar="N",
                        help="run on a fresh slice of N devices (released when the cell's "
                             "program ends)")
+    p.conflict_fix = ("--slice and --devices exclude each other: --slice NAME runs the cell "
+                      "on the slice made with %pathways slice NAME SHAPE, --devices N on a "
+                      "fresh slice of N devices. Keep one of them.")
     p.add_argument("--island", type=int, default=None, metavar="I",
                    help="the island of --devices (default: the least loaded)")
     p.add_argument("--client", type=_client, default=None, metavar="NAME",

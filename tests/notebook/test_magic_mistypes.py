@@ -26,6 +26,10 @@ def _state(ip) -> tuple:
     # --address is Ray's: the magic's flags, not pw.Controller's keywords (ray_address=)
     ("%pathways attach sim --address 127.0.0.1:6379", "%pathways attach sim takes no "
      "--address; use %pathways attach ray --address A for a Ray cluster.", "ray_address"),
+    # --slice with --devices: what each does, and to keep one
+    ("%%pathways --slice s0 --devices 2\ny = 1", "--slice and --devices exclude each other: "
+     "--slice NAME runs the cell on the slice made with %pathways slice NAME SHAPE, "
+     "--devices N on a fresh slice of N devices. Keep one of them.", "Did you mean"),
 ])
 def test_a_mistyped_magic_names_the_fix_and_changes_nothing(ip, line, says, never):
     run(ip, "%pathways slice s0 2")
