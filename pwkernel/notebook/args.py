@@ -32,6 +32,7 @@ class _Parser(MagicArgumentParser):
         self.hint, self.label = hint, label
         self.subcommands: dict[str, argparse.ArgumentParser] = {}  # name -> its parser
         self.conflict_fix = ""  # what to do when flags that exclude each other meet
+        self.elsewhere: dict[str, _Parser] = {}  # the other magic's parsers, by their line
 
     def add_subparsers(self, **kwargs):
         # argparse keeps its subparsers only in private fields: remember them here
@@ -72,10 +73,11 @@ class _Parser(MagicArgumentParser):
             flag = word.split("=")[0]
             if not flag.startswith("-"):
                 continue
-            whose = [f"{self.label} {n}" for n, p in subs.items() if flag in p.flags()]
+            whose = [f"{self.label} {n}" for n, p in subs.items() if flag in p.flags()] or [
+                label for label, p in self.elsewhere.items() if flag in p.flags()]
             if flag not in own and whose:
-                notes.append(f" {flag} goes with {' and '.join(whose)}, not with "
-                             f"{self.label} {command}.")
+                here = self.label if command is None else f"{self.label} {command}"
+                notes.append(f" {flag} goes with {' and '.join(whose)}, not with {here}.")
             else:
                 near.update(difflib.get_close_matches(flag, own, n=1))
         near -= set(message.split())  # (a flag given exactly is no typo of itself)
@@ -281,6 +283,10 @@ def cell_parser() -> _Parser:
 
 LINE = line_parser()
 CELL = cell_parser()
+# (a flag of the other magic says whose it is: %%pathways --axes x, %pathways ... --timeout 3)
+LINE.elsewhere = {"%%pathways (the cell magic)": CELL}
+CELL.elsewhere = {f"%pathways {name}": sub for name, sub in LINE.subcommands.items()
+                  if isinstance(sub, _Parser)}
 
 
 def _without_comment(line: str) -> str:

@@ -30,6 +30,15 @@ def _state(ip) -> tuple:
     ("%%pathways --slice s0 --devices 2\ny = 1", "--slice and --devices exclude each other: "
      "--slice NAME runs the cell on the slice made with %pathways slice NAME SHAPE, "
      "--devices N on a fresh slice of N devices. Keep one of them.", "Did you mean"),
+    # a flag of the other magic says whose it is
+    ("%%pathways --axes x\ny = 1", "--axes goes with %pathways slice, not with %%pathways.",
+     "Did you mean"),
+    ("%%pathways --tenant bob\ny = 1", "--tenant goes with %pathways attach, not with "
+     "%%pathways.", "Did you mean"),
+    ("%pathways slice t 2 --timeout 3", "--timeout goes with %%pathways (the cell magic), "
+     "not with %pathways slice.", "Did you mean"),
+    ("%pathways client bob --no-block", "--no-block goes with %%pathways (the cell magic), "
+     "not with %pathways client.", "Did you mean"),
 ])
 def test_a_mistyped_magic_names_the_fix_and_changes_nothing(ip, line, says, never):
     run(ip, "%pathways slice s0 2")
@@ -40,3 +49,9 @@ def test_a_mistyped_magic_names_the_fix_and_changes_nothing(ip, line, says, neve
     assert says in message and never not in message, message
     assert _state(ip) == before and extension.state().ctl.runs() == []
 
+
+def test_a_flag_of_one_subcommand_still_names_that_subcommand_only(ip):
+    """A flag some %pathways subcommand takes is not sent to the cell magic instead."""
+    with pytest.raises(UsageError, match=re.escape(
+            "--priority goes with %pathways client, not with %pathways slice.")):
+        run(ip, "%pathways slice s1 2 --priority 3")
