@@ -31,6 +31,8 @@ class _Parser(MagicArgumentParser):
         self.allow_abbrev = False  # (--axis is no --axis-types, but a typo of --axes)
         self.hint, self.label = hint, label
         self.subcommands: dict[str, argparse.ArgumentParser] = {}  # name -> its parser
+        self.conflict_fix = ""  # what to do when flags that exclude each other meet
+        self.elsewhere: dict[str, _Parser] = {}  # the other magic's parsers, by their line
 
     def add_subparsers(self, **kwargs):
         # argparse keeps its subparsers only in private fields: remember them here
@@ -45,6 +47,8 @@ class _Parser(MagicArgumentParser):
         usage = ""
         if message.startswith("the following arguments are required"):
             usage = " Usage: " + " ".join(self.format_usage().replace("::", "").split()) + "."
+        elif " not allowed with argument " in message:
+            usage = " " + self.conflict_fix if self.conflict_fix else ""
         raise UsageError(f"{self.label}: {message}.{self._did_you_mean(message, command)}"
                          f"{usage} See {self.hint} for the accepted arguments.")
 
@@ -69,10 +73,11 @@ class _Parser(MagicArgumentParser):
             flag = word.split("=")[0]
             if not flag.startswith("-"):
                 continue
-            whose = [f"{self.label} {n}" for n, p in subs.items() if flag in p.flags()]
+            whose = [f"{self.label} {n}" for n, p in subs.items() if flag in p.flags()] or [
+                label for label, p in self.elsewhere.items() if flag in p.flags()]
             if flag not in own and whose:
-                notes.append(f" {flag} goes with {' and '.join(whose)}, not with "
-                             f"{self.label} {command}.")
+                here = self.label if command is None else f"{self.label} {command}"
+                notes.append(f" {flag} goes with {' and '.join(whose)}, not with {here}.")
             else:
                 near.update(difflib.get_close_matches(flag, own, n=1))
         near -= set(message.split())  # (a flag given exactly is no typo of itself)
@@ -255,6 +260,9 @@ def cell_parser() -> _Parser:
     where.add_argument("--devices", type=_count, default=None, metavar="N",
                        help="run on a fresh slice of N devices (released when the cell's "
                             "program ends)")
+    p.conflict_fix = ("--slice and --devices exclude each other: --slice NAME runs the cell "
+                      "on the slice made with %pathways slice NAME SHAPE, --devices N on a "
+                      "fresh slice of N devices. Keep one of them.")
     p.add_argument("--island", type=int, default=None, metavar="I",
                    help="the island of --devices (default: the least loaded)")
     p.add_argument("--client", type=_client, default=None, metavar="NAME",
@@ -275,6 +283,10 @@ def cell_parser() -> _Parser:
 
 LINE = line_parser()
 CELL = cell_parser()
+# (a flag of the other magic says whose it is: %%pathways --axes x, %pathways ... --timeout 3)
+LINE.elsewhere = {"%%pathways (the cell magic)": CELL}
+CELL.elsewhere = {f"%pathways {name}": sub for name, sub in LINE.subcommands.items()
+                  if isinstance(sub, _Parser)}
 
 
 def _without_comment(line: str) -> str:
@@ -387,6 +399,14 @@ def help_text(parser: _Parser) -> str:
             if any(len(line.split()) > 1 for line in lines[1:]):
                 text += "".join(f"  {line}\n" for line in lines)
     return text
+
+
+def as_cell_flags(message: str) -> str:
+    """A runtime error's ``ctl.slice(4)`` / ``ctl.slice(4, island=1)`` written as the
+    ``%%pathways`` flags that do the same (``%%pathways --devices 4 --island 1``)."""
+    return re.sub(r"\bctl\.slice\(([0-9]+)(?:, island=([0-9]+))?\)",
+                  lambda m: f"%%pathways --devices {m.group(1)}"
+                  + (f" --island {m.group(2)}" if m.group(2) else ""), message)
 
 
 def as_flags(message: str, name: str = "NAME") -> str:

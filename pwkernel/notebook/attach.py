@@ -26,8 +26,8 @@ def check(backend: str, address: str | None, preset: str | None, pool: str | Non
         raise UsageError("--tenant and --weight name this kernel in a device pool; pass them "
                          "with --pool: %pathways attach ray --pool NAME --tenant alice "
                          "--weight 2.")
-    if backend == "local" and address is not None:
-        raise UsageError("%pathways attach local takes no --address; use "
+    if backend != "ray" and address is not None:
+        raise UsageError(f"%pathways attach {backend} takes no --address; use "
                          "%pathways attach ray --address A for a Ray cluster.")
     if backend != "sim" and preset is not None:
         raise UsageError(f"%pathways attach {backend} takes no --preset; it names a "

@@ -209,7 +209,8 @@ class PathwaysMagics(Magics):
             try:
                 vs = self.ctl.slice(a.devices, island=a.island)
             except (PathwaysError, ValueError) as e:
-                raise UsageError(f"%%pathways --devices {a.devices}: {e}") from None
+                fix = specs.as_cell_flags(str(e))
+                raise UsageError(f"%%pathways --devices {a.devices}: {fix}") from None
             return vs, vs
         return self.state.default_slice(), None
 
