@@ -27,6 +27,13 @@ def _sim(islands, **options):
     return SimExecutor(islands, **options)
 
 
+def _ray_check(pool=None, address=None, ray_address=None, **_):
+    if pool is not None:  # a pool named is written down here, or its address is given
+        from .ray.attach import pool_address
+
+        pool_address(pool, address if address is not None else ray_address)
+
+
 register_backend("local", _local, {
     "dcn": "a pw.Link emulating the network between this process's islands"})
 register_backend("ray", _ray, {
@@ -34,7 +41,7 @@ register_backend("ray", _ray, {
     "address": "the Ray cluster to join (ray_address by a shorter name)",
     "pool": "the device pool on that cluster to attach to as one of its tenants",
     "tenant": "this controller's name in the pool",
-    "weight": "this controller's share of the pool's devices"})
+    "weight": "this controller's share of the pool's devices"}, options_check=_ray_check)
 def _sim_hint(name, hint):
     from .sim.program import hinted_seconds
 

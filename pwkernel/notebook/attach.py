@@ -13,6 +13,7 @@ import warnings
 from IPython.core.error import UsageError
 
 from ..runtime import controller as process
+from ..runtime import executor
 from ..runtime.errors import PathwaysError
 from ..runtime.registry import SharedDevicesWarning
 from ..runtime.resources import islands_from_env
@@ -35,6 +36,10 @@ def check(backend: str, address: str | None, preset: str | None, pool: str | Non
     if backend != "ray" and pool is not None:
         raise UsageError(f"%pathways attach {backend} takes no --pool; a device pool is "
                          "reached through Ray: %pathways attach ray --address A --pool NAME.")
+    try:  # (a pool that does not exist: refused before the old controller is left)
+        executor.check_options(backend, address=address, pool=pool)
+    except (PathwaysError, ValueError) as e:
+        raise UsageError(f"%pathways attach {backend}: {e}") from None
 
 
 def leaves_first(old, backend: str, pool: str | None) -> bool:

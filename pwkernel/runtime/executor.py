@@ -178,6 +178,9 @@ class Backend:
     #: refuses a bad value of the ``pw.function`` hint this backend reads (``sim_cost``),
     #: whichever backend the function is made on, so a typo fails where it is written
     hint_check: Callable[[str, Any], None] | None = None
+    #: refuses options that name nothing (a pool that does not exist) before anything is
+    #: made or closed (``check_options``): cheap, connects to nothing
+    options_check: Callable[..., None] | None = None
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -185,11 +188,14 @@ _BACKENDS: dict[str, Backend] = {}
 
 def register_backend(name: str, factory: Callable[..., Executor],
                      options: Mapping[str, str] | None = None,
-                     hint_check: Callable[[str, Any], None] | None = None) -> None:
+                     hint_check: Callable[[str, Any], None] | None = None,
+                     options_check: Callable[..., None] | None = None) -> None:
     """Make ``pw.Controller(backend=name, **given)`` call ``factory(islands, **given)``, where
     ``given`` holds only the ``options`` this backend declares (option name -> what it is);
-    ``hint_check(name, hint)`` refuses a bad ``pw.function`` hint for this backend."""
-    _BACKENDS[name] = Backend(name, factory, MappingProxyType(dict(options or {})), hint_check)
+    ``hint_check(name, hint)`` refuses a bad ``pw.function`` hint for this backend;
+    ``options_check(**given)`` refuses options that name nothing, before anything is made."""
+    _BACKENDS[name] = Backend(name, factory, MappingProxyType(dict(options or {})), hint_check,
+                              options_check)
 
 
 def check_hint(executor: Executor, name: str, hint: Any) -> None:
@@ -211,21 +217,32 @@ def backends() -> tuple[str, ...]:
 _REQUIRED = ("launch", "transfer", "islands", "now", "prepare", "group", "fetch", "close")
 
 
+def check_options(backend: str, **options: Any) -> Backend:
+    """Refuse what ``pw.Controller(backend=backend, **options)`` would refuse before it makes
+    anything: an unknown backend, another backend's option, options that name nothing (a
+    pool that does not exist: the backend's ``options_check``). Options that are None are not
+    given. Returns the backend's entry."""
+    given = {k: v for k, v in options.items() if v is not None}
+    entry = _BACKENDS.get(backend)
+    if entry is None:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {list(_BACKENDS)} "
+                         "(e.g. 'local': this process's devices, 'ray': islands as Ray "
+                         "actors), or an executor object.")
+    for option in given:
+        if option not in entry.options:
+            raise ValueError(_misplaced(option, backend))
+    if entry.options_check is not None:
+        entry.options_check(**given)
+    return entry
+
+
 def create(backend: str | Executor, islands: Sequence[int] | None,
            **options: Any) -> Executor:
     """The executor ``backend`` names (built for ``islands`` with ``options``, those not
     None), or ``backend`` itself when it is an executor object."""
     given = {k: v for k, v in options.items() if v is not None}
     if isinstance(backend, str):
-        entry = _BACKENDS.get(backend)
-        if entry is None:
-            raise ValueError(f"unknown backend {backend!r}; expected one of {list(_BACKENDS)} "
-                             "(e.g. 'local': this process's devices, 'ray': islands as Ray "
-                             "actors), or an executor object.")
-        for option in given:
-            if option not in entry.options:
-                raise ValueError(_misplaced(option, backend))
-        return entry.factory(islands, **given)
+        return check_options(backend, **given).factory(islands, **given)
     missing = [m for m in _REQUIRED if not hasattr(backend, m)]
     if missing:
         raise TypeError(f"backend must be a name {list(_BACKENDS)} or an object implementing "

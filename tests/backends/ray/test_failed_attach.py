@@ -79,3 +79,43 @@ def test_a_local_cluster_starts_with_token_auth_and_no_warning():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
     assert "Token authentication" not in done.stderr, done.stderr[-3000:]
+
+
+NO_SUCH_POOL = """
+import os
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import numpy as np
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+import pwkernel as pw
+
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "pwkernel")
+shell.run_line_magic("pathways", "attach ray --islands 1")
+ctl = pw.controller()
+shell.run_line_magic("pathways", "slice r0 1")
+r0 = shell.user_ns["r0"]
+try:
+    shell.run_line_magic("pathways", "attach ray --pool nosuchpool")
+except UsageError as e:
+    assert "nosuchpool" in str(e), e
+else:
+    raise AssertionError("attaching to a pool that does not exist should have failed")
+assert pw.controller() is ctl and not ctl.closed, "the kernel's controller was left"
+assert not r0.released and shell.user_ns["r0"] is r0, "the kernel's slice was released"
+double = pw.function(lambda x: x * 2, slice=r0)
+assert double(np.ones(2)).result(60).tolist() == [2.0] * 2
+ctl.close()
+print("ok")
+"""
+
+
+def test_attaching_to_a_pool_that_does_not_exist_leaves_the_ray_kernel_as_it_was():
+    """A mistyped ``--pool`` is refused before the kernel's Ray controller is closed and its
+    slices released (one Ray connection per process: a pool's tenant closes the old one
+    first)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_FLAGS", "RAY_AUTH"))}
+    done = subprocess.run([sys.executable, "-c", NO_SUCH_POOL], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
