@@ -120,6 +120,13 @@ def deleted_input(what: str, shape: str = "") -> PathwaysError:
         "call's result, or pass each donating call its own copy (jnp.copy(x))."), RuntimeError)
 
 
+def freed_by_close() -> ControllerClosedError:
+    """What ``fut.result()`` raises once the future's controller was closed (its buffer freed)."""
+    return ControllerClosedError(
+        "this future belongs to a closed controller and its buffer was freed; "
+        "keep the value (fut.result()) before ctl.close(), or rerun the program.")
+
+
 def copy_error(name: str, source, error: BaseException) -> BaseException:
     """What copy ``name`` that could not start fails with: a source array that is gone (the
     user deleted it, or a donating call consumed it) says so as a computation's input does

@@ -22,7 +22,7 @@ import numpy as np
 from . import done_callbacks, interrupts
 from .arraylike import ArrayOnDemand
 from .dtypes import as_dtype
-from .errors import CancelledError, ControllerClosedError, origin, timeout_seconds
+from .errors import CancelledError, freed_by_close, origin, timeout_seconds
 from .store import BufferRecord, ObjectStore, shard_bytes
 
 __all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved",
@@ -166,19 +166,19 @@ class Future(ArrayOnDemand):
         if self._error is not None:
             raise self._error.with_traceback(self._error_tb)
         if self._store is not None and self._store.closed:
-            raise ControllerClosedError(
-                "this future belongs to a closed controller and its buffer was freed; "
-                "keep the value (fut.result()) before ctl.close(), or rerun the program."
-            )
+            raise freed_by_close()
         buf = self._buffer
         if self._store is None:
             return buf.value
         if buf is None:  # donated before its computation ended: the store never counted it,
             return self._launched  # and the value is the deleted array jax.jit leaves
-        error = self._store.failure(buf)
+        value = self._store.fetch(self, buf)  # (the reader's from here: a close keeps it)
+        if value is None:  # a close in another thread freed it since the check above
+            raise freed_by_close()
+        error = self._store.failure(buf, value)
         if error is not None:
             raise error
-        return self._store.fetch(self, buf)
+        return value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self.wait(timeout):

@@ -207,16 +207,19 @@ class ObjectStore:
         self._on_free(held.record)
 
     def fetch(self, fut: Future, held: _Held):
-        """The value of ``fut`` for the user (``Future.result()``)."""
+        """The value of ``fut`` for the user (``Future.result()``); None if it was freed (by
+        ``close()`` in another thread). Marked the user's, then read again: a free that took
+        the value before that sees the mark and deletes nothing, and one that took it after is
+        seen here (a free takes the value, then reads the mark)."""
         value = held.value
-        if self._fetch is not None:
+        if self._fetch is not None and value is not None:
             local = self._fetch(value, fut.sharding)
             if local is not value:
                 return local  # a copy: the store may still free the original
         held.exported = True
-        return value
+        return value if held.value is value else None
 
-    def failure(self, held: _Held) -> BaseException | None:
+    def failure(self, held: _Held, value=None) -> BaseException | None:
         """The error a value holds that its computation's end did not report (the backend's
         ``failure``: a local launch that failed while it ran and was seen ready at once);
         None when there is none, or the backend keeps no such errors.
@@ -224,8 +227,9 @@ class ObjectStore:
         Asked once per launch: a launch's outputs hold its one error or none (XLA fails them
         all together), so once one of them, alive, holds none, its siblings are not asked
         (asking waits on the value: the GIL is let go and taken back, per output, and a
-        training step's state has dozens, all read when a loop waits for its step)."""
-        value = held.value
+        training step's state has dozens, all read when a loop waits for its step).
+        ``value``: the one ``fetch`` handed out (default: the one held)."""
+        value = held.value if value is None else value
         if self._failure is None or value is None or not held.unchecked:
             return None
         error = self._failure(value)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
+from pwkernel.backends.local import LocalBackend
 from pwkernel.runtime.scheduler import Finished, Launch
 from tests.helpers.gang_order import LaunchLog
 from tests.helpers.programs import (
@@ -196,6 +197,66 @@ def test_futures_of_a_closed_controller_say_so():
             g(fut)
     finally:
         other.close()
+
+
+class ClosesWhileRead:
+    """The local backend, except that ``fut.result()``'s first look at a value (``at``: the
+    backend's ``fetch`` or ``failure``) waits until another thread has closed the controller:
+    an interleaving of a reader and a closer, made certain."""
+
+    def __init__(self, at: str):
+        self.inner = LocalBackend(islands=(2,))
+        self.at, self.ctl = at, None
+
+    def __getattr__(self, name):  # everything else is the local backend's
+        return getattr(self.inner, name)
+
+    def _close_first(self, hook: str) -> None:
+        if hook == self.at and self.ctl is not None:
+            closer = threading.Thread(target=self.ctl.close)
+            self.ctl = None
+            closer.start()
+            closer.join(60)
+
+    def fetch(self, value, sharding):
+        self._close_first("fetch")
+        return self.inner.fetch(value, sharding)
+
+    def failure(self, value):
+        self._close_first("failure")
+        return self.inner.failure(value)
+
+
+@pytest.mark.parametrize("at", ["fetch", "failure"])
+def test_a_result_read_while_another_thread_closes_is_the_value_or_says_closed(at):
+    """``fut.result()`` in one thread while another closes the controller: the reader saw an
+    open controller, then read a buffer the close deleted meanwhile, and returned None or a
+    deleted array. Now the value is the reader's once ``result`` has taken it (the close
+    leaves it alive: ``failure`` is asked after that), and before that the close wins and
+    ``result`` raises ``ControllerClosedError``."""
+    backend = ClosesWhileRead(at)
+    ctl = pw.Controller(backend=backend)
+    f = pw.function(lambda x: x + 1, slice=ctl.slice(1))
+    fut = f(np.ones(2, np.float32))
+    assert fut.wait(60)
+    backend.ctl = ctl
+    if at == "fetch":
+        with pytest.raises(pw.ControllerClosedError, match="closed controller"):
+            fut.result()
+    else:
+        value = fut.result()
+        assert not value.is_deleted() and value.tolist() == [2.0, 2.0]
+    assert ctl.status()["closed"]
+
+
+def test_a_value_read_before_a_close_is_the_readers():
+    """The other order: a value ``fut.result()`` handed out stays alive through a close that
+    comes after (the close frees the runtime's buffers, not the reader's)."""
+    ctl = pw.Controller(islands=(2,))
+    f = pw.function(lambda x: x + 1, slice=ctl.slice(1))
+    value = f(np.ones(2, np.float32)).result(timeout=60)
+    ctl.close()
+    assert not value.is_deleted() and value.tolist() == [2.0, 2.0]
 
 
 def test_close_leaves_no_threads_and_cancels_pending_work():
