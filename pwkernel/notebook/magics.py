@@ -19,6 +19,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from ..runtime import interrupts
 from ..runtime.errors import PathwaysError
 from ..runtime.events import ClientSpec
 from ..runtime.graph import ComputeNode
@@ -420,14 +421,18 @@ class PathwaysMagics(Magics):
                 0.5 if left is None else min(left, 0.5))
 
     def _bind(self, plain: dict[str, Any], results: Any) -> None:
+        """Bind the cell's names, all of them: a Ctrl-C meanwhile is raised once they are
+        (before, one that landed between two names left the cell half bound)."""
         ns = self.shell.user_ns
-        for key, value in cells.bound_values(plain, results).items():
-            if key == cells.LAST:
-                continue
-            if value is DELETED:
-                ns.pop(key, None)
-            else:
-                ns[key] = value
+        bound = cells.bound_values(plain, results)
+        with interrupts.held:
+            for key, value in bound.items():
+                if key == cells.LAST:
+                    continue
+                if value is DELETED:
+                    ns.pop(key, None)
+                else:
+                    ns[key] = value
 
     def _last(self, plan, plain: dict[str, Any], results: Any):
         __tracebackhide__ = True

@@ -98,8 +98,10 @@ class _Hold:
 
 
 #: code whose every bytecode is runtime work: an interrupt that lands at its entry, before its
-#: ``with held_quietly:`` has begun, is kept as one inside it is (see ``holds_from_entry``)
-_from_entry = {_Hold.__enter__.__code__}
+#: ``with held_quietly:`` has begun, is kept as one inside it is (see ``holds_from_entry``);
+#: so is one inside a hold's end, after its depth went back to 0 (starting the timer that
+#: raises a kept one): raised there, inside the call, it lost the call's result
+_from_entry = {_Hold.__enter__.__code__, _Hold.__exit__.__code__}
 
 
 def holds_from_entry(fn):

@@ -7,12 +7,14 @@ Python's ``SIGINT`` handler does between two bytecodes, at a moment a test can p
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import numpy as np
 import pytest
 
 import pwkernel as pw
+from pwkernel.notebook import cell as cells
 from pwkernel.notebook import endings, extension
 from pwkernel.notebook.magics import PathwaysMagics
 from pwkernel.runtime.tasks import TaskState
@@ -66,3 +68,33 @@ def _cell_run(args):
     if isinstance(args[0], list):  # all_resolved(outputs)
         return args[0][0].run
     return args[-1]  # _show(self, a, ctl, run)
+
+
+class _InterruptedAfterFirst(dict):
+    """A cell's bound names whose binding a Ctrl-C lands in, after the first name: the
+    SIGINT handler in place runs there, as Python runs it between two bytecodes."""
+
+    def items(self):
+        for i, item in enumerate(super().items()):
+            if i == 1:
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            yield item
+
+
+@pytest.mark.parametrize("flags", ["", " --no-block"])
+def test_an_interrupt_while_a_cell_binds_its_names_binds_all_of_them(ip, monkeypatch, flags):
+    run(ip, "%pathways slice s 2")
+    ip.user_ns.update(a="old", b="old", c="old")
+    real = cells.bound_values
+    monkeypatch.setattr(cells, "bound_values",
+                        lambda *args: _InterruptedAfterFirst(real(*args)))
+    with pytest.raises(KeyboardInterrupt):  # (raised once they are bound, or before any)
+        run(ip, f"%%pathways --slice s{flags}\na = jnp.ones(2)\nb = a + 1\nc = b + 1\n")
+        threading.Event().wait(60)  # (a kept interrupt comes GRACE after the binding)
+    monkeypatch.setattr(cells, "bound_values", real)
+    seen = [ip.user_ns[n] for n in "abc"]
+    assert all(isinstance(v, pw.Future) for v in seen), seen  # all bound, not the first only
+    for value, want in zip(seen, [1.0, 2.0, 3.0], strict=True):
+        np.testing.assert_allclose(np.asarray(value.result(60)), [want, want])
+    run(ip, "%%pathways --slice s\nafter = a + c\n")  # the next cell reads them
+    np.testing.assert_allclose(np.asarray(ip.user_ns["after"]), [4.0, 4.0])

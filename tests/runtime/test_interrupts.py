@@ -27,15 +27,17 @@ from pwkernel.runtime.tasks import Task
 
 
 class _InterruptAt:
-    """Deliver one interrupt to the main thread when it enters ``code``."""
+    """Deliver one interrupt to the main thread when it enters ``code`` (one at each of
+    ``codes``, entered in that order)."""
 
-    def __init__(self, code):
-        self.code, self.fired = code, False
+    def __init__(self, *codes):
+        self.codes, self.fired = list(codes), False
 
     def __enter__(self):
         def profile(frame, event, _arg):
-            if event == "call" and frame.f_code is self.code and not self.fired:
-                self.fired = True
+            if event == "call" and self.codes and frame.f_code is self.codes[0]:
+                self.codes.pop(0)
+                self.fired = not self.codes
                 _thread.interrupt_main()
         sys.setprofile(profile)
         return self
@@ -243,3 +245,24 @@ def test_futures_alive_at_interpreter_exit_go_quietly():
                           timeout=120, check=True)
     assert "[1. 2. 3. 4.]" in done.stdout
     assert done.stderr.strip() == "", done.stderr
+
+
+def test_a_second_interrupt_as_a_call_ends_its_hold_keeps_the_calls_result(handler):
+    """Two Ctrl-Cs (a press and the runtime's own re-raise, or two presses): the first inside
+    a donating call's launch, the second as the call's hold ends (starting the timer that
+    raises the first). Raised there, inside the call, the second lost the new state after
+    the old one was donated (a stress of Ctrl-C on a Pipeline loop found it)."""
+    ctl = pw.Controller(islands=(4,))
+    try:
+        step = pw.function(lambda v: v + 1, slice=ctl.slice(4), donate_argnums=0)
+        w = step(jnp.zeros(8))
+        w.wait()
+        with pytest.raises(KeyboardInterrupt), _InterruptAt(
+                LocalBackend.launch.__code__, interrupts._raise_later.__code__) as hook:
+            for _ in range(50):
+                w = step(w)
+        assert hook.fired
+        assert w.result(60).tolist()[0] >= 2.0  # the state in hand is whole
+        assert ctl.wait(timeout=60)
+    finally:
+        ctl.close()
