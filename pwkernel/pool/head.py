@@ -11,7 +11,11 @@ touches another cluster's ``/tmp/ray`` (``ray.init(address="auto")`` of other pr
 not find it), and its processes are told apart from every other Ray cluster's by that
 directory in their environment (``MARK``, set only in the processes ``start_head`` starts and
 inherited by every process Ray starts from them: Ray's agents and workers rename themselves),
-or by descending from such a process. ``stop_head`` ends exactly those processes: never
+by descending from such a process, or by their session: ``ray start`` runs in a session of its
+own (``start_new_session``), which every Ray process of the cluster stays in. The session is
+what finds Ray's dashboard and runtime-env agents once their raylet has died: they were its
+children (now init's), and renaming themselves blanked their ``/proc/PID/environ``; left
+alone, they wait a minute or more for a dead GCS. ``stop_head`` ends exactly those processes: never
 ``ray stop``, which ends every Ray cluster of the user, and never a process that merely names
 the directory on its command line (a user's ``tail -f`` of the pool's logs).
 """
@@ -89,15 +93,31 @@ def _start_once(name: str, token: Path, port: int | None) -> tuple[dict, str | N
     record = {"address": f"127.0.0.1:{port}", "temp_dir": temp_dir, "session_dir": None,
               "pids": [], "started": time.time()}
     try:
-        done = subprocess.run(cmd, env=ray_env(token, temp_dir), capture_output=True, text=True,
-                              timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        # a session of its own: every Ray process of the cluster stays in it (``processes``)
+        launch = subprocess.Popen(cmd, env=ray_env(token, temp_dir), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                  start_new_session=True)
+    except OSError as e:
         stop_head(record)
+        return record, f"it did not start: {e}. Is Ray installed (pip install 'pwkernel[ray]')?"
+    record["sid"] = launch.pid  # (the session's number: its leader's pid)
+    try:
+        record["sid_created"] = psutil.Process(launch.pid).create_time()
+    except psutil.Error:  # (it ended already: failed at once)
+        pass
+    try:
+        out, err = launch.communicate(timeout=START_TIMEOUT)
+    except BaseException as e:  # timed out, or Ctrl-C: its session is not the terminal's
+        launch.kill()
+        launch.wait()
+        stop_head(record)
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
         return record, f"it did not finish: {e}. Is Ray installed (pip install 'pwkernel[ray]')?"
-    if done.returncode != 0:
+    if launch.returncode != 0:
         stop_head(record)
-        tail = (done.stderr or done.stdout).strip().splitlines()[-6:]
-        return record, f"exit {done.returncode}:\n" + "\n".join(tail)
+        tail = (err or out).strip().splitlines()[-6:]
+        return record, f"exit {launch.returncode}:\n" + "\n".join(tail)
     latest = Path(temp_dir, "session_latest")
     record["session_dir"] = str(latest.resolve()) if latest.exists() else None
     record["pids"] = sorted(p.pid for p in processes(record))
@@ -117,6 +137,8 @@ def processes(record: dict) -> list[psutil.Process]:
             if (p.info["environ"] or {}).get(MARK) == temp_dir:
                 roots[p.pid] = p
     started = float(record.get("started") or 0.0)
+    if record.get("sid") and not _reused(record["sid"], record.get("sid_created")):
+        roots.update((p.pid, p) for p in session_processes(record["sid"], started))
     for pid in record.get("pids") or ():
         if pid in roots:
             continue
@@ -133,6 +155,31 @@ def processes(record: dict) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return [p for p in found.values() if _alive(p)]
+
+
+def session_processes(sid: int, since: float) -> list[psutil.Process]:
+    """The live processes of session ``sid`` (a program started with ``start_new_session``,
+    such as ``ray start``, and every process started from it that did not leave the session:
+    Ray's never do) created since ``since`` (``time.time()`` before the start). The number of
+    a session is not given to a new process while any process of it lives, so those are the
+    processes that program started, renamed, orphaned or not."""
+    found = []
+    for p in psutil.process_iter(["create_time"]):
+        try:
+            if os.getsid(p.pid) == sid and p.info["create_time"] >= since - 1.0:
+                found.append(p)  # (create_time is rounded to clock ticks)
+        except (OSError, psutil.Error):
+            continue
+    return [p for p in found if _alive(p)]
+
+
+def _reused(sid: int, created: float | None) -> bool:
+    """Whether ``sid``, the number of the session ``ray start`` led, now leads another: its
+    pid was given to a new process (then every process of the old session had ended)."""
+    try:
+        return created is not None and psutil.Process(sid).create_time() != created
+    except psutil.Error:
+        return False
 
 
 def _may_be_ours(p: psutil.Process, temp_dir: str | None) -> bool:

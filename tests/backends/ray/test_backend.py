@@ -26,6 +26,7 @@ import ray
 import pwkernel as pw
 from pwkernel.backends.ray import RayIsland, RemoteBuffer
 from pwkernel.bench.figure2 import figure2
+from pwkernel.pool import head as pool_head
 from tests.helpers.programs import overlapping_chain
 
 TIMEOUT = 120.0
@@ -409,26 +410,26 @@ def _free_port() -> int:
 
 def test_joins_a_running_cluster_by_address_and_leaves_it_running():
     """`ray start --head` (as docs/ray.md tells users), then ray_address="host:port": token
-    authentication on both sides, the cluster keeps running after close()."""
+    authentication on both sides, the cluster keeps running after close(). The cluster is ended
+    by its session (`ray start` runs in one of its own): Ray's agents rename themselves and
+    outlive a killed raylet, so their command lines do not find them."""
     assert not ray.is_initialized()
     port = _free_port()
     ray_cli = str(Path(sys.executable).with_name("ray"))
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # bind 127.0.0.1 only
-    subprocess.run([ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
-                    str(port), "--num-cpus", "1", "--include-dashboard", "false",
-                    "--disable-usage-stats"], env=env, check=True, capture_output=True,
-                   timeout=TIMEOUT)
+    since = time.time()
+    start = subprocess.Popen([ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1",
+                              "--port", str(port), "--num-cpus", "1", "--include-dashboard",
+                              "false", "--disable-usage-stats"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
 
     def cluster_processes() -> list[psutil.Process]:
-        marks = (f"127.0.0.1:{port}", f"gcs_server_port={port}")
-        out = []
-        for p in psutil.process_iter(["cmdline"]):
-            line = " ".join(p.info["cmdline"] or [])
-            if any(m in line for m in marks):
-                out.append(p)
-        return out
+        return pool_head.session_processes(start.pid, since)
 
     try:
+        out, _ = start.communicate(timeout=TIMEOUT)
+        assert start.returncode == 0, out[-3000:]
         with pytest.raises(pw.DeviceSetupError, match="could not connect"):
             pw.Controller(backend="ray", islands=(1,), ray_address=f"127.0.0.1:{_free_port()}")
         ctl = pw.Controller(backend="ray", islands=(2, 2), ray_address=f"127.0.0.1:{port}")
@@ -444,10 +445,15 @@ def test_joins_a_running_cluster_by_address_and_leaves_it_running():
         assert not ray.is_initialized()  # this process disconnected...
         assert any("gcs_server" in p.name() for p in cluster_processes())  # ...it runs on
     finally:
+        if start.poll() is None:
+            start.kill()
+            start.wait()
         procs = cluster_processes()
         for p in procs:
             p.kill()
         psutil.wait_procs(procs, timeout=60)
+        left = [f"{p.pid} {p.name()}" for p in cluster_processes()]
         current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")  # `ray stop` would
         if current.exists() and current.read_text().strip() == f"127.0.0.1:{port}":
             current.unlink()
+    assert left == [], f"processes of the test's cluster left running after the cleanup: {left}"
