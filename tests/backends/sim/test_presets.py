@@ -1,0 +1,38 @@
+"""A preset's name with islands of chip counts (``pw.Controller(backend="sim", cluster=NAME,
+islands=...)``): what it builds, and what it refuses with the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pwkernel as pw
+from pwkernel.backends import sim
+
+
+def test_gpu_preset_islands_may_differ_and_copy_between_them():
+    """GPU nodes hang off a switch, so islands of different sizes are the same model (before,
+    every preset refused them: "the simulated islands of a preset are equal")."""
+    with pw.Controller(backend="sim", cluster="h100", islands=(16, 8)) as ctl:
+        assert [len(i.devices) for i in ctl.islands] == [16, 8]
+        assert ctl.executor.cluster.islands == (2, 1)  # hosts of 8 GPUs
+        assert ctl.executor.cluster.chip.name == "H100 SXM"
+        double = pw.function(lambda x: x * 2, slice=ctl.slice(16, island=0))
+        total = pw.function(lambda x: x.sum(), slice=ctl.slice(8, island=1))
+        out = total(double(np.ones(1024, np.float32)))
+        assert out.wait(timeout=30) and out.shape == ()
+        kinds = {e.kind for e in ctl.trace.events()}
+        assert "transfer" in kinds  # the copy over DCN between the islands
+
+
+def test_tpu_preset_islands_are_equal_and_the_error_says_why():
+    with pytest.raises(sim.SimError, match=r"islands of a TPU preset are equal \(one torus "
+                       r"shape for every island\); islands=\(8, 4\) are not. Maybe you want "
+                       r"islands=\(8, 8\)"):
+        pw.Controller(backend="sim", cluster="tpu-v4", islands=(8, 4))
+
+
+def test_unequal_islands_of_part_hosts_name_whole_hosts():
+    with pytest.raises(sim.SimError, match=r"whole hosts of 8 chips; islands=\(16, 4\) are "
+                       r"not. Maybe you want islands=\(16, 8\)"):
+        pw.Controller(backend="sim", cluster="h100", islands=(16, 4))
