@@ -36,3 +36,10 @@ def test_unequal_islands_of_part_hosts_name_whole_hosts():
     with pytest.raises(sim.SimError, match=r"whole hosts of 8 chips; islands=\(16, 4\) are "
                        r"not. Maybe you want islands=\(16, 8\)"):
         pw.Controller(backend="sim", cluster="h100", islands=(16, 4))
+
+
+def test_islands_as_one_number_suggests_one_island_of_that_many():
+    """``islands=16`` meant one island of 16 chips: the fix says ``islands=(16,)`` (it said
+    ``islands=(4, 4)``, which an H100 preset then refuses: 4 is not whole nodes)."""
+    with pytest.raises(pw.DeviceSetupError, match=r"got 16. Maybe you want islands=\(16,\)"):
+        pw.Controller(backend="sim", cluster="h100", islands=16)
