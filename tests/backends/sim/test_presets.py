@@ -43,3 +43,15 @@ def test_islands_as_one_number_suggests_one_island_of_that_many():
     ``islands=(4, 4)``, which an H100 preset then refuses: 4 is not whole nodes)."""
     with pytest.raises(pw.DeviceSetupError, match=r"got 16. Maybe you want islands=\(16,\)"):
         pw.Controller(backend="sim", cluster="h100", islands=16)
+
+
+@pytest.mark.parametrize(("preset", "ask", "fix"), [("h100", 12, 16), ("tpu-v4", 10, 12)])
+def test_a_slice_too_large_names_this_preset_and_whole_hosts(preset, ask, fix):
+    """The fix for a slice larger than every island names the cluster's own preset and an
+    island of whole hosts (it said cluster='tpu-v4', islands=(12,) on an H100 cluster,
+    which the preset then refuses: 12 GPUs are not whole nodes of 8)."""
+    with pw.Controller(backend="sim", cluster=preset, islands=(8,)) as ctl:
+        with pytest.raises(pw.SliceError, match=rf"cluster='{preset}', islands=\({fix},\)\)"):
+            ctl.slice(ask)
+    with pw.Controller(backend="sim", cluster=preset, islands=(fix,)) as ctl:
+        assert len(ctl.slice(ask).devices) == ask  # the fix works
