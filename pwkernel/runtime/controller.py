@@ -100,9 +100,11 @@ class Controller:
                 islands, Sequence) or not islands or not all(
                 isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0
                 for n in islands)):
+            one = isinstance(islands, int | np.integer) and not isinstance(islands, bool) \
+                and islands > 0  # one island of that many
             raise DeviceSetupError(f"islands must be a sequence of positive device counts (one "
                                    f"per island) or None, got {islands!r}. Maybe you want "
-                                   "islands=(4, 4).")
+                                   f"islands={(int(islands),) if one else (4, 4)}.")
         policy = Policy.parse(policy)
         mode = DispatchMode.parse(dispatch)
         if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(

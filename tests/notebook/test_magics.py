@@ -660,7 +660,7 @@ def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys, monkeypatch):
     assert "[0-255]" in status and status.count("\n") < 40  # memory rows grouped, not 2048
     with pytest.raises(UsageError, match="takes no --preset"):
         run(ip, "%pathways attach local --preset tpu-v4")
-    with pytest.raises(UsageError, match="islands of a preset are equal"):
+    with pytest.raises(UsageError, match="islands of a TPU preset are equal"):
         run(ip, "%pathways attach sim --islands 1024,512")
     monkeypatch.setenv("PWKERNEL_ISLANDS", "4,4")
     run(ip, "%pathways attach local")  # this machine's devices again, not the pod's chips

@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -99,25 +99,24 @@ class SimValue:
 
 
 def preset_cluster(name: str, islands: Sequence[int] | None) -> Cluster:
-    """The preset ``name`` with islands of the given chip counts (equal; ``None``: the
-    preset's own machine, one island)."""
+    """The preset ``name`` with islands of the given chip counts (``None``: the preset's own
+    machine, one island). GPU islands may differ in size; a TPU preset's islands are equal
+    (one torus shape serves every island of a ``Cluster``)."""
+    base = Cluster.preset(name)  # (an unknown name raises here)
     if islands is None:
-        return Cluster.preset(name)
-    sizes = tuple(islands)
-    if len(set(sizes)) != 1:
-        raise SimError(f"the simulated islands of a preset are equal; islands={sizes} are not. "
-                       f"Maybe you want islands={(max(sizes),) * len(sizes)}, or a "
-                       "pw.sim.Cluster(...) with hosts per island.")
-    try:
-        return Cluster.preset(name, chips=sum(sizes), islands=len(sizes))
-    except SimError:
-        per_host = Cluster.preset(name).chips_per_host  # (an unknown name raises here)
-        if sizes[0] % per_host == 0:
-            raise
-        whole = per_host * max(1, round(sizes[0] / per_host))
+        return base
+    sizes, per_host = tuple(islands), base.chips_per_host
+    if any(n % per_host for n in sizes):
+        whole = tuple(per_host * max(1, round(n / per_host)) for n in sizes)
         raise SimError(f"an island of preset {name!r} is whole hosts of {per_host} chips; "
-                       f"islands={sizes} are not. Maybe you want islands="
-                       f"{(whole,) * len(sizes)}.") from None
+                       f"islands={sizes} are not. Maybe you want islands={whole}.")
+    if len(set(sizes)) != 1 and base.ici.torus:
+        raise SimError(f"the simulated islands of a TPU preset are equal (one torus shape for "
+                       f"every island); islands={sizes} are not. Maybe you want islands="
+                       f"{(max(sizes),) * len(sizes)}, or a GPU preset (cluster='h100'), "
+                       "whose islands may differ.")
+    cluster = Cluster.preset(name, chips=sizes[0] * len(sizes), islands=len(sizes))
+    return replace(cluster, islands=tuple(n // per_host for n in sizes))
 
 
 class SimExecutor(NoGroup):

@@ -408,7 +408,7 @@ def test_bad_input_is_refused_with_the_fix():
         pw.Controller(backend="sim", cluster="tpu-v9")
     with pytest.raises(ValueError, match="islands=.*drop islands="):
         pw.Controller(islands=(2, 2), backend="sim", cluster=TINY)
-    with pytest.raises(sim.SimError, match="islands of a preset are equal"):
+    with pytest.raises(sim.SimError, match="islands of a TPU preset are equal"):
         pw.Controller(islands=(8, 4), backend="sim")
     # said in islands, as they were given (it said "chips=12, islands=2 ... chips=16")
     with pytest.raises(sim.SimError, match=r"preset 'tpu-v4' is whole hosts of 4 chips; "
