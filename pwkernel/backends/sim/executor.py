@@ -313,7 +313,8 @@ class SimExecutor(NoGroup):
                 f"{value.shape}, dtype {value.dtype} and sharding {value.sharding}, and existed "
                 f"at t={value.ready * 1e3:.4g} ms on the virtual clock, but no value: a "
                 "simulation computes nothing. Use fut.shape / fut.dtype / fut.sharding, "
-                "fut.t_done, ctl.trace or pw.report(ctl); run on a real backend for values.")
+                "fut.t_done, ctl.trace or pw.report(ctl, 'run.html'); run on a real backend "
+                "for values.")
         return value  # a value the program was given (it returns its argument)
 
     def status(self, island: int) -> IslandFacts:
