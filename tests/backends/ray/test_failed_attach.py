@@ -43,6 +43,16 @@ print("ok")
 """
 
 
+def runs_ok(script: str, drop: tuple[str, ...] = ("XLA_FLAGS", "RAY_AUTH")):
+    """``script`` in a fresh Python process (without the variables starting with ``drop``)
+    ends well and prints "ok" last; returns the finished process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    return done
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,10 +60,7 @@ def _closed_port() -> int:
 
 
 def test_a_failed_attach_leaves_the_kernel_usable():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT.format(port=_closed_port())],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    runs_ok(SCRIPT.format(port=_closed_port()), drop=("XLA_FLAGS",))
 
 
 QUIET = """
@@ -74,10 +81,7 @@ print("ok")
 def test_a_local_cluster_starts_with_token_auth_and_no_warning():
     """Ray's own default for a new local cluster (token authentication), chosen by pwkernel so
     that Ray prints no warning (in red under a tutorial's cell), and unset again at close."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_FLAGS", "RAY_AUTH"))}
-    done = subprocess.run([sys.executable, "-c", QUIET], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    done = runs_ok(QUIET)
     assert "Token authentication" not in done.stderr, done.stderr[-3000:]
 
 
@@ -115,7 +119,4 @@ def test_attaching_to_a_pool_that_does_not_exist_leaves_the_ray_kernel_as_it_was
     """A mistyped ``--pool`` is refused before the kernel's Ray controller is closed and its
     slices released (one Ray connection per process: a pool's tenant closes the old one
     first)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_FLAGS", "RAY_AUTH"))}
-    done = subprocess.run([sys.executable, "-c", NO_SUCH_POOL], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    runs_ok(NO_SUCH_POOL)
