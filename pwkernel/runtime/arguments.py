@@ -12,6 +12,7 @@ on JAX tracers is (``Traced``: a nested ``jax.jit``).
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable, Sequence
 
 import jax
@@ -153,16 +154,29 @@ def _hashable(v) -> bool:
         return False
 
 
+def _positions(fn_name: str, what: str, nums) -> tuple[int, ...]:
+    """``static_argnums``/``donate_argnums`` as ``jax.jit`` reads them: one position or an
+    iterable of them, each anything ``operator.index`` takes (``True`` is 1, a NumPy integer
+    is its value)."""
+    if nums is None:
+        return ()
+    try:
+        return (operator.index(nums),)
+    except TypeError:
+        pass
+    try:
+        return tuple(operator.index(i) for i in nums)
+    except TypeError:
+        raise ProgramError(f"{fn_name}: {what}_argnums must be ints (positions of arguments), "
+                           f"got {nums!r}. Maybe you want {what}_argnums=(1,).") from None
+
+
 def _both(fn_name: str, what: str, nums, names, params):
     """``(positions, names)`` of ``what`` arguments, each completed from the other and
     checked against the signature as ``jax.jit`` checks them (a negative position counts
     from the end of the positional parameters)."""
-    nums = () if nums is None else (nums,) if isinstance(nums, int) else tuple(nums)
-    nums = tuple(int(i) if isinstance(i, bool) else i for i in nums)  # (jax.jit: True is 1)
+    nums = _positions(fn_name, what, nums)
     names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
-    if not all(isinstance(i, int) for i in nums):
-        raise ProgramError(f"{fn_name}: {what}_argnums must be ints (positions of arguments), "
-                           f"got {nums!r}. Maybe you want {what}_argnums=(1,).")
     if not all(isinstance(n, str) for n in names):
         raise ProgramError(f"{fn_name}: {what}_argnames must be argument names (str), got "
                            f"{names!r}. Maybe you want {what}_argnames=('n',).")

@@ -50,3 +50,25 @@ def test_static_argnums_given_as_a_bool_is_a_position_as_in_jax_jit(ctl):
     x = np.arange(4.0, dtype=np.float32)
     f = pw.function(lambda v, n: v * n, slice=s, static_argnums=True)
     _same(f(x, 3), jax.jit(lambda v, n: v * n, static_argnums=True)(x, 3))
+
+
+def test_positions_given_as_numpy_ints_as_jax_jit_takes_them(ctl):
+    """``jax.jit`` reads each position with ``operator.index``, so a NumPy integer (a position
+    computed with NumPy) is one; so does ``pw.function`` (``static``, ``donate``, alone or in
+    a tuple), and a position that is no integer is refused with the fix."""
+    s = ctl.slice(2)
+    x = np.arange(4.0, dtype=np.float32)
+
+    def scaled(v, n):
+        return v * n
+
+    for nums in (np.int64(1), (np.int32(1),), np.array(1)):
+        _same(pw.function(scaled, slice=s, static_argnums=nums)(x, 3),
+              jax.jit(scaled, static_argnums=nums)(x, 3))
+    got, want = jax.numpy.arange(4.0), jax.numpy.arange(4.0)
+    _same(pw.function(scaled, slice=s, donate_argnums=np.int64(0))(got, 2.0),
+          jax.jit(scaled, donate_argnums=np.int64(0))(want, 2.0))
+    assert got.is_deleted() == want.is_deleted()
+    with pytest.raises(TypeError, match=r"static_argnums must be ints.*static_argnums=\(1,\)"):
+        pw.function(scaled, slice=s, static_argnums=1.0)
+
