@@ -64,8 +64,14 @@ class Arguments:
         """The static positions of a call with ``nargs`` positional arguments."""
         if not self.static_from_end:
             return self.static_nums
-        return frozenset(i % nargs if i < 0 else i for i in self.static_nums) if nargs else (
-            self.static_nums - self.static_from_end)
+        if min(self.static_from_end) < -nargs:  # (jax.jit refuses it too: no wrapping round)
+            raise retyped(ProgramError(
+                f"{self.name}: static_argnums={min(self.static_from_end)} counts from the end "
+                f"of the call's positional arguments, but this call passes {nargs} positional "
+                f"arguments; jax.jit refuses it too. Pass at least "
+                f"{-min(self.static_from_end)} positionally, or give the static one by "
+                "position from the start."), ValueError)
+        return frozenset(i % nargs if i < 0 else i for i in self.static_nums)
 
     def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
         """``(dynamic positional, dynamic keyword, static key)``; the key is hashable."""

@@ -72,3 +72,21 @@ def test_positions_given_as_numpy_ints_as_jax_jit_takes_them(ctl):
     with pytest.raises(TypeError, match=r"static_argnums must be ints.*static_argnums=\(1,\)"):
         pw.function(scaled, slice=s, static_argnums=1.0)
 
+
+def test_a_negative_static_position_past_a_calls_start_is_refused_as_jax_jit_does(ctl):
+    """With ``*args``, a negative static position beyond the call's positional arguments is a
+    ``ValueError`` under ``jax.jit``; it must not wrap around onto another argument."""
+    s = ctl.slice(2)
+    x = np.arange(4.0, dtype=np.float32)
+
+    def first(*args):
+        return args[0] * 2
+
+    with pytest.raises(ValueError):
+        jax.jit(first, static_argnums=-3)(x, x)
+    f = pw.function(first, slice=s, static_argnums=-3)
+    with pytest.raises(ValueError, match=r"static_argnums=-3 .* 2 positional arguments"):
+        f(x, x)
+    with pytest.raises(ValueError, match=r"static_argnums=-3 .* 2 positional arguments"):
+        f.eval_shape(x, x)
+    _same(f(1, x, x), jax.jit(first, static_argnums=-3)(1, x, x))  # (in range: static)
