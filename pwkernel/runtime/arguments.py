@@ -203,7 +203,8 @@ def _both(fn_name: str, what: str, nums, names, params):
     elif any(i < 0 for i in nums):
         raise ProgramError(f"{fn_name}: {what}_argnums={nums}: a negative position needs a "
                            "function with a fixed number of positional arguments (this one "
-                           "takes *args); give positions from the start.")
+                           "takes *args; jax.jit takes it there and donates nothing); give "
+                           "positions from the start.")
     keyword = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     takes_any = inspect.Parameter.VAR_KEYWORD in kinds or not params
     unknown = sorted(set(names) - keyword) if not takes_any else sorted(

@@ -90,3 +90,22 @@ def test_a_negative_static_position_past_a_calls_start_is_refused_as_jax_jit_doe
     with pytest.raises(ValueError, match=r"static_argnums=-3 .* 2 positional arguments"):
         f.eval_shape(x, x)
     _same(f(1, x, x), jax.jit(first, static_argnums=-3)(1, x, x))  # (in range: static)
+
+
+def test_a_negative_donated_position_counts_from_the_signatures_end(ctl):
+    """``donate_argnums=-1`` donates the last positional parameter (``jax.jit`` 0.10 takes a
+    negative one and donates nothing: README); with ``*args`` there is no fixed end, so it
+    is refused with the fix, where ``jax.jit`` would silently donate nothing."""
+    s = ctl.slice(2)
+
+    def scaled(v, w):
+        return v * w
+
+    f = pw.function(scaled, slice=s, donate_argnums=-1)
+    v, w = jax.numpy.arange(4.0), jax.numpy.arange(4.0)
+    assert [a.donated for a in f.lower(v, w).args_info[0]] == [False, True]
+    _same(f(v, w), np.arange(4.0, dtype=np.float32) ** 2)
+    assert (v.is_deleted(), w.is_deleted()) == (False, True)
+    with pytest.raises(TypeError, match=r"takes \*args; jax.jit takes it there and donates "
+                                        r"nothing\); give positions from the start"):
+        pw.function(lambda *a: a[0], slice=s, donate_argnums=-1)
