@@ -12,6 +12,7 @@ on JAX tracers is (``Traced``: a nested ``jax.jit``).
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable, Sequence
 
 import jax
@@ -63,8 +64,14 @@ class Arguments:
         """The static positions of a call with ``nargs`` positional arguments."""
         if not self.static_from_end:
             return self.static_nums
-        return frozenset(i % nargs if i < 0 else i for i in self.static_nums) if nargs else (
-            self.static_nums - self.static_from_end)
+        if min(self.static_from_end) < -nargs:  # (jax.jit refuses it too: no wrapping round)
+            raise retyped(ProgramError(
+                f"{self.name}: static_argnums={min(self.static_from_end)} counts from the end "
+                f"of the call's positional arguments, but this call passes {nargs} positional "
+                f"arguments; jax.jit refuses it too. Pass at least "
+                f"{-min(self.static_from_end)} positionally, or give the static one by "
+                "position from the start."), ValueError)
+        return frozenset(i % nargs if i < 0 else i for i in self.static_nums)
 
     def split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
         """``(dynamic positional, dynamic keyword, static key)``; the key is hashable."""
@@ -153,16 +160,29 @@ def _hashable(v) -> bool:
         return False
 
 
+def _positions(fn_name: str, what: str, nums) -> tuple[int, ...]:
+    """``static_argnums``/``donate_argnums`` as ``jax.jit`` reads them: one position or an
+    iterable of them, each anything ``operator.index`` takes (``True`` is 1, a NumPy integer
+    is its value)."""
+    if nums is None:
+        return ()
+    try:
+        return (operator.index(nums),)
+    except TypeError:
+        pass
+    try:
+        return tuple(operator.index(i) for i in nums)
+    except TypeError:
+        raise ProgramError(f"{fn_name}: {what}_argnums must be ints (positions of arguments), "
+                           f"got {nums!r}. Maybe you want {what}_argnums=(1,).") from None
+
+
 def _both(fn_name: str, what: str, nums, names, params):
     """``(positions, names)`` of ``what`` arguments, each completed from the other and
     checked against the signature as ``jax.jit`` checks them (a negative position counts
     from the end of the positional parameters)."""
-    nums = () if nums is None else (nums,) if isinstance(nums, int) else tuple(nums)
-    nums = tuple(int(i) if isinstance(i, bool) else i for i in nums)  # (jax.jit: True is 1)
+    nums = _positions(fn_name, what, nums)
     names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
-    if not all(isinstance(i, int) for i in nums):
-        raise ProgramError(f"{fn_name}: {what}_argnums must be ints (positions of arguments), "
-                           f"got {nums!r}. Maybe you want {what}_argnums=(1,).")
     if not all(isinstance(n, str) for n in names):
         raise ProgramError(f"{fn_name}: {what}_argnames must be argument names (str), got "
                            f"{names!r}. Maybe you want {what}_argnames=('n',).")
@@ -183,7 +203,8 @@ def _both(fn_name: str, what: str, nums, names, params):
     elif any(i < 0 for i in nums):
         raise ProgramError(f"{fn_name}: {what}_argnums={nums}: a negative position needs a "
                            "function with a fixed number of positional arguments (this one "
-                           "takes *args); give positions from the start.")
+                           "takes *args; jax.jit takes it there and donates nothing); give "
+                           "positions from the start.")
     keyword = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     takes_any = inspect.Parameter.VAR_KEYWORD in kinds or not params
     unknown = sorted(set(names) - keyword) if not takes_any else sorted(
