@@ -21,9 +21,18 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["CallbackRunner", "call", "runner"]
+__all__ = ["CallbackRunner", "call", "check", "runner"]
 
 _log = logging.getLogger("pwkernel")
+
+
+def check(fn: Any) -> None:
+    """``fn`` is a callable, or a ``TypeError`` at ``add_done_callback`` that says so (not a
+    log line later, on the runner's thread, far from the call that gave it)."""
+    if not callable(fn):
+        raise TypeError(f"add_done_callback needs a callable taking the future, got "
+                        f"{type(fn).__name__} {fn!r}. Maybe you want "
+                        "fut.add_done_callback(lambda f: print(f.result())).")
 
 
 def call(fn: Callable[[Any], None], fut: Any) -> None:

@@ -191,6 +191,7 @@ class Future(ArrayOnDemand):
         """Call ``fn(self)`` when the future resolves: then on a thread of its own, never the
         runtime's (see ``done_callbacks``), or at once, in this thread, if it has resolved
         already. What ``fn`` raises is logged, as ``concurrent.futures`` does."""
+        done_callbacks.check(fn)
         with self._lock:
             if not self.done():
                 if self._callbacks is None:

@@ -288,7 +288,8 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
         graph.bind(ctl, ctl.resources.epoch, ctl.resources.island_of)
     elif graph.controller is not ctl:
         raise ProgramError(f"{fn.name} is on a slice of {ctl!r}, but the functions this "
-                           f"program called before it are on {graph.controller!r}; a program "
+                           f"program called before it are on another controller, "
+                           f"{graph.controller!r}; a program "
                            "runs on one controller. Place its functions on slices of one "
                            "controller (ctl.slice(...)), or call them as separate programs "
                            "and pass fut.result() from one to the next.")

@@ -183,7 +183,9 @@ def check_spec(spec: P, shape: tuple[int, ...], mesh, what: str) -> None:
         for name in names:
             if name not in mesh.shape:
                 raise SpecError(f"{what}: {spec} uses mesh axis {name!r}, but the slice's mesh "
-                                f"has axes {tuple(mesh.axis_names)}.")
+                                f"has axes {tuple(mesh.axis_names)}. Maybe you want one of "
+                                f"those, P({mesh.axis_names[0]!r}), or a slice whose axes "
+                                f"name it: ctl.slice(..., axis_names=({name!r}, ...)).")
             if name in used:
                 raise SpecError(f"{what}: {spec} uses mesh axis {name!r} twice.")
             used.add(name)

@@ -26,6 +26,7 @@ them, their indices never reused.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import operator
@@ -338,7 +339,9 @@ class Trace:
 
         A ``ValueError`` (one line, before anything is written) for a path that names no file
         (``""``, ``".json"``, a directory) or holds a NUL byte, or a ``rows`` that is none of
-        those; ``OSError`` as ``open`` gives it for one that cannot be written."""
+        those; a ``TypeError`` for a path that is not one, a ``FileNotFoundError`` for a folder
+        that does not exist, and ``OSError`` as ``open`` gives it for one that cannot be
+        written."""
         path = _file_path(path)
         check_rows(rows)
         path.write_text(json.dumps(self.to_chrome(rows)))
@@ -360,6 +363,9 @@ def _capacity(value: int | None) -> int | None:
 
 def _file_path(path: str | Path) -> Path:
     """``path`` as a file a trace can be written to, or a ``ValueError`` that says why not."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"trace.save needs a file path (str or pathlib.Path), got {path!r}; "
+                        "e.g. ctl.trace.save('run.json').")
     text = os.fspath(path)
     why = None
     if "\0" in text:
@@ -371,4 +377,10 @@ def _file_path(path: str | Path) -> Path:
     if why is not None:
         raise ValueError(f"trace.save({text[:120]!r}): the path {why}. Pass a file name such as "
                          "'run.json'.")
+    folder = Path(text).parent
+    if not folder.is_dir():
+        missing = FileNotFoundError(f"trace.save({text[:120]!r}): the folder {str(folder)!r} "
+                                    "does not exist; create it first or choose another path.")
+        missing.strerror = os.strerror(errno.ENOENT)  # (what open's would say, for its callers)
+        raise missing
     return Path(text)

@@ -39,6 +39,7 @@ from .state import (
     apply_optimizer,
     check_batch,
     check_optimizer,
+    check_slice,
     check_stages,
     init_stage,
     inputs_and_targets,
@@ -110,6 +111,7 @@ class SPMD:
                  optimizer: optax.GradientTransformation, check_finite: bool = False,
                  packed: bool = False, name: str = "spmd"):
         check_stages(stages)
+        check_slice(slice)
         check_optimizer(optimizer)
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
         self.name, self.packed = name, packed

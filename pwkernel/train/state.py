@@ -115,6 +115,10 @@ def stage_keys(key, stages: int) -> np.ndarray:
         key = jax.random.PRNGKey(int(key))
     elif jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
         key = jax.random.key_data(key)
+    elif getattr(key, "shape", ()) == ():
+        raise TypeError(f"key must be an int seed or a JAX PRNG key (jax.random.key(0) or "
+                        f"jax.random.PRNGKey(0)), got {type(key).__name__} {key!r}. Maybe you "
+                        "want init(0).")
     return np.asarray(jax.random.split(np.asarray(key, np.uint32), stages))
 
 
@@ -288,10 +292,36 @@ def check_stages(stages: Sequence, slices: Sequence | None = None) -> None:
                 "params}, x))." if modules else "")
         raise TypeError(f"stages must be a non-empty list of pw.train.Stage(init, apply), got "
                         f"{[type(s).__name__ for s in stages] if stages else stages!r}.{hint}")
-    if slices is not None and len(slices) != len(stages):
+    if slices is None:
+        return
+    if isinstance(slices, VirtualSlice):
+        raise TypeError(f"slices must be a list of VirtualSlices, one per stage ({len(stages)} "
+                        f"here), got one VirtualSlice. Maybe you want slices=[ctl.slice(1) for "
+                        f"_ in range({len(stages)})], or pw.train.SPMD(stages, slice, ...) to "
+                        "train data-parallel on that one slice.")
+    if not all(isinstance(vs, VirtualSlice) for vs in slices):
+        raise TypeError(f"slices must be VirtualSlices (from ctl.slice(...)), one per stage, "
+                        f"got {[type(vs).__name__ for vs in slices]}.")
+    for s, vs in enumerate(slices):
+        if vs.controller is not slices[0].controller:
+            raise ValueError(f"a pipeline's slices must be slices of one controller (a step is "
+                             f"one program), but stage {s}'s is on another than stage 0's. "
+                             f"Make stage {s}'s slice with stage 0's controller, "
+                             "ctl.slice(1), as the others.")
+    if len(slices) != len(stages):
         raise ValueError(f"a pipeline needs one slice per stage: {len(stages)} stages, "
                          f"{len(slices)} slices. Maybe you want "
                          f"slices=[ctl.slice(1) for _ in range({len(stages)})].")
+
+
+def check_slice(vs) -> None:
+    """SPMD's ``slice`` is one ``VirtualSlice`` (a list is a pipeline's)."""
+    if not isinstance(vs, VirtualSlice):
+        hint = (" Maybe you want pw.train.Pipeline(stages, slices, ...) for a slice per stage, "
+                "or one of them." if isinstance(vs, list | tuple) else
+                " Maybe you want pw.train.SPMD(stages, ctl.slice(4), ...).")
+        raise TypeError(f"SPMD trains on one slice (a VirtualSlice from ctl.slice(...)), got "
+                        f"{type(vs).__name__}.{hint}")
 
 
 def check_optimizer(optimizer) -> None:

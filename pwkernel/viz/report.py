@@ -98,6 +98,9 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
         raise TypeError(f"path must be a file path (str or pathlib.Path), got {path!r}; "
                         "e.g. pw.report(ctl, 'run.html').")
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(path)!r} is a folder; give a file name in it, e.g. "
+                                f"pw.report(ctl, {str(path / 'run.html')!r}).")
     if path.parent and not path.parent.exists():
         raise FileNotFoundError(f"the folder {str(path.parent)!r} for the report does not "
                                 "exist; create it first or choose another path.")

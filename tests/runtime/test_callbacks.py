@@ -254,3 +254,19 @@ def test_jax_debug_nans_fails_the_futures_with_jax_jits_floating_point_error(ctl
             with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) .* log"):
                 fut.result(60)
     assert log(np.ones(4, np.float32)).result(60).tolist() == [0.0] * 4
+
+
+def test_a_done_callback_that_is_not_callable_is_refused_when_added():
+    # (it was accepted, then failed on the callbacks' thread as a logged "'int' object is
+    # not callable", far from the line that gave it)
+    ctl = pw.Controller(islands=(2,))
+    try:
+        fut = pw.function(lambda x: x + 1, slice=ctl.slice(1))(np.ones(2))
+        with pytest.raises(TypeError, match=r"add_done_callback needs a callable.*got int 3.*"
+                                            r"fut.add_done_callback\(lambda f: "):
+            fut.add_done_callback(3)
+        fut.result(TIMEOUT)
+        with pytest.raises(TypeError, match="needs a callable"):
+            fut.add_done_callback(None)  # a done future too (it would be called at once)
+    finally:
+        ctl.close()

@@ -112,7 +112,9 @@ def test_collectives_with_shard_map(ctl):
     "specs, shape, match",
     [
         (P("x"), (3,), r"dimension 0 \(size 3\) over mesh axis x of size 2"),
-        (P("y"), (4,), "mesh axis 'y', but the slice's mesh has axes"),
+        (P("y"), (4,), r"mesh axis 'y', but the slice's mesh has axes \('x',\)\. Maybe you "
+                       r"want one of those, P\('x'\), or a slice whose axes name it: "
+                       r"ctl.slice\(\.\.\., axis_names=\('y', \.\.\.\)\)"),
         (P("x", None, None), (4,), "names 3 dimensions"),
     ],
 )
@@ -162,6 +164,8 @@ def test_a_program_over_two_controllers_says_how_to_split_it(ctl):
         with pytest.raises(pw.ProgramError, match="theirs is on a slice of Controller") as e:
             pw.program(lambda v: theirs(mine(v)))(np.ones(2))
         assert "pass fut.result() from one to the next" in str(e.value)
+        # (two controllers made alike have the same repr: it read as one controller twice)
+        assert "called before it are on another controller, Controller(" in str(e.value)
         # the fix it names works
         assert theirs(mine(np.ones(2)).result(60)).result(60).tolist() == [3.0, 3.0]
     finally:

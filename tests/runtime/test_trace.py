@@ -237,3 +237,16 @@ def test_a_long_loop_keeps_the_controllers_trace_bounded(ctl):
     assert len(ctl.trace) == 50
     assert [e.index for e in ctl.trace.events()] == list(range(ctl.trace.next_index - 50,
                                                                  ctl.trace.next_index))
+
+
+def test_save_names_a_missing_folder_and_a_path_that_is_not_one(tmp_path):
+    # (a missing folder was open's bare "[Errno 2] No such file or directory", a number
+    # os.fspath's "expected str, bytes or os.PathLike object, not int")
+    with pytest.raises(FileNotFoundError) as info:
+        Trace().save(tmp_path / "runs" / "run.json")
+    text = str(info.value)
+    assert "the folder" in text and "does not exist" in text and "create it" in text, text
+    with pytest.raises(TypeError, match=r"a file path \(str or pathlib.Path\), got 3.*"
+                                        r"trace.save\('run.json'\)"):
+        Trace().save(3)
+    assert os.listdir(tmp_path) == []

@@ -406,6 +406,9 @@ def test_report_sections_and_bad_paths(ctl, programs, tmp_path):
         pw.report(ctl, tmp_path / "missing" / "run.html")
     with pytest.raises(TypeError, match="file path"):
         pw.report(ctl, 3)
+    with pytest.raises(IsADirectoryError, match=r"is a folder; give a file name in it, e.g. "
+                                                r"pw.report\(ctl, '.*run.html'\)"):
+        pw.report(ctl, tmp_path)  # (was open's bare "[Errno 21] Is a directory")
 
 
 def test_bad_arguments_say_what_to_do(ctl):

@@ -281,7 +281,7 @@ class Cluster:
         where = ""
         if isinstance(data, str | Path):
             where = f" (from {str(data)!r})"
-            data = json.loads(Path(data).read_text())
+            data = _calibration_file(Path(data))
         missing = sorted(set(CALIBRATION_KEYS) - set(data))
         if missing:
             raise SimError(f"calibration data{where} lacks {missing}; expected keys "
@@ -344,6 +344,21 @@ def _spans(n: int, dims: tuple[int, ...]) -> list[int]:
         spans.append(min(d, left))
         left = math.ceil(left / d)
     return spans
+
+
+def _calibration_file(path: Path) -> dict:
+    """The JSON object a calibration run wrote at ``path``, or a ``SimError`` naming the fix."""
+    again = "Write it with `python -m pwkernel.bench.sim_calibrate --out PATH`."
+    if not path.is_file():
+        raise SimError(f"there is no calibration file at {str(path)!r}. {again}")
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    if not isinstance(data, dict):
+        raise SimError(f"{str(path)!r} is not a calibration file (a JSON object of "
+                       f"{sorted(CALIBRATION_KEYS)}). {again}")
+    return data
 
 
 def torus_dims(chips: int, ndim: int) -> tuple[int, ...]:

@@ -158,3 +158,15 @@ def test_a_torus_holds_exactly_the_chips_of_each_island():
                                        r".* Maybe you want torus=\(2, 2\)") as info:
         _toy(ici=Interconnect(1e10, 1e-6, torus=(2, 4)))
     assert "\n" not in str(info.value)
+
+
+def test_a_calibration_file_that_is_missing_or_not_one_is_named_with_the_fix(tmp_path):
+    # (these were open's bare FileNotFoundError and json's "Expecting value: line 1 column 1")
+    with pytest.raises(SimError, match=r"no calibration file at '.*nope.json'.*sim_calibrate"):
+        Cluster.from_calibration(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    for text in ("hello", "[1, 2]"):
+        bad.write_text(text)
+        with pytest.raises(SimError, match=r"'.*bad.json' is not a calibration file \(a JSON "
+                                           r"object of .*peak_flops.*sim_calibrate"):
+            Cluster.from_calibration(str(bad))

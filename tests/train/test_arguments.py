@@ -1,0 +1,53 @@
+"""A trainer given the wrong slices or key says so when it is made, naming the fix."""
+
+from __future__ import annotations
+
+import optax
+import pytest
+
+import pwkernel as pw
+from pwkernel.train import transformer
+
+CFG = transformer.Config(vocab=32, width=16, heads=2, layers=2, seq=8)
+KW = dict(loss=transformer.cross_entropy, optimizer=optax.adam(1e-2))
+
+
+def test_a_pipeline_takes_a_list_of_slices_of_one_controller(tctl):
+    stages = transformer.split(CFG, 2)
+    s0 = tctl.slice(1, island=0)
+    # (one slice was "object of type 'VirtualSlice' has no len()")
+    with pytest.raises(TypeError, match=r"slices must be a list of VirtualSlices, one per "
+                                        r"stage \(2 here\), got one VirtualSlice.*"
+                                        r"pw.train.SPMD\(stages, slice"):
+        pw.train.Pipeline(stages, s0, **KW)
+    # (these failed only in init, as pw.function's or a program's error)
+    with pytest.raises(TypeError, match=r"slices must be VirtualSlices \(from ctl.slice"
+                                        r"\(...\)\), one per stage, got \['str', 'str'\]"):
+        pw.train.Pipeline(stages, ["a", "b"], **KW)
+    other = pw.Controller(islands=(2,))
+    try:
+        with pytest.raises(ValueError, match=r"slices of one controller.*stage 1's is on "
+                                             r"another.*stage 0's controller, ctl.slice\(1\)"):
+            pw.train.Pipeline(stages, [s0, other.slice(1)], **KW)
+    finally:
+        other.close()
+
+
+def test_spmd_takes_one_slice(tctl):
+    stages = transformer.split(CFG, 2)
+    slices = [tctl.slice(1, island=0), tctl.slice(1, island=1)]
+    # (a list was accepted, then refused by pw.function in init)
+    with pytest.raises(TypeError, match=r"SPMD trains on one slice \(a VirtualSlice from "
+                                        r"ctl.slice\(...\)\), got list.*pw.train.Pipeline"):
+        pw.train.SPMD(stages, slices, **KW)
+
+
+@pytest.mark.parametrize("key", ["0", 0.5, None])
+def test_init_says_what_a_key_is(tctl, key):
+    pipe = pw.train.Pipeline(transformer.split(CFG, 2),
+                             [tctl.slice(1, island=0), tctl.slice(1, island=1)], **KW)
+    # (JAX's "invalid PRNG key data: expected key_data.ndim >= 1; got ndim=0")
+    with pytest.raises(TypeError, match=r"key must be an int seed or a JAX PRNG key "
+                                        r"\(jax.random.key\(0\) or jax.random.PRNGKey\(0\)\), "
+                                        r"got (str|float|NoneType).*init\(0\)"):
+        pipe.init(key)
