@@ -151,6 +151,7 @@ class Controller:
                                       memory_budget)
         self._policy = policy
         interrupts.install()  # Ctrl-C waits for the runtime's work in the main thread to end
+        interrupts.courier.start()  # (and comes soon after a free that kept it: until close)
         registry.register(self)
 
     @property
@@ -385,6 +386,7 @@ class Controller:
             self.resources.release_all()
             registry.unregister(self)
             done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled ran
+            interrupts.courier.stop()  # (its thread ends with the last controller)
 
     def set_default(self) -> Controller:
         """Make this the process-wide controller that ``pw.controller()`` returns."""

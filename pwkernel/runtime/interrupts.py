@@ -14,7 +14,11 @@ whichever comes first. So in ``w = step(w)`` with ``donate_argnums``, the loop's
 ``w`` is the new state when the interrupt is raised: raised inside the call, it dropped the
 only future of a state whose old buffers the call had already donated. It is never lost: a
 free run by the garbage collector (a weak reference's callback, where Python ignores an
-exception) keeps it the same way.
+exception) keeps it the same way, and it comes ``GRACE`` after that free too. A timer thread
+is not started there (a callback the collector runs can land while the main thread holds
+``threading``'s own locks): the free's end hands the time to ``courier``, one daemon thread
+alive while a controller is open, through a ``queue.SimpleQueue`` (made to be put to from
+such callbacks).
 
 The hold needs this module's handler of ``SIGINT`` (``install``): a controller installs it
 when made in the main thread, and the notebook extension before each cell (ipykernel puts
@@ -25,10 +29,12 @@ handler of the user's own is left alone, and the runtime then behaves as Python 
 from __future__ import annotations
 
 import _thread
+import queue
 import signal
 import threading
+import time
 
-__all__ = ["held", "held_quietly", "holds_from_entry", "install", "raise_kept"]
+__all__ = ["courier", "held", "held_quietly", "holds_from_entry", "install", "raise_kept"]
 
 _MAIN = threading.main_thread().ident
 _ident = threading.get_ident
@@ -72,6 +78,59 @@ def _raise_later(_take=_take, _timer=threading.Timer, _interrupt=_thread.interru
     timer.start()
 
 
+#: the times quiet holds ended with an interrupt kept (None: the courier stops)
+_ended: queue.SimpleQueue = queue.SimpleQueue()
+
+
+def _deliver(ended=_ended, _take=_take, _interrupt=_thread.interrupt_main, _grace=GRACE,
+             _now=time.monotonic) -> None:
+    """The courier's loop: ``GRACE`` after each quiet hold that kept an interrupt, interrupt
+    the main thread, unless runtime work raised it first (as ``_raise_later``'s timer)."""
+    while (at := ended.get()) is not None:
+        while True:  # (ends that come meanwhile kept the same interrupt: raised at the first's)
+            try:
+                if ended.get(timeout=max(0.0, at + _grace - _now())) is None:
+                    return  # (closing: ``ctl.close()`` raises a kept interrupt itself)
+            except queue.Empty:
+                break
+        if _take():
+            _interrupt()  # (held again if it lands in runtime work: kept anew)
+
+
+class _Courier:
+    """The thread that raises an interrupt a quiet hold kept: started by each controller made
+    (``start``), stopped when the last one closes (``stop``), so none is left behind."""
+
+    __slots__ = ("_lock", "_thread", "_users")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._users = 0
+
+    def start(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._thread is None:
+                while not _ended.empty():  # (ends from while none ran: the next call
+                    _ended.get_nowait()  # raises what they kept, not this thread at once)
+                self._thread = threading.Thread(target=_deliver, name="pw-interrupts",
+                                                daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._users = max(0, self._users - 1)
+            if self._users or self._thread is None:
+                return
+            thread, self._thread = self._thread, None
+            _ended.put(None)
+            thread.join()
+
+
+courier = _Courier()
+
+
 class _Hold:
     """``with held:`` (a context manager, reusable and nestable; other threads pass through)."""
 
@@ -89,11 +148,14 @@ class _Hold:
             _state.depth += 1
 
     def __exit__(self, *_exc, _ident=_ident, _main=_MAIN, _state=_state,
-                 _later=_raise_later) -> bool:
+                 _later=_raise_later, _ended=_ended, _now=time.monotonic) -> bool:
         if _ident() == _main:
             _state.depth -= 1
-            if _state.pending and not _state.depth and self._raise:
-                _later()  # (the call returns its result first)
+            if _state.pending and not _state.depth:
+                if self._raise:
+                    _later()  # (the call returns its result first)
+                else:  # (maybe inside the garbage collector: no thread is started here)
+                    _ended.put(_now())
         return False
 
 
@@ -116,7 +178,7 @@ def holds_from_entry(fn):
 #: the main thread's runtime work: an interrupt that arrives inside is raised at its end
 held = _Hold(True)
 #: the same, for work Python runs where it ignores exceptions (a weak reference's callback):
-#: the interrupt is kept for the next ``held`` that ends
+#: the interrupt is raised by the next runtime work, or by the ``courier`` ``GRACE`` later
 held_quietly = _Hold(False)
 
 

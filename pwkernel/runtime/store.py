@@ -240,9 +240,10 @@ class ObjectStore:
     @holds_from_entry
     def _dropped(self, held: _Held, _quietly=held_quietly, _exiting=sys.is_finalizing) -> None:
         """A future went: free its buffer (run wherever Python collects it, so an interrupt
-        waits for the free's end and is raised by the runtime's next call: ``interrupts``).
-        Not while the interpreter exits: the process gives its memory back, and this module's
-        globals may be gone already (what it uses here is bound as defaults)."""
+        waits for the free's end and is raised by the runtime's next call, or 50 ms after the
+        free if none came first: ``interrupts``). Not while the interpreter exits: the process
+        gives its memory back, and this module's globals may be gone already (what it uses
+        here is bound as defaults)."""
         if _exiting():
             return
         with _quietly:

@@ -142,6 +142,30 @@ def test_interrupting_a_plain_loop_of_calls_leaves_the_islands_working(kernel_en
     assert "after True 1.5" in text(c[2]), text(c[2])
 
 
+def test_an_interrupt_inside_a_free_is_raised_in_its_own_cell(kernel_env):
+    """Ctrl-C while a cell's dropped future is freed (``state, loss = step(state, batch)``
+    drops the old state): the free ends whole, then the interrupt is raised in that cell,
+    soon, while the user's code runs on. Before, it was kept for the next runtime call, and
+    the next cell's start (ipykernel puts its own SIGINT handler back) dropped it."""
+    nb = execute(notebook(
+        "import _thread, sys, time, jax.numpy as jnp, pwkernel as pw\n"
+        "from pwkernel.runtime.store import ObjectStore\nctl = pw.controller()\n"
+        "f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4, island=0))\n"
+        "x = jnp.arange(8.0); y = f(x); y.wait()\n"
+        "def inside_the_free(frame, event, _arg):\n"
+        "    if event == 'call' and frame.f_code is ObjectStore._free.__code__:\n"
+        "        sys.setprofile(None)\n        _thread.interrupt_main()",
+        "sys.setprofile(inside_the_free)\ndel y\nend = time.monotonic() + 20\ntry:\n"
+        "    while time.monotonic() < end:\n        pass\n"
+        "    print('not raised', sys.getprofile())\nexcept KeyboardInterrupt:\n"
+        "    print('raised in the cell')",
+        "print('next cell', float(f(x).result(timeout=60)[0]), ctl.memory())",
+    ))
+    c = nb.cells
+    assert "raised in the cell" in text(c[1]), text(c[1])
+    assert "next cell 1.0" in text(c[2]) and "KeyboardInterrupt" not in text(c[2]), text(c[2])
+
+
 def test_comm_target_answers_status(kernel_env):
     from jupyter_client.manager import start_new_kernel
 
