@@ -67,7 +67,23 @@ def raise_kept() -> None:
         raise KeyboardInterrupt
 
 
-def _raise_later(_take=_take, _timer=threading.Timer, _interrupt=_thread.interrupt_main,
+_PTHREAD_KILL = getattr(signal, "pthread_kill", None)  # (POSIX only)
+
+
+def _interrupt_main(_kill=_PTHREAD_KILL, _sigint=signal.SIGINT, _handler=signal.getsignal,
+                    _flag=_thread.interrupt_main) -> None:
+    """Interrupt the main thread as Ctrl-C does: a SIGINT sent to it (POSIX), which also ends
+    a wait it is blocked in (``interrupt_main`` only sets the flag it reads between bytecodes:
+    ``time.sleep(10)`` or ``event.wait()`` ran to its end first). Only while Python handles
+    SIGINT: where its handler is the system's default, the signal would end the process, and
+    ``interrupt_main`` does nothing, as Python does with a Ctrl-C it ignores."""
+    if _kill is not None and callable(_handler(_sigint)):
+        _kill(_MAIN, _sigint)
+    else:
+        _flag()
+
+
+def _raise_later(_take=_take, _timer=threading.Timer, _interrupt=_interrupt_main,
                  _grace=GRACE) -> None:
     """Interrupt the main thread ``GRACE`` from now, unless runtime work raised it first."""
     def fire():
@@ -82,7 +98,7 @@ def _raise_later(_take=_take, _timer=threading.Timer, _interrupt=_thread.interru
 _ended: queue.SimpleQueue = queue.SimpleQueue()
 
 
-def _deliver(ended=_ended, _take=_take, _interrupt=_thread.interrupt_main, _grace=GRACE,
+def _deliver(ended=_ended, _take=_take, _interrupt=_interrupt_main, _grace=GRACE,
              _now=time.monotonic) -> None:
     """The courier's loop: ``GRACE`` after each quiet hold that kept an interrupt, interrupt
     the main thread, unless runtime work raised it first (as ``_raise_later``'s timer)."""

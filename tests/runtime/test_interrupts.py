@@ -141,11 +141,14 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def test_an_interrupt_inside_a_free_is_raised_without_another_call(handler):
+@pytest.mark.parametrize("user", ["running", "blocked"])
+def test_an_interrupt_inside_a_free_is_raised_without_another_call(handler, user):
     """``state, loss = step(state, batch)`` drops the old state, freed by the weak references'
     callbacks: Ctrl-C there was kept until the next runtime call, with no timer (a script got
     it at some later, unrelated call; a notebook's next cell dropped it). It is raised in the
-    main thread once, soon after the free, wherever the user's code is."""
+    main thread once, soon after the free, wherever the user's code is: running Python, or
+    blocked in a wait (``threading.Event().wait``, ``time.sleep``), which it ends as Ctrl-C
+    does (before, the wait ran to its end first)."""
     ctl = pw.Controller(islands=(4,))
     try:
         f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
@@ -157,9 +160,11 @@ def test_an_interrupt_inside_a_free_is_raised_without_another_call(handler):
             with _InterruptAt(ObjectStore._free.__code__) as hook:
                 del y  # freed by the weak reference's callback, where Python ignores exceptions
             assert hook.fired
-            _spin(20)
+            t0 = time.monotonic()
+            _spin(20) if user == "running" else threading.Event().wait(20)
         except KeyboardInterrupt:
             raised_in = threading.current_thread()
+            assert time.monotonic() - t0 < 10, "raised only once the user's wait had ended"
         if raised_in is None:
             with pytest.raises(KeyboardInterrupt):  # (kept for the next call: taken here)
                 f(x)
