@@ -195,8 +195,8 @@ def _both(fn_name: str, what: str, nums, names, params):
         if bad:
             raise retyped(ProgramError(
                 f"{fn_name}: {what}_argnums={nums} names position {bad[0]}, but the function "
-                f"takes {len(positional)} positional arguments ({', '.join(positional)})."),
-                ValueError)
+                f"takes {len(positional)} positional arguments ({', '.join(positional)})"
+                + _how_to_count(what, bad[0], positional)), ValueError)
         nums = tuple(i % len(positional) for i in nums)
     elif what == "static" and params:
         pass  # (with *args: a negative one counts from each call's end, as in jax.jit)
@@ -218,6 +218,19 @@ def _both(fn_name: str, what: str, nums, names, params):
     nums_set = set(nums) | {positional.index(n) for n in names if n in positional}
     names_set = set(names) | {positional[i] for i in nums if 0 <= i < len(positional)}
     return frozenset(nums_set), frozenset(names_set)
+
+
+def _how_to_count(what: str, bad: int, positional: list[str]) -> str:
+    """How positions count, and the likely fix for ``bad``, which is out of range."""
+    n = len(positional)
+    if not n:
+        return f": give no {what}_argnums."
+    counts = ", ".join(f"{p} is {i}" for i, p in enumerate(positional))
+    back = ", ".join(f"{p} is {i - n}" for i, p in reversed(list(enumerate(positional))))
+    fix = (f" Maybe you want {what}_argnums={n - 1} (positions count from 0)." if bad == n
+           else "")
+    return (f": positions count from 0: {counts}, and from the end: {back}. Or by name: "
+            f"{what}_argnames=({positional[-1]!r},).{fix}")
 
 
 Tracer = jax.core.Tracer

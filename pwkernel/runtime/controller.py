@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import difflib
-import inspect
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +26,7 @@ from .errors import ControllerClosedError, DeviceSetupError, SliceError, timeout
 from .events import DEFAULT_CLIENT
 from .executor import Executor, IslandFacts
 from .graph import Graph
+from .keywords import keywords_of, suggests_keywords, unexpected_keyword
 from .objects import BufferRecord, Future, ObjectStore
 from .registry import SharedDevicesWarning as SharedDevicesWarning  # (its old home)
 from .registry import running_default
@@ -54,6 +53,7 @@ _client: contextvars.ContextVar[ClientSpec | None] = contextvars.ContextVar("pw_
                                                                              default=None)
 
 
+@suggests_keywords("pw.Controller")
 class Controller:
     """The single controller of a set of device islands.
 
@@ -183,6 +183,7 @@ class Controller:
     def slices(self) -> tuple[VirtualSlice, ...]:
         return self.resources.slices
 
+    @suggests_keywords("ctl.slice")
     def slice(self, shape: int | Sequence[int], island: int | None = None,
               axis_names: Sequence[str] | None = None,
               axis_types: str | AxisType | Sequence[str | AxisType] | None = None,
@@ -200,6 +201,7 @@ class Controller:
         return self.resources.allocate(shape, island, axis_names, axis_types, devices,
                                        replacing)
 
+    @suggests_keywords("ctl.remap")
     def remap(self, vs: VirtualSlice, island: int | None = None) -> VirtualSlice:
         """Move ``vs`` to other devices; its functions are lowered again on next use."""
         return self.resources.remap(vs, island)
@@ -227,6 +229,7 @@ class Controller:
         self._dispatcher.mode = DispatchMode.parse(value)
 
     @contextlib.contextmanager
+    @suggests_keywords("ctl.client")
     def client(self, name: str, weight: float = 1.0, priority: int = 0) -> Iterator[ClientSpec]:
         """Programs submitted inside belong to client ``name`` (in this thread/context).
 
@@ -269,6 +272,7 @@ class Controller:
         """The runs (programs' submissions) that have not ended yet."""
         return self._dispatcher.active_runs()
 
+    @suggests_keywords("ctl.wait")
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every run submitted has ended; False after ``timeout`` seconds in
         all."""
@@ -427,12 +431,9 @@ def controller(islands: Sequence[int] | None = None, **kwargs) -> Controller:
     Its islands come from ``islands``, else ``PWKERNEL_ISLANDS`` ("4,4"), else what JAX sees
     (accelerators by host; on CPU-only machines the host as islands (4, 4)).
     """
-    takes = list(inspect.signature(Controller).parameters)
+    takes = keywords_of(Controller)
     for k in sorted(kwargs.keys() - set(takes)):
-        near = difflib.get_close_matches(k, takes, n=1)
-        raise TypeError(f"pw.controller() got an unexpected keyword argument {k!r}"
-                        + (f"; maybe you meant {near[0]!r}" if near else "")
-                        + f". It takes pw.Controller's: {', '.join(takes)}.")
+        raise unexpected_keyword("pw.controller", k, takes)
     with registry.making_default():  # (threads asking at once get the one that is made)
         ctl = running_default()
         if ctl is not None:

@@ -39,6 +39,7 @@ from .arguments import (
 from .errors import ProgramError, SliceError, retyped
 from .executable import Executable
 from .graph import Graph, Value, call_traced
+from .keywords import suggests_keywords
 from .objects import Future
 from .placements import placements
 from .resources import VirtualSlice
@@ -448,6 +449,7 @@ def program(fn: Callable | None = None, *, name: str | None = None, static_argnu
     return make if fn is None else make(fn)
 
 
+@suggests_keywords("pw.function")
 def function(fn: Callable | None = None, *, slice: VirtualSlice | None = None, in_specs=None,
              out_specs=None, static_argnums=None, static_argnames=None, donate_argnums=None,
              donate_argnames=None, name: str | None = None, sim_cost=None, in_shardings=None,

@@ -51,7 +51,8 @@ def register(ctl: Any) -> None:
                if getattr(_making, "default", False) else
                "Maybe you want pw.controller() (the process-wide one), or to close the other "
                "first (ctl.close())."),
-            SharedDevicesWarning, stacklevel=3)
+            SharedDevicesWarning, stacklevel=4)  # (the line that made it: past __init__'s
+            # keyword check, keywords.suggests_keywords)
 
 
 def close_at_exit() -> None:

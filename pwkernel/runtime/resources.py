@@ -29,7 +29,7 @@ from jax.sharding import AxisType, Mesh
 
 from .errors import ControllerClosedError, DeviceSetupError, SliceError
 from .placements import placements
-from .sizes import islands_fix, more_islands
+from .sizes import islands_fix, more_islands, not_an_island_id
 
 # The islands a controller gets when nothing names them (pw.Controller(), a backend made by
 # name): 2 islands x 4 devices, the host CPU split into 8 on a machine without accelerators.
@@ -286,13 +286,13 @@ class ResourceManager:
         return tuple(self._slices.values())
 
     def island(self, island: int) -> Island:
-        if (not isinstance(island, int | np.integer) or isinstance(island, bool)
-                or not 0 <= island < len(self.islands)):
-            raise SliceError(
-                f"island {island!r} does not exist; this controller has islands "
-                f"{list(range(len(self.islands)))} with "
-                f"{[len(i.devices) for i in self.islands]} devices."
-                + more_islands(island, self.islands))
+        if not isinstance(island, int | np.integer):  # ("0" does exist, by another name)
+            raise SliceError(not_an_island_id(island, len(self.islands)))
+        if isinstance(island, bool) or not 0 <= island < len(self.islands):
+            raise SliceError(f"island {island!r} does not exist; this controller has islands "
+                             f"{list(range(len(self.islands)))} with "
+                             f"{[len(i.devices) for i in self.islands]} devices."
+                             + more_islands(island, self.islands))
         return self.islands[island]
 
     def allocate(self, shape: int | Sequence[int], island: int | None = None,

@@ -59,3 +59,17 @@ def more_islands(island: object, islands: Sequence) -> str:
         return ""
     return (f" For {want} islands of these {have} devices: "
             f"{islands_fix((max(have // want, 1),) * want)}.")
+
+
+def not_an_island_id(island: object, count: int) -> str:
+    """What to say of ``island=`` that is no int (a string, a float), on ``count`` islands.
+
+    >>> not_an_island_id("1", 2)
+    "island must be an int (an island's id: 0 to 1), got str '1'. Maybe you want island=1."
+    """
+    try:
+        fix = f" Maybe you want island={int(island)}." if 0 <= int(island) < count else ""
+    except (TypeError, ValueError, OverflowError):
+        fix = ""
+    return (f"island must be an int (an island's id: 0 to {count - 1}), got "
+            f"{type(island).__name__} {island!r}.{fix}")

@@ -21,6 +21,7 @@ from .arguments import Traced, Tracer
 from .errors import ProgramError, retyped
 from .executable import Executable
 from .graph import ComputeNode
+from .keywords import unexpected_keyword
 from .specialization import lower_as_called, trace_as_called
 from .specs import BATCH, INFERRED, batch_spec, is_spec, prefix_leaves, spec_leaves
 
@@ -63,8 +64,8 @@ def check_program_options(name: str, given: dict) -> None:
     else refused as Python refuses an unknown keyword."""
     for key in given:
         if key not in _JIT_OPTIONS:
-            raise TypeError(f"pw.program() got an unexpected keyword argument {key!r}; it "
-                            "takes name=, static_argnums= and static_argnames=.")
+            raise unexpected_keyword("pw.program", key,
+                                     ("name", "static_argnums", "static_argnames"))
     if given:
         key = next(iter(given))
         raise retyped(ProgramError(

@@ -38,7 +38,10 @@ from itertools import islice
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from .device_groups import Topology, check_rows
+from .keywords import suggests_keywords
 
 #: events a ``Trace`` keeps by default: the newest million (about 250 MB at most)
 CAPACITY = 1_000_000
@@ -140,7 +143,7 @@ class Trace:
 
     def __init__(self, enabled: bool = True, topology: Topology | None = None,
                  capacity: int | None = CAPACITY):
-        self.enabled = enabled
+        self.enabled = enabled  # (checked: see the setter)
         self.topology = topology
         self._raw: deque[tuple] = deque(maxlen=_capacity(capacity))
         self._next = 0
@@ -177,7 +180,7 @@ class Trace:
         """Append one event from parts made once: ``node_fields``' three (``what``, ``where``,
         ``tail``) and the run's ``(program, program_id, client)``; what ``record`` does by
         keyword, without building the fixed fields again per event."""
-        if not self.enabled:
+        if not self._enabled:  # (the attribute itself: a property read costs every event)
             return
         with self._lock:
             self._raw.append((self._next, *what, *run, *where, t_submit, t_start, t_end, status,
@@ -186,6 +189,7 @@ class Trace:
             if self._waiters:
                 self._changed.notify_all()
 
+    @suggests_keywords("ctl.trace.events")
     def events(self, since: int = 0) -> list[Event]:
         """Events with ``index >= since``, oldest first."""
         try:
@@ -216,6 +220,18 @@ class Trace:
                 return self._changed.wait_for(lambda: self._next >= count, timeout)
             finally:
                 self._waiters -= 1
+
+    @property
+    def enabled(self) -> bool:
+        """Whether events are recorded (settable: ``ctl.trace.enabled = False``)."""
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        if not isinstance(value, bool | np.bool_):  # ("no" or 0 was taken by its truth)
+            raise TypeError(f"trace.enabled must be True or False, got {type(value).__name__} "
+                            f"{value!r}. Set ctl.trace.enabled = False to stop recording.")
+        self._enabled = bool(value)
 
     @property
     def capacity(self) -> int | None:
@@ -331,6 +347,7 @@ class Trace:
         return {d: (ds[0], f"{label} ({len(ds)} device{'s' * (len(ds) != 1)})")
                 for label, ds in topology.groups(rows) for d in ds}
 
+    @suggests_keywords("ctl.trace.save")
     def save(self, path: str | Path, rows: str = "auto") -> Path:
         """Write Chrome-trace JSON (open it in https://ui.perfetto.dev or chrome://tracing).
 

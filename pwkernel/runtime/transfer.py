@@ -23,9 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from .keywords import suggests_keywords
 from .trace import LinkKind
 
 
+@suggests_keywords("pw.Link")
 @dataclass(frozen=True)
 class Link:
     """An emulated network link: ``bandwidth`` in bytes/s, ``latency`` in seconds.

@@ -25,6 +25,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from ..runtime.keywords import suggests_keywords
 from ..runtime.trace import Event
 from .schedule import Call, Kind, parse_name
 
@@ -111,6 +112,7 @@ def peak_residuals(events: Iterable[Event], residual_bytes: Sequence[int]) -> li
     return out
 
 
+@suggests_keywords("pw.train.MemorySampler")
 class MemorySampler:
     """Samples ``ctl.memory()`` from a thread while the ``with`` block runs.
 

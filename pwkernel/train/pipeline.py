@@ -60,6 +60,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
 from .schedule import Kind, Schedule, call_name, order
@@ -94,6 +95,7 @@ class Microbatches(tuple):
     """A batch already cut into microbatches and placed (``Pipeline.place``): ``(xs, ys)``."""
 
 
+@suggests_keywords("pw.train.Pipeline")
 class Pipeline:
     """Train ``stages`` pipelined over ``slices`` (one slice per stage, on any islands).
 

@@ -28,6 +28,7 @@ import jax
 import optax
 from jax.sharding import PartitionSpec as P
 
+from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from .packed import Layout
@@ -95,6 +96,7 @@ def init_state(stages: Sequence[Stage], optimizer: optax.GradientTransformation)
     return init
 
 
+@suggests_keywords("pw.train.SPMD")
 class SPMD:
     """Train ``stages`` data-parallel on one ``slice``: the same ``init`` / ``step`` as a
     ``Pipeline``, one compiled function per step (trace name ``{name}.step``).

@@ -51,3 +51,19 @@ def test_init_says_what_a_key_is(tctl, key):
                                         r"\(jax.random.key\(0\) or jax.random.PRNGKey\(0\)\), "
                                         r"got (str|float|NoneType).*init\(0\)"):
         pipe.init(key)
+
+
+def test_a_misspelt_trainer_keyword_names_the_one_meant(tctl):
+    # (Python's bare "got an unexpected keyword argument 'optimiser'" named no right word)
+    stages, s = transformer.split(CFG, 1), tctl.slice(1)
+    with pytest.raises(TypeError, match=r"pw.train.SPMD\(\) got an unexpected keyword argument "
+                                        r"'optimiser'\. Did you mean optimizer=\? "
+                                        r"pw.train.SPMD\(\) takes: stages, slice, loss, "
+                                        r"optimizer,"):
+        pw.train.SPMD(stages, s, loss=transformer.cross_entropy, optimiser=optax.adam(1e-2))
+    with pytest.raises(TypeError, match=r"pw.train.Pipeline\(\) got .* 'microbatch'\. Did you "
+                                        r"mean microbatches=\?"):
+        pw.train.Pipeline(stages, [s], microbatch=2, **KW)
+    with pytest.raises(TypeError, match=r"pw.train.MemorySampler\(\) got .* 'intervall'\. Did "
+                                        r"you mean interval=\?"):
+        pw.train.MemorySampler(tctl, intervall=1.0)

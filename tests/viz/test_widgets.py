@@ -427,6 +427,19 @@ def test_bad_arguments_say_what_to_do(ctl):
             pw.ScheduleView(ctl, devices=devices, live=False)
 
 
+def test_a_misspelt_view_keyword_names_the_one_meant(ctl, tmp_path):
+    # (Python's bare "got an unexpected keyword argument 'max_row'" named no right word)
+    with pytest.raises(TypeError, match=r"pw.ScheduleView\(\) got an unexpected keyword "
+                                        r"argument 'max_row'\. Did you mean max_rows=\? "
+                                        r"pw.ScheduleView\(\) takes: ctl, programs,"):
+        pw.ScheduleView(ctl, max_row=10, live=False)
+    with pytest.raises(TypeError, match=r"pw.TopologyView\(\) got .* 'windw'\. Did you mean "
+                                        r"window=\?"):
+        pw.TopologyView(ctl, windw=1.0, live=False)
+    with pytest.raises(TypeError, match=r"pw.report\(\) got .* 'titel'\. Did you mean title=\?"):
+        pw.report(ctl, tmp_path / "run.html", titel="x")
+
+
 def test_topology_view(ctl, programs):
     fig2, _ = programs
     topo = pw.TopologyView(ctl, window=60.0, live=False)
