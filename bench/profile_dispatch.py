@@ -55,7 +55,8 @@ PARTS = [
                                   "runtime/done_callbacks.py")),
     ("trace", ("runtime/trace.py", "runtime/device_groups.py")),
     ("read side, errors, units", ("runtime/snapshot.py", "runtime/errors.py",
-                                  "runtime/units.py", "runtime/__init__.py")),
+                                  "runtime/units.py", "runtime/keywords.py",
+                                  "runtime/__init__.py")),
     ("threads and locks", ("/threading.py",)),
 ]
 OWN = ("pwkernel/runtime/", "pwkernel/backends/local/")  # every module here is in some part
