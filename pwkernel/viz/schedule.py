@@ -255,11 +255,8 @@ class ScheduleView(w.VBox):
             return len(new)
 
     def wait_for(self, count: int, timeout: float | None = None) -> bool:
-        """Block until the view has read at least ``count`` events; False on timeout.
-
-        >>> view.wait_for(ctl.trace.next_index, timeout=5.0)   # doctest: +SKIP
-        True
-        """
+        """Block until the view has read at least ``count`` events; False on timeout:
+        ``view.wait_for(ctl.trace.next_index, timeout=5.0)``."""
         with self._updated:
             return self._updated.wait_for(lambda: self._cursor >= count, timeout)
 
@@ -473,11 +470,13 @@ class ScheduleView(w.VBox):
         return self._updater
 
     def stop(self) -> None:
-        """Stop live updates (the plot stays; ``update()`` still works by hand)."""
+        """Stop live updates (the plot stays; ``update()`` still works by hand). The plot's
+        bundle is made again as it is now: a page opened later (a second tab) draws it whole."""
         if self._updater is not None:
             self._updater.stop()
         with self._lock:
             self._refresh_status()
+            self.plot.refresh()
 
     def close(self) -> None:
         """Stop the updater thread and close every widget of the view."""

@@ -52,7 +52,8 @@ def _kernel_side(lab) -> str:
     sent, those the bundle pages draw from already holds, repairs sent to pages that drew it."""
     with kernel_client(lab, NOTEBOOK) as client:
         return run_code(client, "p = view.plot\nprint(dict(patches_sent=p.patches_sent, "
-                                "bundled_at=p.bundled_at, page_repairs=p.page_repairs))")
+                                "bundled_at=p.bundled_at, page_repairs=p.page_repairs, "
+                                "x_range=[view.x_range.start, view.x_range.end]))")
 
 
 def _shows_range(page, which: str, want: dict, timeout_ms: int, lab=None) -> None:
