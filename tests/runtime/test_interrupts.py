@@ -117,10 +117,7 @@ def test_an_interrupt_inside_a_free_keeps_the_free_whole_and_is_raised_by_the_ne
     buffer stayed counted in ``ctl.memory()`` for the controller's life."""
     ctl = pw.Controller(islands=(4,))
     try:
-        f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
-        x = jnp.arange(8.0)
-        y = f(x)
-        y.wait()
+        f, x, y = _one_result(ctl)
         assert sum(ctl.memory().values()) > 0
         with pytest.raises(KeyboardInterrupt):  # kept, not lost: the next call raises it (or
             with _InterruptAt(getattr(ObjectStore, where).__code__) as hook:  # GRACE later)
@@ -131,6 +128,15 @@ def test_an_interrupt_inside_a_free_keeps_the_free_whole_and_is_raised_by_the_ne
         _settled(ctl, f, x)
     finally:
         ctl.close()
+
+
+def _one_result(ctl: pw.Controller):
+    """A function on an island's 4 devices, an input, and its result (ended)."""
+    f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
+    x = jnp.arange(8.0)
+    y = f(x)
+    y.wait()
+    return f, x, y
 
 
 def _spin(seconds: float) -> None:
@@ -151,10 +157,7 @@ def test_an_interrupt_inside_a_free_is_raised_without_another_call(handler, user
     does (before, the wait ran to its end first)."""
     ctl = pw.Controller(islands=(4,))
     try:
-        f = pw.function(lambda v: v * 2 + 1, slice=ctl.slice(4))
-        x = jnp.arange(8.0)
-        y = f(x)
-        y.wait()
+        f, x, y = _one_result(ctl)
         raised_in = None
         try:
             with _InterruptAt(ObjectStore._free.__code__) as hook:
