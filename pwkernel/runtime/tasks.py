@@ -401,10 +401,11 @@ class ProgramRun(RunSlots):
                 if upstream is not None:
                     error = upstream
             task.move(_ENDED)
-            what, where, tail = node.trace  # the fixed fields were made with the plan
-            owner.trace.record_span(what, self.trace_fields, where, tail, task.t_submit,
-                                    t_start, t_end, "ok" if error is None else "error")
-            # (a trace that is off records nothing: its own first check, no property read)
+            trace = owner.trace
+            if trace.enabled:
+                what, where, tail = node.trace  # the fixed fields were made with the plan
+                trace.record_span(what, self.trace_fields, where, tail, task.t_submit, t_start,
+                                  t_end, "ok" if error is None else "error")
         task.makers = None  # (after the move: see ``slots.makers``)
         values, futures, dropped, unparked = self.values, self.futures, None, None
         counted = task.has_outputs  # (parallel: its outputs' arrival was counted at launch)
