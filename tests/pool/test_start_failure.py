@@ -18,6 +18,7 @@ def test_a_failed_start_ends_its_cluster_and_writes_no_pool(tmp_path):
     env = dict(os.environ, PWKERNEL_POOL_DIR=str(pool_dir), HOME=str(tmp_path),
                PYTHONPATH=str(ROOT))
     env.pop("PWKERNEL_RAY_DEVICES", None)
+    before = _pool_dirs()  # (another run's, killed before it could clean up, is not this one's)
     done = subprocess.run([sys.executable, "-m", "pwkernel.pool", "start", "--name", "gpus",
                            "--islands", "1", "--platform", "gpu"], env=env, text=True,
                           capture_output=True, timeout=300, cwd=ROOT)
@@ -30,4 +31,9 @@ def test_a_failed_start_ends_its_cluster_and_writes_no_pool(tmp_path):
             if (p.info["environ"] or {}).get("RAY_AUTH_TOKEN_PATH") == token
             and p.info["status"] != psutil.STATUS_ZOMBIE]
     assert left == []
-    assert not [d for d in os.listdir("/tmp") if d.startswith("pwpool-gpus-")]
+    assert _pool_dirs() - before == set()
+
+
+def _pool_dirs() -> set[str]:
+    """The temporary directories of pools named ``gpus`` (``head.start_head`` makes them)."""
+    return {d for d in os.listdir("/tmp") if d.startswith("pwpool-gpus-")}
