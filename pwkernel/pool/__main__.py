@@ -5,13 +5,15 @@
     python -m pwkernel.pool stop --name class
 
 Exit status: 0 done, 1 refused or failed (the message says why and what to do), 2 bad
-arguments, 141 the reader of the output went away (``... | head -1``; quietly, as shell tools
+arguments, 143 or 129 a start ended by SIGTERM or SIGHUP (after ending what it had started),
+141 the reader of the output went away (``... | head -1``; quietly, as shell tools
 do).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -114,6 +116,27 @@ def say(text: str, stream=None) -> None:
         raise SystemExit(EXIT_PIPE) from None
 
 
+@contextlib.contextmanager
+def _ended_cleanly_by_signals():
+    """While a start runs, SIGTERM (``kill``, a job runner's timeout) and SIGHUP (its terminal
+    closed) end it as Ctrl-C does: through its clean-up, which ends the cluster it started and
+    removes its directory and files (by default they would kill this process alone, and the
+    cluster, in a session of its own, would run on). Exit status 128 + the signal's number;
+    a second signal while the clean-up runs is ignored (SIGKILL still ends it at once)."""
+    def end(signum, _frame):
+        for s in caught:
+            signal.signal(s, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    caught = (signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.signal(s, end) for s in caught}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         a = parser().parse_args(argv)
@@ -127,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 say("--port is the port of a cluster the pool starts; with --address it "
                     "joins a running one. Drop one of them.", sys.stderr)
                 return 2
-            record = service.start(a.name, a.islands, address=a.address, lease=a.lease,
-                                   platform=a.platform, port=a.port)
+            with _ended_cleanly_by_signals():
+                record = service.start(a.name, a.islands, address=a.address, lease=a.lease,
+                                       platform=a.platform, port=a.port)
             say(report.started(record))
         elif a.command == "status":
             st = service.status(a.name)
