@@ -18,7 +18,7 @@
 # Python: the project's .venv if its JAX sees a GPU; else, when nvidia-smi lists GPUs,
 # bench/.venv-gpu with jax[cuda12] and this project; else the project's .venv on the CPU.
 # Budget: under 10 minutes (the --quick runs, then the full dispatch sweep if time is left).
-# Writes results.json, dispatch.png, run.log, machine.txt.
+# Writes checks.json, results.json, dispatch.png, run.log, machine.txt.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,6 +61,12 @@ fi
 tee -a "$LOG" < "$OUT_DIR/machine.txt"
 
 cd "$ROOT"
+# (bench/*.py scripts import pwkernel from this checkout, also with a Python that has no
+# pwkernel installed: an accelerator machine's own, whose JAX already sees its GPUs)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+say "correctness on these devices first (bench/gpu_checks.py: pwkernel against jax.jit)"
+timeout 180 "$PY" bench/gpu_checks.py --json "$OUT_DIR/checks.json" 2>&1 | tee -a "$LOG" \
+  || say "a check failed or stopped (see checks.json); the benchmarks run anyway"
 NGPU=$("$PY" -c 'import jax; print(sum(d.platform == "gpu" for d in jax.devices()))')
 ARGS=(--"$MODE" --json "$OUT_DIR/results.json" --plot "$OUT_DIR/dispatch.png")
 if (( NGPU >= 8 )); then
