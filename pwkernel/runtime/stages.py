@@ -92,6 +92,24 @@ def on_tracers_error(name: str, what: str) -> OnTracers:
         "for the types the call gives there.")
 
 
+class MeshTraced(jax.stages.Traced):
+    """``jax.jit``'s ``Traced`` whose call evaluates its jaxpr under the mesh it was traced
+    on: a ``jax.jit`` trace made under a mesh needs that mesh when it is called, and the
+    caller of ``f.trace`` never set it (the slice's mesh was ambient only while tracing)."""
+
+    __slots__ = ()  # (the same layout as Traced's: an instance changes class in place)
+
+    @classmethod
+    def under(cls, traced: jax.stages.Traced, mesh) -> MeshTraced:
+        traced.__class__ = cls
+        traced.mesh = mesh
+        return traced
+
+    def __call__(self, *args, **kwargs):
+        with jax.set_mesh(self.mesh):
+            return super().__call__(*args, **kwargs)
+
+
 class JitStages:
     """``jax.jit``'s staged API on a ``CompiledFunction`` (which sets ``fn``, ``slice``,
     ``name``, ``arguments``, ``keep_unused``, ``inline`` and its caches)."""
@@ -132,7 +150,8 @@ class JitStages:
         exe = self.specialization(*args, **kwargs)
         dyn, dkw, _ = self.arguments.split(args, kwargs)
         with self.slice.ambient():
-            return trace_as_called(exe, jax.tree_util.tree_structure((dyn, dkw)), self.name)
+            traced = trace_as_called(exe, jax.tree_util.tree_structure((dyn, dkw)), self.name)
+        return MeshTraced.under(traced, self.slice.mesh)
 
     def lower(self, *args, **kwargs) -> jax.stages.Lowered:
         """The computation a call with these arguments runs, lowered as ``jax.jit(...).lower``

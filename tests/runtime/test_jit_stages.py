@@ -49,6 +49,23 @@ def test_trace_is_jax_jits_trace(ctl):
         assert "dot_general" in str(g.trace(np.ones((64, 64), np.float32)).jaxpr)
 
 
+def test_calling_a_trace_evaluates_it_under_the_slices_mesh(ctl):
+    """Calling ``f.trace(*args)`` evaluates its jaxpr, as calling ``jax.jit``'s ``Traced``
+    does, under the slice's mesh, which a ``jax.jit`` trace made under a mesh needs (the
+    README's promise): the caller never set that mesh, so outside it the call failed with
+    JAX's "only AbstractMesh exists" error. The mesh is the one it was traced on, even once
+    the slice has moved."""
+    s = ctl.slice(2, island=0)
+    f = pw.function(lambda x, y: {"z": x * 2 + y}, slice=s)
+    x, y = np.arange(4.0, dtype=np.float32), np.float32(1)
+    traced = f.trace(x, y)
+    assert isinstance(traced, jax.stages.Traced)
+    np.testing.assert_allclose(traced(x, y)["z"], [1.0, 3.0, 5.0, 7.0])
+    ctl.remap(s, island=1)
+    np.testing.assert_allclose(traced(x, y)["z"], [1.0, 3.0, 5.0, 7.0])
+    assert jax.sharding.get_abstract_mesh().empty  # (no mesh left ambient after the call)
+
+
 def test_clear_cache_traces_again_as_jax_jits_does(ctl):
     """A function that reads a global keeps what it traced (as ``jax.jit`` does) until
     ``clear_cache()``; a program that called it keeps its own graph, as an outer ``jax.jit``

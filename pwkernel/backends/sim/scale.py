@@ -96,8 +96,10 @@ def measure(name: str, computations: int = 10_000) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = argparse.ArgumentParser(prog="python -m pwkernel.backends.sim.scale",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON list, one object per workload")
     parser.add_argument("--computations", type=int, default=10_000)
     parser.add_argument("--workload", action="append", choices=WORKLOADS,
                         help="run only these (default: all three)")

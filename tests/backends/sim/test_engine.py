@@ -390,6 +390,23 @@ def test_the_scale_command_refuses_no_computations(capsys):
         assert "--computations must be at least 1" in capsys.readouterr().err
 
 
+def test_the_scale_command_names_itself_and_prints_what_its_help_says(capsys):
+    """Its usage names the command docs/simulator.md gives (it said ``scale.py``), and
+    ``--json`` prints what its help says: a JSON list, one object per workload."""
+    import json
+
+    from pwkernel.backends.sim.scale import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: python -m pwkernel.backends.sim.scale"), text
+    assert "a JSON list" in " ".join(text.split()), text
+    main(["--json", "--computations", "20", "--workload", "spmd", "--workload", "opbyop"])
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["workload"] for r in rows] == ["spmd", "opbyop"]
+
+
 #: the 2048-chip scale workloads, 300 computations each: (when the last node ended, trace
 #: rows, SHA-256 of the rows). A change that only makes the engine faster must leave these
 #: exactly as they are; a deliberate change of the model updates them (and says so). Last
