@@ -146,6 +146,21 @@ def test_attaching_to_a_pool_whose_cluster_is_gone_says_the_pool_is_not_running(
     assert "ray start" not in message and "ray_address=None" not in message
 
 
+def test_attaching_to_a_pool_not_written_down_here_says_to_check_the_address(pool_dir):
+    """A pool started on another machine (or never): ``stop`` here would answer "no pool
+    named ...", so the error does not send the user there."""
+    from pwkernel.pool.head import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(pw.DeviceSetupError) as caught:
+        pw.Controller(backend="ray", pool="elsewhere", address=address)
+    message = str(caught.value)
+    assert f"pool 'elsewhere' does not answer at {address}" in message
+    assert "no pool of that name was started on this machine. Check the address" in message
+    assert "python -m pwkernel.pool start --name elsewhere --islands 4,4" in message
+    assert "pool stop" not in message
+
+
 @pytest.mark.parametrize("weight", [float("inf"), float("nan"), 0, -1.0, True, "2"])
 def test_a_tenant_weight_that_is_not_a_finite_number_above_0_is_refused_first(pool_dir, weight):
     """Refused before anything connects (an infinite weight took every island for itself while

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import ray
 
 from ...runtime.errors import DeviceSetupError
+from . import poolfile
 from .actor import MAX_CONCURRENCY, IslandActor
 
 _lock = threading.Lock()
@@ -127,12 +128,7 @@ def _start_or_join(address: str | None, pool: str | None = None) -> None:
         _token_auth_if_token()
         unreachable = _unreachable(address)
         if unreachable and pool is not None:  # (a cluster of one's own is not the pool)
-            raise DeviceSetupError(
-                f"pool {pool!r} does not answer at {address} ({unreachable}): it is not "
-                "running (it was stopped, its head died, or the machine restarted). Start it "
-                f"again: python -m pwkernel.pool stop --name {pool} (it cleans up what is "
-                f"left), then python -m pwkernel.pool start --name {pool} --islands ...; "
-                "or check the address.")
+            raise DeviceSetupError(poolfile.not_answering(pool, address, unreachable))
         if unreachable:  # Ray itself would retry for minutes before saying so
             raise DeviceSetupError(
                 f"could not connect to the Ray cluster at {address!r}: {unreachable}. "

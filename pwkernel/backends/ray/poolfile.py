@@ -142,3 +142,23 @@ def remove(name: str) -> None:
     """Forget pool ``name``: its pool file and token file go."""
     file_path(name).unlink(missing_ok=True)
     token_path(name).unlink(missing_ok=True)
+
+
+def not_answering(pool: str, address: str, unreachable: str) -> str:
+    """Why a pool does not answer at ``address``, and what to do: a pool this machine has
+    written down was stopped or died (``stop`` cleans up, then ``start``); one it has not
+    runs elsewhere, or was never started."""
+    said = f"pool {pool!r} does not answer at {address} ({unreachable})"
+    try:
+        here = load(pool) is not None
+    except DeviceSetupError:  # (a file that cannot be read: written down all the same)
+        here = True
+    if here:
+        return (f"{said}: it is not running (it was stopped, its head died, or the machine "
+                f"restarted). Start it again: python -m pwkernel.pool stop --name {pool} "
+                f"(it cleans up what is left), then python -m pwkernel.pool start --name "
+                f"{pool} --islands ...; or check the address.")
+    return (f"{said}, and no pool of that name was started on this machine. Check the "
+            f"address (the one `python -m pwkernel.pool start` printed where the pool runs), "
+            f"or start the pool here: python -m pwkernel.pool start --name {pool} "
+            f"--islands 4,4.")
