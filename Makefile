@@ -38,7 +38,7 @@ test: setup browser
 	$(PY) -m pytest
 
 lint: setup
-	$(VENV)/bin/ruff check pwkernel tests notebooks
+	$(VENV)/bin/ruff check pwkernel tests notebooks bench
 
 # The tutorials' .ipynb files, generated from their sources notebooks/NN_*.py.
 notebooks: setup
