@@ -111,6 +111,34 @@ def failure(outs) -> BaseException | None:
     return None
 
 
+def invalid_values(outs, name: str) -> FloatingPointError | None:
+    """Under ``jax_debug_nans`` / ``jax_debug_infs``: the error for a NaN or infinite value
+    among a launch's outputs, as ``jax.jit`` raises it (the launch waits for its outputs to
+    check them, as ``jax.jit``'s call does then). JAX's own check of a compiled call is its
+    post-call hook, which a thread loses for good once it leaves a ``jax.debug_nans(False)``
+    block (JAX's traces of ``jnp.var``, ``jnp.sort`` and ``jaxpr_as_fun`` enter one), so the
+    runtime checks itself. None when the checks are off, nothing is wrong, or the launch
+    failed (reading its outputs raises its own error, which its futures carry)."""
+    nans, infs = jax.config.jax_debug_nans, jax.config.jax_debug_infs
+    if not (nans or infs):
+        return None
+    for leaf in jax.tree_util.tree_leaves(outs):
+        if not jnp.issubdtype(getattr(leaf, "dtype", np.int8), np.inexact):
+            continue
+        try:
+            shards = [np.asarray(s.data) for s in leaf.addressable_shards]
+        except Exception:  # noqa: BLE001 - a failed launch: its own error is what counts
+            return None
+        for what, bad in (("nan", nans and any(np.isnan(v).any() for v in shards)),
+                          ("inf", infs and any(np.isinf(v).any() for v in shards))):
+            if bad:
+                return FloatingPointError(
+                    f"invalid value ({what}) encountered in {name} (jax_debug_nans / "
+                    "jax_debug_infs is on). To find the operation, call the function with "
+                    "jax.disable_jit() on the same inputs.")
+    return None
+
+
 class FencedCall:
     """Calls an executable compiled by ``compile_guarded`` without host callbacks: its last
     output is the fence."""

@@ -33,7 +33,7 @@ from typing import Any
 
 import jax
 
-from ...runtime.callbacks import failure
+from ...runtime.callbacks import failure, invalid_values
 from ...runtime.errors import copy_error, deleted_input, donated_and_read_in, launch_error
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
@@ -109,6 +109,10 @@ class LocalBackend(NoGroup):
             outs = node.call(*inputs)
         except BaseException as e:  # noqa: BLE001 - a failed launch fails its outputs
             site.watch(task, None, launch_error(e, node.name))
+            return
+        invalid = invalid_values(outs, node.name)
+        if invalid is not None:  # (jax_debug_nans / jax_debug_infs: as jax.jit's call fails)
+            site.watch(task, None, invalid)
             return
         inputs = None  # (a donated input is the callee's now)
         watcher = site.watchers.get(node.devices)
