@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import numbers
+import re
 import threading
 from types import TracebackType
 
@@ -138,19 +139,34 @@ def copy_error(name: str, source, error: BaseException) -> BaseException:
                          "donates it now owns (or that was deleted)", source.aval.str_short())
 
 
-def donated_and_read(name: str, i: int) -> PathwaysError:
-    """What a call of ``name`` that donates its input ``i`` and also reads it raises."""
+def donated_and_read(name: str, i: int, j: int | None = None, names=()) -> PathwaysError:
+    """What a call of ``name`` that donates its input ``i`` and also reads it (as its input
+    ``j``) raises; ``names``: the inputs' places in the call's arguments, where known."""
+    other = "another input" if j is None else f"input {j}"
+    where = ""
+    if j is not None and names:
+        where = f" (one array at {names[i]} and at {names[j]})"
+        if _root(names[i]) == _root(names[j]):
+            where = (f"{where[:-1]}: a tree that holds one array twice, as "
+                     "optax.LookaheadParams.init_synced makes, is donated as "
+                     "jax.tree.map(jnp.copy, tree))")
     return retyped(ProgramError(
-        f"{name} donates input {i} and also reads the same array as another input: a "
+        f"{name} donates input {i} and also reads the same array as {other}{where}: a "
         "computation cannot be given a buffer it still reads. Pass a copy (jnp.copy(x)) as "
         "one of them, or donate neither."), RuntimeError)
 
 
-def donated_and_read_in(name: str, inputs: list, donated, kind: type | None = None):
+def _root(name: str) -> str:
+    """The argument a leaf's name (``p.fast['w']``) belongs to (``p``)."""
+    return re.split(r"[.\[]", name, maxsplit=1)[0]
+
+
+def donated_and_read_in(name: str, inputs: list, donated, kind: type | None = None,
+                        names=()):
     """``donated_and_read`` for the first donated input (of type ``kind``, if given) that is
     also another of ``inputs`` (the same object), else None. One pass in C over the inputs'
     ids; the donated ones are looked at only if some input repeats (a state of many leaves
-    must not cost a comparison per pair)."""
+    must not cost a comparison per pair). ``names``: the inputs' places, for the error."""
     if not donated:
         return None
     ids = list(map(id, inputs))
@@ -158,7 +174,8 @@ def donated_and_read_in(name: str, inputs: list, donated, kind: type | None = No
         return None
     for i in donated:
         if ids.count(ids[i]) > 1 and (kind is None or isinstance(inputs[i], kind)):
-            return donated_and_read(name, i)
+            j = next(k for k, other in enumerate(ids) if other == ids[i] and k != i)
+            return donated_and_read(name, i, j, names)
     return None
 
 

@@ -41,3 +41,11 @@ class Executable:
     # input is taken as consumed). A donated input no output can reuse stays valid.
     aliased: int | None = None
     keep_unused: bool = False  # (``jax.jit``'s): inputs the body does not read are kept
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Each input leaf's place in the call's arguments as JAX's trace names it
+        (``p.fast['w']``), for errors; () where the trace does not say."""
+        info = getattr(getattr(self.jaxpr, "jaxpr", None), "debug_info", None)
+        names = tuple(getattr(info, "arg_names", None) or ())
+        return names if len(names) == len(self.structs) and all(names) else ()

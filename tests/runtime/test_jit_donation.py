@@ -74,3 +74,40 @@ def test_a_moved_argument_another_call_of_the_program_reads_is_left(ctl):
     z = jax.device_put(jnp.arange(8.0), NamedSharding(s.mesh, P()))  # on the slice: no move
     eat(z).result(60)
     assert z.is_deleted()
+
+
+def test_a_donated_tree_that_holds_one_array_twice_names_both_places(ctl):
+    """optax.lookahead's ``LookaheadParams.init_synced`` puts the same arrays in ``fast`` and
+    ``slow``: a step donating them would hand XLA one buffer twice (plain jax.jit crashes the
+    process on CPU). The call is refused with both places in the arguments and the fix, and
+    the fix trains as a plain loop on copies does."""
+    import optax
+    s = ctl.slice(2, island=0)
+    opt = optax.lookahead(optax.adam(1e-2), sync_period=2, slow_step_size=0.5)
+
+    def step(params, opt_state):
+        grads = jax.tree.map(lambda w: 2 * w, params.fast)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def fresh():
+        with jax.set_mesh(s.mesh):
+            w = jax.device_put({"w": jnp.arange(4.0)}, NamedSharding(s.mesh, P()))
+        return optax.LookaheadParams.init_synced(w)
+
+    f = pw.function(step, slice=s, donate_argnums=(0, 1))
+    params = fresh()
+    with pytest.raises(RuntimeError, match=r"step donates input 0 and also reads the same "
+                       r"array as input 1 \(one array at params\.fast\['w'\] and at "
+                       r"params\.slow\['w'\]: .*jax\.tree\.map\(jnp\.copy, tree\)\)") as info:
+        f(params, opt.init(params))[0].fast["w"].result(60)
+    assert isinstance(info.value, pw.ProgramError)
+    assert not params.fast["w"].is_deleted()  # refused before anything was consumed
+    copied = jax.tree.map(jnp.copy, params)  # as the error says
+    state = (copied, opt.init(copied))
+    plain = jax.tree.map(np.copy, (params, opt.init(params)))
+    for _ in range(3):
+        state = f(*state)
+        plain = jax.jit(step)(*plain)
+    np.testing.assert_allclose(np.asarray(state[0].slow["w"].result(60)),
+                               np.asarray(plain[0].slow["w"]), rtol=1e-6)

@@ -86,3 +86,44 @@ def test_a_loss_with_metrics_is_refused_with_what_to_return(tctl):
         with pytest.raises(TypeError, match=r"must return one scalar .* got a tuple of 2\. "
                                             r"pw\.train takes no auxiliary outputs"):
             trainer.step(trainer.init(0), (X, Y))
+
+
+def test_an_nnx_step_trains_when_it_returns_its_model_as_under_jax_jit(tctl):
+    """A pw.function is jax.jit, not nnx.jit: a step that updates its Module and Optimizer in
+    place and returns the loss alone leaves them as they were (as jax.jit does); the same
+    step returning them trains, with donation, step for step as the jax.jit loop."""
+    from flax import nnx
+    s = tctl.slice(2, island=0)
+
+    def fresh():
+        model = nnx.Sequential(nnx.Linear(4, 8, rngs=nnx.Rngs(0)),
+                               nnx.BatchNorm(8, rngs=nnx.Rngs(1)),
+                               nnx.Dropout(0.2, rngs=nnx.Rngs(dropout=2)),
+                               nnx.Linear(8, 1, rngs=nnx.Rngs(3)))
+        return model, nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
+
+    def in_place(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(lambda m: mse(m(x), y))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    def returned(model, optimizer, x, y):
+        return model, optimizer, in_place(model, optimizer, x, y)
+
+    first = mse(fresh()[0](X), Y)  # (nnx.jit-free: the loss before any update)
+    model, optimizer = fresh()
+    lost = [float(pw.function(nnx.jit(in_place), slice=s)(model, optimizer, X, Y))
+            for _ in range(2)]
+    np.testing.assert_allclose(lost, [first, first], rtol=1e-6)
+    losses = {}
+    for name, step in (("jit", jax.jit(returned, donate_argnums=(0, 1))),
+                       ("pw", pw.function(returned, slice=s, donate_argnums=(0, 1)))):
+        model, optimizer = fresh()
+        losses[name] = []
+        for _ in range(3):
+            with jax.set_mesh(s.mesh):
+                model, optimizer, loss = step(model, optimizer, X, Y)
+            losses[name].append(float(loss))
+    assert losses["jit"][0] == pytest.approx(float(first), rel=1e-6)
+    assert len(set(losses["jit"])) == 3  # the model moved on each step
+    np.testing.assert_allclose(losses["pw"], losses["jit"], rtol=1e-6)

@@ -254,7 +254,8 @@ def _unusable(node, inputs: list) -> BaseException | None:
                 f"input {i} of {node.name} was given to an earlier call that donates it, "
                 "which now owns its buffer (or it was deleted)", value.aval.str_short())
     donated = node.exe.donated
-    return donated_and_read_in(node.name, inputs, donated) if donated else None
+    return (donated_and_read_in(node.name, inputs, donated, names=node.exe.input_names)
+            if donated else None)
 
 
 def _waits(task: Task) -> bool:
