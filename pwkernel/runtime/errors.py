@@ -162,11 +162,12 @@ def _root(name: str) -> str:
 
 
 def donated_and_read_in(name: str, inputs: list, donated, kind: type | None = None,
-                        names=()):
+                        names=tuple):
     """``donated_and_read`` for the first donated input (of type ``kind``, if given) that is
     also another of ``inputs`` (the same object), else None. One pass in C over the inputs'
     ids; the donated ones are looked at only if some input repeats (a state of many leaves
-    must not cost a comparison per pair). ``names``: the inputs' places, for the error."""
+    must not cost a comparison per pair). ``names``: a function giving the inputs' places, for
+    the error (called only then: reading them costs a pass over the leaves)."""
     if not donated:
         return None
     ids = list(map(id, inputs))
@@ -175,7 +176,7 @@ def donated_and_read_in(name: str, inputs: list, donated, kind: type | None = No
     for i in donated:
         if ids.count(ids[i]) > 1 and (kind is None or isinstance(inputs[i], kind)):
             j = next(k for k, other in enumerate(ids) if other == ids[i] and k != i)
-            return donated_and_read(name, i, j, names)
+            return donated_and_read(name, i, j, names())
     return None
 
 

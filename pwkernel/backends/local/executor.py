@@ -254,7 +254,7 @@ def _unusable(node, inputs: list) -> BaseException | None:
                 f"input {i} of {node.name} was given to an earlier call that donates it, "
                 "which now owns its buffer (or it was deleted)", value.aval.str_short())
     donated = node.exe.donated
-    return (donated_and_read_in(node.name, inputs, donated, names=node.exe.input_names)
+    return (donated_and_read_in(node.name, inputs, donated, names=lambda: node.exe.input_names)
             if donated else None)
 
 

@@ -152,7 +152,7 @@ def unusable(task: Task) -> BaseException | None:
                 f"input {i} of {node.name} was given to an earlier call that donates it "
                 f"({value.donated}), which now owns its buffer", _short(node.exe.structs[i]))
     error = donated_and_read_in(node.name, inputs, donated, RemoteBuffer,
-                                names=node.exe.input_names)
+                                names=lambda: node.exe.input_names)
     if error is not None:
         return error
     for i in donated:

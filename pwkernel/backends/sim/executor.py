@@ -371,7 +371,7 @@ def _donation_error(node, inputs: list) -> BaseException | None:
             return deleted_input(f"input {i} of {node.name} was given to an earlier call that "
                                  "donates it, which now owns its buffer")
     donated = node.exe.donated
-    error = donated_and_read_in(node.name, inputs, donated, names=node.exe.input_names)
+    error = donated_and_read_in(node.name, inputs, donated, names=lambda: node.exe.input_names)
     if error is not None:
         return error
     for i in donated:
