@@ -21,7 +21,7 @@ from typing import Any
 from ..runtime import interrupts
 from ..runtime.controller import Controller
 from ..runtime.units import device_ids
-from . import comm, display
+from . import comm, display, reruns
 from .state import NotebookState, current, install
 
 
@@ -64,6 +64,7 @@ def load_ipython_extension(ip) -> None:
     ip.register_magics(PathwaysMagics(ip, st))
     display.register(ip)
     comm.register(ip, st.shown)
+    st.views = reruns.register(ip)  # a rerun cell closes the live views it no longer shows
     ip.events.register("pre_run_cell", _pre_run_cell)
     ctl = st.peek()  # a controller the user started before loading us
     print(banner(ctl) if ctl is not None else waiting_banner())
@@ -82,6 +83,7 @@ def unload_ipython_extension(ip) -> None:
     magics["line"].pop("pathways", None)
     magics["cell"].pop("pathways", None)
     display.unregister(ip)
+    reruns.unregister(ip, st.views)
     comm.unregister(ip)
     st.release_all(ip.user_ns)
     ctl = st.peek()

@@ -26,6 +26,7 @@ class NotebookState:
         self.temporary: list[tuple[Any, VirtualSlice]] = []
         self.live: list[CellOutput] = []
         self._default: VirtualSlice | None = None
+        self.views: Any = None  # the live views each cell showed (``reruns.ShownViews``)
 
     @property
     def ctl(self) -> Controller:
