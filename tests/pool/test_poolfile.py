@@ -146,6 +146,15 @@ def test_attaching_to_a_pool_whose_cluster_is_gone_says_the_pool_is_not_running(
     assert "ray start" not in message and "ray_address=None" not in message
 
 
+@pytest.mark.parametrize("tenant", ["", 3])
+def test_a_tenant_name_that_is_not_a_non_empty_string_is_refused_first(pool_dir, tenant):
+    """Refused before anything connects, as a bad weight= is (before: after the attempt to
+    connect, which at a dead address said the pool does not answer)."""
+    poolfile.save(record("t", address="127.0.0.1:1"))
+    with pytest.raises(pw.DeviceSetupError, match=r"tenant= must be a non-empty string, got"):
+        pw.Controller(backend="ray", pool="t", tenant=tenant)
+
+
 def test_attaching_to_a_pool_not_written_down_here_says_to_check_the_address(pool_dir):
     """A pool started on another machine (or never): ``stop`` here would answer "no pool
     named ...", so the error does not send the user there."""

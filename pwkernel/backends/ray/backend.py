@@ -145,6 +145,8 @@ class RayBackend:
                                    "pool=NAME with them (and address=), or drop them.")
         if pool is not None:
             weight = attach.tenant_weight(weight)  # (refused before anything connects)
+            if tenant is not None:
+                attach.tenant_name(tenant)  # (likewise)
             address = attach.pool_address(pool, address)
         sizes = None if pool is not None and islands is None else tuple(
             int(n) for n in (islands if islands is not None else DEFAULT_ISLANDS))
