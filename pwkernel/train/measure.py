@@ -87,6 +87,11 @@ def peak_residuals(events: Iterable[Event], residual_bytes: Sequence[int]) -> li
     or more steps): ``residual_bytes[s]`` for each microbatch between the start of its forward
     and the end of its backward on stage s (``Pipeline.residual_bytes``). Marks at equal times
     go in the trace's order, which on a stage's devices is the order they ran the calls in."""
+    if residual_bytes is None:
+        raise TypeError("peak_residuals needs residual_bytes, bytes per microbatch for each "
+                        "stage, got None: Pipeline.residual_bytes is known after the "
+                        "pipeline's first step. Maybe you want to call it after pipe.step(...), "
+                        "or give [1] * stages to count microbatches.")
     marks: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
     for e in _computations(events):
         call = parse_name(e.name)

@@ -263,6 +263,17 @@ def test_peak_residuals_breaks_ties_in_the_order_the_devices_ran():
                                    [5, 7]) == [0, 7]
 
 
+def test_peak_residuals_before_the_first_step_says_when_the_bytes_are_known():
+    """A Pipeline's residual_bytes is None until its first step: peak_residuals given it says
+    so and what to pass (it failed with "object of type 'NoneType' has no len()")."""
+    from pwkernel.runtime.trace import Event
+
+    events = [Event(0, "compute", "s0.fwd[m0]", "p", 1, "c", 1, (0,), 0.0, 0.0, 1.0)]
+    with pytest.raises(TypeError, match=r"residual_bytes.*None.*after the pipeline's first step"):
+        pw.train.peak_residuals(events, None)
+    assert pw.train.peak_residuals(events, [3]) == [3]
+
+
 def test_memory_stays_flat_and_the_state_is_donated(tctl, pipe):
     state = pw.train.wait(pipe.init(0))
     data, held = batches(2), []
