@@ -48,18 +48,19 @@ ARRAY_METHODS = (
     "conjugate", "copy", "cumprod", "cumsum", "diagonal", "dot", "flatten", "max", "mean",
     "min", "nonzero", "prod", "ptp", "ravel", "repeat", "reshape", "round", "searchsorted",
     "sort", "squeeze", "std", "sum", "swapaxes", "take", "trace", "transpose", "var", "view",
-    "addressable_data", "copy_to_host_async", "to_device", "item", "tolist",
+    "addressable_data", "copy_to_host_async", "to_device", "item", "tolist", "argpartition",
+    "tobytes",
 )
 ARRAY_PROPERTIES = ("T", "mT", "real", "imag", "at", "flat", "addressable_shards",
                     "global_shards", "is_fully_replicated", "is_fully_addressable", "nbytes",
                     "itemsize", "committed", "format")
 _BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
-           "xor", "lshift", "rshift")
+           "xor", "lshift", "rshift", "divmod")
 _UNARY = (("neg", operator.neg), ("pos", operator.pos), ("abs", abs), ("invert", operator.invert),
           ("getitem", operator.getitem), ("iter", iter), ("float", float), ("int", int),
           ("complex", complex), ("bool", bool), ("index", operator.index), ("lt", operator.lt),
           ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
-          ("divmod", divmod), ("round", round))
+          ("round", round))
 
 
 def on_value(op: Callable) -> Callable:
@@ -110,6 +111,9 @@ class ArrayOnDemand:
     waiting for it) and ``shape``, ``dtype``, ``sharding`` and ``weak_type`` known before it."""
 
     __slots__ = ()
+    # As jax.Array's: NumPy on the left (``np.float32(2) * fut``, ``np.ones(4) + fut``) defers
+    # to the future's reflected operator, so JAX computes it, not NumPy on a host copy.
+    __array_priority__ = 100
 
     def __array__(self, dtype=None, copy=None):
         if _is_key(self.dtype) and _read_by("jax._src.api", "_device_get"):
@@ -198,7 +202,7 @@ class ArrayOnDemand:
 
 
 for _op in _BINARY:
-    _f, _name = getattr(operator, _op), _op.rstrip("_")
+    _f, _name = getattr(operator, _op, divmod), _op.rstrip("_")
     setattr(ArrayOnDemand, f"__{_name}__", on_value(_f))
     setattr(ArrayOnDemand, f"__r{_name}__", on_value(lambda v, other, f=_f: f(other, v)))
 for _name, _f in _UNARY:

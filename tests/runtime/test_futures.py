@@ -328,6 +328,30 @@ def test_jax_functions_transformations_and_array_methods_take_a_future(ctl):
             use(bad)
 
 
+
+def test_numpy_on_the_left_of_a_future_gives_what_it_gives_with_the_array(ctl):
+    """``np.float32(2) * fut`` and ``np.ones(4) + fut`` are JAX's operations, as with the
+    jax.Array the future holds (NumPy defers to either): a jax.Array, typed by JAX's rules
+    (a NumPy float64 scalar does not make it float64); not a NumPy array computed on the host.
+    ``divmod(2.0, fut)``, ``fut.tobytes()`` and ``fut.argpartition(k)`` answer as the array's;
+    ``==`` stays the future's own on either side (compare values with ``jnp.equal``)."""
+    s = ctl.slice(2)
+    x = np.arange(1, 5, dtype=np.float32)
+    y = pw.function(lambda a: a * 2, slice=s)(x)
+    v = y.result()
+    pairs = [(np.float32(2) * y, np.float32(2) * v), (np.float64(2) * y, np.float64(2) * v),
+             (np.int8(3) + y, np.int8(3) + v), (np.ones(4, np.float32) - y,
+                                                np.ones(4, np.float32) - v),
+             (np.ones(4, np.float32) < y, np.ones(4, np.float32) < v),
+             (np.eye(4, dtype=np.float32) @ y, np.eye(4, dtype=np.float32) @ v),
+             (divmod(7.0, y)[1], divmod(7.0, v)[1]), (y.argpartition(1), v.argpartition(1))]
+    for got, want in pairs:
+        assert isinstance(got, jax.Array), type(got)
+        assert jax.typeof(got) == jax.typeof(want)
+        np.testing.assert_array_equal(got, want)
+    assert y.tobytes() == v.tobytes() == np.asarray(x * 2).tobytes()
+    assert (np.ones(4) == y) is False and (y == np.ones(4)) is False  # == is the future's own
+
 def _fail(a):
     raise ValueError("no value here")
 
