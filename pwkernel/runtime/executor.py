@@ -15,7 +15,9 @@ when each launch has completed; it keeps no order of ends and changes no task's 
   values, ``task.node.call`` the executable's call path). It must not raise for one task's
   failure (that is the task's ``error``).
 - ``transfer(task)`` copies ``task.inputs()[0]`` onto ``task.node.sharding`` (island
-  ``task.node.island``).
+  ``task.node.island``); an upload of several host values (only to an executor with
+  ``batches_uploads = True``) copies each of ``task.inputs()`` onto its
+  ``task.node.shardings`` entry, its outputs in that order.
 - For each, it calls ``task.launched(values)`` once the outputs exist as values that may still
   be computing (optional when it reports the completion with them at once), and
   ``task.completed(t, error=None, values=None, t_start=None)`` exactly once when the launch has
@@ -51,6 +53,9 @@ Optional members, looked up by the runtime with ``getattr``:
   ``jax.jit``'s caller drops an intermediate, so XLA frees it when that reader has run (and
   reuses its memory for the next step's outputs) instead of when the reader's end is reported.
   Without it the runtime deletes such a value after its last reader's end.
+- ``batches_uploads = True``: a call's host values (NumPy arrays, Python scalars) come as
+  one transfer of them all (``Graph.upload``), which it copies in one go; without it, one
+  transfer per value.
 - ``compile(spec) -> Executable``: lower a ``pw.function``'s specialization for its islands
   (``spec``: a ``runtime.specialization.Specialization``, the traced body with its input and output
   types and shardings, and the function's backend ``hint``) instead of the runtime's own

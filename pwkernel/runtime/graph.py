@@ -74,6 +74,17 @@ class TransferNode:
     # in both layouts (even with may_alias=False): the executor must copy, since the runtime
     # frees this node's output and the source may be the user's
     shares_buffers: bool = False
+    # a ``host`` upload of several values at once (``Graph.upload``): the (input, output)
+    # pairs after the first; ``nbytes`` is then all of theirs
+    more: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def inputs(self) -> tuple[int, ...]:
+        return (self.input, *(i for i, _ in self.more))
+
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        return (self.output, *(o for _, o in self.more))
 
 
 Node = ComputeNode | TransferNode
@@ -136,8 +147,11 @@ class Graph:
         self.values[spec.id] = spec
         return spec
 
-    def placed(self, value: int, sharding, island: int, devices: tuple[int, ...]) -> int:
-        """The id of ``value`` laid out as ``sharding``: itself, or a (shared) transfer's output."""
+    def placed(self, value: int, sharding, island: int, devices: tuple[int, ...],
+               uploads: list | None = None) -> int:
+        """The id of ``value`` laid out as ``sharding``: itself, or a (shared) transfer's output.
+        ``uploads``: a host value's copy joins it as (input, output), for ``upload`` to make
+        one node of, instead of a node of its own."""
         spec = self.values[value]
         if spec.sharding is not None and _same_layout(spec.sharding, sharding, spec.shape):
             return value
@@ -147,6 +161,10 @@ class Graph:
         out = self.new_value(spec.shape, spec.dtype, sharding, island, spec.weak)
         if spec.sharding is None or spec.island is None:
             link, src, src_devices = "host", None, ()
+            if uploads is not None:
+                uploads.append((value, out.id))
+                self._transfers[key] = out.id
+                return out.id
         else:
             link = LinkKind.ICI.value if spec.island == island else LinkKind.DCN.value
             src, src_devices = spec.island, tuple(sorted(d.id for d in spec.sharding.device_set))
@@ -156,6 +174,18 @@ class Graph:
                                        src_devices, devices, link, spec.nbytes, shares))
         self._transfers[key] = out.id
         return out.id
+
+    def upload(self, uploads: list[tuple[int, int]], island: int,
+               devices: tuple[int, ...]) -> None:
+        """One ``host`` transfer for every host value of one call (``placed``'s ``uploads``):
+        one task, one span in the trace, and one ``jax.device_put`` of them all."""
+        if not uploads:
+            return
+        (first, out), *more = uploads
+        nbytes = sum(self.values[v].nbytes for v, _ in uploads)
+        self.nodes.append(TransferNode(len(self.nodes), f"host:host->{island}", first, out,
+                                       None, island, (), devices, "host", nbytes,
+                                       more=tuple(more)))
 
     def copied(self, value: int) -> int:
         """A copy of ``value`` on its own devices: what a program returns where it returns one

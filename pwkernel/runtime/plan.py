@@ -104,7 +104,8 @@ class PlanNode:
     asynchronous: bool = True
     spec: NodeSpec | None = None
     # transfers
-    sharding: Any = None          # the destination layout
+    sharding: Any = None          # the destination layout (an upload's: its first value's)
+    shardings: tuple = ()         # per output (an upload of several host values: each one's)
     out_nbytes: tuple[dict[int, int], ...] = ()  # per output: bytes on each device (both)
     memory: int = 0               # bytes per device its outputs take (what a budget counts)
     returns: tuple[int, ...] = ()  # the slots of its outputs the user sees
@@ -170,8 +171,7 @@ def build(graph: Graph) -> Plan:
         argument[slot] = True
     for index, node in enumerate(graph.nodes):
         compute = isinstance(node, ComputeNode)
-        ins = node.inputs if compute else (node.input,)
-        outs = node.outputs if compute else (node.output,)
+        ins, outs = node.inputs, node.outputs
         if compute:
             exe = node.exe  # (compiled for the devices it was traced on)
             p = PlanNode(index, node, node.name, node.island, node.devices, tuple(ins),
@@ -179,11 +179,12 @@ def build(graph: Graph) -> Plan:
                          asynchronous=exe.asynchronous, out_nbytes=exe.out_nbytes,
                          memory=exe.memory, donates=tuple(exe.donated))
         else:
-            spec = graph.values[node.output]
-            nbytes = shard_bytes(spec.shape, spec.dtype, spec.sharding)
-            p = PlanNode(index, node, node.name, node.dst, node.devices, (ins[0],), (outs[0],),
-                         False, sharding=spec.sharding, out_nbytes=(nbytes,),
-                         memory=max(nbytes.values(), default=0))
+            specs = [graph.values[o] for o in outs]
+            nbytes = tuple(shard_bytes(v.shape, v.dtype, v.sharding) for v in specs)
+            p = PlanNode(index, node, node.name, node.dst, node.devices, tuple(ins),
+                         tuple(outs), False, sharding=specs[0].sharding,
+                         shardings=tuple(v.sharding for v in specs), out_nbytes=nbytes,
+                         memory=_per_device(nbytes))
         p.trace = Trace.node_fields(
             kind=EventKind.COMPUTE.value, name=p.name, island=p.island, devices=p.devices,
             node_id=node.id) if compute else Trace.node_fields(
@@ -210,9 +211,9 @@ def build(graph: Graph) -> Plan:
                 notify[slot].append(index)
                 p.external += 1
         p.external += p.gated
-        for slot in outs:
+        for k, slot in enumerate(outs):
             producer[slot] = index
-            argument[slot] = not compute and argument[ins[0]]
+            argument[slot] = not compute and argument[ins[k]]
         p.foreign = compute and any(argument[slot] for slot in distinct)
         if compute:
             if p.donates:
@@ -246,6 +247,15 @@ def build(graph: Graph) -> Plan:
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)),
                 _gates(nodes, producer))
+
+
+def _per_device(nbytes: tuple[dict[int, int], ...]) -> int:
+    """The most bytes these outputs take together on one device."""
+    total: dict[int, int] = {}
+    for per in nbytes:
+        for d, n in per.items():
+            total[d] = total.get(d, 0) + n
+    return max(total.values(), default=0)
 
 
 def _gates(nodes: list[PlanNode], producer: list[int]) -> tuple[tuple[int, ...], ...]:

@@ -301,8 +301,11 @@ def _record_call(graph: Graph, fn: CompiledFunction, args: tuple, kwargs: dict, 
                    values[v].committed if fn.jit_in_shardings else None) for v in vids)
     signature = (in_tree, avals, statics, _traced_under())
     exe = fn.executable(signature)
-    inputs = [graph.placed(v, sh, island, devices)
+    # the call's host values go up together where the backend can (one task, one device_put)
+    uploads = [] if getattr(ctl.executor, "batches_uploads", False) else None
+    inputs = [graph.placed(v, sh, island, devices, uploads)
               for v, sh in zip(vids, exe.in_shardings, strict=True)]
+    graph.upload(uploads or [], island, devices)
     outs = [graph.new_value(o.shape, o.dtype, sh, island, o.weak_type)
             for o, sh in zip(exe.out_shapes, exe.out_shardings, strict=True)]
     graph.add_compute(fn.name, fn, signature, inputs, [o.id for o in outs], island, devices,

@@ -67,6 +67,7 @@ class LocalBackend(NoGroup):
     name = "local"
     program_ahead = False
     launch_holds_inputs = True  # (a jax.Array's buffer lives while a launch reads it)
+    batches_uploads = True  # (a call's host values go up in one device_put: ``_upload``)
 
     def __init__(self, islands: Sequence[int] | None = DEFAULT_ISLANDS, dcn: Link | None = None):
         if dcn is not None and not isinstance(dcn, Link):
@@ -143,6 +144,9 @@ class LocalBackend(NoGroup):
     # --- transfers -------------------------------------------------------------------------
     def transfer(self, task: Task) -> None:
         node = task.node
+        if len(node.outputs) > 1:
+            self._upload(task)
+            return
         try:
             out = jax.device_put(task.inputs()[0], node.sharding, may_alias=False)
             if task.graph_node.shares_buffers:
@@ -160,37 +164,54 @@ class LocalBackend(NoGroup):
                 task.completed(_now(), None, [out])
                 return
             task.launched([out])  # an emulated link releases it only when it lands
-        self.transfers.submit(self._land, task, out, None)
+        self.transfers.submit(self._land, task, [out], None)
+
+    def _upload(self, task: Task) -> None:
+        """Several host values of one call (``Graph.upload``): one ``jax.device_put``."""
+        node, values = task.node, task.inputs()
+        try:
+            outs = jax.device_put(values, list(node.shardings), may_alias=False)
+        except Exception as e:  # noqa: BLE001 - the value that cannot go up fails the copy
+            self.transfers.submit(self._land, task, None, _upload_error(node, values, e))
+            return
+        except BaseException as e:  # noqa: BLE001 - (an interrupt: no value is tried again)
+            self.transfers.submit(self._land, task, None, e)
+            return
+        if all(map(_is_ready, outs)):
+            task.completed(_now(), None, outs)
+            return
+        task.launched(outs)
+        self.transfers.submit(self._land, task, outs, None)
 
     def _emulated(self, task: Task) -> bool:
         """A copy the DCN link model holds until it lands."""
         return self.transfers.dcn is not None and task.graph_node.link == _DCN
 
-    def _land(self, task: Task, out, error) -> None:
+    def _land(self, task: Task, outs: list | None, error) -> None:
         if error is None:
             try:
-                out.block_until_ready()
+                jax.block_until_ready(outs)
             except BaseException as e:  # noqa: BLE001
                 error = e
         if error is not None or not self._emulated(task):
-            task.completed(_now(), error, None if out is None else [out])
+            task.completed(_now(), error, outs)
             return
         t_inputs = task.inputs_ended()
         if t_inputs is None:
             # The link model starts the copy at its source's end, not reported yet: waiting
             # for it here could take every transfer worker, so its own thread waits.
-            self.transfers.wait_apart(self._landed, task, out, None)
+            self.transfers.wait_apart(self._landed, task, outs, None)
             return
-        self._landed(task, out, t_inputs)
+        self._landed(task, outs, t_inputs)
 
-    def _landed(self, task: Task, out, t_inputs: float | None) -> None:
+    def _landed(self, task: Task, outs: list, t_inputs: float | None) -> None:
         """Hold an emulated DCN copy until the link model says it landed."""
         if t_inputs is None:
             t_inputs = task.inputs_ended(None)
         begin = max(task.t_launch, t_inputs)
         g = task.graph_node
         self.transfers.delay(g.link, g.src, g.dst, g.nbytes, begin)
-        task.completed(_now(), None, [out], t_start=begin)
+        task.completed(_now(), None, outs, t_start=begin)
 
     # --- the rest of the interface ---------------------------------------------------------
     def fetch(self, value, sharding) -> Any:
@@ -219,6 +240,17 @@ class LocalBackend(NoGroup):
         for site in self._sites.values():
             site.close()
         self.transfers.shutdown()
+
+
+def _upload_error(node, values: list, error: Exception) -> BaseException:
+    """What an upload of several values fails with: the error of the first one that cannot
+    go up on its own, as if it had been copied alone (``copy_error``)."""
+    for value, sharding in zip(values, node.shardings, strict=True):
+        try:
+            jax.device_put(value, sharding, may_alias=False)
+        except Exception as e:  # noqa: BLE001
+            return copy_error(node.name, value, e)
+    return copy_error(node.name, values[0], error)
 
 
 def _donatable(task: Task, waits: bool) -> BaseException | None:

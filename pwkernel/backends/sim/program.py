@@ -179,7 +179,8 @@ def from_graph(graph: Graph, cluster: Cluster, cost: CostFn | float | None = Non
             nodes.append(SimNode(i, node.name, tuple(chip(d) for d in node.devices), ins,
                                  kind=NodeKind.TRANSFER, nbytes=node.nbytes,
                                  src_devices=tuple(chip(d) for d in node.src_devices)))
-            producer[node.output] = i
+            for v in node.outputs:  # (an upload of several host values: all of them)
+                producer[v] = i
         else:
             raise SimError(f"graph {graph.name!r} has a node of unknown kind {node!r}.")
     program = SimProgram(graph.name, nodes)
