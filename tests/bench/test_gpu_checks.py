@@ -1,6 +1,6 @@
 """``bench/gpu_checks.py``: the correctness checks ``bench/gpu.sh`` runs on a real accelerator
 before its benchmarks, run here on the host CPU (where they also pass), and a failing check
-reported as failed."""
+reported as failed; and ``bench/host_leaves.py`` runs."""
 
 from __future__ import annotations
 
@@ -44,3 +44,11 @@ def test_a_failing_check_is_reported_and_fails_the_run(tmp_path):
     assert not checks["off_by_a_percent"]["ok"]
     assert "largest relative difference 0.00999 > 0.001" in checks["off_by_a_percent"]["error"]
     assert "failed: off_by_a_percent" in done.stdout
+
+
+def test_the_host_leaves_script_runs_both_ways():
+    """``bench/host_leaves.py`` (docs/benchmarks.md): a call of 3 host leaves both ways."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "host_leaves.py"), "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("leaves     3  pw.function"), done.stdout
