@@ -6,7 +6,9 @@ batch's leading axis sharded over the slice's devices (``in_specs=pw.BATCH``); t
 all-reduce is the compiler's. It is the same step as ``train_step`` under plain ``jax.jit``
 (which ``pwkernel.bench.train`` runs beside it), and the same model and state layout as a
 ``Pipeline`` of the same stages. On a simulated slice (``backend="sim"``) the step is timed
-by the simulator's cost model and computes nothing (``pipeline.py``'s doc says what that gives).
+by the simulator's cost model and computes nothing (``pipeline.py``'s doc says what that gives);
+there the gradients' all-reduce is written out (``simulated_step``), since the simulator
+sees only the collectives written with ``shard_map``.
 
 With ``packed=True`` the state goes from step to step packed (``PackedState``: one flat array
 per dtype, packed and unpacked inside the compiled step, ``packed.py``), so the runtime
@@ -25,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -86,6 +89,30 @@ def step_parts(stages: Sequence[Stage], loss: Callable, optimizer: optax.Gradien
     return grads, update
 
 
+def simulated_step(stages: Sequence[Stage], loss: Callable,
+                   optimizer: optax.GradientTransformation, axes: Sequence[str]) -> Callable:
+    """``train_step`` with its all-reduce written out, for a simulated slice whose mesh axes
+    are ``axes``: each chip's gradients and loss of its shard of the batch (``shard_map``), their
+    mean over the slice (``pmean``, one all-reduce per gradient leaf and one for the loss), then
+    the update, replicated. The same mean as ``train_step``'s for a loss that is the mean over
+    the examples; what it adds is what the simulator times: the all-reduces XLA's partitioner
+    inserts on real devices, where ``SPMD`` runs ``train_step`` itself."""
+    grads, update = step_parts(stages, loss, optimizer)
+    axes = tuple(axes)
+    sharded = P(axes if len(axes) > 1 else axes[0])
+
+    def local(state: TrainState, x, y):
+        return jax.lax.pmean(grads(state, x, y), axes)
+
+    def step(state: TrainState, x, y):
+        def specs(tree):  # (as ``pw.BATCH`` lays it out: a scalar replicated)
+            return jax.tree.map(lambda a: sharded if jnp.ndim(a) else P(), tree)
+        g, value = jax.shard_map(local, in_specs=(P(), specs(x), specs(y)), out_specs=P(),
+                                 check_vma=False)(state, x, y)
+        return update(state, g, value), value
+    return step
+
+
 def init_state(stages: Sequence[Stage], optimizer: optax.GradientTransformation) -> Callable:
     """``keys -> TrainState``: each stage's ``init`` on its key, and its optimizer state."""
     inits = [init_stage(st.init, optimizer) for st in stages]
@@ -117,8 +144,10 @@ class SPMD:
         check_optimizer(optimizer)
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
         self.name, self.packed = name, packed
-        self._train, self._make = train_step(self.stages, loss, optimizer), init_state(
-            self.stages, optimizer)
+        self._train = (simulated_step(self.stages, loss, optimizer, slice.axis_names)
+                       if simulated(slice) and slice.size > 1
+                       else train_step(self.stages, loss, optimizer))
+        self._make = init_state(self.stages, optimizer)
         # a checked step is two computations (no values to check on a simulation)
         self._parts = (step_parts(self.stages, loss, optimizer, True)
                        if check_finite and not simulated(slice) else None)

@@ -210,26 +210,34 @@ def _xla_work(lowered: jax.stages.Lowered) -> tuple[float, float, float]:
                  for k in ("flops", "transcendentals", "bytes accessed"))
 
 
-def loop_work(jaxpr, mesh: AbstractMesh) -> np.ndarray:
+def loop_work(jaxpr, mesh: AbstractMesh, manual: tuple | None = None) -> np.ndarray:
     """The whole-array (flops, transcendentals, bytes) that XLA's cost analysis leaves out of
     ``jaxpr``: it counts the body of a loop once, so a scan of length n misses n - 1 runs
     of its body (fewer when unrolled: XLA counts the copies it lowers), and n runs of what the
-    body's own loops miss. Still counted once: a
-    ``while_loop`` whose trip count is data, a loop inside ``shard_map`` (its body cannot be
-    lowered alone, outside the map's manual axes); ``cond`` branches are not searched."""
+    body's own loops miss. Inside ``shard_map`` (``manual``: its mesh and manual axes) a body
+    is one shard's work, lowered on its shard's shapes inside a ``shard_map`` of its own over
+    the same axes. Still counted once: a ``while_loop`` whose trip count is data, a loop
+    inside ``shard_map`` whose body runs a reduction (``psum`` of a varying value cannot be
+    replayed on the body's types alone); ``cond`` branches are not searched."""
     missing = np.zeros(3)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "scan":
             body, length = eqn.params["jaxpr"], int(eqn.params["length"])
-            once = _body_work(body, mesh)
+            once = _body_work(body, mesh, manual)
             if once is not None:
-                inner = loop_work(body.jaxpr, mesh)
+                inner = loop_work(body.jaxpr, mesh, manual)
                 missing += (length - _counted(eqn.params.get("unroll", 1), length)) * np.array(
                     once) + length * inner
-        elif name not in ("cond", "shard_map"):
+        elif name != "cond":
+            inside = manual
+            if name == "shard_map":
+                params = eqn.params
+                axes = params.get("newly_manual_axes", params.get("axis_names", ()))
+                inside = (params.get("mesh", mesh), frozenset(axes) | (
+                    manual[1] if manual else frozenset()))
             for sub in jcore.jaxprs_in_params(eqn.params):
-                missing += loop_work(sub, mesh)
+                missing += loop_work(sub, mesh, inside)
     return missing
 
 
@@ -240,19 +248,27 @@ def _counted(unroll, length: int) -> int:
     return length if k >= length else k + length % k
 
 
-def _body_work(body, mesh: AbstractMesh) -> tuple[float, float, float] | None:
+def _body_work(body, mesh: AbstractMesh,
+               manual: tuple | None = None) -> tuple[float, float, float] | None:
     """XLA's figures for a loop body alone (a ``ClosedJaxpr``), lowered with the shardings
-    its types carry, on the mesh they name (else ``mesh``); None if it cannot be."""
-    shardings = [getattr(a, "sharding", None) for a in body.in_avals]
+    its types carry, on the mesh they name (else ``mesh``); ``manual`` (inside ``shard_map``:
+    its mesh and manual axes): on its shard's shapes, inside a ``shard_map`` over those axes.
+    None if it cannot be."""
+    shardings = [None if manual else getattr(a, "sharding", None) for a in body.in_avals]
     named = [sh.mesh for sh in shardings
              if isinstance(getattr(sh, "mesh", None), AbstractMesh) and not sh.mesh.empty]
     mesh = named[0] if named else mesh  # (the types' own: their axis types must match)
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=None if sh is None or getattr(
         sh, "spec", None) is None else NamedSharding(mesh, sh.spec))
         for a, sh in zip(body.in_avals, shardings, strict=True)]
+    fn = jcore.jaxpr_as_fun(body)
+    if manual:
+        mesh = manual[0]
+        fn = jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P(), axis_names=manual[1],
+                           check_vma=False)
     try:
         with jax.sharding.use_abstract_mesh(mesh):
-            lowered = jax.jit(jcore.jaxpr_as_fun(body)).trace(*structs).lower(
+            lowered = jax.jit(fn).trace(*structs).lower(
                 lowering_platforms=("tpu",))
     except Exception:  # noqa: BLE001 - then it counts once, as XLA counted it
         return None

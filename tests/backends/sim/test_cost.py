@@ -221,3 +221,28 @@ def test_a_simulated_pw_function_with_a_scan_takes_every_trip():
         # 100 products of (1024 rows per chip) x 1024 x 1024 at 275 TFLOP/s, plus 2 us
         compute = 100 * 2 * 1024 * 1024 * 1024 / 275e12
         assert step.t_end - step.t_start == pytest.approx(compute + 2 * US, rel=0.05)
+
+
+def test_a_loop_inside_shard_map_counts_every_trip_of_one_shard():
+    # a loop inside shard_map was counted once (its body was not lowered on its own), so a
+    # data-parallel step written with shard_map lost all but one of its layers' work
+    tpu = Cluster.preset("tpu-v4", chips=8)
+    mesh = abstract_mesh((8,))
+    a, w = jax.ShapeDtypeStruct((4096, 512), jnp.float32), jax.ShapeDtypeStruct((512, 512),
+                                                                               jnp.float32)
+
+    def looped(a, w):
+        return jax.lax.fori_loop(0, 100, lambda i, b: b @ w, a)
+
+    mapped = partial(jax.shard_map, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
+    with_sum = mapped(lambda a, w: looped(a, w) + jax.lax.psum(jnp.sum(w), "x"))
+    for f in (mapped(looped), with_sum):
+        # 100 products of one shard's 512 rows x 512 x 512 on each chip
+        assert estimate(f, a, w, cluster=tpu, mesh=mesh).flops == pytest.approx(
+            100 * 2 * 512**3, rel=1e-2)
+
+    def collective_inside(a, w):  # a body that runs a psum: still counted once
+        return jax.lax.fori_loop(0, 100, lambda i, b: b @ w + jax.lax.psum(b[0, 0], "x"), a)
+
+    assert estimate(mapped(collective_inside), a, w, cluster=tpu, mesh=mesh).flops < (
+        2 * 2 * 512**3)
