@@ -221,3 +221,28 @@ def test_a_simulated_pw_function_with_a_scan_takes_every_trip():
         # 100 products of (1024 rows per chip) x 1024 x 1024 at 275 TFLOP/s, plus 2 us
         compute = 100 * 2 * 1024 * 1024 * 1024 / 275e12
         assert step.t_end - step.t_start == pytest.approx(compute + 2 * US, rel=0.05)
+
+
+def test_a_cost_is_forgotten_with_its_executable():
+    """The simulator kept every executable it had costed (and its jaxpr and lowering) for as
+    long as the controller lived, and after it closed: a notebook cell that makes a function
+    again on a simulated controller, run again and again, held one more each time."""
+    import gc
+
+    import numpy as np
+
+    import pwkernel as pw
+    from pwkernel.runtime.executable import Executable
+
+    def held() -> int:
+        gc.collect()
+        return sum(isinstance(o, Executable) for o in gc.get_objects())
+
+    with pw.Controller(backend="sim", cluster=Cluster.preset("tpu-v4", chips=8)) as ctl:
+        s, counts = ctl.slice(8), []
+        for _ in range(3):  # the cell run again: a new function each time
+            f = pw.function(lambda a: a @ a, slice=s, in_specs=P("x"), out_specs=P("x"))
+            f(np.ones((64, 64), np.float32)).wait()
+            del f
+            counts.append(held())
+        assert counts[2] == counts[0], counts
