@@ -81,7 +81,20 @@ def _run_clients(ctl, prog, x0, count: int, total: int, window: int) -> None:
 
 
 def throughput(ctl: pw.Controller, cfg: dict) -> tuple[list[dict], float]:
+    return _on_quad(ctl, _throughput, cfg)
+
+
+def _on_quad(ctl: pw.Controller, measure, cfg: dict):
+    """``measure(ctl, vs, cfg)`` on a slice of island 0's first four devices (or all it has),
+    given back after: the caller's controller (a notebook's, rerun) keeps no slice of it."""
     vs = ctl.slice(min(4, len(ctl.islands[0].devices)), island=0)
+    try:
+        return measure(ctl, vs, cfg)
+    finally:
+        vs.release()
+
+
+def _throughput(ctl: pw.Controller, vs, cfg: dict) -> tuple[list[dict], float]:
     fn = pw.function(work, slice=vs, in_specs=P(), out_specs=P(), name="work")
     x0 = jax.device_put(matrix(cfg["size"]), NamedSharding(vs.mesh, P()))
 
@@ -104,7 +117,10 @@ def throughput(ctl: pw.Controller, cfg: dict) -> tuple[list[dict], float]:
 
 def _shares(ctl: pw.Controller, cfg: dict) -> dict:
     ctl.policy = "share"
-    vs = ctl.slice(min(4, len(ctl.islands[0].devices)), island=0)
+    return _on_quad(ctl, _measure_shares, cfg)
+
+
+def _measure_shares(ctl: pw.Controller, vs, cfg: dict) -> dict:
     fn = pw.function(work, slice=vs, in_specs=P(), out_specs=P(), name="share")
     x0 = jax.device_put(matrix(cfg["share_size"]), NamedSharding(vs.mesh, P()))
     fn(x0).result(TIMEOUT)  # compile outside the measurement

@@ -545,3 +545,22 @@ def test_plot_of_one_slice_shows_every_variant_in_its_legend(tmp_path):
         legend = img.convert("RGB").crop((0, PANEL_H + MARGIN + 40, img.width, img.height))
         seen = {color for _, color in legend.getcolors(maxcolors=1 << 16)}
     assert [v for v, color in COLORS.items() if color not in seen] == []
+
+def test_the_multitenancy_measurements_give_their_slice_back():
+    """Tutorial 05 calls ``throughput`` on the kernel's controller: each call (each rerun of
+    the cell) left one more slice of island 0 held, so the controller's slices grew with every
+    rerun and island 0's devices counted one more slice each time they were placed on."""
+    import pwkernel as pw
+    from pwkernel.bench import multitenancy
+
+    cfg = dict(multitenancy.CONFIGS["tiny"], programs=1, backlog=2, share_size=4096)
+    ctl = pw.Controller(islands=(4, 4))
+    try:
+        for _ in range(3):  # the cell run again
+            multitenancy.throughput(ctl, cfg)
+            multitenancy._shares(ctl, cfg)
+        assert ctl.slices == ()
+        ctl.policy = "fifo"
+        assert ctl.slice(4).device_ids == (0, 1, 2, 3)  # island 0 carries nothing now
+    finally:
+        ctl.close()

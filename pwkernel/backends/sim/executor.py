@@ -160,7 +160,9 @@ class SimExecutor(NoGroup):
                             for d in cluster.island_devices(i)), "sim", simulated=True)
             for i in range(len(cluster.islands)))
         self._cv = threading.Condition(threading.RLock())
-        self._costs: dict[int, tuple[Any, float]] = {}  # id(executable) -> (it, seconds)
+        # id(executable) -> its seconds, forgotten with it (holding it kept every function's
+        # executables, jaxprs and lowerings alive while this executor lived)
+        self._costs: dict[int, float] = {}
         self._planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run -> times
 
     # --- the clock -------------------------------------------------------------------------
@@ -238,8 +240,9 @@ class SimExecutor(NoGroup):
             if value is None:
                 mesh = p.fn.slice.mesh.abstract_mesh
                 value = roofline(analyze(exe.lowered, mesh, exe.jaxpr), self.cluster).seconds
-            known = self._costs[id(exe)] = (exe, value)
-        return known[1]
+            self._costs[id(exe)] = known = value
+            weakref.finalize(exe, self._costs.pop, id(exe), None)
+        return known
 
     def submitted(self, run) -> None:
         """The client's work for a program, now: once per program, and with parallel dispatch

@@ -246,3 +246,28 @@ def test_a_loop_inside_shard_map_counts_every_trip_of_one_shard():
 
     assert estimate(mapped(collective_inside), a, w, cluster=tpu, mesh=mesh).flops < (
         2 * 2 * 512**3)
+
+
+def test_a_cost_is_forgotten_with_its_executable():
+    """The simulator kept every executable it had costed (and its jaxpr and lowering) for as
+    long as the controller lived, and after it closed: a notebook cell that makes a function
+    again on a simulated controller, run again and again, held one more each time."""
+    import gc
+
+    import numpy as np
+
+    import pwkernel as pw
+    from pwkernel.runtime.executable import Executable
+
+    def held() -> int:
+        gc.collect()
+        return sum(isinstance(o, Executable) for o in gc.get_objects())
+
+    with pw.Controller(backend="sim", cluster=Cluster.preset("tpu-v4", chips=8)) as ctl:
+        s, counts = ctl.slice(8), []
+        for _ in range(3):  # the cell run again: a new function each time
+            f = pw.function(lambda a: a @ a, slice=s, in_specs=P("x"), out_specs=P("x"))
+            f(np.ones((64, 64), np.float32)).wait()
+            del f
+            counts.append(held())
+        assert counts[2] == counts[0], counts
