@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import pwkernel as pw
+from tests.train.test_train import plain_jax_losses
 
 LR = 0.1
 
@@ -20,23 +21,6 @@ def layer(n: int):
 
 def mse(out, y):
     return jnp.mean((out - y) ** 2)
-
-
-def plain_jax_losses(stages, params, data):
-    full = pw.train.model_loss(stages, mse)
-    opt = optax.sgd(LR)
-
-    @jax.jit
-    def step(params, opt_state, x, y):
-        value, grads = jax.value_and_grad(full)(params, x, y)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    opt_state, out = opt.init(params), []
-    for x, y in data:
-        params, opt_state, value = step(params, opt_state, x, y)
-        out.append(float(value))
-    return out
 
 
 @pytest.fixture
@@ -79,5 +63,5 @@ def test_a_nan_under_jax_debug_nans_fails_the_step_and_training_goes_on(tctl, de
     with pytest.raises(FloatingPointError, match="nan"):
         loss_bad.result(timeout=60)
     state, loss1 = trainer.step(state, good[1])
-    want = plain_jax_losses(stages, params0, good)
+    want, _ = plain_jax_losses(stages, params0, good, opt=optax.sgd(LR), loss=mse)
     np.testing.assert_allclose([float(loss0), float(loss1)], want, rtol=1e-5)
