@@ -72,15 +72,16 @@ def test_pool_runs_tiny_and_leaves_no_process(tmp_path, monkeypatch):
     monkeypatch.setenv("PWKERNEL_POOL_DIR", str(tmp_path))
     result = check_tiny_payload(runner.run_benchmarks(["pool"], mode="tiny"), "pool")
     shares = result["shares"]
-    assert shares["overlaps"] == 0  # the island's one order: no two tenants at once
+    assert shares["overlaps"] == 0, shares  # the island's one order: no two tenants at once
     tenants = shares["tenants"]
-    assert [t["weight"] for t in tenants.values()] == [1, 2, 4, 8]
+    assert [t["weight"] for t in tenants.values()] == [1, 2, 4, 8], tenants
     # what the island's share policy is for: weight 8 got more device time than weight 1
     assert tenants["w8"]["achieved_pct"] > 2 * tenants["w1"]["achieved_pct"], tenants
     freed = result["reclaim"]
-    assert freed["bytes_freed"] >= freed["holding"] and freed["dropped_s"] <= freed["reclaim_s"]
+    assert freed["bytes_freed"] >= freed["holding"], freed
+    assert freed["dropped_s"] <= freed["reclaim_s"], freed
     assert [r["variant"] for r in result["rows"][:4]] == ["dedicated", "1 tenants",
-                                                         "2 tenants", "4 tenants"]
+                                                         "2 tenants", "4 tenants"], result["rows"]
     assert list(tmp_path.iterdir()) == []  # the pool stopped: its files went
     mark = f"bench-{os.getpid()}"
     left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
