@@ -268,7 +268,10 @@ class Trace:
         computation that touched it, not one per device.
 
         Transfers get their own track on the destination island (``transfers from island N``)
-        and a flow arrow from the source device's track to the destination device's.
+        and a flow arrow from the source device's track to the destination device's. Their
+        tracks' ``tid`` is 10,000 (from the host) or 10,001 + N, or the next multiple of
+        10,000 above the highest device id where a cluster has more devices, so that no
+        transfer track shares a device's.
         """
         check_rows(rows)
         events = self.events()
@@ -279,6 +282,9 @@ class Trace:
         named: set[tuple[int, int]] = set()
         where = self._tracks(events, rows)  # device -> (tid, track name), if grouped
         touched: dict[tuple[int, ...], list[tuple[int, str]]] = {}
+        # transfer tracks' tids sit above every device's (10_000 + 1 + src up to 9,999 devices)
+        top = max(max(e.devices + e.src_devices, default=-1) for e in events)
+        transfers = 10_000 * (top // 10_000 + 1)
 
         def us(t: float) -> float:
             return round((t - t0) * 1e6, 3)
@@ -315,7 +321,7 @@ class Trace:
                                 "dur": us(e.t_end) - us(e.t_start), "args": args})
                 continue
             host = e.src is None  # (one track per source: the host's is its own)
-            tid = 10_000 + (0 if host else 1 + e.src)
+            tid = transfers + (0 if host else 1 + e.src)
             track(e.dst, tid, "transfers from the host" if host
                   else f"transfers from island {e.src} ({e.link})")
             args |= {"nbytes": e.nbytes, "src": e.src, "dst": e.dst, "link": e.link}

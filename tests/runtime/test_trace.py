@@ -136,6 +136,29 @@ def test_tracks_grouped_per_host_and_island_name_what_they_hold():
         "all (2 devices)", "all (1 device)", "transfers from island 0 (dcn)"}
 
 
+def test_transfer_tracks_keep_apart_from_devices_past_ten_thousand():
+    """A 16,384-chip cluster (tpu-v4, 4 islands) has devices 10,000 and 10,001 on island 2:
+    the host's and island 0's transfers there kept tracks 10,000 and 10,001, the devices'."""
+    trace = Trace()
+    for d in (10_000, 10_001):
+        trace.record(kind="compute", name=f"c{d}", program="p", program_id=0, client="c",
+                     island=2, devices=(d,), t_submit=1.0, t_start=1.0, t_end=2.0)
+    trace.record(kind="transfer", name="up", program="p", program_id=0, client="c", island=2,
+                 devices=(10_000,), t_submit=2.0, t_start=2.0, t_end=3.0, nbytes=8,
+                 link="host", dst=2)
+    trace.record(kind="transfer", name="dcn", program="p", program_id=0, client="c", island=2,
+                 devices=(10_001,), t_submit=2.0, t_start=2.0, t_end=3.0, nbytes=8, src=0,
+                 dst=2, src_devices=(0,), link="dcn")
+    for rows in ("device", "host"):
+        doc = trace.to_chrome(rows=rows)["traceEvents"]
+        names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc
+                 if e["name"] == "thread_name"}
+        track = {e["name"]: names[e["pid"], e["tid"]] for e in doc if e["ph"] == "X"}
+        assert track["c10000"] != track["up"] and track["c10001"] != track["dcn"], track
+        assert track["up"] == "transfers from the host", track
+        assert track["dcn"] == "transfers from island 0 (dcn)", track
+
+
 def test_an_unknown_rows_is_refused_in_one_line(tmp_path):
     for call in (lambda: small_trace().to_chrome(rows="chips"),
                  lambda: small_trace().save(tmp_path / "t.json", rows="chips")):
