@@ -91,8 +91,9 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
     >>> pw.report(ctl, "run.html")   # doctest: +SKIP
     PosixPath('run.html')
 
-    ``path``: a str or path-like; ``max_rows`` (an int > 0) caps the bars drawn in the schedule (the newest are kept); the utilization,
-    transfer and share sections always use every event.
+    ``path``: a str or path-like; ``max_rows`` (an int > 0) caps the bars drawn in the
+    schedule (the newest are kept); the utilization, transfer and share sections always use
+    every event.
     """
     check_controller(ctl)
     if not isinstance(path, str | os.PathLike) or not os.fspath(path):
