@@ -159,6 +159,35 @@ def test_transfer_tracks_keep_apart_from_devices_past_ten_thousand():
         assert track["dcn"] == "transfers from island 0 (dcn)", track
 
 
+def test_spans_that_run_at_once_on_one_track_get_lanes_of_their_own():
+    """The JSON trace format needs a track's spans nested (Perfetto cuts or drops the rest):
+    two transfers between the same islands at once, or two computations on two chips of one
+    host's track, used to overlap on it."""
+    trace = Trace(topology=Topology.of([(0, range(4)), (1, range(4, 8))],
+                                       host_of=[0, 0, 1, 1, 2, 2, 3, 3]))
+    for name, device, start, end in (("a", 0, 1.0, 3.0), ("b", 1, 2.0, 4.0), ("c", 0, 3.0, 5.0)):
+        trace.record(kind="compute", name=name, program="p", program_id=0, client="c",
+                     island=0, devices=(device,), t_submit=1.0, t_start=start, t_end=end)
+    for name, start, end in (("t1", 5.0, 7.0), ("t2", 6.0, 8.0)):
+        trace.record(kind="transfer", name=name, program="p", program_id=0, client="c",
+                     island=1, devices=(4,), t_submit=start, t_start=start, t_end=end,
+                     nbytes=8, src=0, dst=1, src_devices=(0,), link="dcn")
+    doc = trace.to_chrome(rows="host")["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc if e["name"] == "thread_name"}
+    tracks: dict = {}
+    for e in doc:
+        if e["ph"] == "X":
+            tracks.setdefault(names[e["pid"], e["tid"]], []).append((e["ts"], e["dur"], e["name"]))
+    for spans in tracks.values():  # none starts before the one before it on its track ended
+        spans.sort()
+        assert all(t0 + d0 <= t1 for (t0, d0, _), (t1, _, _) in zip(spans, spans[1:])), spans
+    assert {k: [n for _, _, n in v] for k, v in tracks.items()} == {
+        "host 0 (2 devices)": ["a", "c"], "host 0 (2 devices) · 2": ["b"],
+        "transfers from island 0 (dcn)": ["t1"], "transfers from island 0 (dcn) · 2": ["t2"]}
+    # the lanes' tids are none of a device's or a transfer track's
+    assert len(set(names)) == len(names) and min(t for _, t in names if t > 10_001) >= 20_000
+
+
 def test_an_unknown_rows_is_refused_in_one_line(tmp_path):
     for call in (lambda: small_trace().to_chrome(rows="chips"),
                  lambda: small_trace().save(tmp_path / "t.json", rows="chips")):
