@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 import threading
@@ -180,7 +181,7 @@ def test_spans_that_run_at_once_on_one_track_get_lanes_of_their_own():
             tracks.setdefault(names[e["pid"], e["tid"]], []).append((e["ts"], e["dur"], e["name"]))
     for spans in tracks.values():  # none starts before the one before it on its track ended
         spans.sort()
-        assert all(t0 + d0 <= t1 for (t0, d0, _), (t1, _, _) in zip(spans, spans[1:])), spans
+        assert all(t0 + d0 <= t1 for (t0, d0, _), (t1, _, _) in itertools.pairwise(spans)), spans
     assert {k: [n for _, _, n in v] for k, v in tracks.items()} == {
         "host 0 (2 devices)": ["a", "c"], "host 0 (2 devices) · 2": ["b"],
         "transfers from island 0 (dcn)": ["t1"], "transfers from island 0 (dcn) · 2": ["t2"]}
