@@ -268,7 +268,10 @@ class Trace:
         computation that touched it, not one per device.
 
         Transfers get their own track on the destination island (``transfers from island N``)
-        and a flow arrow from the source device's track to the destination device's.
+        and a flow arrow from the source device's track to the destination device's. Their
+        tracks' ``tid`` is 10,000 (from the host) or 10,001 + N, or the next multiple of
+        10,000 above the highest device id where a cluster has more devices, so that no
+        transfer track shares a device's.
         """
         check_rows(rows)
         events = self.events()
@@ -279,6 +282,9 @@ class Trace:
         named: set[tuple[int, int]] = set()
         where = self._tracks(events, rows)  # device -> (tid, track name), if grouped
         touched: dict[tuple[int, ...], list[tuple[int, str]]] = {}
+        # transfer tracks' tids sit above every device's (10_000 + 1 + src up to 9,999 devices)
+        top = max(max(e.devices + e.src_devices, default=-1) for e in events)
+        transfers = 10_000 * (top // 10_000 + 1)
 
         def us(t: float) -> float:
             return round((t - t0) * 1e6, 3)
@@ -315,7 +321,7 @@ class Trace:
                                 "dur": us(e.t_end) - us(e.t_start), "args": args})
                 continue
             host = e.src is None  # (one track per source: the host's is its own)
-            tid = 10_000 + (0 if host else 1 + e.src)
+            tid = transfers + (0 if host else 1 + e.src)
             track(e.dst, tid, "transfers from the host" if host
                   else f"transfers from island {e.src} ({e.link})")
             args |= {"nbytes": e.nbytes, "src": e.src, "dst": e.dst, "link": e.link}
@@ -329,7 +335,7 @@ class Trace:
                 out.append(flow | {"ph": "s", "pid": e.src, "tid": src, "ts": us(e.t_start)})
                 out.append(flow | {"ph": "f", "bp": "e", "pid": e.dst, "tid": dst,
                                    "ts": us(e.t_end)})
-        return {"traceEvents": out, "displayTimeUnit": "ms"}
+        return {"traceEvents": _lanes(out, 2 * transfers), "displayTimeUnit": "ms"}
 
     def _tracks(self, events: list[Event], rows: str) -> dict[int, tuple[int, str]]:
         """Each grouped device's track: (tid, name); empty for a track per device."""
@@ -363,6 +369,38 @@ class Trace:
         check_rows(rows)
         path.write_text(json.dumps(self.to_chrome(rows)))
         return path
+
+
+def _lanes(out: list[dict], spare: int) -> list[dict]:
+    """``out`` with spans that overlap on one track moved to tracks of their own beside it.
+
+    The JSON trace format needs a track's spans nested; Perfetto cuts or drops the ones that
+    overlap without nesting (ui.perfetto.dev's FAQ). They happen where one track holds work
+    that runs at once: concurrent transfers between the same islands, computations on
+    different chips of one grouped track. Each such span goes to the first extra lane of its
+    track that is free at its start (``"<track> · 2"``, ...), on ``tid``s from ``spare`` up,
+    above every device's and transfer track's."""
+    spans: dict[tuple[int, int], list[dict]] = {}
+    for e in out:
+        if e["ph"] == "X":
+            spans.setdefault((e["pid"], e["tid"]), []).append(e)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in out if e["name"] == "thread_name"}
+    taken: dict[int, int] = {}  # pid -> lanes given out there
+    for (pid, tid), track in spans.items():
+        ends: list[float] = []  # each lane's last end; lane 0 is the track itself
+        tids = [tid]
+        for e in sorted(track, key=lambda e: (e["ts"], -e["dur"])):
+            k = next((k for k, end in enumerate(ends) if end <= e["ts"] + 1e-3), len(ends))
+            if k == len(ends):
+                ends.append(0.0)
+                if k:
+                    tids.append(spare + taken.get(pid, 0))
+                    taken[pid] = taken.get(pid, 0) + 1
+                    out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[k],
+                                "args": {"name": f"{names[pid, tid]} · {k + 1}"}})
+            ends[k] = e["ts"] + e["dur"]
+            e["tid"] = tids[k]
+    return out
 
 
 def _capacity(value: int | None) -> int | None:

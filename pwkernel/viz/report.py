@@ -8,6 +8,7 @@ embedded inline: the file opens offline, nothing is fetched from a CDN.
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from .columns import (
 )
 from .encoding import Codebook, compute_arrays, link_arrays, own_and_others, transfer_arrays
 from .figures import legend_html, names_source, schedule_figure
-from .inputs import check_controller
+from .inputs import check_controller, positive_int
 from .names import LEGEND_NAMES, Recent
 from .palette import COLORS
 
@@ -90,14 +91,22 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
     >>> pw.report(ctl, "run.html")   # doctest: +SKIP
     PosixPath('run.html')
 
-    ``max_rows`` caps the bars drawn in the schedule (the newest are kept); the utilization,
-    transfer and share sections always use every event.
+    ``path``: a str or path-like; ``max_rows`` (an int > 0) caps the bars drawn in the
+    schedule (the newest are kept); the utilization, transfer and share sections always use
+    every event.
     """
     check_controller(ctl)
-    if not isinstance(path, str | Path) or not str(path):
+    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
         raise TypeError(f"path must be a file path (str or pathlib.Path), got {path!r}; "
                         "e.g. pw.report(ctl, 'run.html').")
     path = Path(path)
+    if "\0" in str(path):  # (else a bare "embedded null byte" once the page is built)
+        raise ValueError(f"pw.report({str(path)[:120]!r}): the path has a NUL byte, which no "
+                         "file name may hold. Pass a file name such as 'run.html'.")
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {type(title).__name__} {title!r}; e.g. "
+                        "pw.report(ctl, 'run.html', title='step 1000').")
+    max_rows = positive_int(max_rows, "max_rows (the most bars the schedule draws)")
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder; give a file name in it, e.g. "
                                 f"pw.report(ctl, {str(path / 'run.html')!r}).")

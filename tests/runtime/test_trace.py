@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 import threading
@@ -134,6 +135,58 @@ def test_tracks_grouped_per_host_and_island_name_what_they_hold():
     bare = small_trace().to_chrome(rows="island")["traceEvents"]
     assert {e["args"]["name"] for e in bare if e["name"] == "thread_name"} == {
         "all (2 devices)", "all (1 device)", "transfers from island 0 (dcn)"}
+
+
+def test_transfer_tracks_keep_apart_from_devices_past_ten_thousand():
+    """A 16,384-chip cluster (tpu-v4, 4 islands) has devices 10,000 and 10,001 on island 2:
+    the host's and island 0's transfers there kept tracks 10,000 and 10,001, the devices'."""
+    trace = Trace()
+    for d in (10_000, 10_001):
+        trace.record(kind="compute", name=f"c{d}", program="p", program_id=0, client="c",
+                     island=2, devices=(d,), t_submit=1.0, t_start=1.0, t_end=2.0)
+    trace.record(kind="transfer", name="up", program="p", program_id=0, client="c", island=2,
+                 devices=(10_000,), t_submit=2.0, t_start=2.0, t_end=3.0, nbytes=8,
+                 link="host", dst=2)
+    trace.record(kind="transfer", name="dcn", program="p", program_id=0, client="c", island=2,
+                 devices=(10_001,), t_submit=2.0, t_start=2.0, t_end=3.0, nbytes=8, src=0,
+                 dst=2, src_devices=(0,), link="dcn")
+    for rows in ("device", "host"):
+        doc = trace.to_chrome(rows=rows)["traceEvents"]
+        names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc
+                 if e["name"] == "thread_name"}
+        track = {e["name"]: names[e["pid"], e["tid"]] for e in doc if e["ph"] == "X"}
+        assert track["c10000"] != track["up"] and track["c10001"] != track["dcn"], track
+        assert track["up"] == "transfers from the host", track
+        assert track["dcn"] == "transfers from island 0 (dcn)", track
+
+
+def test_spans_that_run_at_once_on_one_track_get_lanes_of_their_own():
+    """The JSON trace format needs a track's spans nested (Perfetto cuts or drops the rest):
+    two transfers between the same islands at once, or two computations on two chips of one
+    host's track, used to overlap on it."""
+    trace = Trace(topology=Topology.of([(0, range(4)), (1, range(4, 8))],
+                                       host_of=[0, 0, 1, 1, 2, 2, 3, 3]))
+    for name, device, start, end in (("a", 0, 1.0, 3.0), ("b", 1, 2.0, 4.0), ("c", 0, 3.0, 5.0)):
+        trace.record(kind="compute", name=name, program="p", program_id=0, client="c",
+                     island=0, devices=(device,), t_submit=1.0, t_start=start, t_end=end)
+    for name, start, end in (("t1", 5.0, 7.0), ("t2", 6.0, 8.0)):
+        trace.record(kind="transfer", name=name, program="p", program_id=0, client="c",
+                     island=1, devices=(4,), t_submit=start, t_start=start, t_end=end,
+                     nbytes=8, src=0, dst=1, src_devices=(0,), link="dcn")
+    doc = trace.to_chrome(rows="host")["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc if e["name"] == "thread_name"}
+    tracks: dict = {}
+    for e in doc:
+        if e["ph"] == "X":
+            tracks.setdefault(names[e["pid"], e["tid"]], []).append((e["ts"], e["dur"], e["name"]))
+    for spans in tracks.values():  # none starts before the one before it on its track ended
+        spans.sort()
+        assert all(t0 + d0 <= t1 for (t0, d0, _), (t1, _, _) in itertools.pairwise(spans)), spans
+    assert {k: [n for _, _, n in v] for k, v in tracks.items()} == {
+        "host 0 (2 devices)": ["a", "c"], "host 0 (2 devices) · 2": ["b"],
+        "transfers from island 0 (dcn)": ["t1"], "transfers from island 0 (dcn) · 2": ["t2"]}
+    # the lanes' tids are none of a device's or a transfer track's
+    assert len(set(names)) == len(names) and min(t for _, t in names if t > 10_001) >= 20_000
 
 
 def test_an_unknown_rows_is_refused_in_one_line(tmp_path):

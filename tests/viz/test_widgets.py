@@ -6,6 +6,7 @@ the view's own condition (``wait_for``), never on a timer.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -409,6 +410,27 @@ def test_report_sections_and_bad_paths(ctl, programs, tmp_path):
     with pytest.raises(IsADirectoryError, match=r"is a folder; give a file name in it, e.g. "
                                                 r"pw.report\(ctl, '.*run.html'\)"):
         pw.report(ctl, tmp_path)  # (was open's bare "[Errno 21] Is a directory")
+
+
+def test_report_refuses_bad_arguments_before_building_the_page(ctl, tmp_path):
+    """A NUL in the path, a max_rows or title of the wrong kind: one line that names the
+    argument (they were "embedded null byte", "'<=' not supported ..." and "'NoneType' object
+    has no attribute 'replace'" after the page was built); a path-like is a path."""
+    with pytest.raises(ValueError, match="NUL byte"):
+        pw.report(ctl, str(tmp_path / "a\0b.html"))
+    for rows in (None, 2.5, 0, -1, True):
+        with pytest.raises(ValueError, match=r"max_rows .* must be a positive int"):
+            pw.report(ctl, tmp_path / "r.html", max_rows=rows)
+    with pytest.raises(TypeError, match="title must be a str"):
+        pw.report(ctl, tmp_path / "r.html", title=None)
+    assert not (tmp_path / "r.html").exists()
+
+    class Where(os.PathLike):  # (what trace.save takes too)
+        def __fspath__(self):
+            return str(tmp_path / "where.html")
+
+    assert pw.report(ctl, Where()) == tmp_path / "where.html"
+    assert "<html" in (tmp_path / "where.html").read_text(encoding="utf-8")
 
 
 def test_bad_arguments_say_what_to_do(ctl):
