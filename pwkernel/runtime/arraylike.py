@@ -202,7 +202,7 @@ class ArrayOnDemand:
 
 
 for _op in _BINARY:
-    _f, _name = getattr(operator, _op, divmod), _op.rstrip("_")
+    _f, _name = divmod if _op == "divmod" else getattr(operator, _op), _op.rstrip("_")
     setattr(ArrayOnDemand, f"__{_name}__", on_value(_f))
     setattr(ArrayOnDemand, f"__r{_name}__", on_value(lambda v, other, f=_f: f(other, v)))
 for _name, _f in _UNARY:

@@ -33,7 +33,7 @@ from typing import Any
 
 import jax
 
-from ...runtime.callbacks import failure, invalid_values
+from ...runtime.callbacks import checks_values, failure, invalid_values
 from ...runtime.errors import copy_error, deleted_input, donated_and_read_in, launch_error
 from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
@@ -111,10 +111,11 @@ class LocalBackend(NoGroup):
         except BaseException as e:  # noqa: BLE001 - a failed launch fails its outputs
             site.watch(task, None, launch_error(e, node.name))
             return
-        invalid = invalid_values(outs, node.name)
-        if invalid is not None:  # (jax_debug_nans / jax_debug_infs: as jax.jit's call fails)
-            site.watch(task, None, invalid)
-            return
+        if checks_values():  # (jax_debug_nans / jax_debug_infs: as jax.jit's call fails)
+            invalid = invalid_values(outs, node.name)
+            if invalid is not None:
+                site.watch(task, None, invalid)
+                return
         inputs = None  # (a donated input is the callee's now)
         watcher = site.watchers.get(node.devices)
         if watcher is not None:
@@ -190,7 +191,8 @@ class LocalBackend(NoGroup):
     def _land(self, task: Task, outs: list | None, error) -> None:
         if error is None:
             try:
-                jax.block_until_ready(outs)
+                for out in outs:  # (not jax.block_until_ready: no pytree walk per copy)
+                    out.block_until_ready()
             except BaseException as e:  # noqa: BLE001
                 error = e
         if error is not None or not self._emulated(task):
