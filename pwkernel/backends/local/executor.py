@@ -111,11 +111,10 @@ class LocalBackend(NoGroup):
         except BaseException as e:  # noqa: BLE001 - a failed launch fails its outputs
             site.watch(task, None, launch_error(e, node.name))
             return
-        if checks_values():  # (jax_debug_nans / jax_debug_infs: as jax.jit's call fails)
-            invalid = invalid_values(outs, node.name)
-            if invalid is not None:
-                site.watch(task, None, invalid)
-                return
+        # (jax_debug_nans / jax_debug_infs: a NaN fails the launch as it fails jax.jit's call)
+        if checks_values() and (invalid := invalid_values(outs, node.name)) is not None:
+            site.watch(task, None, invalid)
+            return
         inputs = None  # (a donated input is the callee's now)
         watcher = site.watchers.get(node.devices)
         if watcher is not None:
