@@ -5,6 +5,11 @@ channels (``CommClient``, ``run_code``). The ``kernel`` fixture is in tests/note
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import nbformat
 from nbclient import NotebookClient
 
@@ -28,9 +33,35 @@ def text(cell) -> str:
     return "\n".join(parts)
 
 
+def _kernel_stacks(km) -> str:
+    """Every thread's Python stack in the kernel's process (py-spy), or why there is none."""
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if process is None or not Path(spy).exists():
+        return "(no kernel process or no py-spy to read its stacks)"
+    try:
+        done = subprocess.run([spy, "dump", "--pid", str(process.pid)], capture_output=True,
+                              text=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        return "(py-spy did not answer in 60 s)"
+    return done.stdout + done.stderr
+
+
+class _StacksOnTimeout:
+    """On a cell's timeout, print the kernel's thread stacks (pytest shows them with the
+    failure) before nbclient shuts the kernel down: a hang is then explained by the run that
+    had it, not left to a rerun that may not."""
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        print(f"kernel threads at the {timeout} s timeout:\n{_kernel_stacks(self.km)}",
+              file=sys.stderr)
+        return await super()._async_handle_timeout(timeout, cell)
+
+
 def execute(nb, client_cls=NotebookClient, **kw):
-    client = client_cls(nb, kernel_name=kernelspec.NAME, timeout=240, allow_errors=True,
-                        startup_timeout=120, **kw)
+    cls = type(f"{client_cls.__name__}WithStacks", (_StacksOnTimeout, client_cls), {})
+    client = cls(nb, **{"kernel_name": kernelspec.NAME, "timeout": 240, "allow_errors": True,
+                        "startup_timeout": 120, **kw})
     client.execute()
     return nb
 
