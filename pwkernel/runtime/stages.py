@@ -92,6 +92,18 @@ def on_tracers_error(name: str, what: str) -> OnTracers:
         "for the types the call gives there.")
 
 
+def without_its_mesh(name: str) -> str:
+    """The note on JAX's error from a ``pw.function`` called inside a transformation with no
+    mesh ambient (``on_tracers``): its body, traced there as a nested ``jax.jit``, had no mesh,
+    and the slice's cannot be set inside a trace."""
+    return (f"(pwkernel: {name} was called inside jax.grad, jax.jit or jax.vmap with no mesh "
+            "ambient, where it is a nested jax.jit: its body is traced without its slice's mesh, "
+            "which it needs. Put the transformation inside the function, "
+            f"pw.function(jax.grad({name}), slice=...), to run it on the slice, or make the mesh "
+            "ambient around the transformation: with jax.set_mesh(f.slice.mesh): ..., f the "
+            "pw.function.)")
+
+
 class MeshTraced(jax.stages.Traced):
     """``jax.jit``'s ``Traced`` whose call evaluates its jaxpr under the mesh it was traced
     on: a ``jax.jit`` trace made under a mesh needs that mesh when it is called, and the
@@ -208,7 +220,25 @@ class JitStages:
             if (all(t == AxisType.Auto for t in mesh.axis_types)
                     and jax.sharding.get_abstract_mesh() == mesh):
                 return self.constrained(*args, **kwargs)
-        return self.inlined(*args, **kwargs)
+        if not jax.sharding.get_abstract_mesh().empty:
+            return self.inlined(*args, **kwargs)
+        try:
+            return self.inlined(*args, **kwargs)
+        except Exception as e:  # (JAX's error, as a nested jax.jit's: add what to do here)
+            if self.needs_its_mesh(args, kwargs):
+                e.add_note(without_its_mesh(self.name))
+            raise
+
+    def needs_its_mesh(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a call that failed on tracers with no mesh ambient traces with the slice's
+        mesh ambient (its body's ``jax.shard_map`` or ``reshard`` need one): the cause to
+        name. Only types are traced, and only after the failure."""
+        try:
+            with jax.sharding.use_abstract_mesh(self.slice.mesh.abstract_mesh):
+                jax.eval_shape(lambda: self.inlined(*args, **kwargs))
+        except Exception:
+            return False
+        return True
 
     @functools.cached_property
     def constrained(self) -> Callable:

@@ -261,6 +261,40 @@ def test_a_call_inside_a_trace_without_tracer_arguments_is_a_nested_jit(ctl):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def test_a_transformation_around_a_function_that_needs_its_mesh_says_what_to_do(ctl):
+    """jax.grad, jax.jit or jax.vmap around a pw.function, with no mesh ambient, trace its body
+    as a nested jax.jit: without the slice's mesh (which cannot be set inside a trace). A body
+    that needs it (jax.shard_map with no mesh=, reshard to a PartitionSpec) fails there with
+    JAX's own error, as a nested jax.jit's does, and a note naming the two ways that work."""
+    s = ctl.slice(2)
+
+    def total(a):
+        return jax.shard_map(lambda b: b * 2, in_specs=P(), out_specs=P())(a).sum()
+
+    def to_x(a):
+        return jax.sharding.reshard(a, P("x")).sum()
+
+    x = np.arange(8.0, dtype=np.float32)
+    for fn in (total, to_x):
+        f = pw.function(fn, slice=s)
+        for transform in (jax.grad, jax.jit, jax.vmap):
+            arg = x if transform is not jax.vmap else x.reshape(2, 4)
+            with pytest.raises(ValueError) as caught:
+                transform(f)(arg)
+            note = "\n".join(getattr(caught.value, "__notes__", ()))
+            assert f"pw.function(jax.grad({fn.__name__}), slice=...)" in note, (
+                transform, note)
+            assert "jax.set_mesh(f.slice.mesh)" in note
+    f = pw.function(total, slice=s)  # both ways the note names
+    np.testing.assert_array_equal(pw.function(jax.grad(total), slice=s)(x).result(60),
+                                  np.full(8, 2.0))
+    with jax.set_mesh(s.mesh):
+        np.testing.assert_array_equal(jax.grad(f)(x), np.full(8, 2.0))
+    with pytest.raises(TypeError) as caught:  # the body's own error: no note about meshes
+        jax.grad(pw.function(lambda a: a.reshape(3).sum(), slice=s))(x)
+    assert not any("mesh" in n for n in getattr(caught.value, "__notes__", ()))
+
+
 def test_a_nested_call_on_auto_axes_keeps_its_shardings_as_a_nested_jit_does(ctl):
     """On auto axes a jax.jit called inside another lays its inputs and outputs out as its
     in_shardings/out_shardings say (the compiler propagates from there); a pw.function called
