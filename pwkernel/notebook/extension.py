@@ -38,6 +38,25 @@ def _pre_run_cell(*_: Any) -> None:
         st.sweep()
 
 
+_kept_at_end: list[bool] = []  # an interrupt a hold kept as the cell's code ended
+
+
+def _post_execute(*_: Any) -> None:
+    _kept_at_end[:] = [interrupts.cell_ended()]
+
+
+def _post_run_cell(result: Any) -> None:
+    """The cell fails with the interrupt a hold kept as its code ended (its last runtime call
+    returned first): raised later, it landed in ipykernel's reply to the cell, or was lost."""
+    if _kept_at_end and _kept_at_end.pop() and result is not None and result.success:
+        import IPython
+
+        e = KeyboardInterrupt("the interrupt came in the cell's last runtime call, which ended "
+                              "first: its results are bound; the kernel is ready")
+        result.error_in_exec = e
+        IPython.get_ipython().showtraceback((KeyboardInterrupt, e, None))
+
+
 def banner(ctl: Controller) -> str:
     islands = ", ".join(f"island {i.id}: {len(i.devices)} {i.platform} devices "
                         f"{device_ids(i.device_ids)}" for i in ctl.islands)
@@ -66,6 +85,8 @@ def load_ipython_extension(ip) -> None:
     comm.register(ip, st.shown)
     st.views = reruns.register(ip)  # a rerun cell closes the live views it no longer shows
     ip.events.register("pre_run_cell", _pre_run_cell)
+    ip.events.register("post_execute", _post_execute)
+    ip.events.register("post_run_cell", _post_run_cell)
     ctl = st.peek()  # a controller the user started before loading us
     print(banner(ctl) if ctl is not None else waiting_banner())
 
@@ -75,10 +96,12 @@ def unload_ipython_extension(ip) -> None:
     st = install(None)
     if st is None:
         return
-    try:
-        ip.events.unregister("pre_run_cell", _pre_run_cell)
-    except ValueError:
-        pass
+    for event, callback in (("pre_run_cell", _pre_run_cell), ("post_execute", _post_execute),
+                            ("post_run_cell", _post_run_cell)):
+        try:
+            ip.events.unregister(event, callback)
+        except ValueError:
+            pass
     magics = ip.magics_manager.magics
     magics["line"].pop("pathways", None)
     magics["cell"].pop("pathways", None)

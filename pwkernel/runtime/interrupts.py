@@ -34,7 +34,8 @@ import signal
 import threading
 import time
 
-__all__ = ["courier", "held", "held_quietly", "holds_from_entry", "install", "raise_kept"]
+__all__ = ["cell_ended", "courier", "held", "held_quietly", "holds_from_entry", "install",
+           "raise_kept"]
 
 _MAIN = threading.main_thread().ident
 _ident = threading.get_ident
@@ -42,11 +43,12 @@ GRACE = 0.05  # s after a hold an interrupt it kept is raised, if no runtime wor
 
 
 class _State:
-    __slots__ = ("depth", "pending")
+    __slots__ = ("depth", "over", "pending")
 
     def __init__(self):
         self.depth = 0  # nested holds of the main thread
         self.pending = False  # an interrupt arrived under a hold and is not raised yet
+        self.over = False  # the cell's code ended (``cell_ended``): until the next ``install``
 
 
 _state = _State()
@@ -207,8 +209,22 @@ def _in_entry(frame) -> bool:
     return False
 
 
+def cell_ended() -> bool:
+    """The notebook cell's code has ended (IPython's ``post_execute``): take the interrupt a
+    hold kept, True if there was one (the cell shows it: ``GRACE`` later the main thread is in
+    ipykernel's own code, sending the cell's reply, where a ``KeyboardInterrupt`` lost the
+    reply and the client waited for it, or SIGINT is ignored again and it was lost), and drop
+    every interrupt until the next cell's ``install``, as ipykernel drops one between cells."""
+    if _ident() != _MAIN:
+        return False
+    _state.over = True
+    return _take()
+
+
 def _handler(signum, frame) -> None:
     __tracebackhide__ = True  # (IPython shows the user's frame the interrupt came in)
+    if _state.over:
+        return
     if _state.depth or _in_entry(frame):
         _state.pending = True
         return
@@ -223,9 +239,10 @@ def install() -> bool:
         return False
     current = signal.getsignal(signal.SIGINT)
     if current is _handler:
+        _state.over = False
         return True
     if current is not signal.default_int_handler:
         return False
-    _state.pending = False  # (one kept from an earlier cell is not this one's)
+    _state.pending = _state.over = False  # (one kept from an earlier cell is not this one's)
     signal.signal(signal.SIGINT, _handler)
     return True

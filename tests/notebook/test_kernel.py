@@ -142,6 +142,33 @@ def test_interrupting_a_plain_loop_of_calls_leaves_the_islands_working(kernel_en
     assert "after True 1.5" in text(c[2]), text(c[2])
 
 
+def test_an_interrupt_in_the_cells_last_call_fails_that_cell(kernel_env):
+    """Ctrl-C inside the cell's last runtime call (here: while it submits): the call ends
+    whole, and the cell fails with the interrupt. Before, it was raised GRACE later, once the
+    cell's code had ended: lost (ipykernel ignores SIGINT between cells), or raised in
+    ipykernel's own code sending the cell's reply, which never came."""
+    nb = execute(notebook(
+        "import signal, sys, threading, jax.numpy as jnp, pwkernel as pw\n"
+        "from pwkernel.runtime.dispatcher import Dispatcher\nctl = pw.controller()\n"
+        "f = pw.function(lambda v: v * 0.5 + 1.0, slice=ctl.slice(4, island=0))\n"
+        "x = jnp.ones(8); f(x).result()\n"
+        "def in_submit(frame, event, _arg):  # waits there for the notebook's interrupt\n"
+        "    if event == 'call' and frame.f_code is Dispatcher.submit.__code__:\n"
+        "        sys.setprofile(None)\n        got = threading.Event()\n"
+        "        ours = signal.getsignal(signal.SIGINT)\n"
+        "        signal.signal(signal.SIGINT, lambda *a: (got.set(), ours(*a)))\n"
+        "        print('started', flush=True)\n        got.wait(120)\n"
+        "        signal.signal(signal.SIGINT, ours)",
+        "sys.setprofile(in_submit)\ny = f(x)",
+        "print('next', float(y.result(timeout=60)[0]), float(f(y).result(timeout=60)[0]), "
+        "ctl.wait(60))",
+    ), client_cls=InterruptWhenStarted)
+    c = nb.cells
+    assert "started" in text(c[1]) and "KeyboardInterrupt" in text(c[1]), text(c[1])
+    assert "its results are bound" in text(c[1]), text(c[1])
+    assert "next 1.5 1.75 True" in text(c[2]), text(c[2])
+
+
 def test_an_interrupt_inside_a_free_is_raised_in_its_own_cell(kernel_env):
     """Ctrl-C while a cell's dropped future is freed (``state, loss = step(state, batch)``
     drops the old state): the free ends whole, then the interrupt is raised in that cell,
