@@ -96,9 +96,12 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
     every event.
     """
     check_controller(ctl)
-    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+    if not isinstance(path, str | os.PathLike):
         raise TypeError(f"path must be a file path (str or pathlib.Path), got {path!r}; "
                         "e.g. pw.report(ctl, 'run.html').")
+    if not os.fspath(path):  # (a ValueError, as trace.save's for the same path)
+        raise ValueError("pw.report(ctl, ''): the path names no file. Pass a file name such "
+                         "as 'run.html'.")
     path = Path(path)
     if "\0" in str(path):  # (else a bare "embedded null byte" once the page is built)
         raise ValueError(f"pw.report({str(path)[:120]!r}): the path has a NUL byte, which no "

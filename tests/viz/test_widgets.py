@@ -418,6 +418,8 @@ def test_report_refuses_bad_arguments_before_building_the_page(ctl, tmp_path):
     has no attribute 'replace'" after the page was built); a path-like is a path."""
     with pytest.raises(ValueError, match="NUL byte"):
         pw.report(ctl, str(tmp_path / "a\0b.html"))
+    with pytest.raises(ValueError, match="names no file"):  # (as trace.save(""))
+        pw.report(ctl, "")
     for rows in (None, 2.5, 0, -1, True):
         with pytest.raises(ValueError, match=r"max_rows .* must be a positive int"):
             pw.report(ctl, tmp_path / "r.html", max_rows=rows)
