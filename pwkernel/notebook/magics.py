@@ -8,12 +8,8 @@ the fix.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -36,22 +32,6 @@ from .summary import summary_text
 
 class CellTimeout(PathwaysError, TimeoutError):
     """A ``%%pathways --timeout S`` cell ran out of time and was cancelled."""
-
-
-@contextlib.contextmanager
-def _defer_interrupt() -> Iterator[list]:
-    """Hold SIGINT while the runtime is mid-submission: a program is either submitted whole
-    (and can be cancelled) or not at all. The caller reads the list: non-empty, a Ctrl-C came
-    meanwhile (see ``_interrupted``)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield []
-        return
-    caught: list = []
-    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
-    try:
-        yield caught
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupted(what: str, run) -> KeyboardInterrupt:
@@ -363,14 +343,13 @@ class PathwaysMagics(Magics):
                         for v in node.outputs]
             extra = produced[-1:]
         submitted = dataclasses.replace(graph, outputs=list(graph.outputs) + extra)
-        with _defer_interrupt() as caught:
+        with interrupts.held:  # (a Ctrl-C meanwhile is kept: the program is submitted whole)
             futs = ctl.submit(submitted, leaves, dispatch="sequential" if sequential else None)
             taken.append(futs[0].run)
             if temporary is not None:  # (released once the program ends: ``state.sweep``)
                 self.state.temporary.append((futs[0].run, temporary))
+        interrupts.raise_kept()  # (now, with the run in ``taken``: the caller cancels it)
         run = futs[0].run
-        if caught:  # a Ctrl-C while submitting: the program went whole; the caller cancels it
-            raise KeyboardInterrupt
         results = jax.tree_util.tree_unflatten(graph.out_tree, futs[:n])
         return [results], run
 

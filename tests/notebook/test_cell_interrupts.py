@@ -98,3 +98,39 @@ def test_an_interrupt_while_a_cell_binds_its_names_binds_all_of_them(ip, monkeyp
         np.testing.assert_allclose(np.asarray(value.result(60)), [want, want])
     run(ip, "%%pathways --slice s\nafter = a + c\n")  # the next cell reads them
     np.testing.assert_allclose(np.asarray(ip.user_ns["after"]), [4.0, 4.0])
+
+
+def test_an_interrupt_while_a_cell_submits_cancels_its_whole_program(ip, monkeypatch):
+    """Ctrl-C as the runtime takes the cell's program: the submission ends whole (it runs
+    under the runtime's hold), then the program is cancelled and the cell binds nothing.
+    Raised inside it, the program went on, out of the cell's reach."""
+    run(ip, "%pathways slice s 2")
+    entered, release = threading.Event(), threading.Event()
+    ip.user_ns["blocker"] = pw.function(gate(entered, release, ip.user_ns["s"].mesh),
+                                        slice=ip.user_ns["s"], in_specs=pw.BATCH)
+    run(ip, "held = blocker(np.ones(2, np.float32))")  # the cell's program queues behind it
+    assert entered.wait(60)
+    ctl = extension.state().ctl
+    real, taken = ctl.submit, []
+
+    def interrupted(*args, **kwargs):
+        futs = real(*args, **kwargs)
+        taken.append(list(futs[0].run.tasks))  # (a run lets go of its tasks at its end)
+        monkeypatch.delattr(ctl, "submit")  # (once: the next cell submits as usual)
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # (as Python runs it)
+        return futs
+    monkeypatch.setattr(ctl, "submit", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            run(ip, "%%pathways --slice s\nnever_bound = jnp.ones(2) * 3\n")
+    finally:
+        release.set()
+    assert taken, "the cell never submitted"
+    assert ctl.wait(60)
+    assert "cancelled the queued computations" in str(info.value), info.value
+    states = [t.state for t in taken[0]]
+    assert states and set(states) == {TaskState.CANCELLED}, states
+    assert "never_bound" not in ip.user_ns
+    run(ip, "held.result(60);")
+    run(ip, "%%pathways --slice s\nafter = jnp.ones(2) * 3\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["after"]), [3.0, 3.0])
