@@ -204,7 +204,10 @@ def stop_head(record: dict, grace: float = 5.0) -> list[int]:
     procs = processes(record)
     for p in procs:
         try:
-            p.terminate()
+            if _rays_monitor(p):  # on SIGTERM it tells every driver (the tenants still
+                p.kill()  # attached) "The autoscaler failed ...": nothing failed
+            else:
+                p.terminate()
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
@@ -232,6 +235,14 @@ def stop_head(record: dict, grace: float = 5.0) -> list[int]:
     except OSError:
         pass
     return sorted(p.pid for p in procs + left)
+
+
+def _rays_monitor(p: psutil.Process) -> bool:
+    """Whether ``p`` is Ray's autoscaler monitor (``ray/autoscaler/_private/monitor.py``)."""
+    try:
+        return any(a.endswith("autoscaler/_private/monitor.py") for a in p.cmdline())
+    except psutil.Error:
+        return False
 
 
 def answers(address: str, timeout: float = 2.0) -> bool:

@@ -63,3 +63,35 @@ def _runs(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+NOISY = ("import signal, sys, threading\n"
+         "def said(*_):\n"
+         "    print('The autoscaler failed with the following error: signal 15', flush=True)\n"
+         "    sys.exit(1)\n"
+         "signal.signal(signal.SIGTERM, said)\n"
+         "print('ready', flush=True)\n"
+         "sys.stdin.read()\n")
+
+
+def test_stop_ends_rays_monitor_without_a_sigterm_it_would_tell_every_tenant(tmp_path):
+    """Ray's autoscaler monitor answers SIGTERM by publishing "The autoscaler failed with the
+    following error: ... Terminated with signal 15" to every driver of the cluster: each
+    tenant still attached printed that traceback when the pool was stopped. Its stand-in
+    (the pool's mark, Ray's monitor on its command line) says so if it gets a SIGTERM."""
+    temp_dir = str(tmp_path / "pwpool-x-2")
+    os.mkdir(temp_dir)
+    record = {"temp_dir": temp_dir, "pids": [], "started": time.time(), "address": None}
+    monitor = subprocess.Popen(
+        [sys.executable, "-c", NOISY, "/site-packages/ray/autoscaler/_private/monitor.py"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, **{head.MARK: temp_dir}))
+    try:
+        assert monitor.stdout.readline().strip() == "ready"  # its handler is in place
+        assert head.stop_head(record, grace=10.0) == [monitor.pid]
+        assert monitor.wait(30) is not None
+        assert monitor.stdout.read() == ""
+    finally:
+        if monitor.poll() is None:
+            monitor.kill()
+        monitor.wait(30)

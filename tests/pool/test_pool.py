@@ -355,6 +355,8 @@ TENANT = textwrap.dedent("""
         f(np.arange(2.0)).result(timeout=60)
     except pw.IslandLostError as e:
         print("lost:", e, flush=True)
+    view = ctl.executor.status()["pool"]  # (%pathways status): the islands, lost; and
+    print("view", [i.get("lost") for i in view["islands"]], ray.is_initialized(), flush=True)
     ctl.close()
     print("closed", ray.is_initialized(), flush=True)
 """)
@@ -385,6 +387,9 @@ def test_stop_ends_every_process_of_the_pool(started, env, pool_dir):
     assert tenant.returncode == 0, err[-3000:]
     assert out.splitlines()[0] == "left True False"
     assert f"pool '{NAME}' lost it" in out and "attach again once the pool runs" in out
+    # reading the pool's view started no local cluster of Ray's own (its auto-init took 15 s
+    # and then raised "Can't find actor")
+    assert f"view {[True] * len(record['islands'])} False" in out.splitlines()
     assert out.splitlines()[-1] == "closed False"  # (closing started no new cluster)
     assert done.returncode == 0, done.stderr
     assert f"pool '{NAME}' stopped" in done.stdout

@@ -167,7 +167,10 @@ class PoolIslandHost(IslandHost):
             pass
 
     def pool_status(self) -> dict | None:
-        if self.handle is None:
+        """The island's ``pool_status()``, or None when it is lost. A lost island is not
+        asked: once the pool's cluster has gone this process has left it, and any Ray call
+        (even to a dead actor's handle) would start a local cluster of Ray's own."""
+        if self.handle is None or self.lost or not ray.is_initialized():
             return None
         try:
             return ray.get(self.handle.pool_status.remote(), timeout=30)
