@@ -32,6 +32,7 @@ True
 """
 
 from . import transformer
+from .coupling import clip_by_global_norm
 from .measure import MemorySampler, bubble, peak_residuals, stage_order_seen
 from .pipeline import Microbatches, Pipeline
 from .schedule import Call, Kind, Schedule, order, stage_order
@@ -41,7 +42,7 @@ from .state import PackedState, TrainState, fetch, wait
 
 __all__ = [
     "SPMD", "Call", "Kind", "MemorySampler", "Microbatches", "PackedState", "Pipeline",
-    "Schedule", "Stage", "TrainState", "backward", "bubble", "fetch", "forward", "init_state",
-    "model_loss", "order", "peak_residuals", "stage_order", "stage_order_seen", "train_step",
-    "transformer", "wait",
+    "Schedule", "Stage", "TrainState", "backward", "bubble", "clip_by_global_norm", "fetch",
+    "forward", "init_state", "model_loss", "order", "peak_residuals", "stage_order",
+    "stage_order_seen", "train_step", "transformer", "wait",
 ]

@@ -63,6 +63,7 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
+from . import coupling
 from .schedule import Kind, Schedule, call_name, order
 from .stage import (
     Stage,
@@ -101,9 +102,10 @@ class Pipeline:
 
     ``loss(outputs, targets) -> scalar``: the mean loss of a microbatch (the last stage's
     outputs against its targets). ``optimizer``: an optax transformation, applied per stage
-    (so an optimizer that looks at all parameters at once, such as
-    ``optax.clip_by_global_norm``, sees one stage's). ``schedule``: ``"gpipe"`` or ``"1f1b"``
-    (``pw.train.Schedule``); ``microbatches``: M, the number each batch is cut into.
+    (one that looks at all parameters at once is refused, ``coupling.py``: for
+    ``optax.clip_by_global_norm`` use ``pw.train.clip_by_global_norm``). ``schedule``:
+    ``"gpipe"`` or ``"1f1b"`` (``pw.train.Schedule``); ``microbatches``: M, the number each
+    batch is cut into.
     ``check_finite``: a loss that is NaN or infinite fails the step (``FloatingPointError``)
     before any update is applied. Each stage's slice holds its parameters replicated and its
     microbatches sharded over its devices (data parallelism inside the stage). The slices
@@ -157,6 +159,7 @@ class Pipeline:
             _mean_loss(M, check_finite and not simulated(self.slices[-1])),
             slice=self.slices[-1], out_specs=P(), name="loss")
         self._named: dict[tuple[int, Kind, int, bool], CompiledFunction] = {}
+        self._norms: dict[int, CompiledFunction] = {}
         self._programs: dict[Schedule, Program] = {}
         self._init_program = program(self._init_all, name=f"{name}.init")
         self._consts: list[tuple[Any, Any, Any]] | None = None
@@ -296,6 +299,10 @@ class Pipeline:
         # through its tokens and end with its last microbatch's backward, which reads the next
         # stage's. So (loss, that token) is the whole step's barrier, in two scalars.
         barrier = (loss, tokens[0])
+        if coupling.check(self.optimizer, [_struct(p) for p in params]):
+            # the whole model's gradient norm: each stage's squared norm, summed by every
+            # update (pw.train.clip_by_global_norm reads it)
+            barrier += ([self._squared_norm(s)(grads[s], params[s]) for s in range(S)],)
         new = [self._update[s](params[s], opt_state[s], grads[s], barrier) for s in range(S)]
         return TrainState([p for p, _ in new], [o for _, o in new]), loss
 
@@ -310,6 +317,13 @@ class Pipeline:
             base = self._fwd[stage] if kind is Kind.FWD else self._bwd[stage][adds]
             fn = self._named[key] = copy.copy(base)
             fn.name = call_name(stage, kind, microbatch)
+        return fn
+
+    def _squared_norm(self, stage: int) -> CompiledFunction:
+        fn = self._norms.get(stage)
+        if fn is None:
+            fn = self._norms[stage] = function(
+                _squared_norm, slice=self.slices[stage], out_specs=P(), name=f"s{stage}.norm")
         return fn
 
     def _init_all(self, keys):
@@ -402,8 +416,19 @@ def _update(optimizer):
         # The gradients were summed in float32 at least (``accumulation_dtype``): cast back
         # once, so the optimizer sees the parameters' dtype, as under ``jax.grad``.
         grads = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), grads, params)
-        return apply_optimizer(optimizer, params, opt_state, grads, barrier[0])
+        # its third part, when there: each stage's squared gradient norm (``coupling.py``)
+        norm = jnp.sqrt(sum(barrier[2])) if len(barrier) > 2 else None
+        return apply_optimizer(optimizer, params, opt_state, grads, barrier[0], norm)
     return update
+
+
+def _squared_norm(grads, params):
+    """The stage's squared gradient norm (float32), its gradients in the parameters' dtype,
+    as the update and ``jax.grad`` have them."""
+    return sum((jnp.sum(jnp.square(g.astype(jnp.result_type(p)).astype(jnp.float32)))
+                for g, p in zip(jax.tree_util.tree_leaves(grads),
+                                jax.tree_util.tree_leaves(params), strict=True)),
+               jnp.float32(0))
 
 
 def _mean_loss(microbatches: int, check_finite: bool):

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
+from . import coupling
 from .packed import Layout
 from .stage import Stage, check_trainable, model_loss
 from .state import (
@@ -83,7 +84,9 @@ def step_parts(stages: Sequence[Stage], loss: Callable, optimizer: optax.Gradien
         return g, value
 
     def update(state: TrainState, g, value):  # (``value``: the check's result, waited for)
-        new = [apply_optimizer(optimizer, p, o, gs, value)
+        # an optimizer that needs the whole model's gradient norm gets it (coupling.py)
+        norm = optax.tree.norm(g) if coupling.check(optimizer, state.params) else None
+        new = [apply_optimizer(optimizer, p, o, gs, value, norm)
                for p, o, gs in zip(state.params, state.opt_state, g, strict=True)]
         return TrainState([p for p, _ in new], [o for _, o in new])
     return grads, update

@@ -7,7 +7,6 @@ model have states of the same shape). Its leaves are ``pw.Future``s while a step
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -22,6 +21,7 @@ from ..runtime.objects import Future
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from ..runtime.specs import batch_spec
+from .coupling import KEYWORD, GlobalNorm, takes_keyword
 
 
 class TrainState(NamedTuple):
@@ -131,24 +131,19 @@ def init_stage(init, optimizer: optax.GradientTransformation):
 
 
 def apply_optimizer(optimizer: optax.GradientTransformation, params, opt_state, grads,
-                    value=None):
+                    value=None, norm=None):
     """One optax step: ``(params, opt_state)`` after ``grads``. ``value``: the step's loss,
     given as ``value=`` to an optimizer whose ``update`` takes extra arguments (optax's
     ``GradientTransformationExtraArgs``, ``MultiSteps``), as a plain optax loop gives it:
-    ``optax.contrib.reduce_on_plateau`` reads it; the others ignore it."""
-    if value is not None and _takes_value(optimizer.update):
-        updates, opt_state = optimizer.update(grads, opt_state, params, value=value)
-    else:
-        updates, opt_state = optimizer.update(grads, opt_state, params)
+    ``optax.contrib.reduce_on_plateau`` reads it; the others ignore it. ``norm``: the whole
+    model's gradient norm, for ``pw.train.clip_by_global_norm`` (``coupling.py``)."""
+    extra = {}
+    if value is not None and takes_keyword(optimizer.update, "value"):
+        extra["value"] = value
+    if norm is not None and takes_keyword(optimizer.update, KEYWORD):
+        extra[KEYWORD] = GlobalNorm(norm, grads)
+    updates, opt_state = optimizer.update(grads, opt_state, params, **extra)
     return optax.apply_updates(params, updates), opt_state
-
-
-def _takes_value(update) -> bool:
-    try:
-        accepted = inspect.signature(update).parameters.values()
-    except (TypeError, ValueError):  # (a callable without a signature: give it nothing more)
-        return False
-    return any(p.kind is p.VAR_KEYWORD or p.name == "value" for p in accepted)
 
 
 def raise_if_not_finite(loss) -> None:

@@ -34,7 +34,7 @@ STAGES = [linen_stage(nn.Sequential([nn.Dense(8), nn.tanh]), X[:1]),
 
 
 def test_linen_stages_train_as_plain_jax_jit(tctl):
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
+    opt = optax.chain(pw.train.clip_by_global_norm(1.0), optax.adam(1e-2))
     step = jax.jit(pw.train.train_step(STAGES, mse, opt))
     state = jax.jit(pw.train.init_state(STAGES, opt))(stage_keys(0, 2))
     plain = []
