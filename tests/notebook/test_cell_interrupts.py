@@ -31,12 +31,7 @@ POINTS = [(PathwaysMagics, "_show", ""), (endings, "all_resolved", ""),
                          ids=["before-wait", "wait-start", "no-block"])
 def test_an_interrupt_after_the_submission_cancels_the_cells_program(ip, monkeypatch, owner,
                                                                    point, flags):
-    run(ip, "%pathways slice s 2")
-    entered, release = threading.Event(), threading.Event()
-    ip.user_ns["blocker"] = pw.function(gate(entered, release, ip.user_ns["s"].mesh),
-                                        slice=ip.user_ns["s"], in_specs=pw.BATCH)
-    run(ip, "held = blocker(np.ones(2, np.float32))")  # the cell's program queues behind it
-    assert entered.wait(60)
+    release = _slice_held(ip)
     seen: list = []
     real = getattr(owner, point)
 
@@ -61,6 +56,18 @@ def test_an_interrupt_after_the_submission_cancels_the_cells_program(ip, monkeyp
     run(ip, "held.result(60);")
     run(ip, "%%pathways --slice s\nafter = jnp.ones(2) * 3\n")  # the controller goes on
     np.testing.assert_allclose(np.asarray(ip.user_ns["after"]), [3.0, 3.0])
+
+
+def _slice_held(ip) -> threading.Event:
+    """Slice ``s`` (2 devices) busy with ``held = blocker(...)`` until the event returned is
+    set: a cell's program queues behind it."""
+    run(ip, "%pathways slice s 2")
+    entered, release = threading.Event(), threading.Event()
+    ip.user_ns["blocker"] = pw.function(gate(entered, release, ip.user_ns["s"].mesh),
+                                        slice=ip.user_ns["s"], in_specs=pw.BATCH)
+    run(ip, "held = blocker(np.ones(2, np.float32))")
+    assert entered.wait(60)
+    return release
 
 
 def _cell_run(args):
@@ -104,12 +111,7 @@ def test_an_interrupt_while_a_cell_submits_cancels_its_whole_program(ip, monkeyp
     """Ctrl-C as the runtime takes the cell's program: the submission ends whole (it runs
     under the runtime's hold), then the program is cancelled and the cell binds nothing.
     Raised inside it, the program went on, out of the cell's reach."""
-    run(ip, "%pathways slice s 2")
-    entered, release = threading.Event(), threading.Event()
-    ip.user_ns["blocker"] = pw.function(gate(entered, release, ip.user_ns["s"].mesh),
-                                        slice=ip.user_ns["s"], in_specs=pw.BATCH)
-    run(ip, "held = blocker(np.ones(2, np.float32))")  # the cell's program queues behind it
-    assert entered.wait(60)
+    release = _slice_held(ip)
     ctl = extension.state().ctl
     real, taken = ctl.submit, []
 
