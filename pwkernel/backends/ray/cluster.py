@@ -15,6 +15,7 @@ put back after ``ray.shutdown``, so a later local cluster starts as it would hav
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -117,9 +118,13 @@ def _start_or_join(address: str | None, pool: str | None = None) -> None:
         # runs no JAX, so JAX's at-fork "will likely lead to a deadlock" does not apply.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
-            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                     log_to_driver=False, configure_logging=False,
-                     num_cpus=1)  # island actors take no CPU slot; few idle workers
+            context = ray.init(address="local", _node_ip_address="127.0.0.1",
+                               include_dashboard=False, log_to_driver=False,
+                               configure_logging=False,
+                               num_cpus=1)  # island actors take no CPU slot; few idle workers
+        session = context.address_info.get("session_dir")
+        if session:  # Ray leaves it (logs, sockets) behind: one more per controller
+            _undo.append(lambda: _remove_session(session))
     else:
         local_ip = {}
         if _is_loopback(address):  # a cluster on this machine's loopback address
@@ -160,6 +165,18 @@ def _refused_token(text: str) -> bool:
 def _restore() -> None:
     while _undo:
         _undo.pop()()
+
+
+def _remove_session(session: str) -> None:
+    """Remove a local cluster's session directory once it is shut down (its processes' logs
+    and sockets), and Ray's ``session_latest`` link when it still points there."""
+    import shutil
+
+    shutil.rmtree(session, ignore_errors=True)
+    latest = os.path.join(os.path.dirname(session), "session_latest")
+    with contextlib.suppress(OSError):
+        if os.readlink(latest) == session:
+            os.unlink(latest)
 
 
 def _pool_token(pool: str, own_token: bool) -> None:
