@@ -15,6 +15,7 @@ put back after ``ray.shutdown``, so a later local cluster starts as it would hav
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -117,9 +118,13 @@ def _start_or_join(address: str | None, pool: str | None = None) -> None:
         # runs no JAX, so JAX's at-fork "will likely lead to a deadlock" does not apply.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
-            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                     log_to_driver=False, configure_logging=False,
-                     num_cpus=1)  # island actors take no CPU slot; few idle workers
+            context = ray.init(address="local", _node_ip_address="127.0.0.1",
+                               include_dashboard=False, log_to_driver=False,
+                               configure_logging=False,
+                               num_cpus=1)  # island actors take no CPU slot; few idle workers
+        session = context.address_info.get("session_dir")
+        if session:  # Ray leaves it (logs, sockets) behind: one more per controller
+            _undo.append(lambda: _remove_session(session))
     else:
         local_ip = {}
         if _is_loopback(address):  # a cluster on this machine's loopback address
@@ -141,7 +146,7 @@ def _start_or_join(address: str | None, pool: str | None = None) -> None:
         except ConnectionError as e:
             cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
             if _refused_token(f"{e}{cause}"):
-                raise DeviceSetupError(_token_advice(address, pool)) from None
+                raise DeviceSetupError(poolfile.token_advice(address, pool)) from None
             loopback = (" A head on this machine registers under its own address unless "
                         "started with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: join that address, "
                         "or 'auto'." if local_ip else "")
@@ -157,44 +162,21 @@ def _refused_token(text: str) -> bool:
     return any(w in text for w in ("AuthenticationError", "InvalidAuthToken", "Unauthenticated"))
 
 
-def _token_advice(address: str, pool: str | None) -> str:
-    """What went wrong when the cluster at ``address`` refused the token, and the fix."""
-    env = os.environ
-    if env.get("RAY_AUTH_MODE", "").lower() != "token":
-        used = (f"no token (RAY_AUTH_MODE={env['RAY_AUTH_MODE']!r})" if "RAY_AUTH_MODE" in env
-                else "no token")
-    elif env.get("RAY_AUTH_TOKEN"):
-        used = "the token in RAY_AUTH_TOKEN"
-    elif env.get("RAY_AUTH_TOKEN_PATH"):
-        used = f"the token in RAY_AUTH_TOKEN_PATH={env['RAY_AUTH_TOKEN_PATH']}"
-    else:
-        used = "the token in ~/.ray/auth_token"
-    head = (f"the Ray cluster at {address!r} refused this process's token "
-            f"(AuthenticationError: token missing or incorrect); it used {used}. ")
-    if pool is not None:
-        from . import poolfile
-
-        record = poolfile.load(pool)
-        path = record.get("token_path") if record else None
-        if path and env.get("RAY_AUTH_TOKEN_PATH") != path:
-            return head + (f"The token of pool {pool!r} is in {path}: unset RAY_AUTH_TOKEN and "
-                           f"RAY_AUTH_TOKEN_PATH (the pool's file is used when they are not "
-                           f"set), or set RAY_AUTH_TOKEN_PATH={path}.")
-        if path:
-            return head + (f"That is the token file of pool {pool!r} here, so the cluster at "
-                           f"{address} is not that pool's: check the address (`python -m "
-                           f"pwkernel.pool status --name {pool}` prints it).")
-        return head + (f"Pool {pool!r} is not written down on this machine: set "
-                       "RAY_AUTH_TOKEN_PATH to a copy of its token file (`python -m "
-                       "pwkernel.pool start` printed its path on the pool's machine).")
-    return head + ("Give this process the cluster's token: RAY_AUTH_TOKEN_PATH=<file> or "
-                   "RAY_AUTH_TOKEN (`ray get-auth-token` on the cluster's head prints it), "
-                   "with RAY_AUTH_MODE=token.")
-
-
 def _restore() -> None:
     while _undo:
         _undo.pop()()
+
+
+def _remove_session(session: str) -> None:
+    """Remove a local cluster's session directory once it is shut down (its processes' logs
+    and sockets), and Ray's ``session_latest`` link when it still points there."""
+    import shutil
+
+    shutil.rmtree(session, ignore_errors=True)
+    latest = os.path.join(os.path.dirname(session), "session_latest")
+    with contextlib.suppress(OSError):
+        if os.readlink(latest) == session:
+            os.unlink(latest)
 
 
 def _pool_token(pool: str, own_token: bool) -> None:

@@ -162,3 +162,36 @@ def not_answering(pool: str, address: str, unreachable: str) -> str:
             f"address (the one `python -m pwkernel.pool start` printed where the pool runs), "
             f"or start the pool here: python -m pwkernel.pool start --name {pool} "
             f"--islands 4,4.")
+
+
+def token_advice(address: str, pool: str | None) -> str:
+    """What went wrong when the cluster at ``address`` refused the token, and the fix."""
+    env = os.environ
+    if env.get("RAY_AUTH_MODE", "").lower() != "token":
+        used = (f"no token (RAY_AUTH_MODE={env['RAY_AUTH_MODE']!r})" if "RAY_AUTH_MODE" in env
+                else "no token")
+    elif env.get("RAY_AUTH_TOKEN"):
+        used = "the token in RAY_AUTH_TOKEN"
+    elif env.get("RAY_AUTH_TOKEN_PATH"):
+        used = f"the token in RAY_AUTH_TOKEN_PATH={env['RAY_AUTH_TOKEN_PATH']}"
+    else:
+        used = "the token in ~/.ray/auth_token"
+    head = (f"the Ray cluster at {address!r} refused this process's token "
+            f"(AuthenticationError: token missing or incorrect); it used {used}. ")
+    if pool is not None:
+        record = load(pool)
+        path = record.get("token_path") if record else None
+        if path and env.get("RAY_AUTH_TOKEN_PATH") != path:
+            return head + (f"The token of pool {pool!r} is in {path}: unset RAY_AUTH_TOKEN and "
+                           f"RAY_AUTH_TOKEN_PATH (the pool's file is used when they are not "
+                           f"set), or set RAY_AUTH_TOKEN_PATH={path}.")
+        if path:
+            return head + (f"That is the token file of pool {pool!r} here, so the cluster at "
+                           f"{address} is not that pool's: check the address (`python -m "
+                           f"pwkernel.pool status --name {pool}` prints it).")
+        return head + (f"Pool {pool!r} is not written down on this machine: set "
+                       "RAY_AUTH_TOKEN_PATH to a copy of its token file (`python -m "
+                       "pwkernel.pool start` printed its path on the pool's machine).")
+    return head + ("Give this process the cluster's token: RAY_AUTH_TOKEN_PATH=<file> or "
+                   "RAY_AUTH_TOKEN (`ray get-auth-token` on the cluster's head prints it), "
+                   "with RAY_AUTH_MODE=token.")

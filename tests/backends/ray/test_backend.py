@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -392,10 +393,14 @@ def test_close_leaves_no_processes(rctl):
     pids = [ray.get(i.actor.info.remote())["pid"] for i in rctl.islands]
     before = me.children(recursive=True)
     assert any("raylet" in p.name() or "gcs_server" in p.name() for p in before)
+    sessions = {m for p in before for m in re.findall(r"/\S+/session_\d[\d_-]+",
+                                                      " ".join(p.cmdline()))}
+    assert len(sessions) == 1 and Path(*sessions).is_dir(), sessions
     rctl.close()
     assert not ray.is_initialized()
     _, alive = psutil.wait_procs(before, timeout=60)
     assert alive == [], f"processes left after close(): {[p.name() for p in alive]}"
+    assert not Path(*sessions).exists(), "the local cluster's session directory was left"
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                    for p in pids)
     with pytest.raises(pw.ControllerClosedError):
