@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import socket
 import threading
@@ -33,6 +34,7 @@ from .actor import MAX_CONCURRENCY, IslandActor
 _lock = threading.Lock()
 _users = 0            # open controllers using the Ray connection
 _initialized_here = False  # this module called ray.init (so it calls ray.shutdown)
+_lost_islands: set = set()  # islands whose actor died: the local cluster's logs are kept
 _undo: list[Callable[[], None]] = []  # put back what _loopback_only / _pool_token changed
 
 
@@ -123,6 +125,7 @@ def _start_or_join(address: str | None, pool: str | None = None) -> None:
                                configure_logging=False,
                                num_cpus=1)  # island actors take no CPU slot; few idle workers
         session = context.address_info.get("session_dir")
+        _lost_islands.clear()  # (of an earlier cluster)
         if session:  # Ray leaves it (logs, sockets) behind: one more per controller
             _undo.append(lambda: _remove_session(session))
     else:
@@ -169,8 +172,16 @@ def _restore() -> None:
 
 def _remove_session(session: str) -> None:
     """Remove a local cluster's session directory once it is shut down (its processes' logs
-    and sockets), and Ray's ``session_latest`` link when it still points there."""
+    and sockets), and Ray's ``session_latest`` link when it still points there; kept when an
+    island actor died meanwhile (``mark_lost``): its logs say why."""
     import shutil
+
+    if _lost_islands:
+        logging.getLogger("pwkernel").warning(
+            "island actors died on the local Ray cluster (%s); its logs are kept in %s",
+            ", ".join(map(str, sorted(_lost_islands))), session)
+        _lost_islands.clear()
+        return
 
     shutil.rmtree(session, ignore_errors=True)
     latest = os.path.join(os.path.dirname(session), "session_latest")
@@ -444,6 +455,7 @@ class IslandHost:
             if self.lost:
                 return
             self.lost = True
+        _lost_islands.add(self.island)
         self.on_lost(self)
 
     def kill(self) -> None:

@@ -8,8 +8,9 @@ controller and checks no process of ours is left.
 from __future__ import annotations
 
 import gc
+import logging
 import os
-import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from pwkernel.backends.ray import RayIsland, RemoteBuffer
 from pwkernel.bench.figure2 import figure2
 from pwkernel.pool import head as pool_head
 from tests.helpers.programs import overlapping_chain
+from tests.helpers.ray_session import cluster_processes, session_dir
 
 TIMEOUT = 120.0
 
@@ -388,21 +390,30 @@ def test_the_memory_budget_holds_on_ray_islands():
         assert first(np.ones(4, np.float32)).result(timeout=TIMEOUT).tolist() == [1.0, 1.0]
 
 
-def test_close_leaves_no_processes(rctl):
-    me = psutil.Process()
+def test_close_leaves_no_processes(rctl, caplog):
+    """Nor the cluster's session directory, unless an island's actor died meanwhile: then its
+    logs (which say why) are kept, and the warning says where."""
     pids = [ray.get(i.actor.info.remote())["pid"] for i in rctl.islands]
-    before = me.children(recursive=True)
+    before = cluster_processes()
     assert any("raylet" in p.name() or "gcs_server" in p.name() for p in before)
-    sessions = {m for p in before for m in re.findall(r"/\S+/session_\d[\d_-]+",
-                                                      " ".join(p.cmdline()))}
-    assert len(sessions) == 1 and Path(*sessions).is_dir(), sessions
-    rctl.close()
+    session = session_dir(before)
+    actor = rctl.islands[1].actor
+    ray.kill(actor)
+    wait_dead(actor)
+    with pytest.raises(pw.IslandLostError, match="island 1"):  # (how the loss is seen)
+        pw.function(lambda x: x + 1, slice=rctl.slice(1, island=1))(np.ones(2)).result(TIMEOUT)
+    with caplog.at_level(logging.WARNING, logger="pwkernel"):
+        rctl.close()
     assert not ray.is_initialized()
     _, alive = psutil.wait_procs(before, timeout=60)
     assert alive == [], f"processes left after close(): {[p.name() for p in alive]}"
-    assert not Path(*sessions).exists(), "the local cluster's session directory was left"
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                    for p in pids)
+    try:
+        assert session.is_dir(), "the logs of a cluster whose island died were removed"
+        assert f"its logs are kept in {session}" in caplog.text, caplog.text
+    finally:
+        shutil.rmtree(session, ignore_errors=True)
     with pytest.raises(pw.ControllerClosedError):
         rctl.slice(1)
 

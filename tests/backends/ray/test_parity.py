@@ -17,6 +17,7 @@ import pytest
 import ray
 
 import pwkernel as pw
+from tests.helpers.ray_session import cluster_processes, session_dir
 
 TIMEOUT = 120.0
 
@@ -179,3 +180,14 @@ def test_training_gives_the_same_losses_on_both_backends(rctl, lctl):
     local = losses(lctl)
     assert len(set(local)) > 3  # (the steps learn: losses differ)
     np.testing.assert_allclose(losses(rctl), local, rtol=1e-6)
+
+
+def test_close_removes_the_session_directory_of_the_cluster_it_started(rctl):
+    """(Last: closes the module's Ray controller.) Ray keeps each local cluster's session
+    directory; a controller's close removes the one of the cluster it started, no island of
+    which died, so controllers opened and closed in a loop leave none behind."""
+    before = cluster_processes()
+    session = session_dir(before)
+    rctl.close()
+    assert not ray.is_initialized()
+    assert not session.exists(), f"{session} was left"
