@@ -1,5 +1,6 @@
 /**
- * The pwkernel JupyterLab extension: the Pathways sidebar and its commands.
+ * The pwkernel JupyterLab extension: the Pathways sidebar and its commands, and the release of
+ * closed live views' plots from the page.
  */
 
 import {
@@ -10,6 +11,7 @@ import {
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 
+import { releasePlugin } from './bokehdocs';
 import { addCommands } from './commands';
 import { PathwaysPanel } from './panel';
 
@@ -34,4 +36,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+export default [plugin, releasePlugin];

@@ -59,6 +59,8 @@ _ECHOED_KINDS = frozenset({"ColumnsStreamed", "ColumnsPatched", "ColumnDataChang
 # How many values sent per model property are known as echoes when they come back.
 ECHO_MEMORY = 256
 _SCALARS = (bool, int, float, str)
+# The message that tells the page (extension/src/bokehdocs.ts) a closing widget's plot root.
+RELEASE = "pw-release"
 
 _bokehjs_loaded = False
 _bokehjs_lock = threading.Lock()
@@ -221,6 +223,9 @@ class EchoFreeBokehModel(BokehModel):
         if self.comm is None:
             return
         with self.lock:
+            # The page lists every Bokeh document it drew and keeps it: told the plot's root,
+            # pwkernel's JupyterLab extension releases this widget's once its comm closes.
+            self.send({"msg": RELEASE, "root": self._model.id})
             try:
                 super().close()
             except KeyError:
