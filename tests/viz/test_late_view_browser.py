@@ -6,18 +6,17 @@ shows every row in both outputs, and a view displayed while its cell runs progra
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.helpers.lab import (
-    CHROMIUM,
     FIG2_CELL,
     chromium_page,
     hover_tooltip,
     jupyter_lab,
     kernel_client,
+    needs_chromium,
     open_notebook,
     run_code,
     write_notebook,
@@ -146,9 +145,7 @@ def hover_newest_bar(page, source_id: str) -> list[str]:
 @pytest.mark.browser
 @pytest.mark.timeout(600)
 def test_late_and_repeated_views_show_every_row_and_name(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
-                    "chromium) to run the browser tests")
+    needs_chromium()
     with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
         write_notebook(lab.root / NOTEBOOK, [SETUP, LATE, AGAIN, VIZ])
         with chromium_page(tmp_path / "profile") as page:

@@ -4,15 +4,13 @@ kernel, where nothing had put BokehJS in the page before."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.helpers.lab import (
-    CHROMIUM,
     FIG2_CELL,
     chromium_page,
     jupyter_lab,
+    needs_chromium,
     open_notebook,
     write_notebook,
 )
@@ -34,9 +32,7 @@ widgets.VBox([box, topology])
 @pytest.mark.browser
 @pytest.mark.timeout(600)
 def test_views_inside_containers_draw_in_a_fresh_kernel(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
-                    "chromium) to run the browser tests")
+    needs_chromium()
     with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
         write_notebook(lab.root / NOTEBOOK, [NESTED])
         with chromium_page(tmp_path / "profile") as page:

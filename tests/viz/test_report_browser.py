@@ -9,7 +9,7 @@ import pytest
 
 import pwkernel as pw
 from pwkernel.viz.columns import human_bytes, human_rate
-from tests.helpers.lab import CHROMIUM, chromium_page, hover_tooltip
+from tests.helpers.lab import chromium_page, hover_tooltip, needs_chromium
 from tests.helpers.programs import make_programs, run
 
 # Page coordinates of the middle of bar ``row`` of a renderer, through BokehJS's views.
@@ -30,9 +30,7 @@ BAR_XY_JS = """([name, row]) => {
 @pytest.mark.browser
 @pytest.mark.timeout(300)
 def test_report_hover_shows_names(ctl, tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
-                    "chromium) to run the browser tests")
+    needs_chromium()
     fig2, _ = make_programs(ctl)
     with ctl.client("carol"):
         run(fig2)
@@ -93,9 +91,7 @@ DRAWN_JS = """() => {
 def test_report_opens_with_transfers_hidden_when_zoomed_out(ctl, tmp_path):
     """The report opens on the whole run: with bars under 2 px wide on average, transfers and
     links are hidden at load; the page decides at its own width once it has laid out."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
-                    "chromium) to run the browser tests")
+    needs_chromium()
     fig2, _ = make_programs(ctl)
     run(fig2)
     ctl.wait(10.0)

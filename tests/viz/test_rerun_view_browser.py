@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from pwkernel.notebook import kernelspec
 from tests.helpers import ROOT
-from tests.helpers.lab import FIG2_CELL, chromium_page, jupyter_lab, kernel_client, run_code
-from tests.helpers.sidebar_lab import CHROMIUM, write_notebook
+from tests.helpers.lab import (
+    FIG2_CELL,
+    chromium_page,
+    jupyter_lab,
+    kernel_client,
+    needs_chromium,
+    run_code,
+)
+from tests.helpers.sidebar_lab import write_notebook
 
 NOTEBOOK = "rerun-view.ipynb"
 RERUNS = 5
@@ -55,9 +61,7 @@ DRAWN_JS = """([id, rows]) => (window.Bokeh && window.Bokeh.documents || []).som
 @pytest.mark.browser
 @pytest.mark.timeout(600)
 def test_rerun_view_cell_keeps_only_the_shown_plot(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
-                    "chromium) to run the browser tests")
+    needs_chromium()
     # the pwkernel kernel (which closes a rerun cell's views) and this checkout's extension
     kernelspec.write(tmp_path / "jupyter")
     (tmp_path / "jupyter" / "labextensions").mkdir(parents=True)

@@ -12,11 +12,11 @@ import pytest
 
 from tests.helpers.doc_images import ARTIFACTS, keep
 from tests.helpers.lab import (
-    CHROMIUM,
     FIG2_CELL,
     chromium_page,
     jupyter_lab,
     kernel_client,
+    needs_chromium,
     open_notebook,
     run_code,
     write_notebook,
@@ -104,9 +104,7 @@ def view_area(page):
 @pytest.mark.browser
 @pytest.mark.timeout(600)
 def test_schedule_view_streams_live_in_jupyterlab(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
-                    "chromium) to run the browser tests")
+    needs_chromium()
     ARTIFACTS.mkdir(exist_ok=True)
     with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
         write_notebook(lab.root / NOTEBOOK, [SETUP, LOOP, FLUSH])

@@ -6,16 +6,15 @@ first drawn with."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.helpers.lab import (
-    CHROMIUM,
     FIG2_CELL,
     chromium_page,
     jupyter_lab,
     kernel_client,
+    needs_chromium,
     open_notebook,
     run_code,
     write_notebook,
@@ -73,9 +72,7 @@ def _shows_range(page, which: str, want: dict, timeout_ms: int, lab=None) -> Non
 @pytest.mark.browser
 @pytest.mark.timeout(600)
 def test_a_second_page_draws_the_view_as_it_is_now(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install "
-                    "chromium) to run the browser tests")
+    needs_chromium()
     with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
         write_notebook(lab.root / NOTEBOOK, [VIEW, RUNS])
         with chromium_page(tmp_path / "profile") as page:
