@@ -19,7 +19,7 @@ from .cluster import CALIBRATION_KEYS, PRESETS, Chip, Cluster, HostCosts, Interc
 from .cost import Analysis, Collective, Cost, abstract_mesh, analyze, estimate, lower, roofline
 from .deadlock import Deadlock, Wait
 from .engine import Simulator
-from .errors import DeadlockError, SimError
+from .errors import DeadlockError, SimError, UncountedLoopWarning
 from .executor import SimDevice, SimExecutor, SimValue
 from .program import NodeKind, SimNode, SimProgram, from_graph, xla_cost
 from .tasks import SimRun
@@ -28,6 +28,6 @@ __all__ = [
     "CALIBRATION_KEYS", "PRESETS", "Analysis", "Chip", "Cluster", "Collective", "Cost",
     "Deadlock", "DeadlockError", "HostCosts", "Interconnect", "Network", "NodeKind", "SimError",
     "SimDevice", "SimExecutor", "SimNode", "SimProgram", "SimRun", "SimValue",
-    "Simulator", "Wait", "abstract_mesh", "analyze",
+    "Simulator", "UncountedLoopWarning", "Wait", "abstract_mesh", "analyze",
     "estimate", "from_graph", "lower", "roofline", "xla_cost",
 ]

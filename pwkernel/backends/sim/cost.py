@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 from ...runtime.program import spec_leaves
 from ...runtime.specs import BATCH, INFERRED, prefix_leaves
 from .cluster import Cluster
-from .errors import SimError
+from .errors import SimError, UncountedLoopWarning
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 
@@ -241,6 +242,29 @@ def loop_work(jaxpr, mesh: AbstractMesh, manual: tuple | None = None) -> np.ndar
     return missing
 
 
+def while_loops(jaxpr) -> int:
+    """How many ``while_loop``s ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``) runs, nested ones
+    included: loops whose trip count is data (a ``fori_loop`` with static bounds is a scan),
+    whose bodies XLA's cost analysis, and so the simulator, counts once."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    return sum((eqn.primitive.name == "while") + sum(
+        while_loops(sub) for sub in jcore.jaxprs_in_params(eqn.params)) for eqn in jaxpr.eqns)
+
+
+def warn_uncounted_loops(name: str, jaxpr) -> None:
+    """Warn (``UncountedLoopWarning``) when ``name``'s simulated duration counts the body of a
+    loop with a data-dependent trip count once: the simulator cannot know how often it runs."""
+    n = while_loops(jaxpr) if jaxpr is not None else 0
+    if n:
+        loops = "a while_loop" if n == 1 else f"{n} while_loops"
+        warnings.warn(
+            f"{name}: its simulated duration counts the body of {loops} once, because the "
+            "trip count is data that a simulation never computes (a while_loop, or a "
+            "fori_loop with traced bounds), so the time is too short. Maybe you want "
+            "pw.function(..., sim_cost=seconds) with its real duration, or a fori_loop with "
+            "static bounds (a scan, counted in full).", UncountedLoopWarning, stacklevel=3)
+
+
 def _counted(unroll, length: int) -> int:
     """How many copies of a scan's body XLA counts: it lowers ``unroll`` = k copies in the
     loop and the ``length % k`` left over after it (all of them when k >= length)."""
@@ -301,6 +325,7 @@ def estimate(fn: Callable, *args, cluster: Cluster | str, mesh=1, axis_names=Non
                        "pw.sim.Cluster.preset('tpu-v4', chips=2048).")
     m = abstract_mesh(mesh, axis_names)
     traced, lowered = _traced_and_lowered(fn, args, m, in_specs, out_specs)
+    warn_uncounted_loops(getattr(fn, "__name__", "fn"), traced.jaxpr)
     return roofline(analyze(lowered, m, traced.jaxpr), cluster)
 
 

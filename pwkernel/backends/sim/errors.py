@@ -18,3 +18,10 @@ class DeadlockError(PathwaysError, RuntimeError):
     def __init__(self, message: str, deadlock):
         super().__init__(message)
         self.deadlock = deadlock
+
+
+class UncountedLoopWarning(UserWarning):
+    """A computation's simulated duration counts a loop's body once because its trip count is
+    data (a ``while_loop``, or a ``fori_loop`` with traced bounds), which a simulation never
+    computes: the time is too short unless you give ``sim_cost=seconds``. Said once per
+    compiled function and input signature."""

@@ -54,7 +54,7 @@ from ...runtime.trace import LinkKind
 from ...runtime.units import human_bytes
 from ..local.devices import request_host_devices
 from .cluster import Cluster
-from .cost import analyze, roofline
+from .cost import analyze, roofline, warn_uncounted_loops
 from .errors import SimError
 from .program import hinted_seconds, lower_for_chips
 from .timing import Timing
@@ -239,6 +239,7 @@ class SimExecutor(NoGroup):
             value = hinted_seconds(p.fn.name, p.fn.hint)
             if value is None:
                 mesh = p.fn.slice.mesh.abstract_mesh
+                warn_uncounted_loops(p.fn.name, exe.jaxpr)
                 value = roofline(analyze(exe.lowered, mesh, exe.jaxpr), self.cluster).seconds
             self._costs[id(exe)] = known = value
             weakref.finalize(exe, self._costs.pop, id(exe), None)

@@ -33,7 +33,7 @@ from ...runtime.graph import ComputeNode, Graph, TransferNode
 from ...runtime.specialization import Specialization
 from ...runtime.units import human_bytes
 from .cluster import Cluster
-from .cost import Cost, abstract_mesh, analyze, lower, roofline
+from .cost import Cost, abstract_mesh, analyze, lower, roofline, warn_uncounted_loops
 from .errors import SimError
 
 
@@ -214,6 +214,7 @@ def xla_cost(cluster: Cluster) -> CostFn:
                                f"{dict(mesh.shape)}: {e.__cause__}. Maybe you want "
                                "pw.function(..., sim_cost=seconds) (both simulators take it), "
                                "or from_graph(..., cost=).") from e.__cause__
+            warn_uncounted_loops(fn.name, exe.jaxpr)
             cache[key] = (fn, roofline(analyze(lowered, mesh, exe.jaxpr), cluster))
         return cache[key][1]
 

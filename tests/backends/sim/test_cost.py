@@ -18,6 +18,7 @@ from pwkernel.backends.sim import (
     Interconnect,
     Network,
     SimError,
+    UncountedLoopWarning,
     abstract_mesh,
     analyze,
     estimate,
@@ -200,8 +201,9 @@ def test_loops_of_known_length_count_every_trip():
         return jax.lax.while_loop(lambda s: s[0] < 100, lambda s: (s[0] + 1, s[1] @ a),
                                   (0, a))[1]
 
-    assert estimate(data_dependent, x, cluster=tpu, mesh=(1,)).flops == pytest.approx(
-        product, rel=1e-3)
+    with pytest.warns(UncountedLoopWarning):  # (and says so)
+        assert estimate(data_dependent, x, cluster=tpu, mesh=(1,)).flops == pytest.approx(
+            product, rel=1e-3)
 
 
 def test_a_simulated_pw_function_with_a_scan_takes_every_trip():
@@ -271,3 +273,42 @@ def test_a_cost_is_forgotten_with_its_executable():
             del f
             counts.append(held())
         assert counts[2] == counts[0], counts
+
+
+def test_a_loop_whose_trip_count_is_data_is_flagged_as_counted_once():
+    # XLA counts a while_loop's body once and a simulation never computes the trip count: the
+    # duration is too short, and the user is told so (it was silent), once per executable.
+    import warnings
+
+    import numpy as np
+
+    import pwkernel as pw
+
+    def halving(x):  # runs until the data says so
+        return jax.lax.while_loop(lambda v: v.sum() > 1.0, lambda v: v * 0.5, x)
+
+    def twice(x):  # two loops: one inside the other's body
+        def body(v):
+            return jax.lax.while_loop(lambda u: u[0] > 0, lambda u: u - 1, v) * 0.5
+        return jax.lax.while_loop(lambda v: v.sum() > 1.0, body, x)
+
+    x = jax.ShapeDtypeStruct((1024,), jnp.float32)
+    with pytest.warns(UncountedLoopWarning, match=r"^halving: .* body of a while_loop once"):
+        estimate(halving, x, cluster=switch_cluster())
+    with pytest.warns(UncountedLoopWarning, match=r"^twice: .* body of 2 while_loops once"):
+        estimate(twice, x, cluster=switch_cluster())
+
+    with pw.Controller(backend="sim", cluster=switch_cluster()) as ctl:
+        s = ctl.slice(4)
+        fns = {name: pw.function(fn, slice=s, name=name, **kw) for name, fn, kw in (
+            ("data", halving, {}),
+            ("given", halving, {"sim_cost": 1e-3}),  # the user said how long: no warning
+            ("static", lambda v: jax.lax.fori_loop(0, 8, lambda i, u: u * 0.5, v), {}))}
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for name in ("data", "data", "given", "static"):  # "data" twice: one executable
+                fns[name](np.ones(1024, np.float32)).wait(timeout=30)
+        said = [str(w.message) for w in seen if w.category is UncountedLoopWarning]
+        assert len(said) == 1 and said[0].startswith("data: ") and "sim_cost=seconds" in said[0]
+        given = [e for e in ctl.trace.events() if e.name == "given"]
+        assert len(given) == 1 and given[0].t_end - given[0].t_start == pytest.approx(1e-3)
