@@ -63,6 +63,7 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
+from . import sharded
 from .schedule import Kind, Schedule, call_name, order
 from .stage import (
     Stage,
@@ -384,8 +385,11 @@ def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: C
     last = len(stages) - 1
     calls = [function(stages[s].apply, slice=slices[s], in_specs=(None, BATCH),
                       out_specs=BATCH, name=f"s{s}.eval") for s in range(last)]
-    calls.append(function(lambda p, h, y: loss(stages[last].apply(p, h), y),
-                          slice=slices[last], in_specs=(None, BATCH, BATCH), out_specs=P(),
+    def head(p, h, y):
+        return loss(stages[last].apply(p, h), y)
+    if simulated(slices[last]) and slices[last].size > 1:  # (its loss's all-reduce written out)
+        head = sharded.mean_loss(head, slices[last].axis_names)
+    calls.append(function(head, slice=slices[last], in_specs=(None, BATCH, BATCH), out_specs=P(),
                           name=f"s{last}.eval"))
 
     def evaluate(params, x, y):

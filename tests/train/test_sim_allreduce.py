@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -115,3 +116,86 @@ def test_gradients_beyond_the_combine_threshold_are_split(instant_ctl):
     assert step_time(instant_ctl, spmd, 16, 2048) == pytest.approx(expected, rel=1e-9)
     assert round(expected * 1e6, 1) == 571.2
 
+
+
+def mse(o, y):
+    return jnp.mean((o - y) ** 2)
+
+
+def durations(ctl, since: int) -> dict[str, float]:
+    return {e.name: e.t_end - e.t_start for e in ctl.trace.events(since=since)}
+
+
+def test_one_chip_per_stage_has_no_all_reduce(instant_ctl):
+    pipe = pw.train.Pipeline([layer(), layer()], [instant_ctl.slice(1), instant_ctl.slice(1)],
+                             loss=mse, optimizer=optax.sgd(0.1), microbatches=2, name="pipe1")
+    state = pipe.init(0)
+    batch = (np.zeros((4, WIDTH), np.float32), np.zeros((4, WIDTH), np.float32))
+    instant_ctl.wait()
+    k = instant_ctl.trace.next_index
+    state, _ = pipe.step(state, batch)
+    pw.train.wait(pipe.evaluate(state, batch))
+    instant_ctl.wait()
+    took = durations(instant_ctl, k)
+    assert took["s0.bwd[m0]"] == took["s1.bwd[m1]"] == took["s1.fwd[m0]"] == 0.0
+    assert took["s1.eval"] == 0.0
+
+
+def test_a_simulated_pipeline_eval_step_all_reduces_its_loss(instant_ctl):
+    pipe = pw.train.Pipeline([layer(), layer()], [instant_ctl.slice(4), instant_ctl.slice(8)],
+                             loss=mse, optimizer=optax.sgd(0.1), name="pipe-eval")
+    state = pipe.init(0)
+    instant_ctl.wait()
+    k = instant_ctl.trace.next_index
+    pw.train.wait(pipe.evaluate(state, (np.zeros((16, WIDTH), np.float32),
+                                        np.zeros((16, WIDTH), np.float32))))
+    instant_ctl.wait()
+    took = durations(instant_ctl, k)
+    assert took["s0.eval"] == 0.0   # activations stay sharded: no all-reduce
+    assert took["s1.eval"] == pytest.approx(all_reduce(4, 8, [4, 2]), rel=1e-9)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_simulated_spmd_eval_step_all_reduces_its_loss(instant_ctl, packed):
+    spmd = pw.train.SPMD([layer(), layer()], instant_ctl.slice(8), loss=mse,
+                         optimizer=optax.sgd(0.1), packed=packed, name=f"ev{int(packed)}")
+    state = spmd.init(0)
+    batch = (np.zeros((16, WIDTH), np.float32), np.zeros((16, WIDTH), np.float32))
+    instant_ctl.wait()
+    k = instant_ctl.trace.next_index
+    pw.train.wait(spmd.evaluate(state, batch))
+    instant_ctl.wait()
+    expected = all_reduce(4, 8, [4, 2])
+    assert durations(instant_ctl, k)[f"{spmd.name}.eval"] == pytest.approx(expected, rel=1e-9)
+    assert round(expected * 1e6, 2) == 8.0   # by hand: 4 bytes, 3 + 1 ring steps of 1 us, x2
+
+
+def test_the_sharded_stage_functions_compute_the_plain_ones(ctl):
+    """On real devices (4 of them), what a simulated multi-chip stage runs gives the values of
+    the plain forward and backward: the loss, the gradients (summed over the chips, added to
+    the running sum) and the cotangent of the stage's input."""
+    from pwkernel.train import sharded, stage
+    mesh = jax.make_mesh((2, 2), ("a", "b"), devices=jax.devices()[:4],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = {"w": jax.random.normal(keys[0], (8, 8)), "b": jax.random.normal(keys[1], (8,))}
+    x, y = jax.random.normal(keys[2], (12, 8)), jax.random.normal(keys[3], (12, 8))
+    acc = jax.tree.map(jnp.ones_like, params)
+
+    def apply(p, h):
+        return jnp.tanh(h @ p["w"] + p["b"]) * p["b"]
+
+    def both(fwd, bwd, head):
+        out, res, tok = fwd(params, x, y if head else None, jnp.int32(0))
+        dout = None if head else jnp.ones_like(out)
+        g, dx, _ = bwd(params, x, y if head else None, res, dout, acc, tok, jnp.bool_(False))
+        return out, g, dx
+    for head in (mse, None):
+        plain = jax.jit(lambda h=head: both(stage.forward(apply, h, True),
+                                            stage.backward(apply, h, True, 0.5), h))()
+        with jax.set_mesh(mesh):
+            chips = jax.jit(lambda h=head: both(
+                sharded.forward(apply, h, True, ("a", "b"), 4),
+                sharded.backward(apply, h, True, 0.5, ("a", "b"), 4), h))()
+        for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(chips), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
