@@ -141,6 +141,33 @@ def test_one_chip_per_stage_has_no_all_reduce(instant_ctl):
     assert took["s1.eval"] == 0.0
 
 
+@pytest.mark.parametrize(("n", "spans"), [(4, [4]), (8, [4, 2])])
+def test_a_simulated_pipeline_stage_sums_its_gradients_over_its_chips(instant_ctl, n, spans):
+    """Each backward of a stage on n chips all-reduces that microbatch's 4 MiB of gradients
+    (XLA's partitioner's sum over the sharded batch); the last stage's forwards all-reduce
+    their loss; the eval step its loss. One chip per stage has none of them."""
+    pipe = pw.train.Pipeline([layer(), layer()], [instant_ctl.slice(n), instant_ctl.slice(n)],
+                             loss=mse, optimizer=optax.sgd(0.1), microbatches=2,
+                             name=f"pipe{n}")
+    state = pipe.init(0)
+    batch = (np.zeros((16, WIDTH), np.float32), np.zeros((16, WIDTH), np.float32))
+    instant_ctl.wait()
+    k = instant_ctl.trace.next_index
+    state, _ = pipe.step(state, batch)
+    pw.train.wait(pipe.evaluate(state, batch))
+    instant_ctl.wait()
+    took = durations(instant_ctl, k)
+    grads, loss = all_reduce(WIDTH * WIDTH * 4, n, spans), all_reduce(4, n, spans)
+    for m in range(2):
+        assert took[f"s0.bwd[m{m}]"] == pytest.approx(grads, rel=1e-9)
+        assert took[f"s1.bwd[m{m}]"] == pytest.approx(grads, rel=1e-9)
+        assert took[f"s1.fwd[m{m}]"] == pytest.approx(loss, rel=1e-9)
+        assert took[f"s0.fwd[m{m}]"] == 0.0
+    assert took["s1.eval"] == pytest.approx(loss, rel=1e-9)
+    # by hand: 4 MiB over 4 chips, 2 x (3/4 x 4 MiB / 90 GB/s + 3 us) = 75.9 us
+    assert round(grads * 1e6, 1) == {4: 75.9, 8: 48.8}[n]
+
+
 def test_a_simulated_pipeline_eval_step_all_reduces_its_loss(instant_ctl):
     pipe = pw.train.Pipeline([layer(), layer()], [instant_ctl.slice(4), instant_ctl.slice(8)],
                              loss=mse, optimizer=optax.sgd(0.1), name="pipe-eval")
