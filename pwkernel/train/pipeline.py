@@ -21,7 +21,9 @@ and passed to every step program as arguments (``Pipeline.constants``): no uploa
 **On a simulated cluster** (``backend="sim"``) the same object runs the same programs: every
 stage call is lowered for the simulated chips and timed by the simulator's cost model (XLA's
 cost analysis on the chip's roofline), the schedule, tokens and transfers are the runtime's
-own, and the trace's times are virtual. Nothing is computed: the loss and the state are
+own, and the trace's times are virtual. A stage of several chips runs its calls per chip
+(``sharded.py``), so its backwards' gradient all-reduces, which XLA's partitioner inserts on
+real chips, are timed too. Nothing is computed: the loss and the state are
 futures with shapes and times only (``.result()`` raises ``pw.NoValueError``), and
 ``check_finite`` has nothing to check there (it is ignored).
 
@@ -63,7 +65,7 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
-from . import coupling
+from . import coupling, sharded
 from .schedule import Kind, Schedule, call_name, order
 from .stage import (
     Stage,
@@ -140,10 +142,15 @@ class Pipeline:
             last = s == S - 1
             head = loss if last else None
             out_spec = P() if last else BATCH
+            # a simulated stage of several chips writes out its all-reduces (``sharded.py``)
+            many = simulated(vs) and vs.size > 1
+            fwd = (sharded.forward(st.apply, head, s > 0, vs.axis_names, vs.size) if many
+                   else forward(st.apply, head, s > 0))
             self._fwd.append(function(
-                forward(st.apply, head, s > 0), slice=vs, in_specs=(None, BATCH, BATCH, None),
+                fwd, slice=vs, in_specs=(None, BATCH, BATCH, None),
                 out_specs=(out_spec, None, P()), name=call_name(s, Kind.FWD)))
-            bwd = backward(st.apply, head, s > 0, 1.0 / M)
+            bwd = (sharded.backward(st.apply, head, s > 0, 1.0 / M, vs.axis_names, vs.size)
+                   if many else backward(st.apply, head, s > 0, 1.0 / M))
             specs = dict(slice=vs, in_specs=(None, BATCH, BATCH, None, BATCH, None, None, None),
                          out_specs=(P(), BATCH, P()), name=call_name(s, Kind.BWD))
             # the first backward's accumulator is the parameters (the state's, never donated);
@@ -398,8 +405,11 @@ def _evaluation(stages: Sequence[Stage], slices: Sequence[VirtualSlice], loss: C
     last = len(stages) - 1
     calls = [function(stages[s].apply, slice=slices[s], in_specs=(None, BATCH),
                       out_specs=BATCH, name=f"s{s}.eval") for s in range(last)]
-    calls.append(function(lambda p, h, y: loss(stages[last].apply(p, h), y),
-                          slice=slices[last], in_specs=(None, BATCH, BATCH), out_specs=P(),
+    def head(p, h, y):
+        return loss(stages[last].apply(p, h), y)
+    if simulated(slices[last]) and slices[last].size > 1:  # (its loss's all-reduce written out)
+        head = sharded.mean_loss(head, slices[last].axis_names)
+    calls.append(function(head, slice=slices[last], in_specs=(None, BATCH, BATCH), out_specs=P(),
                           name=f"s{last}.eval"))
 
     def evaluate(params, x, y):

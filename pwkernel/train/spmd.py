@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
-from . import coupling
+from . import coupling, sharded
 from .packed import Layout
 from .stage import Stage, check_trainable, model_loss
 from .state import (
@@ -182,6 +182,8 @@ class SPMD:
                          "pack": placed(layout.pack, "pack"),
                          "unpack": placed(layout.unpack, "unpack")}
         full = model_loss(self.stages, self.loss)
+        if simulated(self.slice) and self.slice.size > 1:  # (the loss's all-reduce written out)
+            full = sharded.mean_loss(full, self.slice.axis_names)
         self._fns["evaluate"] = placed(full, "eval", in_specs=(None, BATCH, BATCH))
         if self.packed:
             self._fns["evaluate_packed"] = placed(

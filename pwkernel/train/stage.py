@@ -139,7 +139,7 @@ def forward(apply: Callable, loss: Callable | None = None,
 
 
 def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = False,
-             scale: float = 1.0) -> Callable:
+             scale: float = 1.0, reduce: Callable | None = None) -> Callable:
     """A stage's backward: ``bwd(params, x, y, residuals, dout, acc, token, first=None) ->
     (grads, dx, token + 1)``. ``grads`` are this microbatch's parameter gradients plus ``acc``
     (the running sum; None: nothing to add), summed in ``accumulation_dtype`` (float32 at
@@ -154,7 +154,9 @@ def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = Fa
     cotangent with ``scale`` (1/M: the step's loss is the mean of its M microbatches').
     Integer and boolean leaves of an activation (masks, positions, token ids a stage passes
     on) have no cotangent: ``dx`` holds ``None`` there, and ``dout`` may (JAX's ``float0``
-    zeros are put back in), so no ``float0`` array goes from one stage to another."""
+    zeros are put back in), so no ``float0`` array goes from one stage to another.
+    ``reduce``: applied to the microbatch's gradients before they are added (``sharded.py``:
+    their sum over the chips, on a simulated slice)."""
     def bwd(params, x, y, residuals, dout, acc, token, first=None):
         out, leaves, tree, where = _vjp(apply, loss, wrt_input, params, x, y)
         opaque = sum(w < 0 for w in where)
@@ -169,7 +171,7 @@ def backward(apply: Callable, loss: Callable | None = None, wrt_input: bool = Fa
         elif loss is None:
             dout = _with_float0(out, dout)
         cts = vjp(dout)
-        grads = cts[0]
+        grads = cts[0] if reduce is None else reduce(cts[0])
         if acc is not None:
             def add(a, g):
                 g = g.astype(accumulation_dtype(g.dtype))

@@ -312,3 +312,23 @@ def test_a_loop_whose_trip_count_is_data_is_flagged_as_counted_once():
         assert len(said) == 1 and said[0].startswith("data: ") and "sim_cost=seconds" in said[0]
         given = [e for e in ctl.trace.events() if e.name == "given"]
         assert len(given) == 1 and given[0].t_end - given[0].t_start == pytest.approx(1e-3)
+
+
+def test_output_shardings_add_no_memory_traffic():
+    """Per chip, a forward of 4 chips' shards: x (16 x 256 f32, 16 KiB) @ w (256 x 256, 256
+    KiB, replicated) reads 272 KiB and writes 16 KiB; tanh reads and writes 16 KiB each: 320
+    KiB, given out_specs or not. Given them, JAX's HLO keeps each output's sharding on a dead
+    reshape of the whole array (which XLA removes before it partitions), and that counted
+    128 KiB more per output."""
+    def fwd(w, x):
+        h = x @ w
+        return jnp.tanh(h), h
+    per_chip = jax.shard_map(fwd, in_specs=(P(), P("x")), out_specs=P("x"), check_vma=False)
+    w, x = (jax.ShapeDtypeStruct(s, jnp.float32) for s in ((256, 256), (64, 256)))
+    by_hand = 4 * 256 * 256 + 4 * 16 * 256 * 4
+    for fn, expected in ((per_chip, by_hand),
+                         (fwd, (4 * 256 * 256 + 4 * 64 * 256 * 4) / 4)):  # (whole / chips)
+        for outs in (None, (P("x"), None), (P("x"), P("x"))):
+            cost = estimate(fn, w, x, cluster="tpu-v4", mesh=(4,), in_specs=(None, P("x")),
+                            out_specs=outs)
+            assert cost.bytes_accessed == pytest.approx(expected, rel=1e-3), (fn, outs)
