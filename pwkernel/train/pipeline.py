@@ -81,8 +81,10 @@ from .state import (
     TrainState,
     apply_optimizer,
     check_batch,
+    check_fits,
     check_optimizer,
     check_stages,
+    expected_state,
     init_stage,
     inputs_and_targets,
     not_a_state,
@@ -172,6 +174,7 @@ class Pipeline:
         self._consts: list[tuple[Any, Any, Any]] | None = None
         self._placers: tuple[Placer, Placer] | None = None
         self._eval: Program | None = None
+        self._expected: TrainState | None = None  # the state's shapes, as init makes them
 
     # --- the public surface ----------------------------------------------------------------
     def init(self, key) -> TrainState:
@@ -210,13 +213,14 @@ class Pipeline:
         else:
             xs, ys = self._split(batch)
         ready_to_donate(state)
+        run = self.program(self.schedule if schedule is None else schedule)
+        out = run(list(state.params), list(state.opt_state), list(xs), list(ys),
+                  self.constants(), dispatch=dispatch)  # (its trace checks the state first)
         shapes = _struct((xs[0], ys[0]))
         if shapes != self._residual_shapes:  # (first step, or a batch of another shape)
             self.residual_bytes = self._residual_bytes(state.params, xs[0], ys[0])
             self._residual_shapes = shapes
-        run = self.program(self.schedule if schedule is None else schedule)
-        return run(list(state.params), list(state.opt_state), list(xs), list(ys),
-                   self.constants(), dispatch=dispatch)
+        return out
 
     def evaluate(self, state: TrainState, batch) -> Any:
         """The mean loss of ``batch`` under ``state``'s parameters, with no update (an eval
@@ -276,7 +280,10 @@ class Pipeline:
         if len(constants) != S:
             raise ValueError(f"expected {S} stages' constants, got {len(constants)}. Maybe "
                              "you want pipe.constants().")
-        check_trainable(params)  # (once per traced signature)
+        if self._expected is None:
+            self._expected = expected_state(self.stages, self.optimizer)
+        check_fits(TrainState(params, opt_state), self._expected, repr(self))
+        check_trainable(params)  # (both once per traced signature)
         tokens = [c[0] for c in constants]
         first, later = [c[1] for c in constants], [c[2] for c in constants]
         acts: dict[tuple[int, int], Any] = {}   # stage s's output of microbatch m

@@ -43,9 +43,11 @@ from .state import (
     TrainState,
     apply_optimizer,
     check_batch,
+    check_fits,
     check_optimizer,
     check_slice,
     check_stages,
+    expected_state,
     init_stage,
     inputs_and_targets,
     not_a_state,
@@ -75,8 +77,12 @@ def step_parts(stages: Sequence[Stage], loss: Callable, optimizer: optax.Gradien
     ``update(state, grads, loss) -> state``. ``SPMD(check_finite=True)`` runs them as two
     computations, so a failed check fails the update before it consumes the state."""
     full = model_loss(stages, loss)
+    expected: list[TrainState] = []  # (init's shapes, made at the first trace)
 
     def grads(state: TrainState, x, y):
+        if not expected:
+            expected.append(expected_state(stages, optimizer))
+        check_fits(state, expected[0], f"this model ({len(stages)} stages)")
         check_trainable(state.params)
         value, g = jax.value_and_grad(full)(state.params, x, y)
         if check_finite:

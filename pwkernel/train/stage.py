@@ -27,7 +27,7 @@ through each stage's calls to fix the order they run in (``pipeline.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,17 @@ def check_trainable(params: Sequence[Any]) -> None:
     complex-valued inputs"); a ``Pipeline``'s backward failed on it less clearly ("Called add
     with a float0 array", "Cannot convert_element_type from key<fry> to void")."""
     for s, stage_params in enumerate(params):
+        if isinstance(stage_params, Mapping) and "batch_stats" in stage_params:
+            raise TypeError(
+                f"stage {s}'s parameters hold flax's 'batch_stats' collection (its init "
+                "returned module.init(...)'s whole variables): pw.train trains parameters "
+                "with jax.grad and carries no mutable collection from step to step, so "
+                "BatchNorm's running statistics would be trained as weights (or a "
+                "mutable=['batch_stats'] apply would hand a tuple to the next stage). Return "
+                "variables['params'] from init and apply with {'params': params}, using a "
+                "norm without state (nn.LayerNorm, nn.GroupNorm), or write the step yourself "
+                "with pw.function (docs/training.md, 'Flax models'), which carries "
+                "batch_stats as jax.jit does.")
         for path, leaf in jax.tree_util.tree_flatten_with_path(stage_params)[0]:
             dtype = getattr(leaf, "dtype", None)
             if dtype is None or jnp.issubdtype(dtype, jnp.inexact):

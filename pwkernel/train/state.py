@@ -130,6 +130,60 @@ def init_stage(init, optimizer: optax.GradientTransformation):
     return init_both
 
 
+def expected_state(stages: Sequence, optimizer: optax.GradientTransformation) -> TrainState:
+    """The shapes of the ``TrainState`` that ``init`` makes for ``stages`` (nothing runs:
+    ``jax.eval_shape`` of each stage's init and its optimizer state)."""
+    key = jax.ShapeDtypeStruct((2,), np.uint32)  # (a raw key, as stage_keys makes; no
+    made = [jax.eval_shape(init_stage(st.init, optimizer), key)  # value: fine in a trace)
+            for st in stages]
+    return TrainState([p for p, _ in made], [o for _, o in made])
+
+
+def check_fits(state: TrainState, expected: TrainState, trainer: str) -> None:
+    """``state`` has this trainer's stages, and per stage the leaves (paths and shapes) its
+    ``init`` makes, or the error that says where it differs. Another model's state (more
+    stages, another width, another optimizer's state) failed deep inside a stage's trace
+    ("sub got incompatible shapes", "zip() argument 2 is longer") or, where the shapes
+    happened to fit, trained on silently with the wrong stages or optimizer state. Only
+    paths and shapes are compared: a checkpoint restored as plain dicts, or a learning rate
+    set as a Python float in optax's ``hyperparams``, fits as under ``jax.jit``."""
+    stages = len(expected.params)
+    if len(state.params) != stages or len(state.opt_state) != stages:
+        raise ValueError(
+            f"this state does not fit {trainer}: it holds {len(state.params)} stages' "
+            f"parameters and {len(state.opt_state)} stages' optimizer states, the trainer "
+            f"has {stages} stages. Maybe you want the state this trainer's init() returned "
+            "(or a checkpoint of a trainer of the same stages).")
+    for s in range(stages):
+        for part, got, want in (("parameters hold", state.params[s], expected.params[s]),
+                                ("optimizer state holds", state.opt_state[s],
+                                 expected.opt_state[s])):
+            why = _misfit(got, want)
+            if why is not None:
+                raise ValueError(
+                    f"this state does not fit {trainer}: stage {s}'s {part} {why}. Maybe "
+                    "you want the state this trainer's init() returned (or a checkpoint of a "
+                    "trainer of the same stages and optimizer).")
+
+
+def _misfit(got, want) -> str | None:
+    def leaves(tree):
+        return [(jax.tree_util.keystr(path) or "(the whole tree)",
+                 tuple(getattr(leaf, "shape", None) or np.shape(leaf)))
+                for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    got_leaves, want_leaves = leaves(got), leaves(want)
+    if [p for p, _ in got_leaves] != [p for p, _ in want_leaves]:
+        def names(ls):
+            shown = [p for p, _ in ls[:6]]
+            return "nothing" if not ls else ", ".join(shown) + (" ..." if len(ls) > 6 else "")
+        return (f"{len(got_leaves)} leaves ({names(got_leaves)}), where its init makes "
+                f"{len(want_leaves)} ({names(want_leaves)})")
+    for (path, shape), (_, wanted) in zip(got_leaves, want_leaves, strict=True):
+        if shape != wanted:
+            return f"{path} of shape {shape}, where its init makes {wanted}"
+    return None
+
+
 def apply_optimizer(optimizer: optax.GradientTransformation, params, opt_state, grads,
                     value=None, norm=None):
     """One optax step: ``(params, opt_state)`` after ``grads``. ``value``: the step's loss,
