@@ -84,6 +84,7 @@ from .state import (
     check_fits,
     check_optimizer,
     check_stages,
+    checking_params,
     expected_state,
     init_stage,
     inputs_and_targets,
@@ -237,8 +238,9 @@ class Pipeline:
         x, y = inputs_and_targets(batch, "pipe")
         check_batch((x, y), 1, "batch (inputs and targets)", [vs.size for vs in self.slices])
         if self._eval is None:
-            self._eval = program(_evaluation(self.stages, self.slices, self.loss),
-                                 name=f"{self.name}.eval")
+            self._eval = program(checking_params(
+                _evaluation(self.stages, self.slices, self.loss), self.stages, self.optimizer,
+                repr(self)), name=f"{self.name}.eval")
         return self._eval(list(state.params), x, y)
 
     def program(self, schedule: Schedule | str | None = None) -> Program:

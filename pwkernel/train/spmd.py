@@ -47,6 +47,7 @@ from .state import (
     check_optimizer,
     check_slice,
     check_stages,
+    checking_params,
     expected_state,
     init_stage,
     inputs_and_targets,
@@ -190,6 +191,7 @@ class SPMD:
         full = model_loss(self.stages, self.loss)
         if simulated(self.slice) and self.slice.size > 1:  # (the loss's all-reduce written out)
             full = sharded.mean_loss(full, self.slice.axis_names)
+        full = checking_params(full, self.stages, self.optimizer, repr(self))
         self._fns["evaluate"] = placed(full, "eval", in_specs=(None, BATCH, BATCH))
         if self.packed:
             self._fns["evaluate_packed"] = placed(

@@ -8,7 +8,7 @@ model have states of the same shape). Its leaves are ``pw.Future``s while a step
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -155,15 +155,40 @@ def check_fits(state: TrainState, expected: TrainState, trainer: str) -> None:
             f"has {stages} stages. Maybe you want the state this trainer's init() returned "
             "(or a checkpoint of a trainer of the same stages).")
     for s in range(stages):
-        for part, got, want in (("parameters hold", state.params[s], expected.params[s]),
-                                ("optimizer state holds", state.opt_state[s],
-                                 expected.opt_state[s])):
-            why = _misfit(got, want)
-            if why is not None:
-                raise ValueError(
-                    f"this state does not fit {trainer}: stage {s}'s {part} {why}. Maybe "
-                    "you want the state this trainer's init() returned (or a checkpoint of a "
-                    "trainer of the same stages and optimizer).")
+        _check_part(s, "parameters hold", state.params[s], expected.params[s], trainer)
+        _check_part(s, "optimizer state holds", state.opt_state[s], expected.opt_state[s],
+                    trainer)
+
+
+def checking_params(fn: Callable, stages: Sequence, optimizer: optax.GradientTransformation,
+                    trainer: str) -> Callable:
+    """``fn(params, *rest)`` (an eval step) that first checks that ``params`` are this
+    trainer's (stages, and per stage the leaves its ``init`` makes), when it is traced: once
+    per signature. Another model's parameters failed deep in a stage's trace, or evaluated
+    the wrong model where the shapes happened to fit."""
+    expected: list = []
+
+    def checked(params, *rest):
+        if not expected:
+            expected.append(expected_state(stages, optimizer).params)
+        if len(params) != len(expected[0]):
+            raise ValueError(
+                f"this state does not fit {trainer}: it holds {len(params)} stages' "
+                f"parameters, the trainer has {len(expected[0])} stages. Maybe you want the "
+                "state this trainer's init() or step() returned.")
+        for s, (got, want) in enumerate(zip(params, expected[0], strict=True)):
+            _check_part(s, "parameters hold", got, want, trainer)
+        return fn(params, *rest)
+    return checked
+
+
+def _check_part(stage: int, part: str, got, want, trainer: str) -> None:
+    why = _misfit(got, want)
+    if why is not None:
+        raise ValueError(
+            f"this state does not fit {trainer}: stage {stage}'s {part} {why}. Maybe you want "
+            "the state this trainer's init() returned (or a checkpoint of a trainer of the "
+            "same stages and optimizer).")
 
 
 def _misfit(got, want) -> str | None:

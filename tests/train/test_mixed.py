@@ -101,6 +101,11 @@ def test_a_state_of_another_model_is_refused_with_where_it_differs(tctl, kind):
         with pytest.raises(Exception, match=why) as info:
             ours.step(other.init(0), (X, Y))
         assert "does not fit" in str(info.value)
+    for why, other in list(others.items())[:2]:  # (evaluate reads the parameters alone)
+        with pytest.raises(Exception, match=why) as info:
+            ours.evaluate(other.init(0), (X, Y))
+        assert "does not fit" in str(info.value)
+    assert np.isfinite(float(ours.evaluate(others[list(others)[2]].init(0), (X, Y))))
     state, loss = ours.step(state, (X, Y))  # (its own state, untouched, trains on)
     assert np.isfinite(float(loss))
 
