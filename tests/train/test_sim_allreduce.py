@@ -126,17 +126,23 @@ def durations(ctl, since: int) -> dict[str, float]:
     return {e.name: e.t_end - e.t_start for e in ctl.trace.events(since=since)}
 
 
-def test_one_chip_per_stage_has_no_all_reduce(instant_ctl):
-    pipe = pw.train.Pipeline([layer(), layer()], [instant_ctl.slice(1), instant_ctl.slice(1)],
-                             loss=mse, optimizer=optax.sgd(0.1), microbatches=2, name="pipe1")
+def pipeline_step_and_eval(ctl, chips: int, rows: int) -> dict[str, float]:
+    """The durations of one step and one eval of a 2-stage pipeline, ``chips`` per stage."""
+    pipe = pw.train.Pipeline([layer(), layer()], [ctl.slice(chips), ctl.slice(chips)],
+                             loss=mse, optimizer=optax.sgd(0.1), microbatches=2,
+                             name=f"pipe{chips}")
     state = pipe.init(0)
-    batch = (np.zeros((4, WIDTH), np.float32), np.zeros((4, WIDTH), np.float32))
-    instant_ctl.wait()
-    k = instant_ctl.trace.next_index
+    batch = (np.zeros((rows, WIDTH), np.float32), np.zeros((rows, WIDTH), np.float32))
+    ctl.wait()
+    k = ctl.trace.next_index
     state, _ = pipe.step(state, batch)
     pw.train.wait(pipe.evaluate(state, batch))
-    instant_ctl.wait()
-    took = durations(instant_ctl, k)
+    ctl.wait()
+    return durations(ctl, k)
+
+
+def test_one_chip_per_stage_has_no_all_reduce(instant_ctl):
+    took = pipeline_step_and_eval(instant_ctl, chips=1, rows=4)
     assert took["s0.bwd[m0]"] == took["s1.bwd[m1]"] == took["s1.fwd[m0]"] == 0.0
     assert took["s1.eval"] == 0.0
 
@@ -146,17 +152,7 @@ def test_a_simulated_pipeline_stage_sums_its_gradients_over_its_chips(instant_ct
     """Each backward of a stage on n chips all-reduces that microbatch's 4 MiB of gradients
     (XLA's partitioner's sum over the sharded batch); the last stage's forwards all-reduce
     their loss; the eval step its loss. One chip per stage has none of them."""
-    pipe = pw.train.Pipeline([layer(), layer()], [instant_ctl.slice(n), instant_ctl.slice(n)],
-                             loss=mse, optimizer=optax.sgd(0.1), microbatches=2,
-                             name=f"pipe{n}")
-    state = pipe.init(0)
-    batch = (np.zeros((16, WIDTH), np.float32), np.zeros((16, WIDTH), np.float32))
-    instant_ctl.wait()
-    k = instant_ctl.trace.next_index
-    state, _ = pipe.step(state, batch)
-    pw.train.wait(pipe.evaluate(state, batch))
-    instant_ctl.wait()
-    took = durations(instant_ctl, k)
+    took = pipeline_step_and_eval(instant_ctl, chips=n, rows=16)
     grads, loss = all_reduce(WIDTH * WIDTH * 4, n, spans), all_reduce(4, n, spans)
     for m in range(2):
         assert took[f"s0.bwd[m{m}]"] == pytest.approx(grads, rel=1e-9)
