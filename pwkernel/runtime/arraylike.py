@@ -27,7 +27,8 @@ that checks for one (``jax.random`` with a typed key, ``flax.serialization``) ne
 ``ndim``, which raises that fix there), and ``jax.device_get`` copies one to the host as it
 copies the key (``__array__`` answers it so; ``np.asarray`` raises as for the key). Like the
 array, it is immutable: ``fut[i] = v`` raises the TypeError ``jax.Array`` raises, and says what a
-flax.nnx module holding futures needs.
+flax.nnx module holding futures needs; ``shape``, ``dtype`` and ``sharding`` are read-only
+(``read_only``), where NumPy's ``a.shape = ...`` would reshape.
 """
 
 from __future__ import annotations
@@ -104,6 +105,31 @@ def _method(name: str) -> Callable:
 def _property(name: str) -> property:
     return property(lambda self: getattr(self.result(), name),
                     doc=f"``jax.Array.{name}`` of the value (waits for it).")
+
+
+def _meant(name: str, value) -> str:
+    """What setting ``name`` to ``value`` on an array means in JAX (NumPy's ``a.shape = ...``
+    reshapes in place, ``a.dtype = ...`` reinterprets: JAX has operations for those)."""
+    if name == "shape":
+        shape = value if isinstance(value, tuple) else (value,)
+        return f"fut.reshape({', '.join(map(repr, shape))}) (a new array)"
+    if name == "dtype":
+        try:
+            return f"fut.astype(jnp.{np.dtype(value).name}) (a new array)"
+        except TypeError:
+            return "fut.astype(dtype) (a new array)"
+    return "jax.device_put(fut.result(), sharding), or out_specs= on the pw.function"
+
+
+def read_only(name: str) -> property:
+    """A property over the slot ``_{name}`` that refuses to be set, as ``jax.Array``'s
+    ``shape``, ``dtype`` and ``sharding`` do: set, it changed only what the future said, never
+    its value. The getter is ``operator.attrgetter``, as fast as reading the slot."""
+    def refuse(self, value):
+        raise AttributeError(f"a pw.Future's {name} is read-only, as a jax.Array's: it is what "
+                             f"the program computes. Maybe you want {_meant(name, value)}.")
+    return property(operator.attrgetter(f"_{name}"), refuse,
+                    doc=f"The value's {name}, known before it is computed.")
 
 
 class ArrayOnDemand:

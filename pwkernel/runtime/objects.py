@@ -20,7 +20,7 @@ from enum import StrEnum
 import numpy as np
 
 from . import done_callbacks, interrupts
-from .arraylike import ArrayOnDemand
+from .arraylike import ArrayOnDemand, read_only
 from .dtypes import as_dtype
 from .errors import CancelledError, freed_by_close, origin, timeout_seconds
 from .store import BufferRecord, ObjectStore, shard_bytes
@@ -84,16 +84,16 @@ class Future(ArrayOnDemand):
     Array([3., 5.], dtype=float32)
     """
 
-    __slots__ = ("shape", "dtype", "sharding", "name", "island", "run", "producer", "_store",
+    __slots__ = ("_shape", "_dtype", "_sharding", "name", "island", "run", "producer", "_store",
                  "_buffer", "_state", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks",
                  "_launched", "_lock", "t_created", "t_done", "weak_type", "order", "placement",
                  "donated", "_error_tb", "__weakref__")
+    shape, dtype, sharding = read_only("shape"), read_only("dtype"), read_only("sharding")
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
                  run=None, store: ObjectStore | None = None):
-        self.shape = shape if type(shape) is tuple else tuple(shape)
-        self.dtype = as_dtype(dtype)
-        self.sharding, self.name, self.island, self.run, self._store = (sharding, name, island,
+        self._shape, self._dtype = tuple(shape), as_dtype(dtype)  # (read-only, as jax.Array's)
+        self._sharding, self.name, self.island, self.run, self._store = (sharding, name, island,
                                                                           run, store)
         self._buffer = None  # the store's entry for the value (or a _Buffer), once done
         self._state = _PENDING
@@ -263,8 +263,8 @@ class Future(ArrayOnDemand):
         ``t_created``: once for a run's outputs). ``lock``: the one it shares with its
         producer's other outputs, which launch and resolve together (None: its own)."""
         fut: Future = cls.__new__(cls)
-        fut.shape, fut.dtype, fut.sharding, fut.name, fut.island = (shape, dtype, sharding,
-                                                                      name, island)
+        fut._shape, fut._dtype, fut._sharding, fut.name, fut.island = (shape, dtype, sharding,
+                                                                         name, island)
         fut.run, fut._store, fut.producer, fut.weak_type = run, store, producer, weak
         fut.order, fut.placement, fut.donated = order, placement, False
         fut._buffer = fut._error = fut._event = fut._callbacks = fut._hooks = None

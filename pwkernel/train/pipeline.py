@@ -82,6 +82,7 @@ from .state import (
     apply_optimizer,
     check_batch,
     check_fits,
+    check_loss,
     check_optimizer,
     check_stages,
     checking_params,
@@ -127,6 +128,7 @@ class Pipeline:
                  check_finite: bool = False, name: str = "pipeline"):
         check_stages(stages, slices)
         check_optimizer(optimizer)
+        check_loss(loss)
         if (not isinstance(microbatches, int | np.integer) or isinstance(microbatches, bool)
                 or microbatches < 1):  # (a NumPy int, say batch // per, is one too)
             raise ValueError(f"microbatches must be a positive int, got {microbatches!r}.")

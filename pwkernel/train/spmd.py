@@ -44,6 +44,7 @@ from .state import (
     apply_optimizer,
     check_batch,
     check_fits,
+    check_loss,
     check_optimizer,
     check_slice,
     check_stages,
@@ -152,6 +153,7 @@ class SPMD:
         check_stages(stages)
         check_slice(slice)
         check_optimizer(optimizer)
+        check_loss(loss)
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
         self.name, self.packed = name, packed
         self._train = (simulated_step(self.stages, loss, optimizer, slice.axis_names)

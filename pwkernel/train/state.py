@@ -358,6 +358,9 @@ def split_batch(batch, microbatches: int, what: str = "batch",
 def check_stages(stages: Sequence, slices: Sequence | None = None) -> None:
     from .stage import Stage
 
+    if isinstance(stages, Stage):  # (was Python's "'Stage' object is not iterable")
+        raise TypeError("stages must be a non-empty list of pw.train.Stage(init, apply), got one "
+                        "Stage. Maybe you want stages=[stage].")
     if not stages or not all(isinstance(s, Stage) for s in stages):
         modules = [s for s in stages or () if callable(getattr(s, "init", None))
                    and callable(getattr(s, "apply", None))]
@@ -366,6 +369,12 @@ def check_stages(stages: Sequence, slices: Sequence | None = None) -> None:
                 "params}, x))." if modules else "")
         raise TypeError(f"stages must be a non-empty list of pw.train.Stage(init, apply), got "
                         f"{[type(s).__name__ for s in stages] if stages else stages!r}.{hint}")
+    for i, stage in enumerate(stages):  # (these failed only in init's or step's trace)
+        for field, call in (("init", "init(key) -> params"), ("apply", "apply(params, x) -> y")):
+            fn = getattr(stage, field)
+            if not callable(fn):
+                raise TypeError(f"stage {i}'s {field} must be a function {call}, got "
+                                f"{type(fn).__name__} {fn!r}.")
     if slices is None:
         return
     if isinstance(slices, VirtualSlice):
@@ -412,6 +421,15 @@ def check_optimizer(optimizer) -> None:
     got = f"the function {name}" if callable(optimizer) and name else repr(optimizer)
     raise TypeError(f"optimizer must be an optax GradientTransformation (with init and "
                     f"update), got {got}.{hint}")
+
+
+def check_loss(loss) -> None:
+    """``loss`` is a function: before, ``loss=None`` failed only in the step's trace (in a
+    pipeline, as JAX's float0 error from the backward pass)."""
+    if not callable(loss):
+        raise TypeError(f"loss must be a function loss(outputs, targets) -> a scalar, got "
+                        f"{type(loss).__name__} {loss!r}; e.g. loss=lambda y, t: "
+                        "jnp.mean((y - t) ** 2).")
 
 
 def not_a_state(state, what: str, takes: str) -> TypeError:

@@ -44,6 +44,21 @@ def positive_int(value: Any, what: str) -> int:
     return int(value)
 
 
+def live_options(interval: Any, until: Any = None) -> tuple[float, Any]:
+    """A live view's ``interval`` (finite seconds > 0: an infinite one overflowed the updater
+    thread's wait) and ``until`` (None, or what it follows until done: a ``ProgramRun``)."""
+    if (isinstance(interval, bool) or not isinstance(interval, numbers.Real)
+            or not 0 < interval < float("inf")):
+        kind = TypeError if not isinstance(interval, numbers.Real) else ValueError
+        raise kind(f"the update interval must be a positive number of seconds, got "
+                   f"{interval!r}. Maybe you want interval=0.5 (twice a second).")
+    if until is not None and not callable(getattr(until, "done", None)):
+        raise TypeError(f"until must be a pw.ProgramRun (fut.run) or None, got "
+                        f"{type(until).__name__} {until!r}. Maybe you want until=fut.run (the "
+                        "view stops following once that program has ended).")
+    return float(interval), until
+
+
 def filter_names(value: Iterable[str] | str | None, what: str) -> tuple[str, ...]:
     """A filter's names: one name, several, or None (no filter: ``()``)."""
     if value is None:

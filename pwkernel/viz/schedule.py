@@ -38,6 +38,7 @@ from .inputs import (
     device_ids,
     drill_devices,
     filter_names,
+    live_options,
     positive_int,
     virtual_clock,
     window_seconds,
@@ -99,7 +100,7 @@ class ScheduleView(w.VBox):
             raise ValueError(f"color_by must be one of {sorted(COLOR_FIELDS)}, got "
                              f"{color_by!r}.")
         max_rows = positive_int(max_rows, "max_rows")
-        devices = device_ids(devices)
+        devices, (interval, until) = device_ids(devices), live_options(interval, until)
         self.ctl = ctl
         self.max_rows = max_rows
         self.trace_path, self.report_path = Path(trace_path), Path(report_path)

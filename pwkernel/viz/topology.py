@@ -32,7 +32,7 @@ from ..runtime.trace import Event
 from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
 from .columns import DeviceLayout, merged_busy
-from .inputs import check_controller, virtual_clock, window_seconds
+from .inputs import check_controller, live_options, virtual_clock, window_seconds
 from .updater import LiveUpdater, close_all, close_with_page
 
 TOPOLOGY_COLUMNS = ("x", "device", "island", "utilization", "util_text", "memory",
@@ -70,7 +70,7 @@ class TopologyView(w.VBox):
     def __init__(self, ctl, window: float | None = None, *, live: bool = True,
                  interval: float = 0.5, rows: str = "auto"):
         check_controller(ctl)
-        window = window_seconds(window)
+        window, (interval, _) = window_seconds(window), live_options(interval)
         self.ctl = ctl
         #: seconds of utilization shown; None: the whole run (default on a virtual clock)
         self.window_s = 10.0 if window is None and not virtual_clock(ctl) else window

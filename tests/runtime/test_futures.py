@@ -433,6 +433,24 @@ def test_item_assignment_on_a_future_says_what_to_do_as_jax_arrays_do(ctl):
     np.testing.assert_array_equal(net.bn.mean[...], want.bn.mean[...])
 
 
+def test_a_futures_shape_dtype_and_sharding_are_read_only_as_a_jax_arrays(ctl):
+    """NumPy's ``a.shape = (2, 4)`` reshapes in place; on a future it was taken silently and
+    changed only what the future said (its value kept the old shape). It is refused as
+    ``jax.Array`` refuses it, an AttributeError, naming the operation meant."""
+    fut = pw.function(lambda a: a + 1, slice=ctl.slice(2))(np.ones(8, np.float32))
+    sharding = fut.sharding
+    for name, value, fix in (("shape", (2, 4), r"fut\.reshape\(2, 4\)"),
+                             ("dtype", np.int32, r"fut\.astype\(jnp\.int32\)"),
+                             ("sharding", None, r"jax\.device_put\(fut\.result\(\), sharding\)")):
+        with pytest.raises(AttributeError, match="no setter"):
+            setattr(jnp.ones(8), name, value)
+        with pytest.raises(AttributeError, match=rf"a pw.Future's {name} is read-only, as a "
+                                                 rf"jax.Array's.*Maybe you want {fix}"):
+            setattr(fut, name, value)
+    assert (fut.shape, fut.dtype, fut.sharding) == ((8,), np.float32, sharding)
+    np.testing.assert_array_equal(fut.reshape(2, 4), np.full((2, 4), 2, np.float32))
+
+
 def test_a_done_callback_that_raises_system_exit_stops_no_later_callback():
     """``sys.exit()`` (a ``BaseException``) in a callback on the runner's thread is logged as
     any error is; before, it ended the thread for good while the runner still counted it as

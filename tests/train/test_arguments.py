@@ -67,3 +67,34 @@ def test_a_misspelt_trainer_keyword_names_the_one_meant(tctl):
     with pytest.raises(TypeError, match=r"pw.train.MemorySampler\(\) got .* 'intervall'\. Did "
                                         r"you mean interval=\?"):
         pw.train.MemorySampler(tctl, intervall=1.0)
+
+
+@pytest.mark.parametrize("trainer", ["pipeline", "spmd"])
+@pytest.mark.parametrize("loss", [None, 3])
+def test_a_trainer_refuses_a_loss_that_is_not_a_function_when_made(tctl, trainer, loss):
+    stages, s = transformer.split(CFG, 1), tctl.slice(1)
+    # (accepted, then step failed tracing: "'NoneType' object is not callable", or for a
+    # pipeline's None JAX's "unexpected JAX type ... float0" from the backward pass)
+    with pytest.raises(TypeError, match=r"loss must be a function loss\(outputs, targets\) -> "
+                                        r"a scalar, got (NoneType|int).*e\.g\. loss=lambda"):
+        if trainer == "pipeline":
+            pw.train.Pipeline(stages, [s], loss=loss, optimizer=optax.adam(1e-2))
+        else:
+            pw.train.SPMD(stages, s, loss=loss, optimizer=optax.adam(1e-2))
+
+
+def test_stages_are_a_list_of_stages_with_functions(tctl):
+    stage, s = transformer.split(CFG, 1)[0], tctl.slice(1)
+    # (one Stage was Python's "'Stage' object is not iterable")
+    with pytest.raises(TypeError, match=r"stages must be a non-empty list of pw.train.Stage"
+                                        r"\(init, apply\), got one Stage\. Maybe you want "
+                                        r"stages=\[stage\]"):
+        pw.train.Pipeline(stage, [s], **KW)
+    # (accepted, then init or step failed tracing: "'int' object is not callable")
+    with pytest.raises(TypeError, match=r"stage 0's init must be a function init\(key\) -> "
+                                        r"params, got int 3"):
+        pw.train.SPMD([pw.train.Stage(init=3, apply=stage.apply)], s, **KW)
+    with pytest.raises(TypeError, match=r"stage 1's apply must be a function apply\(params, "
+                                        r"x\) -> y, got NoneType None"):
+        pw.train.Pipeline([stage, pw.train.Stage(init=stage.init, apply=None)],
+                          [s, tctl.slice(1)], **KW)

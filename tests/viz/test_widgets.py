@@ -451,6 +451,21 @@ def test_bad_arguments_say_what_to_do(ctl):
             pw.ScheduleView(ctl, devices=devices, live=False)
 
 
+def test_a_view_refuses_an_interval_or_until_of_the_wrong_kind_when_made(ctl):
+    # (interval="1" was Python's "'>' not supported between instances of 'str' and 'int'", an
+    # infinite one an OverflowError in the updater's thread, and until="x" made the view, then
+    # its thread died of "'str' object has no attribute 'done'")
+    for view in (pw.ScheduleView, pw.TopologyView):
+        for interval in ("1", None, float("inf"), 0, True):
+            with pytest.raises((TypeError, ValueError), match=r"interval must be a positive "
+                                                              r"number of seconds.*interval=0\.5"):
+                view(ctl, interval=interval)
+    for live in (True, False):
+        with pytest.raises(TypeError, match=r"until must be a pw.ProgramRun \(fut.run\) or "
+                                            r"None, got str 'x'\. Maybe you want until=fut.run"):
+            pw.ScheduleView(ctl, until="x", live=live)
+
+
 def test_a_misspelt_view_keyword_names_the_one_meant(ctl, tmp_path):
     # (Python's bare "got an unexpected keyword argument 'max_row'" named no right word)
     with pytest.raises(TypeError, match=r"pw.ScheduleView\(\) got an unexpected keyword "
