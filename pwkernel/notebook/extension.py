@@ -45,16 +45,33 @@ def _post_execute(*_: Any) -> None:
     _kept_at_end[:] = [interrupts.cell_ended()]
 
 
+def _hidden_unders_follow(ip) -> None:
+    """``_``, ``__`` and ``___`` among IPython's hidden names hold what the output history
+    holds. IPython's flush (``%reset -f out``) resets them in the namespace only: the hidden
+    copy kept the last results alive (a future and its device buffers, after ``del``), and
+    the display hook, which took the namespace's ``''`` for a name the user bound, stopped
+    updating ``_``. A name the user bound (not the display hook's value) is left alone."""
+    hook, hidden, ns = ip.displayhook, ip.user_ns_hidden, ip.user_ns
+    for name in ("_", "__", "___"):
+        value = ns.get(name, hidden)
+        if name in hidden and value is getattr(hook, name, hidden) and hidden[name] is not value:
+            hidden[name] = value
+
+
 def _post_run_cell(result: Any) -> None:
     """The cell fails with the interrupt a hold kept as its code ended (its last runtime call
-    returned first): raised later, it landed in ipykernel's reply to the cell, or was lost."""
-    if _kept_at_end and _kept_at_end.pop() and result is not None and result.success:
-        import IPython
+    returned first): raised later, it landed in ipykernel's reply to the cell, or was lost.
+    Then IPython's hidden ``_`` names follow its output history (``_hidden_unders_follow``)."""
+    import IPython
 
+    ip = IPython.get_ipython()
+    if ip is not None:
+        _hidden_unders_follow(ip)
+    if _kept_at_end and _kept_at_end.pop() and result is not None and result.success:
         e = KeyboardInterrupt("the interrupt came in the cell's last runtime call, which ended "
                               "first: its results are bound; the kernel is ready")
         result.error_in_exec = e
-        IPython.get_ipython().showtraceback((KeyboardInterrupt, e, None))
+        ip.showtraceback((KeyboardInterrupt, e, None))
 
 
 def banner(ctl: Controller) -> str:

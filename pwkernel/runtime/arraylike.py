@@ -20,7 +20,9 @@ as after ``jax.jit``:
 What the future knows before its value (shape, dtype, sharding, ``aval``, ``ndim``, ``size``,
 ``len()``, ``devices()``, ``nbytes``, ``itemsize``, ``is_fully_replicated``) does not wait,
 so a simulated future, which has no value, answers them too. ``==`` and ``hash`` stay the
-future's own: a future is a key in dictionaries and sets, which an array cannot be. A future
+future's own against another future (or ``None``): a future is a key in dictionaries and
+sets, which an array cannot be; against a number or a NumPy value, they compare the value, as
+the array does (``loss == 0.5``; before, identity made it False whatever the loss). A future
 is not an instance of ``jax.Array`` (a plain class, which takes no virtual subclasses): code
 that checks for one (``jax.random`` with a typed key, ``flax.serialization``) needs
 ``result()``: ``jax.random`` given a key future says so (its check of a non-array key reads
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import numbers
 import operator
 from collections.abc import Callable
 
@@ -62,6 +65,11 @@ _UNARY = (("neg", operator.neg), ("pos", operator.pos), ("abs", abs), ("invert",
           ("complex", complex), ("bool", bool), ("index", operator.index), ("lt", operator.lt),
           ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
           ("round", round))
+
+
+# What ``==`` and ``!=`` compare a future's value with (a jax.Array compares a future by its
+# own reflected operator): numbers and NumPy values; others (futures, None) by identity.
+_COMPARED = (numbers.Number, np.ndarray, np.generic)
 
 
 def on_value(op: Callable) -> Callable:
@@ -167,6 +175,16 @@ class ArrayOnDemand:
     def devices(self) -> set:
         """The devices the value lives on (known before it is there)."""
         return set(self.sharding.device_set)
+
+    def __eq__(self, other):
+        """Against a number or a NumPy value, the value's ``==`` (``loss == 0.5``, as the
+        ``jax.Array``); against anything else, the future's own (``self is other``)."""
+        return self.result() == other if isinstance(other, _COMPARED) else NotImplemented
+
+    def __ne__(self, other):
+        return self.result() != other if isinstance(other, _COMPARED) else NotImplemented
+
+    __hash__ = object.__hash__  # (a key in dictionaries and sets, by identity)
 
     def __format__(self, spec: str) -> str:
         return format(self.result(), spec) if spec else str(self)

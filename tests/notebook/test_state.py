@@ -228,3 +228,25 @@ def test_a_session_interrupted_and_timed_out_trains_on_from_the_state_before(ip,
     printed = [float(line.split()[-1]) for line in capsys.readouterr().out.splitlines()
                if line.startswith("step loss")]
     np.testing.assert_allclose(printed, _jit_losses(3), rtol=2e-5, atol=1e-6)
+
+
+def test_reset_out_frees_the_buffers_of_a_future_a_cell_showed(ip):
+    """A future a cell showed and the user then deleted holds no device memory after
+    ``%reset -f out`` (IPython's flush left ``_`` in its hidden names, holding the future, and
+    ``_`` then stopped following the results); the next result is ``_`` again."""
+    import gc
+
+    def cell(source: str):
+        result = ip.run_cell(source, store_history=True)
+        assert result.success, result.error_in_exec or result.error_before_exec
+        return result.result
+
+    cell("import jax.numpy as jnp, pwkernel as pw\nctl = pw.controller()")
+    cell("%%pathways\nbig = jnp.ones((256, 256))\nbig\n")
+    assert sum(ip.user_ns["ctl"].memory().values()) > 0
+    cell("del big")
+    cell("%reset -f out")
+    gc.collect()
+    assert sum(ip.user_ns["ctl"].memory().values()) == 0
+    cell("41 + 1")
+    assert ip.user_ns["_"] == 42

@@ -278,6 +278,24 @@ def test_a_future_does_arithmetic_as_the_array_it_holds(ctl):
         bad + 1
 
 
+def test_a_future_compared_with_a_number_or_numpy_value_compares_its_value(ctl):
+    """``loss == 0.5``, ``step != 3``, ``y == np_array``: what the jax.Array gives (before, a
+    number or a NumPy value fell back to identity: ``loss == 0.5`` was False whatever the loss,
+    ``step != 3`` True); two futures still compare as futures (keys of dicts and sets)."""
+    s = ctl.slice(2)
+    f, jf = pw.function(lambda a: a / 2, slice=s), jax.jit(lambda a: a / 2)
+    x = np.arange(4, dtype=np.float32)
+    y, v = f(x), jf(x)
+    half, step = f(np.float32(1)), pw.function(lambda a: a.sum(), slice=s)(np.int32([1, 2]))
+    assert bool(half == 0.5) and not bool(half != 0.5) and bool(step == 3)
+    assert bool(np.float32(0.5) == half) and not bool(3 != step)
+    for got, want in [(y == v.tolist()[2], v == v.tolist()[2]), (y != 1.0, v != 1.0),
+                      (y == np.asarray(v), v == np.asarray(v)), (y != np.float32(0), v != 0)]:
+        assert isinstance(got, jax.Array)
+        np.testing.assert_array_equal(got, want)
+    assert y == y and y != f(x) and len({y, y, half}) == 2
+
+
 def test_jax_functions_transformations_and_array_methods_take_a_future(ctl):
     """Where JAX takes a jax.Array it takes a future, as the value it holds: jnp functions and
     jax.jit (which no longer call __jax_array__), jax.grad, jax.Array's methods, pickling;
@@ -334,7 +352,7 @@ def test_numpy_on_the_left_of_a_future_gives_what_it_gives_with_the_array(ctl):
     jax.Array the future holds (NumPy defers to either): a jax.Array, typed by JAX's rules
     (a NumPy float64 scalar does not make it float64); not a NumPy array computed on the host.
     ``divmod(2.0, fut)``, ``fut.tobytes()`` and ``fut.argpartition(k)`` answer as the array's;
-    ``==`` stays the future's own on either side (compare values with ``jnp.equal``)."""
+    ``==`` with NumPy on either side compares the value, as the array's."""
     s = ctl.slice(2)
     x = np.arange(1, 5, dtype=np.float32)
     y = pw.function(lambda a: a * 2, slice=s)(x)
@@ -350,7 +368,9 @@ def test_numpy_on_the_left_of_a_future_gives_what_it_gives_with_the_array(ctl):
         assert jax.typeof(got) == jax.typeof(want)
         np.testing.assert_array_equal(got, want)
     assert y.tobytes() == v.tobytes() == np.asarray(x * 2).tobytes()
-    assert (np.ones(4) == y) is False and (y == np.ones(4)) is False  # == is the future's own
+    for got, want in [(np.ones(4) == y, np.ones(4) == v), (y == np.ones(4), v == np.ones(4))]:
+        assert isinstance(got, jax.Array)  # == against NumPy: the value's, as the array's
+        np.testing.assert_array_equal(got, want)
 
 def _fail(a):
     raise ValueError("no value here")
