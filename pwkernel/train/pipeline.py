@@ -78,15 +78,13 @@ from .stage import (
 from .state import (
     PackedState,
     Placer,
+    StateShapes,
     TrainState,
     apply_optimizer,
     check_batch,
-    check_fits,
     check_loss,
     check_optimizer,
     check_stages,
-    checking_params,
-    expected_state,
     init_stage,
     inputs_and_targets,
     not_a_state,
@@ -177,7 +175,7 @@ class Pipeline:
         self._consts: list[tuple[Any, Any, Any]] | None = None
         self._placers: tuple[Placer, Placer] | None = None
         self._eval: Program | None = None
-        self._expected: TrainState | None = None  # the state's shapes, as init makes them
+        self._shapes = StateShapes(self.stages, optimizer)  # (what init makes)
 
     # --- the public surface ----------------------------------------------------------------
     def init(self, key) -> TrainState:
@@ -240,9 +238,9 @@ class Pipeline:
         x, y = inputs_and_targets(batch, "pipe")
         check_batch((x, y), 1, "batch (inputs and targets)", [vs.size for vs in self.slices])
         if self._eval is None:
-            self._eval = program(checking_params(
-                _evaluation(self.stages, self.slices, self.loss), self.stages, self.optimizer,
-                repr(self)), name=f"{self.name}.eval")
+            self._eval = program(self._shapes.checking(
+                _evaluation(self.stages, self.slices, self.loss), repr(self)),
+                name=f"{self.name}.eval")
         return self._eval(list(state.params), x, y)
 
     def program(self, schedule: Schedule | str | None = None) -> Program:
@@ -284,9 +282,7 @@ class Pipeline:
         if len(constants) != S:
             raise ValueError(f"expected {S} stages' constants, got {len(constants)}. Maybe "
                              "you want pipe.constants().")
-        if self._expected is None:
-            self._expected = expected_state(self.stages, self.optimizer)
-        check_fits(TrainState(params, opt_state), self._expected, repr(self))
+        self._shapes.check(repr(self), params, opt_state)
         check_trainable(params)  # (both once per traced signature)
         tokens = [c[0] for c in constants]
         first, later = [c[1] for c in constants], [c[2] for c in constants]

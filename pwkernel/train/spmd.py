@@ -40,16 +40,14 @@ from .stage import Stage, check_trainable, model_loss
 from .state import (
     PackedState,
     Placer,
+    StateShapes,
     TrainState,
     apply_optimizer,
     check_batch,
-    check_fits,
     check_loss,
     check_optimizer,
     check_slice,
     check_stages,
-    checking_params,
-    expected_state,
     init_stage,
     inputs_and_targets,
     not_a_state,
@@ -79,12 +77,10 @@ def step_parts(stages: Sequence[Stage], loss: Callable, optimizer: optax.Gradien
     ``update(state, grads, loss) -> state``. ``SPMD(check_finite=True)`` runs them as two
     computations, so a failed check fails the update before it consumes the state."""
     full = model_loss(stages, loss)
-    expected: list[TrainState] = []  # (init's shapes, made at the first trace)
+    shapes = StateShapes(stages, optimizer)  # (what init makes)
 
     def grads(state: TrainState, x, y):
-        if not expected:
-            expected.append(expected_state(stages, optimizer))
-        check_fits(state, expected[0], f"this model ({len(stages)} stages)")
+        shapes.check(f"this model ({len(stages)} stages)", state.params, state.opt_state)
         check_trainable(state.params)
         value, g = jax.value_and_grad(full)(state.params, x, y)
         if check_finite:
@@ -193,7 +189,7 @@ class SPMD:
         full = model_loss(self.stages, self.loss)
         if simulated(self.slice) and self.slice.size > 1:  # (the loss's all-reduce written out)
             full = sharded.mean_loss(full, self.slice.axis_names)
-        full = checking_params(full, self.stages, self.optimizer, repr(self))
+        full = StateShapes(self.stages, self.optimizer).checking(full, repr(self))
         self._fns["evaluate"] = placed(full, "eval", in_specs=(None, BATCH, BATCH))
         if self.packed:
             self._fns["evaluate_packed"] = placed(

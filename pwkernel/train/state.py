@@ -130,56 +130,54 @@ def init_stage(init, optimizer: optax.GradientTransformation):
     return init_both
 
 
-def expected_state(stages: Sequence, optimizer: optax.GradientTransformation) -> TrainState:
-    """The shapes of the ``TrainState`` that ``init`` makes for ``stages`` (nothing runs:
-    ``jax.eval_shape`` of each stage's init and its optimizer state)."""
-    key = jax.ShapeDtypeStruct((2,), np.uint32)  # (a raw key, as stage_keys makes; no
-    made = [jax.eval_shape(init_stage(st.init, optimizer), key)  # value: fine in a trace)
-            for st in stages]
-    return TrainState([p for p, _ in made], [o for _, o in made])
+class StateShapes:
+    """The shapes of the ``TrainState`` that a trainer's ``init`` makes for ``stages``
+    (``jax.eval_shape`` of each stage's init and its optimizer state, at the first check: in
+    a trace, once per signature), and the check that a state, or an eval step's parameters,
+    has them: this trainer's stages, and per stage the same leaves (paths and shapes), or the
+    error that says where it differs. Another model's state (more stages, another width,
+    another optimizer's state) failed deep inside a stage's trace ("sub got incompatible
+    shapes", "zip() argument 2 is longer") or, where the shapes happened to fit, trained on
+    (or evaluated) silently with the wrong stages or optimizer state. Only paths and shapes
+    are compared: a checkpoint restored as plain dicts, or a learning rate set as a Python
+    float in optax's ``hyperparams``, fits as under ``jax.jit``."""
 
+    def __init__(self, stages: Sequence, optimizer: optax.GradientTransformation):
+        self._stages, self._optimizer = list(stages), optimizer
+        self._made: TrainState | None = None
 
-def check_fits(state: TrainState, expected: TrainState, trainer: str) -> None:
-    """``state`` has this trainer's stages, and per stage the leaves (paths and shapes) its
-    ``init`` makes, or the error that says where it differs. Another model's state (more
-    stages, another width, another optimizer's state) failed deep inside a stage's trace
-    ("sub got incompatible shapes", "zip() argument 2 is longer") or, where the shapes
-    happened to fit, trained on silently with the wrong stages or optimizer state. Only
-    paths and shapes are compared: a checkpoint restored as plain dicts, or a learning rate
-    set as a Python float in optax's ``hyperparams``, fits as under ``jax.jit``."""
-    stages = len(expected.params)
-    if len(state.params) != stages or len(state.opt_state) != stages:
-        raise ValueError(
-            f"this state does not fit {trainer}: it holds {len(state.params)} stages' "
-            f"parameters and {len(state.opt_state)} stages' optimizer states, the trainer "
-            f"has {stages} stages. Maybe you want the state this trainer's init() returned "
-            "(or a checkpoint of a trainer of the same stages).")
-    for s in range(stages):
-        _check_part(s, "parameters hold", state.params[s], expected.params[s], trainer)
-        _check_part(s, "optimizer state holds", state.opt_state[s], expected.opt_state[s],
-                    trainer)
+    def expected(self) -> TrainState:
+        if self._made is None:
+            key = jax.ShapeDtypeStruct((2,), np.uint32)  # (a raw key, as stage_keys makes)
+            made = [jax.eval_shape(init_stage(st.init, self._optimizer), key)
+                    for st in self._stages]
+            self._made = TrainState([p for p, _ in made], [o for _, o in made])
+        return self._made
 
-
-def checking_params(fn: Callable, stages: Sequence, optimizer: optax.GradientTransformation,
-                    trainer: str) -> Callable:
-    """``fn(params, *rest)`` (an eval step) that first checks that ``params`` are this
-    trainer's (stages, and per stage the leaves its ``init`` makes), when it is traced: once
-    per signature. Another model's parameters failed deep in a stage's trace, or evaluated
-    the wrong model where the shapes happened to fit."""
-    expected: list = []
-
-    def checked(params, *rest):
-        if not expected:
-            expected.append(expected_state(stages, optimizer).params)
-        if len(params) != len(expected[0]):
+    def check(self, trainer: str, params, opt_state=None) -> None:
+        """``params`` (and ``opt_state``, unless None: an eval step reads no optimizer
+        state) are those ``init`` makes, or a ``ValueError`` naming ``trainer``."""
+        expected = self.expected()
+        n = len(expected.params)
+        if len(params) != n or (opt_state is not None and len(opt_state) != n):
+            held = f"{len(params)} stages' parameters" + (
+                "" if opt_state is None else f" and {len(opt_state)} stages' optimizer states")
             raise ValueError(
-                f"this state does not fit {trainer}: it holds {len(params)} stages' "
-                f"parameters, the trainer has {len(expected[0])} stages. Maybe you want the "
-                "state this trainer's init() or step() returned.")
-        for s, (got, want) in enumerate(zip(params, expected[0], strict=True)):
-            _check_part(s, "parameters hold", got, want, trainer)
-        return fn(params, *rest)
-    return checked
+                f"this state does not fit {trainer}: it holds {held}, the trainer has {n} "
+                "stages. Maybe you want the state this trainer's init() returned (or a "
+                "checkpoint of a trainer of the same stages).")
+        for s in range(n):
+            _check_part(s, "parameters hold", params[s], expected.params[s], trainer)
+            if opt_state is not None:
+                _check_part(s, "optimizer state holds", opt_state[s], expected.opt_state[s],
+                            trainer)
+
+    def checking(self, fn: Callable, trainer: str) -> Callable:
+        """``fn(params, *rest)`` (an eval step) that checks ``params`` first."""
+        def checked(params, *rest):
+            self.check(trainer, params)
+            return fn(params, *rest)
+        return checked
 
 
 def _check_part(stage: int, part: str, got, want, trainer: str) -> None:
