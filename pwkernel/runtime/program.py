@@ -42,7 +42,7 @@ from .graph import Graph, Value, call_traced
 from .keywords import suggests_keywords
 from .objects import Future
 from .placements import placements
-from .resources import VirtualSlice
+from .resources import Island, VirtualSlice
 from .specialization import Specialization, compile_here
 from .specs import (
     BATCH,
@@ -108,9 +108,11 @@ class CompiledFunction(JitStages):
                                "@pw.function(slice=ctl.slice(2)) with ctl = pw.controller() "
                                "(a %%pathways cell runs plain JAX code with no pw.function).")
         if not isinstance(slice, VirtualSlice):
+            hint = ("ctl.slice(2)" if not isinstance(slice, Island) else
+                    f"ctl.slice({len(slice.devices)}, island={slice.id})")  # all its devices
             raise SliceError(
                 f"pw.function needs slice= a VirtualSlice (from ctl.slice(...)), got "
-                f"{type(slice).__name__}. Maybe you want slice=ctl.slice(2)."
+                f"{type(slice).__name__}. Maybe you want slice={hint}."
             )
         if name is not None and not isinstance(name, str):
             raise ProgramError(f"pw.function's name must be a str, got {type(name).__name__}.")
@@ -444,6 +446,8 @@ def program(fn: Callable | None = None, *, name: str | None = None, static_argnu
     (a layer count, a mode string), part of the graph's cache key, as in ``jax.jit``.
     ``jax.jit``'s other options (donation, shardings, ...) belong to the ``pw.function``s a
     program calls: given here, they are refused with where to give them."""
+    if name is not None and not isinstance(name, str):
+        raise ProgramError(f"pw.program's name must be a str, got {type(name).__name__}.")
     check_program_options(name or getattr(fn, "__name__", "program"), jit_options)
 
     def make(f):

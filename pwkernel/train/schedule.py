@@ -23,6 +23,7 @@ call order alone is not enough).
 
 from __future__ import annotations
 
+import difflib
 import re
 from enum import StrEnum
 from typing import NamedTuple
@@ -39,8 +40,10 @@ class Schedule(StrEnum):
         try:
             return cls(value)
         except ValueError:
-            raise ValueError(f"schedule must be one of {[s.value for s in cls]}, got "
-                             f"{value!r}. Maybe you want schedule='1f1b'.") from None
+            names = [s.value for s in cls]
+            near = difflib.get_close_matches(str(value).lower(), names, n=1) or ["1f1b"]
+            raise ValueError(f"schedule must be one of {names}, got {value!r}. Maybe you want "
+                             f"schedule={near[0]!r}.") from None
 
 
 class Kind(StrEnum):

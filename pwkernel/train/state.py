@@ -380,6 +380,10 @@ def check_stages(stages: Sequence, slices: Sequence | None = None) -> None:
                         f"here), got one VirtualSlice. Maybe you want slices=[ctl.slice(1) for "
                         f"_ in range({len(stages)})], or pw.train.SPMD(stages, slice, ...) to "
                         "train data-parallel on that one slice.")
+    if not isinstance(slices, Sequence):  # (was "'int' object is not iterable")
+        raise TypeError(f"slices must be a list of VirtualSlices, one per stage ({len(stages)} "
+                        f"here), got {type(slices).__name__} {slices!r}. Maybe you want "
+                        f"slices=[ctl.slice(1) for _ in range({len(stages)})].")
     if not all(isinstance(vs, VirtualSlice) for vs in slices):
         raise TypeError(f"slices must be VirtualSlices (from ctl.slice(...)), one per stage, "
                         f"got {[type(vs).__name__ for vs in slices]}.")

@@ -24,6 +24,9 @@ def test_a_pipeline_takes_a_list_of_slices_of_one_controller(tctl):
     with pytest.raises(TypeError, match=r"slices must be VirtualSlices \(from ctl.slice"
                                         r"\(...\)\), one per stage, got \['str', 'str'\]"):
         pw.train.Pipeline(stages, ["a", "b"], **KW)
+    with pytest.raises(TypeError, match=r"one per stage \(2 here\), got int 2\. Maybe you "
+                                        r"want slices=\[ctl.slice\(1\) for _ in range\(2\)\]"):
+        pw.train.Pipeline(stages, 2, **KW)  # (was "'int' object is not iterable")
     other = pw.Controller(islands=(2,))
     try:
         with pytest.raises(ValueError, match=r"slices of one controller.*stage 1's is on "

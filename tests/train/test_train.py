@@ -415,6 +415,9 @@ def test_schedules_as_data():
     assert sched.parse_name("ici:0->0") is None
     with pytest.raises(ValueError, match="schedule must be one of"):
         sched.Schedule.parse("pipedream")
+    for typo, meant in (("gpip", "gpipe"), ("GPipe", "gpipe"), ("1fb1", "1f1b")):  # (all "1f1b")
+        with pytest.raises(ValueError, match=f"Maybe you want schedule='{meant}'"):
+            sched.Schedule.parse(typo)
 
 
 def test_pw_train_loads_on_first_use_in_a_fresh_process():
