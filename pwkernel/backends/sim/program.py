@@ -27,6 +27,7 @@ from jax.extend.mlir.dialects import sdy
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ...runtime import callbacks
 from ...runtime.errors import ProgramError
 from ...runtime.executable import Executable
 from ...runtime.graph import ComputeNode, Graph, TransferNode
@@ -273,6 +274,14 @@ def lower_for_chips(spec: Specialization) -> Executable:
             lowered = _lowered(spec, out_shardings)  # (lowered as the futures say it is laid out)
     except Exception as e:
         if spec.hint is None:
+            host = callbacks.found(spec.jaxpr)  # (XLA's words: "the platform ... is different")
+            if host:
+                calls = ", ".join(callbacks.CALLBACKS.get(p, "jax.debug.print") for p in host)
+                raise ProgramError(
+                    f"{spec.name} calls the host ({calls}), which simulated chips cannot "
+                    "lower, and a simulation runs no function. Give its duration, "
+                    "pw.function(..., sim_cost=seconds) (the callback is then not called), or "
+                    "leave the call out when simulating.") from e
             raise ProgramError(
                 f"{spec.name} could not be lowered for the simulated chips ({e}), so its "
                 "cost cannot be estimated. Give its duration: pw.function(..., "

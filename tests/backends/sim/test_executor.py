@@ -187,6 +187,22 @@ def test_a_simulated_future_given_to_another_controller_says_what_to_pass():
         assert g(np.zeros(y.shape, y.dtype)).shape == (8, 2)  # what it says works
 
 
+def test_a_host_callback_on_simulated_chips_asks_for_its_duration():
+    # (was XLA's "the platform for the specified backend cpu is different from the lowering
+    # platform tpu", which named no callback)
+    def noisy(x):
+        jax.debug.print("sum {}", x.sum())
+        return x * 2
+
+    with pw.Controller(backend="sim", cluster=TINY) as ctl:
+        f = pw.function(noisy, slice=ctl.slice(2))
+        with pytest.raises(pw.ProgramError, match=r"noisy calls the host \(jax.debug.print\).*"
+                                                  r"sim_cost=seconds"):
+            f(np.ones(8, np.float32))
+        timed = pw.function(noisy, slice=ctl.slice(2), sim_cost=1e-3)  # what it says works
+        assert timed(np.ones(8, np.float32)).exception(timeout=30) is None
+
+
 def test_donation_errors_are_those_of_a_real_backend():
     """A simulated program that would fail for real fails on the simulator too: reading a
     value an earlier call donated, and donating a value the same call also reads."""
