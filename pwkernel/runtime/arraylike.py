@@ -3,11 +3,13 @@ of ``pw.Future``. Whatever needs the value waits for it (``result()``), then is 
 as after ``jax.jit``:
 
 - Python's operators, indexing, iteration and conversions (``f(x) + 1``, ``fut[0]``,
-  ``float(loss)``, ``np.asarray(fut)``, ``str``, ``print`` and f-strings (``repr`` is the
+  ``float(loss)``, ``np.asarray(fut)``, ``x[fut]`` (``_index_with``: JAX's indexing parses an
+  index by its type), ``str``, ``print`` and f-strings (``repr`` is the
   future's own: its name, shape and state, without waiting; a simulated future, which has no
   value, prints that too);
 - the ``jax.Array`` methods in ``ARRAY_METHODS`` and properties in ``ARRAY_PROPERTIES``
-  (``loss.mean()``, ``w.T``, ``x.astype(jnp.bfloat16)``, ``x.at[0].set(1)``);
+  (``loss.mean()``, ``w.T``, ``x.astype(jnp.bfloat16)``, ``x.at[0].set(1)``), DLPack's and the
+  array API's among them (``np.from_dlpack(fut)``, ``fut.device``);
 - JAX's own functions and transformations: ``jnp.sum(fut)``, ``jax.jit(g)(fut)``,
   ``jax.grad(loss)(params)`` with futures in ``params``. JAX no longer calls ``__jax_array__``
   where it abstracts an argument ("Triggering __jax_array__() during abstractification is no
@@ -53,11 +55,12 @@ ARRAY_METHODS = (
     "min", "nonzero", "prod", "ptp", "ravel", "repeat", "reshape", "round", "searchsorted",
     "sort", "squeeze", "std", "sum", "swapaxes", "take", "trace", "transpose", "var", "view",
     "addressable_data", "copy_to_host_async", "to_device", "item", "tolist", "argpartition",
-    "tobytes",
+    "tobytes", "on_device_size_in_bytes", "unsafe_buffer_pointer", "__dlpack__",
+    "__dlpack_device__", "__array_namespace__",
 )
 ARRAY_PROPERTIES = ("T", "mT", "real", "imag", "at", "flat", "addressable_shards",
                     "global_shards", "is_fully_replicated", "is_fully_addressable", "nbytes",
-                    "itemsize", "committed", "format")
+                    "itemsize", "committed", "format", "device")
 _BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
            "xor", "lshift", "rshift", "divmod")
 _UNARY = (("neg", operator.neg), ("pos", operator.pos), ("abs", abs), ("invert", operator.invert),
@@ -271,7 +274,31 @@ def register_with_jax(cls: type) -> bool:
         return False
     avals[cls] = lambda x: core.typeof(x.result())
     canonical[cls] = lambda x: dtypes.canonicalize_value(x.result())
+    _index_with(cls)
     return True
+
+
+def _index_with(cls: type) -> None:
+    """Let JAX's indexing take ``cls``'s instances as the arrays they hold: ``x[i]``,
+    ``x[mask]``, ``x.at[i].set(v)`` with ``i`` a future. JAX parses an index by its Python type
+    alone (an int, a ``jax.Array`` or a NumPy array: anything else is an IndexError, a boolean
+    mask a bare AssertionError), in ``NDIndexer.from_raw_indices``, which every indexing path
+    calls: that parse is given the values (waiting for them) in place of the futures."""
+    try:
+        from jax._src.numpy.indexing import NDIndexer
+        parse = NDIndexer.from_raw_indices.__func__
+    except (ImportError, AttributeError):
+        return
+
+    def from_raw_indices(indexer, indices, shape):
+        if isinstance(indices, cls):
+            indices = indices.result()
+        elif type(indices) is tuple and any(isinstance(i, cls) for i in indices):
+            indices = tuple(i.result() if isinstance(i, cls) else i for i in indices)
+        return parse(indexer, indices, shape)
+
+    from_raw_indices.__doc__ = parse.__doc__
+    NDIndexer.from_raw_indices = classmethod(from_raw_indices)
 
 
 register_with_jax(ArrayOnDemand)
