@@ -89,6 +89,27 @@ class PackedState:
     def __len__(self) -> int:
         return 2
 
+    def __reduce__(self):
+        """Pickled (and ``copy.deepcopy``'d) as its ``TrainState`` of values, as a future
+        pickles as its array: a checkpoint that a packed trainer's ``step`` packs into a copy."""
+        return TrainState, tuple(fetch(self))
+
+    def __copy__(self) -> PackedState:
+        return PackedState(self.packed, self.layout, self._unpack)
+
+    def __array__(self, dtype=None, copy=None):
+        """No array: before, ``np.asarray`` failed on "an inhomogeneous shape" and
+        ``jax.device_get`` (which asks for this) returned the live state itself."""
+        raise TypeError("a PackedState is a whole training state (per stage, parameters and "
+                        "optimizer state, packed), not an array. Its values: "
+                        "pw.train.fetch(state); host copies (a checkpoint): "
+                        "jax.device_get(pw.train.fetch(state)).")
+
+    def block_until_ready(self) -> PackedState:
+        """Waits for the packs (``jax.block_until_ready(state)``, as for a future)."""
+        wait(self.packed)
+        return self
+
     def __repr__(self) -> str:
         return f"PackedState({self.layout.describe()})"
 
