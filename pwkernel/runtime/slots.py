@@ -134,15 +134,19 @@ class RunSlots:
 
     def internal_bytes(self) -> list[dict[int, int]]:
         """Bytes on each device of every value it keeps that is not a future (alive until
-        its last reader ends)."""
-        values, plan, out, given = self.values, self.plan, [], self.given or ()
-        if values is None:
-            return out
-        for s, value in enumerate(list(values)):
-            p = plan.producer[s]
-            if value is not None and p >= 0 and s not in self.futures and s not in given:
-                node = plan.nodes[p]
-                out.append(node.out_nbytes[node.outputs.index(s)])
+        its last reader ends). Read under the run's lock: a launch holds its outputs and marks
+        the values it consumed in one step (``_hold_outputs``), and a read between the two
+        counted a donated sum twice (a pipeline stage's rise read 2 MiB for 1)."""
+        plan, out = self.plan, []
+        with self.lock:
+            values, given = self.values, self.given or ()
+            if values is None:
+                return out
+            for s, value in enumerate(values):
+                p = plan.producer[s]
+                if value is not None and p >= 0 and s not in self.futures and s not in given:
+                    node = plan.nodes[p]
+                    out.append(node.out_nbytes[node.outputs.index(s)])
         return out
 
     def count_arrived(self, slots, gates_only: bool = False) -> list:

@@ -142,3 +142,46 @@ def test_a_value_the_run_made_and_a_launch_donated_holds_no_bytes_while_that_lau
         assert ctl.wait(60)
     finally:
         ctl.close()
+
+
+def test_memory_read_while_a_launch_takes_its_donated_value_counts_it_once(monkeypatch):
+    """``ctl.memory()`` read by another thread at the moment ``late``'s launch holds its
+    output and marks ``early``'s output consumed sees one value, not both: the two happen
+    under the run's lock, and the read takes it. Before, a read between them (a sampling
+    thread given the GIL there) counted the donated value beside the output that reuses
+    its buffer (the doc's pipeline step read 2.03 MiB in some steps for 1.04)."""
+    from pwkernel.runtime.slots import RunSlots
+
+    marking, reads, readers = RunSlots.mark_given, [], []
+
+    def read_while_marking(run, node, consumed):
+        started = threading.Event()
+
+        def read():
+            started.set()  # (this thread then reads at once, holding the GIL)
+            reads.append(ctl.memory()[device])
+
+        reader = threading.Thread(target=read, name="memory-read")
+        readers.append(reader)
+        reader.start()
+        started.wait(60)
+        return marking(run, node, consumed)
+
+    ex = LateEnds(True)
+    ctl = pw.Controller(backend=ex, dispatch="sequential")
+    try:
+        s = ctl.slice(1, island=0)
+        [device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
+        early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
+        late = pw.function(lambda a: a * 2.0, slice=s, donate_argnums=0, name="late")
+        total = pw.function(lambda b: b.sum(axis=0), slice=s, name="total")
+        monkeypatch.setattr(RunSlots, "mark_given", read_while_marking)
+        out = pw.program(lambda x: total(late(early(x))))(np.arange(4, dtype=np.float32))
+        assert ex.launched.wait(60)
+        for reader in readers:
+            reader.join(60)
+        assert reads == [4 * np.prod(SHAPE)]  # late's output alone
+        ex.go.set()
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 36.0))
+    finally:
+        ctl.close()
