@@ -36,8 +36,10 @@ from jax.sharding import PartitionSpec as P
 
 from ...runtime.program import spec_leaves
 from ...runtime.specs import BATCH, INFERRED, prefix_leaves
+from . import fused
 from .cluster import Cluster
 from .errors import SimError, UncountedLoopWarning
+from .fused import copies
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 
@@ -192,11 +194,12 @@ def analyze(lowered: jax.stages.Lowered, mesh: AbstractMesh, jaxpr=None) -> Anal
     """Per-chip flops, bytes and collectives of a function lowered on ``mesh``. ``jaxpr``:
     the function's (a ``ClosedJaxpr``), whose loops of known length (``lax.scan``, and
     ``fori_loop`` with static bounds, which JAX writes as a scan) then count every trip:
-    XLA's cost analysis counts a loop's body once (``loop_work``)."""
+    XLA's cost analysis counts a loop's body once (``loop_work``); and cumulative reductions
+    and random bits count what their compiled kernels do (``fused``)."""
     text = lowered.as_text()
     work = np.array(_xla_work(lowered))
-    if jaxpr is not None:
-        work += loop_work(jaxpr, mesh)
+    if jaxpr is not None:  # (never below nothing, whatever the corrections take away)
+        work = np.maximum(work + loop_work(jaxpr, mesh), 0.0)
     shards = _shards(text, dict(mesh.shape))
     flops, transcendentals, nbytes = (float(w) / shards for w in work)
     return Analysis(flops, transcendentals, nbytes, tuple(_collectives(text)),
@@ -242,21 +245,26 @@ def loop_work(jaxpr, mesh: AbstractMesh, manual: tuple | None = None) -> np.ndar
     """The whole-array (flops, transcendentals, bytes) that XLA's cost analysis leaves out of
     ``jaxpr``: it counts the body of a loop once, so a scan of length n misses n - 1 runs
     of its body (fewer when unrolled: XLA counts the copies it lowers), and n runs of what the
-    body's own loops miss. Inside ``shard_map`` (``manual``: its mesh and manual axes) a body
-    is one shard's work, lowered on its shard's shapes inside a ``shard_map`` of its own over
-    the same axes. Still counted once: a ``while_loop`` whose trip count is data, a loop
-    inside ``shard_map`` whose body runs a reduction (``psum`` of a varying value cannot be
-    replayed on the body's types alone); ``cond`` branches are not searched."""
+    body's own loops miss; less what it counts beyond the compiled kernel for cumulative
+    reductions and random bits (``fused.excess``, negative), every run of them. Inside
+    ``shard_map`` (``manual``: its mesh and manual axes) a body is one shard's work, lowered
+    on its shard's shapes inside a ``shard_map`` of its own over the same axes. Still counted
+    once: a ``while_loop`` whose trip count is data, a loop inside ``shard_map`` whose body
+    runs a reduction (``psum`` of a varying value cannot be replayed on the body's types
+    alone); ``cond`` branches are not searched."""
     missing = np.zeros(3)
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
+        missing += fused.excess(eqn)
         if name == "scan":
             body, length = eqn.params["jaxpr"], int(eqn.params["length"])
-            once = _body_work(body, mesh, manual)
+            once, counted = _body_work(body, mesh, manual), copies(eqn.params.get("unroll", 1),
+                                                                   length)
             if once is not None:
                 inner = loop_work(body.jaxpr, mesh, manual)
-                missing += (length - _counted(eqn.params.get("unroll", 1), length)) * np.array(
-                    once) + length * inner
+                missing += (length - counted) * np.array(once) + length * inner
+            else:  # counted as XLA counts it: its excess too
+                missing += counted * fused.counted_excess(body.jaxpr)
         elif name != "cond":
             inside = manual
             if name == "shard_map":
@@ -290,13 +298,6 @@ def warn_uncounted_loops(name: str, jaxpr) -> None:
             "fori_loop with traced bounds), so the time is too short. Maybe you want "
             "pw.function(..., sim_cost=seconds) with its real duration, or a fori_loop with "
             "static bounds (a scan, counted in full).", UncountedLoopWarning, stacklevel=3)
-
-
-def _counted(unroll, length: int) -> int:
-    """How many copies of a scan's body XLA counts: it lowers ``unroll`` = k copies in the
-    loop and the ``length % k`` left over after it (all of them when k >= length)."""
-    k = length if unroll is True else max(1, int(unroll))
-    return length if k >= length else k + length % k
 
 
 def _body_work(body, mesh: AbstractMesh,
