@@ -228,8 +228,8 @@ class Future(ArrayOnDemand):
         producer = self.producer
         if producer is not None and self._state is _PENDING:
             producer.expedite(0)  # a simulated clock moves for it (a real one: not blocking)
-        self.add_done_callback(wake)
-        return waiter.__await__()
+        self.hook(wake)  # (woken by the runtime, never queued behind a user's done-callback,
+        return waiter.__await__()  # which may itself wait for this coroutine: a deadlock)
 
     def block_until_ready(self):
         """Wait for the value's computation to end (raising its error if it failed); returns
