@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,6 +37,21 @@ from .snapshot import IslandView, PoolView, RunView, SliceView, Snapshot
 from .tasks import ClientSpec, ProgramRun
 from .trace import Trace
 from .transfer import Link
+
+
+def _callbacks_ran() -> bool:
+    """Wait for the done-callbacks queued so far to run; a Ctrl-C kept meanwhile ends the
+    wait (False), with a warning: a callback that never returns (blocked on a queue the
+    closing thread was to drain) held ``close()`` for good, with the interrupt held off."""
+    runner = done_callbacks.runner
+    if runner.wait_idle_unless(interrupts.kept) or runner.on_its_thread():
+        return True
+    warnings.warn("ctl.close() was interrupted while a done-callback still ran: it closes "
+                  "without waiting for it, and the values that callback reads are freed "
+                  "(it gets ControllerClosedError). A callback that waits for work the "
+                  "closing thread does never returns; give it a timeout.", RuntimeWarning,
+                  stacklevel=4)
+    return False
 
 
 class _NotGiven:
@@ -385,11 +401,12 @@ class Controller:
         with interrupts.held:  # (a Ctrl-C meanwhile is raised once all of it is done: a
             self._dispatcher.shutdown()  # half-closed controller would keep its threads and
             # buffers, and a second close() would not finish it). The callbacks of what ended
-            done_callbacks.runner.wait_idle()  # meanwhile read values: before they are freed
+            waited = _callbacks_ran()  # meanwhile read values: before they are freed
             self.store.close()
             self.resources.release_all()
             registry.unregister(self)
-            done_callbacks.runner.wait_idle()  # the callbacks of what closing cancelled ran
+            if waited:
+                _callbacks_ran()  # the callbacks of what closing cancelled ran
             interrupts.courier.stop()  # (its thread ends with the last controller)
 
     def set_default(self) -> Controller:

@@ -92,6 +92,14 @@ class CallbackRunner:
         with self._lock:
             return self._idle.wait_for(lambda: self._thread is None, timeout)
 
+    def wait_idle_unless(self, stop: Callable[[], bool], poll: float = 0.1) -> bool:
+        """``wait_idle``, asking ``stop()`` every ``poll`` seconds: False once it says to
+        stop (or from a callback, which cannot wait for itself)."""
+        while not self.wait_idle(poll):
+            if self.on_its_thread() or stop():
+                return False
+        return True
+
 
 #: the process's runner (every controller's futures)
 runner = CallbackRunner()

@@ -35,7 +35,7 @@ import threading
 import time
 
 __all__ = ["cell_ended", "courier", "held", "held_quietly", "holds_from_entry", "install",
-           "raise_kept"]
+           "kept", "raise_kept"]
 
 _MAIN = threading.main_thread().ident
 _ident = threading.get_ident
@@ -60,6 +60,11 @@ def _take(_state=_state, _taking=_taking) -> bool:
     with _taking:
         kept, _state.pending = _state.pending, False
     return kept
+
+
+def kept() -> bool:
+    """An interrupt arrived under a hold and is not raised yet (it is left kept)."""
+    return _state.pending
 
 
 def raise_kept() -> None:

@@ -314,3 +314,35 @@ def test_a_second_interrupt_as_a_call_ends_its_hold_keeps_the_calls_result(handl
         assert ctl.wait(timeout=60)
     finally:
         ctl.close()
+
+
+def test_an_interrupt_ends_a_close_that_a_blocked_done_callback_holds(handler):
+    """A done-callback that never returns (it waits for work the closing thread was to do)
+    held ``ctl.close()`` for good, and with Ctrl-C held off inside close there was no way
+    out. An interrupt now ends close's wait for the callbacks: the controller closes without
+    them, says so, and the interrupt is raised."""
+    from pwkernel.runtime import done_callbacks
+
+    ctl = pw.Controller(islands=(2,))
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def blocked(_fut):
+        started.set()
+        release.wait(20)  # (before, close returned only once this gave up)
+        ended.set()
+
+    try:
+        y = pw.function(lambda x: x + 1, slice=ctl.slice(1))(np.ones(4, np.float32))
+        done_callbacks.runner.submit([blocked], y)  # (as a resolving future queues it:
+        # add_done_callback on a future done already runs it at once, in this thread)
+        assert started.wait(60)
+        with pytest.warns(RuntimeWarning, match=r"close\(\) was interrupted while a "
+                                                r"done-callback still ran"), \
+                _InterruptAt(done_callbacks.CallbackRunner.wait_idle.__code__), \
+                pytest.raises(KeyboardInterrupt):
+            ctl.close()
+        assert ctl.closed and not ended.is_set()  # closed while the callback still waits
+    finally:
+        release.set()
+        ctl.close()
+    assert done_callbacks.runner.wait_idle(60)
