@@ -67,9 +67,9 @@ print(s1, "devices", s1.device_ids)
 # runtime inserts the transfers between the two islands. `f` returns futures once the program
 # is submitted, without waiting for its computations. `print(y)` would wait (it prints the
 # value), so the cell reads `y`'s state the moment `f` returns, and only then waits. This
-# program is tiny: its computations take microseconds, less than submitting them (the first
-# call also traces and compiles), so it may have ended by then (`done`); the futures section
-# below shows calls that return while their work still runs.
+# program is tiny: its computations take less time than submitting them (the trace below
+# times each; this first call also traces and compiles), so it may have ended by then
+# (`done`); the futures section below shows calls that return while their work still runs.
 
 # %%
 a = pw.function(lambda x: x * 2, slice=s0, name="a")

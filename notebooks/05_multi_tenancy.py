@@ -36,7 +36,6 @@ quad = ctl.slice(min(4, len(ctl.islands[0].devices)), island=0)   # 4, or all is
 fn = pw.function(multitenancy.work, slice=quad, in_specs=P(), out_specs=P(), name="tenant_step")
 x0 = jax.device_put(multitenancy.matrix(65536 * 4), NamedSharding(quad.mesh, P()))
 fn(x0).result()                              # compile before anyone measures
-ctl.policy = "share"
 WEIGHTS, BACKLOG = (1, 2, 4, 8), 40
 
 # %%
@@ -45,6 +44,7 @@ view
 
 # %%
 names = [f"c{i}-w{w}" for i, w in enumerate(WEIGHTS)]  # one name per client, even at equal weights
+ctl.policy = "share"                         # (set here: the throughput cell below sets fifo)
 start = ctl.trace.next_index
 gate = threading.Barrier(len(WEIGHTS))
 outs = {}

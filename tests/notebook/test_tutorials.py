@@ -89,11 +89,19 @@ RERUN = {
     "09_training": {12: ""},                      # steps that donate their states
     "10_one_pool_many_notebooks": {7: _ONE_RAY},  # attaches this kernel to the pool
 }
+# Cells a user may well run again once the whole notebook has run (to measure once more): run
+# again in this order after the last cell. A later cell must not have changed what they rely
+# on (05's shares were measured under the FIFO policy its throughput cell left behind).
+AGAIN = {
+    "05_multi_tenancy": (4, 6),                   # queue the clients' work, read the shares
+}
 
 
-def _run_cells(client: NotebookClient, nb, reruns: dict[int, str]) -> list[str]:
-    """Run ``nb``'s cells in order, each in ``reruns`` twice and then its check; the errors of
-    the first runs and the checks (the second runs' are left in the notebook)."""
+def _run_cells(client: NotebookClient, nb, reruns: dict[int, str],
+               again: tuple[int, ...] = ()) -> list[str]:
+    """Run ``nb``'s cells in order, each in ``reruns`` twice and then its check, then the cells
+    ``again`` once more; the errors of the first runs, the checks and the runs again (the
+    second runs' are left in the notebook)."""
     errors = []
     with client.setup_kernel():
         for index, cell in enumerate(nb.cells):
@@ -109,6 +117,12 @@ def _run_cells(client: NotebookClient, nb, reruns: dict[int, str]) -> list[str]:
                 nb.cells[index] = cell  # (nbclient puts the cell it ran at that index)
                 errors += [f"(after rerunning cell {index}) {e}" for e in cell_errors(
                     nbformat.v4.new_notebook(cells=[check]))]
+        for index in again:
+            first, cell = nb.cells[index], nbformat.v4.new_code_cell(nb.cells[index].source)
+            client.execute_cell(cell, index)
+            nb.cells[index] = first  # (the first run's outputs stay in the notebook)
+            errors += [f"(cell {index} run again after the last) {e}" for e in cell_errors(
+                nbformat.v4.new_notebook(cells=[cell]))]
     return errors
 
 
@@ -118,7 +132,7 @@ def test_notebook_runs(name, kernel_env, tmp_path):
     client = NotebookClient(nb, kernel_name=kernelspec.NAME, timeout=CELL_TIMEOUT,
                             startup_timeout=120, allow_errors=True,
                             resources={"metadata": {"path": str(tmp_path)}})
-    errors = _run_cells(client, nb, RERUN.get(name, {}))
+    errors = _run_cells(client, nb, RERUN.get(name, {}), AGAIN.get(name, ()))
     errors += cell_errors(nb)
     assert not errors, "\n\n".join(errors)
     # Every notebook ends by printing what it measured.
