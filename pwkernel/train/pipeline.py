@@ -67,6 +67,7 @@ from ..runtime.program import BATCH, CompiledFunction, Program, function, progra
 from ..runtime.resources import VirtualSlice
 from . import coupling, sharded
 from .schedule import Kind, Schedule, call_name, order
+from .spmd import check_finite_runs
 from .stage import (
     Stage,
     accumulation_dtype,
@@ -127,6 +128,7 @@ class Pipeline:
         check_stages(stages, slices)
         check_optimizer(optimizer)
         check_loss(loss)
+        check_finite_runs(check_finite, slices, "Pipeline")
         if (not isinstance(microbatches, int | np.integer) or isinstance(microbatches, bool)
                 or microbatches < 1):  # (a NumPy int, say batch // per, is one too)
             raise ValueError(f"microbatches must be a positive int, got {microbatches!r}.")

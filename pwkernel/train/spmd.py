@@ -150,6 +150,7 @@ class SPMD:
         check_slice(slice)
         check_optimizer(optimizer)
         check_loss(loss)
+        check_finite_runs(check_finite, [slice], "SPMD")
         self.stages, self.slice, self.loss, self.optimizer = list(stages), slice, loss, optimizer
         self.name, self.packed = name, packed
         self._train = (simulated_step(self.stages, loss, optimizer, slice.axis_names)
@@ -282,3 +283,21 @@ def _current(state):
     if isinstance(state, PackedState) and state.edited():
         return state.unpacked()
     return state
+
+
+def check_finite_runs(check_finite: bool, slices: Sequence[VirtualSlice], trainer: str) -> None:
+    """``check_finite=True`` checks the loss with a host callback (``jax.debug.callback``):
+    refused at once on an island whose functions cannot call back into Python (Ray's), with
+    what to do instead; before, the first step failed saying its ``loss`` (or ``spmd.grads``)
+    calls host callbacks, which the user's code does not."""
+    if not check_finite:
+        return
+    for vs in slices:
+        if not getattr(vs.island, "host_callbacks", True):
+            raise ValueError(
+                f"{trainer}(check_finite=True) checks each step's loss with a host callback "
+                f"(jax.debug.callback), which island {vs.island.id} (a Ray island) cannot run: "
+                "jax.export cannot serialize it. Leave check_finite off there and check the "
+                "loss on the controller (np.isfinite(float(loss))), resuming from a host copy "
+                "of the state (jax.device_get(pw.train.fetch(state))) taken before the step; "
+                "or run the trainer on backend='local'.")

@@ -51,7 +51,11 @@ from .ops import jax_settings
 
 class RayIsland(Island):
     """An island served by a Ray actor; ``actor`` is its current handle (it changes on
-    ``ctl.reattach``). ``devices`` are the controller's stand-in devices used for lowering."""
+    ``ctl.reattach``). ``devices`` are the controller's stand-in devices used for lowering.
+    ``host_callbacks``: whether functions placed here may call back into Python (no: they are
+    exported to the actor, and ``jax.export`` cannot serialize a callback's function)."""
+
+    host_callbacks = False
 
     @property
     def actor(self):

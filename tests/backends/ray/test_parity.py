@@ -182,6 +182,24 @@ def test_training_gives_the_same_losses_on_both_backends(rctl, lctl):
     np.testing.assert_allclose(losses(rctl), local, rtol=1e-6)
 
 
+def test_check_finite_is_refused_on_ray_islands_with_what_to_do(rctl):
+    """check_finite's NaN check is a host callback, which Ray islands cannot run: refused when
+    the trainer is made, saying so (before, the first step failed with "loss calls host
+    callbacks", a callback the user never wrote)."""
+    from pwkernel.train import transformer as T
+
+    stages = T.split(T.Config(vocab=8, width=8, heads=2, layers=2, seq=4), 2)
+    makes = {"SPMD": lambda: pw.train.SPMD(stages, rctl.slice(2, island=0), loss=T.cross_entropy,
+                                          optimizer=optax.sgd(0.1), check_finite=True),
+             "Pipeline": lambda: pw.train.Pipeline(
+                 stages, [rctl.slice(1, island=0), rctl.slice(1, island=1)],
+                 loss=T.cross_entropy, optimizer=optax.sgd(0.1), check_finite=True)}
+    for trainer, make in makes.items():
+        with pytest.raises(ValueError, match=rf"^{trainer}\(check_finite=True\) checks each "
+                           r"step's loss with a host callback .* island 0 \(a Ray island\)"):
+            make()
+
+
 def test_close_removes_the_session_directory_of_the_cluster_it_started(rctl):
     """(Last: closes the module's Ray controller.) Ray keeps each local cluster's session
     directory; a controller's close removes the one of the cluster it started, no island of
