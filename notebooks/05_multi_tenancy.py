@@ -105,7 +105,8 @@ cfg = dict(multitenancy.CONFIGS["quick"], programs=12, rounds=3)
 rows, four_vs_one = multitenancy.throughput(ctl, cfg)
 for row in rows:
     rate = row["computations_per_s"]
-    print(f"{row['clients']} clients: median {rate['median']:.0f} computations/s "
+    n = row["clients"]
+    print(f"{n} client{'s' * (n != 1)}: median {rate['median']:.0f} computations/s "
           f"({rate['min']:.0f}-{rate['max']:.0f}); paired with one client {row['vs_single']:.2f}x")
 assert four_vs_one > 0.6, f"sharing should cost little ({four_vs_one:.2f}x)"
 
