@@ -146,4 +146,6 @@ print(f"Figure 2 across Ray islands: {y.result().tolist()}, {z.result().tolist()
 print(f"parallel vs sequential dispatch on Ray: {speedup:.2f}x (paired rounds)")
 print(f"a lost island: {type(lost).__name__}: {str(lost)[:80]}...")
 rctl.close()        # kills the island actors and the private cluster: no processes left
+# (island 0's first actor died above, so close keeps the cluster's logs in /tmp/ray and a
+# warning on stderr says where; without a lost island they are removed)
 print("closed:", rctl)

@@ -28,6 +28,7 @@
 import atexit
 import inspect
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -315,6 +316,7 @@ ctl.close()
 done = service.stop(NAME)
 print(f"stopped: {len(done['processes_ended'])} processes of the pool ended")
 assert head.processes(record) == [], "no process of the pool is left"
+shutil.rmtree(script.parent)          # the students' script
 
 # %% [markdown]
 # ## What we measured here
