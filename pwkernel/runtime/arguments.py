@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
+from jax._src import config as jax_config
 from jax._src import core as jax_core
 
 from .dtypes import jax_takes, untyped_fix, weak_type
@@ -128,8 +129,10 @@ class Arguments:
         return args, {**kwargs, **dict(skw)}
 
     def donated_leaves(self, dyn: tuple, kwargs: dict, key: tuple) -> tuple[int, ...]:
-        """Flat leaf indices of the donated arguments (in the (positional, keyword) tree)."""
-        if not self.donate_nums and not self.donate_names:
+        """Flat leaf indices of the donated arguments (in the (positional, keyword) tree).
+        Nothing while ``jax_debug_nans`` is on: ``jax.jit`` compiles then without donating, and
+        it decides when it compiles (the flag at a later call changes nothing either way)."""
+        if not self.donate_nums and not self.donate_names or jax_config.debug_nans.value:
             return ()
         nargs, spos, _, _ = key
         positions = [i for i in range(nargs) if i not in dict(spos)]

@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from pwkernel.backends.ray.ops import IslandDevices
+from pwkernel.backends.ray.ops import SETTINGS_AT, IslandDevices
 
 
 @pytest.fixture
@@ -136,3 +137,21 @@ def test_a_pool_island_forgets_the_scheduler_accounts_of_tenants_that_left(islan
     while pool.pool_status()["accounts"]:
         assert time.monotonic() < deadline, f"{pool.pool_status()['accounts']} accounts kept"
         seen = pool.changed(seen, 5.0)
+
+
+def test_an_island_donates_what_the_controllers_executable_donates_under_debug_nans(island):
+    # The controller compiled the step before jax_debug_nans was turned on, so its
+    # executable donates (as jax.jit's does, whatever a later call's flag); the island first
+    # runs it under the flag and compiled it without the donation: the controller took the
+    # input as consumed while the island kept it. A NaN then fails the step, input consumed.
+    buffers, executables = {}, {}
+    layout = ((0, 1), (2,), ("x",), P("x"))
+    issue(island, ("put", 0, 10, np.arange(4, dtype=np.float32), layout), buffers,
+          executables)
+    op = list(run_op(1, "log", lambda x: jnp.log(x - 1), [10], [11], donated=[0]))
+    op[SETTINGS_AT["run"]] = (("jax_debug_nans", True),)
+    with pytest.raises(Exception, match="nan") as info:  # (the actor makes its item of it)
+        issue(island, tuple(op), buffers, executables)
+    assert buffers[10].is_deleted()
+    record = island.complete(island.failed(tuple(op), info.value, 0.0))
+    assert not record["ok"] and record["type"] == "builtins:FloatingPointError", record

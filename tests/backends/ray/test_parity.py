@@ -122,6 +122,46 @@ def test_donated_inputs_are_consumed(ctl):
     assert np.asarray(w.result(TIMEOUT)).tolist() == [1.0] * 4
 
 
+def _jit_keeps_after_nan(compile_under_flag: bool) -> bool:
+    """Whether plain ``jax.jit(..., donate_argnums=0)``, first called with the flag
+    ``compile_under_flag``, keeps its argument when a later call under ``jax_debug_nans``
+    turns NaN (JAX decides donation when it compiles; the call's flag does not change it)."""
+    f = jax.jit(lambda x, y: x + y, donate_argnums=0)
+    with jax_config(jax_debug_nans=compile_under_flag):
+        jax.block_until_ready(f(jnp.ones(4), np.ones(4, np.float32)))
+    x = jnp.ones(4)
+    with jax_config(jax_debug_nans=True), contextlib.suppress(FloatingPointError, RuntimeError):
+        f(x, np.full(4, np.nan, np.float32))
+    return not x.is_deleted()
+
+
+@pytest.mark.parametrize("compile_under_flag", [False, True])
+def test_a_nan_under_debug_nans_consumes_a_donated_input_as_jax_jit_does(ctl,
+                                                                        compile_under_flag):
+    """Under ``jax_debug_nans`` a donating call whose output turns NaN fails with
+    ``FloatingPointError``; it keeps its donated input if it was compiled under the flag (JAX
+    does not donate then) and consumes it if it was compiled before, as ``jax.jit`` does, on
+    Ray islands as locally (before, Ray's controller took every donated input as consumed)."""
+    want_kept = _jit_keeps_after_nan(compile_under_flag)
+    s = ctl.slice(2, island=0)
+    make = pw.function(lambda x: x * 1, slice=s, name="make")
+    add = pw.function(lambda x, y: x + y, slice=s, name="nanstep", donate_argnums=0)
+    with jax_config(jax_debug_nans=compile_under_flag):
+        assert add(make(np.ones(4, np.float32)), np.ones(4, np.float32)).result(
+            TIMEOUT).tolist() == [2.0] * 4
+    x = make(np.ones(4, np.float32))
+    with jax_config(jax_debug_nans=True):
+        with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in "
+                           "nanstep"):
+            add(x, np.full(4, np.nan, np.float32)).result(TIMEOUT)
+        again = add(x, np.ones(4, np.float32))
+        if want_kept:
+            assert again.result(TIMEOUT).tolist() == [2.0] * 4
+        else:
+            with pytest.raises(RuntimeError, match="given to an earlier call that donates"):
+                again.result(TIMEOUT)
+
+
 def test_ray_islands_really_donate(rctl):
     """On the island the donated buffer is gone (the island's XLA consumed it)."""
     s = rctl.slice(2, island=0)
