@@ -151,8 +151,8 @@ class CompiledFunction(JitStages):
     def controller(self):
         return self.slice.controller
 
-    def _in_shardings(self, args, kwargs, in_avals) -> tuple[list, list[str]]:
-        """Each input leaf's sharding, and who chose it (for errors)."""
+    def _in_shardings(self, args, kwargs, in_avals) -> tuple[list, list, list[str]]:
+        """Each input leaf's sharding, its type's (None: its own), and who chose it."""
         vs = self.slice
         mesh = vs.mesh
         n, specs = len(in_avals), self.in_specs
@@ -167,10 +167,10 @@ class CompiledFunction(JitStages):
             given = spec_leaves(specs, args, "in_shardings" if self.jit_in_shardings
                                 else "in_specs", self.arguments.static_nums)
             given += [None] * (n - len(given))
-        shardings, why = [], []
+        shardings, typed, why = [], [], []
         for i, ((shape, _, placed, _, committed), spec) in enumerate(
                 zip(in_avals, given, strict=True)):
-            what = f"{self.name}: input {i} in_specs"
+            what, own = f"{self.name}: input {i} in_specs", False  # own: typed by itself
             loose = placed is None or committed is False  # (jax.jit types it by its value)
             if spec is None or spec is INFERRED:
                 kept = on_mesh(placed, mesh)
@@ -180,23 +180,24 @@ class CompiledFunction(JitStages):
                 spec = batch_spec(shape, vs, what)
                 why.append("in_specs=pw.BATCH")
             elif self.jit_in_shardings and loose and explicit_axes(spec, mesh):
-                check_spec(spec, shape, mesh, f"{self.name}: input {i} in_shardings")
-                spec = P()  # (checked against the shape first, as jax.jit checks it)
-                why.append("a host value under in_shardings: replicated, as jax.jit types it")
+                # as jax.jit on explicit axes: placed as asked, typed replicated (by itself)
+                what, own = f"{self.name}: input {i} in_shardings", True
+                why.append("a host value under in_shardings: typed replicated, as jax.jit does")
             else:
                 if self.jit_in_shardings and committed and not loose:
                     check_committed(self.name, i, shape, placed, spec, mesh)
                 why.append("your in_specs")
             check_spec(spec, shape, mesh, what)
             shardings.append(NamedSharding(mesh, spec))
-        return shardings, why
+            typed.append(None if own else shardings[-1])
+        return shardings, typed, why
 
     def _compile(self, in_tree, in_avals, statics, _options) -> Executable:
         vs = self.slice
         mesh = vs.mesh
         dyn, kwargs = _unflatten(in_tree, [jax.ShapeDtypeStruct(s, d, weak_type=w)
                                            for s, d, _, w, _ in in_avals])
-        in_shardings, why = self._in_shardings(dyn, kwargs, in_avals)
+        in_shardings, typed, why = self._in_shardings(dyn, kwargs, in_avals)
         rebuild, fn = self.arguments.rebuild, self.fn
 
         def body(*leaves):  # the user's function over the flat dynamic leaves
@@ -205,7 +206,7 @@ class CompiledFunction(JitStages):
             return fn(*full, **kw)
 
         structs = tuple(jax.ShapeDtypeStruct(s, d, sharding=sh, weak_type=w)
-                        for (s, d, _, w, _), sh in zip(in_avals, in_shardings, strict=True))
+                        for (s, d, _, w, _), sh in zip(in_avals, typed, strict=True))
         # the one trace of the user's Python for this signature, by jax.jit of the function
         # itself (so JAX's errors name it and its arguments); its inputs are the flat leaves
         full, kw = rebuild(*_unflatten(in_tree, structs), statics)

@@ -131,8 +131,11 @@ def trace_as_called(exe: Executable, in_tree, name: str = "body") -> jax.stages.
             (nums if isinstance(where, int) else names).append(where)
         at += n
     out_shardings = jax.tree_util.tree_unflatten(out_tree, list(exe.out_shardings))
+    placed = {}  # a leaf typed by itself is placed by in_shardings (a host value under them,
+    if any(s.sharding is None for s in exe.structs):  # which take no keyword arguments)
+        placed = {"in_shardings": jax.tree_util.tree_unflatten(in_tree, exe.in_shardings)[0]}
     return jax.jit(body, out_shardings=out_shardings, donate_argnums=tuple(nums),
-                   donate_argnames=tuple(names), keep_unused=exe.keep_unused,
+                   donate_argnames=tuple(names), keep_unused=exe.keep_unused, **placed,
                    ).trace(*args, **kwargs)
 
 

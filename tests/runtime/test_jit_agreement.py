@@ -97,6 +97,33 @@ def test_arrays_jax_jit_places_are_placed_and_typed_as_it_does(ctl, case, spec):
     assert value.sharding.spec == want.sharding.spec
 
 
+# bodies whose output layout XLA chooses, from a host value placed by in_shardings P("x")
+# and typed by itself (replicated): some keep the placement (float32[8@x,4]), some do not
+LEFT_TO_XLA = {"negate": lambda v: -v, "sin": jnp.sin, "identity": lambda v: v,
+               "times 2": lambda v: v * 2, "sum of rows": lambda v: v.sum(0)}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("case", sorted(LEFT_TO_XLA))
+def test_a_host_value_under_in_shardings_is_placed_as_jax_jit_places_it(ctl, case, n):
+    s, fn = ctl.slice(n, island=0), LEFT_TO_XLA[case]
+    x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
+    want = _jit(fn, s.mesh, (x,), in_shardings=P("x"))
+    f = pw.function(fn, slice=s, in_shardings=P("x"))
+    value = f(x).result(60)
+    np.testing.assert_array_equal(value, want)
+    assert _type(value) == _type(want), (case, n)
+    assert value.sharding.spec == want.sharding.spec, (case, n)
+    told = f.eval_shape(x)  # (what the call's future says at once)
+    assert (told.shape, told.dtype, told.sharding.spec) == (want.shape, want.dtype,
+                                                            want.sharding.spec)
+    with jax.set_mesh(s.mesh):  # traced and placed as jax.jit traces and places it
+        jitted = jax.jit(fn, in_shardings=P("x"))
+        assert f.trace(x).jaxpr.in_avals == jitted.trace(x).jaxpr.in_avals
+        placed = jitted.lower(x).compile().input_shardings
+    assert f.lower(x).compile().input_shardings == placed
+
+
 def test_a_program_returns_a_float0_argument_as_jax_jit_does(ctl):
     """A float0 leaf (an int's gradient: no data) given to a program and returned as it is
     comes back as jax.jit gives it: a host array of float0 of its shape."""

@@ -260,13 +260,13 @@ def lower_for_chips(spec: Specialization) -> Executable:
     vs = spec.slice
     mesh = vs.mesh
     auto = any(t == AxisType.Auto for t in mesh.axis_types)
-    typed = [given if given is not None or auto else NamedSharding(
-        mesh, getattr(o.sharding, "spec", None) or P())
+    typed = [given if given is not None or auto or o.sharding is None else NamedSharding(
+        mesh, o.sharding.spec)
         for given, o in zip(spec.out_shardings, spec.out_types, strict=True)]
     lowered, out_shardings = None, typed
     try:
         lowered = _lowered(spec, typed)
-        if any(sh is None for sh in typed):  # (auto axes: what propagation gives them)
+        if any(sh is None for sh in typed):  # (auto axes, untyped: what propagation gives)
             found = propagated_specs(lowered, tuple(mesh.axis_names))
             avals = spec.jaxpr.out_avals
             out_shardings = [sh if sh is not None else NamedSharding(mesh, _as_typed(got, a))
@@ -310,9 +310,12 @@ def _lowered(spec: Specialization, out_shardings) -> jax.stages.Lowered:
     vs = spec.slice
     am = vs.mesh.abstract_mesh
     with vs.ambient():
-        args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(am, sh.spec))
-                for a, sh in zip(spec.structs, spec.in_shardings, strict=True)]
-        return jax.jit(spec.replay, keep_unused=spec.keep_unused, out_shardings=tuple(
+        placed = tuple(NamedSharding(am, sh.spec) for sh in spec.in_shardings)
+        args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=None if a.sharding is None
+                                     else sh)  # (a host value under in_shardings: untyped)
+                for a, sh in zip(spec.structs, placed, strict=True)]
+        return jax.jit(spec.replay, keep_unused=spec.keep_unused, in_shardings=placed,
+                       out_shardings=tuple(
             None if sh is None else NamedSharding(am, sh.spec) for sh in out_shardings)).trace(
                 *args).lower(lowering_platforms=("tpu",))
 

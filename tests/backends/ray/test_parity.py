@@ -162,6 +162,15 @@ def test_a_nan_under_debug_nans_consumes_a_donated_input_as_jax_jit_does(ctl,
                 again.result(TIMEOUT)
 
 
+def test_a_host_value_under_in_shardings_is_placed_as_jax_jit_places_it(ctl):
+    """Placed as in_shardings say, typed by itself (replicated): ``-v`` keeps the placement."""
+    s = ctl.slice(2, island=0)
+    x = np.arange(8.0, dtype=np.float32)
+    y = pw.function(lambda v: -v, slice=s, in_shardings=jax.sharding.PartitionSpec("x"))(x)
+    assert str(jax.typeof(y.result(TIMEOUT))) == "float32[8@x]"
+    assert np.asarray(y.result(TIMEOUT)).tolist() == (-x).tolist()
+
+
 def test_ray_islands_really_donate(rctl):
     """On the island the donated buffer is gone (the island's XLA consumed it)."""
     s = rctl.slice(2, island=0)

@@ -86,3 +86,17 @@ def test_estimate_reads_batch_and_inferred_specs_as_pw_function_does():
     with pytest.raises(pw.sim.SimError, match="pw.BATCH.*size 6.*not divisible by 4"):
         pw.sim.estimate(layer, jax.ShapeDtypeStruct((6, 4), np.float32), cluster=cluster,
                         mesh=4, in_specs=pw.BATCH)
+
+
+@pytest.mark.parametrize("fn", [lambda v: -v, lambda v: v, lambda v: v * 2],
+                         ids=["negate", "identity", "times 2"])
+def test_a_host_value_under_in_shardings_lays_outputs_out_as_on_a_real_backend(fn):
+    """On explicit axes it is placed as in_shardings say and typed by itself (replicated), as
+    jax.jit does: an output left to XLA keeps that placement or not (``-v`` keeps it)."""
+    x = np.ones((8, 4), np.float32)
+    got = []
+    with pw.Controller(islands=(4, 4)) as real, pw.Controller(backend="sim") as simulated:
+        for ctl in (real, simulated):
+            f = pw.function(fn, slice=ctl.slice(4, island=0), in_shardings=P("x"))
+            got.append((tuple(f(x).sharding.spec), tuple(f.eval_shape(x).sharding.spec)))
+    assert got[0] == got[1] and len(set(got[0])) == 1
