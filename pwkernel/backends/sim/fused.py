@@ -10,8 +10,9 @@ the difference for each such equation of a function's jaxpr).
 - Random bits (``random_bits``, ``threefry2x32``): the threefry hash is some hundred
   element-wise operations, each counted as a read and a write of the whole array (1.7 GB for
   2^20 32-bit draws), which XLA fuses into one kernel that reads the key and writes the bits.
-  Its flops are XLA's. So for a few element-wise functions lowered as such a chain
-  (``ELEMENTWISE``: ``erf_inv``, of ``jax.random.normal``, 545 bytes an element for 8).
+  Its flops are XLA's. So are a few element-wise functions lowered as such a chain
+  (``ELEMENTWISE``: ``erf_inv``, in ``jax.random.normal``, counted 545 bytes an element where
+  a fused kernel moves 8).
 
 Each is XLA's count for the primitive lowered alone on the equation's types, taken away, and
 the estimate added; inside ``shard_map`` the types are one shard's, as XLA counts there.
