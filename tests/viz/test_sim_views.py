@@ -3,12 +3,13 @@ of hosts or island (with the device count), and drill-down to devices."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import pwkernel as pw
 from pwkernel.backends.sim import Cluster, SimNode, SimProgram, Simulator
 from pwkernel.backends.sim.scale import pipeline
-from pwkernel.viz.columns import DeviceLayout
+from pwkernel.viz.columns import DeviceLayout, merged_busy
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +101,32 @@ def test_a_view_made_after_a_run_keeps_max_rows_bars_of_grouped_rows(pod):
         assert view.decoded()["index"] == drawn[-300:]
     finally:
         view.close()
+
+
+def test_a_topology_view_of_a_long_simulated_run_holds_a_bounded_number_of_computations():
+    """On a virtual clock utilization is over the whole run: the view folds the busy time of
+    older computations into per-row totals instead of keeping every computation (it kept all
+    of them, past the trace's own capacity, and each update walked them all)."""
+    with pw.Controller(backend="sim", cluster=Cluster.preset("tpu-v4", chips=16)) as ctl:
+        step = pw.function(lambda x: x + 1, slice=ctl.slice(4), name="step", sim_cost=1e-4)
+        idle = pw.function(lambda x: x * 2, slice=ctl.slice(4), name="idle", sim_cost=3e-4)
+        view = pw.TopologyView(ctl, live=False)
+        try:
+            view.hold = 50
+            x = np.zeros(4, np.float32)
+            for _ in range(6):
+                for i in range(40):
+                    (step if i % 4 else idle)(x).wait()
+                view.update()
+                assert view.held <= 2 * view.hold
+            events = [e for e in ctl.trace.events() if e.kind == "compute"]
+            assert len(events) == 240  # the trace kept every one: the expectation's source
+            first = min(e.t_start for e in events)
+            span = ctl.executor.now() - first
+            for device, util in zip(view.source.data["device"], view.source.data["utilization"],
+                                    strict=True):
+                busy = merged_busy([(e.t_start, e.t_end) for e in events if device in e.devices])
+                assert util == pytest.approx(busy / span, rel=1e-9), device
+            assert sum(u > 0 for u in view.source.data["utilization"]) == 8  # both slices
+        finally:
+            view.close()
