@@ -130,3 +130,27 @@ def test_a_topology_view_of_a_long_simulated_run_holds_a_bounded_number_of_compu
             assert sum(u > 0 for u in view.source.data["utilization"]) == 8  # both slices
         finally:
             view.close()
+
+
+def test_a_report_of_a_2048_chip_pod_groups_its_rows_as_the_views_do(pod, tmp_path):
+    """``pw.report`` draws a row per group of hosts, as the schedule view does: one bar per
+    computation per row, and a utilization bar per row (it drew 2048 rows, a bar per chip, so
+    a 2048-chip step took 2048 of the report's ``max_rows`` bars)."""
+    from tests.viz.test_page_state import report_document
+
+    doc = report_document(pw.report(pod, tmp_path / "pod.html"))
+    computations = [e for e in pod.trace.events() if e.kind == "compute"]
+    hosts_of = [{pod.host_of[d] // 8 for d in e.devices} for e in computations]  # 8 a row
+    bars = doc.get_model_by_name("compute").data_source.data
+    assert len(bars["index"]) == sum(map(len, hosts_of))
+    assert sorted(bars["index"]) == sorted(e.index for e, h in zip(computations, hosts_of,
+                                                                    strict=True) for _ in h)
+    util = next(m for m in doc.models if "u" in getattr(m, "data", {})).data
+    assert len(util["x"]) == 64
+    assert util["x"][0] == ["island 0", "hosts 0-7 (32 devices)"]
+    spmd_rows = {pod.host_of[d] // 8 for d in pod.cluster.island_devices(0)}
+    assert sum(u > 0 for u in util["u"]) >= len(spmd_rows)
+    device_rows = doc_rows = pw.report(pod, tmp_path / "chips.html", rows="device")
+    chips = report_document(doc_rows).get_model_by_name("compute").data_source.data
+    assert len(chips["index"]) == sum(len(e.devices) for e in computations)
+    assert device_rows.exists()
