@@ -1,8 +1,9 @@
 """``pw.report(ctl, path)``: a standalone HTML report that opens without a kernel.
 
-It holds the schedule (every event, up to ``max_rows`` bars), utilization per device over the
-whole run, a transfer table per link, and each client's share of device time. BokehJS is
-embedded inline: the file opens offline, nothing is fetched from a CDN.
+It holds the schedule (every event, up to ``max_rows`` bars), utilization per row (a device,
+host or group of hosts, as in the views) over the whole run, a transfer table per link, and
+each client's share of device time. BokehJS is embedded inline: the file opens offline,
+nothing is fetched from a CDN.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from .columns import (
     DeviceLayout,
     client_share,
     human_rate,
+    merged_busy,
     newest,
     tail,
     transfer_summary,
-    utilization,
 )
 from .encoding import Codebook, compute_arrays, link_arrays, own_and_others, transfer_arrays
 from .figures import legend_html, names_source, schedule_figure
@@ -36,17 +37,32 @@ from .names import LEGEND_NAMES, Recent
 from .palette import COLORS
 
 
+def _row_utilization(events: Sequence[Event], layout: DeviceLayout, start: float,
+                     end: float) -> dict[float, float]:
+    """Busy fraction of ``[start, end]`` per row of ``layout`` (any of its devices computing;
+    a row per device: ``columns.utilization``'s figures)."""
+    if not end > start:
+        return {}
+    spans: dict[float, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.kind == "compute" and e.t_end > start and e.t_start < end:
+            span = (max(e.t_start, start), min(e.t_end, end))
+            for d in layout.shown(e.devices):
+                spans.setdefault(layout.rows[d], []).append(span)
+    return {y: merged_busy(v) / (end - start) for y, v in spans.items()}
+
+
 def _utilization_figure(events: Sequence[Event], layout: DeviceLayout, start: float, end: float):
-    ids = [d for _, ds in layout.islands for d in ds]
-    util = utilization(events, ids, start, end) if end > start else {d: 0.0 for d in ids}
-    factors = [(f"island {i}", f"device {d}") for i, ds in layout.islands for d in ds]
-    source = ColumnDataSource({"x": factors, "u": [util[d] for d in ids],
-                               "text": [f"{util[d]:.1%}" for d in ids]})
+    rows = sorted(layout.labels.items())  # a row per device, host or group of hosts
+    util = _row_utilization(events, layout, start, end)
+    factors = [tuple(label.split(" · ", 1)) for _, label in rows]
+    shares = [util.get(y, 0.0) for y, _ in rows]
+    source = ColumnDataSource({"x": factors, "u": shares, "text": [f"{u:.1%}" for u in shares]})
     fig = figure(title="Utilization per device over the run", height=240,
                  sizing_mode="stretch_width", x_range=FactorRange(*factors),
                  y_range=Range1d(0, 1.05), tools="", toolbar_location=None)
     fig.vbar(x="x", top="u", width=0.8, source=source, fill_color="#0072B2", line_color=None)
-    fig.add_tools(HoverTool(tooltips=[("device", "@x"), ("busy", "@text")]))
+    fig.add_tools(HoverTool(tooltips=[("row", "@x"), ("busy", "@text")]))
     fig.xaxis.major_label_orientation = 0.8
     fig.yaxis.axis_label = "busy fraction"
     return fig
@@ -85,7 +101,8 @@ def _transfer_table(events: Sequence[Event]) -> Div:
 
 
 def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
-           title: str = "pwkernel run report", max_rows: int = 200_000) -> Path:
+           title: str = "pwkernel run report", max_rows: int = 200_000,
+           rows: str = "auto") -> Path:
     """Write a standalone HTML report of ``ctl``'s trace (or of ``events``) to ``path``.
 
     >>> pw.report(ctl, "run.html")   # doctest: +SKIP
@@ -93,7 +110,9 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
 
     ``path``: a str or path-like; ``max_rows`` (an int > 0) caps the bars drawn in the
     schedule (the newest are kept); the utilization, transfer and share sections always use
-    every event.
+    every event. ``rows``: one row per ``"device"``, ``"host"`` or ``"island"``; ``"auto"``
+    (default) as the live views: a row per device up to 64, then hosts are grouped (a
+    2048-chip pod: 64 rows of 32 chips), in the schedule and the utilization alike.
     """
     check_controller(ctl)
     if not isinstance(path, str | os.PathLike):
@@ -117,7 +136,7 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
         raise FileNotFoundError(f"the folder {str(path.parent)!r} for the report does not "
                                 "exist; create it first or choose another path.")
     evs = sorted(ctl.trace.events() if events is None else list(events), key=lambda e: e.index)
-    layout = DeviceLayout.from_controller(ctl)
+    layout = DeviceLayout.from_controller(ctl, rows)
     t0 = min((e.t_submit for e in evs), default=0.0)
     t_end = max((e.t_end for e in evs), default=t0)
     compute = [e for e in evs if e.kind == "compute"]

@@ -67,6 +67,10 @@ class TopologyView(w.VBox):
     >>> view.close()                  # doctest: +SKIP
     """
 
+    #: computations kept in Python for utilization over the whole run (a virtual clock's
+    #: default): past twice this many, the busy time of the older ones is folded into totals
+    hold = 10_000
+
     def __init__(self, ctl, window: float | None = None, *, live: bool = True,
                  interval: float = 0.5, rows: str = "auto"):
         check_controller(ctl)
@@ -78,6 +82,9 @@ class TopologyView(w.VBox):
         self._cursor = 0
         self._recent: deque[Event] = deque()
         self._first = float("inf")  # when the first computation seen started
+        # over the whole run: busy seconds per row before ``_folded_to``, of computations let go
+        self._folded: dict[float, float] = {}
+        self._folded_to = -float("inf")
         self.layout_rows = DeviceLayout.from_controller(ctl, rows)
         self.factors = [tuple(label.split(" · ", 1)) for _, label in
                         sorted(self.layout_rows.labels.items())]
@@ -132,13 +139,15 @@ class TopologyView(w.VBox):
                 now = self.ctl.executor.now()
             else:  # a Simulator: its virtual clock
                 now = float(getattr(self.ctl, "now", time.perf_counter()))
+            going = running(snap)
             if self.window_s is None:  # since the first computation
                 start = min(self._first, now)
+                self._fold(min((t for t, _ in going), default=now))
             else:
                 start = now - self.window_s
             while self._recent and self._recent[0].t_end < start:
                 self._recent.popleft()
-            util = self._row_utilization(start, now, running(snap))
+            util = self._row_utilization(start, now, going)
             live = snap is not None and not snap.closed
             memory = snap.memory if live else {}
             slices = slice_map(snap) if live else {}
@@ -174,17 +183,43 @@ class TopologyView(w.VBox):
         until ``end``."""
         if not end > start:
             return {}
-        layout = self.layout_rows
-        spans: dict[float, list[tuple[float, float]]] = {}
+        whole = self.window_s is None  # the folded busy time counts, and what follows it
+        lo = max(start, self._folded_to) if whole else start
         ended = ((e.t_start, e.t_end, e.devices) for e in self._recent)
         going = ((t, end, devices) for t, devices in now_running)
-        for t_start, t_end, devices in (*ended, *going):
-            if t_end <= start or t_start >= end:
+        busy = self._busy((*ended, *going), lo, end)
+        for y, seconds in (self._folded.items() if whole else ()):
+            busy[y] = busy.get(y, 0.0) + seconds
+        return {y: b / (end - start) for y, b in busy.items()}
+
+    def _busy(self, spans, lo: float, hi: float) -> dict[float, float]:
+        """Seconds each row was busy (any of its devices) within ``[lo, hi]``, of ``spans``
+        (start, end, devices)."""
+        layout = self.layout_rows
+        rows: dict[float, list[tuple[float, float]]] = {}
+        for t_start, t_end, devices in spans:
+            if t_end <= lo or t_start >= hi:
                 continue
-            span = (max(t_start, start), min(t_end, end))
+            span = (max(t_start, lo), min(t_end, hi))
             for d in layout.shown(devices):
-                spans.setdefault(layout.rows[d], []).append(span)
-        return {y: merged_busy(v) / (end - start) for y, v in spans.items()}
+                rows.setdefault(layout.rows[d], []).append(span)
+        return {y: merged_busy(v) for y, v in rows.items()}
+
+    def _fold(self, before: float) -> None:
+        """Past ``2 * hold`` computations kept, add the busy time of all but the newest
+        ``hold`` (up to ``before``: no computation still running started earlier, so none
+        that ends later has time before it) to the per-row totals, and let them go."""
+        if len(self._recent) <= 2 * self.hold:
+            return
+        ends = sorted(e.t_end for e in self._recent)
+        cut = min(ends[-self.hold - 1], before)
+        if not cut > self._folded_to:
+            return
+        spans = ((e.t_start, e.t_end, e.devices) for e in self._recent)
+        for y, seconds in self._busy(spans, self._folded_to, cut).items():
+            self._folded[y] = self._folded.get(y, 0.0) + seconds
+        self._folded_to = cut
+        self._recent = deque(e for e in self._recent if e.t_end > cut)
 
     def _islands_html(self, snap: Snapshot | None, slices: dict[int, list[str]]) -> str:
         if snap is None or snap.closed:
@@ -201,6 +236,13 @@ class TopologyView(w.VBox):
         return (f'<table style="font-size:12px">{head}{"".join(rows)}</table>'
                 f'<div style="font-size:11px;color:#555">policy {snap.policy} · dispatch '
                 f'{snap.dispatch} · {len(snap.runs)} programs running</div>')
+
+    @property
+    def held(self) -> int:
+        """How many computations the view keeps in Python (at most ``2 * hold`` past an
+        update over the whole run; those of the last ``window`` seconds otherwise)."""
+        with self._lock:
+            return len(self._recent)
 
     @property
     def updater(self) -> LiveUpdater | None:

@@ -3,12 +3,13 @@ of hosts or island (with the device count), and drill-down to devices."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import pwkernel as pw
 from pwkernel.backends.sim import Cluster, SimNode, SimProgram, Simulator
 from pwkernel.backends.sim.scale import pipeline
-from pwkernel.viz.columns import DeviceLayout
+from pwkernel.viz.columns import DeviceLayout, merged_busy
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +101,56 @@ def test_a_view_made_after_a_run_keeps_max_rows_bars_of_grouped_rows(pod):
         assert view.decoded()["index"] == drawn[-300:]
     finally:
         view.close()
+
+
+def test_a_topology_view_of_a_long_simulated_run_holds_a_bounded_number_of_computations():
+    """On a virtual clock utilization is over the whole run: the view folds the busy time of
+    older computations into per-row totals instead of keeping every computation (it kept all
+    of them, past the trace's own capacity, and each update walked them all)."""
+    with pw.Controller(backend="sim", cluster=Cluster.preset("tpu-v4", chips=16)) as ctl:
+        step = pw.function(lambda x: x + 1, slice=ctl.slice(4), name="step", sim_cost=1e-4)
+        idle = pw.function(lambda x: x * 2, slice=ctl.slice(4), name="idle", sim_cost=3e-4)
+        view = pw.TopologyView(ctl, live=False)
+        try:
+            view.hold = 50
+            x = np.zeros(4, np.float32)
+            for _ in range(6):
+                for i in range(40):
+                    (step if i % 4 else idle)(x).wait()
+                view.update()
+                assert view.held <= 2 * view.hold
+            events = [e for e in ctl.trace.events() if e.kind == "compute"]
+            assert len(events) == 240  # the trace kept every one: the expectation's source
+            first = min(e.t_start for e in events)
+            span = ctl.executor.now() - first
+            for device, util in zip(view.source.data["device"], view.source.data["utilization"],
+                                    strict=True):
+                busy = merged_busy([(e.t_start, e.t_end) for e in events if device in e.devices])
+                assert util == pytest.approx(busy / span, rel=1e-9), device
+            assert sum(u > 0 for u in view.source.data["utilization"]) == 8  # both slices
+        finally:
+            view.close()
+
+
+def test_a_report_of_a_2048_chip_pod_groups_its_rows_as_the_views_do(pod, tmp_path):
+    """``pw.report`` draws a row per group of hosts, as the schedule view does: one bar per
+    computation per row, and a utilization bar per row (it drew 2048 rows, a bar per chip, so
+    a 2048-chip step took 2048 of the report's ``max_rows`` bars)."""
+    from tests.viz.test_page_state import report_document
+
+    doc = report_document(pw.report(pod, tmp_path / "pod.html"))
+    computations = [e for e in pod.trace.events() if e.kind == "compute"]
+    hosts_of = [{pod.host_of[d] // 8 for d in e.devices} for e in computations]  # 8 a row
+    bars = doc.get_model_by_name("compute").data_source.data
+    assert len(bars["index"]) == sum(map(len, hosts_of))
+    assert sorted(bars["index"]) == sorted(e.index for e, h in zip(computations, hosts_of,
+                                                                    strict=True) for _ in h)
+    util = next(m for m in doc.models if "u" in getattr(m, "data", {})).data
+    assert len(util["x"]) == 64
+    assert util["x"][0] == ["island 0", "hosts 0-7 (32 devices)"]
+    spmd_rows = {pod.host_of[d] // 8 for d in pod.cluster.island_devices(0)}
+    assert sum(u > 0 for u in util["u"]) >= len(spmd_rows)
+    device_rows = doc_rows = pw.report(pod, tmp_path / "chips.html", rows="device")
+    chips = report_document(doc_rows).get_model_by_name("compute").data_source.data
+    assert len(chips["index"]) == sum(len(e.devices) for e in computations)
+    assert device_rows.exists()
