@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import ray
@@ -157,6 +158,23 @@ def test_closing_drops_the_work_the_island_has_not_launched(pool):
         x.result(TIMEOUT)
     status = ray.get(actor.pool_status.remote(), timeout=TIMEOUT)
     assert "leaver" not in {t["name"] for t in status["tenants"]}
+
+
+def test_a_tenants_bytes_leave_out_what_its_steps_donated(pool):
+    """A training step donates its state: the island's buffers of it are gone at once, while
+    the controller frees their ids later (when the old state's futures go). The tenant's bytes
+    in the pool's status counted them until then (a training tenant showed many times what it
+    held, more than the whole island)."""
+    with pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="donor") as ctl:
+        bump = pw.function(lambda x: x + 1, slice=ctl.slice(2, island=1), donate_argnums=0)
+        old = pw.function(lambda: jnp.zeros(250_000, jnp.float32), slice=ctl.slice(2, island=1))()
+        new = bump(old)  # ``old`` stays referenced here: its id is not freed yet
+        assert float(new[0]) == 1.0
+        actor = ctl.executor.hosts[1].actor.handle
+        status = ray.get(actor.pool_status.remote(), timeout=TIMEOUT)
+        [mine] = [t for t in status["tenants"] if t["name"] == "donor"]
+        assert mine["bytes"] == 1_000_000, mine  # ``new``'s alone
+        assert old.state is pw.FutureState.DONE  # (held to the end)
 
 
 def test_a_dead_island_is_shown_lost_and_the_others_keep_their_numbers(pool, tmp_path,

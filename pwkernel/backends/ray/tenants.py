@@ -118,5 +118,17 @@ class Tenant:
                 "weight": self.weight, "queued": queued,
                 "running": self.in_flight, "device_seconds": self.device_seconds,
                 "share": self.device_seconds / total if total else 0.0,
-                "bytes": sum(int(a.nbytes) for a in list(self.buffers.values())),
+                "bytes": held_bytes(self.buffers.values()),
                 "devices": sorted(self.positions)}
+
+
+def held_bytes(arrays) -> int:
+    """Bytes of ``arrays`` still held: a buffer a computation donated is gone from the
+    devices at once, while its id stays until the controller frees it (when its futures go),
+    so it counts no more."""
+    return sum(int(a.nbytes) for a in list(arrays) if not _deleted(a))
+
+
+def _deleted(a) -> bool:
+    is_deleted = getattr(a, "is_deleted", None)
+    return bool(is_deleted()) if is_deleted is not None else False
