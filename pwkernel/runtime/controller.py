@@ -307,8 +307,9 @@ class Controller:
     # --- memory and status -----------------------------------------------------------------
     def memory(self) -> dict[Any, int]:
         """Bytes held by live buffers on each device (every device listed, 0 when empty)."""
-        held = self.store.memory()
-        for d, n in self._dispatcher.memory().items():  # values only running programs hold
+        counted: dict[int, tuple] = {}  # (the store first: a launch holds its outputs in
+        held = self.store.memory(counted)  # its run, then marks the futures it consumed)
+        for d, n in self._dispatcher.memory(counted).items():  # values running programs hold
             held[d] = held.get(d, 0) + n
         return {d: held.get(d.id, 0) for d in self.devices}
 

@@ -350,12 +350,12 @@ class Dispatcher:
 
     # --- runs ------------------------------------------------------------------------------
 
-    def memory(self) -> dict[int, int]:
+    def memory(self, counted: dict[int, tuple] | None = None) -> dict[int, int]:
         """Bytes per device of the values running programs keep for their own nodes (those
-        that are not futures, so not in the object store)."""
+        that are not futures, so not in the object store, whose ``counted`` they correct)."""
         out: dict[int, int] = {}
         for run in self.all_runs():
-            for nbytes in run.internal_bytes():
+            for nbytes in run.internal_bytes(counted):
                 for d, n in nbytes.items():
                     out[d] = out.get(d, 0) + n
         return out

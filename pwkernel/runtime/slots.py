@@ -132,11 +132,16 @@ class RunSlots:
                 out.append(t)
                 last = t
 
-    def internal_bytes(self) -> list[dict[int, int]]:
+    def internal_bytes(self, counted: dict[int, tuple] | None = None) -> list[dict[int, int]]:
         """Bytes on each device of every value it keeps that is not a future (alive until
         its last reader ends). Read under the run's lock: a launch holds its outputs and marks
         the values it consumed in one step (``_hold_outputs``), and a read between the two
-        counted a donated sum twice (a pipeline stage's rise read 2 MiB for 1)."""
+        counted a donated sum twice (a pipeline stage's rise read 2 MiB for 1).
+
+        ``counted``: what the object store counted just before (``ObjectStore.memory``). A
+        future a launch consumed (donated) is marked so only after the lock, once its outputs
+        are held here (``_consume_donated``): one the store counted is taken back (its bytes,
+        negative), read in the same step as the outputs that reuse its buffer."""
         plan, out = self.plan, []
         with self.lock:
             values, given = self.values, self.given or ()
@@ -147,7 +152,24 @@ class RunSlots:
                 if value is not None and p >= 0 and s not in self.futures and s not in given:
                     node = plan.nodes[p]
                     out.append(node.out_nbytes[node.outputs.index(s)])
+            if counted and self.futures:
+                self._take_back(counted, out)
         return out
+
+    def _take_back(self, counted: dict[int, tuple], out: list) -> None:
+        """Under the lock: the bytes, negative, of each future in ``counted`` that a launch
+        whose outputs are held consumed, not yet marked ``donated`` (``internal_bytes``)."""
+        futures = self.futures
+        for task in self.tasks:
+            node = task.node
+            if task.has_outputs and node.donates:
+                for s in self.consumed(node):
+                    fut = futures.get(s)
+                    if fut is not None and not fut.donated:
+                        mine = counted.get(id(fut))
+                        if mine is not None and mine[0] is fut:
+                            del counted[id(fut)]  # (taken back once)
+                            out.append({d: -n for d, n in mine[1].items()})
 
     def count_arrived(self, slots, gates_only: bool = False) -> list:
         """Count ``slots`` for the nodes that wait on them; returns those now complete.

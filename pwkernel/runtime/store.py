@@ -291,10 +291,12 @@ class ObjectStore:
                     self._held.pop(held.key, None)
         return count
 
-    def memory(self) -> dict[int, int]:
+    def memory(self, counted: dict[int, tuple] | None = None) -> dict[int, int]:
         """Bytes held by live buffers on each device (devices holding nothing are omitted).
         A buffer a launch consumed (donated) holds none: XLA reuses it for the outputs, which
-        count, though its entry stays until its future goes."""
+        count, though its entry stays until its future goes. ``counted``: a dict filled with
+        ``id(future): (future, nbytes)`` for each buffer counted (``ctl.memory()`` takes back
+        one that a launch consumed before it was marked so: ``Dispatcher.memory``)."""
         out: dict[int, int] = {}
         with self._lock:
             for held in list(self._held.values()):
@@ -302,6 +304,8 @@ class ObjectStore:
                     continue
                 for d, n in held.nbytes.items():
                     out[d] = out.get(d, 0) + n
+                if counted is not None and (fut := held()) is not None:
+                    counted[id(fut)] = (fut, held.nbytes)
         return out
 
     def records(self) -> list[BufferRecord]:

@@ -185,3 +185,48 @@ def test_memory_read_while_a_launch_takes_its_donated_value_counts_it_once(monke
         np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 36.0))
     finally:
         ctl.close()
+
+
+def test_memory_read_while_a_launch_consumes_a_donated_future_counts_it_once(monkeypatch):
+    """``late`` donates a future (``state``, another run's output, in the object store) and
+    holds its output in its run's slots: ``ctl.memory()`` read by another thread between the
+    two (the output held, the future not yet marked consumed) counts the buffer once. Before,
+    the store still counted the future and the run its output, which reuses that buffer."""
+    from pwkernel.runtime.objects import Future
+
+    consuming, reads, readers = Future.consumed_many, [], []
+
+    def read_while_consuming(futures):
+        started = threading.Event()
+
+        def read():
+            started.set()  # (this thread then reads at once, holding the GIL)
+            reads.append(ctl.memory()[device])
+
+        reader = threading.Thread(target=read, name="memory-read")
+        readers.append(reader)
+        reader.start()
+        started.wait(60)
+        return consuming(futures)
+
+    ex = LateEnds(True)
+    ctl = pw.Controller(backend=ex, dispatch="sequential")
+    try:
+        s = ctl.slice(1, island=0)
+        [device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
+        early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
+        late = pw.function(lambda a: a * 2.0, slice=s, donate_argnums=0, name="late")
+        total = pw.function(lambda b: b.sum(axis=0), slice=s, name="total")
+        state = pw.program(lambda x: early(x))(np.arange(4, dtype=np.float32))
+        state.wait(60)
+        assert ctl.memory()[device] == 4 * np.prod(SHAPE)  # the future alone
+        monkeypatch.setattr(Future, "consumed_many", staticmethod(read_while_consuming))
+        out = pw.program(lambda a: total(late(a)))(state)
+        assert ex.launched.wait(60)
+        for reader in readers:
+            reader.join(60)
+        assert reads == [4 * np.prod(SHAPE)]  # late's output alone
+        ex.go.set()
+        np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 36.0))
+    finally:
+        ctl.close()
