@@ -50,13 +50,17 @@ def slice_map(snap: Snapshot) -> dict[int, list[str]]:
     return out
 
 
-def running(snap: Snapshot | None) -> list[tuple[float, tuple[int, ...]]]:
+def running(snap: Snapshot | None, now: float,
+            virtual: bool = False) -> list[tuple[float, tuple[int, ...]]]:
     """(launch time, devices) of every computation running now: busy, though the trace has
-    no event for it until it ends (a long training step would otherwise read 0 %)."""
+    no event for it until it ends (a long training step would otherwise read 0 %). One its
+    scheduler made RUNNING whose launch has not yet been timed (``t_launch`` 0.0: the backend
+    launches it a moment later) is busy from ``now``; before, it read busy since the clock's
+    zero, a whole window at 100 % for a frame. On a ``virtual`` clock 0.0 is a real time."""
     if snap is None or snap.closed:
         return []
-    return [(n.t_launch, n.devices) for r in snap.runs for n in r.nodes
-            if n.compute and n.state is TaskState.RUNNING]
+    return [(n.t_launch if n.t_launch or virtual else now, n.devices)
+            for r in snap.runs for n in r.nodes if n.compute and n.state is TaskState.RUNNING]
 
 
 class TopologyView(w.VBox):
@@ -139,7 +143,7 @@ class TopologyView(w.VBox):
                 now = self.ctl.executor.now()
             else:  # a Simulator: its virtual clock
                 now = float(getattr(self.ctl, "now", time.perf_counter()))
-            going = running(snap)
+            going = running(snap, now, virtual_clock(self.ctl))
             if self.window_s is None:  # since the first computation
                 start = min(self._first, now)
                 self._fold(min((t for t, _ in going), default=now))

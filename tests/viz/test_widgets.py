@@ -530,6 +530,23 @@ def test_topology_counts_a_computation_that_is_still_running(ctl):
     held.result(timeout=60)
 
 
+def test_a_computation_made_running_but_not_yet_launched_is_busy_from_now():
+    """The island's scheduler makes a node RUNNING under its lock; the backend times its
+    launch a moment later. A snapshot in between has ``t_launch`` 0.0: the topology view read
+    that node busy since the clock's zero, its devices at 100 % for a frame."""
+    from pwkernel.runtime.snapshot import NodeView, RunView, Snapshot
+    from pwkernel.runtime.tasks import TaskState
+    from pwkernel.viz.topology import running
+
+    nodes = (NodeView("timed", True, 0, (0, 1), TaskState.RUNNING, 1000.0),
+             NodeView("launching", True, 0, (2,), TaskState.RUNNING, 0.0),
+             NodeView("queued", True, 0, (3,), TaskState.QUEUED, 0.0))
+    snap = Snapshot(False, runs=(RunView(1, "p", "default", nodes),))
+    assert running(snap, now=1234.5) == [(1000.0, (0, 1)), (1234.5, (2,))]
+    # on a virtual clock 0.0 is a launch time like any other
+    assert running(snap, now=3.0, virtual=True) == [(1000.0, (0, 1)), (0.0, (2,))]
+
+
 def test_a_hundred_thousand_events(ctl, programs):
     """A long history: the page keeps ``max_rows``, Python keeps everything."""
     run(programs[0])
