@@ -118,6 +118,44 @@ def test_a_let_go_value_still_gives_its_bytes_back_under_a_memory_budget():
         ctl.close()
 
 
+def donating_chain(s):
+    """``early`` makes a value, ``late`` donates what it is given (XLA reuses its buffer for
+    its own output), ``total`` reads that: three functions on ``s``."""
+    early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
+    late = pw.function(lambda a: a * 2.0, slice=s, donate_argnums=0, name="late")
+    total = pw.function(lambda b: b.sum(axis=0), slice=s, name="total")
+    return early, late, total
+
+
+class ReadsInside:
+    """``wrap(fn)``: each call first starts a thread that reads ``ctl.memory()[device]`` and
+    waits until it has started (it then reads at once, holding the GIL), so the read lands
+    inside ``fn``'s caller, at the moment ``fn`` is called."""
+
+    def __init__(self):
+        self.ctl, self.device, self.reads, self._threads = None, None, [], []
+
+    def wrap(self, fn):
+        def inside(*args):
+            started = threading.Event()
+
+            def read():
+                started.set()
+                self.reads.append(self.ctl.memory()[self.device])
+
+            reader = threading.Thread(target=read, name="memory-read")
+            self._threads.append(reader)
+            reader.start()
+            started.wait(60)
+            return fn(*args)
+        return inside
+
+    def done(self) -> list[int]:
+        for reader in self._threads:
+            reader.join(60)
+        return self.reads
+
+
 @pytest.mark.parametrize("budget", [None, 1 << 20])
 def test_a_value_the_run_made_and_a_launch_donated_holds_no_bytes_while_that_launch_runs(
         budget):
@@ -130,9 +168,7 @@ def test_a_value_the_run_made_and_a_launch_donated_holds_no_bytes_while_that_lau
     ctl = pw.Controller(backend=ex, memory_budget=budget, dispatch="sequential")
     try:
         s = ctl.slice(1, island=0)
-        early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
-        late = pw.function(lambda a: a * 2.0, slice=s, donate_argnums=0, name="late")
-        total = pw.function(lambda b: b.sum(axis=0), slice=s, name="total")
+        early, late, total = donating_chain(s)
         out = pw.program(lambda x: total(late(early(x))))(np.arange(4, dtype=np.float32))
         assert ex.launched.wait(60)
         [device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
@@ -152,35 +188,18 @@ def test_memory_read_while_a_launch_takes_its_donated_value_counts_it_once(monke
     its buffer (the doc's pipeline step read 2.03 MiB in some steps for 1.04)."""
     from pwkernel.runtime.slots import RunSlots
 
-    marking, reads, readers = RunSlots.mark_given, [], []
-
-    def read_while_marking(run, node, consumed):
-        started = threading.Event()
-
-        def read():
-            started.set()  # (this thread then reads at once, holding the GIL)
-            reads.append(ctl.memory()[device])
-
-        reader = threading.Thread(target=read, name="memory-read")
-        readers.append(reader)
-        reader.start()
-        started.wait(60)
-        return marking(run, node, consumed)
-
+    probe = ReadsInside()
     ex = LateEnds(True)
     ctl = pw.Controller(backend=ex, dispatch="sequential")
     try:
         s = ctl.slice(1, island=0)
-        [device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
-        early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
-        late = pw.function(lambda a: a * 2.0, slice=s, donate_argnums=0, name="late")
-        total = pw.function(lambda b: b.sum(axis=0), slice=s, name="total")
-        monkeypatch.setattr(RunSlots, "mark_given", read_while_marking)
+        [probe.device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
+        probe.ctl = ctl
+        early, late, total = donating_chain(s)
+        monkeypatch.setattr(RunSlots, "mark_given", probe.wrap(RunSlots.mark_given))
         out = pw.program(lambda x: total(late(early(x))))(np.arange(4, dtype=np.float32))
         assert ex.launched.wait(60)
-        for reader in readers:
-            reader.join(60)
-        assert reads == [4 * np.prod(SHAPE)]  # late's output alone
+        assert probe.done() == [4 * np.prod(SHAPE)]  # late's output alone
         ex.go.set()
         np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 36.0))
     finally:
@@ -194,38 +213,22 @@ def test_memory_read_while_a_launch_consumes_a_donated_future_counts_it_once(mon
     the store still counted the future and the run its output, which reuses that buffer."""
     from pwkernel.runtime.objects import Future
 
-    consuming, reads, readers = Future.consumed_many, [], []
-
-    def read_while_consuming(futures):
-        started = threading.Event()
-
-        def read():
-            started.set()  # (this thread then reads at once, holding the GIL)
-            reads.append(ctl.memory()[device])
-
-        reader = threading.Thread(target=read, name="memory-read")
-        readers.append(reader)
-        reader.start()
-        started.wait(60)
-        return consuming(futures)
-
+    probe = ReadsInside()
     ex = LateEnds(True)
     ctl = pw.Controller(backend=ex, dispatch="sequential")
     try:
         s = ctl.slice(1, island=0)
-        [device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
-        early = pw.function(lambda x: jnp.ones(SHAPE) * x.sum(), slice=s, name="early")
-        late = pw.function(lambda a: a * 2.0, slice=s, donate_argnums=0, name="late")
-        total = pw.function(lambda b: b.sum(axis=0), slice=s, name="total")
+        [probe.device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
+        probe.ctl = ctl
+        early, late, total = donating_chain(s)
         state = pw.program(lambda x: early(x))(np.arange(4, dtype=np.float32))
         state.wait(60)
-        assert ctl.memory()[device] == 4 * np.prod(SHAPE)  # the future alone
-        monkeypatch.setattr(Future, "consumed_many", staticmethod(read_while_consuming))
+        assert ctl.memory()[probe.device] == 4 * np.prod(SHAPE)  # the future alone
+        monkeypatch.setattr(Future, "consumed_many",
+                            staticmethod(probe.wrap(Future.consumed_many)))
         out = pw.program(lambda a: total(late(a)))(state)
         assert ex.launched.wait(60)
-        for reader in readers:
-            reader.join(60)
-        assert reads == [4 * np.prod(SHAPE)]  # late's output alone
+        assert probe.done() == [4 * np.prod(SHAPE)]  # late's output alone
         ex.go.set()
         np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 36.0))
     finally:
