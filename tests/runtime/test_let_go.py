@@ -11,6 +11,7 @@ so, so the test can look at the run between that launch and its end.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import jax
@@ -132,8 +133,8 @@ class ReadsInside:
     waits until it has started (it then reads at once, holding the GIL), so the read lands
     inside ``fn``'s caller, at the moment ``fn`` is called."""
 
-    def __init__(self):
-        self.ctl, self.device, self.reads, self._threads = None, None, [], []
+    def __init__(self, ctl, device):
+        self.ctl, self.device, self.reads, self._threads = ctl, device, [], []
 
     def wrap(self, fn):
         def inside(*args):
@@ -154,6 +155,20 @@ class ReadsInside:
         for reader in self._threads:
             reader.join(60)
         return self.reads
+
+
+@contextlib.contextmanager
+def probed_chain():
+    """A sequential controller whose ``late`` ends when the test says (``LateEnds``), the
+    ``donating_chain`` on one device of it, and a ``ReadsInside`` of that device."""
+    ex = LateEnds(True)
+    ctl = pw.Controller(backend=ex, dispatch="sequential")
+    try:
+        s = ctl.slice(1, island=0)
+        [device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
+        yield ex, ReadsInside(ctl, device), donating_chain(s)
+    finally:
+        ctl.close()
 
 
 @pytest.mark.parametrize("budget", [None, 1 << 20])
@@ -188,22 +203,13 @@ def test_memory_read_while_a_launch_takes_its_donated_value_counts_it_once(monke
     its buffer (the doc's pipeline step read 2.03 MiB in some steps for 1.04)."""
     from pwkernel.runtime.slots import RunSlots
 
-    probe = ReadsInside()
-    ex = LateEnds(True)
-    ctl = pw.Controller(backend=ex, dispatch="sequential")
-    try:
-        s = ctl.slice(1, island=0)
-        [probe.device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
-        probe.ctl = ctl
-        early, late, total = donating_chain(s)
+    with probed_chain() as (ex, probe, (early, late, total)):
         monkeypatch.setattr(RunSlots, "mark_given", probe.wrap(RunSlots.mark_given))
         out = pw.program(lambda x: total(late(early(x))))(np.arange(4, dtype=np.float32))
         assert ex.launched.wait(60)
         assert probe.done() == [4 * np.prod(SHAPE)]  # late's output alone
         ex.go.set()
         np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 36.0))
-    finally:
-        ctl.close()
 
 
 def test_memory_read_while_a_launch_consumes_a_donated_future_counts_it_once(monkeypatch):
@@ -213,17 +219,10 @@ def test_memory_read_while_a_launch_consumes_a_donated_future_counts_it_once(mon
     the store still counted the future and the run its output, which reuses that buffer."""
     from pwkernel.runtime.objects import Future
 
-    probe = ReadsInside()
-    ex = LateEnds(True)
-    ctl = pw.Controller(backend=ex, dispatch="sequential")
-    try:
-        s = ctl.slice(1, island=0)
-        [probe.device] = [d for d in ctl.devices if d.id == s.device_ids[0]]
-        probe.ctl = ctl
-        early, late, total = donating_chain(s)
+    with probed_chain() as (ex, probe, (early, late, total)):
         state = pw.program(lambda x: early(x))(np.arange(4, dtype=np.float32))
         state.wait(60)
-        assert ctl.memory()[probe.device] == 4 * np.prod(SHAPE)  # the future alone
+        assert probe.ctl.memory()[probe.device] == 4 * np.prod(SHAPE)  # the future alone
         monkeypatch.setattr(Future, "consumed_many",
                             staticmethod(probe.wrap(Future.consumed_many)))
         out = pw.program(lambda a: total(late(a)))(state)
@@ -231,5 +230,3 @@ def test_memory_read_while_a_launch_consumes_a_donated_future_counts_it_once(mon
         assert probe.done() == [4 * np.prod(SHAPE)]  # late's output alone
         ex.go.set()
         np.testing.assert_allclose(np.asarray(out.result(60)), np.full(5, 36.0))
-    finally:
-        ctl.close()
