@@ -190,11 +190,12 @@ def test_start_with_an_address_where_no_cluster_runs_says_so(pool_dir, capsys):
     from pwkernel.pool.__main__ import main
     from pwkernel.pool.head import free_port
 
-    for bad in ("foo", "127.0.0.1", "127.0.0.1:x", "127.0.0.1:0", ":6379"):
+    for bad in ("foo", "127.0.0.1", "127.0.0.1:x", "127.0.0.1:0", ":6379",
+                "ray://127.0.0.1:10001"):
         with pytest.raises(SystemExit) as info:
             main(["start", "--name", "p", "--islands", "2", "--address", bad])
         assert info.value.code == 2, bad
-        assert "expected HOST:PORT of a running Ray cluster's head" in capsys.readouterr().err
+        assert "HOST:PORT of" in capsys.readouterr().err
     with pytest.raises(service.PoolError, match="expected HOST:PORT"):
         service.start("p", (2,), address="foo")
     address = f"127.0.0.1:{free_port()}"
@@ -211,3 +212,8 @@ def test_a_controller_given_an_address_that_is_not_host_port_says_what_it_expect
         with pytest.raises(pw.DeviceSetupError, match="expected HOST:PORT of a running Ray "
                            r"cluster's head \(e.g. 10.0.0.1:6379\) or 'auto'"):
             pw.Controller(backend="ray", islands=(2,), ray_address=bad)
+    # (was Ray's "Ray Client requires pip package `ray[client]`": install it by hand)
+    with pytest.raises(pw.DeviceSetupError, match=r"ray_address: a Ray Client address "
+                       r"\('ray://10.0.0.1:10001'\) is not supported.*HOST:PORT of the "
+                       r"cluster's head"):
+        pw.Controller(backend="ray", islands=(2,), ray_address="ray://10.0.0.1:10001")

@@ -63,10 +63,16 @@ def connect(address: str | None, pool: str | None = None, own_token: bool = Fals
 
 def address_problem(address: str) -> str | None:
     """Why ``address`` cannot name a Ray cluster to join (None when it can): ``HOST:PORT``
-    with a port of 1 to 65535, ``auto`` or a ``ray://`` client address."""
+    with a port of 1 to 65535, or ``auto``. A ``ray://`` (Ray Client) address is refused: the
+    controller joins as a driver (Ray Client needs ``ray[client]``, which pwkernel does not
+    install: Ray's own error said to install it by hand, and nothing here ran over it)."""
     host, _, port = address.rpartition(":")
-    if address == "auto" or "://" in address or (
-            host.strip("[]") and port.isdigit() and 0 < int(port) < 65536):
+    if address.startswith("ray://"):
+        return (f"a Ray Client address ({address!r}) is not supported: pwkernel joins the "
+                "cluster as a driver, from a machine that reaches every node. Expected "
+                "HOST:PORT of the cluster's head (its GCS address, e.g. 10.0.0.1:6379, what "
+                "`ray start --head` prints) or 'auto' on a node of it")
+    if address == "auto" or (host.strip("[]") and port.isdigit() and 0 < int(port) < 65536):
         return None
     return (f"expected HOST:PORT of a running Ray cluster's head (e.g. 10.0.0.1:6379) or "
             f"'auto', got {address!r}")
