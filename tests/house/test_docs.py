@@ -1,5 +1,4 @@
-"""The docs run verbatim: every fenced code block of README.md, docs/magics.md and
-docs/training.md.
+"""The docs run verbatim: every fenced code block of README.md and of every page of docs/.
 
 How a block is read (the rule for whoever edits these pages):
 
@@ -24,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -38,7 +38,7 @@ from nbclient import NotebookClient
 from pwkernel.notebook import kernelspec
 from tests.helpers import ROOT
 
-PAGES = ("README.md", "docs/magics.md", "docs/training.md")
+PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 LANGUAGES = ("python", "bash", "text")
 TIMEOUT = 300  # seconds for one script, or one notebook cell (a busy 2-core machine is slow)
 
@@ -159,7 +159,7 @@ def test_the_pages_have_examples_of_each_kind():
 
 def test_excluded_examples_are_few_and_still_compile():
     excluded = [e for e in EXAMPLES if e.no_test]
-    assert len(excluded) <= 2, [f"{e.id}: {e.no_test}" for e in excluded]
+    assert len(excluded) <= 4, [f"{e.id}: {e.no_test}" for e in excluded]
     for e in excluded:
         if not e.notebook:
             compile(e.script(), e.id, "exec")
@@ -287,6 +287,15 @@ def _command_problem(words: list[str]) -> list[str]:
         if args[:1] == ["-m"]:
             return [] if _module(args[1]) else [f"no module {args[1]!r} ({' '.join(words)})"]
         return [f"python without -m: {words}"]
+    if prog == "cd":
+        return [] if (ROOT / args[0]).is_dir() else [f"no directory {args[0]!r} to cd to"]
+    if prog == "npm":  # (the extension's: extension/package.json)
+        scripts = json.loads((ROOT / "extension" / "package.json").read_text())["scripts"]
+        task = args[1] if args[:1] == ["run"] else args[0]
+        return [] if task == "ci" or task in scripts else [f"no npm script {task!r}: {words}"]
+    if prog.startswith(".venv/bin/"):  # (a program of the environment the tests run in)
+        found = (Path(sys.executable).parent / Path(prog).name).exists()
+        return [] if found else [f"no {Path(prog).name!r} in the environment: {words}"]
     if _console_script(prog):
         return []
     return [f"unknown program {prog!r}: teach tests/house/test_docs.py how to check it ({words})"]
@@ -301,6 +310,10 @@ def test_shell_commands_exist(block):
 def test_the_shell_check_can_fail():
     assert command_problems("make lab LAB_ARGS=1\npython -m pwkernel.bench  # ok") == []
     assert len(command_problems("make no-such-target && python -m pwkernel.nope\nfrob x")) == 3
+    assert command_problems("cd extension\nnpm ci && npm run build && npm test\n"
+                            ".venv/bin/pytest -q") == []
+    assert len(command_problems("cd no-such-dir\nnpm run no-such-script\n"
+                                ".venv/bin/no-such-program")) == 3
 
 
 def test_inline_python_m_commands_name_modules_that_exist():
