@@ -16,6 +16,7 @@ of a slower network, not its mechanics. (The simulated backend models links itse
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import threading
@@ -23,8 +24,34 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import jax
+
 from .keywords import suggests_keywords
 from .trace import LinkKind
+
+
+def copy_onto(value, sharding):
+    """``jax.device_put(value, sharding)`` (a new buffer, never the source's) that never waits
+    for ``value`` to be computed. Between two layouts of the same devices (replicated to
+    sharded, say) JAX's ``device_put`` takes a path that reads the value first, through the
+    host: a copy decided behind a running computation waited for its end in the launching
+    thread (and a computation of host callbacks on several devices could then miss XLA's
+    collective rendezvous and abort the process). Such a copy is a compiled identity laid out
+    as ``sharding``, queued behind its source as a computation is, done on the devices; any
+    other goes to ``device_put``, which starts it at once (and says why a gone value cannot
+    be copied)."""
+    src = getattr(value, "sharding", None)
+    if (isinstance(value, jax.Array) and src is not None
+            and src.device_set == sharding.device_set and not value.is_deleted()
+            and not src.is_equivalent_to(sharding, value.ndim)):
+        return _relaid(sharding)(value)
+    return jax.device_put(value, sharding, may_alias=False)
+
+
+@functools.lru_cache(maxsize=256)
+def _relaid(sharding):
+    """An identity compiled to lay its result out as ``sharding`` (JAX caches it per shape)."""
+    return jax.jit(lambda v: v, out_shardings=sharding)
 
 
 @suggests_keywords("pw.Link")

@@ -646,6 +646,36 @@ def test_a_call_is_launched_behind_its_running_producer(ctl, donate):
     assert ctl.wait(60)
 
 
+def test_a_call_that_relays_a_running_value_out_on_its_devices_is_launched_at_once(ctl):
+    """A value being computed, replicated on a slice, given to a function that takes it
+    sharded on the same devices (``in_specs``): the copy between the two layouts is queued
+    behind its producer and the call returns at once. Before, ``jax.device_put`` from
+    replicated to sharded on the same devices read the value first: the submitting thread
+    waited for the producer's end (a gate held it until released)."""
+    s = ctl.slice(2)
+    entered, release = threading.Event(), threading.Event()
+    held = pw.function(gate(entered, release, s.mesh), slice=s, in_specs=P("x"),
+                       out_specs=P())  # (gathered: replicated)
+    twice = pw.function(lambda x: x * 2, slice=s, in_specs=P("x"))
+    host = np.arange(8.0, dtype=np.float32)
+    release.set()
+    twice(held(host)).result(60)  # compiled, and the copy's identity too
+    release.clear()
+    valve = threading.Timer(60, release.set)  # (bounds the old behaviour's wait)
+    valve.start()
+    try:
+        produced = held(host)
+        assert entered.wait(60)
+        doubled = twice(produced)
+        assert not release.is_set() and not produced.done()  # returned with the gate closed
+        release.set()
+        np.testing.assert_array_equal(np.asarray(doubled.result(60)), host * 2)
+        assert doubled.sharding.spec == P("x")
+    finally:
+        release.set()
+        valve.cancel()
+
+
 def test_a_donating_call_behind_a_failing_host_callback_consumes_nothing(ctl):
     """A host callback's failure is known only when its computation ends (its outputs are
     ready before): a call that donates must not consume its inputs before then."""

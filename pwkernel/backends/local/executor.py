@@ -39,7 +39,7 @@ from ...runtime.executor import IslandFacts, NoGroup
 from ...runtime.resources import DEFAULT_ISLANDS, Island
 from ...runtime.tasks import Task
 from ...runtime.trace import LinkKind
-from ...runtime.transfer import Link, TransferEngine
+from ...runtime.transfer import Link, TransferEngine, copy_onto
 from .devices import discover
 
 _now = time.perf_counter
@@ -148,7 +148,7 @@ class LocalBackend(NoGroup):
             self._upload(task)
             return
         try:
-            out = jax.device_put(task.inputs()[0], node.sharding, may_alias=False)
+            out = copy_onto(task.inputs()[0], node.sharding)  # (never waits for its source)
             if task.graph_node.shares_buffers:
                 # JAX reuses the source's buffer where a device holds the same block in both
                 # layouts, whatever may_alias says; the runtime frees this output after its
