@@ -22,16 +22,15 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import jax
 
-__all__ = ["KEEP", "TRACES", "Latest", "clear", "compile_once", "kept"]
+__all__ = ["KEEP", "TRACES", "Latest", "clear", "compile_once", "kept", "keep_latest"]
 
 KEEP = 64  # executables kept
-# a function's or program's traces kept (``Latest``'s default): as many as each of jax.jit's
-# own trace caches keeps (JAX's ``weakref_lru_cache``), so that a program called on ever new
+# a function's or program's traces kept (``keep_latest``): as many as each of jax.jit's own
+# trace caches keeps (JAX's ``weakref_lru_cache``), so that a program called on ever new
 # shapes keeps a bounded number of graphs and executables, as ``jax.jit`` does
 TRACES = 2048
 _LARGE = 1 << 20  # bytes of captured constants past which a computation is not fingerprinted
@@ -41,8 +40,8 @@ class Latest:
     """The ``keep`` values used last, by key, for any thread (an LRU: a ``get`` that finds one
     makes it the latest; a ``put`` past ``keep`` drops the one used longest ago)."""
 
-    def __init__(self, keep: int | None = None):
-        self.keep = TRACES if keep is None else keep
+    def __init__(self, keep: int):
+        self.keep = keep
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -64,17 +63,19 @@ class Latest:
         with self._lock:
             self._entries.clear()
 
-    def drop(self, stale: Callable[[Any], bool]) -> None:
-        """Forget every entry whose key ``stale`` says is."""
-        with self._lock:
-            for key in [k for k in self._entries if stale(k)]:
-                del self._entries[key]
-
     def __len__(self) -> int:
         return len(self._entries)
 
 
 _kept = Latest(KEEP)
+
+
+def keep_latest(cache: dict, key, value) -> None:
+    """``cache[key] = value``, forgetting the oldest entry past ``TRACES``. Reads stay plain
+    dict reads (a call's hot path), so what goes first is the one added first."""
+    cache[key] = value
+    if len(cache) > TRACES:
+        cache.pop(next(iter(cache)), None)
 
 
 def compile_once(traced, devices) -> Any:

@@ -61,7 +61,7 @@ from .specs import (
     spec_leaves,
     tracing_error,
 )
-from .stages import JitStages, Latest, ProgramStages, check_jit_options, check_program_options
+from .stages import JitStages, ProgramStages, check_jit_options, check_program_options, keep_latest
 
 __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Inferred",
            "Program", "Specialization", "Value", "function", "program", "spec_leaves"]
@@ -137,8 +137,8 @@ class CompiledFunction(JitStages):
             executors.check_hint(slice.controller.executor, self.name, sim_cost)
         self.arguments = Arguments(fn, self.name, static_argnums, static_argnames,
                                    donate_argnums, donate_argnames)
-        self._cache: Latest = Latest()  # signature -> Executable (the latest used)
-        self._programs: Latest = Latest()  # static values -> Program
+        self._cache: dict[Any, Executable] = {}
+        self._programs: dict[Any, Program] = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn, updated=())
 
@@ -268,7 +268,7 @@ class CompiledFunction(JitStages):
         program = self._programs.get(statics)
         if program is None:
             self.arguments.check_new(statics)
-            self._programs.put(statics, program := Program(
+            keep_latest(self._programs, statics, program := Program(
                 lambda a, k: _record_call(_current_graph(), self, a, k, statics),
                 name=self.name, inline=None))
         return program
@@ -341,7 +341,7 @@ class Program(ProgramStages):
         self.inline = fn if inline is ... else inline
         self.arguments = Arguments(fn, self.name, static_argnums, static_argnames, None, None)
         self._statics = bool(self.arguments.static_nums or self.arguments.static_names)
-        self._graphs: Latest = Latest()  # key -> Graph, the latest used (jax.jit's bound)
+        self._graphs: dict[Any, Graph] = {}
         self._last: tuple | None = None  # (key, graph) of the last call
         self._lock = threading.RLock()  # (its own eval_shape while it is traced)
         functools.update_wrapper(self, fn, updated=())
@@ -376,7 +376,7 @@ class Program(ProgramStages):
                 graph = self._graphs.get(key)
                 if graph is None or graph.stale():
                     with placements.tracing():  # (no slice moves while it is traced)
-                        self._graphs.put(key, graph := self._build(key))
+                        keep_latest(self._graphs, key, graph := self._build(key))
         self._last = (key, graph)
         return graph
 
