@@ -57,6 +57,10 @@ class ClientLedger:
     sole: ClientAccount | None = None  # the client, while there is only one
     estimates: dict[Hashable, float] = field(default_factory=dict)
     vtime: float = 0.0  # the settled pass of the latest launch: where a returning client starts
+    # device set -> how many ready tasks (of every client) need it: a scheduling pass stops
+    # once each meets the devices it reserved (a slice's many blocked calls are not walked
+    # again at every end: that was quadratic in a program's independent calls)
+    ready_sets: dict[frozenset[int], int] = field(default_factory=dict)
 
     def client(self, spec: ClientSpec) -> ClientAccount:
         """``spec``'s account, made on its first use; its weight becomes ``spec.weight`` (for
@@ -71,6 +75,22 @@ class ClientLedger:
         if client.active == 0:  # a client returning from idle starts at the current time
             client.passes = max(client.passes, self.vtime)
         return client
+
+    def joined(self, devices: frozenset[int]) -> None:
+        """A task on ``devices`` joined a client's ready list."""
+        self.ready_sets[devices] = self.ready_sets.get(devices, 0) + 1
+
+    def left(self, devices: frozenset[int]) -> None:
+        """A task on ``devices`` left a client's ready list (launched or dropped)."""
+        n = self.ready_sets[devices] - 1
+        if n:
+            self.ready_sets[devices] = n
+        else:
+            del self.ready_sets[devices]
+
+    def blocked(self, reserved: set[int]) -> bool:
+        """Every ready task needs one of the ``reserved`` devices: a pass launches no more."""
+        return all(not reserved.isdisjoint(s) for s in self.ready_sets)
 
     def rejoin(self, client: ClientAccount) -> None:
         """``client`` had nothing ready and nothing running, and now has a computation ready:

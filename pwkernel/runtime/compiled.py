@@ -26,9 +26,13 @@ from typing import Any
 
 import jax
 
-__all__ = ["KEEP", "Latest", "clear", "compile_once", "kept"]
+__all__ = ["KEEP", "TRACES", "Latest", "clear", "compile_once", "kept", "keep_latest"]
 
 KEEP = 64  # executables kept
+# a function's or program's traces kept (``keep_latest``): as many as each of jax.jit's own
+# trace caches keeps (JAX's ``weakref_lru_cache``), so that a program called on ever new
+# shapes keeps a bounded number of graphs and executables, as ``jax.jit`` does
+TRACES = 2048
 _LARGE = 1 << 20  # bytes of captured constants past which a computation is not fingerprinted
 
 
@@ -64,6 +68,14 @@ class Latest:
 
 
 _kept = Latest(KEEP)
+
+
+def keep_latest(cache: dict, key, value) -> None:
+    """``cache[key] = value``, forgetting the oldest entry past ``TRACES``. Reads stay plain
+    dict reads (a call's hot path), so what goes first is the one added first."""
+    cache[key] = value
+    if len(cache) > TRACES:
+        cache.pop(next(iter(cache)), None)
 
 
 def compile_once(traced, devices) -> Any:

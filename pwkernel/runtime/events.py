@@ -166,3 +166,14 @@ class Launch:
 class Reject:
     task: int
     reason: str
+
+    @classmethod
+    def refusing(cls, task: int, devices: frozenset[int], memory: int, island: tuple[int, ...],
+                 budget: int | None) -> Reject:
+        """Why an island (its ``devices``, its memory ``budget``) refuses ``task``."""
+        if not devices or not devices <= set(island):
+            unknown = sorted(devices - set(island))
+            return cls(task=task, reason=f"devices {unknown or '[]'} are not on this island "
+                                         f"(its devices: {list(island)})")
+        return cls(task=task, reason=f"needs {memory} bytes per device but the memory budget "
+                   f"is {budget}; raise memory_budget or split the work into smaller pieces")

@@ -169,6 +169,8 @@ def build(graph: Graph) -> Plan:
     argument = [False] * nslots  # the slot is a program argument, or copied from one
     for slot in graph.inputs:
         argument[slot] = True
+    # (made once: per donating node, they were made again, quadratic in a program's calls)
+    seen, inputs = frozenset(graph.outputs), frozenset(graph.inputs)
     for index, node in enumerate(graph.nodes):
         compute = isinstance(node, ComputeNode)
         ins, outs = node.inputs, node.outputs
@@ -217,14 +219,13 @@ def build(graph: Graph) -> Plan:
         p.foreign = compute and any(argument[slot] for slot in distinct)
         if compute:
             if p.donates:
-                _donated(p, nodes, producer, graph)
+                _donated(p, nodes, producer, graph, seen, inputs)
             after = _island_ancestors(nodes, producer, distinct, p.island)
             p.spec = NodeSpec(index=index, devices=frozenset(p.devices),
                               cost_key=cost_key(node.fn, node.signature), memory=p.memory,
                               waits=tuple(waits), after=tuple(after), external=p.external > 0,
                               credit=p.credit)
         nodes.append(p)
-    seen, inputs = frozenset(graph.outputs), frozenset(graph.inputs)
     for p in nodes:
         p.moved = tuple((s, nodes[producer[s]].inputs[0]) for s in dict.fromkeys(p.donated_slots)
                         if _moved_argument(s, nodes, producer, consumers, inputs))
@@ -286,17 +287,19 @@ def _output(slot: int, v, producer: int, nodes: list[PlanNode]) -> Output:
                   ("dev", v.shape, dtype, v.sharding, weak))
 
 
-def _donated(p: PlanNode, nodes: list[PlanNode], producer: list[int], graph: Graph) -> None:
+def _donated(p: PlanNode, nodes: list[PlanNode], producer: list[int], graph: Graph,
+             shown: frozenset[int], inputs: frozenset[int]) -> None:
     """What a memory budget counts of the values ``p`` donates, which the runtime gives back
     when ``p`` launches (``tasks.py``): a value the run makes was counted when it was made
     (a computation's output, a copy's); an argument only if it is a future the runtime made,
     known per run. Bytes are per device, on every one of ``p``'s devices (else none). No
     more is credited than XLA says it reuses (``Executable.aliased``): a donated input no
-    output can take stays valid, and its bytes stay counted."""
+    output can take stays valid, and its bytes stay counted. ``shown``: the slots the user
+    sees (the program's outputs); ``inputs``: its arguments' slots."""
     def on_all(nbytes: dict[int, int]) -> int:
         return max(nbytes.values()) if nbytes and all(d in nbytes for d in p.devices) else 0
 
-    credit, args, internal, shown = 0, [], [], set(graph.outputs)
+    credit, args, internal = 0, [], []
     total, whole = 0, True  # the donated bytes per device; each known on all p's devices
     for s in dict.fromkeys(p.donated_slots):
         src, spec = producer[s], graph.values[s]
@@ -309,7 +312,7 @@ def _donated(p: PlanNode, nodes: list[PlanNode], producer: list[int], graph: Gra
         else:
             n = on_all(shard_bytes(spec.shape, spec.dtype, spec.sharding)
                        if spec.sharding is not None else {})
-            if s in graph.inputs:
+            if s in inputs:
                 args.append((s, n))
         total, whole = total + n, whole and n > 0
     aliased = p.exe.aliased

@@ -61,7 +61,7 @@ from .specs import (
     spec_leaves,
     tracing_error,
 )
-from .stages import JitStages, ProgramStages, check_jit_options, check_program_options
+from .stages import JitStages, ProgramStages, check_jit_options, check_program_options, keep_latest
 
 __all__ = ["BATCH", "INFERRED", "Batch", "CompiledFunction", "Executable", "Inferred",
            "Program", "Specialization", "Value", "function", "program", "spec_leaves"]
@@ -268,9 +268,9 @@ class CompiledFunction(JitStages):
         program = self._programs.get(statics)
         if program is None:
             self.arguments.check_new(statics)
-            program = self._programs[statics] = Program(
+            keep_latest(self._programs, statics, program := Program(
                 lambda a, k: _record_call(_current_graph(), self, a, k, statics),
-                name=self.name, inline=None)
+                name=self.name, inline=None))
         return program
 
     def __get__(self, obj, objtype=None):  # a method, as a jax.jit-decorated one binds self
@@ -376,7 +376,7 @@ class Program(ProgramStages):
                 graph = self._graphs.get(key)
                 if graph is None or graph.stale():
                     with placements.tracing():  # (no slice moves while it is traced)
-                        graph = self._graphs[key] = self._build(key)
+                        keep_latest(self._graphs, key, graph := self._build(key))
         self._last = (key, graph)
         return graph
 

@@ -194,8 +194,7 @@ class GangScheduler:
     def waiting_for_memory(self) -> list[tuple[int, frozenset[int], int]]:
         """``(task, devices, bytes)`` of each ready computation or copy that is next on its
         devices and waits only for memory, in policy order."""
-        out: list[tuple[int, frozenset[int], int]] = []
-        reserved: set[int] = set()
+        out, reserved = [], set()
         for t in self._in_order():
             if t.devices & reserved:
                 continue
@@ -216,23 +215,10 @@ class GangScheduler:
         return self._ledger.shares()
 
     # --- transitions -----------------------------------------------------------------------
-    def _refuse(self, task: int, devices: frozenset[int], memory: int) -> Reject | None:
-        if devices and devices <= self._device_set and (
-                self.memory_budget is None or memory <= self.memory_budget):
-            return None
-        if not devices or not devices <= self._device_set:
-            unknown = sorted(devices - self._device_set)
-            return Reject(task=task, reason=f"devices {unknown or '[]'} are not on this "
-                                            f"island (its devices: {list(self.devices)})")
-        return Reject(task=task, reason=f"needs {memory} bytes per device but the memory "
-                      f"budget is {self.memory_budget}; raise memory_budget or split the work "
-                      "into smaller pieces")
-
     def _submit(self, ev: Submit, out: list) -> bool:
-        devices = frozenset(ev.devices)
-        refused = self._refuse(ev.task, devices, ev.memory)
-        if refused is not None:
-            out.append(refused)
+        devices, island, budget = frozenset(ev.devices), self._device_set, self.memory_budget
+        if not (devices and devices <= island and (budget is None or ev.memory <= budget)):
+            out.append(Reject.refusing(ev.task, devices, ev.memory, self.devices, budget))
             return False
         client = self._ledger.client(ev.client)
         client.active += 1
@@ -255,7 +241,7 @@ class GangScheduler:
         for spec in ev.nodes:
             tid, devices = base + spec.index, spec.devices
             if not (devices and devices <= island and (budget is None or spec.memory <= budget)):
-                out.append(self._refuse(tid, devices, spec.memory))  # (dependents: cancelled)
+                out.append(Reject.refusing(tid, devices, spec.memory, self.devices, budget))
                 continue
             task = _Task(tid, seq, devices, client, priority, spec.cost_key, spec.memory,
                          spec.after, base, group, credit=spec.credit, weight=weight)
@@ -294,12 +280,14 @@ class GangScheduler:
             ready.append((key, t))
         else:
             bisect.insort(ready, (key, t))
+        self._ledger.joined(t.devices)
 
     def _unready(self, t: _Task) -> None:
         ready = t.client.ready
         i = bisect.bisect_left(ready, (self._key(t), t))
         if i < len(ready) and ready[i][1] is t:
             del ready[i]
+            self._ledger.left(t.devices)
 
     def _set_policy(self, policy: Policy) -> None:
         self.policy = policy
@@ -364,11 +352,16 @@ class GangScheduler:
 
     def _pass_one(self, ready: list, out: list) -> None:
         reserved: set[int] | None = None
-        i = 0
+        i = skipped = 0
         while i < len(ready):
             t = ready[i][1]
             if reserved is not None and not reserved.isdisjoint(t.devices):
                 i += 1
+                skipped += 1  # (a look at every ready set costs no more than these skips)
+                if skipped >= len(self._ledger.ready_sets):
+                    if self._ledger.blocked(reserved):
+                        return
+                    skipped = 0
                 continue
             if not self._devices_free(t) or (self.memory_budget is not None
                                              and not self._fits_memory(t)):
@@ -380,6 +373,7 @@ class GangScheduler:
                 i += 1
                 continue
             del ready[i]
+            self._ledger.left(t.devices)
             self._launch(t, out)  # its dependents join the list after position i
 
     def _pass_many(self, clients: list[ClientAccount], out: list) -> bool:
@@ -388,7 +382,7 @@ class GangScheduler:
         share = self.policy is Policy.SHARE
         everything = len(self.devices)
         cursor = dict.fromkeys(map(id, clients), 0)
-        reserved: set[int] = set()
+        reserved, skipped = set(), 0
         while True:
             best, best_rank = None, None
             for c in clients:
@@ -396,6 +390,11 @@ class GangScheduler:
                 if reserved:  # what reserved devices block stays blocked all pass; skipping it
                     while i < len(ready) and not reserved.isdisjoint(ready[i][1].devices):
                         i += 1  # here (lists are in rank order) spares a look at every client
+                        skipped += 1  # (as in _pass_one)
+                        if skipped >= len(self._ledger.ready_sets):
+                            if self._ledger.blocked(reserved):
+                                return False
+                            skipped = 0
                     cursor[id(c)] = i
                 if i < len(ready):
                     rank = (c.passes, ready[i][0]) if share else ready[i][0]
@@ -412,6 +411,7 @@ class GangScheduler:
                     return False
                 continue
             del best.ready[i]
+            self._ledger.left(t.devices)
             self._launch(t, out)
             if share:
                 return True
@@ -472,7 +472,7 @@ class GangScheduler:
         return True
 
     def _launch(self, t: _Task, out: list) -> None:
-        """``t`` starts (its caller took it out of its client's ready list)."""
+        """``t`` starts (its caller took it out of its client's ready list, and the count)."""
         tid = t.id
         if self.memory_budget is not None:
             # Counted net of its credit: XLA reuses what it donates for its outputs, so the

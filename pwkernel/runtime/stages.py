@@ -18,6 +18,7 @@ import jax
 from jax.sharding import AxisType
 
 from .arguments import Traced, Tracer
+from .compiled import keep_latest
 from .errors import ProgramError, retyped
 from .executable import Executable
 from .graph import ComputeNode
@@ -25,7 +26,8 @@ from .keywords import unexpected_keyword
 from .specialization import lower_as_called, trace_as_called
 from .specs import BATCH, INFERRED, batch_spec, is_spec, prefix_leaves, spec_leaves
 
-__all__ = ["JitStages", "ProgramStages", "check_jit_options", "check_program_options"]
+__all__ = ["JitStages", "ProgramStages", "check_jit_options", "check_program_options",
+           "keep_latest"]
 
 
 def check_jit_options(name: str, keep_unused, inline, device, backend,
@@ -182,7 +184,8 @@ class JitStages:
         ...), static key, JAX's options it is traced under: ``program._traced_under``)), by
         the slice's ``version``. What was compiled for where the slice was before a remap
         is never run again: the first compile after one drops it (else every remap would
-        keep one more executable per specialization, for as long as the function lives)."""
+        keep one more executable per specialization, for as long as the function lives).
+        The latest ``compiled.TRACES`` are kept, as ``jax.jit`` bounds its caches."""
         version = self.slice.version
         key = (version, signature)
         exe = self._cache.get(key)
@@ -191,7 +194,7 @@ class JitStages:
                 exe = self._cache.get(key) or self._compile(*signature)
                 if any(v != version for v, _ in self._cache):  # (a moved slice: rare)
                     self._cache = {k: e for k, e in self._cache.items() if k[0] == version}
-                self._cache[key] = exe
+                keep_latest(self._cache, key, exe)
         return exe
 
     def clear_cache(self) -> None:

@@ -157,3 +157,41 @@ def test_a_plan_is_built_once_per_graph_and_runs(ctl, mode):
     plan = graph.plan
     assert plan is not None and plan.graph is graph
     assert prog(V).result(timeout=60).tolist() == [4.0, 8.0] and graph.plan is plan
+
+
+class Walked(list):
+    """A graph's list of value ids, counting how often it is walked or searched whole."""
+
+    walks = 0
+
+    def __iter__(self):
+        self.walks += 1
+        return super().__iter__()
+
+    def __contains__(self, slot):
+        self.walks += 1
+        return super().__contains__(slot)
+
+
+def test_a_plan_walks_the_outputs_and_arguments_once_however_many_calls_donate(ctl):
+    s = ctl.slice(2, island=0)
+    inc = pw.function(lambda x: x + 1, slice=s)
+    consume = pw.function(lambda x: x + 1, slice=s, donate_argnums=0)
+
+    @pw.program
+    def p(xs):  # each argument donated as it is, and a value of each made and donated
+        return [consume(x) for x in xs] + [consume(inc(x)) for x in xs]
+
+    on_s = jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec())
+    xs = [jax.device_put(V + i, on_s) for i in range(50)]
+    graph = p.trace(xs)
+    graph.outputs, graph.inputs = Walked(graph.outputs), Walked(graph.inputs)
+    plan = build(graph)
+    # once each, not once per donating call (50 + 50 of them: quadratic in a program's calls)
+    assert graph.outputs.walks <= 6 and graph.inputs.walks <= 6
+    donors = [n for n in plan.nodes if n.donates]
+    assert len(donors) == 100
+    args = {slot for n in donors[:50] for slot, _ in n.donated_args}
+    assert args == set(graph.inputs) and all(not n.donated_internal for n in donors[:50])
+    assert all(n.donated_internal == n.donated_slots and not n.donated_args
+               for n in donors[50:])

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
+from pwkernel.runtime import compiled
 from pwkernel.runtime.errors import NeedsValueError
 
 
@@ -263,3 +264,29 @@ def test_a_value_returned_twice_is_two_arrays_as_under_jax_jit(ctl, dispatch):
     state = start(x, dispatch=dispatch)
     pw.function(lambda a: a, slice=s, donate_argnums=0)(state["params"]).result(60)
     np.testing.assert_array_equal(state["ema"].result(60), x * 2)
+
+
+def test_traces_of_ever_new_shapes_are_kept_up_to_a_bound_as_jax_jit_keeps_them(ctl, monkeypatch):
+    # jax.jit's caches keep their latest 2048 or so traces; so do a program's graphs and a
+    # function's executables and one-node programs (here 4, to stay quick): they grew forever
+    monkeypatch.setattr(compiled, "TRACES", 4)
+    s = ctl.slice(2, island=0)
+    inc = pw.function(lambda x: x + 1, slice=s)
+    scale = pw.function(lambda x, k: x * k, slice=s, static_argnums=1)
+    traced = []
+
+    @pw.program
+    def p(x):
+        traced.append(x.shape)
+        return inc(x)
+
+    for n in range(1, 11):
+        assert p(np.zeros(n, np.float32)).result(60).tolist() == [1.0] * n
+        assert scale(np.ones(2, np.float32), n).result(60).tolist() == [n, n]
+    assert len(p._graphs) == len(inc._cache) == len(scale._programs) == 4
+    assert len(traced) == 10
+    for n in (7, 8, 9, 10, 10, 9):  # the latest kept: not traced again
+        assert p(np.zeros(n, np.float32)).result(60).tolist() == [1.0] * n
+    assert len(traced) == 10
+    assert p(np.zeros(1, np.float32)).result(60).tolist() == [1.0]  # forgotten: traced again
+    assert traced[10:] == [(1,)] and len(p._graphs) == 4

@@ -125,6 +125,7 @@ def test_no_launch_shares_a_device_with_a_running_computation_but_its_ancestors(
     assert drive(s, log, seed) == set(range(300))
     assert log.violations() == []
     assert s.running == s.queued == ()
+    assert s._ledger.ready_sets == {}  # (the counts a pass stops by went back to nothing)
 
 
 def test_the_order_check_catches_a_scheduler_that_ignores_busy_devices(monkeypatch):
@@ -499,6 +500,31 @@ def test_ready_work_is_not_walked_again_for_every_launch():
     table.looked = 0
     assert launched(s.handle(Ended(task=0))) == [1, 2, 3, 4]
     assert table.looked <= 16
+
+
+def test_a_pass_stops_once_the_devices_ready_work_needs_are_reserved():
+    # 2000 independent calls on a slice of half the island: the other half is never
+    # reserved, and each end's pass still stops at once (it walked all of them: quadratic)
+    s = GangScheduler(ALL)
+    s.handle(*(Submit(task=t, devices=(0, 1), ready=True) for t in range(2000)))
+    client = s._clients["default"]
+    client.ready = table = Looks(client.ready)
+    for t in range(20):
+        assert launched(s.handle(Ended(task=t))) == [t + 1]
+    assert table.looked <= 20 * 4
+
+
+def test_passes_over_several_clients_stop_once_the_devices_they_need_are_reserved():
+    s = GangScheduler(ALL)
+    for t in range(2000):
+        s.handle(Submit(task=t, devices=(0, 1), ready=True,
+                        client=ClientSpec(name=("a", "b")[t % 2])))
+    tables = [Looks(c.ready) for c in s._clients.values()]
+    for c, table in zip(s._clients.values(), tables, strict=True):
+        c.ready = table
+    for t in range(20):
+        assert launched(s.handle(Ended(task=t))) == [t + 1]
+    assert sum(table.looked for table in tables) <= 20 * 8
 
 
 def test_a_policy_switch_keeps_every_ready_computation():
