@@ -20,6 +20,7 @@ cost about what compiling it does. The cache keeps the ``KEEP`` executables used
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import threading
 from typing import Any
@@ -75,7 +76,8 @@ def keep_latest(cache: dict, key, value) -> None:
     dict reads (a call's hot path), so what goes first is the one added first."""
     cache[key] = value
     if len(cache) > TRACES:
-        cache.pop(next(iter(cache)), None)
+        with contextlib.suppress(RuntimeError, StopIteration):  # (another thread changed it
+            cache.pop(next(iter(cache)), None)  # between the two: the next insert trims it)
 
 
 def compile_once(traced, devices) -> Any:
