@@ -160,6 +160,18 @@ class DeviceLayout:
             out = self._shown[devices] = tuple(out)
         return out
 
+    def busy(self, spans, lo: float, hi: float) -> dict[float, float]:
+        """Seconds each row was busy (any of its devices) within ``[lo, hi]``, of ``spans``
+        (start, end, devices): overlaps on a row counted once."""
+        rows: dict[float, list[tuple[float, float]]] = {}
+        for t_start, t_end, devices in spans:
+            if t_end <= lo or t_start >= hi:
+                continue
+            span = (max(t_start, lo), min(t_end, hi))
+            for d in self.shown(devices):
+                rows.setdefault(self.rows[d], []).append(span)
+        return {y: merged_busy(v) for y, v in rows.items()}
+
     def drawn(self, events: list) -> list:
         """The events (``Event`` objects or ``Trace.rows`` tuples) that get a bar here: all of
         them, but a drill-down's (``partial``) only those on its devices."""

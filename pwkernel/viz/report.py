@@ -25,7 +25,6 @@ from .columns import (
     DeviceLayout,
     client_share,
     human_rate,
-    merged_busy,
     newest,
     tail,
     transfer_summary,
@@ -43,13 +42,9 @@ def _row_utilization(events: Sequence[Event], layout: DeviceLayout, start: float
     a row per device: ``columns.utilization``'s figures)."""
     if not end > start:
         return {}
-    spans: dict[float, list[tuple[float, float]]] = {}
-    for e in events:
-        if e.kind == "compute" and e.t_end > start and e.t_start < end:
-            span = (max(e.t_start, start), min(e.t_end, end))
-            for d in layout.shown(e.devices):
-                spans.setdefault(layout.rows[d], []).append(span)
-    return {y: merged_busy(v) / (end - start) for y, v in spans.items()}
+    busy = layout.busy(((e.t_start, e.t_end, e.devices) for e in events if e.kind == "compute"),
+                       start, end)
+    return {y: b / (end - start) for y, b in busy.items()}
 
 
 def _utilization_figure(events: Sequence[Event], layout: DeviceLayout, start: float, end: float):

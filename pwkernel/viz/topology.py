@@ -31,7 +31,7 @@ from ..runtime.tasks import TaskState
 from ..runtime.trace import Event
 from ..runtime.units import human_bytes
 from .bokeh_model import EchoFreeBokehModel, ensure_bokehjs
-from .columns import DeviceLayout, merged_busy
+from .columns import DeviceLayout
 from .inputs import check_controller, live_options, virtual_clock, window_seconds
 from .updater import LiveUpdater, close_all, close_with_page
 
@@ -191,23 +191,10 @@ class TopologyView(w.VBox):
         lo = max(start, self._folded_to) if whole else start
         ended = ((e.t_start, e.t_end, e.devices) for e in self._recent)
         going = ((t, end, devices) for t, devices in now_running)
-        busy = self._busy((*ended, *going), lo, end)
+        busy = self.layout_rows.busy((*ended, *going), lo, end)
         for y, seconds in (self._folded.items() if whole else ()):
             busy[y] = busy.get(y, 0.0) + seconds
         return {y: b / (end - start) for y, b in busy.items()}
-
-    def _busy(self, spans, lo: float, hi: float) -> dict[float, float]:
-        """Seconds each row was busy (any of its devices) within ``[lo, hi]``, of ``spans``
-        (start, end, devices)."""
-        layout = self.layout_rows
-        rows: dict[float, list[tuple[float, float]]] = {}
-        for t_start, t_end, devices in spans:
-            if t_end <= lo or t_start >= hi:
-                continue
-            span = (max(t_start, lo), min(t_end, hi))
-            for d in layout.shown(devices):
-                rows.setdefault(layout.rows[d], []).append(span)
-        return {y: merged_busy(v) for y, v in rows.items()}
 
     def _fold(self, before: float) -> None:
         """Past ``2 * hold`` computations kept, add the busy time of all but the newest
@@ -220,7 +207,7 @@ class TopologyView(w.VBox):
         if not cut > self._folded_to:
             return
         spans = ((e.t_start, e.t_end, e.devices) for e in self._recent)
-        for y, seconds in self._busy(spans, self._folded_to, cut).items():
+        for y, seconds in self.layout_rows.busy(spans, self._folded_to, cut).items():
             self._folded[y] = self._folded.get(y, 0.0) + seconds
         self._folded_to = cut
         self._recent = deque(e for e in self._recent if e.t_end > cut)
