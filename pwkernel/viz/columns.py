@@ -342,28 +342,6 @@ def merged_busy(spans: list[tuple[float, float]]) -> float:
     return busy
 
 
-def utilization(events: Iterable[Event], device_ids: Sequence[int], start: float,
-                end: float) -> dict[int, float]:
-    """Fraction of ``[start, end]`` each device spent in computations (overlaps counted once).
-
-    >>> utilization([], [0, 1], 0.0, 1.0)
-    {0: 0.0, 1: 0.0}
-    """
-    if not end > start:
-        raise ValueError(f"utilization needs a window with end > start, got start={start!r}, "
-                         f"end={end!r}.")
-    spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    wanted = set(device_ids)
-    for e in events:
-        if e.kind != "compute" or e.t_end <= start or e.t_start >= end:
-            continue
-        span = (max(e.t_start, start), min(e.t_end, end))
-        for d in e.devices:
-            if d in wanted:
-                spans[d].append(span)
-    return {d: merged_busy(spans[d]) / (end - start) for d in device_ids}
-
-
 def client_share(events: Iterable[Event]) -> dict[str, float]:
     """Device-seconds of computation per client (a 2-device span of 1 s counts 2 s)."""
     share: dict[str, float] = defaultdict(float)

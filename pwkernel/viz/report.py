@@ -39,7 +39,7 @@ from .palette import COLORS
 def _row_utilization(events: Sequence[Event], layout: DeviceLayout, start: float,
                      end: float) -> dict[float, float]:
     """Busy fraction of ``[start, end]`` per row of ``layout`` (any of its devices computing;
-    a row per device: ``columns.utilization``'s figures)."""
+    overlaps on a row counted once)."""
     if not end > start:
         return {}
     busy = layout.busy(((e.t_start, e.t_end, e.devices) for e in events if e.kind == "compute"),

@@ -123,30 +123,34 @@ def test_newest_converts_only_what_the_page_keeps(events):
     assert C.newest(compute, 10_000) == compute
 
 
-def test_utilization_counts_overlaps_once(events):
+def _spans(events):
+    return [(e.t_start, e.t_end, e.devices) for e in events if e.kind == "compute"]
+
+
+def test_busy_counts_overlaps_once(events):
     base = next(e for e in events if e.kind == "compute")
     d = base.devices[0]
     spans = [base._replace(index=i, t_start=s, t_end=t, devices=(d,))
              for i, (s, t) in enumerate([(0.0, 0.4), (0.2, 0.5), (0.8, 0.9)])]
-    util = C.utilization(spans, [d, d + 1], 0.0, 1.0)
-    assert util[d] == pytest.approx(0.6)
-    assert util[d + 1] == 0.0
-    assert C.utilization(spans, [d], 0.45, 0.85)[d] == pytest.approx(0.1 / 0.4)
-    with pytest.raises(ValueError, match="end > start"):
-        C.utilization(spans, [d], 1.0, 1.0)
+    layout = C.DeviceLayout(((0, (d, d + 1)),))
+    busy = layout.busy(_spans(spans), 0.0, 1.0)
+    assert busy[layout.rows[d]] == pytest.approx(0.6)
+    assert layout.rows[d + 1] not in busy
+    assert layout.busy(_spans(spans), 0.45, 0.85)[layout.rows[d]] == pytest.approx(0.1)
 
 
-def test_utilization_of_a_real_run_is_a_fraction(ctl, events):
+def test_busy_of_a_real_run_is_within_its_window(ctl, events):
     t0 = min(e.t_submit for e in events)
     t1 = max(e.t_end for e in events)
-    util = C.utilization(events, [d.id for d in ctl.devices], t0, t1)
-    assert all(0.0 <= u <= 1.0 for u in util.values())
+    layout = C.DeviceLayout.from_controller(ctl)
+    busy = layout.busy(_spans(events), t0, t1)
+    assert all(0.0 <= b <= t1 - t0 for b in busy.values())
     # (an end seen late is stamped as a zero-length span at the instant it is reported: a
     # device that ran only such spans used no measured time)
-    busy = {d for e in events if e.kind == "compute" and e.t_end > e.t_start
-            for d in e.devices}
-    assert all(util[d] > 0 for d in busy)
-    assert all(util[d] == 0 for d in util if d not in busy)
+    ran = {layout.rows[d] for e in events if e.kind == "compute" and e.t_end > e.t_start
+           for d in e.devices}
+    assert all(busy.get(y, 0.0) > 0 for y in ran)
+    assert all(busy[y] == 0 for y in busy if y not in ran)
 
 
 def test_client_share_and_transfer_summary(events):
