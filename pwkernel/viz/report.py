@@ -31,7 +31,7 @@ from .columns import (
 )
 from .encoding import Codebook, compute_arrays, link_arrays, own_and_others, transfer_arrays
 from .figures import legend_html, names_source, schedule_figure
-from .inputs import check_controller, positive_int
+from .inputs import check_controller, device_ids, positive_int
 from .names import LEGEND_NAMES, Recent
 from .palette import COLORS
 
@@ -97,7 +97,7 @@ def _transfer_table(events: Sequence[Event]) -> Div:
 
 def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
            title: str = "pwkernel run report", max_rows: int = 200_000,
-           rows: str = "auto") -> Path:
+           rows: str = "auto", devices: Iterable[int] | None = None) -> Path:
     """Write a standalone HTML report of ``ctl``'s trace (or of ``events``) to ``path``.
 
     >>> pw.report(ctl, "run.html")   # doctest: +SKIP
@@ -108,6 +108,8 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
     every event. ``rows``: one row per ``"device"``, ``"host"`` or ``"island"``; ``"auto"``
     (default) as the live views: a row per device up to 64, then hosts are grouped (a
     2048-chip pod: 64 rows of 32 chips), in the schedule and the utilization alike.
+    ``devices``: only these devices' rows and the events on them (as a drilled-down view
+    shows them: ``view.save_report()`` of one writes what it draws).
     """
     check_controller(ctl)
     if not isinstance(path, str | os.PathLike):
@@ -124,14 +126,16 @@ def report(ctl, path: str | Path, events: Iterable[Event] | None = None,
         raise TypeError(f"title must be a str, got {type(title).__name__} {title!r}; e.g. "
                         "pw.report(ctl, 'run.html', title='step 1000').")
     max_rows = positive_int(max_rows, "max_rows (the most bars the schedule draws)")
+    devices = device_ids(devices)
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder; give a file name in it, e.g. "
                                 f"pw.report(ctl, {str(path / 'run.html')!r}).")
     if path.parent and not path.parent.exists():
         raise FileNotFoundError(f"the folder {str(path.parent)!r} for the report does not "
                                 "exist; create it first or choose another path.")
-    evs = sorted(ctl.trace.events() if events is None else list(events), key=lambda e: e.index)
-    layout = DeviceLayout.from_controller(ctl, rows)
+    layout = DeviceLayout.from_controller(ctl, rows, devices=devices)
+    evs = sorted(layout.drawn(ctl.trace.events() if events is None else list(events)),
+                 key=lambda e: e.index)
     t0 = min((e.t_submit for e in evs), default=0.0)
     t_end = max((e.t_end for e in evs), default=t0)
     compute = [e for e in evs if e.kind == "compute"]

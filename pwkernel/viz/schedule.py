@@ -97,13 +97,13 @@ class ScheduleView(w.VBox):
         self._fit = given is None and (virtual_clock(ctl) or not live)  # fit to the events
         window = 10.0 if given is None else given
         if color_by not in COLOR_FIELDS:
-            raise ValueError(f"color_by must be one of {sorted(COLOR_FIELDS)}, got "
-                             f"{color_by!r}.")
+            raise ValueError(f"color_by must be one of {sorted(COLOR_FIELDS)}, got {color_by!r}.")
         max_rows = positive_int(max_rows, "max_rows")
         devices, (interval, until) = device_ids(devices), live_options(interval, until)
         self.ctl = ctl
         self.max_rows = max_rows
         self.trace_path, self.report_path = Path(trace_path), Path(report_path)
+        self._report_rows = dict(rows=rows, devices=devices)  # save_report draws as this view
         self.layout_rows = DeviceLayout.from_controller(ctl, rows, devices=devices)
         self._options = dict(programs=programs, clients=clients, window=given,
                              color_by=color_by, max_rows=max_rows, interval=interval)
@@ -461,8 +461,8 @@ class ScheduleView(w.VBox):
         return out
 
     def save_report(self, path: str | Path | None = None) -> Path:
-        """Write a standalone HTML report of every event this view has seen."""
-        out = report(self.ctl, path or self.report_path, events=self.history)
+        """Write a standalone HTML report of every event this view has seen, on its rows."""
+        out = report(self.ctl, path or self.report_path, events=self.history, **self._report_rows)
         self.message.value = f"report saved to <code>{out}</code>"
         return out
 

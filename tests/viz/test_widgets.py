@@ -393,6 +393,29 @@ def test_export_trace_and_report(ctl, programs, view, tmp_path):
     assert "Bokeh" in page  # BokehJS is inline
 
 
+def test_a_drilled_views_report_draws_its_devices_only(ctl, programs, view, tmp_path):
+    """(view.save_report() of a drill-down drew every device of the controller, and every
+    event, while the view showed one island's.)"""
+    run(programs[0])
+    assert ctl.wait(60.0)
+    view.update()
+    whole = view.save_report(tmp_path / "all.html").read_text()
+    n = len(ctl.devices)
+    assert f"on {n} devices in {len(ctl.islands)} islands" in whole
+    one = view.drill(island=1, live=False)
+    try:
+        one.update()
+        page = one.save_report(tmp_path / "one.html").read_text()
+    finally:
+        one.close()
+    devices = [d.id for d in ctl.islands[1].devices]
+    assert f"on {len(devices)} devices in 1 islands" in page
+    same = pw.report(ctl, tmp_path / "same.html", devices=devices).read_text()
+    assert f"on {len(devices)} devices in 1 islands" in same
+    with pytest.raises(TypeError, match="devices must be device ids"):
+        pw.report(ctl, tmp_path / "bad.html", devices="0")
+
+
 def test_report_sections_and_bad_paths(ctl, programs, tmp_path):
     fig2, local = programs
     run(fig2)
