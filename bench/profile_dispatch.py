@@ -49,7 +49,7 @@ PARTS = [
       "runtime/graph.py", "runtime/executable.py", "runtime/resources.py",
       "runtime/compiled.py", "runtime/interrupts.py", "runtime/stages.py",
       "runtime/exits.py", "runtime/placements.py", "runtime/registry.py",
-      "runtime/sizes.py")),
+      "runtime/sizes.py", "runtime/guards.py")),
     ("futures and object store", ("runtime/objects.py", "runtime/store.py", "runtime/budget.py",
                                   "runtime/dtypes.py", "runtime/arraylike.py",
                                   "runtime/done_callbacks.py")),

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import AxisType
 
-from . import callbacks, done_callbacks, interrupts, registry
+from . import callbacks, done_callbacks, guards, interrupts, registry
 from . import executor as executors
 from .device_groups import Topology
 from .dispatcher import Dispatcher, DispatchMode
@@ -280,6 +280,9 @@ class Controller:
         ``dispatch``: this submission's mode (default: ``ctl.dispatch``)."""
         self._check_open()
         mode = None if dispatch is None else DispatchMode.parse(dispatch)
+        plan = graph.plan or self._dispatcher.plan(graph)
+        if plan.guarded:  # (the caller's transfer guards, read in its thread as jax.jit does)
+            guards.check(graph.name, plan.guarded)
         # (the dispatcher refuses futures of another controller in its one pass over leaves)
         with interrupts.held:  # (an interrupt now would leave a launch half made)
             return self._dispatcher.submit(graph, leaves, self.current_client, mode)

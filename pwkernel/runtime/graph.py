@@ -107,6 +107,7 @@ class Graph:
     consts: dict[int, Any] = field(default_factory=dict)
     outputs: list[int] = field(default_factory=list)
     out_tree: Any = None
+    copies_arguments: bool = True  # an argument returned as it is comes back as a new array
     controller: Any = None        # set by the first compiled-function call
     epoch: int = -1               # the resource manager's mapping epoch when traced
     _transfers: dict[tuple[int, Any], int] = field(default_factory=dict)
@@ -204,6 +205,7 @@ class Graph:
         ``copy_arguments``) an argument returned as it is, comes back as its own copy, as
         ``jax.jit`` returns a new array (a host value is put on a device anew)."""
         leaves, self.out_tree = jax.tree_util.tree_flatten_with_path(result)
+        self.copies_arguments = copy_arguments
         returned = {*self.inputs, *self.consts} if copy_arguments else set()
         for path, leaf in leaves:
             if not isinstance(leaf, Value) or leaf.graph is not self:

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from .dtypes import as_dtype
 from .graph import ComputeNode, Graph, TransferNode
+from .guards import Guarded, guarded
 from .objects import shard_bytes
 from .scheduler import NodeSpec
 from .trace import EventKind, Trace
@@ -156,6 +157,7 @@ class Plan:
     makers: tuple = ()                    # slot -> (producer node, output position), or None
     gates: tuple[tuple[int, ...], ...] = ()  # slot -> nodes it gates (a reader's first output;
     #                                        empty when no node is gated)
+    guarded: tuple[Guarded, ...] = ()     # transfers a transfer guard may refuse (guards.py)
 
 
 def build(graph: Graph) -> Plan:
@@ -247,7 +249,7 @@ def build(graph: Graph) -> Plan:
                       for v in (graph.values[s],)),
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)),
-                _gates(nodes, producer))
+                _gates(nodes, producer), guarded(graph))
 
 
 def _per_device(nbytes: tuple[dict[int, int], ...]) -> int:
