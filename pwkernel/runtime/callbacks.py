@@ -192,6 +192,8 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
     def fenced(*leaves):
         return (*flat(*leaves), jnp.zeros((), jnp.uint8))
 
+    fenced.__name__ = name  # (XLA's module name, as jax.jit's: jit_<name> in profiles and logs)
+
     plain = jax.jit(fenced, in_shardings=tuple(in_shardings), out_shardings=outs,
                     donate_argnums=donate, keep_unused=keep_unused)
     traced = plain.trace(*structs)
@@ -207,6 +209,8 @@ def compile_guarded(flat: Callable, structs: Sequence[jax.ShapeDtypeStruct],
         var = core.Var(jax.typeof(tok))  # the token as traced here (its sharding included)
         jaxpr = _Rewriter(name).jaxpr(closed.jaxpr, var, len(closed.jaxpr.invars))
         return tuple(core.jaxpr_as_fun(core.ClosedJaxpr(jaxpr, closed.consts))(*leaves, tok))
+
+    guarded.__name__ = name
 
     jitted = jax.jit(guarded, in_shardings=(*in_shardings, token), out_shardings=outs,
                      donate_argnums=donate, keep_unused=keep_unused)

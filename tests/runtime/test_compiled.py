@@ -4,6 +4,7 @@ constants, its devices or its types compiles anew."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
@@ -44,3 +45,26 @@ def test_layouts_spelled_differently_keep_their_own_executables(ctl):
         y = pw.function(lambda v: v + 1, slice=s, in_specs=spec, out_specs=spec)(x)
         assert y.sharding.spec == spec
         assert y.result(60).sharding.spec == spec  # as jax.jit(..., out_shardings=) gives it
+
+
+def test_an_executable_is_named_after_its_function_as_jax_jit_names_it(ctl, caplog):
+    """XLA's module, what jax.log_compiles, profiler traces and the persistent compilation
+    cache show, is jit_<name> as under jax.jit (every pw.function compiled as 'fenced')."""
+    compiled.clear()
+    s = ctl.slice(2, island=0)
+
+    def my_step(v):
+        return jnp.tanh(v) * 2
+
+    def with_callback(v):
+        jax.debug.callback(lambda _: None, v)
+        return v + 1
+
+    x = np.arange(4.0, dtype=np.float32)
+    with jax.log_compiles(), caplog.at_level("WARNING"):
+        pw.function(my_step, slice=s)(x).result(60)
+        pw.function(with_callback, slice=s)(x).result(60)
+    said = caplog.text
+    assert "Finished XLA compilation of jit(my_step)" in said, said
+    assert "Finished XLA compilation of jit(with_callback)" in said, said
+    assert "jit(fenced)" not in said and "jit(guarded)" not in said
