@@ -219,7 +219,9 @@ def _both(fn_name: str, what: str, nums, names, params):
             f"Check the spelling, or use {what}_argnums for positional-only arguments."),
             ValueError)
     nums_set = set(nums) | {positional.index(n) for n in names if n in positional}
-    names_set = set(names) | {positional[i] for i in nums if 0 <= i < len(positional)}
+    # (a positional-only parameter has no name a call can give: jax.jit names it not either)
+    by_name = {i for i, p in enumerate(params) if p.kind == p.POSITIONAL_OR_KEYWORD}
+    names_set = set(names) | {positional[i] for i in nums if i in by_name}
     return frozenset(nums_set), frozenset(names_set)
 
 

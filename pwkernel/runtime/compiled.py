@@ -14,7 +14,8 @@ output shardings it was asked for (``P()`` and ``P(None, None)`` lower alike, an
 executable gives its outputs its own spelling, as ``jax.jit``'s ``out_shardings`` say).
 
 A computation that captured large constants is compiled without the cache: printing it would
-cost about what compiling it does. The cache keeps the ``KEEP`` executables used last.
+cost about what compiling it does. The cache keeps the ``KEEP`` executables used last, and
+``jax.clear_caches()`` clears it, as it clears JAX's own (``jax_caches``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import threading
 from typing import Any
 
 import jax
+
+from .jax_caches import ClearedByJax
 
 __all__ = ["KEEP", "TRACES", "Latest", "clear", "compile_once", "kept", "keep_latest"]
 
@@ -69,6 +72,7 @@ class Latest:
 
 
 _kept = Latest(KEEP)
+_cleared_by_jax = ClearedByJax(_kept.clear, "executables of identical computations")
 
 
 def keep_latest(cache: dict, key, value) -> None:

@@ -137,9 +137,7 @@ class CompiledFunction(JitStages):
             executors.check_hint(slice.controller.executor, self.name, sim_cost)
         self.arguments = Arguments(fn, self.name, static_argnums, static_argnames,
                                    donate_argnums, donate_argnames)
-        self._cache: dict[Any, Executable] = {}
-        self._programs: dict[Any, Program] = {}
-        self._lock = threading.Lock()
+        self._new_caches()  # (its traces: cleared by clear_cache() and jax.clear_caches())
         functools.update_wrapper(self, fn, updated=())
 
     @property
@@ -341,9 +339,7 @@ class Program(ProgramStages):
         self.inline = fn if inline is ... else inline
         self.arguments = Arguments(fn, self.name, static_argnums, static_argnames, None, None)
         self._statics = bool(self.arguments.static_nums or self.arguments.static_names)
-        self._graphs: dict[Any, Graph] = {}
-        self._last: tuple | None = None  # (key, graph) of the last call
-        self._lock = threading.RLock()  # (its own eval_shape while it is traced)
+        self._new_caches()  # (its graphs: cleared by clear_cache() and jax.clear_caches())
         functools.update_wrapper(self, fn, updated=())
 
     def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:

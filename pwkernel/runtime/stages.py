@@ -11,6 +11,7 @@ as the caller passes them, with the shardings pwkernel places them with.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,8 @@ from .arguments import Traced, Tracer
 from .compiled import keep_latest
 from .errors import ProgramError, retyped
 from .executable import Executable
-from .graph import ComputeNode
+from .graph import ComputeNode, Graph
+from .jax_caches import ClearedByJax
 from .keywords import unexpected_keyword
 from .specialization import lower_as_called, trace_as_called
 from .specs import BATCH, INFERRED, batch_spec, is_spec, prefix_leaves, spec_leaves
@@ -135,6 +137,14 @@ class JitStages:
     in_specs: Any
     out_specs: Any
 
+    def _new_caches(self) -> None:
+        """Its caches, empty: specializations by signature and one-node programs by static
+        key, cleared by ``clear_cache()`` and by ``jax.clear_caches()`` (as a ``jax.jit``'s)."""
+        self._cache: dict[Any, Executable] = {}
+        self._programs: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self._cleared_by_jax = ClearedByJax(self._forget_traces, f"pw.function {self.name}")
+
     def specialization(self, *args, **kwargs) -> Executable:
         """The compiled specialization a call with these arguments runs (compiled now if it
         is new; nothing runs)."""
@@ -203,13 +213,20 @@ class JitStages:
         reads that has changed). A ``@pw.program`` that called it keeps its own traced graph,
         as an outer ``jax.jit`` keeps its trace: clear the program's cache too. A call
         already submitted runs what it was compiled with. (XLA's executables stay shared by
-        identical computations: ``pwkernel.runtime.compiled``.)"""
+        identical computations: ``pwkernel.runtime.compiled``.) ``jax.clear_caches()`` clears
+        every function's and program's, as it clears every ``jax.jit``'s."""
         with self._lock:
             self._cache.clear()
             self._programs.clear()
         for jitted in ("inlined", "constrained"):
             if jitted in self.__dict__:
                 self.__dict__[jitted].clear_cache()  # (JAX keeps traces of the function too)
+
+    def _forget_traces(self) -> None:
+        """What ``jax.clear_caches()`` clears here (``jax_caches``): what ``clear_cache``
+        forgets, without its lock (JAX clears at exit too, where a runtime thread may hold it
+        while it traces). A trace that ends meanwhile keeps its entry in the dict it read."""
+        self._cache, self._programs = {}, {}
 
     def on_tracers(self, args: tuple, kwargs: dict):
         """A call on JAX tracers (``Traced``): what a nested ``jax.jit`` is. Where the
@@ -295,6 +312,14 @@ class ProgramStages:
 
     name: str
 
+    def _new_caches(self) -> None:
+        """Its graphs by signature, empty, cleared by ``clear_cache()`` and by
+        ``jax.clear_caches()`` (as a ``jax.jit``'s traces are)."""
+        self._graphs: dict[Any, Graph] = {}
+        self._last: tuple | None = None  # (key, graph) of the last call
+        self._lock = threading.RLock()  # (its own eval_shape while it is traced)
+        self._cleared_by_jax = ClearedByJax(self._forget_traces, f"pw.program {self.name}")
+
     def eval_shape(self, *args, **kwargs):
         """The result's shapes, dtypes and shardings (``jax.ShapeDtypeStruct``s), as
         ``jax.jit(...).eval_shape`` gives them: what a call's futures say at once (traced
@@ -321,6 +346,10 @@ class ProgramStages:
             "is compiled for its own slice, with transfers between them. Lower one function "
             "(fn.lower(*args)), or read the program's dataflow graph (prog.trace(*args): its "
             "nodes, each with .exe.compiled); prog.eval_shape(*args) gives the result's types.")
+
+    def _forget_traces(self) -> None:
+        """What ``jax.clear_caches()`` clears here: see ``JitStages._forget_traces``."""
+        self._graphs, self._last = {}, None
 
     def clear_cache(self) -> None:
         """Forget every graph traced so far, as ``jax.jit``'s ``clear_cache()``: the next call

@@ -109,3 +109,20 @@ def test_a_negative_donated_position_counts_from_the_signatures_end(ctl):
     with pytest.raises(TypeError, match=r"takes \*args; jax.jit takes it there and donates "
                                         r"nothing\); give positions from the start"):
         pw.function(lambda *a: a[0], slice=s, donate_argnums=-1)
+
+
+def test_a_positional_only_static_argument_gets_no_name(ctl):
+    """``static_argnums`` on a positional-only parameter: a call can give it by position only,
+    so ``jax.jit`` gives it no name (a keyword of the same name goes into ``**kwargs``,
+    dynamic); it was named, and the function's trace refused it (or the keyword went static)."""
+    s = ctl.slice(2)
+    x = np.arange(4.0, dtype=np.float32)
+
+    def scaled(v, n, /, **kw):
+        return v * n + sum(kw.values())
+
+    f = pw.function(scaled, slice=s, static_argnums=1)
+    jf = jax.jit(scaled, static_argnums=1)
+    _same(f(x, 3), jf(x, 3))
+    _same(f(x, 3, n=x), jf(x, 3, n=x))  # (the keyword n is **kw's, an array: dynamic)
+    _same(jax.grad(lambda v: f(v, 2).sum())(x), jax.grad(lambda v: jf(v, 2).sum())(x))

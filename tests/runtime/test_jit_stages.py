@@ -96,6 +96,36 @@ def test_clear_cache_traces_again_as_jax_jits_does(ctl):
     assert values() == [2.0] * 4
 
 
+def test_jax_clear_caches_clears_functions_and_programs_as_it_clears_jax_jits(ctl):
+    """``jax.clear_caches()`` (what a notebook calls to see a changed global, or to give back
+    executables' memory) clears every ``jax.jit``'s traces; it cleared no ``pw.function``'s,
+    ``@pw.program``'s, nor the executables identical computations share, so they kept
+    computing with the old global."""
+    from pwkernel.runtime import compiled
+
+    s = ctl.slice(2)
+    scale = {"now": 1.0}
+
+    def f(x):
+        return x * scale["now"]
+
+    jf, pf = jax.jit(f), pw.function(f, slice=s)
+    outer_jit = jax.jit(lambda x: jf(x) + 0)
+    outer = pw.program(lambda x: pf(x))
+    x = np.ones(2, np.float32)
+
+    def values():
+        return [float(jf(x)[0]), float(pf(x).result(60)[0]), float(outer_jit(x)[0]),
+                float(outer(x).result(60)[0])]
+
+    assert values() == [1.0] * 4
+    assert compiled.kept() > 0
+    scale["now"] = 2.0
+    jax.clear_caches()
+    assert compiled.kept() == 0
+    assert values() == [2.0] * 4
+
+
 def test_keep_unused_and_inline_as_jax_jit_takes_them(ctl):
     s = ctl.slice(2)
     x = np.ones((2, 4), np.float32)
