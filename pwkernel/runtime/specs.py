@@ -281,6 +281,12 @@ def tracing_error(name: str, e: Exception, in_avals, in_shardings, why,
         fix = (f"Python needs a concrete value of {which} while JAX traces this function: "
                "use jnp.where / jax.lax.cond for data-dependent choices, or mark "
                f"{which} static (static_argnums=... / static_argnames=...).")
+    elif "gather" in str(e) and "out_sharding" in str(e):
+        fix = ("A gather (table[idx], jnp.take, flax's nn.Embed) by indices sharded over the "
+               "slice's explicit axes: JAX cannot tell its result's layout. Maybe you want "
+               "table.at[idx].get(out_sharding=jax.typeof(idx).sharding.spec), a one-hot "
+               "matmul (jax.nn.one_hot(idx, n, dtype=table.dtype) @ table), or a slice with "
+               "axis_types='auto' (ctl.slice(n, axis_types='auto')).")
     elif "shard" in str(e).lower():
         fix = ("Maybe you want in_specs=pw.BATCH (the leading axis sharded over the "
                "slice) or in_specs=P(...) for the layout the function expects, P() to "

@@ -65,6 +65,28 @@ def clip_by_global_norm(max_norm) -> optax.GradientTransformationExtraArgs:
     return optax.GradientTransformationExtraArgs(optax.init_empty_state, update)
 
 
+def init_optimizer(optimizer, params, stage: int | None = None):
+    """``optimizer.init(params)`` for one stage's parameters, or, where it fails on their
+    structure (a ``ValueError``: a pytree that optax maps over the parameters), the error
+    that says why: the trainers run the optimizer on each stage's parameters alone, so a
+    mask or label pytree written for the whole model (a list of every stage's, as plain
+    ``jax.jit`` over ``[params0, params1]`` takes it) or for another stage does not fit.
+    Before, it failed in ``s0.init``'s trace with optax's bare "pytree structure error"."""
+    try:
+        return optimizer.init(params)
+    except ValueError as err:
+        which = "a stage's" if stage is None else f"stage {stage}'s"
+        said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(  # (one line: a trace's error shows its cause's first line only)
+            f"the optimizer's init failed on {which} parameters: pw.train runs the optax "
+            "transformation on each stage's parameters on its own ('Optimizer per stage'), so "
+            "a pytree it maps over the parameters (optax.masked's mask, adamw's mask=, "
+            "multi_transform's param_labels) must have each stage's own structure, not the "
+            "whole model's list of stages. Maybe you want a callable, called on each stage's "
+            "parameters: mask=lambda p: jax.tree.map(lambda a: a.ndim > 1, p). (optax said: "
+            f"{said})") from err
+
+
 def _same_leaves(a, b) -> bool:
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     return len(la) == len(lb) and all(x is y for x, y in zip(la, lb, strict=True))

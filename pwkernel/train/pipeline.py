@@ -165,7 +165,7 @@ class Pipeline:
             self._update.append(function(
                 _update(optimizer), slice=vs, out_specs=P(), donate_argnums=(0, 1),
                 name=call_name(s, Kind.UPDATE)))
-            self._init.append(function(init_stage(st.init, optimizer), slice=vs,
+            self._init.append(function(init_stage(st.init, optimizer, s), slice=vs,
                                        out_specs=P(), name=f"s{s}.init"))
         self._mean = function(
             _mean_loss(M, check_finite and not simulated(self.slices[-1])),

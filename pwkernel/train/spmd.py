@@ -122,7 +122,7 @@ def simulated_step(stages: Sequence[Stage], loss: Callable,
 
 def init_state(stages: Sequence[Stage], optimizer: optax.GradientTransformation) -> Callable:
     """``keys -> TrainState``: each stage's ``init`` on its key, and its optimizer state."""
-    inits = [init_stage(st.init, optimizer) for st in stages]
+    inits = [init_stage(st.init, optimizer, s) for s, st in enumerate(stages)]
 
     def init(keys):
         made = [f(keys[s]) for s, f in enumerate(inits)]

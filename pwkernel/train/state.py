@@ -21,7 +21,7 @@ from ..runtime.objects import Future
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from ..runtime.specs import batch_spec
-from .coupling import KEYWORD, GlobalNorm, takes_keyword
+from .coupling import KEYWORD, GlobalNorm, init_optimizer, takes_keyword
 
 
 class TrainState(NamedTuple):
@@ -143,11 +143,11 @@ def stage_keys(key, stages: int) -> np.ndarray:
     return np.asarray(jax.random.split(np.asarray(key, np.uint32), stages))
 
 
-def init_stage(init, optimizer: optax.GradientTransformation):
-    """``key -> (params, opt_state)`` for one stage."""
+def init_stage(init, optimizer: optax.GradientTransformation, stage: int | None = None):
+    """``key -> (params, opt_state)`` for one stage (``stage``: its index, for errors)."""
     def init_both(key):
         params = init(key)
-        return params, optimizer.init(params)
+        return params, init_optimizer(optimizer, params, stage)
     return init_both
 
 
@@ -170,8 +170,8 @@ class StateShapes:
     def expected(self) -> TrainState:
         if self._made is None:
             key = jax.ShapeDtypeStruct((2,), np.uint32)  # (a raw key, as stage_keys makes)
-            made = [jax.eval_shape(init_stage(st.init, self._optimizer), key)
-                    for st in self._stages]
+            made = [jax.eval_shape(init_stage(st.init, self._optimizer, s), key)
+                    for s, st in enumerate(self._stages)]
             self._made = TrainState([p for p, _ in made], [o for _, o in made])
         return self._made
 

@@ -176,3 +176,62 @@ def test_an_nnx_split_merge_step_returns_jax_jits_state_leaf_by_leaf(tctl):
                 v, w = jax.random.key_data(v), jax.random.key_data(w)
             np.testing.assert_allclose(v, w, rtol=1e-5, atol=1e-6,
                                        err_msg=jax.tree_util.keystr(path))
+
+
+class _Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        return x + jnp.tanh(nn.Dense(8)(nn.LayerNorm()(x))), None
+
+
+class _Scanned(nn.Module):  # nn.scan over rematerialized blocks, one stacked parameter tree
+    @nn.compact
+    def __call__(self, x):
+        blocks = nn.scan(nn.remat(_Block), variable_axes={"params": 0},
+                         split_rngs={"params": True}, length=3)
+        return blocks()(x, None)[0]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_scanned_remat_sequential_and_parameterless_stages_train_as_jax_jit(tctl, schedule):
+    h = np.zeros((1, 8), np.float32)
+    stages = [linen_stage(nn.Sequential([nn.Dense(8), nn.gelu]), X[:1]),
+              pw.train.Stage(init=lambda key: {}, apply=lambda p, x: 2.0 * x),  # no params
+              linen_stage(_Scanned(), h), linen_stage(nn.Dense(1), h)]
+    opt = optax.adam(1e-2)
+    step = jax.jit(pw.train.train_step(stages, mse, opt))
+    plain = jax.jit(pw.train.init_state(stages, opt))(stage_keys(0, 4))
+    pipe = pw.train.Pipeline(stages, [tctl.slice(2, island=s % 2) for s in range(4)],
+                             loss=mse, optimizer=opt, microbatches=2, schedule=schedule,
+                             name=f"scanned-{schedule}")  # (2 devices a stage: data parallel)
+    ours = pipe.init(0)
+    for _ in range(3):
+        plain, want = step(plain, X, Y)
+        ours, loss = pipe.step(ours, (X, Y))
+        np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(pw.train.fetch(ours).params),
+                    jax.tree.leaves(plain.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_an_embedding_gather_on_explicit_axes_says_what_to_do_and_trains_on_auto(tctl):
+    tokens = np.random.default_rng(0).integers(0, 10, (8, 3)).astype(np.int32)
+    embed = nn.Embed(10, 4)
+    stages = [pw.train.Stage(init=lambda key: embed.init(key, tokens[:1])["params"],
+                             apply=lambda p, t: embed.apply({"params": p}, t).sum(1)),
+              linen_stage(nn.Dense(1), np.zeros((1, 4), np.float32))]
+    y = np.ones((8, 1), np.float32)
+    spmd = pw.train.SPMD(stages, tctl.slice(2, island=0), loss=mse, optimizer=optax.sgd(0.1))
+    with pytest.raises(Exception, match=r"A gather .*axis_types='auto'"):  # (JAX's error too)
+        spmd.step(spmd.init(0), (tokens, y))[1].result()
+    opt = optax.sgd(0.1)
+    step = jax.jit(pw.train.train_step(stages, mse, opt))
+    plain = jax.jit(pw.train.init_state(stages, opt))(stage_keys(0, 2))
+    pipe = pw.train.Pipeline(stages, [tctl.slice(2, island=0, axis_types="auto"),
+                                      tctl.slice(2, island=1, axis_types="auto")],
+                             loss=mse, optimizer=opt, microbatches=2, name="embed-auto")
+    ours = pipe.init(0)
+    for _ in range(2):
+        plain, want = step(plain, tokens, y)
+        ours, loss = pipe.step(ours, (tokens, y))
+        np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)

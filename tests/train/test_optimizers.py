@@ -176,3 +176,19 @@ def test_pw_clip_by_global_norm_after_another_transformation_is_refused(tctl):
     t = trainer(tctl, "1f1b", opt, "late-clip")
     with pytest.raises(ValueError, match=r"must come first in the chain"):
         t.step(t.init(0), (X, Y))
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "spmd"])
+def test_a_mask_written_for_the_whole_model_is_refused_with_what_to_pass(tctl, kind):
+    # plain jax.jit over [params0, params1] takes a mask of that list; per stage it failed in
+    # s0.init's trace with optax's bare "pytree structure error"
+    opt = optax.adamw(1e-2, weight_decay=0.1, mask=[{"w": True, "b": False}, {"w": True}])
+    t = trainer(tctl, kind, opt, "whole-mask")
+    with pytest.raises(ValueError, match=r"(?s)init failed on stage 0's parameters.*each stage's "
+                                         r"own structure.*mask=lambda p"):
+        t.init(0)
+    fixed = optax.adamw(1e-2, weight_decay=0.1, mask=matrices)  # (the callable it names)
+    t = trainer(tctl, kind, fixed, "callable-mask")
+    want, _, _ = jit_reference(fixed, jax.device_get(pw.train.fetch(t.init(0)).params), 2)
+    got, _ = train(t, 2)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
