@@ -201,11 +201,15 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
                    None)
     fn = _build(tree, params, seeded, user_ns, filename, line_offset, printer)
     mixed = {n: m for n in params if (m := _mixed(user_ns[n])) is not None}
-    if mixed:
+    # (an input's dicts in their own key order, as the cell without the magic reads them:
+    # JAX's flattening sorts them)
+    orders = {n: o for n in params if (o := key_order.order_of(user_ns[n])) is not None}
+    if mixed or orders:
         inner = fn
 
         def fn(*args):
-            return inner(*[_rebuild(*mixed[p], a) if p in mixed else a
+            return inner(*[key_order.restore(_rebuild(*mixed[p], a) if p in mixed else a,
+                                             orders.get(p))
                            for p, a in zip(params, args, strict=True)])
     return CellPlan(fn, params, uses_pw, filename, last_name, mixed, mutable, last_line)
 

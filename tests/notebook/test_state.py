@@ -251,7 +251,8 @@ def test_pytrees_of_every_kind_flow_from_cell_to_cell(ip):
 def test_dicts_a_cell_binds_keep_the_order_it_made_them_in(ip):
     """JAX rebuilds a dict with its keys sorted; a dict the cell builds keeps the order plain
     Python gives it (nested ones, ones beside plain values, the cell's last value, and in a
-    cell that calls compiled functions too), as the cell without the magic binds it."""
+    cell that calls compiled functions too), as the cell without the magic binds it, and a
+    dict the cell reads is read in its own order (``list(d.values())``)."""
     run(ip, "import jax, jax.numpy as jnp, numpy as np, pwkernel as pw")
     run(ip, "%pathways slice s 2")
     run(ip, "double = pw.function(lambda v: v * 2, slice=s)")
@@ -267,6 +268,12 @@ def test_dicts_a_cell_binds_keep_the_order_it_made_them_in(ip):
     run(ip, "%%pathways --slice s\nr = {'w': double(x), 'v': double(x) + 1}\n")
     assert list(ip.user_ns["r"]) == ["w", "v"]
     np.testing.assert_allclose(np.asarray(ip.user_ns["r"]["v"]), np.arange(4.0) * 2 + 1)
+    # an input's dicts are read in their own order too (values, not only keys)
+    run(ip, "held = {'b': jnp.ones(2), 'a': jnp.zeros(2), 'n': 3}")
+    run(ip, "%%pathways --slice s\nst = jnp.stack([v for k, v in held.items() if k != 'n'])\n"
+            "ks = list(held)\nsame = held\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["st"]), [[1.0, 1.0], [0.0, 0.0]])
+    assert ip.user_ns["ks"] == list(ip.user_ns["same"]) == ["b", "a", "n"]
 
 
 def test_a_dict_whose_keys_do_not_sort_is_held_as_plain_python(ip):
