@@ -24,7 +24,7 @@ def order_of(value: Any) -> Any:
     if type(value) is dict:
         keys = tuple(value)
         subs = tuple(order_of(value[k]) for k in keys)
-        if keys == tuple(sorted(keys)) and all(s is None for s in subs):
+        if all(s is None for s in subs) and _sorted(keys):
             return None
         return ("dict", keys, subs)
     children = _children(value)
@@ -54,3 +54,10 @@ def _children(value: Any) -> list[Any]:
     """``value``'s children as a pytree node (none for a leaf)."""
     children, treedef = _one_level(value)
     return [] if treedef.num_nodes == 1 else children
+
+
+def _sorted(keys: tuple[Any, ...]) -> bool:
+    try:
+        return keys == tuple(sorted(keys))
+    except TypeError:  # (keys that do not compare: keep their order)
+        return False
