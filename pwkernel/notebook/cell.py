@@ -52,7 +52,9 @@ from ..runtime.program import INFERRED, CompiledFunction, Program, Value
 from ..runtime.program import function as pw_function
 from ..runtime.program import program as pw_program
 from ..runtime.resources import VirtualSlice
+from . import key_order
 from .scope import CellScope, check_kept, rehome
+from .scope import leaves as scope_leaves
 
 LAST = "__pw_last__"  # holds the value of a cell's last expression
 _PRINT, _PUT = "__pw_print__", "__pw_put__"
@@ -95,7 +97,7 @@ def is_state(value: Any) -> bool:
         return True
     if isinstance(value, str | bytes | int | float | complex | type) or callable(value):
         return False
-    leaves = jax.tree_util.tree_leaves(value)
+    leaves = scope_leaves(value)  # ([value] where JAX cannot flatten it: no input, read as is)
     return bool(leaves) and leaves[0] is not value and any(_is_array(x) for x in leaves)
 
 
@@ -199,11 +201,15 @@ def analyse(source: str, user_ns: dict[str, Any], filename: str, line_offset: in
                    None)
     fn = _build(tree, params, seeded, user_ns, filename, line_offset, printer)
     mixed = {n: m for n in params if (m := _mixed(user_ns[n])) is not None}
-    if mixed:
+    # (an input's dicts in their own key order, as the cell without the magic reads them:
+    # JAX's flattening sorts them)
+    orders = {n: o for n in params if (o := key_order.order_of(user_ns[n])) is not None}
+    if mixed or orders:
         inner = fn
 
         def fn(*args):
-            return inner(*[_rebuild(*mixed[p], a) if p in mixed else a
+            return inner(*[key_order.restore(_rebuild(*mixed[p], a) if p in mixed else a,
+                                             orders.get(p))
                            for p, a in zip(params, args, strict=True)])
     return CellPlan(fn, params, uses_pw, filename, last_name, mixed, mutable, last_line)
 
@@ -349,36 +355,42 @@ def _array_leaf(leaf: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class MixedOutput:
-    """A name the cell bound to a pytree of arrays and plain values (``loss, step``): the
-    plain leaves, with None where the arrays (returned as a list) go back."""
+    """A name the cell bound to a pytree of arrays and plain values (``loss, step``), or to
+    dicts whose keys JAX's flattening reorders: the plain leaves, with None where the arrays
+    (returned as a list) go back, and the dicts' own key order (``key_order``)."""
 
     tree: Any
     plain: list[Any]
+    order: Any = None
 
 
 def split_outputs(out: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
-    """Array-valued outputs are returned; plain ones go to ``plain``; a pytree of both
-    returns its arrays and leaves the rest in ``plain`` as a ``MixedOutput``."""
+    """Array-valued outputs are returned; plain ones go to ``plain``; a pytree of both (or
+    one holding a dict JAX would reorder) returns its arrays and leaves the rest in ``plain``
+    as a ``MixedOutput``."""
     arrays: dict[str, Any] = {}
     for name, value in out.items():
         leaves, tree = jax.tree_util.tree_flatten(value)
-        if leaves and all(_array_leaf(leaf) for leaf in leaves):
-            arrays[name] = value
-        elif any(_array_leaf(leaf) for leaf in leaves):
-            arrays[name] = [leaf for leaf in leaves if _array_leaf(leaf)]
-            plain[name] = MixedOutput(tree, [None if _array_leaf(x) else x for x in leaves])
-        else:
+        if not any(_array_leaf(leaf) for leaf in leaves):
             plain[name] = value
+            continue
+        order = key_order.order_of(value)
+        if order is None and all(_array_leaf(leaf) for leaf in leaves):
+            arrays[name] = value
+        else:
+            arrays[name] = [leaf for leaf in leaves if _array_leaf(leaf)]
+            plain[name] = MixedOutput(tree, [None if _array_leaf(x) else x for x in leaves],
+                                      order)
     return arrays
 
 
 def bound_values(plain: dict[str, Any], results: Any) -> dict[str, Any]:
     """What each name the cell bound holds now: its plain value, its future(s), or both
-    put back together (``MixedOutput``)."""
+    put back together (``MixedOutput``), its dicts in the order the cell made them."""
     out = dict(plain)
     for name, value in (results or {}).items():
         mixed = out.get(name)
-        out[name] = (_rebuild(mixed.tree, mixed.plain, value)
+        out[name] = (key_order.restore(_rebuild(mixed.tree, mixed.plain, value), mixed.order)
                      if isinstance(mixed, MixedOutput) else value)
     return out
 

@@ -110,13 +110,22 @@ def check_kept(user_ns: dict[str, Any], before: dict[str, Any], bound: dict[str,
     for name, value in bound.items():
         if _is_jit(value):  # its traces may hold this cell's traced values as constants:
             value.clear_cache()  # it traces again, on the notebook's values, when next called
-        if where is None and any(_holds_traced(x) for x in jax.tree_util.tree_leaves(value)
-                                 if not _traced(x)):
+        if where is None and any(_holds_traced(x) for x in leaves(value) if not _traced(x)):
             where = (f"what {name!r} holds (a closure, a default, a class attribute, or an "
                      "object, iterator or generator that is no pytree)")
     if where is not None:
         raise NeedsValueError(f"%%pathways: the cell keeps a value it computes in {where}; "
                               "it runs as plain Python.")
+
+
+def leaves(value: Any) -> list[Any]:
+    """``value``'s pytree leaves; ``[value]`` where JAX cannot flatten it (a dict whose keys
+    do not sort, ``{1: x, "a": y}``, which plain Python holds and ``jax.jit`` refuses): the
+    cell takes that as an object that is no pytree, as the notebook holds it."""
+    try:
+        return jax.tree_util.tree_leaves(value)
+    except (ValueError, TypeError):
+        return [value]
 
 
 def _holds_traced(value: Any, budget: int = 10_000) -> bool:

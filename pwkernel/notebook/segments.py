@@ -34,6 +34,7 @@ from IPython.core.displayhook import DisplayHook
 from ..runtime.errors import NeedsValueError, NoValueError
 from ..runtime.objects import Future
 from .cell import ambient_mesh, reads_before_binding
+from .scope import leaves as scope_leaves
 
 _CONVERT = {"print", "float", "int", "bool", "complex", "str", "repr", "format", "display"}
 _METHODS = {"item", "tolist", "block_until_ready", "copy_to_host_async", "__array__"}
@@ -178,7 +179,7 @@ def run_plain(source: str, user_ns: dict[str, Any], filename: str, line_offset: 
     lent, arrays = [], False
     for name in reads_before_binding(module):
         value = user_ns.get(name)
-        leaves = jax.tree_util.tree_leaves(value) if value is not None else ()
+        leaves = scope_leaves(value) if value is not None else ()
         if not any(isinstance(x, Future | jax.Array) for x in leaves):
             continue
         arrays = True

@@ -11,6 +11,7 @@ on JAX tracers is (``Traced``: a nested ``jax.jit``).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import operator
 from collections.abc import Callable, Sequence
@@ -98,14 +99,12 @@ class Arguments:
             hash(key)
         except TypeError:
             bad = next(v for _, v in spos + skw if not _hashable(v))
-            inner = next((leaf for leaf in jax.tree_util.tree_leaves(bad)
-                          if leaf is not bad and not _hashable(leaf)), None)
-            held = "" if inner is None else f" holding a {type(inner).__name__}"
+            where, inner = _unhashable_part(bad)
+            held = f" holding a {type(inner).__name__} at {where}" if where else ""
             raise retyped(ProgramError(
                 f"{self.name}: a static argument must be hashable (it is part of the "
                 f"compilation key, as in jax.jit), got a {type(bad).__name__}{held}. Maybe you "
-                "want a tuple instead of a list, or to pass it as an array argument."),
-                ValueError) from None
+                f"want {_hashable_fix(inner)}."), ValueError) from None
         return dyn, dkw, key
 
     def check_new(self, key: tuple) -> None:
@@ -161,6 +160,50 @@ def _hashable(v) -> bool:
         return True
     except TypeError:
         return False
+
+
+def _unhashable_part(value) -> tuple[str, object]:
+    """Where in ``value`` (unhashable) the innermost unhashable part is (a key path, ``""``
+    for ``value`` itself), and that part: a list or dict inside a tuple, an array in a
+    dataclass's field (a list, dict or set is the part, whatever it holds)."""
+    where = ""
+    for _ in range(64):  # (deep enough for any static a person writes; cycles end here)
+        if isinstance(value, list | dict | set):  # (unhashable whatever it holds)
+            break
+        inner = next(((k, c) for k, c in _parts(value) if not _hashable(c)), None)
+        if inner is None:
+            break
+        where, value = where + inner[0], inner[1]
+    return where, value
+
+
+def _parts(value) -> list[tuple[str, object]]:
+    """``value``'s parts, each with its key path: its children as a pytree node, or a
+    dataclass's fields (one that is no pytree)."""
+    try:
+        kids, tree = jax.tree_util.tree_flatten_with_path(value, is_leaf=lambda c: c is not value)
+    except (TypeError, ValueError):  # (a dict whose keys do not sort)
+        kids, tree = [], None
+    if tree is not None and tree.num_nodes > 1:
+        return [(jax.tree_util.keystr(k), c) for k, c in kids]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [(f".{f.name}", getattr(value, f.name, None)) for f in dataclasses.fields(value)]
+    return []
+
+
+def _hashable_fix(part) -> str:
+    """How to make ``part`` (what makes a static argument unhashable) hashable."""
+    if isinstance(part, list):
+        return "a tuple instead of a list"
+    if isinstance(part, dict):
+        return "a tuple of (key, value) pairs, or a frozen dataclass, instead of a dict"
+    if isinstance(part, set):
+        return "a frozenset instead of a set"
+    if isinstance(part, _ARRAYS):
+        return ("to pass the array as an array argument, or its value (tuple(x.tolist())) "
+                "in the static one")
+    return ("a hashable value in its place (a tuple, or a frozen dataclass), or to pass it as "
+            "an array argument")
 
 
 def _positions(fn_name: str, what: str, nums) -> tuple[int, ...]:

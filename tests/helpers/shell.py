@@ -25,5 +25,15 @@ def forget_futures(shell) -> None:
     shell.displayhook.flush()
     hidden = shell.user_ns_hidden
     for name in [n for n, v in shell.user_ns.items() if n not in hidden and any(
-            isinstance(x, pw.Future) for x in jax.tree_util.tree_leaves(v))]:
+            isinstance(x, pw.Future) for x in _leaves(v))]:
         del shell.user_ns[name]
+
+
+
+def _leaves(value) -> list:
+    """``value``'s pytree leaves; a dict JAX cannot flatten (its keys do not sort): its
+    values' leaves."""
+    try:
+        return jax.tree_util.tree_leaves(value)
+    except ValueError:
+        return jax.tree_util.tree_leaves(list(value.values()) if type(value) is dict else [])

@@ -203,6 +203,97 @@ def test_pytrees_mixing_arrays_and_plain_values(ip):
     assert np.asarray(ip.user_ns["rep"]).shape == (3,)  # used as a shape: a Python int
 
 
+PYTREES = """
+import collections, dataclasses, functools, typing
+import flax.struct
+
+class NT(typing.NamedTuple):
+    w: jax.Array
+    b: jax.Array
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["a"], meta_fields=["n"])
+@dataclasses.dataclass
+class DC:
+    a: jax.Array
+    n: int
+
+@flax.struct.dataclass
+class FS:
+    w: jax.Array
+    tag: str = flax.struct.field(pytree_node=False, default="t")
+"""
+
+
+def test_pytrees_of_every_kind_flow_from_cell_to_cell(ip):
+    """A cell binds NamedTuples, registered dataclasses (with meta fields), flax structs,
+    OrderedDicts, defaultdicts and int-keyed dicts of arrays; the next cell reads their
+    fields and gets the plain cell's values, each container of its own type."""
+    run(ip, "import jax, jax.numpy as jnp, numpy as np")
+    run(ip, PYTREES)
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nx = jnp.arange(4.0)\nnt = NT(w=x * 2, b=x + 1)\n"
+            "dc = DC(a=x * 3, n=5)\nfs = FS(w=x * 4)\n"
+            "od = collections.OrderedDict([('z', x), ('a', x * 5)])\n"
+            "dd = collections.defaultdict(list, {'q': x * 6})\nik = {2: x, 1: x * 7}\n")
+    assert isinstance(ip.user_ns["nt"].w, pw.Future)
+    run(ip, "%%pathways --slice s\ny = nt.w + nt.b + dc.a * dc.n + fs.w + od['a'] + dd['q'] "
+            "+ ik[1]\nnt2 = nt._replace(w=nt.w * 0)\ndc2 = dataclasses.replace(dc, n=dc.n + 1)\n"
+            "fs2 = fs.replace(w=fs.w + 1)\n")
+    x = np.arange(4.0)
+    np.testing.assert_allclose(np.asarray(ip.user_ns["y"]), 3 * x + 1 + 15 * x + 22 * x)
+    got = run(ip, "(type(nt2).__name__, dc2.n, type(fs2).__name__, fs2.tag, list(od), "
+                  "dd.default_factory, list(ik), jax.tree.structure(nt2) == "
+                  "jax.tree.structure(NT(x, x)))")
+    assert got == ("NT", 6, "FS", "t", ["z", "a"], list, [2, 1], True)
+    np.testing.assert_allclose(np.asarray(ip.user_ns["fs2"].w), 4 * x + 1)
+
+
+def test_dicts_a_cell_binds_keep_the_order_it_made_them_in(ip):
+    """JAX rebuilds a dict with its keys sorted; a dict the cell builds keeps the order plain
+    Python gives it (nested ones, ones beside plain values, the cell's last value, and in a
+    cell that calls compiled functions too), as the cell without the magic binds it, and a
+    dict the cell reads is read in its own order (``list(d.values())``)."""
+    run(ip, "import jax, jax.numpy as jnp, numpy as np, pwkernel as pw")
+    run(ip, "%pathways slice s 2")
+    run(ip, "double = pw.function(lambda v: v * 2, slice=s)")
+    shown = run(ip, "%%pathways --slice s\nx = jnp.arange(4.0)\n"
+                    "metrics = {'loss': x.sum(), 'acc': x.mean(), 'step': 3}\n"
+                    "nest = {'b': {'y': x, 'x': x}, 'a': [x, {'z': x, 'c': None}]}\n"
+                    "{'zz': x, 'aa': x}\n")
+    assert list(shown) == ["zz", "aa"]
+    got = run(ip, "list(metrics), list(nest), list(nest['b']), list(nest['a'][1])")
+    assert got == (["loss", "acc", "step"], ["b", "a"], ["y", "x"], ["z", "c"])
+    assert isinstance(ip.user_ns["metrics"]["acc"], pw.Future)
+    np.testing.assert_allclose(np.asarray(ip.user_ns["metrics"]["acc"]), 1.5)
+    run(ip, "%%pathways --slice s\nr = {'w': double(x), 'v': double(x) + 1}\n")
+    assert list(ip.user_ns["r"]) == ["w", "v"]
+    np.testing.assert_allclose(np.asarray(ip.user_ns["r"]["v"]), np.arange(4.0) * 2 + 1)
+    # an input's dicts are read in their own order too (values, not only keys)
+    run(ip, "held = {'b': jnp.ones(2), 'a': jnp.zeros(2), 'n': 3}")
+    run(ip, "%%pathways --slice s\nst = jnp.stack([v for k, v in held.items() if k != 'n'])\n"
+            "ks = list(held)\nsame = held\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["st"]), [[1.0, 1.0], [0.0, 0.0]])
+    assert ip.user_ns["ks"] == list(ip.user_ns["same"]) == ["b", "a", "n"]
+
+
+def test_a_dict_whose_keys_do_not_sort_is_held_as_plain_python(ip):
+    """A dict mixing key types (``{1: x, 'a': y}``) is plain Python's, though JAX cannot
+    flatten it (its keys do not sort): a cell that binds one runs as plain Python, and a cell
+    that reads one (holding futures) reads it as the notebook holds it, with the values of
+    the cell without the magic, not JAX's "Comparator raised exception"."""
+    run(ip, "import jax, jax.numpy as jnp, numpy as np")
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nx = jnp.arange(4.0)\nmixed = {1: x, 'a': x * 2}\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["mixed"]["a"]), np.arange(4.0) * 2)
+    run(ip, "%%pathways --slice s\nf = jnp.arange(4.0) * 3\n")
+    run(ip, "held = {None: f, (1, 2): np.ones(4, np.float32)}")
+    run(ip, "%%pathways --slice s\ny = held[None] + held[(1, 2)]\n")
+    assert isinstance(ip.user_ns["y"], pw.Future)  # (a program on the slice)
+    np.testing.assert_allclose(np.asarray(ip.user_ns["y"]), np.arange(4.0) * 3 + 1)
+    run(ip, "%%pathways --slice s\nz = held[None] * 2\nv = float(z[1])\n")
+    assert ip.user_ns["v"] == 6.0
+
+
 def test_a_session_interrupted_and_timed_out_trains_on_from_the_state_before(ip, capsys):
     """A step cell whose host callback raises KeyboardInterrupt, and one cancelled by
     ``--timeout`` while queued behind other work, bind nothing and consume nothing: the next

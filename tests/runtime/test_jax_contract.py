@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import threading
@@ -845,6 +846,33 @@ def test_bad_static_arguments_raise_what_jax_jit_raises(ctl):
         jax.jit(scale, static_argnums=1, donate_argnums=1)
     with pytest.raises(ValueError, match="both static and donated"):
         pw.function(scale, slice=s, static_argnums=1, donate_argnums=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    scale: object
+    name: str = "cfg"
+
+
+@pytest.mark.parametrize("static, says", [
+    ((2, {"k": 3}), r"got a tuple holding a dict at \[1\]\. Maybe you want a tuple of \(key, "
+                    r"value\) pairs, or a frozen dataclass, instead of a dict"),
+    ({"a": [1]}, r"got a dict\. Maybe you want a tuple of \(key, value\) pairs"),
+    ((1, (2, [3])), r"got a tuple holding a list at \[1\]\[1\]\. Maybe you want a tuple "
+                    "instead of a list"),
+    (_Config(np.ones(2)), r"got a _Config holding a ndarray at \.scale\. Maybe you want to "
+                          "pass the array as an array argument"),
+    (_Config({1, 2}), r"got a _Config holding a set at \.scale\. Maybe you want a frozenset"),
+], ids=["dict-in-tuple", "dict", "nested-list", "array-in-dataclass", "set-in-dataclass"])
+def test_an_unhashable_static_pytree_names_the_part_and_its_fix(ctl, static, says):
+    """A static pytree that is unhashable (a ValueError, as under ``jax.jit``) names the part
+    that makes it so, where it is, and the fix for that part (not a list's fix for a dict)."""
+    f = pw.function(lambda x, c: x, slice=ctl.slice(2), static_argnums=1)
+    with pytest.raises(ValueError, match=says) as info:
+        f(np.ones(2, np.float32), static)
+    assert isinstance(info.value, pw.ProgramError)
+    with pytest.raises(ValueError):  # (what jax.jit raises for it)
+        jax.jit(lambda x, c: x, static_argnums=1)(np.ones(2, np.float32), static)
 
 
 def test_an_argument_that_is_no_array_is_named_with_its_fix(ctl):
