@@ -287,6 +287,13 @@ def tracing_error(name: str, e: Exception, in_avals, in_shardings, why,
                "table.at[idx].get(out_sharding=jax.typeof(idx).sharding.spec), a one-hot "
                "matmul (jax.nn.one_hot(idx, n, dtype=table.dtype) @ table), or a slice with "
                "axis_types='auto' (ctl.slice(n, axis_types='auto')).")
+    elif "out_specs which require replication" in str(e):  # (not an input's layout)
+        said = re.search(r"out_specs is .*?(?=\n|$)", str(e))
+        fix = (f"{said.group(0) if said else 'A shard_map out_specs replicates an output'}. "
+               "shard_map's out_specs ask for a value equal on every device of an axis its "
+               "body leaves varying: reduce it over that axis (jax.lax.psum / pmean), give "
+               "out_specs that shard it over the axis (P('x')), or, where the values are "
+               "equal (an all_gather's), jax.shard_map(..., check_vma=False).")
     elif "shard" in str(e).lower():
         fix = ("Maybe you want in_specs=pw.BATCH (the leading axis sharded over the "
                "slice) or in_specs=P(...) for the layout the function expects, P() to "

@@ -155,6 +155,28 @@ def test_tracing_errors_say_what_to_do(ctl):
     assert NeedsValueError is pw.NeedsValueError and issubclass(NeedsValueError, TypeError)
 
 
+def test_a_shard_map_out_specs_error_names_the_out_specs_fix_not_an_input_layout(ctl):
+    """An ``all_gather`` returned with ``out_specs=P()`` (check_vma cannot see it is
+    replicated): jax.jit raises the same ValueError. pwkernel's line used to cut JAX's message
+    at "given the mesh:" and suggest in_specs=pw.BATCH, which changes nothing; it now says
+    which out_specs and the three fixes."""
+    s = ctl.slice(4)
+    gather = jax.shard_map(lambda v: jax.lax.all_gather(v, "x", tiled=True), in_specs=P("x"),
+                           out_specs=P())
+    x = jax.device_put(np.arange(8.0), NamedSharding(s.mesh, P("x")))
+    with pytest.raises(ValueError, match="out_specs which require replication") as jit:
+        with jax.set_mesh(s.mesh):
+            jax.jit(gather)(x)
+    with pytest.raises(pw.ProgramError) as got:
+        pw.function(gather, slice=s)(x)
+    assert isinstance(got.value, type(jit.value)) and "pw.BATCH" not in str(got.value)
+    assert "out_specs is P() which implies" in str(got.value)
+    assert "jax.lax.psum" in str(got.value) and "check_vma=False" in str(got.value)
+    fixed = jax.shard_map(lambda v: jax.lax.all_gather(v, "x", tiled=True), in_specs=P("x"),
+                          out_specs=P(), check_vma=False)
+    assert np.array_equal(pw.function(fixed, slice=s)(x).result(), np.arange(8.0))
+
+
 def test_a_program_over_two_controllers_says_how_to_split_it(ctl):
     """It said only that a program runs on one controller, not what to do about it."""
     with pytest.warns(pw.SharedDevicesWarning):

@@ -366,6 +366,7 @@ _GROUPS = re.compile(r"(?:replica_groups|source_target_pairs) = dense<[^>]*> : "
                      r"tensor<(\d+)x(\d+)xi64>")
 _SIGNATURE = re.compile(r"[)>] : \((.*)\) -> (.*)$")
 _REPLICAS = re.compile(r"replica_groups = dense<[^>]*>")
+_PAIRS = re.compile(r"source_target_pairs = dense<([^>]*)>")
 _REDUCTION = re.compile(r"stablehlo\.(\w+) %")
 _RESULT = re.compile(r"^\s*(%[\w#]+)\s*=")
 _OPERANDS = re.compile(r'"stablehlo\.\w+"\(([^)]*)\)')
@@ -396,6 +397,8 @@ def _collectives(text: str) -> list[Collective]:
             continue
         groups = _GROUPS.search(line)
         size = int(groups.group(2)) if groups else 2
+        if op.group(1) == "collective_permute" and _to_itself(line):
+            size = 1  # (nothing crosses a link)
         sig, end, reduction = None, i, ""
         if line.rstrip().endswith("({"):  # a reduction body: the types follow its end
             indent = len(line) - len(line.lstrip())
@@ -415,6 +418,15 @@ def _collectives(text: str) -> list[Collective]:
                        result.group(1) if result else "",
                        operands.group(1).replace(" ", "").split(",") if operands else []))
     return _combined(ops)
+
+
+def _to_itself(line: str) -> bool:
+    """Each source of a ``collective_permute`` is its target (one chip): a copy, no link."""
+    found = _PAIRS.search(line)
+    if found is None:
+        return False
+    ids = [int(v) for v in re.findall(r"-?\d+", found.group(1))]
+    return len(set(ids)) == 1 or all(a == b for a, b in zip(ids[::2], ids[1::2], strict=True))
 
 
 #: XLA's default threshold for combining all-reduces (``kDefaultAllReduceCombineThreshold``

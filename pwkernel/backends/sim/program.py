@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -36,6 +36,7 @@ from ...runtime.units import human_bytes
 from .cluster import Cluster
 from .cost import Cost, abstract_mesh, analyze, lower, roofline, warn_uncounted_loops
 from .errors import SimError
+from .meshes import abstract_meshes
 
 
 class NodeKind(StrEnum):
@@ -257,6 +258,7 @@ def lower_for_chips(spec: Specialization) -> Executable:
     ``pw.function``'s ``out_specs`` per leaf, ``with_sharding_constraint``) and its inputs'
     shardings reach its outputs (``propagated_specs``); else replicated. A body that cannot
     be lowered needs its duration (``sim_cost``)."""
+    spec = replace(spec, jaxpr=abstract_meshes(spec.jaxpr))  # (shard_map(mesh=slice.mesh))
     vs = spec.slice
     mesh = vs.mesh
     auto = any(t == AxisType.Auto for t in mesh.axis_types)

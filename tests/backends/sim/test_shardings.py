@@ -100,3 +100,41 @@ def test_a_host_value_under_in_shardings_lays_outputs_out_as_on_a_real_backend(f
             f = pw.function(fn, slice=ctl.slice(4, island=0), in_shardings=P("x"))
             got.append((tuple(f(x).sharding.spec), tuple(f.eval_shape(x).sharding.spec)))
     assert got[0] == got[1] and len(set(got[0])) == 1
+
+
+def _named_mesh_step(s, named: bool):
+    """A psum in ``shard_map`` and a constraint, written with the slice's own ``Mesh``
+    (``named``) or with none (the ambient one)."""
+    mesh = {"mesh": s.mesh} if named else {}
+    where = NamedSharding(s.mesh, P("data")) if named else P("data")
+
+    def step(x):
+        y = jax.shard_map(lambda u: jax.lax.psum(u, "model"), in_specs=P(None, "model"),
+                          out_specs=P(), **mesh)(x)
+        return jax.lax.with_sharding_constraint(y * 2, where)
+    return pw.function(step, slice=s, in_specs=P(None, "model"))
+
+
+def test_a_function_naming_the_slices_mesh_runs_as_one_naming_none():
+    """``shard_map(..., mesh=slice.mesh)`` and ``NamedSharding(slice.mesh, ...)`` put the
+    slice's ``Mesh`` of ``SimDevice``s in the traced equations; lowering it asked the
+    stand-ins for a backend, so the function was refused ("'SimDevice' object has no attribute
+    'client'", give sim_cost=). Now it is lowered on the slice's abstract mesh: the same
+    layouts as on real chips, and the same duration as the function naming no mesh."""
+    x = np.ones((8, 8), np.float32)
+    specs, spans, values = [], [], []
+    with pw.Controller(islands=(4, 4)) as real, pw.Controller(backend="sim") as simulated:
+        for ctl in (real, simulated):
+            s = ctl.slice((2, 2), island=0, axis_names=("data", "model"), axis_types="auto")
+            for named in (True, False):
+                out = _named_mesh_step(s, named)(x)
+                ctl.wait()
+                specs.append(tuple(out.sharding.spec))
+                if ctl is real:
+                    values.append(np.asarray(out.result()))
+                else:
+                    e = [e for e in ctl.trace.events() if e.kind == "compute"][-1]
+                    spans.append(e.t_end - e.t_start)
+        launch = simulated.executor.cluster.chip.launch_overhead
+    assert specs == [("data",)] * 4 and np.allclose(values, 4.0)
+    assert spans[0] == pytest.approx(spans[1], rel=1e-9) and spans[0] > launch
