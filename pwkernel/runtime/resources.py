@@ -246,7 +246,7 @@ def _as_tuple(given, one) -> tuple:
     return tuple(given) if isinstance(given, Iterable) and not isinstance(given, bytes) else ()
 
 
-def _axis_types(dims: tuple[int, ...], axis_types, device: Any) -> tuple[AxisType, ...]:
+def parse_axis_types(dims: tuple[int, ...], axis_types, device: Any) -> tuple[AxisType, ...]:
     """One ``AxisType`` per mesh dimension from None, a type, a name, or one per axis."""
     if axis_types is None:
         return (default_axis_type(device),) * len(dims)
@@ -306,7 +306,7 @@ class ResourceManager:
         self.check_open()
         dims = _normalize_shape(shape)
         names = self._axis_names(dims, axis_names)
-        types = _axis_types(dims, axis_types, self.islands[0].devices[0])
+        types = parse_axis_types(dims, axis_types, self.islands[0].devices[0])
         if replacing is not None and (not isinstance(replacing, VirtualSlice)
                                       or self._slices.get(replacing.id) is not replacing):
             got = (f"slice {replacing.id}, released already" if isinstance(

@@ -40,6 +40,7 @@ from . import fused
 from .cluster import Cluster
 from .errors import SimError, UncountedLoopWarning
 from .fused import copies
+from .meshes import abstract_mesh  # noqa: F401 (also cost's, as before)
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 
@@ -90,22 +91,6 @@ class Analysis:
     collectives: tuple[Collective, ...]
     f32: bool       # its matrix products run in f32 (or wider)
     shards: int     # what the whole-array figures were divided by
-
-
-def abstract_mesh(shape: int | Sequence[int] | AbstractMesh,
-                  axis_names: Sequence[str] | None = None) -> AbstractMesh:
-    """An ``AbstractMesh`` of simulated chips: ``abstract_mesh((256, 8), ("data", "model"))``."""
-    if isinstance(shape, AbstractMesh):
-        return shape
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
-        raise SimError(f"a mesh shape must be a positive int or a tuple of them, got {shape!r}; "
-                       "e.g. mesh=(256, 8).")
-    names = tuple(axis_names) if axis_names else ("x", "y", "z", "w")[:len(dims)]
-    if len(names) != len(dims):
-        raise SimError(f"mesh shape {dims} has {len(dims)} axes but axis_names {names} has "
-                       f"{len(names)}; give one name per axis.")
-    return AbstractMesh(dims, names)
 
 
 def lower(fn: Callable, args: Sequence[Any], mesh: AbstractMesh, in_specs=None,
@@ -341,9 +326,10 @@ def roofline(analysis: Analysis, cluster: Cluster) -> Cost:
 
 
 def estimate(fn: Callable, *args, cluster: Cluster | str, mesh=1, axis_names=None,
-             in_specs=None, out_specs=None) -> Cost:
+             in_specs=None, out_specs=None, axis_types="auto") -> Cost:
     """The cost of ``fn(*args)`` on a slice of ``cluster`` (a ``Cluster`` or a preset's name)
-    shaped ``mesh`` (an int, a tuple, or an ``AbstractMesh``). ``args``: arrays,
+    shaped ``mesh`` (an int, a tuple, or an ``AbstractMesh``), its axes ``axis_types``
+    (``"explicit"`` to type them as a slice's are by default). ``args``: arrays,
     ``jax.ShapeDtypeStruct``s or Python scalars (weakly typed, as ``jax.jit`` reads them)."""
     if isinstance(cluster, str):
         cluster = Cluster.preset(cluster)
@@ -351,7 +337,7 @@ def estimate(fn: Callable, *args, cluster: Cluster | str, mesh=1, axis_names=Non
         raise SimError(f"estimate's cluster= must be a pw.sim.Cluster or a preset's name, got "
                        f"{type(cluster).__name__}. Maybe you want cluster='tpu-v4' or "
                        "pw.sim.Cluster.preset('tpu-v4', chips=2048).")
-    m = abstract_mesh(mesh, axis_names)
+    m = abstract_mesh(mesh, axis_names, axis_types)
     traced, lowered = _traced_and_lowered(fn, args, m, in_specs, out_specs)
     warn_uncounted_loops(getattr(fn, "__name__", "fn"), traced.jaxpr)
     return roofline(analyze(lowered, m, traced.jaxpr), cluster)

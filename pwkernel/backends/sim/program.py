@@ -206,7 +206,8 @@ def xla_cost(cluster: Cluster) -> CostFn:
                 cache[key] = (fn, given)
                 return given
             exe = node.exe
-            mesh = abstract_mesh(tuple(fn.slice.shape), tuple(fn.slice.axis_names))
+            mesh = abstract_mesh(tuple(fn.slice.shape), tuple(fn.slice.axis_names),
+                                 fn.slice.axis_types)  # (the slice's: explicit or auto)
             args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exe.structs]
             try:
                 lowered = lower(exe.flat, args, mesh, tuple(sh.spec for sh in exe.in_shardings),

@@ -63,6 +63,25 @@ def test_xla_costs_follow_the_slice_and_its_shardings(ctl):
     assert program.nodes[-1].seconds == pytest.approx(cost.seconds)
 
 
+def test_xla_costs_type_the_mesh_as_the_slice_types_it(ctl):
+    """(xla_cost lowered every function on an auto mesh: a function only explicit axes take,
+    such as a matmul with out_sharding=, could not be costed from a default, explicit slice)"""
+    import jax.numpy as jnp
+
+    cluster = Cluster.preset("tpu-v4", chips=8, islands=2)
+    x = np.ones((256, 256), np.float32)
+    def explicit_mm(u, v):  # (only explicit axes take out_sharding=)
+        return jnp.matmul(u, v, out_sharding=P("a", "b"))
+
+    for types, body in (("explicit", explicit_mm), ("auto", jnp.matmul)):
+        s = ctl.slice((2, 2), island=0, axis_names=("a", "b"), axis_types=types)
+        fn = pw.function(body, slice=s, in_specs=(P("a"), P(None, "b")), name="mm")
+        f = pw.program(lambda u, v, fn=fn: fn(u, v))
+        node = next(n for n in f.trace(x, x).nodes if n.name == "mm")
+        assert xla_cost(cluster)(node).flops == pytest.approx(2 * 256**3 / 4)
+        s.release()
+
+
 def test_given_costs_and_device_maps(ctl, fig2):
     f = fig2.f
     graph = f.trace(np.arange(4.0, dtype=np.float32))

@@ -138,3 +138,26 @@ def test_a_function_naming_the_slices_mesh_runs_as_one_naming_none():
         launch = simulated.executor.cluster.chip.launch_overhead
     assert specs == [("data",)] * 4 and np.allclose(values, 4.0)
     assert spans[0] == pytest.approx(spans[1], rel=1e-9) and spans[0] > launch
+
+
+def test_estimate_types_its_mesh_as_asked():
+    """estimate's axes are auto unless axis_types= says otherwise: a function written for a
+    slice's default, explicit axes (a matmul with out_sharding=) is estimated with
+    axis_types="explicit" (there was no way to ask)."""
+    import jax.numpy as jnp
+
+    from pwkernel.backends import sim
+
+    x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+
+    def f(a, b):
+        return jnp.matmul(a, b, out_sharding=P("data", "model"))
+
+    kw = dict(cluster="tpu-v4", mesh=(2, 4), axis_names=("data", "model"),
+              in_specs=(P("data"), P(None, "model")))
+    assert sim.estimate(f, x, x, axis_types="explicit", **kw).flops == pytest.approx(
+        2 * 1024**3 / 8)
+    with pytest.raises(sim.SimError, match="could not lower f"):
+        sim.estimate(f, x, x, **kw)
+    with pytest.raises(pw.SliceError, match="must be 'explicit' or 'auto'"):
+        sim.estimate(f, x, x, axis_types="manual", **kw)
