@@ -52,7 +52,7 @@ PARTS = [
       "runtime/sizes.py", "runtime/guards.py")),
     ("futures and object store", ("runtime/objects.py", "runtime/store.py", "runtime/budget.py",
                                   "runtime/dtypes.py", "runtime/arraylike.py",
-                                  "runtime/done_callbacks.py")),
+                                  "runtime/done_callbacks.py", "runtime/awaiting.py")),
     ("trace", ("runtime/trace.py", "runtime/device_groups.py")),
     ("read side, errors, units", ("runtime/snapshot.py", "runtime/errors.py",
                                   "runtime/units.py", "runtime/keywords.py",

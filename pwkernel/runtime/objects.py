@@ -10,8 +10,6 @@ program fails or is cancelled, since then nothing holds it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +17,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from . import done_callbacks, interrupts
+from . import awaiting, done_callbacks, interrupts
 from .arraylike import ArrayOnDemand, read_only
 from .dtypes import as_dtype
 from .errors import CancelledError, freed_by_close, origin, timeout_seconds
@@ -210,26 +208,9 @@ class Future(ArrayOnDemand):
         return self.cancelled()
 
     def __await__(self):
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-
-        def wake(fut: Future) -> None:
-            def settle() -> None:
-                if waiter.done():  # (the awaiter gave up: cancelled, timed out)
-                    return
-                try:
-                    waiter.set_result(fut.result(0))
-                except BaseException as e:  # noqa: BLE001 - hand the error to the awaiter
-                    waiter.set_exception(e)
-            if not waiter.done() and not loop.is_closed():
-                with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile)
-                    loop.call_soon_threadsafe(settle)
-
-        producer = self.producer
-        if producer is not None and self._state is _PENDING:
-            producer.expedite(0)  # a simulated clock moves for it (a real one: not blocking)
-        self.hook(wake)  # (woken by the runtime, never queued behind a user's done-callback,
-        return waiter.__await__()  # which may itself wait for this coroutine: a deadlock)
+        # (woken by the runtime, never queued behind a user's done-callback, which may itself
+        # wait for this coroutine: a deadlock; an awaiter that gives up takes its hook back)
+        return awaiting.waiter(self).__await__()
 
     def block_until_ready(self):
         """Wait for the value's computation to end (raising its error if it failed); returns
@@ -283,6 +264,15 @@ class Future(ArrayOnDemand):
                 self._hooks = _added(self._hooks, fn)
                 return
         fn(self)
+
+    def unhook(self, fn: Callable[[Future], None]) -> None:
+        """Drop ``fn``, a hook not fired yet (what an ``await`` that gave up added)."""
+        with self._lock:
+            hooks = self._hooks
+            if hooks is fn:
+                self._hooks = None
+            elif type(hooks) is list and fn in hooks:
+                hooks.remove(fn)
 
     def on_launch(self, fn: Callable[[Future], None]) -> None:
         """Call ``fn(self)`` once the value's computation is launched (or the future resolved):

@@ -4,6 +4,7 @@ woken by the runtime itself, so nothing a done-callback does can hold an awaitin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import numpy as np
@@ -83,3 +84,35 @@ def test_await_resolves_while_another_futures_callback_blocks(ctl):
 
     assert np.asarray(asyncio.run(main())).tolist() == [3.0, 3.0]
     assert done_callbacks.runner.wait_idle(60) and waited == [True]
+
+
+def _hooks(fut) -> int:
+    hooks = fut._hooks
+    return 0 if hooks is None else len(hooks) if type(hooks) is list else 1
+
+
+def test_an_await_that_gives_up_leaves_nothing_on_the_future(ctl):
+    """``asyncio.wait_for(fut, t)`` polled while a long run goes on, and a cancelled
+    ``gather``: each abandoned await takes back its hook. Before, each left one (its loop and
+    waiter with it) on the future until the run ended: memory grew with every poll."""
+    fn, entered, release = gated(ctl, 1)
+    fut = fn(np.full(2, 5.0, np.float32))
+    assert entered.wait(60)
+    before = _hooks(fut)
+
+    async def main():
+        for _ in range(200):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fut, 0)
+        both = asyncio.gather(fut, fut)
+        await asyncio.sleep(0)  # (the gather's tasks await the future now)
+        both.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await both
+        left = _hooks(fut)
+        release.set()  # the run goes on: the future is awaited to its value
+        return left, await asyncio.wait_for(fut, 60)
+
+    left, value = asyncio.run(main())
+    assert left == before, f"{left - before} hooks left by 202 awaits that gave up"
+    assert np.asarray(value).tolist() == [5.0, 5.0]
