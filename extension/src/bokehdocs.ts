@@ -18,6 +18,8 @@ import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application'
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import type { KernelMessage } from '@jupyterlab/services';
 
+import { patchBokeh } from './viewport';
+
 /** The custom widget message the kernel sends before it closes a plot's widget. */
 export const RELEASE = 'pw-release';
 
@@ -38,6 +40,9 @@ function isDataSource(model: object): model is { clear(): void } {
 
 /** The root model ids of the plots whose widgets are closing, by comm id. */
 const closing = new Map<string, string>();
+
+/** Whether BokehJS's plot views were made to let go of their viewport listeners. */
+let patched = false;
 
 function bokehDocuments(): BokehDocument[] | null {
   const bokeh = (window as { Bokeh?: { documents?: BokehDocument[] } }).Bokeh;
@@ -67,6 +72,8 @@ export function releaseDocuments(documents: BokehDocument[], root: string): numb
 
 /** One iopub message of a notebook's kernel: note a release, or do it once the comm closed. */
 export function onIopub(msg: KernelMessage.IMessage): void {
+  // BokehJS comes with a kernel's output, before the first plot is drawn (viewport.ts)
+  patched ||= patchBokeh();
   const type = msg.channel === 'iopub' ? msg.header.msg_type : null;
   if (type === 'comm_msg') {
     const { comm_id, data } = (msg as KernelMessage.ICommMsgMsg<'iopub'>).content;
