@@ -123,16 +123,19 @@ class Ties:
                 want = [(k, a.shape, a.dtype) for k, _, a in ref]
                 got = [(k, a.shape, a.dtype) for k, _, a in leaves]
                 if want != got:
+                    pairs = enumerate(zip(want, got, strict=False))
+                    at = next((n for n, (w, g) in pairs if w != g), min(len(want), len(got)))
                     raise ValueError(
                         f"tied stage {s0}'s {p0!r} and stage {s}'s {path!r} differ: "
-                        f"{_describe(ref)} against {_describe(leaves)}. Tied weights are "
-                        "one array: the same shapes and dtypes (a head that is the embedding "
-                        "transposed holds the embedding and computes h @ embed.T).")
+                        f"{_describe(ref, at)} against {_describe(leaves, at)}. Tied weights "
+                        "are one array: the same shapes and dtypes (a head that is the "
+                        "embedding transposed holds the embedding and computes h @ embed.T).")
             for n in range(len(ref)):
                 leaf_group = [(s, leaves[n][1]) for s, _, leaves in found]
-                for s, i in leaf_group:
+                for (s, i), (_, path, leaves) in zip(leaf_group, found, strict=True):
                     if (s, i) in seen:
-                        raise ValueError(f"stage {s}'s {_describe([found[0][2][n]])} is tied "
+                        where = "/".join((str(path), *leaves[n][0]))
+                        raise ValueError(f"stage {s}'s {where} is tied "
                                          f"twice (in {seen[s, i]} and {group!r}): put every "
                                          "copy of one weight in one group.")
                     seen[s, i] = repr(group)
@@ -209,9 +212,12 @@ class Ties:
         return out
 
 
-def _describe(leaves) -> str:
-    return ", ".join(f"{'/'.join(k) + ' ' if k else ''}{a.dtype}{list(a.shape)}"
-                     for k, _, a in leaves)
+def _describe(leaves, at: int) -> str:
+    """The leaf ``at`` of ``leaves`` (one found under a tied path), or how many there are."""
+    if at >= len(leaves):
+        return f"no leaf there (it holds {len(leaves)})"
+    keys, _, a = leaves[at]
+    return f"{'/'.join(keys) + ' ' if keys else ''}{a.dtype}{list(a.shape)}"
 
 
 def tied_functions(ties: Ties | None, s: int, update, norm, init):
