@@ -95,6 +95,7 @@ from .state import (
     split_batch,
     stage_keys,
 )
+from .tied import Ties, tied_functions
 
 
 class Microbatches(tuple):
@@ -115,7 +116,8 @@ class Pipeline:
     before any update is applied. Each stage's slice holds its parameters replicated and its
     microbatches sharded over its devices (data parallelism inside the stage). The slices
     may be simulated (``backend="sim"``): the same steps, timed by the cost model, without
-    values (see the module's doc).
+    values (see the module's doc). ``tied``: weights shared by stages, as groups of
+    ``(stage, path)``, ``[[(0, "embed"), (2, "embed")]]`` (``tied.py``).
 
     Trace names: ``s1.fwd[m2]``, ``s1.bwd[m2]``, ``s1.update``, ``s1.init``, ``loss``; the step
     program is ``{name}.{schedule}``.
@@ -124,7 +126,7 @@ class Pipeline:
     def __init__(self, stages: Sequence[Stage], slices: Sequence[VirtualSlice], *,
                  loss: Callable, optimizer: optax.GradientTransformation,
                  schedule: Schedule | str = Schedule.ONE_F_ONE_B, microbatches: int = 4,
-                 check_finite: bool = False, name: str = "pipeline"):
+                 check_finite: bool = False, name: str = "pipeline", tied=None):
         check_stages(stages, slices)
         check_optimizer(optimizer)
         check_loss(loss)
@@ -142,7 +144,12 @@ class Pipeline:
         self.residual_bytes: list[int] | None = None
         self._residual_shapes = None  # the microbatch shapes residual_bytes is for
         S, M = len(self.stages), microbatches
+        self._shapes = StateShapes(self.stages, optimizer)  # (what init makes)
+        #: the weights tied across stages (``tied.py``), or None
+        self.ties = Ties(tied, self._shapes.expected().params) if tied else None
+        self._takers = self.ties.takers(self.slices) if self.ties else [None] * S
         self._fwd, self._bwd, self._update, self._init = [], [], [], []
+        self._norm_fns = []
         for s, (st, vs) in enumerate(zip(self.stages, self.slices, strict=True)):
             last = s == S - 1
             head = loss if last else None
@@ -162,11 +169,14 @@ class Pipeline:
             # the later ones donate the running sum, the step's own, so it is updated in place
             self._bwd.append((function(bwd, **specs),
                               function(bwd, donate_argnums=_ACC, **specs)))
+            update, norm, init = tied_functions(self.ties, s, _update(optimizer), _squared_norm,
+                                            st.init)
             self._update.append(function(
-                _update(optimizer), slice=vs, out_specs=P(), donate_argnums=(0, 1),
+                update, slice=vs, out_specs=P(), donate_argnums=(0, 1),
                 name=call_name(s, Kind.UPDATE)))
-            self._init.append(function(init_stage(st.init, optimizer, s), slice=vs,
+            self._init.append(function(init_stage(init, optimizer, s), slice=vs,
                                        out_specs=P(), name=f"s{s}.init"))
+            self._norm_fns.append(norm)
         self._mean = function(
             _mean_loss(M, check_finite and not simulated(self.slices[-1])),
             slice=self.slices[-1], out_specs=P(), name="loss")
@@ -177,7 +187,6 @@ class Pipeline:
         self._consts: list[tuple[Any, Any, Any]] | None = None
         self._placers: tuple[Placer, Placer] | None = None
         self._eval: Program | None = None
-        self._shapes = StateShapes(self.stages, optimizer)  # (what init makes)
 
     # --- the public surface ----------------------------------------------------------------
     def init(self, key) -> TrainState:
@@ -315,11 +324,16 @@ class Pipeline:
         # through its tokens and end with its last microbatch's backward, which reads the next
         # stage's. So (loss, that token) is the whole step's barrier, in two scalars.
         barrier = (loss, tokens[0])
+        # a tied weight's copies' gradients, each sent to the other stages of its tie
+        tied = ([(o,) if self.ties.own[s] else () for s, o in
+                 enumerate(self.ties.exchange(self._takers, grads))] if self.ties else [()] * S)
         if coupling.check(self.optimizer, [_struct(p) for p in params]):
             # the whole model's gradient norm: each stage's squared norm, summed by every
             # update (pw.train.clip_by_global_norm reads it)
-            barrier += ([self._squared_norm(s)(grads[s], params[s]) for s in range(S)],)
-        new = [self._update[s](params[s], opt_state[s], grads[s], barrier) for s in range(S)]
+            barrier += ([self._squared_norm(s)(grads[s], params[s], *tied[s])
+                         for s in range(S)],)
+        new = [self._update[s](params[s], opt_state[s], grads[s], barrier, *tied[s])
+               for s in range(S)]
         return TrainState([p for p, _ in new], [o for _, o in new]), loss
 
     def _call(self, stage: int, kind: Kind, microbatch: int,
@@ -338,12 +352,16 @@ class Pipeline:
     def _squared_norm(self, stage: int) -> CompiledFunction:
         fn = self._norms.get(stage)
         if fn is None:
-            fn = self._norms[stage] = function(
-                _squared_norm, slice=self.slices[stage], out_specs=P(), name=f"s{stage}.norm")
+            fn = self._norms[stage] = function(self._norm_fns[stage], slice=self.slices[stage],
+                                               out_specs=P(), name=f"s{stage}.norm")
         return fn
 
     def _init_all(self, keys):
-        made = [init(k) for init, k in zip(self._init, keys, strict=True)]
+        made = []  # (a tied stage's init takes its owners' values: the stages before it)
+        for s, (init, k) in enumerate(zip(self._init, keys, strict=True)):
+            given = self.ties.from_owners(s, self._takers, [p for p, _ in made]) if (
+                self.ties and self.ties.own[s]) else []
+            made.append(init(k, *([given] if given else [])))
         return TrainState([p for p, _ in made], [o for _, o in made])
 
     def _split(self, batch) -> tuple[list, list]:

@@ -144,9 +144,10 @@ def stage_keys(key, stages: int) -> np.ndarray:
 
 
 def init_stage(init, optimizer: optax.GradientTransformation, stage: int | None = None):
-    """``key -> (params, opt_state)`` for one stage (``stage``: its index, for errors)."""
-    def init_both(key):
-        params = init(key)
+    """``key -> (params, opt_state)`` for one stage (``stage``: its index, for errors; more
+    arguments go to ``init``: a tied stage's owners' values, ``tied.py``)."""
+    def init_both(key, *given):
+        params = init(key, *given)
         return params, init_optimizer(optimizer, params, stage)
     return init_both
 
