@@ -190,7 +190,14 @@ class ArrayOnDemand:
     __hash__ = object.__hash__  # (a key in dictionaries and sets, by identity)
 
     def __format__(self, spec: str) -> str:
-        return format(self.result(), spec) if spec else str(self)
+        # f"{loss}" is format(value, ""), which for a 0-d jax.Array is the Python float's
+        # digits (3.4000000953674316), not str's (3.4): a log line reads as jax.jit's does
+        try:
+            return format(self.result(), spec)
+        except NoValueError:  # a simulated future: printed as what it is (a spec fails)
+            if spec:
+                raise
+            return repr(self)
 
     def __str__(self) -> str:
         try:

@@ -327,6 +327,11 @@ def test_jax_functions_transformations_and_array_methods_take_a_future(ctl):
     # format their payloads so); repr stays the future's own
     assert str(y) == str(v) and f"{y}" == f"{v}" and f"{y.sum():.2f}" == f"{v.sum():.2f}"
     assert format(z) == str(w) and repr(y).startswith("Future(")
+    # a 0-d value (a step's loss in a log line) too: f"{loss}" gives the float's digits
+    # (3.4000000953674316 under jax.jit), not str's (it gave 3.4)
+    loss = pw.function(lambda a: a.mean() * 0.1, slice=s)(x)
+    value = loss.result()
+    assert f"{loss}" == f"{value}" and f"{loss!s}" == f"{value!s}"
     # jax.block_until_ready waits for the futures in a tree (it returned at once before)
     gate = threading.Event()
     slow = pw.function(lambda a: jax.pure_callback(lambda b: (gate.wait(), b)[1],

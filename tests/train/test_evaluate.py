@@ -36,3 +36,36 @@ def test_evaluate_is_model_loss_and_leaves_the_state_to_the_next_step(tctl, trai
     assert np.isfinite(float(t.step(state_after, train)[1]))
     with pytest.raises(ValueError, match="divisible by"):
         t.evaluate(state_after, T.batch(CFG, 3, seed=1))
+
+
+@pytest.mark.parametrize("trainer", ["spmd", "pipeline"])
+def test_an_eval_on_another_island_reads_each_steps_params_while_the_next_is_queued(
+        tctl, trainer):
+    """docs/training.md, 'Evaluation and metrics inside the training loop': an eval
+    ``pw.function`` submitted after step n, on a slice of another island, reads step n's
+    parameters although step n+1, submitted at once behind it, donates them; ``evaluate``
+    too. Each is ``jax.jit``'s eval of ``jax.jit``'s step n."""
+    stages, opt = T.split(CFG, 2), optax.adam(1e-2)
+    if trainer == "pipeline":
+        t = pw.train.Pipeline(stages, [tctl.slice(2, island=0), tctl.slice(2, island=1)],
+                              loss=T.cross_entropy, optimizer=opt, microbatches=2,
+                              name="ev-pipe")
+    else:
+        t = pw.train.SPMD(stages, tctl.slice(4, island=0), loss=T.cross_entropy,
+                          optimizer=opt, name="ev-spmd")
+    full = pw.train.model_loss(stages, T.cross_entropy)
+    on_other = pw.function(full, slice=tctl.slice(2, island=1))
+    batches, held_out = [T.batch(CFG, 8, seed=i) for i in range(6)], T.batch(CFG, 8, seed=9)
+    state = t.init(0)
+    reference = jax.tree.map(np.asarray, jax.device_get(pw.train.fetch(state)))
+    step, evaluate = (jax.jit(pw.train.train_step(stages, T.cross_entropy, opt)),
+                      jax.jit(full))
+    got, want = [], []
+    for batch in batches:
+        state, _ = t.step(state, batch)
+        got.append((on_other(state.params, *held_out), t.evaluate(state, held_out)))
+        reference, _ = step(reference, *batch)
+        want.append(float(evaluate(reference.params, *held_out)))
+    np.testing.assert_allclose([[float(a), float(b)] for a, b in got],
+                               np.repeat(np.array(want)[:, None], 2, axis=1), rtol=2e-5)
+    assert len(set(np.round(want, 3))) == len(want)   # each step's eval differs
