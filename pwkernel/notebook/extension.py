@@ -21,7 +21,7 @@ from typing import Any
 from ..runtime import interrupts
 from ..runtime.controller import Controller
 from ..runtime.units import device_ids
-from . import comm, display, reruns
+from . import comm, display, kernel_shutdown, reruns
 from .state import NotebookState, current, install
 
 
@@ -104,6 +104,7 @@ def load_ipython_extension(ip) -> None:
     ip.events.register("pre_run_cell", _pre_run_cell)
     ip.events.register("post_execute", _post_execute)
     ip.events.register("post_run_cell", _post_run_cell)
+    kernel_shutdown.register(ip)  # (closes the controllers before ipykernel ends its children)
     ctl = st.peek()  # a controller the user started before loading us
     print(banner(ctl) if ctl is not None else waiting_banner())
 
@@ -125,6 +126,7 @@ def unload_ipython_extension(ip) -> None:
     display.unregister(ip)
     reruns.unregister(ip, st.views)
     comm.unregister(ip)
+    kernel_shutdown.unregister(ip)
     st.release_all(ip.user_ns)
     ctl = st.peek()
     if ctl is not None:

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from . import interrupts
 from .exits import run_before_pools_stop
 
 _lock = threading.Lock()
@@ -55,19 +56,27 @@ def register(ctl: Any) -> None:
             # keyword check, keywords.suggests_keywords)
 
 
+@interrupts.holds_from_entry
 def close_at_exit() -> None:
     """Close every open controller, newest first, while the interpreter still runs threads: a
     script that ends without ``ctl.close()`` leaves its watcher threads to be stopped by the
     interpreter's finalization, where one that drops a ``jax.Array`` aborts the process
-    (status 134, "FATAL: exception not rethrown")."""
-    with _lock:
-        left = _open[::-1]
-    for ctl in left:
-        try:
-            ctl.close()
-        except Exception as e:  # noqa: BLE001 - the others are closed all the same
-            warnings.warn(f"closing {ctl!r} at exit failed: {type(e).__name__}: {e}",
-                          RuntimeWarning, stacklevel=1)
+    (status 134, "FATAL: exception not rethrown"). Also called by a notebook kernel asked to
+    shut down (``notebook/kernel_shutdown.py``).
+
+    A Ctrl-C meanwhile (in the main thread, from the first bytecode on) is kept and never
+    raised: the process is exiting as asked, and raised, it left controllers unclosed or
+    printed "Exception ignored in: <module 'threading'>" with a ``KeyboardInterrupt``
+    traceback. It still ends a wait for a done-callback that blocks (``close()``)."""
+    with interrupts.held_quietly:  # (its end queues the kept one for a courier now stopped)
+        with _lock:
+            left = _open[::-1]
+        for ctl in left:
+            try:
+                ctl.close()
+            except Exception as e:  # noqa: BLE001 - the others are closed all the same
+                warnings.warn(f"closing {ctl!r} at exit failed: {type(e).__name__}: {e}",
+                              RuntimeWarning, stacklevel=1)
 
 
 def unregister(ctl: Any) -> None:
