@@ -17,15 +17,17 @@ __all__ = ["CHROMIUM", "chromium_page", "lab_with_pwkernel", "write_notebook"]
 
 
 @contextlib.contextmanager
-def lab_with_pwkernel(base: Path) -> Iterator[LabServer]:
+def lab_with_pwkernel(base: Path, env_extra: dict[str, str] | None = None
+                      ) -> Iterator[LabServer]:
     """``lab.jupyter_lab`` whose JUPYTER_PATH also holds the ``pwkernel`` kernel (this
     interpreter with ``--ext pwkernel``) and this checkout's sidebar extension, whatever is
-    installed in the environment."""
+    installed in the environment; ``env_extra``: more of the server's (and kernels')
+    environment."""
     kernelspec.write(base / "jupyter")  # the directory jupyter_lab puts on JUPYTER_PATH
     # this checkout's build of the sidebar, whichever checkout the environment links
     (base / "jupyter" / "labextensions").mkdir(parents=True, exist_ok=True)
     (base / "jupyter" / "labextensions" / "pwkernel").symlink_to(ROOT / "pwkernel" / "labextension")
-    with jupyter_lab(base, {}) as lab:
+    with jupyter_lab(base, env_extra or {}) as lab:
         yield lab
 
 

@@ -66,17 +66,15 @@ def test_calling_a_trace_evaluates_it_under_the_slices_mesh(ctl):
     assert jax.sharding.get_abstract_mesh().empty  # (no mesh left ambient after the call)
 
 
-def test_clear_cache_traces_again_as_jax_jits_does(ctl):
-    """A function that reads a global keeps what it traced (as ``jax.jit`` does) until
-    ``clear_cache()``; a program that called it keeps its own graph, as an outer ``jax.jit``
-    keeps its trace, until its own ``clear_cache()``."""
-    s = ctl.slice(2)
+def _reading_a_global(ctl):
+    """A function reading a global, as ``jax.jit`` and ``pw.function``, each alone and called
+    by an outer ``jax.jit`` / ``@pw.program``; and what the four give now."""
     scale = {"now": 1.0}
 
     def f(x):
         return x * scale["now"]
 
-    jf, pf = jax.jit(f), pw.function(f, slice=s)
+    jf, pf = jax.jit(f), pw.function(f, slice=ctl.slice(2))
     outer_jit = jax.jit(lambda x: jf(x) + 0)
     outer = pw.program(lambda x: pf(x))
     x = np.ones(2, np.float32)
@@ -84,6 +82,15 @@ def test_clear_cache_traces_again_as_jax_jits_does(ctl):
     def values():
         return [float(jf(x)[0]), float(pf(x).result(60)[0]), float(outer_jit(x)[0]),
                 float(outer(x).result(60)[0])]
+
+    return scale, values, (jf, pf, outer_jit, outer)
+
+
+def test_clear_cache_traces_again_as_jax_jits_does(ctl):
+    """A function that reads a global keeps what it traced (as ``jax.jit`` does) until
+    ``clear_cache()``; a program that called it keeps its own graph, as an outer ``jax.jit``
+    keeps its trace, until its own ``clear_cache()``."""
+    scale, values, (jf, pf, outer_jit, outer) = _reading_a_global(ctl)
 
     assert values() == [1.0] * 4
     scale["now"] = 2.0
@@ -103,20 +110,7 @@ def test_jax_clear_caches_clears_functions_and_programs_as_it_clears_jax_jits(ct
     computing with the old global."""
     from pwkernel.runtime import compiled
 
-    s = ctl.slice(2)
-    scale = {"now": 1.0}
-
-    def f(x):
-        return x * scale["now"]
-
-    jf, pf = jax.jit(f), pw.function(f, slice=s)
-    outer_jit = jax.jit(lambda x: jf(x) + 0)
-    outer = pw.program(lambda x: pf(x))
-    x = np.ones(2, np.float32)
-
-    def values():
-        return [float(jf(x)[0]), float(pf(x).result(60)[0]), float(outer_jit(x)[0]),
-                float(outer(x).result(60)[0])]
+    scale, values, (jf, pf, outer_jit, outer) = _reading_a_global(ctl)
 
     assert values() == [1.0] * 4
     assert compiled.kept() > 0

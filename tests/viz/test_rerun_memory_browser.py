@@ -12,9 +12,8 @@ from __future__ import annotations
 import pytest
 
 from pwkernel.notebook import kernelspec
-from tests.helpers import ROOT
-from tests.helpers.lab import FIG2_CELL, chromium_page, jupyter_lab, needs_chromium
-from tests.helpers.sidebar_lab import write_notebook
+from tests.helpers.lab import FIG2_CELL, chromium_page, needs_chromium
+from tests.helpers.sidebar_lab import lab_with_pwkernel, write_notebook
 
 NOTEBOOK = "rerun-memory.ipynb"
 WARMUP, RERUNS = 2, 8
@@ -44,11 +43,8 @@ def held(page, cdp) -> dict[str, int]:
 @pytest.mark.timeout(900)
 def test_rerun_view_cells_let_their_plots_go(tmp_path):
     needs_chromium()
-    kernelspec.write(tmp_path / "jupyter")
-    (tmp_path / "jupyter" / "labextensions").mkdir(parents=True)
-    (tmp_path / "jupyter" / "labextensions" / "pwkernel").symlink_to(
-        ROOT / "pwkernel" / "labextension")
-    with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
+    # the pwkernel kernel (which closes a rerun cell's views) and this checkout's extension
+    with lab_with_pwkernel(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
         write_notebook(lab.root / NOTEBOOK, [SETUP, *CELLS])
         with chromium_page(tmp_path / "profile") as page:
             page.set_default_timeout(180_000)

@@ -12,16 +12,14 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from pwkernel.notebook import kernelspec
-from tests.helpers import ROOT
 from tests.helpers.lab import (
     FIG2_CELL,
     chromium_page,
-    jupyter_lab,
     kernel_client,
     needs_chromium,
     run_code,
 )
-from tests.helpers.sidebar_lab import write_notebook
+from tests.helpers.sidebar_lab import lab_with_pwkernel, write_notebook
 
 NOTEBOOK = "rerun-view.ipynb"
 RERUNS = 5
@@ -63,11 +61,7 @@ DRAWN_JS = """([id, rows]) => (window.Bokeh && window.Bokeh.documents || []).som
 def test_rerun_view_cell_keeps_only_the_shown_plot(tmp_path):
     needs_chromium()
     # the pwkernel kernel (which closes a rerun cell's views) and this checkout's extension
-    kernelspec.write(tmp_path / "jupyter")
-    (tmp_path / "jupyter" / "labextensions").mkdir(parents=True)
-    (tmp_path / "jupyter" / "labextensions" / "pwkernel").symlink_to(
-        ROOT / "pwkernel" / "labextension")
-    with jupyter_lab(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
+    with lab_with_pwkernel(tmp_path, {"PWKERNEL_ISLANDS": "4,4"}) as lab:
         write_notebook(lab.root / NOTEBOOK, [SETUP, VIEW])
         with chromium_page(tmp_path / "profile") as page:
             page.set_default_timeout(180_000)
