@@ -12,6 +12,7 @@ import pytest
 import pwkernel as pw
 from pwkernel.train import transformer as T
 from pwkernel.train.packed import Layout
+from tests.helpers.train_memory import held_over_steps
 
 CFG = T.Config(vocab=32, width=16, heads=2, layers=2, seq=8)
 
@@ -103,14 +104,7 @@ def test_a_state_of_another_model_is_refused_with_what_fits(tctl):
 
 def test_packed_state_memory_stays_flat_over_steps(tctl):
     packed, _ = trainers(tctl, optax.adam(1e-2), devices=1)
-    tctl.wait()
-    base = sum(tctl.memory().values())
-    state, held = packed.init(0), []
-    for i in range(20):
-        state, loss = packed.step(state, T.batch(CFG, 8, seed=i % 2))
-        pw.train.wait((state, loss))
-        tctl.wait()
-        held.append(sum(tctl.memory().values()) - base)
+    held, state, loss = held_over_steps(tctl, packed, lambda i: T.batch(CFG, 8, seed=i % 2))
     assert len(set(held)) == 1, held
     kept = sum(f.result().nbytes for f in state.futures) + loss.result().nbytes
     assert held[0] == kept  # the packs and the loss: nothing else is left behind

@@ -12,6 +12,7 @@ import pytest
 
 import pwkernel as pw
 from pwkernel.train import transformer as T
+from tests.helpers.train_memory import held_over_steps
 
 CFG = T.Config(vocab=16, width=8, heads=2, layers=4, seq=6)
 
@@ -100,14 +101,7 @@ def test_a_tied_pipelines_memory_stays_flat_and_the_copies_equal(tctl):
     pipe = pw.train.Pipeline(stages(3), slices, loss=T.cross_entropy,
                              optimizer=optax.sgd(0.1), microbatches=2,
                              tied=[(0, "embed"), (2, ("embed",))])  # (one group, bare)
-    tctl.wait()
-    base = sum(tctl.memory().values())
-    state, held = pipe.init(0), []
-    for i in range(20):
-        state, loss = pipe.step(state, T.batch(CFG, 4, seed=i % 2))
-        pw.train.wait((state, loss))
-        tctl.wait()
-        held.append(sum(tctl.memory().values()) - base)
+    held, state, _ = held_over_steps(tctl, pipe, lambda i: T.batch(CFG, 4, seed=i % 2))
     assert len(set(held)) == 1, held
     p = jax.device_get(pw.train.fetch(state.params))
     assert np.array_equal(p[0]["embed"], p[2]["embed"])  # (SGD: bit for bit)
