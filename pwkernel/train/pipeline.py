@@ -66,6 +66,7 @@ from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
 from . import coupling, sharded
+from .restored import from_mapping
 from .schedule import Kind, Schedule, call_name, order
 from .spmd import check_finite_runs
 from .stage import (
@@ -218,7 +219,7 @@ class Pipeline:
         their data, and a launched call's outputs count in ``ctl.memory()`` at once, so
         1F1B's smaller set of live residuals shows in the trace, not in ``ctl.memory()``;
         under sequential dispatch it shows in both (docs/training.md)."""
-        state = _train_state(state, "step")
+        state = _train_state(state, "step", expected=self._shapes.expected)
         if isinstance(batch, Microbatches):
             xs, ys = batch
             _check_even(xs, ys, self.microbatches)
@@ -241,7 +242,8 @@ class Pipeline:
         value of ``model_loss(stages, loss)`` under ``jax.jit``. ``state`` is read, not
         consumed: a ``step`` may take it next. The batch's leading axis divides over every
         stage's devices."""
-        state = _train_state(state, "evaluate", consumed=False)
+        state = _train_state(state, "evaluate", consumed=False,
+                             expected=self._shapes.expected)
         if isinstance(batch, Microbatches):
             raise TypeError("evaluate takes the batch whole, (inputs, targets), not "
                             "pipe.place(...)'s microbatches (the eval step does not cut it "
@@ -390,13 +392,18 @@ class Pipeline:
 _ACC = 5
 
 
-def _train_state(state, what: str, consumed: bool = True) -> TrainState:
+def _train_state(state, what: str, consumed: bool = True,
+                 expected: Callable[[], TrainState] | None = None) -> TrainState:
     """``state`` as a ``TrainState``: a packed ``SPMD``'s ``PackedState`` is unpacked afresh
     for a step (or, edited, read as its edited ``TrainState``), so the step consumes none of
-    it, as an ``SPMD`` takes a ``Pipeline``'s state without consuming it."""
+    it, as an ``SPMD`` takes a ``Pipeline``'s state without consuming it; a mapping of
+    ``params`` and ``opt_state`` (orbax's restore without a target) in ``expected()``'s
+    containers (``restored.py``)."""
     if isinstance(state, PackedState):
         fresh = consumed and not state.edited()
         return state.unpacked(fresh=fresh)
+    if not isinstance(state, TrainState) and expected is not None:
+        state = from_mapping(state, expected) or state
     if not isinstance(state, TrainState):
         raise not_a_state(state, what, "the pw.train.TrainState that init() or step() "
                           "returned (or an SPMD's state)")

@@ -36,6 +36,7 @@ from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from . import coupling, sharded
 from .packed import Layout
+from .restored import from_mapping
 from .stage import Stage, check_trainable, model_loss
 from .state import (
     PackedState,
@@ -268,6 +269,10 @@ class SPMD:
                 raise ValueError(f"this TrainState is not one of {self!r}'s: {why}. Maybe "
                                  "you want the state this trainer's init() returned.")
         elif not isinstance(state, TrainState):
+            restored = from_mapping(  # (orbax's restore without a target: restored.py)
+                state, StateShapes(self.stages, self.optimizer).expected)
+            if restored is not None:
+                return self._check(restored)
             raise not_a_state(state, "step", "the state that init() or step() returned (or a "
                               "pw.train.TrainState)")
         return state

@@ -205,10 +205,11 @@ class StateShapes:
 def _check_part(stage: int, part: str, got, want, trainer: str) -> None:
     why = _misfit(got, want)
     if why is not None:
+        from .restored import hint  # (restored.py imports this module)
         raise ValueError(
             f"this state does not fit {trainer}: stage {stage}'s {part} {why}. Maybe you want "
             "the state this trainer's init() returned (or a checkpoint of a trainer of the "
-            "same stages and optimizer).")
+            f"same stages and optimizer).{hint(got, want)}")
 
 
 def _misfit(got, want) -> str | None:
