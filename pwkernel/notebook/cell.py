@@ -47,6 +47,7 @@ from IPython.core.error import UsageError
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ..runtime.errors import NeedsValueError
 from ..runtime.objects import Future
 from ..runtime.program import INFERRED, CompiledFunction, Program, Value
 from ..runtime.program import function as pw_function
@@ -109,6 +110,17 @@ def in_place_state(value: Any) -> bool:
     items = value.values() if type(value) is dict else value if type(value) in (
         list, tuple) else (value,)
     return any((c.__module__, c.__name__) in _IN_PLACE for x in items for c in type(x).__mro__)
+
+
+def _check_in_place(bound: dict[str, Any]) -> None:
+    """A name the cell binds to a flax.nnx object (``model = nnx.Linear(...)``): as a
+    program's output its Variables would hold futures, which nnx's own in-place updates
+    (``model(x)`` in train mode, ``optimizer.update``) cannot change; the cell runs as plain
+    Python instead, as a cell that reads one does, and binds the object the plain cell binds."""
+    name = next((n for n, v in bound.items() if in_place_state(v)), None)
+    if name is not None:
+        raise NeedsValueError(f"%%pathways: the cell binds {name!r}, a flax.nnx object that "
+                              "JAX code changes in place; it runs as plain Python.")
 
 
 #: the flax.nnx base classes of objects that change in place (graph nodes, variables)
@@ -338,6 +350,7 @@ def _build(tree: ast.Module, params: list[str], seeded: list[str], user_ns: dict
             exec(code, scope)  # noqa: S102 - the user's own cell, at its top level
             bound = scope.bound()
             check_kept(user_ns, before, bound)
+            _check_in_place(bound)
             return {k: rehome(v, scope, user_ns) for k, v in bound.items()}
         finally:
             scope.close()

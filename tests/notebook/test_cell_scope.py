@@ -218,6 +218,33 @@ def test_a_cell_that_steps_a_flax_nnx_model_runs_it_as_plain_python(nb):
     np.testing.assert_array_equal(np.asarray(trained), np.asarray(plain))
 
 
+def test_an_nnx_model_a_cell_builds_is_the_plain_cells_and_trains_in_later_cells(nb):
+    """``model = MLP(rngs=nnx.Rngs(0))`` in a %%pathways cell: bound as a program's output, its
+    Variables held futures, and a later plain cell's ``model(X)`` in train mode (BatchNorm's
+    running stats, Dropout's rng count: nnx updates them in place) raised "a pw.Future is
+    immutable". The cell runs as plain Python, binding the model the plain cell binds; a
+    functional ``nnx.split`` state built from it is still a pytree that later cells carry."""
+    run(nb, "import optax\nfrom flax import nnx\n"
+            "class MLP(nnx.Module):\n    def __init__(self, rngs):\n"
+            "        self.l1 = nnx.Linear(4, 8, rngs=rngs)\n"
+            "        self.bn = nnx.BatchNorm(8, rngs=rngs)\n"
+            "        self.do = nnx.Dropout(0.2, rngs=rngs)\n"
+            "        self.l2 = nnx.Linear(8, 1, rngs=rngs)\n"
+            "    def __call__(self, x):\n"
+            "        return self.l2(self.do(nnx.relu(self.bn(self.l1(x)))))\n"
+            "X = np.random.RandomState(0).randn(16, 4).astype(np.float32)\n"
+            "plain = MLP(nnx.Rngs(0))\nplain_out = plain(X)")
+    run(nb, "%%pathways --slice s\nmodel = MLP(nnx.Rngs(0))\n"
+            "optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)\n")
+    assert isinstance(nb.user_ns["model"].l1.kernel[...], jax.Array)
+    run(nb, "out = model(X)")  # eager, train mode: BatchNorm and Dropout update in place
+    np.testing.assert_array_equal(np.asarray(nb.user_ns["out"]),
+                                  np.asarray(nb.user_ns["plain_out"]))
+    assert int(nb.user_ns["model"].do.rngs.count[...]) == 1
+    run(nb, "%%pathways --slice s\ngraphdef, state = nnx.split(MLP(nnx.Rngs(0)))\n")
+    assert all(isinstance(x, pw.Future) for x in jax.tree.leaves(nb.user_ns["state"]))
+
+
 def test_a_cell_run_again_compiles_nothing_new_and_sees_a_changed_value(nb):
     """The same cell run again reuses its executable (runtime/compiled.py); a value its
     Python reads that changed makes a new computation, as it must."""
