@@ -22,6 +22,7 @@ from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from ..runtime.specs import batch_spec
 from .coupling import KEYWORD, GlobalNorm, init_optimizer, takes_keyword
+from .keys import distinct_stage_keys, stage_key_struct, stage_keys  # noqa: F401 (re-exported)
 
 
 class TrainState(NamedTuple):
@@ -128,27 +129,12 @@ def _expand(tree) -> list[Any]:
     return out
 
 
-def stage_keys(key, stages: int) -> np.ndarray:
-    """One raw ``uint32[2]`` PRNG key per stage from ``key`` (an int seed, a raw key or a
-    typed ``jax.random.key``): the same split for every trainer, so a pipeline and SPMD
-    training of the same stages start from the same parameters."""
-    if isinstance(key, int | np.integer):
-        key = jax.random.PRNGKey(int(key))
-    elif jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
-        key = jax.random.key_data(key)
-    elif getattr(key, "shape", ()) == ():
-        raise TypeError(f"key must be an int seed or a JAX PRNG key (jax.random.key(0) or "
-                        f"jax.random.PRNGKey(0)), got {type(key).__name__} {key!r}. Maybe you "
-                        "want init(0).")
-    return np.asarray(jax.random.split(np.asarray(key, np.uint32), stages))
-
-
 def init_stage(init, optimizer: optax.GradientTransformation, stage: int | None = None):
     """``key -> (params, opt_state)`` for one stage (``stage``: its index, for errors; more
     arguments go to ``init``: a tied stage's owners' values, ``tied.py``)."""
     def init_both(key, *given):
         params = init(key, *given)
-        return params, init_optimizer(optimizer, params, stage)
+        return params, distinct_stage_keys(init_optimizer(optimizer, params, stage), stage)
     return init_both
 
 
@@ -170,7 +156,7 @@ class StateShapes:
 
     def expected(self) -> TrainState:
         if self._made is None:
-            key = jax.ShapeDtypeStruct((2,), np.uint32)  # (a raw key, as stage_keys makes)
+            key = stage_key_struct()  # (a raw key, as stage_keys makes)
             made = [jax.eval_shape(init_stage(st.init, self._optimizer, s), key)
                     for s, st in enumerate(self._stages)]
             self._made = TrainState([p for p, _ in made], [o for _, o in made])

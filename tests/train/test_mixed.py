@@ -218,3 +218,37 @@ def test_one_trainer_stepped_from_two_threads_gives_each_its_own_losses(tctl):
         together = list(pool.map(train, [0, 1]))
     assert together == alone
     assert alone[0] != alone[1]
+
+
+def test_dropout_in_every_stage_is_the_same_under_both_schedules_and_jax_jit(tctl):
+    """docs/training.md, 'Randomness: the key rule': each stage folds its index into the
+    example's key, so the stages draw other masks; GPipe and 1F1B give the same bits, and
+    both jax.jit's losses (the schedule does not change the numbers)."""
+    def dropping(n_in, n_out, s):
+        def apply(p, xk):
+            h, keys = xk
+            h = jnp.tanh(h @ p["w"] + p["b"])
+            keep = jax.vmap(lambda k: jax.random.bernoulli(
+                jax.random.fold_in(k, s), 0.7, h.shape[-1:]))(keys)
+            return jnp.where(keep, h / 0.7, 0.0), keys
+        return pw.train.Stage(dense(n_in, n_out).init, apply)
+    stages = [dropping(8, 16, 0), dropping(16, 16, 1),
+              pw.train.Stage(dense(16, 4).init, lambda p, xk: xk[0] @ p["w"] + p["b"])]
+    pipe = pw.train.Pipeline(stages, [tctl.slice(2, island=0), tctl.slice(1, island=0),
+                                      tctl.slice(2, island=1)],
+                             loss=mse, optimizer=optax.sgd(0.1), microbatches=4, name="drops")
+    full = jax.jit(jax.value_and_grad(pw.train.model_loss(stages, mse)))
+    runs = {}
+    for schedule in ("gpipe", "1f1b", "gpipe"):
+        state, losses, want = pipe.init(0), [], []
+        params = jax.device_get(pw.train.fetch(state.params))
+        for step in range(2):
+            keys = jax.random.split(jax.random.fold_in(jax.random.key(7), step), len(X))
+            state, loss = pipe.step(state, ((X, keys), Y), schedule=schedule)
+            losses.append(float(loss))
+            value, g = full(params, (X, keys), Y)
+            params = jax.tree.map(lambda p, d: p - 0.1 * d, params, g)
+            want.append(float(value))
+        np.testing.assert_allclose(losses, want, rtol=1e-5)
+        runs.setdefault(schedule, []).append(losses)
+    assert runs["gpipe"][0] == runs["1f1b"][0] == runs["gpipe"][1]  # (bit for bit)
