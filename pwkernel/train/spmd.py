@@ -35,11 +35,11 @@ from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from . import coupling, sharded
+from .batches import Placer
 from .packed import Layout
 from .stage import Stage, check_trainable, model_loss
 from .state import (
     PackedState,
-    Placer,
     StateShapes,
     TrainState,
     apply_optimizer,
