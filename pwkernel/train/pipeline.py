@@ -66,6 +66,7 @@ from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
 from . import coupling, sharded
+from .batches import Cutter, Placer
 from .restored import from_mapping
 from .schedule import Kind, Schedule, call_name, order
 from .spmd import check_finite_runs
@@ -79,7 +80,6 @@ from .stage import (
 )
 from .state import (
     PackedState,
-    Placer,
     StateShapes,
     TrainState,
     apply_optimizer,
@@ -93,7 +93,6 @@ from .state import (
     raise_if_not_finite,
     ready_to_donate,
     simulated,
-    split_batch,
     stage_keys,
 )
 from .tied import Ties, tied_functions
@@ -187,6 +186,7 @@ class Pipeline:
         self._init_program = program(self._init_all, name=f"{name}.init")
         self._consts: list[tuple[Any, Any, Any]] | None = None
         self._placers: tuple[Placer, Placer] | None = None
+        self._cutters: tuple[Cutter, ...] | None = None
         self._eval: Program | None = None
 
     # --- the public surface ----------------------------------------------------------------
@@ -367,10 +367,14 @@ class Pipeline:
         return TrainState([p for p, _ in made], [o for _, o in made])
 
     def _split(self, batch) -> tuple[list, list]:
-        parts = split_batch(inputs_and_targets(batch, "pipe"), self.microbatches,
-                            "batch (inputs and targets)",  # (one check of both)
-                            [vs.size for vs in self.slices])
-        return [x for x, _ in parts], [y for _, y in parts]
+        """The batch in microbatches for the stages reading them (``Cutter``, never waits)."""
+        x, y = inputs_and_targets(batch, "pipe")
+        check_batch((x, y), self.microbatches, "batch (inputs and targets)",  # (one check)
+                    [vs.size for vs in self.slices])
+        if self._cutters is None:
+            self._cutters = tuple(Cutter(vs, self.microbatches, f"{self.name}.cut")
+                                  for vs in (self.slices[0], self.slices[-1]))
+        return self._cutters[0](x), self._cutters[1](y)
 
     def _residual_bytes(self, params, x, y) -> list[int]:
         out, h = [], _struct(x)

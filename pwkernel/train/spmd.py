@@ -35,12 +35,12 @@ from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from . import coupling, sharded
+from .batches import Placer
 from .packed import Layout
 from .restored import from_mapping
 from .stage import Stage, check_trainable, model_loss
 from .state import (
     PackedState,
-    Placer,
     StateShapes,
     TrainState,
     apply_optimizer,

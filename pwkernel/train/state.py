@@ -14,13 +14,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 import optax
-from jax.sharding import NamedSharding
 
 from ..runtime.errors import ControllerClosedError
 from ..runtime.objects import Future
-from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
-from ..runtime.specs import batch_spec
 from .coupling import KEYWORD, GlobalNorm, init_optimizer, takes_keyword
 from .keys import distinct_stage_keys, stage_key_struct, stage_keys  # noqa: F401 (re-exported)
 
@@ -351,17 +348,6 @@ def check_batch(batch, microbatches: int, what: str = "batch",
     return leaves, tree, size
 
 
-def split_batch(batch, microbatches: int, what: str = "batch",
-                devices: int | Sequence[int] = 1) -> list:
-    """``batch`` (a pytree of arrays with a leading batch axis) cut into ``microbatches``
-    equal parts along that axis (host arrays: NumPy views; others: sliced by JAX), each part
-    a multiple of ``devices`` (the most devices a stage's slice shards it over)."""
-    leaves, tree, size = check_batch(batch, microbatches, what, devices)
-    per = size // microbatches
-    return [jax.tree_util.tree_unflatten(tree, [leaf[m * per:(m + 1) * per] for leaf in leaves])
-            for m in range(microbatches)]
-
-
 def check_stages(stages: Sequence, slices: Sequence | None = None) -> None:
     from .stage import Stage
 
@@ -463,23 +449,3 @@ def simulated(vs: VirtualSlice) -> bool:
     """The slice is on a simulated cluster (``backend="sim"``): its devices hold no arrays,
     functions placed there are lowered for the cost model and never run."""
     return bool(getattr(vs.island, "simulated", False))
-
-
-class Placer:
-    """Puts a pytree on ``vs`` as ``in_specs=pw.BATCH`` lays it out, ahead of a step (what a
-    data loader would do). On real devices: ``jax.device_put`` (``jax.Array``s). A simulated
-    slice's devices take no arrays, so there it is an identity ``pw.function`` on the slice
-    (trace name ``place``): the upload happens now on the virtual clock, and the values are
-    futures the step reads where they are."""
-
-    def __init__(self, vs: VirtualSlice, what: str):
-        self.vs, self.what = vs, what
-        self._identity = function(lambda tree: tree, slice=vs, in_specs=BATCH,
-                                  out_specs=BATCH, name="place") if simulated(vs) else None
-
-    def __call__(self, tree):
-        if self._identity is not None:
-            return self._identity(tree)
-        vs = self.vs
-        return jax.tree.map(lambda a: jax.device_put(a, NamedSharding(
-            vs.mesh, batch_spec(np.shape(a), vs, self.what))), tree)

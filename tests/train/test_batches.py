@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 from pwkernel.train import transformer as T
@@ -94,3 +99,74 @@ def test_stages_of_different_widths_name_each_slice_in_what_divides_the_batch(tc
     x, y = T.batch(CFG, 12)
     want = float(pipe.evaluate(state, (x, y)))  # (before the step consumes the state)
     np.testing.assert_allclose(float(pipe.step(state, (x, y))[1]), want, rtol=1e-5)
+
+
+def _placed(ctl, pipe, x, y, how):
+    """The batch as a loader hands it over ahead of the step: inputs on the first stage's
+    slice, targets on the last's, by ``jax.device_put`` or as a preprocessing function's
+    futures, sharded over each slice (``P('x')``) or replicated."""
+    s0, s1 = pipe.slices[0], pipe.slices[-1]
+    if how.startswith("device_put"):
+        spec = P("x") if how.endswith("sharded") else P()
+        return (jax.device_put(x, NamedSharding(s0.mesh, spec)),
+                jax.device_put(y, NamedSharding(s1.mesh, spec)))
+    specs = {"in_specs": pw.BATCH, "out_specs": pw.BATCH} if how.endswith("sharded") else {}
+    return (pw.function(lambda v: v + 0, slice=s0, **specs)(x),
+            pw.function(lambda v: v + 0, slice=s1, **specs)(y))
+
+
+@pytest.mark.parametrize("how", ["device_put sharded", "device_put replicated",
+                                 "futures sharded", "futures replicated"])
+def test_a_pipeline_takes_a_batch_placed_on_its_stages(tctl, how):
+    """A loader's prefetch, ``jax.device_put(batch, NamedSharding(s.mesh, P('x')))``, failed
+    ``Pipeline.step`` and ``place`` with JAX's ShardingTypeError (the batch was cut into
+    microbatches by eager indexing, a gather JAX cannot lay out on an explicit mesh). Now it
+    is cut on the stage's slice: the losses are those of the NumPy batch, and the user's
+    arrays are left as they were."""
+    pipe = pw.train.Pipeline(T.split(CFG, 2), [tctl.slice(2, island=0), tctl.slice(2, island=1)],
+                             loss=T.cross_entropy, optimizer=optax.sgd(0.1), microbatches=2)
+    x, y = T.batch(CFG, 8)
+    state = pipe.init(0)
+    want = float(pipe.evaluate(state, (x, y)))
+    for placing in (lambda b: b, pipe.place):
+        batch = _placed(tctl, pipe, x, y, how)
+        _, loss = pipe.step(jax.device_get(pw.train.fetch(state)), placing(batch))
+        np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+        for given, host in zip(batch, (x, y), strict=True):
+            np.testing.assert_array_equal(np.asarray(given), host)  # (not deleted, not changed)
+
+
+@pytest.mark.parametrize("name", ["pipeline", "spmd"])
+def test_a_batch_of_futures_is_not_waited_for_by_step_or_place(tctl, name):
+    """A batch made by a preprocessing ``pw.function`` (futures) that is still running: a
+    ``Pipeline``'s step cut it by indexing the futures and ``place`` (both trainers') put
+    them with ``jax.device_put``, which waited for their values in the calling thread, so a
+    loop could not launch step n + 1 before its batch was computed. The preprocessing here
+    waits on a gate that opens only after the calls returned."""
+    t = trainer(tctl, name)
+    gate, timed_out = threading.Event(), []
+
+    def held(v):
+        if not gate.wait(30):
+            timed_out.append(True)
+
+    def prep(x, y):
+        jax.debug.callback(held, jnp.sum(y))
+        return x, y
+
+    first = t.slices[0] if name == "pipeline" else t.slice
+    pre = pw.function(prep, slice=first, in_specs=pw.BATCH, out_specs=pw.BATCH)
+    x, y = T.batch(CFG, 8)
+    state = t.init(0)
+    want = float(t.evaluate(state, (x, y)))
+    try:
+        batch = pre(x, y)
+        placed = t.place(batch)
+        _, loss = t.step(jax.device_get(pw.train.fetch(state)), batch)  # (a copy)
+        assert not loss.done() and not timed_out  # (returned with the gate still closed)
+    finally:
+        gate.set()
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    _, loss = t.step(state, placed)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    assert not timed_out
