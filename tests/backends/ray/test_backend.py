@@ -496,6 +496,8 @@ def test_joins_a_running_cluster_by_address_and_leaves_it_running():
             p.kill()
         psutil.wait_procs(procs, timeout=60)
         left = [f"{p.pid} {p.name()}" for p in cluster_processes()]
+        for made in Path(tempfile.gettempdir(), "ray").glob(f"session_*_{start.pid}"):
+            shutil.rmtree(made, ignore_errors=True)  # (the head's: Ray names it by its pid)
         current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")  # `ray stop` would
         if current.exists() and current.read_text().strip() == f"127.0.0.1:{port}":
             current.unlink()
