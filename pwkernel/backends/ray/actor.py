@@ -32,7 +32,8 @@ Operations (``rid``: the record id the controller waits for):
   actor handle comes once, from ``peers``, not in every message); to a pool's island, the
   destination tenant's secret follows (``tenancy.py``).
 - ``("recv", rid, bid, layout, island, generation)``: the second half; waits for the value.
-- ``("free", bids)``: drop buffers (no record).
+- ``("free", bids)``: drop buffers (no record); a str among them names an executable
+  (``key`` above) the controller let go.
 """
 
 from __future__ import annotations

@@ -26,9 +26,11 @@ Actor(IslandActor, ...)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -198,7 +200,9 @@ class RayBackend:
         self.islands: tuple[RayIsland, ...] = tuple(islands_out)
         for host in self.hosts.values():
             host.on_lost = self._island_lost
-        self._exports: dict[int, tuple] = {}  # id(executable) -> (executable, key, bytes)
+        # id(executable) -> (weakref to it, key, bytes); an entry goes with its executable
+        self._exports: dict[int, tuple] = {}
+        self._export_keys = itertools.count()  # (a key is never reused: an island keeps it)
         self._export_lock = threading.Lock()
         self.sites = {isl.id: RaySite(isl, self.hosts[isl.id], self.exported)
                       for isl in self.islands}
@@ -246,7 +250,7 @@ class RayBackend:
         exe = node.exe
         with self._export_lock:
             entry = self._exports.get(id(exe))
-            if entry is None:
+            if entry is None or entry[0]() is not exe:
                 # jax.export takes only a jax.jit function and traces it itself (a Lowered is
                 # for this process, docs/ray.md): what it traces is the jaxpr recorded when
                 # the function was first traced, so the user's Python runs once, not again.
@@ -263,7 +267,9 @@ class RayBackend:
                         if hosts:
                             raise callbacks.not_exportable(node.name, hosts) from e
                         raise
-                entry = self._exports[id(exe)] = (exe, f"{node.name}-{id(exe):x}", blob)
+                key = f"{node.name}-{next(self._export_keys)}"
+                entry = self._exports[id(exe)] = (weakref.ref(exe), key, blob)
+                weakref.finalize(exe, _forget, weakref.ref(self), id(exe), key)
         _, key, blob = entry
         return key, (None if key in host.sent else blob)
 
@@ -385,3 +391,20 @@ class RayBackend:
         for host in self.hosts.values():
             host.kill()
         cluster.disconnect()
+
+
+def _forget(backend_ref, ident: int, key: str) -> None:
+    """An executable the controller let go (its function's caches dropped it, or
+    ``jax.clear_caches()`` cleared them): its export goes, and the islands that compiled it
+    drop their executable with their next message, as the local backend lets it go. Runs in
+    a GC callback: no lock and no Ray call here (the frees' path sends it)."""
+    backend = backend_ref()
+    if backend is None:
+        return
+    entry = backend._exports.get(ident)
+    if entry is not None and entry[1] == key:
+        backend._exports.pop(ident, None)
+    for host in backend.hosts.values():
+        if key in host.sent:
+            host.sent.discard(key)
+            host.free(host.generation, key)

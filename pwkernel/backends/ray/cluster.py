@@ -380,7 +380,7 @@ class IslandHost:
         self.sent: set[str] = set()  # executables this actor has (touched by its launcher)
         self.last_message: tuple | None = None  # (actor, seq) its launcher sent last
         self._bids = itertools.count()
-        self._frees: list[int] = []
+        self._frees: list[int | str] = []  # buffer ids; a str: an executable key
         self._lock = threading.Lock()
         self.wake = lambda: None  # set by the island's executor: send pending frees soon
         self.on_lost = lambda host: None  # set by the backend: tell the other islands
@@ -416,7 +416,7 @@ class IslandHost:
     def new_id(self) -> int:
         return next(self._bids)
 
-    def free(self, generation: int, bid: int) -> None:
+    def free(self, generation: int, bid: int | str) -> None:
         """Free a buffer later (called from GC callbacks: no Ray call here)."""
         with self._lock:
             if generation != self.generation or self.lost:

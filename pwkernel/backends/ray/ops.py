@@ -235,9 +235,9 @@ class IslandDevices:
             out = buffers[bid] = self.arg(buffers, value, layout)
             return ("done", rid, out, t_launch, (), t_src)
         if kind == "free":
-            for bid in op[1]:
-                buffers.pop(bid, None)  # freed when the last computation using it ends
-            return None
+            for bid in op[1]:  # (a str: an executable the controller let go)
+                (executables if isinstance(bid, str) else buffers).pop(bid, None)
+            return None  # (freed when the last computation using it ends)
         raise ValueError(f"island {self.island}: unknown operation {kind!r}")
 
     def failed(self, op: tuple, error: Exception, t_launch: float) -> tuple:

@@ -184,6 +184,33 @@ def test_values_stay_on_islands_until_asked(rctl):
     assert any(n.startswith("b-") for n in names[1]) and any(n.startswith("c-") for n in names[1])
 
 
+def test_jax_clear_caches_lets_go_of_the_islands_executables(rctl):
+    """``jax.clear_caches()`` lets go of what only pwkernel's caches kept, as the local backend
+    does: on Ray that is the controller's export of each executable and the executable each
+    island compiled from it (both were kept as long as the controller lived, so a function
+    called on ever new shapes grew both without bound). The function then computes as before:
+    its new executables get keys the islands never held."""
+    scale = {"now": 1.0}
+    grow = pw.function(lambda x: x * scale["now"], slice=rctl.slice(2, island=0), name="grow")
+    for n in range(1, 4):
+        assert grow(np.ones(2 * n, np.float32)).result(TIMEOUT).tolist() == [1.0] * 2 * n
+    island = rctl.islands[0].actor
+
+    def held() -> list[str]:
+        rctl._backend.buffers(0)  # (the frees pending now are sent, and done)
+        return [k for k in ray.get(island.executables.remote()) if k.startswith("grow-")]
+
+    before = held()
+    assert len(before) == 3
+    scale["now"] = 2.0
+    jax.clear_caches()
+    gc.collect()
+    assert held() == []
+    assert not any(k.startswith("grow-") for k in rctl._backend.hosts[0].sent)
+    assert grow(np.ones(2, np.float32)).result(TIMEOUT).tolist() == [2.0] * 2
+    assert len(after := held()) == 1 and after[0] not in before
+
+
 def test_typed_keys_travel_to_islands_between_them_and_back(rctl):
     """A typed PRNG key (jax.random.key), which NumPy cannot hold, is sent as its key data
     and implementation: put on island 0, split there, one half sent to island 1, fetched."""
@@ -469,6 +496,8 @@ def test_joins_a_running_cluster_by_address_and_leaves_it_running():
             p.kill()
         psutil.wait_procs(procs, timeout=60)
         left = [f"{p.pid} {p.name()}" for p in cluster_processes()]
+        for made in Path(tempfile.gettempdir(), "ray").glob(f"session_*_{start.pid}"):
+            shutil.rmtree(made, ignore_errors=True)  # (the head's: Ray names it by its pid)
         current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")  # `ray stop` would
         if current.exists() and current.read_text().strip() == f"127.0.0.1:{port}":
             current.unlink()
