@@ -168,6 +168,8 @@ class IslandDevices:
         def fenced(*args):  # the fence last: see ``Fenced``
             return (*exported.call(*args), self.jax.numpy.zeros((), self.jax.numpy.uint8))
 
+        fenced.__name__ = exported.fun_name  # (jit_<name> in the island's logs, as at home)
+
         jitted = jax.jit(fenced, in_shardings=in_sh, out_shardings=(*out_sh, fence),
                          donate_argnums=tuple(donated))
         with jax.debug_nans(False):  # (donating what the controller's executable donates)

@@ -24,10 +24,14 @@ def island(monkeypatch):
 
 def run_op(rid, key, fn, inputs, outputs, donated=()):
     """A ``run`` operation of ``fn`` (one float32[4] in, one out) on positions 0 and 1, as
-    the controller sends it (its outputs a flat tuple)."""
+    the controller sends it (its outputs a flat tuple), exported under the name ``key``."""
     struct = jax.ShapeDtypeStruct((4,), np.float32)
-    blob = bytes(jax.export.export(jax.jit(lambda x: (fn(x),)), platforms=["cpu"])(struct)
-                 .serialize())
+
+    def body(x):
+        return (fn(x),)
+
+    body.__name__ = key
+    blob = bytes(jax.export.export(jax.jit(body), platforms=["cpu"])(struct).serialize())
     layout = ((0, 1), (2,), ("x",), P("x"))
     return ("run", rid, key, blob, [layout], [layout], inputs, outputs, key, None, (),
             tuple(donated))
@@ -155,3 +159,14 @@ def test_an_island_donates_what_the_controllers_executable_donates_under_debug_n
     assert buffers[10].is_deleted()
     record = island.complete(island.failed(tuple(op), info.value, 0.0))
     assert not record["ok"] and record["type"] == "builtins:FloatingPointError", record
+
+
+def test_an_islands_executable_is_named_after_the_controllers_function(island):
+    """(every one an island compiled was jit_fenced in its process's logs and profiles)"""
+    buffers, executables = {}, {}
+    layout = ((0, 1), (2,), ("x",), P("x"))
+    issue(island, ("put", 0, 10, np.arange(4, dtype=np.float32), layout), buffers,
+          executables)
+    issue(island, run_op(1, "my_step", lambda x: x * 2, [10], [11]), buffers, executables)
+    text = executables["my_step"].call.as_text()
+    assert "jit_my_step" in text and "jit_fenced" not in text
