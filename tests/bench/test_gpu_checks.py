@@ -84,3 +84,39 @@ def test_the_host_leaves_script_runs_both_ways():
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("leaves     3  pw.function"), done.stdout
+
+
+def test_gpu_sh_dry_run_of_one_gpu_writes_its_files(tmp_path):
+    """``BENCH_PLAN_GPUS=1``: what ``bench/gpu.sh`` runs on one GPU, on one host CPU device:
+    the checks on one island of one device, dispatch and multitenancy with ``--islands 1``,
+    then ``bench/packed_state.py``; every file in the output folder (a lent machine gives back
+    8 at most), none of them empty, and a JSON each that says what ran."""
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("PWKERNEL_ISLANDS", "OUT")}
+    env.update(BENCH_MODE="tiny", BENCH_PLAN_GPUS="1", BENCH_PYTHON=sys.executable)
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = {p.name: p for p in out.iterdir()}
+    assert set(files) == {"machine.txt", "run.log", "checks.json", "results.json",
+                          "dispatch.png", "packed_state.json"}, sorted(files)
+    assert all(p.stat().st_size for p in files.values())
+    log = files["run.log"].read_text()
+    assert "dry run (BENCH_PLAN_GPUS=1)" in log and "cpu: 6 of 6 checks passed" in log
+    assert "stopped" not in log and "exited with status" not in log, log[-3000:]
+    assert json.loads(files["checks.json"].read_text())["machine"]["islands"] == [1]
+    results = json.loads(files["results.json"].read_text())
+    assert set(results["benchmarks"]) == {"dispatch", "multitenancy"}
+    assert not results.get("failed")
+    assert json.loads(files["packed_state.json"].read_text())["config"]["devices"] == [0]
+
+
+@pytest.mark.parametrize("variable, value, says", [
+    ("BENCH_BUDGET", "10", "BENCH_BUDGET must be a whole number of seconds, at least 60"),
+    ("BENCH_PLAN_GPUS", "two", "BENCH_PLAN_GPUS must be a GPU count from 1 to 8")])
+def test_gpu_sh_refuses_bad_settings_before_running(tmp_path, variable, value, says):
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), str(tmp_path / "out")],
+                          env={**os.environ, variable: value}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
