@@ -74,14 +74,24 @@ def discover(islands: Sequence[int] | None) -> list[Island]:
         kind = accel[0].platform if accel else "cpu"
         if kind == "cpu":
             raise DeviceSetupError(_too_few_cpus(sizes, len(pool), started_before))
-        raise DeviceSetupError(f"islands={sizes} need {sum(sizes)} {kind} devices but this "
-                               f"process sees {len(pool)}; ask for at most that many.")
+        raise DeviceSetupError(_too_few_accelerators(sizes, len(pool), kind))
     out, start = [], 0
     for i, n in enumerate(sizes):
         devs = tuple(pool[start:start + n])
         out.append(Island(i, devs, devs[0].platform))
         start += n
     return out
+
+
+def _too_few_accelerators(sizes: tuple[int, ...], have: int, kind: str) -> str:
+    """Why ``sizes`` do not fit the ``have`` accelerators, and the ways out: ``islands=None``
+    (pw.Controller()'s default is (4, 4), 8 devices), or the host CPU's virtual devices."""
+    return (f"islands={sizes} need {sum(sizes)} {kind} devices but this process sees {have}. "
+            f"Ask for at most that many: islands=None (the {kind} devices grouped by host; "
+            f"pw.Controller()'s default is (4, 4)) or e.g. islands=({have},), or PWKERNEL_ISLANDS="
+            f"{have} before the controller starts; or, for islands of virtual CPU devices "
+            f"instead, start Python with JAX_PLATFORMS=cpu (in a notebook: restart the kernel "
+            f"with it set, e.g. JAX_PLATFORMS=cpu make lab).")
 
 
 def _too_few_cpus(sizes: tuple[int, ...], have: int, started_before: bool) -> str:

@@ -106,3 +106,14 @@ def test_a_launch_is_asked_for_its_error_once_not_once_per_output():
         assert AskCounting.asked == 1
     finally:
         ctl.close()
+
+
+def test_too_few_accelerators_names_every_way_out():
+    """``pw.Controller()`` (islands (4, 4)) on one GPU: the error says islands=None, a size
+    that fits, and JAX_PLATFORMS=cpu for virtual CPU devices (the tutorials' two islands)."""
+    from pwkernel.backends.local.devices import _too_few_accelerators
+
+    says = _too_few_accelerators((4, 4), 1, "gpu")
+    assert says.startswith("islands=(4, 4) need 8 gpu devices but this process sees 1.")
+    for way in ("islands=None", "islands=(1,)", "PWKERNEL_ISLANDS=1", "JAX_PLATFORMS=cpu"):
+        assert way in says, way
