@@ -395,8 +395,14 @@ def _custom_rule(rw: _Rewriter, eqn, tok):
 def _scan_rule(rw: _Rewriter, eqn, tok):
     # Operands: consts, carry, xs: the token is the first const.
     p = eqn.params
-    params = {**p, "jaxpr": rw.closed(p["jaxpr"], _inner(tok), 0),
-              "num_consts": p["num_consts"] + 1}
+    params = {**p, "jaxpr": rw.closed(p["jaxpr"], _inner(tok), 0)}
+    if "ft_in" in p:  # newer JAX: the operands' groups as a flat tree, not num_consts
+        from jax._src import flattree as ft
+
+        consts, carry, xs = p["ft_in"].unpack()
+        params["ft_in"] = ft.pack(((ft.nones(1), consts), carry, xs))
+    else:
+        params["num_consts"] = p["num_consts"] + 1
     if "linear" in p:
         params["linear"] = (False, *p["linear"])
     return eqn.replace(invars=[tok, *eqn.invars], params=params)

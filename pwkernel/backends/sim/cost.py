@@ -351,7 +351,11 @@ _OP = re.compile(r'"stablehlo\.(' + "|".join(COLLECTIVES) + r')"')
 _GROUPS = re.compile(r"(?:replica_groups|source_target_pairs) = dense<[^>]*> : "
                      r"tensor<(\d+)x(\d+)xi64>")
 _SIGNATURE = re.compile(r"[)>] : \((.*)\) -> (.*)$")
-_REPLICAS = re.compile(r"replica_groups = dense<[^>]*>")
+_REPLICAS = re.compile(r"replica_groups = (?:dense<[^>]*>|"
+                       r"#stablehlo\.replica_group_mesh_axes<.*?\]>)")
+# newer JAX (0.11+) names the mesh axes a collective spans, not its groups' device ids
+_MESH_AXES = re.compile(r"replica_group_mesh_axes<mesh = @([\w.]+), axes = \[(.*?)\]>")
+_MESH = re.compile(r"sdy\.mesh @([\w.]+) = <\[(.*?)\]")
 _PAIRS = re.compile(r"source_target_pairs = dense<([^>]*)>")
 _REDUCTION = re.compile(r"stablehlo\.(\w+) %")
 _RESULT = re.compile(r"^\s*(%[\w#]+)\s*=")
@@ -377,12 +381,17 @@ def _collectives(text: str) -> list[Collective]:
     own line, or (for ops with a reduction body) on the line that closes the body."""
     ops: list[_Op] = []
     lines = text.splitlines()
+    meshes = {m[1]: {a: int(n) for a, n in re.findall(r'"([^"]+)"=(\d+)', m[2])}
+              for m in _MESH.finditer(text)}
     for i, line in enumerate(lines):
         op = _OP.search(line)
         if op is None:
             continue
-        groups = _GROUPS.search(line)
+        groups, axes = _GROUPS.search(line), _MESH_AXES.search(line)
         size = int(groups.group(2)) if groups else 2
+        if axes and not groups:
+            size = math.prod(meshes.get(axes[1], {}).get(a, 1)
+                             for a in re.findall(r'name = "([^"]+)"', axes[2]))
         if op.group(1) == "collective_permute" and _to_itself(line):
             size = 1  # (nothing crosses a link)
         sig, end, reduction = None, i, ""
