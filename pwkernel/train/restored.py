@@ -21,18 +21,18 @@ from typing import Any
 
 import jax
 
-from .state import TrainState
 
-
-def from_mapping(state: Any, expected: Callable[[], TrainState]) -> TrainState | None:
+def from_mapping(state: Any, expected: Callable[[], Any]) -> Any:
     """``state`` as a ``TrainState`` in ``expected()``'s containers when it is a mapping of
     exactly ``params`` and ``opt_state`` (a ``TrainState`` restored without a target), with
     the same leaves by name; given other leaves, a ``TrainState`` of them as they are (the
-    step's check then says where they differ); ``None`` for anything else."""
+    step's check then says where they differ); ``None`` for anything else. (``expected()``
+    is a ``TrainState``: its type makes the new one, so this module imports no ``state``.)"""
     if not isinstance(state, Mapping) or set(state) != {"params", "opt_state"}:
         return None
-    got = TrainState(list(state["params"]), list(state["opt_state"]))
-    want, treedef = jax.tree_util.tree_flatten_with_path(expected())
+    shapes = expected()
+    got = type(shapes)(list(state["params"]), list(state["opt_state"]))
+    want, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     by_name = {_names(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(got)[0]}
     if len(by_name) != len(want) or any(_names(path) not in by_name for path, _ in want):
         return got

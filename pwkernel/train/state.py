@@ -20,6 +20,7 @@ from ..runtime.objects import Future
 from ..runtime.resources import VirtualSlice
 from .coupling import KEYWORD, GlobalNorm, init_optimizer, takes_keyword
 from .keys import distinct_stage_keys, stage_key_struct, stage_keys  # noqa: F401 (re-exported)
+from .restored import hint
 
 
 class TrainState(NamedTuple):
@@ -188,7 +189,6 @@ class StateShapes:
 def _check_part(stage: int, part: str, got, want, trainer: str) -> None:
     why = _misfit(got, want)
     if why is not None:
-        from .restored import hint  # (restored.py imports this module)
         raise ValueError(
             f"this state does not fit {trainer}: stage {stage}'s {part} {why}. Maybe you want "
             "the state this trainer's init() returned (or a checkpoint of a trainer of the "

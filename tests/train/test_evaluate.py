@@ -7,6 +7,8 @@ import jax
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 from pwkernel.train import transformer as T
@@ -44,7 +46,9 @@ def test_an_eval_on_another_island_reads_each_steps_params_while_the_next_is_que
     """docs/training.md, 'Evaluation and metrics inside the training loop': an eval
     ``pw.function`` submitted after step n, on a slice of another island, reads step n's
     parameters although step n+1, submitted at once behind it, donates them; ``evaluate``
-    too. Each is ``jax.jit``'s eval of ``jax.jit``'s step n."""
+    too. Each is ``jax.jit``'s eval of ``jax.jit``'s step n. The held-out batch is placed
+    first, as the page says to: an eval that still uploads a host batch when the next step's
+    upload is done can be launched after that step took the parameters (a known limit)."""
     stages, opt = T.split(CFG, 2), optax.adam(1e-2)
     if trainer == "pipeline":
         t = pw.train.Pipeline(stages, [tctl.slice(2, island=0), tctl.slice(2, island=1)],
@@ -61,9 +65,15 @@ def test_an_eval_on_another_island_reads_each_steps_params_while_the_next_is_que
     step, evaluate = (jax.jit(pw.train.train_step(stages, T.cross_entropy, opt)),
                       jax.jit(full))
     got, want = [], []
+    if trainer == "pipeline":  # (inputs where the first stage reads them, targets the last)
+        on_train = tuple(jax.device_put(v, NamedSharding(vs.mesh, P()))
+                         for v, vs in zip(held_out, (t.slices[0], t.slices[-1]), strict=True))
+    else:
+        on_train = t.place(held_out)  # (on the trainer's slice, as its eval reads it)
+    there = jax.device_put(held_out, NamedSharding(on_other.slice.mesh, P()))
     for batch in batches:
         state, _ = t.step(state, batch)
-        got.append((on_other(state.params, *held_out), t.evaluate(state, held_out)))
+        got.append((on_other(state.params, *there), t.evaluate(state, on_train)))
         reference, _ = step(reference, *batch)
         want.append(float(evaluate(reference.params, *held_out)))
     np.testing.assert_allclose([[float(a), float(b)] for a, b in got],

@@ -244,6 +244,18 @@ class RayBackend:
             if node.is_compute:
                 self.exported(node, self.hosts[node.island])
 
+    def forget_export(self, ident: int, key: str) -> None:
+        """Its export goes, and the islands that compiled it drop their executable with their
+        next message, as the local backend lets it go. Runs in a GC callback: no lock and no
+        Ray call here (the frees' path sends it)."""
+        entry = self._exports.get(ident)
+        if entry is not None and entry[1] == key:
+            self._exports.pop(ident, None)
+        for host in self.hosts.values():
+            if key in host.sent:
+                host.sent.discard(key)
+                host.free(host.generation, key)
+
     def exported(self, node, host: IslandHost) -> tuple[str, bytes | None]:
         """The serialized ``jax.export`` of a node's executable, and its cache key; the bytes
         are sent only to an island that has not compiled it yet."""
@@ -395,16 +407,8 @@ class RayBackend:
 
 def _forget(backend_ref, ident: int, key: str) -> None:
     """An executable the controller let go (its function's caches dropped it, or
-    ``jax.clear_caches()`` cleared them): its export goes, and the islands that compiled it
-    drop their executable with their next message, as the local backend lets it go. Runs in
-    a GC callback: no lock and no Ray call here (the frees' path sends it)."""
+    ``jax.clear_caches()`` cleared them), for its backend if it is still there (a GC callback:
+    ``RayBackend.forget_export``)."""
     backend = backend_ref()
-    if backend is None:
-        return
-    entry = backend._exports.get(ident)
-    if entry is not None and entry[1] == key:
-        backend._exports.pop(ident, None)
-    for host in backend.hosts.values():
-        if key in host.sent:
-            host.sent.discard(key)
-            host.free(host.generation, key)
+    if backend is not None:
+        backend.forget_export(ident, key)
