@@ -9,8 +9,11 @@ counts its child processes."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from tests.helpers import ROOT
 
@@ -99,8 +102,14 @@ def test_a_controller_whose_process_left_ray_fails_its_work_and_closes_starting_
     for _ in range(2):  # (once more only if Ray itself gave up starting a node: its raylet
         # has 30 s to register, fixed in Ray, and three clusters in a row on two busy cores
         # missed it once in three runs of the suite)
-        done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=540)
+        with subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            out, err = proc.communicate(timeout=540)
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        # (the clusters it started and shut down itself, as a user's ray.init: Ray keeps
+        # their session folders, named by the script's pid)
+        for made in Path(tempfile.gettempdir(), "ray").glob(f"session_*_{proc.pid}"):
+            shutil.rmtree(made, ignore_errors=True)
         if "The current node timed out during startup" not in done.stderr:
             break
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]
