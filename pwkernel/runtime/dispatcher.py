@@ -25,17 +25,15 @@ import threading
 import time
 from enum import StrEnum
 
-import jax
-import numpy as np
-
 from . import scheduler as sch
 from .deferred import later, soon
-from .errors import ControllerClosedError, ProgramError, deleted_input
 from .executor import Executor, NoGroup
 from .graph import Graph
+from .intake import passed_through, take_arguments
 from .islands import IslandQueue
-from .objects import Future, ObjectStore, resolved
+from .objects import Future, ObjectStore
 from .plan import Plan, build
+from .read_order import Readers
 from .slots import ArgumentGroup
 from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
@@ -77,6 +75,7 @@ class Dispatcher:
         self.islands: dict[int, IslandQueue] = {
             isl.id: IslandQueue(isl, executor, policy, memory_budget) for isl in executor.islands}
         self.runs: dict[int, ProgramRun] = {}  # one dict operation at a time: no lock needed
+        self.readers = Readers()  # runs reading futures a later run may donate
         self._group = None if isinstance(executor, NoGroup) else executor.group
         self.memory_budget = memory_budget
         # Work in flight, under a memory budget: submissions being prepared, launched
@@ -110,7 +109,9 @@ class Dispatcher:
         parallel = (mode or self.mode) is DispatchMode.PARALLEL
         run = ProgramRun(self, plan, client, parallel)
         values, futures, store = run.values, run.futures, self.store
-        pending = _take_arguments(run, graph, leaves, store)
+        pending = take_arguments(run, graph, leaves, store)
+        self.readers.gate(run, self.released)  # (before it starts: ``read_order.py``)
+        self.readers.add(run)
         outputs = []
         tasks, made, now = run.tasks, Future.output, _clock()
         last, lock = -1, None  # a task's outputs share one lock (``Future.output``)
@@ -118,7 +119,7 @@ class Dispatcher:
             fut = futures.get(slot)
             if fut is None:
                 if src < 0:  # the program returns an argument as it is
-                    fut = _passed_through(values[slot], weak)
+                    fut = passed_through(values[slot], weak)
                 else:
                     if src != last:
                         last, lock = src, threading.Lock()
@@ -198,9 +199,18 @@ class Dispatcher:
         """Values of ``run`` are there: launched (parallel) or resolved (sequential). Count
         them for the nodes that wait for them; those they complete go on. ``gates_only``:
         for the donating nodes they gate only (``plan.py``): their producer failed."""
-        if not run.tasks or not slots:
-            return  # the run is over (its consumers failed or were cancelled)
-        for task in run.count_arrived(slots, gates_only):
+        if run.tasks and slots:  # (else the run is over: its consumers failed or were cancelled)
+            self._go(run, run.count_arrived(slots, gates_only))
+
+    def released(self, run: ProgramRun, index: int) -> None:
+        """An earlier run's reader of what node ``index`` of ``run`` donates has launched or
+        ended (``read_order.py``)."""
+        if run.tasks:
+            self._go(run, run.count_released(index))
+
+    def _go(self, run: ProgramRun, ready: list[Task]) -> None:
+        """Tasks of ``run`` whose inputs are all there: on to their island, or to be run."""
+        for task in ready:
             if not run.parallel:
                 self._sequential(task)
             elif task.is_compute:
@@ -331,6 +341,7 @@ class Dispatcher:
     def run_ended(self, run: ProgramRun) -> None:
         """``run`` is over, bookkeeping included (its values freed, its memory given back)."""
         self.runs.pop(run.id, None)
+        self.readers.discard(run)
 
     def computation_ended(self, task: Task, seconds: float) -> None:
         self.islands[task.node.island].ended(task, seconds)
@@ -390,111 +401,3 @@ class _Group:
 
     def __call__(self, _fut) -> None:
         self.fn(self.group)
-
-
-
-def _passed_through(value, weak: bool) -> Future:
-    """A program's argument returned as it is, as ``jax.jit`` returns one: a ``jax.Array``
-    with its sharding (a host value put on the default device; a Python scalar weakly typed;
-    a ``float0`` value, a gradient's of an int, has no data to put anywhere: a new host array
-    of it, as ``jax.jit`` gives)."""
-    if getattr(value, "dtype", None) == jax.dtypes.float0:
-        return resolved(np.zeros(np.shape(value), jax.dtypes.float0))
-    if not isinstance(value, jax.Array):
-        value = jax.numpy.asarray(value.item()) if weak else jax.device_put(value)
-    fut = resolved(value, value.sharding)
-    fut.weak_type = weak
-    return fut
-
-
-def _take_arguments(run: ProgramRun, graph: Graph, leaves: list, store) -> dict:
-    """Put a run's arguments and constants in their slots; returns the arguments still
-    pending, by the task making them: a state of many leaves is one ``ArgumentGroup``,
-    watched on the one of its futures its producer resolves last.
-
-    A group's first future is looked at in full; the rest of its producer's futures that
-    follow it join it as they come (a state's leaves: one check per state, not per leaf).
-    One of them that resolved meanwhile is the group's to count, through its hooks, like a
-    value that arrives later. Their values are read now only if the producer has launched
-    (``has_outputs``); else the group's launch hook puts them in their slots."""
-    plan, parallel = run.plan, run.parallel
-    values, futures, t_done = run.values, run.futures, run.t_done
-    pending: dict = {}
-    checked = group = made_by = None  # the last producer checked; the last group, its maker
-    peek = False  # the group's producer has launched: its values exist (maybe computing)
-    for slot, leaf in zip(plan.inputs, leaves, strict=True):
-        if not isinstance(leaf, Future):
-            # a host value is read now, as ``jax.jit`` reads it during the call: a copy (the
-            # caller may refill its buffer before the upload runs)
-            if isinstance(leaf, jax.Array):
-                values[slot] = leaf
-            elif type(leaf) is jax.ShapeDtypeStruct:
-                raise ProgramError(
-                    f"{graph.name} was called with a jax.ShapeDtypeStruct, which has no value: "
-                    "eval_shape(...) and lower(...) take it; a call takes arrays.")
-            else:
-                values[slot] = np.array(leaf, graph.values[slot].dtype)
-            t_done[slot] = 0.0
-            made_by = None
-            continue
-        futures[slot] = leaf
-        producer = leaf.producer
-        if producer is not made_by or producer is None:  # (not the group being filled)
-            if producer is None or producer is not checked:  # (one run, one store)
-                held_by = leaf.store
-                if held_by is not store and held_by is not None:
-                    _refuse_foreign(leaf)
-                checked = producer
-            if leaf.done():
-                if leaf.error is not None:
-                    run.errors[slot] = leaf.error
-                elif leaf.donated and _consumed(leaf.peek()):
-                    run.errors[slot] = deleted_input(
-                        f"input {plan.inputs.index(slot)} of {graph.name} was given to an "
-                        "earlier call that donates it, which now owns its buffer",
-                        leaf.peek().aval.str_short())
-                else:
-                    values[slot] = leaf.peek()
-                t_done[slot] = leaf.t_done
-                made_by = None  # (its next future is looked at in full too)
-                continue
-            key = leaf if producer is None else producer
-            group = pending.get(key)
-            if group is None:
-                group = pending[key] = ArgumentGroup(leaf)
-            made_by = producer
-            peek = parallel and (producer is None or producer.has_outputs)
-        group.slots.append(slot)
-        group.futures.append(leaf)
-        if leaf.order > group.watched.order:
-            group.watched = leaf
-        if peek:
-            values[slot] = leaf.peek()  # launched already, or None
-    for slot, const in plan.consts:
-        values[slot] = const
-        t_done[slot] = 0.0
-    return pending
-
-
-def _consumed(value) -> bool:
-    """A donated value is gone, also in part: a host view of one shard (``np.asarray`` of a
-    replicated array on CPU) keeps that shard from being donated, so ``is_deleted()`` says
-    False while another shard is gone, and XLA's call would crash the process on it."""
-    if getattr(value, "is_deleted", None) is None:
-        return False
-    return value.is_deleted() or any(s.data.is_deleted() for s in value.addressable_shards)
-
-
-def _refuse_foreign(leaf: Future) -> None:
-    """A future of another controller's store was passed to a program: say what to pass."""
-    if leaf.store.closed:
-        raise ControllerClosedError(
-            "a future from a closed controller was passed to a program; its buffer is gone. "
-            "Pass fut.result() (a jax.Array) or rerun the program that made it.")
-    if leaf.run is not None and leaf.run.owner.virtual:  # (its result() raises NoValueError)
-        raise ProgramError(
-            f"a future from another controller, a simulated one, was passed to a program; it "
-            f"has no value to move across. Pass an array of its shape and dtype instead, "
-            f"e.g. np.zeros({tuple(leaf.shape)}, {str(leaf.dtype)!r}).")
-    raise ProgramError("a future from another controller was passed to a program; pass "
-                       "fut.result() to move the value across.")

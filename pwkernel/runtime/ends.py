@@ -55,6 +55,21 @@ class Line:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def span(self, devices, t_start: float, t: float) -> tuple[float, float]:
+        """A reported end's span on ``devices`` (of this line): it starts not before the end
+        of the work before it there, and ends not before it starts; the next work there
+        starts after this end."""
+        last_end = self.last_end
+        for d in devices:
+            prev = last_end.get(d, 0.0)
+            if prev > t_start:
+                t_start = prev
+        if t < t_start:
+            t = t_start
+        for d in devices:
+            last_end[d] = t
+        return t_start, t
+
     def pump(self) -> None:
         """Report the ends at the head that may be reported (completed, inputs ended). One
         thread at a time; another that finds it busy leaves its completion to it (set before

@@ -158,6 +158,10 @@ class Plan:
     gates: tuple[tuple[int, ...], ...] = ()  # slot -> nodes it gates (a reader's first output;
     #                                        empty when no node is gated)
     guarded: tuple[Guarded, ...] = ()     # transfers a transfer guard may refuse (guards.py)
+    # across calls (``read_order.py``): (node, argument slot) per argument a computation
+    # donates (or a copy of it moved, ``PlanNode.moved``); the argument slots none donates
+    donated_inputs: tuple[tuple[int, int], ...] = ()
+    read_inputs: tuple[int, ...] = ()
 
 
 def build(graph: Graph) -> Plan:
@@ -234,6 +238,8 @@ def build(graph: Graph) -> Plan:
         p.notifies = bool(p.gates) or any(notify[s] for s in p.outputs)
         p.returns = tuple(s for s in p.outputs if s in seen)
         p.returns_nbytes = tuple(p.out_nbytes[k] for k, s in enumerate(p.outputs) if s in seen)
+    donated = tuple((p.index, a) for p in nodes if p.donates for a in dict.fromkeys(
+        [*(s for s in p.donated_slots if s in inputs), *(a for _, a in p.moved)]))
     islands: dict[int, list[NodeSpec]] = {}
     for p in nodes:
         if p.is_compute:
@@ -249,7 +255,8 @@ def build(graph: Graph) -> Plan:
                       for v in (graph.values[s],)),
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)),
-                _gates(nodes, producer), guarded(graph))
+                _gates(nodes, producer), guarded(graph), donated,
+                tuple(s for s in graph.inputs if s not in {a for _, a in donated}))
 
 
 def _per_device(nbytes: tuple[dict[int, int], ...]) -> int:

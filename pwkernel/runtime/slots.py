@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 #: a slot whose value its run let go of once its last reader launched (``RunSlots.let_go``)
 LET_GO = object()
+_OVER = ("done", "cancelled")  # the states a task leaves RUNNING for (``tasks.TaskState``)
 
 
 class ArgumentGroup:
@@ -189,10 +190,41 @@ class RunSlots:
                             go.append(tasks[c])
         return go
 
+    def on_launch(self, task, fn) -> bool:
+        """Call ``fn()`` once ``task`` has launched, or ended without (failed, cancelled);
+        False (``fn`` never called) if it has already. ``ProgramRun`` tells them
+        (``tell_launched``) once its outputs are held, or it has left RUNNING."""
+        with self.lock:
+            if task.has_outputs or task.state.value in _OVER:
+                return False
+            if task.waiters is None:
+                task.waiters = []
+            task.waiters.append(fn)
+            return True
+
+    def tell_launched(self, task) -> None:
+        """``task``'s waiters (``on_launch``), once."""
+        with self.lock:
+            waiters, task.waiters = task.waiters, None
+        for fn in waiters or ():
+            fn()
+
+    def hold(self, index: int) -> None:
+        """Node ``index`` waits for one more arrival: an earlier run's reader of what it
+        donates (``read_order.py``)."""
+        with self.lock:
+            self.waiting[index] += 1
+
+    def count_released(self, index: int) -> list:
+        """One arrival ``hold`` added came; returns ``[its task]`` if that completes it."""
+        with self.lock:
+            self.waiting[index] -= 1
+            return [] if self.waiting[index] or not self.tasks else [self.tasks[index]]
+
     def inputs_arrived(self, group: ArgumentGroup) -> None:
         """Program arguments given as futures (an ``ArgumentGroup``) were launched (or
         resolved). A group's futures have one producer: they launch, resolve and fail
-        together (``_take_arguments``), so one of them answers for all."""
+        together (``intake.take_arguments``), so one of them answers for all."""
         if group.watched.error is not None:
             return  # (failed: its end counts nothing as arrived)
         with self.lock:

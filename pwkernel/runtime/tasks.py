@@ -68,7 +68,7 @@ class Task:
     ``runtime/executor.py``)."""
 
     __slots__ = ("id", "node", "run", "state", "t_submit", "t_launch", "has_outputs", "line",
-                 "report", "makers")
+                 "report", "makers", "waiters")
 
     def __init__(self, tid: int, node: PlanNode, run: ProgramRun):
         self.id = tid
@@ -80,6 +80,7 @@ class Task:
         self.line: Line | None = None  # a launched computation's device set (ends.py)
         self.report: tuple | None = None  # a completion not yet reported as the end
         self.makers: list[Task] | None = None  # who makes its inputs (``slots.makers``)
+        self.waiters: list | None = None  # told once it launches or ends (``slots.on_launch``)
 
     @property
     def is_compute(self) -> bool:
@@ -163,20 +164,10 @@ class Task:
         self.report = None
         if t_start is None:
             # it starts not before its launch, its inputs' ends, nor (on its devices) the end
-            # of the work before it there; it ends not before it starts
+            # of the work before it there (``Line.span``); it ends not before it starts
             t_start = t_inputs if t_inputs > self.t_launch else self.t_launch
-            line = self.line
-            if line is not None:
-                last_end = line.last_end
-                devices = self.node.devices
-                for d in devices:
-                    prev = last_end.get(d, 0.0)
-                    if prev > t_start:
-                        t_start = prev
-                if t < t_start:
-                    t = t_start
-                for d in devices:
-                    last_end[d] = t  # the next work there starts after this end
+            if self.line is not None:
+                t_start, t = self.line.span(self.node.devices, t_start, t)
         if t < t_start:
             t = t_start
         self.run.end(self, t_start, t, error, values)
@@ -330,6 +321,8 @@ class ProgramRun(RunSlots):
             Future.set_launched_many(list(map(futures.get, node.outputs)), values)
         if self.parallel and node.notifies:
             self._outputs_arrived(node)
+        if task.waiters is not None:  # (none join once its outputs are held)
+            self.tell_launched(task)
 
     def _outputs_arrived(self, node: PlanNode) -> None:
         """Count the outputs of ``node`` (launched, or ended at once) for their readers (and
@@ -440,6 +433,9 @@ class ProgramRun(RunSlots):
                 unparked = self._unpark()
             self._unended -= 1  # (not among ctl.runs() once its last outputs resolve)
             taken = self.taken(node) if fresh is not None and node.donates else None
+            waited_on = task.waiters is not None  # (none join once it has left RUNNING)
+        if waited_on:
+            self.tell_launched(task)
         if ran:
             if node.is_compute:  # its devices are free: what waited may launch (its outputs'
                 owner.computation_ended(task, t_end - t_start)  # ends are known by then)

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
 from tests.helpers.programs import gate
@@ -104,3 +106,94 @@ def test_a_donating_call_still_runs_when_an_earlier_reader_fails(dispatch):
         assert w.result(TIMEOUT).tolist() == [3.0] * 8  # as under jax.jit: not held up
         with pytest.raises(ValueError, match="no"):
             z.result(TIMEOUT)
+
+
+# --- across calls: a later call that donates waits for earlier calls reading the value ------
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_donating_call_waits_for_an_earlier_call_reading_its_argument(dispatch):
+    """``read`` is called before ``eat`` and reads ``y``, but waits for island 1 (held):
+    under ``jax.jit`` it is dispatched first and XLA holds ``y`` for it, so ``eat``, called
+    next and ready at once, must not consume ``y`` before ``read`` has launched."""
+    with pw.Controller(islands=(4, 4), dispatch=dispatch) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        a = pw.function(lambda x: x * 2, slice=s0, name="a")
+        far = pw.function(lambda h: h + 1, slice=s1, name="far")
+        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        y = a(np.ones(N, np.float32))
+        y.result(TIMEOUT)  # (before the hold: held devices can keep XLA's CPU threads busy)
+        held, release = _held_island_one(ctl)
+        z = read(y, far(np.ones(8, np.float32)))  # waits for island 1
+        w = eat(y)                                # ready at once, but called after read
+        assert not z.done()
+        release.set()
+        held.result(TIMEOUT)
+        assert z.result(TIMEOUT).tolist() == [7.0] * N  # (before: "given to an earlier call")
+        assert w.result(TIMEOUT).tolist() == [3.0] * N
+        assert y.donated
+
+
+def test_a_donating_call_waits_for_earlier_reads_on_another_island():
+    """An eval on another island reads the parameters through a copy, which waits for
+    memory there: the next step, which donates them, waits for the copy to start."""
+    with pw.Controller(islands=(4, 4), memory_budget=3_000_000) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        a = pw.function(lambda x: x * 2, slice=s0, name="a")
+        far = pw.function(lambda x: x + 5, slice=s1, name="far")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        hold = pw.function(lambda: jnp.ones(600_000, jnp.float32), slice=s1)()
+        hold.result(TIMEOUT)  # island 1 nearly full: far's copy of y waits for memory
+        y = a(np.ones(250_000, np.float32))
+        y.result(TIMEOUT)
+        z = far(y)
+        w = eat(y)
+        assert not z.done()
+        del hold  # the copy is admitted
+        assert z.result(TIMEOUT)[0] == 7.0  # (before: "given to an earlier call")
+        assert w.result(TIMEOUT)[0] == 3.0
+
+
+@pytest.mark.parametrize("how", ["fails", "cancelled"])
+def test_a_donating_call_goes_when_the_earlier_reader_never_runs(how):
+    def bad(h):
+        def check(v):
+            raise ValueError("no")
+        return jax.pure_callback(check, jax.ShapeDtypeStruct(h.shape, h.dtype), h)
+
+    with pw.Controller(islands=(4, 4)) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        a = pw.function(lambda x: x * 2, slice=s0, name="a")
+        first = pw.function(bad if how == "fails" else (lambda h: h + 1), slice=s1)
+        read = pw.function(lambda x, r: x + r[0], slice=s0, name="read")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        held, release = _held_island_one(ctl)
+        y = a(np.ones(8, np.float32))
+        z = read(y, first(np.ones(8, np.float32)))
+        w = eat(y)
+        if how == "cancelled":
+            assert z.cancel()  # its run is dropped before it ran
+        release.set()
+        assert w.result(TIMEOUT).tolist() == [3.0] * 8  # not held up for ever
+        with pytest.raises((ValueError, pw.CancelledError)):
+            z.result(TIMEOUT)
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_donating_call_waits_for_an_earlier_call_reading_the_users_array(dispatch):
+    """The same for a ``jax.Array`` of the user's: ``eat`` was asked to donate it, but not
+    before ``read``, called first, has read it."""
+    with pw.Controller(islands=(4, 4), dispatch=dispatch) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        far = pw.function(lambda h: h + 1, slice=s1, name="far")
+        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        y = jax.device_put(np.full(N, 2.0, np.float32), NamedSharding(s0.mesh, P()))
+        held, release = _held_island_one(ctl)
+        z = read(y, far(np.ones(8, np.float32)))  # waits for island 1
+        w = eat(y)
+        release.set()
+        held.result(TIMEOUT)
+        assert z.result(TIMEOUT).tolist() == [7.0] * N  # (before: "Array has been deleted")
+        assert w.result(TIMEOUT).tolist() == [3.0] * N
+        assert y.is_deleted()  # donated, as asked

@@ -45,10 +45,10 @@ def test_an_eval_here_or_on_another_island_reads_its_steps_params(
         tctl, trainer):
     """docs/training.md, 'Evaluation and metrics inside the training loop': an eval
     ``pw.function`` on a slice of another island, and ``evaluate``, read step n's parameters
-    and are ``jax.jit``'s eval of ``jax.jit``'s step n. Each eval's value is read before step
-    n+1 is submitted, as the page says to: an eval still waiting to launch when the next step,
-    which donates the parameters, becomes ready can be launched after it (a known limit: seen
-    in full runs of the suite, the eval failing as given a donated value)."""
+    and are ``jax.jit``'s eval of ``jax.jit``'s step n, with step n+1 (which donates the
+    parameters) submitted before either is read: a donating step waits for the earlier calls
+    that read what it donates (``runtime/read_order.py``; before, an eval still waiting for
+    its launch could be launched after the next step and fail as given a donated value)."""
     stages, opt = T.split(CFG, 2), optax.adam(1e-2)
     if trainer == "pipeline":
         t = pw.train.Pipeline(stages, [tctl.slice(2, island=0), tctl.slice(2, island=1)],
@@ -70,12 +70,12 @@ def test_an_eval_here_or_on_another_island_reads_its_steps_params(
                          for v, vs in zip(held_out, (t.slices[0], t.slices[-1]), strict=True))
     else:
         on_train = t.place(held_out)  # (on the trainer's slice, as its eval reads it)
-    there = jax.device_put(held_out, NamedSharding(on_other.slice.mesh, P()))
     for batch in batches:
         state, _ = t.step(state, batch)
-        got.append((float(on_other(state.params, *there)), float(t.evaluate(state, on_train))))
+        got.append((on_other(state.params, *held_out),  # (NumPy: uploaded first)
+                    t.evaluate(state, on_train)))  # queued
         reference, _ = step(reference, *batch)
         want.append(float(evaluate(reference.params, *held_out)))
-    np.testing.assert_allclose(got,
+    np.testing.assert_allclose([[float(v) for v in pair] for pair in got],
                                np.repeat(np.array(want)[:, None], 2, axis=1), rtol=2e-5)
     assert len(set(np.round(want, 3))) == len(want)   # each step's eval differs

@@ -1,0 +1,83 @@
+"""A call that donates a value goes after the earlier calls that read it, as under ``jax.jit``.
+
+``jax.jit`` dispatches calls in the order they are made, and XLA holds a buffer for every
+call dispatched before the one that consumes it. Here a call may wait to launch (for an input
+from another island, the upload of a NumPy argument, memory) while a later call that donates
+one of its arguments is ready at once: launched first, that one would consume the buffer and
+the earlier call would fail with "was given to an earlier call that donates it". An eval
+submitted after training step n and before step n+1 (which donates the parameters) is the
+usual case.
+
+So before a run starts, each of its computations that donates a future (or the user's
+``jax.Array`` it was asked to donate) waits, one more arrival each, for every node of an
+earlier run that reads it and has not launched: for its launch, its end, or its failure or
+cancellation (``RunSlots.on_launch``). Inside one program, ``Plan.gates`` orders the same.
+Only donating runs look: they go through the live runs that read an argument without
+donating it (``Readers``), which the dispatcher keeps; a run that donates nothing pays two
+dictionary operations.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+
+
+class Readers:
+    """The live runs that read an argument without donating it (``Plan.read_inputs``), by
+    run id (one dict operation at a time: no lock needed)."""
+
+    def __init__(self):
+        self._runs: dict[int, Any] = {}
+
+    def add(self, run) -> None:
+        """Keep ``run`` (its arguments taken) if it reads an argument it does not donate."""
+        if run.plan.read_inputs:
+            self._runs[run.id] = run
+
+    def discard(self, run) -> None:
+        self._runs.pop(run.id, None)
+
+    def gate(self, run, release) -> None:
+        """Before ``run`` starts (its arguments taken): each of its nodes that donates a
+        future or a ``jax.Array`` waits for the earlier runs' nodes that read it and have
+        not launched; ``release(run, index)`` is called once for each as it launches or
+        ends."""
+        donated = run.plan.donated_inputs
+        if not donated or not self._runs:
+            return
+        donors: dict[int, list[int]] = {}  # id of a donated argument -> the nodes donating it
+        for index, slot in donated:
+            given = _given(run, slot)
+            if given is not None:
+                donors.setdefault(id(given), []).append(index)
+        if not donors:
+            return
+        for earlier in list(self._runs.values()):
+            tasks = earlier.tasks  # ([] once it is over)
+            if not tasks:
+                continue
+            consumers = earlier.plan.consumers
+            for slot in earlier.plan.read_inputs:
+                given = _given(earlier, slot)
+                nodes = donors.get(id(given)) if given is not None else None
+                if nodes is None:
+                    continue
+                for reader in consumers[slot]:
+                    for index in nodes:
+                        run.hold(index)
+                        if not earlier.on_launch(tasks[reader], partial(release, run, index)):
+                            run.count_released(index)  # launched already (never the last)
+
+
+def _given(run, slot: int):
+    """The argument ``run`` was given in ``slot`` that a donation consumes: a future, or the
+    user's ``jax.Array`` (None: a host value, copied at the call, or the run is over)."""
+    fut = run.futures.get(slot)
+    if fut is not None:
+        return fut
+    values = run.values
+    value = values[slot] if values is not None else None
+    return value if isinstance(value, jax.Array) else None
