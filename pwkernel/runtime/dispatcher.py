@@ -33,7 +33,7 @@ from .intake import passed_through, take_arguments
 from .islands import IslandQueue
 from .objects import Future, ObjectStore
 from .plan import Plan, build
-from .read_order import Readers
+from .read_order import gate
 from .slots import ArgumentGroup
 from .tasks import ClientSpec, ProgramRun, Task, TaskState
 from .trace import Trace
@@ -75,7 +75,6 @@ class Dispatcher:
         self.islands: dict[int, IslandQueue] = {
             isl.id: IslandQueue(isl, executor, policy, memory_budget) for isl in executor.islands}
         self.runs: dict[int, ProgramRun] = {}  # one dict operation at a time: no lock needed
-        self.readers = Readers()  # runs reading futures a later run may donate
         self._group = None if isinstance(executor, NoGroup) else executor.group
         self.memory_budget = memory_budget
         # Work in flight, under a memory budget: submissions being prepared, launched
@@ -110,8 +109,8 @@ class Dispatcher:
         run = ProgramRun(self, plan, client, parallel)
         values, futures, store = run.values, run.futures, self.store
         pending = take_arguments(run, graph, leaves, store)
-        self.readers.gate(run, self.released)  # (before it starts: ``read_order.py``)
-        self.readers.add(run)
+        if plan.donated_inputs:  # it waits for earlier calls reading what it donates
+            gate(self.runs, run, self.released)
         outputs = []
         tasks, made, now = run.tasks, Future.output, _clock()
         last, lock = -1, None  # a task's outputs share one lock (``Future.output``)
@@ -341,7 +340,6 @@ class Dispatcher:
     def run_ended(self, run: ProgramRun) -> None:
         """``run`` is over, bookkeeping included (its values freed, its memory given back)."""
         self.runs.pop(run.id, None)
-        self.readers.discard(run)
 
     def computation_ended(self, task: Task, seconds: float) -> None:
         self.islands[task.node.island].ended(task, seconds)

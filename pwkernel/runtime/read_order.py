@@ -12,64 +12,52 @@ So before a run starts, each of its computations that donates a future (or the u
 ``jax.Array`` it was asked to donate) waits, one more arrival each, for every node of an
 earlier run that reads it and has not launched: for its launch, its end, or its failure or
 cancellation (``RunSlots.on_launch``). Inside one program, ``Plan.gates`` orders the same.
-Only donating runs look: they go through the live runs that read an argument without
-donating it (``Readers``), which the dispatcher keeps; a run that donates nothing pays two
-dictionary operations.
+Only donating runs look, through the dispatcher's live runs that read an argument without
+donating it (``Plan.read_inputs``), newer than the run that made what they donate (its
+readers were submitted after it); a run that donates nothing pays one check of its plan.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import jax
 
+from .objects import Future
 
-class Readers:
-    """The live runs that read an argument without donating it (``Plan.read_inputs``), by
-    run id (one dict operation at a time: no lock needed)."""
 
-    def __init__(self):
-        self._runs: dict[int, Any] = {}
-
-    def add(self, run) -> None:
-        """Keep ``run`` (its arguments taken) if it reads an argument it does not donate."""
-        if run.plan.read_inputs:
-            self._runs[run.id] = run
-
-    def discard(self, run) -> None:
-        self._runs.pop(run.id, None)
-
-    def gate(self, run, release) -> None:
-        """Before ``run`` starts (its arguments taken): each of its nodes that donates a
-        future or a ``jax.Array`` waits for the earlier runs' nodes that read it and have
-        not launched; ``release(run, index)`` is called once for each as it launches or
-        ends."""
-        donated = run.plan.donated_inputs
-        if not donated or not self._runs:
-            return
-        donors: dict[int, list[int]] = {}  # id of a donated argument -> the nodes donating it
-        for index, slot in donated:
-            given = _given(run, slot)
-            if given is not None:
-                donors.setdefault(id(given), []).append(index)
-        if not donors:
-            return
-        for earlier in list(self._runs.values()):
-            tasks = earlier.tasks  # ([] once it is over)
-            if not tasks:
+def gate(runs: dict, run, release) -> None:
+    """Before ``run`` starts (its arguments taken; ``runs``: the other live runs, by id):
+    each of its nodes that donates a future or a ``jax.Array`` waits for the earlier runs'
+    nodes that read it and have not launched; ``release(run, index)`` is called once for
+    each as it launches or ends."""
+    donors: dict[int, list[int]] = {}  # id of a donated argument -> the nodes donating it
+    floor = None  # runs up to this id were made before every donated future was
+    for index, slot in run.plan.donated_inputs:
+        given = _given(run, slot)
+        if given is None:
+            continue
+        donors.setdefault(id(given), []).append(index)
+        made_by = given.run if isinstance(given, Future) else None
+        low = made_by.id if made_by is not None else -1
+        floor = low if floor is None or low < floor else floor
+    if not donors:
+        return
+    for earlier in list(runs.values()):
+        tasks = earlier.tasks  # ([] once it is over)
+        if earlier.id <= floor or not tasks or not earlier.plan.read_inputs:
+            continue
+        consumers = earlier.plan.consumers
+        for slot in earlier.plan.read_inputs:
+            given = _given(earlier, slot)
+            nodes = donors.get(id(given)) if given is not None else None
+            if nodes is None:
                 continue
-            consumers = earlier.plan.consumers
-            for slot in earlier.plan.read_inputs:
-                given = _given(earlier, slot)
-                nodes = donors.get(id(given)) if given is not None else None
-                if nodes is None:
-                    continue
-                for reader in consumers[slot]:
-                    for index in nodes:
-                        run.hold(index)
-                        if not earlier.on_launch(tasks[reader], partial(release, run, index)):
-                            run.count_released(index)  # launched already (never the last)
+            for reader in consumers[slot]:
+                for index in nodes:
+                    run.hold(index)
+                    if not earlier.on_launch(tasks[reader], partial(release, run, index)):
+                        run.count_released(index)  # launched already (never the last)
 
 
 def _given(run, slot: int):
