@@ -240,6 +240,7 @@ def build(graph: Graph) -> Plan:
         p.returns_nbytes = tuple(p.out_nbytes[k] for k, s in enumerate(p.outputs) if s in seen)
     donated = tuple((p.index, a) for p in nodes if p.donates for a in dict.fromkeys(
         [*(s for s in p.donated_slots if s in inputs), *(a for _, a in p.moved)]))
+    given = {a for _, a in donated}
     islands: dict[int, list[NodeSpec]] = {}
     for p in nodes:
         if p.is_compute:
@@ -256,7 +257,7 @@ def build(graph: Graph) -> Plan:
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)),
                 _gates(nodes, producer), guarded(graph), donated,
-                tuple(s for s in graph.inputs if s not in {a for _, a in donated}))
+                tuple(s for s in graph.inputs if s not in given))
 
 
 def _per_device(nbytes: tuple[dict[int, int], ...]) -> int:
