@@ -1,6 +1,11 @@
 """A value that arrives later, taken wherever JAX takes an array: ``ArrayOnDemand``, the base
-of ``pw.Future``. Whatever needs the value waits for it (``result()``), then is the value's own,
-as after ``jax.jit``:
+of ``pw.Future``. Each of the following is the value's own, as after ``jax.jit``; a JAX
+operation (arithmetic, a comparison, indexing, a method that gives an array, a ``jnp``
+function, ``jax.jit``) computes on ``array()``, which a ``Future`` whose computation is
+launched gives at once, the array being computed, as JAX dispatches an operation on an array
+not ready yet (``total = total + loss`` does not wait for the step); what gives a Python or
+host value (``float``, ``bool``, ``.item()``, ``np.asarray``, ``str``, an f-string, ``pickle``)
+waits for the value (``result()``), as JAX's do:
 
 - Python's operators, indexing, iteration and conversions (``f(x) + 1``, ``fut[0]``,
   ``float(loss)``, ``np.asarray(fut)``, ``x[fut]`` (``_index_with``: JAX's indexing parses an
@@ -64,10 +69,13 @@ ARRAY_PROPERTIES = ("T", "mT", "real", "imag", "at", "flat", "addressable_shards
 _BINARY = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
            "xor", "lshift", "rshift", "divmod")
 _UNARY = (("neg", operator.neg), ("pos", operator.pos), ("abs", abs), ("invert", operator.invert),
-          ("getitem", operator.getitem), ("iter", iter), ("float", float), ("int", int),
-          ("complex", complex), ("bool", bool), ("index", operator.index), ("lt", operator.lt),
-          ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
-          ("round", round))
+          ("getitem", operator.getitem), ("iter", iter), ("lt", operator.lt),
+          ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge))
+_TO_PYTHON = (("float", float), ("int", int), ("complex", complex), ("bool", bool),
+              ("index", operator.index), ("round", round))  # Python values: they wait
+# the methods that give host or Python values, or the buffer itself: they wait, as JAX's do
+_ON_VALUE = ("item", "tolist", "tobytes", "unsafe_buffer_pointer", "__dlpack__",
+             "__dlpack_device__", "on_device_size_in_bytes")
 
 
 # What ``==`` and ``!=`` compare a future's value with (a jax.Array compares a future by its
@@ -79,6 +87,15 @@ def on_value(op: Callable) -> Callable:
     """A method that applies ``op`` to the value (waiting for it), as a ``jax.Array`` would."""
     def method(self, *args, **kwargs):
         return op(self.result(), *args, **kwargs)
+    method.__name__ = getattr(op, "__name__", "method")
+    return method
+
+
+def on_array(op: Callable) -> Callable:
+    """A method that applies ``op``, a JAX operation, to the array (``array()``: while it is
+    computed, as JAX dispatches one on an array not ready yet)."""
+    def method(self, *args, **kwargs):
+        return op(self.array(), *args, **kwargs)
     method.__name__ = getattr(op, "__name__", "method")
     return method
 
@@ -107,15 +124,17 @@ KEY_NOT_AN_ARRAY = (
 
 
 def _method(name: str) -> Callable:
-    method = on_value(lambda v, *args, **kwargs: getattr(v, name)(*args, **kwargs))
+    waits = name in _ON_VALUE
+    method = (on_value if waits else on_array)(
+        lambda v, *args, **kwargs: getattr(v, name)(*args, **kwargs))
     method.__name__ = name
-    method.__doc__ = f"``jax.Array.{name}`` of the value (waits for it)."
+    method.__doc__ = f"``jax.Array.{name}`` of the {'value (waits for it)' if waits else 'array'}."
     return method
 
 
 def _property(name: str) -> property:
-    return property(lambda self: getattr(self.result(), name),
-                    doc=f"``jax.Array.{name}`` of the value (waits for it).")
+    return property(lambda self: getattr(self.array(), name),
+                    doc=f"``jax.Array.{name}`` of the array.")
 
 
 def _meant(name: str, value) -> str:
@@ -159,8 +178,13 @@ class ArrayOnDemand:
         out = np.asarray(self.result())
         return out.astype(dtype) if dtype is not None else out
 
-    def __jax_array__(self):
+    def array(self):
+        """What a JAX operation on it computes on: the value (``result()``), or where a
+        subclass knows it, the array while it is computed (``Future.array``)."""
         return self.result()
+
+    def __jax_array__(self):
+        return self.array()
 
     def __reduce__(self):
         """A future pickles as the array it holds."""
@@ -182,10 +206,10 @@ class ArrayOnDemand:
     def __eq__(self, other):
         """Against a number or a NumPy value, the value's ``==`` (``loss == 0.5``, as the
         ``jax.Array``); against anything else, the future's own (``self is other``)."""
-        return self.result() == other if isinstance(other, _COMPARED) else NotImplemented
+        return self.array() == other if isinstance(other, _COMPARED) else NotImplemented
 
     def __ne__(self, other):
-        return self.result() != other if isinstance(other, _COMPARED) else NotImplemented
+        return self.array() != other if isinstance(other, _COMPARED) else NotImplemented
 
     __hash__ = object.__hash__  # (a key in dictionaries and sets, by identity)
 
@@ -257,9 +281,11 @@ class ArrayOnDemand:
 
 for _op in _BINARY:
     _f, _name = divmod if _op == "divmod" else getattr(operator, _op), _op.rstrip("_")
-    setattr(ArrayOnDemand, f"__{_name}__", on_value(_f))
-    setattr(ArrayOnDemand, f"__r{_name}__", on_value(lambda v, other, f=_f: f(other, v)))
+    setattr(ArrayOnDemand, f"__{_name}__", on_array(_f))
+    setattr(ArrayOnDemand, f"__r{_name}__", on_array(lambda v, other, f=_f: f(other, v)))
 for _name, _f in _UNARY:
+    setattr(ArrayOnDemand, f"__{_name}__", on_array(_f))
+for _name, _f in _TO_PYTHON:
     setattr(ArrayOnDemand, f"__{_name}__", on_value(_f))
 for _name in ARRAY_METHODS:
     setattr(ArrayOnDemand, _name, _method(_name))
@@ -279,8 +305,8 @@ def register_with_jax(cls: type) -> bool:
         avals, canonical = core.pytype_aval_mappings, dtypes.canonicalize_value_handlers
     except (ImportError, AttributeError):
         return False
-    avals[cls] = lambda x: core.typeof(x.result())
-    canonical[cls] = lambda x: dtypes.canonicalize_value(x.result())
+    avals[cls] = lambda x: core.typeof(x.array())
+    canonical[cls] = lambda x: dtypes.canonicalize_value(x.array())
     _index_with(cls)
     return True
 
@@ -299,9 +325,9 @@ def _index_with(cls: type) -> None:
 
     def from_raw_indices(indexer, indices, shape):
         if isinstance(indices, cls):
-            indices = indices.result()
+            indices = indices.array()
         elif type(indices) is tuple and any(isinstance(i, cls) for i in indices):
-            indices = tuple(i.result() if isinstance(i, cls) else i for i in indices)
+            indices = tuple(i.array() if isinstance(i, cls) else i for i in indices)
         return parse(indexer, indices, shape)
 
     from_raw_indices.__doc__ = parse.__doc__

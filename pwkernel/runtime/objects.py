@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 
+import jax
 import numpy as np
 
 from . import awaiting, done_callbacks, interrupts
@@ -23,8 +24,7 @@ from .dtypes import as_dtype
 from .errors import CancelledError, freed_by_close, origin, timeout_seconds
 from .store import BufferRecord, ObjectStore, shard_bytes
 
-__all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved",
-           "shard_bytes"]
+__all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved", "shard_bytes"]
 
 
 class FutureState(StrEnum):
@@ -176,6 +176,16 @@ class Future(ArrayOnDemand):
         error = self._store.failure(buf, value)
         if error is not None:
             raise error
+        return value
+
+    def array(self):
+        """What a JAX operation on it computes on (``arraylike``): while its computation runs,
+        the array it launched, as JAX computes on one not ready yet; else, or where a failure
+        shows only at the end (host callbacks inside), ``result()``."""
+        value, producer = self._launched, self.producer
+        if (value is None or self._state is not _PENDING or self.donated or producer is None
+                or not producer.node.asynchronous or not isinstance(value, jax.Array)):
+            return self.result()
         return value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:

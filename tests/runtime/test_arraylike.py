@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import pwkernel as pw
+from tests.helpers.programs import gate
+
+TIMEOUT = 60.0
 
 
 def test_a_future_indexes_a_jax_array_as_the_array_it_holds_does(ctl):
@@ -59,3 +64,40 @@ def test_a_failed_future_used_as_an_index_raises_its_error(ctl):
                       slice=s)(np.int32(1))
     with pytest.raises(ValueError, match="no index here"):
         jnp.arange(4)[bad]
+
+
+def test_a_jax_operation_on_a_running_future_does_not_wait_for_it():
+    """As JAX dispatches ``a + 1`` on an array still being computed, an operation on a future
+    whose computation is launched (``total + loss``, ``jnp.mean``, a method, ``jax.jit``)
+    returns at once, a ``jax.Array`` computed behind it: a training loop summing its losses
+    runs ahead (before, each waited for its step). What gives a Python value still waits."""
+    with pw.Controller(islands=(4,)) as c:
+        s = c.slice(4)
+        entered, release = threading.Event(), threading.Event()
+        held = pw.function(gate(entered, release, s.mesh), slice=s, in_specs=pw.BATCH)(
+            np.ones(4, np.float32))
+        y = pw.function(lambda v: v * 2, slice=s, name="double")(held)  # launched behind it
+        assert entered.wait(TIMEOUT)
+        total = 0.0 + y          # each returns while the gate holds (before: they waited,
+        m, k = jnp.mean(y), jax.jit(lambda v: v - 1)(y)  # and the gate timed out)
+        r, big = y.sum(), y > 1.0
+        assert not y.done() and all(isinstance(v, jax.Array) for v in (total, m, k, r, big))
+        release.set()
+        assert total.tolist() == [2.0] * 4 and float(m) == 2.0 and float(r) == 8.0
+        assert k.tolist() == [1.0] * 4 and big.tolist() == [True] * 4
+        assert float(y.sum() + 1) == 9.0  # (done by now: the value itself)
+
+
+def test_an_operation_on_a_future_whose_host_callback_fails_raises_its_error():
+    """A computation with host callbacks fails only at its end, so an operation on its
+    future waits for it, and raises its error, as JAX's raises the callback's."""
+    def fail(v):
+        raise ValueError("callback failed")
+
+    with pw.Controller(islands=(2,)) as c:
+        bad = pw.function(lambda a: jax.pure_callback(
+            fail, jax.ShapeDtypeStruct(a.shape, a.dtype), a), slice=c.slice(1))(np.ones(3))
+        with pytest.raises(ValueError, match="callback failed"):
+            bad + 1
+        with pytest.raises(ValueError, match="callback failed"):
+            jnp.sum(bad)
