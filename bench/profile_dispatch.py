@@ -43,7 +43,7 @@ PARTS = [
       "runtime/callbacks.py", "local/executor.py", "local/devices.py", "local/__init__.py")),
     ("task life: readiness, end, failure",
      ("runtime/tasks.py", "runtime/slots.py", "runtime/owner.py", "runtime/deferred.py",
-      "runtime/read_order.py")),
+      "runtime/read_order.py", "runtime/effects_order.py")),
     ("submission: program call, plan, run",
      ("runtime/program.py", "runtime/controller.py", "runtime/dispatcher.py", "runtime/plan.py",
       "runtime/specialization.py", "runtime/arguments.py", "runtime/specs.py",

@@ -27,6 +27,7 @@ from enum import StrEnum
 
 from . import scheduler as sch
 from .deferred import later, soon
+from .effects_order import gate as order_effects
 from .executor import Executor, NoGroup
 from .graph import Graph
 from .intake import passed_through, take_arguments
@@ -111,6 +112,8 @@ class Dispatcher:
         pending = take_arguments(run, graph, leaves, store)
         if plan.donated_inputs:  # it waits for earlier calls reading what it donates
             gate(self.runs, run, self.released)
+        if plan.ordered:  # its ordered effects go after those of earlier calls
+            order_effects(self.runs, run, self.released)
         outputs = []
         tasks, made, now = run.tasks, Future.output, _clock()
         last, lock = -1, None  # a task's outputs share one lock (``Future.output``)

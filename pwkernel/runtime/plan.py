@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .dtypes import as_dtype
+from .effects_order import has_ordered_effects
 from .graph import ComputeNode, Graph, TransferNode
 from .guards import Guarded, guarded
 from .objects import shard_bytes
@@ -162,6 +163,8 @@ class Plan:
     # donates (or a copy of it moved, ``PlanNode.moved``); the argument slots none donates
     donated_inputs: tuple[tuple[int, int], ...] = ()
     read_inputs: tuple[int, ...] = ()
+    # computations with ordered effects, in program order (``effects_order.py``)
+    ordered: tuple[int, ...] = ()
 
 
 def build(graph: Graph) -> Plan:
@@ -257,7 +260,8 @@ def build(graph: Graph) -> Plan:
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)),
                 _gates(nodes, producer), guarded(graph), donated,
-                tuple(s for s in graph.inputs if s not in given))
+                tuple(s for s in graph.inputs if s not in given),
+                tuple(p.index for p in nodes if p.is_compute and has_ordered_effects(p.exe)))
 
 
 def _per_device(nbytes: tuple[dict[int, int], ...]) -> int:

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from .errors import ControllerClosedError, ProgramError, SliceError, SpecError, retyped
@@ -227,6 +227,10 @@ def from_shardings(what: str, shardings, specs, mesh) -> Any:
     def spec_of(s):
         if s is None or isinstance(s, P):
             return s
+        if isinstance(s, SingleDeviceSharding) and mesh.size == 1:
+            # jax.jit takes one on a one-device mesh: the whole value on that device, as P()
+            # there (its device aside, as a NamedSharding's mesh is)
+            s = NamedSharding(mesh, P(), memory_kind=s.memory_kind)
         if not isinstance(s, NamedSharding):
             raise SpecError(
                 f"{what} takes NamedShardings, PartitionSpecs or None, or pytrees of them (as "

@@ -6,6 +6,7 @@ whole pytest process about a minute later (XLA's rendezvous, exit 134) instead o
 
 from __future__ import annotations
 
+import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
@@ -268,5 +269,39 @@ def test_a_done_callback_that_is_not_callable_is_refused_when_added():
         fut.result(TIMEOUT)
         with pytest.raises(TypeError, match="needs a callable"):
             fut.add_done_callback(None)  # a done future too (it would be called at once)
+    finally:
+        ctl.close()
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_ordered_callbacks_run_in_call_order_when_an_earlier_call_waits(mode):
+    """``io_callback(..., ordered=True)`` runs in call order under ``jax.jit`` across calls,
+    even when the first call waits for its input; here the second call, ready at once, was
+    launched first and its callback ran first (``runtime/effects_order.py``)."""
+    ctl = pw.Controller(islands=(2, 2), dispatch=mode)
+    try:
+        s0, s1 = ctl.slice(1, island=0), ctl.slice(1, island=1)
+        log, gate = [], threading.Event()
+
+        def held(v):
+            assert gate.wait(TIMEOUT)
+            return v
+
+        slow = pw.function(lambda v: io_callback(held, jax.ShapeDtypeStruct((), jnp.float32), v),
+                           slice=s1)
+
+        def logged(x, i):
+            io_callback(log.append, None, i, ordered=True)
+            return x + 1
+
+        f = pw.function(logged, slice=s0)
+        two = pw.program(lambda v, w: (f(v, np.int32(3)), f(w, np.int32(4))))
+        first = f(slow(np.float32(1)), np.int32(1))  # waits for island 1
+        second = f(np.float32(0), np.int32(2))       # ready at once
+        third, fourth = two(slow(np.float32(1)), np.float32(0))  # in one program, the same
+        gate.set()
+        for fut in (first, second, third, fourth):
+            fut.result(TIMEOUT)
+        assert [int(i) for i in log] == [1, 2, 3, 4]
     finally:
         ctl.close()

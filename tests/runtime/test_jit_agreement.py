@@ -228,3 +228,18 @@ def test_a_numpy_array_of_a_dtype_jax_does_not_take_is_named_with_its_fix(ctl, c
 def _calling(f, constant=None):
     """A program that calls ``f`` on its argument, or on ``constant`` (which it captures)."""
     return pw.program(lambda a: f(a if constant is None else constant))
+
+
+def test_single_device_shardings_on_a_one_device_slice_are_taken_as_jax_jit_takes_them(ctl):
+    """``jax.jit`` takes a ``SingleDeviceSharding`` on a one-device mesh (and refuses it on a
+    larger one, as pwkernel does with a ``ValueError``); it was refused on any slice."""
+    s = ctl.slice(1, island=0)
+    one = jax.sharding.SingleDeviceSharding(s.mesh.devices.flat[0])
+    for options in ({"out_shardings": one}, {"in_shardings": one}):
+        y = pw.function(lambda v: v * 2, slice=s, **options)(_arange()).result()
+        jy = _jit(lambda v: v * 2, s.mesh, (_arange(),), **options)
+        assert np.array_equal(y, jy) and y.sharding.is_equivalent_to(jy.sharding, 1)
+    two = ctl.slice(2, island=0)
+    jerr = _jit(lambda v: v * 2, two.mesh, (_arange(),), out_shardings=one)
+    with pytest.raises(jerr):
+        pw.function(lambda v: v * 2, slice=two, out_shardings=one)(_arange())
