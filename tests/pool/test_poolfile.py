@@ -149,8 +149,8 @@ def test_attaching_to_a_pool_whose_cluster_is_gone_says_the_pool_is_not_running(
 def test_attaching_while_the_pool_is_being_started_says_so(pool_dir):
     """A notebook attaching while ``start`` still places the islands: the pool file may not
     be written yet, or name an address whose islands are not up. Before, the error said "pools
-    written down here: none", or "no pool named ... Start it with ..." once connected (or the
-    tenant attached with an island not yet made, taken as lost for good)."""
+    written down here: none", or "no pool named ... Start it with ..." once connected (or an
+    island not yet made could be taken as lost)."""
     with service.starting("early"):
         for written in (False, True):
             if written:
