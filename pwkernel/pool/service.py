@@ -154,23 +154,9 @@ def starting(name: str) -> Iterator[None]:
 def _refuse_starting(name: str) -> None:
     """Refuse to look at pool ``name`` while another process holds its start lock (its
     islands do not exist yet, which would read as lost): say who starts it."""
-    path = poolfile.pool_dir() / f".{poolfile.check_name(name)}.starting"
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # no start runs (the file goes when a start ends)
-    try:
-        try:  # shared, at once: fails only while a start holds it
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            raise PoolRunningError(
-                f"pool {name!r} is being started right now (pid {holder}); its islands are "
-                "not up yet. Ask again once `python -m pwkernel.pool start` has printed how "
-                "to attach.") from None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    holder = poolfile.start_holder(name)
+    if holder is not None:
+        raise PoolRunningError(poolfile.being_started(name, holder))
 
 
 def status(name: str) -> dict[str, Any]:

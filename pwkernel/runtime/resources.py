@@ -29,7 +29,7 @@ from jax.sharding import AxisType, Mesh
 
 from .errors import ControllerClosedError, DeviceSetupError, SliceError
 from .placements import placements
-from .sizes import islands_fix, more_islands, not_an_island_id
+from .sizes import larger_island, more_islands, not_an_island_id
 
 # The islands a controller gets when nothing names them (pw.Controller(), a backend made by
 # name): 2 islands x 4 devices, the host CPU split into 8 on a machine without accelerators.
@@ -85,21 +85,6 @@ def islands_from_env(variable: str = "PWKERNEL_ISLANDS") -> tuple[int, ...] | No
         raise DeviceSetupError(f"{variable}={raw!r} is not a list of positive device "
                                f"counts; expected e.g. {variable}=4,4.")
     return sizes
-
-
-def _fix(size: int, islands: Sequence[Island], ctl: Any = None) -> str:
-    """The fix for a slice larger than its islands (simulated: whole hosts of its preset)."""
-    pod = next((isl for isl in islands if isl.simulated), None)
-    if pod is not None:
-        per_host = len(pod.devices) // len({getattr(d, "host", d) for d in pod.devices})
-        size = -(-size // per_host) * per_host  # whole hosts
-        name = getattr(getattr(getattr(ctl, "executor", None), "cluster", None), "name", None)
-        name = name if isinstance(name, str) and name != "custom" else "tpu-v4"
-        return (f"a simulated cluster with an island that large: its preset with islands="
-                f"({size},), e.g. pw.Controller(backend='sim', cluster={name!r}, "
-                f"islands=({size},))")
-    return (f"a controller with an island that large, e.g. {islands_fix((size,))}; on CPU "
-            "that needs that many host devices")
 
 
 def _what(v: Any) -> str:
@@ -292,7 +277,7 @@ class ResourceManager:
             raise SliceError(f"island {island!r} does not exist; this controller has islands "
                              f"{list(range(len(self.islands)))} with "
                              f"{[len(i.devices) for i in self.islands]} devices."
-                             + more_islands(island, self.islands))
+                             + more_islands(island, self.islands, self.controller))
         return self.islands[island]
 
     def allocate(self, shape: int | Sequence[int], island: int | None = None,
@@ -428,7 +413,7 @@ class ResourceManager:
         home = next((isl for isl in fits if ids[0] in isl.device_ids), fits[0] if fits else None)
         if island is not None and self.island(island) in fits:
             home = self.island(island)
-        pod = _fix(len(ids), self.islands, self.controller)
+        pod = larger_island(len(ids), self.islands, self.controller)
         hint = (f" Maybe you want {pod}." if home is None else
                 f" Maybe you want devices={list(home.device_ids[:len(ids)])}"
                 + ("" if island is None else f", island={home.id}") + ".")
@@ -468,7 +453,7 @@ class ResourceManager:
             if size > len(target.devices):
                 fix = (f"island={fits[0].id} (or leave island= out: it fits there)" if fits
                        else f"ctl.slice({len(target.devices)}, island={target.id}), or "
-                       f"{_fix(size, self.islands, self.controller)}")
+                       f"{larger_island(size, self.islands, self.controller)}")
                 raise SliceError(
                     f"a slice of {size} devices does not fit on island {target.id}, which has "
                     f"{len(target.devices)}. Islands here: "
@@ -481,7 +466,7 @@ class ResourceManager:
                 f"a slice of {size} devices does not fit on any island; the largest has "
                 f"{largest} devices (islands: {[len(i.devices) for i in self.islands]}). A "
                 f"slice lives on one island: maybe you want ctl.slice({largest}), or "
-                f"{_fix(size, self.islands, self.controller)}."
+                f"{larger_island(size, self.islands, self.controller)}."
             )
         return min(fits, key=lambda isl: (self._shared(isl, size), self._island_load(isl),
                                           isl.id))

@@ -48,7 +48,33 @@ def islands_fix(sizes: Sequence[int]) -> str:
             f"islands={sizes}) first thing after restarting the kernel)")
 
 
-def more_islands(island: object, islands: Sequence) -> str:
+def larger_island(size: int, islands: Sequence, ctl: object = None) -> str:
+    """The fix for a slice of ``size`` devices larger than its ``islands`` (``Island``
+    objects; simulated: whole hosts of its preset; a pool's tenant: a pool with islands that
+    large)."""
+    pod = next((isl for isl in islands if isl.simulated), None)
+    if pod is not None:
+        per_host = len(pod.devices) // len({getattr(d, "host", d) for d in pod.devices})
+        size = -(-size // per_host) * per_host  # whole hosts
+        name = getattr(getattr(getattr(ctl, "executor", None), "cluster", None), "name", None)
+        name = name if isinstance(name, str) and name != "custom" else "tpu-v4"
+        return (f"a simulated cluster with an island that large: its preset with islands="
+                f"({size},), e.g. pw.Controller(backend='sim', cluster={name!r}, "
+                f"islands=({size},))")
+    return (backend_fix(ctl, [max(len(i.devices), size) for i in islands]) or f"a controller "
+            f"with an island that large, e.g. {islands_fix((size,))}; on CPU that needs that "
+            "many host devices")
+
+
+def backend_fix(ctl: object, sizes: Sequence[int]) -> str | None:
+    """How ``ctl``'s executor gets islands of ``sizes`` devices, where it has a way of its own
+    (``executor.islands_fix(sizes)``: a pool's tenant has the pool's islands, so the fix is a
+    pool that has them); None where it has not."""
+    fix = getattr(getattr(ctl, "executor", None), "islands_fix", None)
+    return fix(tuple(int(n) for n in sizes)) if callable(fix) else None
+
+
+def more_islands(island: object, islands: Sequence, ctl: object = None) -> str:
     """The fix for ``island=`` past the last of ``islands`` (``Island`` objects): as many
     islands, of the devices there are; "" where none fits (simulated pods have presets)."""
     if not isinstance(island, Integral) or isinstance(island, bool) or any(
@@ -57,8 +83,10 @@ def more_islands(island: object, islands: Sequence) -> str:
     want, have = int(island) + 1, sum(len(i.devices) for i in islands)
     if not len(islands) < want <= max(have, 16):
         return ""
-    return (f" For {want} islands of these {have} devices: "
-            f"{islands_fix((max(have // want, 1),) * want)}.")
+    sizes = [len(i.devices) for i in islands]
+    own = backend_fix(ctl, sizes + sizes[-1:] * (want - len(islands)))
+    return (f" For {want} islands: {own}." if own else f" For {want} islands of these {have} "
+            f"devices: {islands_fix((max(have // want, 1),) * want)}.")
 
 
 def not_an_island_id(island: object, count: int) -> str:

@@ -85,6 +85,21 @@ QUIET = textwrap.dedent("""
 """)
 
 
+def test_a_slice_larger_than_the_pools_islands_says_how_to_get_a_larger_pool(pool):
+    """A tenant's islands are the pool's: the fix is a pool with larger islands (or more of
+    them), not ``pw.Controller(islands=...)`` or ``PWKERNEL_ISLANDS``, which an attached
+    controller refuses or ignores (before, the error offered those)."""
+    with pw.Controller(backend="ray", address=pool.address, pool=NAME, tenant="big") as ctl:
+        for ask in (lambda: ctl.slice(3, island=0), lambda: ctl.slice(5),
+                    lambda: ctl.slice(2, island=4)):
+            with pytest.raises(pw.SliceError) as caught:
+                ask()
+            message = str(caught.value)
+            assert f"pool {NAME!r}" in message and "python -m pwkernel.pool start" in message
+            assert "PWKERNEL_ISLANDS" not in message and "Controller(islands=" not in message
+        assert ctl.slice(2, island=2).devices  # (what fits still does)
+
+
 def test_closing_is_quiet_and_frees_nothing_after_unregistering(pool):
     """A tenant that closes with frees pending: nothing reaches an island after the tenant
     unregistered (which Ray printed as a TenantRefused traceback)."""

@@ -146,6 +146,23 @@ def test_attaching_to_a_pool_whose_cluster_is_gone_says_the_pool_is_not_running(
     assert "ray start" not in message and "ray_address=None" not in message
 
 
+def test_attaching_while_the_pool_is_being_started_says_so(pool_dir):
+    """A notebook attaching while ``start`` still places the islands: the pool file may not
+    be written yet, or name an address whose islands are not up. Before, the error said "pools
+    written down here: none", or "no pool named ... Start it with ..." once connected (or an
+    island not yet made could be taken as lost)."""
+    with service.starting("early"):
+        for written in (False, True):
+            if written:
+                poolfile.save(record("early", address="127.0.0.1:1"))
+            with pytest.raises(pw.DeviceSetupError, match=rf"pool 'early' is being started "
+                               rf"right now \(pid {os.getpid()}\); its islands are not up "
+                               r"yet.*python -m pwkernel.pool start"):
+                pw.Controller(backend="ray", pool="early")
+        with pytest.raises(service.PoolRunningError, match="being started right now"):
+            service.status("early")
+
+
 @pytest.mark.parametrize("tenant", ["", 3])
 def test_a_tenant_name_that_is_not_a_non_empty_string_is_refused_first(pool_dir, tenant):
     """Refused before anything connects, as a bad weight= is (before: after the attempt to

@@ -57,6 +57,9 @@ def pool_address(pool: str, address: str | None) -> str:
     """Where to find pool ``pool``: ``address``, else its pool file's (the pool's token is
     lent by ``cluster.connect(address, pool=pool)``)."""
     check_name(pool)
+    holder = poolfile.start_holder(pool)
+    if holder is not None:  # (its file, or its islands, may not be there yet)
+        raise DeviceSetupError(poolfile.being_started(pool, holder))
     record = load(pool)
     if record is not None:
         return address if address is not None else record.get("address")

@@ -366,6 +366,17 @@ class RayBackend:
         actor, seq = sent
         return ray.get(actor.buffers.remote(seq))
 
+    def islands_fix(self, sizes: tuple[int, ...]) -> str | None:
+        """How to get islands of ``sizes`` devices (the runtime's slice errors ask): a pool's
+        tenant has the pool's islands, so a pool that has them; None otherwise (the runtime's
+        own advice, a controller of one's own, holds)."""
+        if self.pool is None:
+            return None
+        return (f"pool {self.pool!r} with islands that large (its tenants share the pool's "
+                f"islands): python -m pwkernel.pool stop --name {self.pool}, then python -m "
+                f"pwkernel.pool start --name {self.pool} --islands {','.join(map(str, sizes))}"
+                ", and attach again")
+
     def status(self, island: int | None = None) -> IslandFacts | dict[str, Any]:
         """One island's actor (for ``ctl.status()``), or the whole cluster's view."""
         if island is not None:

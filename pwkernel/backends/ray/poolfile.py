@@ -19,6 +19,7 @@ True
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -136,6 +137,33 @@ def write_token(name: str, token: str) -> Path:
     path.unlink(missing_ok=True)
     _write_private(path, token.strip())
     return path
+
+
+def start_holder(name: str) -> str | None:
+    """The pid of the ``start`` of pool ``name`` running now (it holds the lock
+    ``<dir>/.<NAME>.starting``, docs/pool.md), else None: until it returns, the pool's file
+    may be missing or name a cluster whose islands are not up yet."""
+    path = pool_dir() / f".{check_name(name)}.starting"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None  # no start runs (the file goes when a start ends)
+    try:
+        try:  # shared, at once: fails only while a start holds it
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(fd, 32).decode(errors="replace").strip() or "?"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def being_started(name: str, holder: str) -> str:
+    """What to say to whoever asks for pool ``name`` while process ``holder`` starts it."""
+    return (f"pool {name!r} is being started right now (pid {holder}); its islands are not "
+            f"up yet. Ask again once `python -m pwkernel.pool start --name {name}` has "
+            "printed how to attach.")
 
 
 def remove(name: str) -> None:
