@@ -19,7 +19,7 @@ from ..runtime import interrupts
 from ..runtime.errors import PathwaysError
 from ..runtime.events import ClientSpec
 from ..runtime.graph import ComputeNode
-from ..runtime.objects import Future
+from ..runtime.objects import WAITS, Future
 from ..runtime.resources import VirtualSlice, describe_axis_types
 from . import args as specs
 from . import attach, endings, segments, tenants
@@ -237,19 +237,33 @@ class PathwaysMagics(Magics):
                 value = self._run_program(a, text, f"{name}.{k}", filename, ctl, vs, temporary,
                                           last, quiet=True)
             else:
-                value = self._run_plain(text, filename, vs, last)
+                value = self._run_plain(text, filename, vs, last, a.timeout)
         if self._submitted == submitted and not self._read_arrays:
             print(f"({name}: no array work in this cell; it ran as plain Python)")
         return None if segments.quiet(body) else value
 
-    def _run_plain(self, text: str, filename: str, vs, last: bool):
+    def _run_plain(self, text: str, filename: str, vs, last: bool,
+                   timeout: float | None = None):
+        """``text`` as plain Python; with ``--timeout``, a wait for a value that would end
+        after S seconds raises ``CellTimeout`` (before, it waited without a limit)."""
         __tracebackhide__ = True
+        old = WAITS.deadline
+        WAITS.deadline = None if timeout is None else time.monotonic() + timeout
         try:
             value, arrays = segments.run_plain(text, self.shell.user_ns, filename, 1, vs, last)
         except (UsageError, KeyboardInterrupt):
             raise
         except Exception as e:
+            if timeout is not None and isinstance(e, TimeoutError) and \
+                    time.monotonic() >= WAITS.deadline:
+                raise CellTimeout(
+                    f"did not end within --timeout {timeout:g} s: its Python, run as plain "
+                    "Python (it reads values), waited for a value still being computed; the "
+                    "computations it called run on (see ctl.status()). Raise --timeout, or "
+                    "use a bigger slice.").with_traceback(e.__traceback__) from None
             raise cells.user_error(e, filename) from None
+        finally:
+            WAITS.deadline = old
         self._read_arrays = self._read_arrays or arrays
         return value
 
@@ -283,7 +297,8 @@ class PathwaysMagics(Magics):
         out = CellOutput(name)
         plan = cells.analyse(body, shell.user_ns, filename, 1, out.debug_print)
         if plan.mutable is not None:  # (nnx objects: changed in place, never traced here)
-            return self._run_plain(body, filename, None if plan.uses_pw else vs, last)
+            return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
+                                       a.timeout)
         plain: dict[str, Any] = {}
         inputs = plan.inputs(shell.user_ns)
         program = cells.build_program(plan, vs, name, plain, inputs)
@@ -312,7 +327,8 @@ class PathwaysMagics(Magics):
         except Exception as e:
             if segments.needs_value(e):  # its Python needs a value: run it as plain Python
                 # (compiled functions carry their own slices: no ambient mesh for them)
-                return self._run_plain(body, filename, None if plan.uses_pw else vs, last)
+                return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
+                                       a.timeout)
             raise cells.user_error(e, filename) from None
         results = futures[0] if futures else {}
         view = self._show(a, ctl, run)
