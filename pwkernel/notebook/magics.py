@@ -283,7 +283,7 @@ class PathwaysMagics(Magics):
             e.__traceback__ = None  # (its frames hold the cell's futures; IPython keeps it)
             raise _interrupted(name, taken) from None
         except CellTimeout as e:
-            if not taken:
+            if not taken or str(e) != name:  # (not ``_wait``'s: a plain statement's, as said)
                 raise
             said = _stop(taken, f"timed out after {a.timeout:g} s", "cancelled its queued "
                          "computations (one already running ends first)")
