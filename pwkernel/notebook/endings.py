@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from ..runtime.errors import CancelledError
 from ..runtime.objects import Future
+from ..runtime.tasks import TaskState
 
 
 class Deadline:
@@ -41,6 +42,18 @@ def leaves(results) -> list[Future]:
     import jax
 
     return [f for f in jax.tree_util.tree_leaves(results) if isinstance(f, Future)]
+
+
+def launched(value) -> bool | None:
+    """After its program was cancelled: whether every future in ``value`` (what a cell binds to
+    a name) still gets its value, its computation launched (or ended) before the cancel, which
+    does not recall it; None when ``value`` holds no future."""
+    futs = leaves(value)
+    if not futs:
+        return None
+    return not any(f.cancelled() or (f.producer is not None
+                                     and f.producer.state is TaskState.CANCELLED)
+                   for f in futs)
 
 
 def after_all(futures: list[Future], fn: Callable[[], None]) -> None:

@@ -19,7 +19,7 @@ from ..runtime import interrupts
 from ..runtime.errors import PathwaysError
 from ..runtime.events import ClientSpec
 from ..runtime.graph import ComputeNode
-from ..runtime.objects import Future
+from ..runtime.objects import WAITS, Future
 from ..runtime.resources import VirtualSlice, describe_axis_types
 from . import args as specs
 from . import attach, endings, segments, tenants
@@ -34,11 +34,30 @@ class CellTimeout(PathwaysError, TimeoutError):
     """A ``%%pathways --timeout S`` cell ran out of time and was cancelled."""
 
 
-def _interrupted(what: str, run) -> KeyboardInterrupt:
-    """Cancel ``run`` after a Ctrl-C; the error the cell raises."""
-    run.cancel("interrupted")
-    return KeyboardInterrupt(f"{what} interrupted: cancelled the queued computations of program "
-                             f"{run.name!r}; the kernel is ready for the next cell.")
+def _stop(taken: list, reason: str, cancelled: str) -> str:
+    """Cancel the cell's run (``taken[0]``) after a Ctrl-C or ``--timeout``; what the cell's
+    error says of it. Computations already launched are not recalled: they run to their end,
+    as ``jax.jit`` calls already dispatched do, so the names they compute are bound to their
+    futures (``taken[1]``), and the names of cancelled work keep what they held. (Binding
+    none left ``w`` of ``w = step(w)`` with ``donate_argnums`` holding the buffers the running
+    step consumed, and dropped the new state.) ``taken`` is emptied: the traceback IPython
+    keeps must not hold the cell's futures."""
+    run, bind = taken[0], taken[1] if len(taken) > 1 else None
+    taken.clear()
+    said = cancelled if run.cancel(reason) else "nothing was left to cancel"
+    names = bind() if bind is not None else []
+    if names:
+        said += (f"; bound {', '.join(names)} to the futures of its computations already "
+                 "launched (they run to their end)")
+    return said
+
+
+def _interrupted(what: str, taken: list) -> KeyboardInterrupt:
+    """Cancel the cell's run after a Ctrl-C; the error the cell raises."""
+    name = taken[0].name
+    said = _stop(taken, "interrupted", f"cancelled the queued computations of program {name!r}")
+    return KeyboardInterrupt(f"{what} interrupted: {said}; the kernel is ready for the next "
+                             "cell.")
 
 
 @magics_class
@@ -218,19 +237,33 @@ class PathwaysMagics(Magics):
                 value = self._run_program(a, text, f"{name}.{k}", filename, ctl, vs, temporary,
                                           last, quiet=True)
             else:
-                value = self._run_plain(text, filename, vs, last)
+                value = self._run_plain(text, filename, vs, last, a.timeout)
         if self._submitted == submitted and not self._read_arrays:
             print(f"({name}: no array work in this cell; it ran as plain Python)")
         return None if segments.quiet(body) else value
 
-    def _run_plain(self, text: str, filename: str, vs, last: bool):
+    def _run_plain(self, text: str, filename: str, vs, last: bool,
+                   timeout: float | None = None):
+        """``text`` as plain Python; with ``--timeout``, a wait for a value that would end
+        after S seconds raises ``CellTimeout`` (before, it waited without a limit)."""
         __tracebackhide__ = True
+        old = WAITS.deadline
+        WAITS.deadline = None if timeout is None else time.monotonic() + timeout
         try:
             value, arrays = segments.run_plain(text, self.shell.user_ns, filename, 1, vs, last)
         except (UsageError, KeyboardInterrupt):
             raise
         except Exception as e:
+            if timeout is not None and isinstance(e, TimeoutError) and \
+                    time.monotonic() >= WAITS.deadline:
+                raise CellTimeout(
+                    f"did not end within --timeout {timeout:g} s: its Python, run as plain "
+                    "Python (it reads values), waited for a value still being computed; the "
+                    "computations it called run on (see ctl.status()). Raise --timeout, or "
+                    "use a bigger slice.").with_traceback(e.__traceback__) from None
             raise cells.user_error(e, filename) from None
+        finally:
+            WAITS.deadline = old
         self._read_arrays = self._read_arrays or arrays
         return value
 
@@ -248,7 +281,14 @@ class PathwaysMagics(Magics):
             if not taken:  # (nothing submitted, or the program ended: nothing to cancel)
                 raise
             e.__traceback__ = None  # (its frames hold the cell's futures; IPython keeps it)
-            raise _interrupted(name, taken[0]) from None
+            raise _interrupted(name, taken) from None
+        except CellTimeout as e:
+            if not taken or str(e) != name:  # (not ``_wait``'s: a plain statement's, as said)
+                raise
+            said = _stop(taken, f"timed out after {a.timeout:g} s", "cancelled its queued "
+                         "computations (one already running ends first)")
+            raise CellTimeout(f"{e} did not end within --timeout {a.timeout:g} s; {said}. "
+                              "Raise --timeout, or use a bigger slice.") from None
 
     def _program(self, a, body: str, name: str, filename: str, ctl, vs, temporary,
                  last: bool, quiet: bool, taken: list):
@@ -257,7 +297,8 @@ class PathwaysMagics(Magics):
         out = CellOutput(name)
         plan = cells.analyse(body, shell.user_ns, filename, 1, out.debug_print)
         if plan.mutable is not None:  # (nnx objects: changed in place, never traced here)
-            return self._run_plain(body, filename, None if plan.uses_pw else vs, last)
+            return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
+                                       a.timeout)
         plain: dict[str, Any] = {}
         inputs = plan.inputs(shell.user_ns)
         program = cells.build_program(plan, vs, name, plain, inputs)
@@ -278,14 +319,16 @@ class PathwaysMagics(Magics):
                     if not quiet:
                         print(f"({name}: no array work in this cell; it ran as plain Python)")
                     return value
-                futures, run = self._submit(ctl, graph, inputs, a.sequential, taken, temporary)
+                futures, run = self._submit(ctl, graph, inputs, a.sequential, taken, temporary,
+                                            plain)
                 self._submitted += 1
         except (UsageError, KeyboardInterrupt):
             raise
         except Exception as e:
             if segments.needs_value(e):  # its Python needs a value: run it as plain Python
                 # (compiled functions carry their own slices: no ambient mesh for them)
-                return self._run_plain(body, filename, None if plan.uses_pw else vs, last)
+                return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
+                                       a.timeout)
             raise cells.user_error(e, filename) from None
         results = futures[0] if futures else {}
         view = self._show(a, ctl, run)
@@ -327,11 +370,14 @@ class PathwaysMagics(Magics):
             weight=a.weight if a.weight is not None else (base.weight if same else 1.0),
             priority=a.priority if a.priority is not None else (base.priority if same else 0))
 
-    def _submit(self, ctl, graph, inputs, sequential: bool, taken: list, temporary):
+    def _submit(self, ctl, graph, inputs, sequential: bool, taken: list, temporary,
+                plain: dict[str, Any]):
         """Submit the whole cell at once; returns (output pytree in a list, the run). The run
         goes into ``taken`` (and a ``--devices`` slice's keep) before SIGINT is let through,
-        so a Ctrl-C from then on finds what to cancel (see ``_run_program``)."""
+        so a Ctrl-C from then on finds what to cancel (see ``_run_program``), then what binds
+        the cell's names (``_stop``)."""
         import dataclasses
+        import functools
 
         import jax
 
@@ -345,13 +391,12 @@ class PathwaysMagics(Magics):
         submitted = dataclasses.replace(graph, outputs=list(graph.outputs) + extra)
         with interrupts.held:  # (a Ctrl-C meanwhile is kept: the program is submitted whole)
             futs = ctl.submit(submitted, leaves, dispatch="sequential" if sequential else None)
-            taken.append(futs[0].run)
+            results = jax.tree_util.tree_unflatten(graph.out_tree, futs[:n])
+            taken += [futs[0].run, functools.partial(self._bind, plain, results, True)]
             if temporary is not None:  # (released once the program ends: ``state.sweep``)
                 self.state.temporary.append((futs[0].run, temporary))
         interrupts.raise_kept()  # (now, with the run in ``taken``: the caller cancels it)
-        run = futs[0].run
-        results = jax.tree_util.tree_unflatten(graph.out_tree, futs[:n])
-        return [results], run
+        return [results], futs[0].run
 
     def _show(self, a, ctl, run):
         if not a.viz:
@@ -389,21 +434,23 @@ class PathwaysMagics(Magics):
             if run.done() or (resolved.is_set() and any(
                     f.exception(0) is not None for f in outputs)):
                 return
-            if left is not None and left <= 0:
-                run.cancel(f"timed out after {timeout:g} s")
-                raise CellTimeout(
-                    f"{name} did not end within --timeout {timeout:g} s; cancelled its "
-                    "queued computations (one already running ends first). "
-                    "Raise --timeout, or use a bigger slice.") from None
+            if left is not None and left <= 0:  # (cancelled by ``_run_program``)
+                raise CellTimeout(name)
             # short steps: a long --timeout never overflows a wait, Ctrl-C is seen
             (run if resolved.is_set() else resolved).wait(
                 0.5 if left is None else min(left, 0.5))
 
-    def _bind(self, plain: dict[str, Any], results: Any) -> None:
+    def _bind(self, plain: dict[str, Any], results: Any, launched: bool = False) -> list[str]:
         """Bind the cell's names, all of them: a Ctrl-C meanwhile is raised once they are
-        (before, one that landed between two names left the cell half bound)."""
+        (before, one that landed between two names left the cell half bound). ``launched``:
+        its program was cancelled; only the names whose futures all still get their values,
+        if any does (``_stop``). Returns the names bound."""
         ns = self.shell.user_ns
         bound = cells.bound_values(plain, results)
+        if launched:
+            ok = {k: endings.launched(v) for k, v in bound.items() if k != cells.LAST}
+            bound = ({k: v for k, v in bound.items() if ok.get(k) is not False}
+                     if any(ok.values()) else {})
         with interrupts.held:
             for key, value in bound.items():
                 if key == cells.LAST:
@@ -412,6 +459,7 @@ class PathwaysMagics(Magics):
                     ns.pop(key, None)
                 else:
                     ns[key] = value
+        return [k for k in bound if k != cells.LAST]
 
     def _last(self, plan, plain: dict[str, Any], results: Any):
         __tracebackhide__ = True

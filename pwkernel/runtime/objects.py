@@ -67,6 +67,14 @@ class _Buffer:
         self.value, self.exported, self.donated = value, True, False
 
 
+class Waits(threading.local):
+    """This thread's end (monotonic) of ``result()`` waits given no timeout: --timeout cells."""
+    deadline: float | None = None
+
+
+WAITS = Waits()
+
+
 class Future(ArrayOnDemand):
     """A value a program will produce.
 
@@ -156,6 +164,8 @@ class Future(ArrayOnDemand):
 
     def result(self, timeout: float | None = None):
         """The value as a ``jax.Array``; raises the computation's error if it failed."""
+        if timeout is None and WAITS.deadline is not None:  # (a --timeout cell's Python)
+            timeout = max(0.0, WAITS.deadline - time.monotonic())
         if not self.wait(timeout):
             raise TimeoutError(
                 f"future {self.name or ''} of shape {self.shape} not ready after {timeout} s; "

@@ -7,6 +7,7 @@ Python's ``SIGINT`` handler does between two bytecodes, at a moment a test can p
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 
@@ -136,3 +137,46 @@ def test_an_interrupt_while_a_cell_submits_cancels_its_whole_program(ip, monkeyp
     run(ip, "held.result(60);")
     run(ip, "%%pathways --slice s\nafter = jnp.ones(2) * 3\n")
     np.testing.assert_allclose(np.asarray(ip.user_ns["after"]), [3.0, 3.0])
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "timeout"])
+def test_a_step_already_running_when_the_cell_is_stopped_keeps_the_training_state(
+        ip, monkeypatch, stop):
+    """Ctrl-C (or ``--timeout``) while ``w = step(w); l = total(w)`` waits, its step (with
+    ``donate_argnums``) already running: the step is not recalled, it consumed ``w``'s buffers
+    and runs to its end, so the cell binds ``w`` to its result and says so; ``total``, still
+    queued, is cancelled and ``l`` keeps what it held (or, launched behind the step, is
+    bound). Before, the cell bound nothing: ``w`` held the donated buffers and the new state
+    was dropped, the training state lost."""
+    run(ip, "%pathways slice s 2")
+    entered, release = threading.Event(), threading.Event()
+    held = gate(entered, release, ip.user_ns["s"].mesh)
+    ip.user_ns["step"] = pw.function(lambda w: held(w) * 2 + 1, slice=ip.user_ns["s"],
+                                     in_specs=pw.BATCH, donate_argnums=0)
+    ip.user_ns["total"] = pw.function(lambda w: w.sum(), slice=ip.user_ns["s"])
+    run(ip, "%%pathways --slice s\nw = jax.device_put(jnp.arange(4.0), jax.P('x'))\nl = 0.0\n")
+    real = endings.all_resolved
+
+    def running_then_stopped(outputs):
+        assert entered.wait(60)  # the step runs: launched, its input donated
+        monkeypatch.setattr(endings, "all_resolved", real)
+        if stop == "interrupt":
+            raise KeyboardInterrupt
+        return real(outputs)
+    monkeypatch.setattr(endings, "all_resolved", running_then_stopped)
+    flags = " --timeout 0.01" if stop == "timeout" else ""
+    try:
+        with pytest.raises((KeyboardInterrupt, TimeoutError)) as info:
+            run(ip, f"%%pathways --slice s{flags}\nw = step(w)\nl = total(w)\n")
+    finally:
+        release.set()
+    said = str(info.value)  # (``total`` may have launched too, behind the step)
+    assert re.search(r"; bound (l, )?w to the futures of its computations already launched",
+                     said), said
+    assert extension.state().ctl.wait(60)
+    np.testing.assert_allclose(np.asarray(ip.user_ns["w"]), [1.0, 3.0, 5.0, 7.0])
+    want = 16.0 if "bound l, w" in said else 0.0  # (else cancelled: it keeps what it held)
+    np.testing.assert_allclose(np.asarray(ip.user_ns["l"]), want)
+    run(ip, "%%pathways --slice s\nw = step(w)\nl = total(w)\n")  # training goes on
+    np.testing.assert_allclose(np.asarray(ip.user_ns["w"]), [3.0, 7.0, 11.0, 15.0])
+    np.testing.assert_allclose(np.asarray(ip.user_ns["l"]), 36.0)

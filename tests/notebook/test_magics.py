@@ -19,6 +19,7 @@ from pwkernel.notebook import args as specs
 from pwkernel.notebook import comm, extension
 from pwkernel.notebook.display import Status
 from tests.helpers import ROOT
+from tests.helpers.programs import gate
 from tests.helpers.shell import run
 
 
@@ -301,6 +302,32 @@ def test_a_cell_without_array_work_runs_as_plain_python(ip, capsys, body, names)
     ctl = extension.state().ctl
     assert ctl.runs() == [] and ctl.slices == ()  # no program; the --devices slice given back
     assert run(ip, "%%pathways\n2 + 3") == 5
+
+
+def test_timeout_limits_a_cell_that_runs_as_plain_python(ip):
+    """``y = f(x)`` then ``l = y.sum()`` runs as plain Python (it reads ``y``'s value): its
+    wait for the value ends at ``--timeout`` with ``CellTimeout``, as a program's does, at the
+    line that waited; what it bound stays bound, as plain Python leaves it. Before, the wait
+    had no limit (the cell hung as long as the value took)."""
+    run(ip, "%pathways slice s 2")
+    entered, release = threading.Event(), threading.Event()
+    s = ip.user_ns["s"]
+    run(ip, "x = np.ones(2, np.float32)")
+    ip.user_ns["held"] = pw.function(gate(entered, release, s.mesh), slice=s,
+                                     in_specs=pw.BATCH)(np.ones(2, np.float32))
+    assert entered.wait(60)  # s is busy: f(x) queues behind it
+    run(ip, "f = pw.function(lambda v: v * 2, slice=s)")
+    try:
+        with pytest.raises(TimeoutError, match="did not end within --timeout 0.2 s: its "
+                                               "Python, run as plain Python") as info:
+            run(ip, "%%pathways --slice s --timeout 0.2\ny = f(x)\nl = y.sum()\n")
+        assert isinstance(info.value, pw.PathwaysError), type(info.value)  # CellTimeout
+    finally:
+        release.set()
+    assert "l" not in ip.user_ns
+    np.testing.assert_allclose(np.asarray(ip.user_ns["y"]), [2.0, 2.0])  # bound, as plain
+    run(ip, "%%pathways --slice s --timeout 60\ny = f(x)\nl = y.sum()\n")
+    np.testing.assert_allclose(np.asarray(ip.user_ns["l"]), 4.0)
 
 
 def test_no_block_timeout_cancels_and_says_so(ip):
