@@ -22,6 +22,7 @@ from . import awaiting, done_callbacks, interrupts
 from .arraylike import ArrayOnDemand, read_only
 from .dtypes import as_dtype
 from .errors import CancelledError, freed_by_close, origin, timeout_seconds
+from .hooks import added, fire
 from .store import BufferRecord, ObjectStore, shard_bytes
 
 __all__ = ["BufferRecord", "Future", "FutureState", "ObjectStore", "resolved", "shard_bytes"]
@@ -37,25 +38,6 @@ class FutureState(StrEnum):
 _PENDING, _DONE = FutureState.PENDING, FutureState.DONE
 _RUNNING = "running"  # a producer task's state from its launch to its end (a TaskState value)
 _clock = time.perf_counter
-
-
-def _added(hooks, fn):
-    """``hooks`` (None, a callable or a list of them) with ``fn`` after them: one hook, the
-    common case, costs no list."""
-    if hooks is None:
-        return fn
-    if type(hooks) is list:
-        hooks.append(fn)
-        return hooks
-    return [hooks, fn]
-
-
-def _fire(hooks, fut) -> None:
-    if type(hooks) is list:
-        for fn in hooks:
-            fn(fut)
-    else:
-        hooks(fut)
 
 
 class _Buffer:
@@ -281,7 +263,7 @@ class Future(ArrayOnDemand):
         """Like add_done_callback, but for the runtime: hooks are dropped once fired."""
         with self._lock:
             if self._state is _PENDING:
-                self._hooks = _added(self._hooks, fn)
+                self._hooks = added(self._hooks, fn)
                 return
         fn(self)
 
@@ -299,7 +281,7 @@ class Future(ArrayOnDemand):
         consumers may then be launched behind it."""
         with self._lock:
             if self._launched is None and self._state is _PENDING:
-                self._launch_hooks = _added(self._launch_hooks, fn)
+                self._launch_hooks = added(self._launch_hooks, fn)
                 return
         fn(self)
 
@@ -309,9 +291,9 @@ class Future(ArrayOnDemand):
         watches an argument of a run)."""
         with self._lock:
             if self._state is _PENDING:
-                self._hooks = _added(self._hooks, on_end)
+                self._hooks = added(self._hooks, on_end)
                 if self._launched is None:
-                    self._launch_hooks = _added(self._launch_hooks, on_launch)
+                    self._launch_hooks = added(self._launch_hooks, on_launch)
                     return
                 on_end = None
         on_launch(self)
@@ -353,7 +335,7 @@ class Future(ArrayOnDemand):
                 lock.release()
         if fired is not None:
             for hooks, fut in fired:
-                _fire(hooks, fut)
+                fire(hooks, fut)
 
     @staticmethod
     def consumed_many(futures: Sequence[Future | None]) -> None:
@@ -492,9 +474,9 @@ class Future(ArrayOnDemand):
         if event is not None:
             event.set()
         if launch_hooks is not None:
-            _fire(launch_hooks, self)
+            fire(launch_hooks, self)
         if hooks is not None:
-            _fire(hooks, self)
+            fire(hooks, self)
         if callbacks:  # the user's: on their own thread, never this one (``done_callbacks``)
             done_callbacks.runner.submit(callbacks, self)
 
