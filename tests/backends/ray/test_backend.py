@@ -174,7 +174,6 @@ def test_an_eval_on_another_island_between_donating_steps_gets_each_steps_value(
     # Island 0 sent the parameters to the eval's island only once the step before had run,
     # and by then the next step, issued at once, had consumed them: every eval failed with
     # "Array has been deleted" (the island's sends, ``backends/ray/sending.py``).
-    rctl.dispatch = mode
     s0, s1 = rctl.slice(2, island=0), rctl.slice(2, island=1)
 
     def slow(p):
@@ -183,12 +182,16 @@ def test_an_eval_on_another_island_between_donating_steps_gets_each_steps_value(
     step = pw.function(slow, slice=s0, donate_argnums=0, name="slow_step")
     evaluate = pw.function(jnp.sum, slice=s1, name="evaluate")
     ref_step, ref_eval = jax.jit(slow), jax.jit(jnp.sum)
-    p, ref = step(np.ones(50_000, np.float32)), ref_step(np.ones(50_000, np.float32))
-    evals, expected_evals = [], []
-    for _ in range(3):
-        evals.append(evaluate(p))
-        expected_evals.append(float(ref_eval(ref)))
-        p, ref = step(p), ref_step(ref)
+    rctl.dispatch = mode
+    try:
+        p, ref = step(np.ones(50_000, np.float32)), ref_step(np.ones(50_000, np.float32))
+        evals, expected_evals = [], []
+        for _ in range(3):
+            evals.append(evaluate(p))
+            expected_evals.append(float(ref_eval(ref)))
+            p, ref = step(p), ref_step(ref)
+    finally:
+        rctl.dispatch = "parallel"
     np.testing.assert_allclose(np.asarray(p.result(TIMEOUT)), np.asarray(ref), rtol=1e-6)
     assert [float(e.result(TIMEOUT)) for e in evals] == pytest.approx(expected_evals, rel=1e-5)
 
