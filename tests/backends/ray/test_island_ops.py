@@ -199,3 +199,38 @@ def test_an_islands_executable_is_named_after_the_controllers_function(island):
     issue(island, run_op(1, "my_step", lambda x: x * 2, [10], [11]), buffers, executables)
     text = executables["my_step"].call.as_text()
     assert "jit_my_step" in text and "jit_fenced" not in text
+
+
+def test_a_run_donating_what_a_send_is_reading_waits_for_the_read():
+    # The completion thread is reading the send's value when the executor issues a run that
+    # donates it: the run waits for the read (no copy), then goes; a send not read yet gets
+    # a copy instead.
+    import threading
+
+    from pwkernel.backends.ray.sending import Sends
+
+    sends, value = Sends(), jnp.arange(4.0)
+    sending = sends.issued(value)
+    reading, finish, donated = threading.Event(), threading.Event(), threading.Event()
+
+    def read(array):
+        reading.set()
+        assert finish.wait(30)
+        return np.asarray(array)
+
+    got = []
+    reader = threading.Thread(target=lambda: got.append(sends.read(sending, read)))
+    reader.start()
+    assert reading.wait(30)
+    copies = []
+    donor = threading.Thread(target=lambda: (sends.before_donating([value], copies.append),
+                                            donated.set()))
+    donor.start()
+    assert not donated.is_set() and not copies  # (waits: the read holds the value)
+    finish.set()
+    reader.join(30)
+    assert donated.wait(30) and copies == []
+    np.testing.assert_array_equal(got[0], [0.0, 1.0, 2.0, 3.0])
+    later = sends.issued(value)
+    sends.before_donating([value], lambda a: a + 0)  # not read yet: a copy
+    assert later.array is not value and not sends._pending
