@@ -11,7 +11,8 @@ usual case.
 So before a run starts, each of its computations that donates a future (or the user's
 ``jax.Array`` it was asked to donate) waits, one more arrival each, for every node of an
 earlier run that reads it and has not launched: for its launch, its end, or its failure or
-cancellation (``RunSlots.on_launch``). Inside one program, ``Plan.gates`` orders the same.
+cancellation (``RunSlots.on_launch``); a future and its ``result()`` (one buffer) are one
+value here. Inside one program, ``Plan.gates`` orders the same.
 Only donating runs look, through the dispatcher's live runs that read an argument without
 donating it (``Plan.read_inputs``), newer than the run that made what they donate (its
 readers were submitted after it); a run that donates nothing pays one check of its plan.
@@ -37,7 +38,8 @@ def gate(runs: dict, run, release) -> None:
         given = _given(run, slot)
         if given is None:
             continue
-        donors.setdefault(id(given), []).append(index)
+        for key in _keys(given):
+            donors.setdefault(key, []).append(index)
         made_by = given.run if isinstance(given, Future) else None
         low = made_by.id if made_by is not None else -1
         floor = low if floor is None or low < floor else floor
@@ -50,7 +52,13 @@ def gate(runs: dict, run, release) -> None:
         consumers = earlier.plan.consumers
         for slot in earlier.plan.read_inputs:
             given = _given(earlier, slot)
-            nodes = donors.get(id(given)) if given is not None else None
+            if given is None:
+                continue
+            nodes = None
+            for key in _keys(given):
+                nodes = donors.get(key)
+                if nodes is not None:
+                    break
             if nodes is None:
                 continue
             for reader in consumers[slot]:
@@ -69,3 +77,10 @@ def _given(run, slot: int):
     values = run.values
     value = values[slot] if values is not None else None
     return value if isinstance(value, jax.Array) else None
+
+
+def _keys(given) -> list[int]:
+    """What identifies the buffer ``given`` stands for: the future, and its array once it
+    has one (``fut.result()`` given to one call and ``fut`` to another are one buffer)."""
+    held = given.peek() if isinstance(given, Future) else None
+    return [id(given), id(held)] if isinstance(held, jax.Array) else [id(given)]

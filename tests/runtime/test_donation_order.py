@@ -197,3 +197,26 @@ def test_a_donating_call_waits_for_an_earlier_call_reading_the_users_array(dispa
         assert z.result(TIMEOUT).tolist() == [7.0] * N  # (before: "Array has been deleted")
         assert w.result(TIMEOUT).tolist() == [3.0] * N
         assert y.is_deleted()  # donated, as asked
+
+
+@pytest.mark.parametrize("read_first", ["the result", "the future"])
+def test_a_future_and_its_result_are_one_value_to_wait_for(read_first):
+    """``y.result()`` is ``y``'s buffer: ``read`` given one and ``eat`` (donating, called
+    next) given the other still go in call order (before: ``read`` failed with "Array has
+    been deleted ... given to an earlier call that donates it")."""
+    with pw.Controller(islands=(4, 4)) as ctl:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        a = pw.function(lambda x: x * 2, slice=s0, name="a")
+        far = pw.function(lambda h: h + 1, slice=s1, name="far")
+        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        y = a(np.ones(N, np.float32))
+        value = y.result(TIMEOUT)
+        held, release = _held_island_one(ctl)
+        first, then = (value, y) if read_first == "the result" else (y, value)
+        z = read(first, far(np.ones(8, np.float32)))  # waits for island 1
+        w = eat(then)
+        release.set()
+        held.result(TIMEOUT)
+        assert z.result(TIMEOUT).tolist() == [7.0] * N
+        assert w.result(TIMEOUT).tolist() == [3.0] * N

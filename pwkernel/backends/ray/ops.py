@@ -24,6 +24,7 @@ from typing import Any
 
 from ...runtime.compiled import Latest
 from .hostvalues import from_host, to_host
+from .sending import Sends
 
 now = time.perf_counter
 
@@ -102,6 +103,7 @@ class IslandDevices:
         self._meshes: dict[tuple, Any] = {}
         self.last_end: dict[int, float] = {}  # device position -> when its last work ended
         self.shared = Latest(KEEP_EXECUTABLES) if shared else None  # by ``content_key``
+        self.sends = Sends()  # sends issued, not read yet (``sending.py``)
 
     def info(self) -> dict:
         import socket
@@ -208,6 +210,8 @@ class IslandDevices:
             t_launch = now()  # compiling (the first time) is host work, not device time
             args = [self.arg(buffers, r, lay)
                     for r, lay in zip(inputs, in_layouts, strict=True)]
+            if donated:  # a send issued before it still reads what it donates
+                self.sends.before_donating([args[i] for i in donated], self._copy)
             outs, fence = exe(*args)
             for bid, out in zip(outputs, outs, strict=True):
                 buffers[bid] = out
@@ -225,7 +229,8 @@ class IslandDevices:
             return ("done", rid, out, t_launch, (), None)
         if kind == "send":
             _, rid, src, _island, bid, *_ = op
-            return ("send", rid, buffers.get(src), t_launch, (deliver(op), bid), None)
+            to = deliver(op)
+            return ("send", rid, self.sends.issued(buffers.get(src)), t_launch, (to, bid), None)
         if kind == "recv":
             _, rid, bid, layout, island, generation, *_ = op
             got = arrived(bid, island, generation)
@@ -278,13 +283,17 @@ class IslandDevices:
             record["t_src"] = t_src
         return record
 
-    def _send(self, array, deliver, bid: int, t_launch: float) -> None:
-        if array is None:
+    def _copy(self, array):
+        """A copy of ``array`` on its devices (never an alias of it)."""
+        return self.jax.device_put(array, array.sharding, may_alias=False)
+
+    def _send(self, sending, deliver, bid: int, t_launch: float) -> None:
+        if sending.array is None:
             deliver(bid, None, f"the value to send (island {self.island}) was never made: "
                     "its producer failed", t_launch)
             raise RuntimeError("nothing to send: the producer failed")
         try:
-            value = to_host(array)
+            value = self.sends.read(sending, to_host)
         except Exception as e:  # noqa: BLE001 - the receiver fails with the same error
             deliver(bid, None, f"{type(e).__name__}: {e}", t_launch)
             raise

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import psutil
 import pytest
@@ -166,6 +167,33 @@ def test_parallel_dispatch_sends_each_island_a_program_in_one_message(rctl):
     assert seq[0] == {"messages": 5, "ops": 5}
     assert seq[1]["ops"] == 4 and seq[1]["messages"] >= 3
     rctl.dispatch = "parallel"
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_an_eval_on_another_island_between_donating_steps_gets_each_steps_value(rctl, mode):
+    # Island 0 sent the parameters to the eval's island only once the step before had run,
+    # and by then the next step, issued at once, had consumed them: every eval failed with
+    # "Array has been deleted" (the island's sends, ``backends/ray/sending.py``).
+    s0, s1 = rctl.slice(2, island=0), rctl.slice(2, island=1)
+
+    def slow(p):
+        return jax.lax.fori_loop(0, 2000, lambda i, q: jnp.sin(q) * 0.5 + q * 0.5, p)
+
+    step = pw.function(slow, slice=s0, donate_argnums=0, name="slow_step")
+    evaluate = pw.function(jnp.sum, slice=s1, name="evaluate")
+    ref_step, ref_eval = jax.jit(slow), jax.jit(jnp.sum)
+    rctl.dispatch = mode
+    try:
+        p, ref = step(np.ones(50_000, np.float32)), ref_step(np.ones(50_000, np.float32))
+        evals, expected_evals = [], []
+        for _ in range(3):
+            evals.append(evaluate(p))
+            expected_evals.append(float(ref_eval(ref)))
+            p, ref = step(p), ref_step(ref)
+    finally:
+        rctl.dispatch = "parallel"
+    np.testing.assert_allclose(np.asarray(p.result(TIMEOUT)), np.asarray(ref), rtol=1e-6)
+    assert [float(e.result(TIMEOUT)) for e in evals] == pytest.approx(expected_evals, rel=1e-5)
 
 
 def test_values_stay_on_islands_until_asked(rctl):

@@ -63,6 +63,35 @@ def test_a_value_a_later_launch_donates_is_seen_to_end_without_an_error(island):
 
 
 
+def test_a_send_issued_before_a_run_that_donates_its_buffer_still_sends_the_value(island):
+    # An eval on another island is given the parameters (a send), then the next step donates
+    # them: the island issues both at once, but its completion thread reads the send's value
+    # only after the work issued before it ended, and the step had consumed it ("Array has
+    # been deleted"). Under jax.jit the transfer, dispatched first, holds the buffer.
+    buffers, executables, sent = {}, {}, []
+    layout = ((0, 1), (2,), ("x",), P("x"))
+
+    def deliver(op):
+        return lambda bid, value, error, t_src: sent.append((bid, value, error))
+
+    items = [issue(island, ("put", 0, 10, np.arange(4, dtype=np.float32), layout), buffers,
+                   executables),
+             issue(island, run_op(1, "double", lambda x: x * 2, [10], [11]), buffers,
+                   executables),
+             island.issue(("send", 2, 11, 1, 50), 0.0, buffers, executables, None, deliver),
+             issue(island, run_op(3, "inc", lambda x: x + 1, [11], [12], donated=[0]),
+                   buffers, executables)]
+    assert buffers[11].is_deleted()  # the step consumed it, as asked
+    records = [island.complete(item) for item in items]
+    assert [(r["rid"], r["ok"], r.get("error")) for r in records] == [
+        (0, True, None), (1, True, None), (2, True, None), (3, True, None)]
+    [(bid, value, error)] = sent
+    assert (bid, error) == (50, None)
+    np.testing.assert_array_equal(value, [0.0, 2.0, 4.0, 6.0])
+    np.testing.assert_array_equal(np.asarray(buffers[12]), [1.0, 3.0, 5.0, 7.0])
+    assert not island.sends._pending  # (nothing kept once sent)
+
+
 def test_an_idle_island_actor_keeps_no_value_of_its_last_message(island):
     # The actor's executor thread kept the last message it issued (and its last operation)
     # in its locals while it waited for the next: a program's host argument, which Ray hands
@@ -170,3 +199,38 @@ def test_an_islands_executable_is_named_after_the_controllers_function(island):
     issue(island, run_op(1, "my_step", lambda x: x * 2, [10], [11]), buffers, executables)
     text = executables["my_step"].call.as_text()
     assert "jit_my_step" in text and "jit_fenced" not in text
+
+
+def test_a_run_donating_what_a_send_is_reading_waits_for_the_read():
+    # The completion thread is reading the send's value when the executor issues a run that
+    # donates it: the run waits for the read (no copy), then goes; a send not read yet gets
+    # a copy instead.
+    import threading
+
+    from pwkernel.backends.ray.sending import Sends
+
+    sends, value = Sends(), jnp.arange(4.0)
+    sending = sends.issued(value)
+    reading, finish, donated = threading.Event(), threading.Event(), threading.Event()
+
+    def read(array):
+        reading.set()
+        assert finish.wait(30)
+        return np.asarray(array)
+
+    got = []
+    reader = threading.Thread(target=lambda: got.append(sends.read(sending, read)))
+    reader.start()
+    assert reading.wait(30)
+    copies = []
+    donor = threading.Thread(target=lambda: (sends.before_donating([value], copies.append),
+                                            donated.set()))
+    donor.start()
+    assert not donated.is_set() and not copies  # (waits: the read holds the value)
+    finish.set()
+    reader.join(30)
+    assert donated.wait(30) and copies == []
+    np.testing.assert_array_equal(got[0], [0.0, 1.0, 2.0, 3.0])
+    later = sends.issued(value)
+    sends.before_donating([value], lambda a: a + 0)  # not read yet: a copy
+    assert later.array is not value and not sends._pending
