@@ -16,8 +16,6 @@ without ordered effects pays nothing (``Plan.ordered`` is empty).
 
 from __future__ import annotations
 
-from functools import partial
-
 from jax._src import effects
 
 
@@ -39,12 +37,7 @@ def gate(runs: dict, run, release) -> None:
         if earlier is run or not tasks or not earlier.plan.ordered:
             continue
         # its last one: the others launch before it (its own chain, below)
-        _after(run, first, earlier, tasks[earlier.plan.ordered[-1]], release)
+        run.after_launch(first, earlier, tasks[earlier.plan.ordered[-1]], release)
     for before, index in zip(ordered, ordered[1:], strict=False):
-        _after(run, index, run, run.tasks[before], release)
+        run.after_launch(index, run, run.tasks[before], release)
 
-
-def _after(run, index: int, earlier, task, release) -> None:
-    run.hold(index)
-    if not earlier.on_launch(task, partial(release, run, index)):
-        run.count_released(index)  # launched already (never the last)

@@ -20,8 +20,6 @@ readers were submitted after it); a run that donates nothing pays one check of i
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 
 from .objects import Future
@@ -63,9 +61,7 @@ def gate(runs: dict, run, release) -> None:
                 continue
             for reader in consumers[slot]:
                 for index in nodes:
-                    run.hold(index)
-                    if not earlier.on_launch(tasks[reader], partial(release, run, index)):
-                        run.count_released(index)  # launched already (never the last)
+                    run.after_launch(index, earlier, tasks[reader], release)
 
 
 def _given(run, slot: int):

@@ -11,6 +11,7 @@ slot, so its end gives the bytes back without deleting anything.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -209,14 +210,19 @@ class RunSlots:
         for fn in waiters or ():
             fn()
 
-    def hold(self, index: int) -> None:
-        """Node ``index`` waits for one more arrival: an earlier run's reader of what it
-        donates (``read_order.py``)."""
+    def after_launch(self, index: int, earlier: RunSlots, task, release) -> None:
+        """Node ``index`` waits for one more arrival (before the run starts): ``task`` of
+        ``earlier`` (a run, maybe this one) launching or ending, which calls ``release(self,
+        index)``: an earlier reader of what it donates (``read_order.py``), an earlier
+        ordered computation (``effects_order.py``)."""
         with self.lock:
             self.waiting[index] += 1
+        if not earlier.on_launch(task, partial(release, self, index)):
+            self.count_released(index)  # launched already (never the last arrival)
 
     def count_released(self, index: int) -> list:
-        """One arrival ``hold`` added came; returns ``[its task]`` if that completes it."""
+        """One arrival ``after_launch`` added came; returns ``[its task]`` if that completes
+        it."""
         with self.lock:
             self.waiting[index] -= 1
             return [] if self.waiting[index] or not self.tasks else [self.tasks[index]]

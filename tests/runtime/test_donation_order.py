@@ -22,6 +22,22 @@ TIMEOUT = 60.0
 N = 1024
 
 
+def _calls(ctl, far=lambda h: h + 1, read=lambda x, r: x + 5 + r[0] * 0):
+    """Two slices, one per island; on island 0 ``a`` (``x * 2``), ``read`` (of ``x`` and of
+    ``far``'s result) and ``eat`` (``x + 1``, donating ``x``); ``far`` on island 1."""
+    s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+    return (s0, s1, pw.function(lambda x: x * 2, slice=s0, name="a"),
+            pw.function(far, slice=s1, name="far"), pw.function(read, slice=s0, name="read"),
+            pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat"))
+
+
+def _failing(h):
+    """A computation whose host callback raises: it fails."""
+    def check(v):
+        raise ValueError("no")
+    return jax.pure_callback(check, jax.ShapeDtypeStruct(h.shape, h.dtype), h)
+
+
 def _held_island_one(ctl):
     """Island 1's four devices held by a gate until ``release`` is set."""
     quad = ctl.slice(4, island=1)
@@ -35,11 +51,7 @@ def _held_island_one(ctl):
 @pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
 def test_a_donating_call_waits_for_an_earlier_reader_held_up_by_another_island(dispatch):
     with pw.Controller(islands=(4, 4), dispatch=dispatch) as ctl:
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        a = pw.function(lambda x: x * 2, slice=s0, name="a")
-        far = pw.function(lambda h: h + 1, slice=s1, name="far")
-        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
-        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        s0, s1, a, far, read, eat = _calls(ctl)
 
         @pw.program
         def p(v, h):
@@ -61,10 +73,7 @@ def test_a_donating_call_waits_for_an_earlier_reader_held_up_by_another_island(d
 
 def test_a_donating_call_waits_for_an_earlier_copy_held_up_by_memory():
     with pw.Controller(islands=(4, 4), memory_budget=3_000_000) as ctl:
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        a = pw.function(lambda x: x * 2, slice=s0, name="a")
-        far = pw.function(lambda x: x + 5, slice=s1, name="far")
-        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        s0, s1, a, far, _, eat = _calls(ctl, far=lambda x: x + 5)
         hold = pw.function(lambda: jnp.ones(600_000, jnp.float32), slice=s1)()
         hold.result(TIMEOUT)  # island 1 nearly full: the copy of y waits for memory
 
@@ -84,17 +93,8 @@ def test_a_donating_call_waits_for_an_earlier_copy_held_up_by_memory():
 
 @pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
 def test_a_donating_call_still_runs_when_an_earlier_reader_fails(dispatch):
-    def bad(h):
-        def check(v):
-            raise ValueError("no")
-        return jax.pure_callback(check, jax.ShapeDtypeStruct(h.shape, h.dtype), h)
-
     with pw.Controller(islands=(4, 4), dispatch=dispatch) as ctl:
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        a = pw.function(lambda x: x * 2, slice=s0, name="a")
-        fails = pw.function(bad, slice=s1, name="fails")
-        read = pw.function(lambda x, r: x + r[0], slice=s0, name="read")
-        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        s0, s1, a, fails, read, eat = _calls(ctl, far=_failing, read=lambda x, r: x + r[0])
 
         @pw.program
         def p(v, h):
@@ -116,11 +116,7 @@ def test_a_donating_call_waits_for_an_earlier_call_reading_its_argument(dispatch
     under ``jax.jit`` it is dispatched first and XLA holds ``y`` for it, so ``eat``, called
     next and ready at once, must not consume ``y`` before ``read`` has launched."""
     with pw.Controller(islands=(4, 4), dispatch=dispatch) as ctl:
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        a = pw.function(lambda x: x * 2, slice=s0, name="a")
-        far = pw.function(lambda h: h + 1, slice=s1, name="far")
-        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
-        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        s0, s1, a, far, read, eat = _calls(ctl)
         y = a(np.ones(N, np.float32))
         y.result(TIMEOUT)  # (before the hold: held devices can keep XLA's CPU threads busy)
         held, release = _held_island_one(ctl)
@@ -138,10 +134,7 @@ def test_a_donating_call_waits_for_earlier_reads_on_another_island():
     """An eval on another island reads the parameters through a copy, which waits for
     memory there: the next step, which donates them, waits for the copy to start."""
     with pw.Controller(islands=(4, 4), memory_budget=3_000_000) as ctl:
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        a = pw.function(lambda x: x * 2, slice=s0, name="a")
-        far = pw.function(lambda x: x + 5, slice=s1, name="far")
-        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        s0, s1, a, far, _, eat = _calls(ctl, far=lambda x: x + 5)
         hold = pw.function(lambda: jnp.ones(600_000, jnp.float32), slice=s1)()
         hold.result(TIMEOUT)  # island 1 nearly full: far's copy of y waits for memory
         y = a(np.ones(250_000, np.float32))
@@ -156,17 +149,9 @@ def test_a_donating_call_waits_for_earlier_reads_on_another_island():
 
 @pytest.mark.parametrize("how", ["fails", "cancelled"])
 def test_a_donating_call_goes_when_the_earlier_reader_never_runs(how):
-    def bad(h):
-        def check(v):
-            raise ValueError("no")
-        return jax.pure_callback(check, jax.ShapeDtypeStruct(h.shape, h.dtype), h)
-
     with pw.Controller(islands=(4, 4)) as ctl:
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        a = pw.function(lambda x: x * 2, slice=s0, name="a")
-        first = pw.function(bad if how == "fails" else (lambda h: h + 1), slice=s1)
-        read = pw.function(lambda x, r: x + r[0], slice=s0, name="read")
-        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        s0, s1, a, first, read, eat = _calls(
+            ctl, far=_failing if how == "fails" else (lambda h: h + 1), read=lambda x, r: x + r[0])
         held, release = _held_island_one(ctl)
         y = a(np.ones(8, np.float32))
         z = read(y, first(np.ones(8, np.float32)))
@@ -184,10 +169,7 @@ def test_a_donating_call_waits_for_an_earlier_call_reading_the_users_array(dispa
     """The same for a ``jax.Array`` of the user's: ``eat`` was asked to donate it, but not
     before ``read``, called first, has read it."""
     with pw.Controller(islands=(4, 4), dispatch=dispatch) as ctl:
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        far = pw.function(lambda h: h + 1, slice=s1, name="far")
-        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
-        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        s0, s1, _, far, read, eat = _calls(ctl)
         y = jax.device_put(np.full(N, 2.0, np.float32), NamedSharding(s0.mesh, P()))
         held, release = _held_island_one(ctl)
         z = read(y, far(np.ones(8, np.float32)))  # waits for island 1
@@ -205,11 +187,7 @@ def test_a_future_and_its_result_are_one_value_to_wait_for(read_first):
     next) given the other still go in call order (before: ``read`` failed with "Array has
     been deleted ... given to an earlier call that donates it")."""
     with pw.Controller(islands=(4, 4)) as ctl:
-        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
-        a = pw.function(lambda x: x * 2, slice=s0, name="a")
-        far = pw.function(lambda h: h + 1, slice=s1, name="far")
-        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
-        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        s0, s1, a, far, read, eat = _calls(ctl)
         y = a(np.ones(N, np.float32))
         value = y.result(TIMEOUT)
         held, release = _held_island_one(ctl)
