@@ -135,7 +135,9 @@ class Dispatcher:
         start = self._start_parallel if parallel else self._start_sequential
         self.work_began()
         try:
-            if self._group is None:
+            if run.values is None:  # another thread's cancel (``ctl.cancel_all()``, a
+                pass  # future's) ended the run since it joined ``runs``: nothing to start
+            elif self._group is None:
                 start(run, pending)
             else:
                 with self._group():

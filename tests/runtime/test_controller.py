@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import pwkernel as pw
+from pwkernel.backends.local import LocalBackend
 from tests.helpers.gang_order import LaunchLog
 from tests.helpers.programs import gate
 
@@ -454,3 +456,45 @@ def test_a_first_call_whose_slice_goes_while_it_is_traced_says_so(gone):
     expected = pw.ControllerClosedError if gone == "closed" else pw.SliceError
     assert type(error) is expected, repr(error)
     assert "could not be traced" not in str(error) and f"slice {vs.id}" in str(error)
+
+
+class _CancelledAtSubmission(LocalBackend):
+    """A local backend whose ``submitted`` hook (the moment a run joins the controller's runs,
+    before its tasks start) lets another thread run ``ctl.cancel_all()`` to its end."""
+
+    ctl = None
+
+    def submitted(self, run):
+        if self.ctl is not None:
+            canceller = threading.Thread(target=self.ctl.cancel_all, name="canceller")
+            canceller.start()
+            canceller.join(timeout=60)
+            assert not canceller.is_alive()
+
+
+@pytest.mark.parametrize("dispatch", ["parallel", "sequential"])
+def test_a_cancel_all_from_another_thread_as_a_run_is_submitted_cancels_it(dispatch):
+    backend = _CancelledAtSubmission(islands=(2, 2))
+    ctl = pw.Controller(backend=backend, dispatch=dispatch)
+    try:
+        s0, s1 = ctl.slice(2, island=0), ctl.slice(2, island=1)
+        a = pw.function(lambda v: v * 2, slice=s0)
+        b = pw.function(lambda v: v + 1, slice=s1)
+
+        @pw.program
+        def p(v):
+            return b(a(v))
+
+        x = np.arange(4.0, dtype=np.float32)
+        backend.ctl = ctl
+        y = p(x)  # (raised a TypeError: the run was ended before its start read its values)
+        backend.ctl = None
+        with pytest.raises(pw.CancelledError):
+            y.result(timeout=60)
+        del y
+        gc.collect()
+        assert ctl.wait(timeout=60) and ctl.runs() == []
+        assert sum(ctl.memory().values()) == 0
+        np.testing.assert_allclose(np.asarray(p(x).result(timeout=60)), x * 2 + 1)
+    finally:
+        ctl.close()
