@@ -153,12 +153,13 @@ class Dispatcher:
             run.errors
         notify = plan.notify
         ready: list[Task] = []
-        for slot in plan.sources:
-            if notify[slot] and values[slot] is not None and slot not in errors:
-                for c in notify[slot]:
-                    waiting[c] -= 1
-                    if not waiting[c]:
-                        ready.append(tasks[c])
+        with run.lock:  # (an earlier run's launch may count a gated node down meanwhile)
+            for slot in plan.sources:
+                if notify[slot] and values[slot] is not None and slot not in errors:
+                    for c in notify[slot]:
+                        waiting[c] -= 1
+                        if not waiting[c]:
+                            ready.append(tasks[c])
         client = run.client_spec
         several = len(plan.islands) > 1
         if several:  # no launch may reach an island before it knows the run
@@ -172,6 +173,8 @@ class Dispatcher:
                     [tasks[s.index] for s in specs], event,
                     [t for t in ready if t.node.is_compute and t.node.island == island]
                     if ready else ready)
+            if plan.donated_inputs or plan.ordered:
+                self._gated_ready(run, ready)
         finally:
             if several:
                 for island in plan.islands:
@@ -185,6 +188,17 @@ class Dispatcher:
         for group in pending.values():
             group.watched.watch(_Group(group, run.inputs_arrived),
                                 _Group(group, run.inputs_ended))
+
+    def _gated_ready(self, run: ProgramRun, ready: list[Task]) -> None:
+        """The nodes of ``run`` that wait for earlier runs (a donating one, an ordered one:
+        ``read_order.py``, ``effects_order.py``) whose last arrival came from another thread
+        before their island knew them (``released`` found them not QUEUED yet): ready now."""
+        waiting, tasks, islands = run.waiting, run.tasks, self.islands
+        gated = {i for i, _ in run.plan.donated_inputs}.union(run.plan.ordered)
+        for index in gated if tasks else ():
+            task = tasks[index]
+            if not waiting[index] and task.state is TaskState.QUEUED and task not in ready:
+                islands[task.node.island].ready(task)  # (a second Ready is ignored)
 
     def _start_sequential(self, run: ProgramRun, pending: dict) -> None:
         plan = run.plan

@@ -14,7 +14,9 @@ whichever comes first. So in ``w = step(w)`` with ``donate_argnums``, the loop's
 ``w`` is the new state when the interrupt is raised: raised inside the call, it dropped the
 only future of a state whose old buffers the call had already donated. It is never lost: a
 free run by the garbage collector (a weak reference's callback, where Python ignores an
-exception) keeps it the same way, and it comes ``GRACE`` after that free too. A timer thread
+exception) keeps it the same way, and it comes ``GRACE`` after that free too; so does one
+that lands in a callback of the garbage collector (``gc.callbacks``, JAX's among them), which
+Python would print and drop. A timer thread
 is not started there (a callback the collector runs can land while the main thread holds
 ``threading``'s own locks): the free's end hands the time to ``courier``, one daemon thread
 alive while a controller is open, through a ``queue.SimpleQueue`` (made to be put to from
@@ -29,6 +31,7 @@ handler of the user's own is left alone, and the runtime then behaves as Python 
 from __future__ import annotations
 
 import _thread
+import gc
 import queue
 import signal
 import threading
@@ -214,6 +217,17 @@ def _in_entry(frame) -> bool:
     return False
 
 
+def _in_gc_callback(frame) -> bool:
+    """The main thread is inside a callback of the garbage collector (``gc.callbacks``: JAX's
+    ``_xla_gc_callback``), where Python prints an exception raised and drops it."""
+    codes = {getattr(getattr(cb, "__func__", cb), "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def cell_ended() -> bool:
     """The notebook cell's code has ended (IPython's ``post_execute``): take the interrupt a
     hold kept, True if there was one (the cell shows it: ``GRACE`` later the main thread is in
@@ -232,6 +246,10 @@ def _handler(signum, frame) -> None:
         return
     if _state.depth or _in_entry(frame):
         _state.pending = True
+        return
+    if _in_gc_callback(frame):  # (raised there, it was lost): kept, and raised by the next
+        _state.pending = True  # runtime work or the ``courier``, ``GRACE`` later
+        _ended.put(time.monotonic())
         return
     _state.pending = False
     signal.default_int_handler(signum, frame)

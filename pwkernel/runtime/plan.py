@@ -232,7 +232,10 @@ def build(graph: Graph) -> Plan:
             after = _island_ancestors(nodes, producer, distinct, p.island)
             p.spec = NodeSpec(index=index, devices=frozenset(p.devices),
                               cost_key=cost_key(node.fn, node.signature), memory=p.memory,
-                              waits=tuple(waits), after=tuple(after), external=p.external > 0,
+                              waits=tuple(waits), after=tuple(after),
+                              # an ordered one waits for the ordered work before it too, which
+                              # only the dispatcher sees (``effects_order.py``): its ``Ready``
+                              external=p.external > 0 or has_ordered_effects(p.exe),
                               credit=p.credit)
         nodes.append(p)
     for p in nodes:

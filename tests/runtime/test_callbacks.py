@@ -305,3 +305,37 @@ def test_ordered_callbacks_run_in_call_order_when_an_earlier_call_waits(mode):
         assert [int(i) for i in log] == [1, 2, 3, 4]
     finally:
         ctl.close()
+
+
+def test_an_ordered_callback_reading_only_its_own_islands_work_waits_for_an_earlier_call():
+    """The second call's ordered computation reads only a computation of its own program on
+    its island (no argument, no constant): its island's scheduler launched it once that one
+    had, not waiting for the dispatcher's word that the earlier call's ordered callback
+    launched (``effects_order.py``), so its callback ran first (parallel dispatch)."""
+    ctl = pw.Controller(islands=(2, 2))
+    try:
+        s0, s1 = ctl.slice(1, island=0), ctl.slice(1, island=1)
+        log, gate = [], threading.Event()
+
+        def held(v):
+            assert gate.wait(TIMEOUT)
+            return v
+
+        slow = pw.function(lambda v: io_callback(held, jax.ShapeDtypeStruct((), jnp.float32), v),
+                           slice=s1)
+
+        def logs(i):
+            def logged(x):
+                io_callback(log.append, None, np.int32(i), ordered=True)
+                return x + 1
+            return pw.function(logged, slice=s0, name=f"logged{i}")
+
+        first_f, second_f, double = logs(1), logs(2), pw.function(lambda v: v * 2, slice=s0)
+        second_p = pw.program(lambda v: second_f(double(v)))
+        first = first_f(slow(np.float32(1)))  # waits for island 1
+        second = second_p(np.float32(0))      # ready at once
+        gate.set()
+        assert float(first.result(TIMEOUT)) == 2.0 and float(second.result(TIMEOUT)) == 1.0
+        assert [int(i) for i in log] == [1, 2]  # (was [2, 1])
+    finally:
+        ctl.close()

@@ -6,16 +6,19 @@ value from another island, for memory) than the donating call, which then waits 
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import io_callback
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pwkernel as pw
+from pwkernel.backends.local import LocalBackend
 from tests.helpers.programs import gate
 
 TIMEOUT = 60.0
@@ -198,3 +201,74 @@ def test_a_future_and_its_result_are_one_value_to_wait_for(read_first):
         held.result(TIMEOUT)
         assert z.result(TIMEOUT).tolist() == [7.0] * N
         assert w.result(TIMEOUT).tolist() == [3.0] * N
+
+
+class _ActsAsIslandsGetARun(LocalBackend):
+    """A local backend that lets another thread run ``action`` to its end as the program
+    ``name`` is being handed to its islands (at its ``at``-th island): its ``submitted`` hook
+    arms it, the islands' first reads of the clock after that fire it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.action, self.name, self.at = None, None, 0
+
+    def submitted(self, run):
+        if self.action is not None and run.name == self.name:
+            self.at = 1
+
+    def now(self):
+        if self.at:
+            self.at, action, self.action = 0, self.action, None
+            other = threading.Thread(target=action, name="canceller")
+            other.start()
+            other.join(TIMEOUT)
+            assert not other.is_alive()
+        return super().now()
+
+
+@pytest.mark.parametrize("how", ["its future", "its run", "cancel_all"])
+def test_a_donating_call_goes_when_its_earlier_reader_is_cancelled_as_it_is_submitted(how):
+    """``read`` (called first, waiting for island 1) is cancelled by another thread while
+    ``eat``, which donates what it reads, is being handed to its island: the cancellation
+    released ``eat`` before its island knew it, and ``eat`` never launched (it hung)."""
+    backend = _ActsAsIslandsGetARun(islands=(2, 2))
+    ctl = pw.Controller(backend=backend)
+    try:
+        s0, s1 = ctl.slice(1, island=0), ctl.slice(1, island=1)
+        opened = threading.Event()
+
+        def wait_open(v):
+            assert opened.wait(TIMEOUT)
+            return v
+
+        slow = pw.function(lambda v: io_callback(wait_open, jax.ShapeDtypeStruct((8,),
+                                                 jnp.float32), v), slice=s1, name="slow")
+        read = pw.function(lambda x, r: x + 5 + r[0] * 0, slice=s0, name="read")
+        eat = pw.function(lambda x: x + 1, slice=s0, donate_argnums=0, name="eat")
+        y = pw.function(lambda x: x * 2, slice=s0, name="a")(np.ones(8, np.float32))
+        y.result(TIMEOUT)
+        baseline = ctl.memory()
+        z = read(y, slow(np.ones(8, np.float32)))  # waits for island 1
+        (run,) = [r for r in ctl.runs() if r.name == "read"]
+        backend.name = "eat"
+        backend.action = {"its future": z.cancel, "its run": run.cancel,
+                          "cancel_all": ctl.cancel_all}[how]
+        w = eat(y)
+        opened.set()
+        with pytest.raises(pw.CancelledError):
+            z.result(TIMEOUT)
+        if how == "cancel_all":  # (it cancelled eat too, before it ran)
+            with pytest.raises(pw.CancelledError):
+                w.result(TIMEOUT)
+        else:
+            assert w.result(TIMEOUT).tolist() == [3.0] * 8  # (it hung)
+            assert y.donated
+        del z, w, run
+        assert ctl.wait(timeout=TIMEOUT) and ctl.runs() == []
+        gc.collect()
+        assert sum(ctl.memory().values()) == (sum(baseline.values()) if how == "cancel_all"
+                                              else 0)  # (y only, or nothing: y was donated)
+        assert eat(y if how == "cancel_all" else np.ones(8, np.float32)).result(
+            TIMEOUT).tolist() == [3.0 if how == "cancel_all" else 2.0] * 8
+    finally:
+        ctl.close()

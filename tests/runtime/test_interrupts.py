@@ -346,3 +346,35 @@ def test_an_interrupt_ends_a_close_that_a_blocked_done_callback_holds(handler):
         release.set()
         ctl.close()
     assert done_callbacks.runner.wait_idle(60)
+
+
+def test_an_interrupt_landing_in_a_gc_callback_is_kept_and_raised(handler):
+    """A kept interrupt the courier delivers ``GRACE`` later may land while the main thread runs
+    a callback of the garbage collector (JAX's ``_xla_gc_callback``), where Python prints
+    "Exception ignored" and drops it: it was lost. It is kept again, and raised soon after,
+    wherever the user's code is by then (here, blocked in a wait it ends)."""
+    ctl = pw.Controller(islands=(4,))
+    landed = []
+
+    def collecting(phase, _info):
+        if phase == "start" and not landed:
+            landed.append(True)
+            interrupts._interrupt_main()  # (as the courier delivers one)
+            for _ in range(3):  # (Python runs the handler here, inside the callback)
+                pass
+
+    gc.callbacks.append(collecting)
+    raised_in = None
+    try:
+        t0 = time.monotonic()
+        try:
+            gc.collect()
+            threading.Event().wait(20)
+        except KeyboardInterrupt:
+            raised_in = threading.current_thread()
+            assert time.monotonic() - t0 < 10, "raised only once the user's wait had ended"
+        assert landed and raised_in is threading.main_thread(), "the interrupt was lost"
+        assert not interrupts.kept()
+    finally:
+        gc.callbacks.remove(collecting)
+        ctl.close()
