@@ -535,8 +535,8 @@ def test_tracing_errors_name_the_inputs_who_chose_them_and_the_fix(ctl):
     (lambda ctl: ctl.slice(2, devices=[0, 5]), "not all on one island"),
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), in_specs="x"),
      "in_specs must be PartitionSpecs"),
-    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), in_shardings=jax.sharding.
-                             SingleDeviceSharding(jax.devices()[0])),
+    (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(2), in_shardings=jax.sharding.
+                             SingleDeviceSharding(jax.devices()[0])),  # (one device: taken)
      "in_shardings takes NamedShardings, PartitionSpecs or None"),
     (lambda ctl: pw.function(lambda x: x, slice=ctl.slice(1), in_specs=P(), in_shardings=P()),
      "give in_specs or in_shardings, not both"),
