@@ -9,8 +9,9 @@ Two things make that array the value's own, as ``jax.jit``'s output would be:
   computed from it (a consumer launched behind it, on any island) carries the error: an
   operation on those waits for the value and raises the error, where computing on the zeros
   would give silent garbage (``total + loss`` after a failed data-loading callback).
-- ``lend``: the buffer lent is the user's from then on, as ``result()`` makes it
-  (``ObjectStore.fetch``): an operation may return it as it is (``jnp.asarray(fut)``,
+- ``Future.array`` marks the buffer lent (``lent``): the user's from then on, as ``result()``
+  makes it (``ObjectStore.fetch``), and ``set_result(s)`` marks its store entry so: an
+  operation may return it as it is (``jnp.asarray(fut)``,
   ``fut.astype(fut.dtype)``, ``fut[...]``), and the store must not delete it when the future
   goes or its controller closes, as it would an unread buffer.
 """
@@ -39,14 +40,3 @@ def trusted(task) -> bool:
                 todo.append(p)
     return True
 
-
-def lend(fut, value):
-    """``value``, the array ``fut``'s computation launched, lent to an operation: the store
-    entry ``fut`` resolves with is marked the user's (``Future.set_results`` reads ``lent``
-    after it sets ``_buffer``; this sets ``lent`` before it reads it: one of the two marks
-    it)."""
-    fut.lent = True
-    held = fut._buffer
-    if held is not None and fut._store is not None:
-        held.exported = True
-    return value

@@ -173,14 +173,16 @@ class Future(ArrayOnDemand):
 
     def array(self):
         """What a JAX operation on it computes on (``arraylike``): while its computation runs,
-        the array it launched, as JAX computes on one not ready yet (the user's from then on);
-        else, or where a failure shows only at an end (host callbacks inside it or upstream),
-        ``result()`` (``lending``)."""
+        the array it launched (then the user's), as JAX computes on one not ready yet; else, or
+        where a failure shows only at an end (host callbacks, upstream too), ``result()``."""
         value, producer = self._launched, self.producer
         if (value is None or self._state is not _PENDING or self.donated or producer is None
                 or not isinstance(value, jax.Array) or not lending.trusted(producer)):
             return self.result()
-        return lending.lend(self, value)
+        self.lent = True  # the user's (``lending``), marked here or by its resolution
+        if (held := self._buffer) is not None and self._store is not None:
+            held.exported = True
+        return value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self.wait(timeout):
@@ -385,7 +387,7 @@ class Future(ArrayOnDemand):
         store = self._store
         self._buffer = _Buffer(value) if store is None else store.add(self, value, reserved,
                                                                         nbytes)
-        if self.lent and store is not None:  # (its launched array was lent: ``lending``)
+        if self.lent and store is not None:  # (its launched array was lent: the user's)
             self._buffer.exported = True
         if self.donated:  # (consumed before it resolved)
             _consumed(store, self._buffer)
