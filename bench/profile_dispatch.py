@@ -52,6 +52,7 @@ PARTS = [
       "runtime/stages.py", "runtime/exits.py", "runtime/placements.py", "runtime/registry.py",
       "runtime/sizes.py", "runtime/guards.py", "runtime/intake.py")),
     ("futures and object store", ("runtime/objects.py", "runtime/hooks.py", "runtime/store.py",
+                                  "runtime/lending.py",
                                   "runtime/budget.py", "runtime/dtypes.py", "runtime/arraylike.py",
                                   "runtime/done_callbacks.py", "runtime/awaiting.py")),
     ("trace", ("runtime/trace.py", "runtime/device_groups.py")),

@@ -18,7 +18,7 @@ from enum import StrEnum
 import jax
 import numpy as np
 
-from . import awaiting, done_callbacks, interrupts
+from . import awaiting, done_callbacks, interrupts, lending
 from .arraylike import ArrayOnDemand, read_only
 from .dtypes import as_dtype
 from .errors import CancelledError, freed_by_close, origin, timeout_seconds
@@ -75,7 +75,7 @@ class Future(ArrayOnDemand):
     __slots__ = ("_shape", "_dtype", "_sharding", "name", "island", "run", "producer", "_store",
                  "_buffer", "_state", "_error", "_event", "_callbacks", "_hooks", "_launch_hooks",
                  "_launched", "_lock", "t_created", "t_done", "weak_type", "order", "placement",
-                 "donated", "_error_tb", "__weakref__")
+                 "donated", "lent", "_error_tb", "__weakref__")
     shape, dtype, sharding = read_only("shape"), read_only("dtype"), read_only("sharding")
 
     def __init__(self, shape, dtype, sharding=None, *, name: str = "", island: int | None = None,
@@ -99,6 +99,7 @@ class Future(ArrayOnDemand):
         self.order = -1  # its position among its producer's outputs (which resolve in order)
         self.placement: tuple | None = None  # its part of a program's cache key, if known
         self.donated = False  # a launched computation consumed its buffer (donate_argnums)
+        self.lent = False  # its launched array was lent to an operation (``lending``)
 
     @property
     def store(self) -> ObjectStore | None:
@@ -172,12 +173,15 @@ class Future(ArrayOnDemand):
 
     def array(self):
         """What a JAX operation on it computes on (``arraylike``): while its computation runs,
-        the array it launched, as JAX computes on one not ready yet; else, or where a failure
-        shows only at the end (host callbacks inside), ``result()``."""
+        the array it launched (then the user's), as JAX computes on one not ready yet; else, or
+        where a failure shows only at an end (host callbacks, upstream too), ``result()``."""
         value, producer = self._launched, self.producer
         if (value is None or self._state is not _PENDING or self.donated or producer is None
-                or not producer.node.asynchronous or not isinstance(value, jax.Array)):
+                or not isinstance(value, jax.Array) or not lending.trusted(producer)):
             return self.result()
+        self.lent = True  # the user's (``lending``), marked here or by its resolution
+        if (held := self._buffer) is not None and self._store is not None:
+            held.exported = True
         return value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -249,7 +253,7 @@ class Future(ArrayOnDemand):
         fut._shape, fut._dtype, fut._sharding, fut.name, fut.island = (shape, dtype, sharding,
                                                                          name, island)
         fut.run, fut._store, fut.producer, fut.weak_type = run, store, producer, weak
-        fut.order, fut.placement, fut.donated = order, placement, False
+        fut.order, fut.placement, fut.donated, fut.lent = order, placement, False, False
         fut._buffer = fut._error = fut._event = fut._callbacks = fut._hooks = None
         fut._launch_hooks = fut._launched = None
         fut._state = _PENDING
@@ -383,6 +387,8 @@ class Future(ArrayOnDemand):
         store = self._store
         self._buffer = _Buffer(value) if store is None else store.add(self, value, reserved,
                                                                         nbytes)
+        if self.lent and store is not None:  # (its launched array was lent: the user's)
+            self._buffer.exported = True
         if self.donated:  # (consumed before it resolved)
             _consumed(store, self._buffer)
         self._resolve(_DONE, None, t_done)
@@ -419,6 +425,8 @@ class Future(ArrayOnDemand):
                     lock = fut._lock
                     lock.acquire()
                 fut._buffer = buf
+                if fut.lent and held is not None and buf is not None:  # (``lending``)
+                    buf.exported = True
                 if fut.donated and buf is not None:  # consumed before: ``consumed_many``
                     given = [buf] if given is None else given + [buf]  # saw no buffer
                 if fut._state is not _PENDING:  # (``_resolve``, inlined: this runs per output)
