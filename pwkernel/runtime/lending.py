@@ -18,14 +18,20 @@ Two things make that array the value's own, as ``jax.jit``'s output would be:
 
 from __future__ import annotations
 
+#: the most unended computations an operation looks through before it waits for the value
+#: instead (a loop far ahead of its devices: each look would grow with the distance)
+LOOKED_AT = 256
+
 
 def trusted(task) -> bool:
     """Whether ``task``'s launched outputs may be computed on before its end: neither it nor
     any computation it reads from (directly, through copies, or through computations still
     running, of any run) calls back into Python and is still running or ended with an error
-    not yet recorded, and none of them failed."""
+    not yet recorded, and none of them failed. False too past ``LOOKED_AT`` of them."""
     todo, seen = [task], {id(task)}
     while todo:
+        if len(seen) > LOOKED_AT:
+            return False
         t = todo.pop()
         if t.has_ended:  # (its outputs' errors are recorded once their ends are)
             run, outs = t.run, t.node.outputs
