@@ -173,7 +173,7 @@ class Dispatcher:
                     [tasks[s.index] for s in specs], event,
                     [t for t in ready if t.node.is_compute and t.node.island == island]
                     if ready else ready)
-            if plan.donated_inputs or plan.ordered:
+            if plan.gated:
                 self._gated_ready(run, ready)
         finally:
             if several:
@@ -194,8 +194,7 @@ class Dispatcher:
         ``read_order.py``, ``effects_order.py``) whose last arrival came from another thread
         before their island knew them (``released`` found them not QUEUED yet): ready now."""
         waiting, tasks, islands = run.waiting, run.tasks, self.islands
-        gated = {i for i, _ in run.plan.donated_inputs}.union(run.plan.ordered)
-        for index in gated if tasks else ():
+        for index in run.plan.gated if tasks else ():
             task = tasks[index]
             if not waiting[index] and task.state is TaskState.QUEUED and task not in ready:
                 islands[task.node.island].ready(task)  # (a second Ready is ignored)

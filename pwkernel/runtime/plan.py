@@ -165,6 +165,8 @@ class Plan:
     read_inputs: tuple[int, ...] = ()
     # computations with ordered effects, in program order (``effects_order.py``)
     ordered: tuple[int, ...] = ()
+    # the nodes that wait for earlier runs (those of ``donated_inputs`` and ``ordered``)
+    gated: tuple[int, ...] = ()
 
 
 def build(graph: Graph) -> Plan:
@@ -180,6 +182,7 @@ def build(graph: Graph) -> Plan:
         argument[slot] = True
     # (made once: per donating node, they were made again, quadratic in a program's calls)
     seen, inputs = frozenset(graph.outputs), frozenset(graph.inputs)
+    ordered: list[int] = []  # computations with ordered effects (``effects_order.py``)
     for index, node in enumerate(graph.nodes):
         compute = isinstance(node, ComputeNode)
         ins, outs = node.inputs, node.outputs
@@ -230,12 +233,14 @@ def build(graph: Graph) -> Plan:
             if p.donates:
                 _donated(p, nodes, producer, graph, seen, inputs)
             after = _island_ancestors(nodes, producer, distinct, p.island)
+            if has_ordered_effects(p.exe):
+                ordered.append(index)
             p.spec = NodeSpec(index=index, devices=frozenset(p.devices),
                               cost_key=cost_key(node.fn, node.signature), memory=p.memory,
                               waits=tuple(waits), after=tuple(after),
                               # an ordered one waits for the ordered work before it too, which
                               # only the dispatcher sees (``effects_order.py``): its ``Ready``
-                              external=p.external > 0 or has_ordered_effects(p.exe),
+                              external=p.external > 0 or ordered[-1:] == [index],
                               credit=p.credit)
         nodes.append(p)
     for p in nodes:
@@ -246,7 +251,7 @@ def build(graph: Graph) -> Plan:
         p.returns_nbytes = tuple(p.out_nbytes[k] for k, s in enumerate(p.outputs) if s in seen)
     donated = tuple((p.index, a) for p in nodes if p.donates for a in dict.fromkeys(
         [*(s for s in p.donated_slots if s in inputs), *(a for _, a in p.moved)]))
-    given = {a for _, a in donated}
+    given, given_by = {a for _, a in donated}, {i for i, _ in donated}
     islands: dict[int, list[NodeSpec]] = {}
     for p in nodes:
         if p.is_compute:
@@ -263,8 +268,8 @@ def build(graph: Graph) -> Plan:
                 tuple(None if p < 0 else (nodes[p], nodes[p].outputs.index(s))
                       for s, p in enumerate(producer)),
                 _gates(nodes, producer), guarded(graph), donated,
-                tuple(s for s in graph.inputs if s not in given),
-                tuple(p.index for p in nodes if p.is_compute and has_ordered_effects(p.exe)))
+                tuple(s for s in graph.inputs if s not in given), tuple(ordered),
+                tuple(sorted(given_by.union(ordered))))
 
 
 def _per_device(nbytes: tuple[dict[int, int], ...]) -> int:

@@ -273,6 +273,18 @@ def test_a_done_callback_that_is_not_callable_is_refused_when_added():
         ctl.close()
 
 
+def _held_until_set(s):
+    """A function on ``s`` whose (float32 scalar) result waits until ``gate`` is set."""
+    gate = threading.Event()
+
+    def held(v):
+        assert gate.wait(TIMEOUT)
+        return v
+
+    return pw.function(lambda v: io_callback(held, jax.ShapeDtypeStruct((), jnp.float32), v),
+                       slice=s), gate
+
+
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
 def test_ordered_callbacks_run_in_call_order_when_an_earlier_call_waits(mode):
     """``io_callback(..., ordered=True)`` runs in call order under ``jax.jit`` across calls,
@@ -281,14 +293,7 @@ def test_ordered_callbacks_run_in_call_order_when_an_earlier_call_waits(mode):
     ctl = pw.Controller(islands=(2, 2), dispatch=mode)
     try:
         s0, s1 = ctl.slice(1, island=0), ctl.slice(1, island=1)
-        log, gate = [], threading.Event()
-
-        def held(v):
-            assert gate.wait(TIMEOUT)
-            return v
-
-        slow = pw.function(lambda v: io_callback(held, jax.ShapeDtypeStruct((), jnp.float32), v),
-                           slice=s1)
+        log, (slow, gate) = [], _held_until_set(s1)
 
         def logged(x, i):
             io_callback(log.append, None, i, ordered=True)
@@ -315,14 +320,7 @@ def test_an_ordered_callback_reading_only_its_own_islands_work_waits_for_an_earl
     ctl = pw.Controller(islands=(2, 2))
     try:
         s0, s1 = ctl.slice(1, island=0), ctl.slice(1, island=1)
-        log, gate = [], threading.Event()
-
-        def held(v):
-            assert gate.wait(TIMEOUT)
-            return v
-
-        slow = pw.function(lambda v: io_callback(held, jax.ShapeDtypeStruct((), jnp.float32), v),
-                           slice=s1)
+        log, (slow, gate) = [], _held_until_set(s1)
 
         def logs(i):
             def logged(x):
