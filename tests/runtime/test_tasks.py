@@ -251,4 +251,7 @@ def test_a_step_keeps_no_earlier_steps_task_alive(ctl):
     for _ in range(8):  # each submitted while the one before may still run
         state = step(state)
     assert state[0].result().tolist() == [1.998046875] * 4
+    # (a value is ready before its run has ended; and once ended, no thread that reported
+    # an end may still hold its task: a watcher left it to a helper that went on reporting)
+    assert ctl.wait(timeout=60)
     assert alive() == 1  # the last step's, which its outputs name as their producer

@@ -16,9 +16,8 @@ after the inputs' ends (``runtime/ends.py``), so a watcher never waits for anyth
 launches' fences.
 
 Transfers are ``jax.device_put`` onto the destination layout, started at once (the source may
-still be computing); one that is ready at once completes at once, others are watched by the
-transfer threads, which also hold emulated DCN transfers to the link model (the one place this
-backend reads when inputs ended: the link model starts a copy at its source's end).
+still be computing); one ready at once completes at once, others are watched by the transfer
+threads, which hold emulated DCN copies to the link model (which starts one at its source's end).
 """
 
 from __future__ import annotations
@@ -396,7 +395,7 @@ class _Watcher:
         self._observing = threading.Lock()
         self._owner: int | None = None  # the thread reporting ends now
         self._closed = False
-        self.outstanding = 0  # queued and not yet reported
+        self.outstanding = self.popped = 0  # queued and not yet reported; taken off, ever
         self.last_launch = 0.0  # when work was last launched here, and by which thread
         self.last_launcher: int | None = None
         self._asleep = False  # waiting without a timeout: a put must wake it
@@ -433,6 +432,7 @@ class _Watcher:
                         return False
                     with self._mutex:
                         queue.popleft()
+                        self.popped += 1
                     _observe(task, outs, error, t_ready)
                     with self._mutex:
                         self.outstanding -= 1
@@ -461,8 +461,7 @@ class _Watcher:
                         self._changed.wait(_PATIENCE)
                 if not queue:
                     return
-                entry = queue[0]
-                self._waiting = entry
+                entry = self._waiting = queue[0]
             if entry[2] is None:  # wait for the data without holding up a helper
                 try:
                     _block(entry[1])
@@ -470,11 +469,12 @@ class _Watcher:
                     pass
             with self._mutex:
                 self._waiting = None
-            if entry[3] is None:
-                entry[3] = _now()  # seen ready now (a helper may report it with this time)
-            with self._mutex:  # another thread still launching here reports it at its
-                while (queue and queue[0] is entry and not self._closed  # next launch: leave
-                       and self.last_launcher != me):  # it that long
+                entry[3] = entry[3] or _now()  # seen ready now (a helper reports it with this)
+                # Another thread still launching here reports it at its next launch: leave it
+                # that long, holding no task (its run may end meanwhile): ``popped`` tells.
+                head, entry = self.popped, None
+                while (queue and self.popped == head and not self._closed
+                       and self.last_launcher != me):
                     idle = _now() - self.last_launch
                     if idle >= _PATIENCE:
                         break
@@ -482,15 +482,15 @@ class _Watcher:
             with self._observing:
                 self._owner = me
                 with self._mutex:
-                    mine = bool(queue) and queue[0] is entry
-                    if mine:
-                        queue.popleft()
-                if mine:  # (else a helper reported it meanwhile)
+                    if queue and self.popped == head:  # (else a helper reported it meanwhile)
+                        entry = queue.popleft()
+                        self.popped += 1
+                if entry is not None:
                     observe(*entry)
+                    entry = None  # (before another reporter may end a later run)
                     with self._mutex:
                         self.outstanding -= 1
                 self._owner = None
-            entry = None  # an idle watcher keeps no task or value alive
 
     def close(self) -> None:
         """Finish what is queued, then stop."""
