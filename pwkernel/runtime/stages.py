@@ -1,7 +1,8 @@
 """What a ``jax.jit`` function offers beside its call, for a ``pw.function``: ``trace`` (a
-``jax.stages.Traced``), ``lower``, ``eval_shape``, ``clear_cache`` and the function it wraps;
-and the ``jax.jit`` options it takes (``keep_unused``, ``inline``) or cannot take (``device``,
-``backend``: the slice places it; ``compiler_options``: see ``check_jit_options``).
+``jax.stages.Traced``), ``lower``, ``eval_shape``, ``clear_cache``, ``_cache_size`` and the
+function it wraps; and the ``jax.jit`` options it takes (``keep_unused``, ``inline``) or cannot
+take (``device``, ``backend``: the slice places it; ``compiler_options``: see
+``check_jit_options``).
 
 Each stage is the specialization a call with the same arguments runs (compiled once, kept in
 the function's cache), seen as ``jax.jit``'s stages see it: over the call's dynamic arguments
@@ -221,6 +222,13 @@ class JitStages:
         for jitted in ("inlined", "constrained"):
             if jitted in self.__dict__:
                 self.__dict__[jitted].clear_cache()  # (JAX keeps traces of the function too)
+
+    def _cache_size(self) -> int:
+        """How many specializations it holds for where its slice is now: ``jax.jit``'s
+        ``_cache_size()``, which tests read to see that a call compiled nothing new (one per
+        input signature, static value and trace context; ``clear_cache()`` empties it)."""
+        version = self.slice.version
+        return sum(1 for v, _ in list(self._cache) if v == version)
 
     def _forget_traces(self) -> None:
         """What ``jax.clear_caches()`` clears here (``jax_caches``): what ``clear_cache``

@@ -39,11 +39,13 @@ def copy_onto(value, sharding):
     collective rendezvous and abort the process). Such a copy is a compiled identity laid out
     as ``sharding``, queued behind its source as a computation is, done on the devices; any
     other goes to ``device_put``, which starts it at once (and says why a gone value cannot
-    be copied)."""
+    be copied). The identity needs the same devices in the same order (a computation has one
+    device assignment): a mesh of them in another order is also ``device_put``'s."""
     src = getattr(value, "sharding", None)
     if (isinstance(value, jax.Array) and src is not None
             and src.device_set == sharding.device_set and not value.is_deleted()
-            and not src.is_equivalent_to(sharding, value.ndim)):
+            and not src.is_equivalent_to(sharding, value.ndim)
+            and src._device_assignment == sharding._device_assignment):
         return _relaid(sharding)(value)
     return jax.device_put(value, sharding, may_alias=False)
 

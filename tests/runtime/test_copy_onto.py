@@ -69,3 +69,15 @@ def test_other_copies_are_jax_device_put(mesh):
         out = copy_onto(ready, target)
         np.testing.assert_array_equal(np.asarray(out), host)
         assert out.sharding == target and not ready.is_deleted()
+
+
+def test_a_copy_from_the_same_devices_in_another_order_is_made(mesh):
+    # (the compiled identity has one device assignment: a source meshed over the devices in
+    # another order cannot be its argument, and JAX refused it as "incompatible devices")
+    host = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+    flipped = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2][::-1])
+    source = jax.device_put(host, NamedSharding(flipped, P("x")))
+    for spec in (P(), P("x"), P(None, "x")):
+        out = copy_onto(source, NamedSharding(mesh, spec))
+        np.testing.assert_array_equal(np.asarray(out), host)
+        assert out.sharding == NamedSharding(mesh, spec) and not source.is_deleted()

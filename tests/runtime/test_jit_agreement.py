@@ -243,3 +243,17 @@ def test_single_device_shardings_on_a_one_device_slice_are_taken_as_jax_jit_take
     jerr = _jit(lambda v: v * 2, two.mesh, (_arange(),), out_shardings=one)
     with pytest.raises(jerr):
         pw.function(lambda v: v * 2, slice=two, out_shardings=one)(_arange())
+
+
+@pytest.mark.parametrize("spec", [P(), P("x")])
+def test_an_array_on_the_slices_devices_in_another_order_is_moved_onto_its_mesh(ctl, spec):
+    # (not on the slice's mesh, so moved and replicated as from another slice; it raised
+    # JAX's "incompatible devices" from pwkernel's own copy, which named no argument)
+    s = ctl.slice(2, island=0)
+    flipped = jax.make_mesh((2,), ("x",), devices=list(s.mesh.devices.flat)[::-1],
+                            axis_types=(jax.sharding.AxisType.Explicit,))
+    x = jax.device_put(_arange(), NamedSharding(flipped, P("x")))
+    y = pw.function(lambda v: v * 2, slice=s, in_specs=spec)(x).result(60)
+    np.testing.assert_array_equal(y, _arange() * 2)
+    assert y.sharding.mesh == s.mesh and not x.is_deleted()
+    assert y.sharding.is_equivalent_to(NamedSharding(s.mesh, spec), 1)

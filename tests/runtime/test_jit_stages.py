@@ -103,6 +103,30 @@ def test_clear_cache_traces_again_as_jax_jits_does(ctl):
     assert values() == [2.0] * 4
 
 
+def test_cache_size_counts_specializations_as_jax_jits_does(ctl):
+    """``_cache_size()``, what tests of ``jax.jit`` code read to see that a call compiled
+    nothing new: one per shape, weak type and static value, and none after ``clear_cache()``."""
+    s = ctl.slice(2)
+
+    def scaled(x, n=2.0, *, times=1):
+        return x * n * times
+
+    jf = jax.jit(scaled, static_argnames="times")
+    pf = pw.function(scaled, slice=s, static_argnames="times")
+    calls = [((np.ones(3, np.float32),), {}), ((np.ones(4, np.float32),), {}),
+             ((np.ones(3, np.float32), 3.0), {}), ((np.ones(3, np.float32), np.float32(3)), {}),
+             ((np.ones(3, np.float32),), {"times": 2}), ((np.ones(3, np.float32),), {})]
+    sizes = []
+    for args, kwargs in calls:
+        with jax.set_mesh(s.mesh):
+            want = jf(*args, **kwargs)
+        np.testing.assert_array_equal(pf(*args, **kwargs).result(60), want)
+        sizes.append((jf._cache_size(), pf._cache_size()))
+    assert [j for j, _ in sizes] == [p for _, p in sizes] == [1, 2, 3, 4, 5, 5]
+    pf.clear_cache()
+    assert pf._cache_size() == 0
+
+
 def test_jax_clear_caches_clears_functions_and_programs_as_it_clears_jax_jits(ctl):
     """``jax.clear_caches()`` (what a notebook calls to see a changed global, or to give back
     executables' memory) clears every ``jax.jit``'s traces; it cleared no ``pw.function``'s,
