@@ -235,3 +235,79 @@ def test_an_embedding_gather_on_explicit_axes_says_what_to_do_and_trains_on_auto
         plain, want = step(plain, tokens, y)
         ours, loss = pipe.step(ours, (tokens, y))
         np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+
+
+class _BatchNormed(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+        x = nn.BatchNorm(use_running_average=not train)(nn.Dense(8)(x))
+        return nn.Dense(1)(nn.Dropout(0.3, deterministic=not train)(nn.relu(x)))
+
+
+class _StatsState(train_state.TrainState):
+    batch_stats: dict
+
+
+def _optax_wrappers():
+    schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-2, 2, 10)
+    return {
+        "multisteps": optax.MultiSteps(optax.chain(optax.clip_by_global_norm(1.0),
+                                                   optax.adamw(schedule)), every_k_schedule=2),
+        "inject": optax.inject_hyperparams(optax.adam)(learning_rate=1e-2),
+        "multi": optax.multi_transform(
+            {"adam": optax.adam(1e-2), "sgd": optax.sgd(0.1)},
+            lambda p: {k: jax.tree.map(lambda _, label="sgd" if k == "Dense_1" else "adam":
+                                       label, v) for k, v in p.items()}),
+    }
+
+
+@pytest.mark.parametrize("opt", ["multisteps", "inject", "multi"])
+def test_a_linen_train_state_with_optax_wrappers_steps_as_jax_jit_on_a_sharded_batch(tctl, opt):
+    """A flax ``TrainState`` with BatchNorm's ``batch_stats`` (``mutable=``), a dropout key
+    per step, and optax's wrappers (``MultiSteps``' mini-step counter, ``inject_hyperparams``
+    with the learning rate set from Python between steps, ``multi_transform``), donated, on
+    a 4-device slice with the batch sharded (``pw.BATCH``): every leaf is ``jax.jit``'s with
+    the same ``in_shardings``, step after step."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    s = tctl.slice(4, island=1, axis_types="auto")
+    model, tx = _BatchNormed(), _optax_wrappers()[opt]
+
+    def step(state, key, x, y):
+        def loss(params):
+            out, upd = state.apply_fn({"params": params, "batch_stats": state.batch_stats}, x,
+                                      train=True, mutable=["batch_stats"],
+                                      rngs={"dropout": jax.random.fold_in(key, state.step)})
+            return mse(out, y), upd
+        (value, upd), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
+        return state.apply_gradients(grads=grads).replace(batch_stats=upd["batch_stats"]), value
+
+    batch = NamedSharding(s.mesh, P("x"))
+    runs, last = {}, {}
+    for name, compiled in (
+            ("jit", jax.jit(step, donate_argnums=0, in_shardings=(None, None, batch, batch))),
+            ("pw", pw.function(step, slice=s, donate_argnums=0,
+                               in_specs=(None, None, pw.BATCH, pw.BATCH)))):
+        variables = model.init(jax.random.key(0), X, train=False)
+        state = _StatsState.create(apply_fn=model.apply, params=variables["params"],
+                                   batch_stats=variables["batch_stats"], tx=tx)
+        runs[name] = []
+        with jax.set_mesh(s.mesh):
+            for i in range(4):
+                if opt == "inject":
+                    state.opt_state.hyperparams["learning_rate"] = 1e-2 / (i + 1)
+                state, loss = compiled(state, jax.random.key(7), X, Y)
+                runs[name].append((float(loss), jax.device_get(state)))
+        last[name] = jax.tree.leaves(state)
+    for v, w in zip(last["pw"], last["jit"], strict=True):
+        assert v.sharding.is_equivalent_to(w.sharding, w.ndim), (v.sharding, w.sharding)
+    if opt == "multisteps":
+        assert int(runs["pw"][-1][1].opt_state.mini_step) == 0
+        assert int(runs["pw"][-1][1].opt_state.gradient_step) == 2
+    for (loss, state), (want_loss, want) in zip(runs["pw"], runs["jit"], strict=True):
+        assert loss == pytest.approx(want_loss, rel=1e-6)
+        for (path, v), w in zip(jax.tree.leaves_with_path(state), jax.tree.leaves(want),
+                                strict=True):
+            assert np.asarray(v).dtype == np.asarray(w).dtype, jax.tree_util.keystr(path)
+            np.testing.assert_allclose(v, w, rtol=1e-6, atol=1e-7,
+                                       err_msg=jax.tree_util.keystr(path))
