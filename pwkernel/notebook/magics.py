@@ -237,13 +237,13 @@ class PathwaysMagics(Magics):
                 value = self._run_program(a, text, f"{name}.{k}", filename, ctl, vs, temporary,
                                           last, quiet=True)
             else:
-                value = self._run_plain(text, filename, vs, last, a.timeout)
+                value = self._run_plain(text, filename, vs, last, a.timeout, name)
         if self._submitted == submitted and not self._read_arrays:
             print(f"({name}: no array work in this cell; it ran as plain Python)")
         return None if segments.quiet(body) else value
 
     def _run_plain(self, text: str, filename: str, vs, last: bool,
-                   timeout: float | None = None):
+                   timeout: float | None = None, name: str = "the cell"):
         """``text`` as plain Python; with ``--timeout``, a wait for a value that would end
         after S seconds raises ``CellTimeout`` (before, it waited without a limit)."""
         __tracebackhide__ = True
@@ -251,8 +251,10 @@ class PathwaysMagics(Magics):
         WAITS.deadline = None if timeout is None else time.monotonic() + timeout
         try:
             value, arrays = segments.run_plain(text, self.shell.user_ns, filename, 1, vs, last)
-        except (UsageError, KeyboardInterrupt):
+        except UsageError:
             raise
+        except KeyboardInterrupt as e:  # (a Ctrl-C in a long plain loop: say where it landed)
+            raise segments.interrupted(e, name) from None
         except Exception as e:
             if timeout is not None and isinstance(e, TimeoutError) and \
                     time.monotonic() >= WAITS.deadline:
@@ -298,7 +300,7 @@ class PathwaysMagics(Magics):
         plan = cells.analyse(body, shell.user_ns, filename, 1, out.debug_print)
         if plan.mutable is not None:  # (nnx objects: changed in place, never traced here)
             return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
-                                       a.timeout)
+                                   a.timeout, name)
         plain: dict[str, Any] = {}
         inputs = plan.inputs(shell.user_ns)
         program = cells.build_program(plan, vs, name, plain, inputs)
@@ -328,7 +330,7 @@ class PathwaysMagics(Magics):
             if segments.needs_value(e):  # its Python needs a value: run it as plain Python
                 # (compiled functions carry their own slices: no ambient mesh for them)
                 return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
-                                       a.timeout)
+                                   a.timeout, name)
             raise cells.user_error(e, filename) from None
         results = futures[0] if futures else {}
         view = self._show(a, ctl, run)
