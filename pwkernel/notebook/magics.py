@@ -150,6 +150,7 @@ class PathwaysMagics(Magics):
         """Replace the kernel's controller (its slices released): ``a.backend``, ``a.pool``."""
         old = self.state.peek()  # None: not started yet, nothing to replace
         attach.check(a.backend, a.address, a.preset, a.pool, a.tenant, a.weight)
+        lost = attach.held_by(old, self.shell.user_ns, self.shell.user_ns_hidden)
         if attach.leaves_first(old, a.backend, a.pool):
             self._leave(old)
             old = None
@@ -158,7 +159,7 @@ class PathwaysMagics(Magics):
         self._leave(old)
         new.set_default()  # pw.controller() hands out the new one from now on
         self.state.adopt(new)
-        print(attach.attached_text(a.backend, a.address, a.pool, new))
+        print(attach.attached_text(a.backend, a.address, a.pool, new, lost))
 
     def _leave(self, old) -> None:
         """Release the magic-made slices and close the kernel's old controller."""

@@ -695,6 +695,23 @@ def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys, monkeypatch):
     assert ctl.backend == "local" and [len(i.devices) for i in ctl.islands] == [4, 4]
 
 
+
+def test_attach_says_which_names_held_futures_of_the_controller_it_closed(ip, capsys):
+    """``%pathways attach`` closes the old controller and its futures' buffers with it: the
+    magic names the notebook's names that held them (before, nothing said so, and the next
+    cell failed with ControllerClosedError); a value taken first is kept."""
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nw = jnp.ones(4) * 2\nstate = {'w': w, 'n': 1}\nw")
+    run(ip, "kept = w.result()")
+    capsys.readouterr()
+    run(ip, "%pathways attach local")
+    out = capsys.readouterr().out
+    assert "note: state, w held futures of the old controller" in out, out
+    assert "kept" not in out and "Out" not in out, out
+    np.testing.assert_allclose(np.asarray(ip.user_ns["kept"]), 2.0)
+    run(ip, "%pathways attach local")  # nothing of the second controller's is held: no note
+    assert "note:" not in capsys.readouterr().out
+
 def test_a_controller_that_cannot_start_is_a_one_line_usage_error():
     """A cell whose controller cannot be made (JAX set up with fewer devices before the first
     cell) gets one line saying how to fix it, as the line magics do, not a traceback through
