@@ -299,9 +299,9 @@ class PathwaysMagics(Magics):
         shell = self.shell
         out = CellOutput(name)
         plan = cells.analyse(body, shell.user_ns, filename, 1, out.debug_print)
+        mesh = None if plan.uses_pw else vs  # (compiled functions carry their own slices)
         if plan.mutable is not None:  # (nnx objects: changed in place, never traced here)
-            return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
-                                   a.timeout, name)
+            return self._run_plain(body, filename, mesh, last, a.timeout, name)
         plain: dict[str, Any] = {}
         inputs = plan.inputs(shell.user_ns)
         program = cells.build_program(plan, vs, name, plain, inputs)
@@ -317,6 +317,8 @@ class PathwaysMagics(Magics):
                                             "of it was submitted").with_traceback(
                                                 e.__traceback__) from None
                 if not _has_work(graph):  # tracing ran the cell's Python: that was all of it
+                    if segments.has_effects(graph):  # (only jax.debug.print: before, never run)
+                        return self._run_plain(body, filename, mesh, last, a.timeout, name)
                     self._bind(plain, None)
                     value = self._last(plan, plain, None)  # (a NameError there: no note)
                     if not quiet:
@@ -330,8 +332,7 @@ class PathwaysMagics(Magics):
         except Exception as e:
             if segments.needs_value(e):  # its Python needs a value: run it as plain Python
                 # (compiled functions carry their own slices: no ambient mesh for them)
-                return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
-                                   a.timeout, name)
+                return self._run_plain(body, filename, mesh, last, a.timeout, name)
             raise cells.user_error(e, filename) from None
         results = futures[0] if futures else {}
         view = self._show(a, ctl, run)

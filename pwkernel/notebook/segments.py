@@ -32,6 +32,7 @@ import jax
 from IPython.core.displayhook import DisplayHook
 
 from ..runtime.errors import NeedsValueError, NoValueError
+from ..runtime.graph import ComputeNode
 from ..runtime.objects import Future
 from .cell import ambient_mesh, reads_before_binding
 from .scope import leaves as scope_leaves
@@ -243,3 +244,10 @@ def _changed_in_place(tree: ast.AST) -> set[str]:
                 if isinstance(t, ast.Name):
                     out.add(t.id)
     return out
+
+
+def has_effects(graph) -> bool:
+    """A node with effects but no values (a cell or segment whose only work is
+    ``jax.debug.print``): it runs as plain Python, where the print happens."""
+    return any(isinstance(node, ComputeNode) and getattr(getattr(
+        node.exe, "jaxpr", None), "effects", None) for node in graph.nodes)

@@ -136,6 +136,24 @@ def test_program_cell_makes_one_node_per_call(ip):
     assert ip.user_ns["u"].run is v.run  # one program, submitted at once
 
 
+
+def test_a_cell_or_segment_whose_only_work_is_jax_debug_print_prints(ip, capsys):
+    """A program with effects and no values (``jax.debug.print`` alone, the cell's last
+    segment after a ``print``, or a compiled function that only prints) runs, as plain
+    Python, and prints; before, it was never submitted: nothing printed, and a whole cell
+    said it had no array work."""
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nx = jnp.arange(3.0)")
+    capsys.readouterr()
+    run(ip, "%%pathways --slice s\njax.debug.print('alone {}', x)")
+    out = capsys.readouterr().out
+    assert "alone [0. 1. 2.]" in out and "no array work" not in out, out
+    run(ip, "%%pathways --slice s\ny = x + 1\nprint(float(y.sum()))\njax.debug.print('last {}', y)")
+    assert "6.0\nlast [1. 2. 3.]" in capsys.readouterr().out
+    run(ip, "show = pw.function(lambda v: jax.debug.print('fn {}', v), slice=s)")
+    run(ip, "%%pathways --slice s\nshow(x)")
+    assert "fn [0. 1. 2.]" in capsys.readouterr().out
+
 def test_viz_prints_what_ran_where(ip, capsys):
     run(ip, "x = np.ones(8, np.float32)")
     capsys.readouterr()
