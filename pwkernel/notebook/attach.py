@@ -15,8 +15,10 @@ from IPython.core.error import UsageError
 from ..runtime import controller as process
 from ..runtime import executor
 from ..runtime.errors import PathwaysError
+from ..runtime.objects import Future
 from ..runtime.registry import SharedDevicesWarning
 from ..runtime.resources import islands_from_env
+from .scope import leaves
 from .tenants import pool_of
 
 
@@ -72,8 +74,24 @@ def new_controller(backend: str, address: str | None, islands: tuple[int, ...] |
         raise UsageError(f"%pathways attach {backend}: {e}") from None
 
 
-def attached_text(backend: str, address: str | None, pool: str | None, ctl) -> str:
-    """What the magic prints once attached."""
+def held_by(old, user_ns: dict, hidden=()) -> list[str]:
+    """The notebook's names (not IPython's ``hidden`` ones, ``Out``) holding futures of
+    ``old`` (the controller an attach closes), whose buffers go with it."""
+    if old is None:
+        return []
+    return sorted(n for n, v in list(user_ns.items()) if not n.startswith("_")
+                  and n not in hidden and any(
+        isinstance(x, Future) and x.store is old.store for x in leaves(v)))
+
+
+def attached_text(backend: str, address: str | None, pool: str | None, ctl,
+                  lost: list[str] = ()) -> str:
+    """What the magic prints once attached; ``lost``: the names that held futures of the
+    old controller (before, nothing said that their values had gone with it)."""
     where = (f" to pool {pool!r}" if pool else "") + (f" at {address}" if address else "")
+    note = "" if not lost else (
+        f"\nnote: {', '.join(lost[:8])}{' ...' if len(lost) > 8 else ''} held futures of the "
+        "old controller, closed now with their buffers; to keep values across an attach, "
+        "take them first (w = w.result()) or run their cells again after it.")
     return f"attached {backend}{where}: " + ", ".join(
-        f"island {i.id}: {len(i.devices)} {i.platform}" for i in ctl.islands)
+        f"island {i.id}: {len(i.devices)} {i.platform}" for i in ctl.islands) + note

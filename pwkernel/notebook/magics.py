@@ -150,6 +150,7 @@ class PathwaysMagics(Magics):
         """Replace the kernel's controller (its slices released): ``a.backend``, ``a.pool``."""
         old = self.state.peek()  # None: not started yet, nothing to replace
         attach.check(a.backend, a.address, a.preset, a.pool, a.tenant, a.weight)
+        lost = attach.held_by(old, self.shell.user_ns, self.shell.user_ns_hidden)
         if attach.leaves_first(old, a.backend, a.pool):
             self._leave(old)
             old = None
@@ -158,7 +159,7 @@ class PathwaysMagics(Magics):
         self._leave(old)
         new.set_default()  # pw.controller() hands out the new one from now on
         self.state.adopt(new)
-        print(attach.attached_text(a.backend, a.address, a.pool, new))
+        print(attach.attached_text(a.backend, a.address, a.pool, new, lost))
 
     def _leave(self, old) -> None:
         """Release the magic-made slices and close the kernel's old controller."""
@@ -237,13 +238,13 @@ class PathwaysMagics(Magics):
                 value = self._run_program(a, text, f"{name}.{k}", filename, ctl, vs, temporary,
                                           last, quiet=True)
             else:
-                value = self._run_plain(text, filename, vs, last, a.timeout)
+                value = self._run_plain(text, filename, vs, last, a.timeout, name)
         if self._submitted == submitted and not self._read_arrays:
             print(f"({name}: no array work in this cell; it ran as plain Python)")
         return None if segments.quiet(body) else value
 
     def _run_plain(self, text: str, filename: str, vs, last: bool,
-                   timeout: float | None = None):
+                   timeout: float | None = None, name: str = "the cell"):
         """``text`` as plain Python; with ``--timeout``, a wait for a value that would end
         after S seconds raises ``CellTimeout`` (before, it waited without a limit)."""
         __tracebackhide__ = True
@@ -251,8 +252,10 @@ class PathwaysMagics(Magics):
         WAITS.deadline = None if timeout is None else time.monotonic() + timeout
         try:
             value, arrays = segments.run_plain(text, self.shell.user_ns, filename, 1, vs, last)
-        except (UsageError, KeyboardInterrupt):
+        except UsageError:
             raise
+        except KeyboardInterrupt as e:  # (a Ctrl-C in a long plain loop: say where it landed)
+            raise segments.interrupted(e, name) from None
         except Exception as e:
             if timeout is not None and isinstance(e, TimeoutError) and \
                     time.monotonic() >= WAITS.deadline:
@@ -296,9 +299,9 @@ class PathwaysMagics(Magics):
         shell = self.shell
         out = CellOutput(name)
         plan = cells.analyse(body, shell.user_ns, filename, 1, out.debug_print)
+        mesh = None if plan.uses_pw else vs  # (compiled functions carry their own slices)
         if plan.mutable is not None:  # (nnx objects: changed in place, never traced here)
-            return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
-                                       a.timeout)
+            return self._run_plain(body, filename, mesh, last, a.timeout, name)
         plain: dict[str, Any] = {}
         inputs = plan.inputs(shell.user_ns)
         program = cells.build_program(plan, vs, name, plain, inputs)
@@ -314,6 +317,8 @@ class PathwaysMagics(Magics):
                                             "of it was submitted").with_traceback(
                                                 e.__traceback__) from None
                 if not _has_work(graph):  # tracing ran the cell's Python: that was all of it
+                    if segments.has_effects(graph):  # (only jax.debug.print: before, never run)
+                        return self._run_plain(body, filename, mesh, last, a.timeout, name)
                     self._bind(plain, None)
                     value = self._last(plan, plain, None)  # (a NameError there: no note)
                     if not quiet:
@@ -327,8 +332,7 @@ class PathwaysMagics(Magics):
         except Exception as e:
             if segments.needs_value(e):  # its Python needs a value: run it as plain Python
                 # (compiled functions carry their own slices: no ambient mesh for them)
-                return self._run_plain(body, filename, None if plan.uses_pw else vs, last,
-                                       a.timeout)
+                return self._run_plain(body, filename, mesh, last, a.timeout, name)
             raise cells.user_error(e, filename) from None
         results = futures[0] if futures else {}
         view = self._show(a, ctl, run)

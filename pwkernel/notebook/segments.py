@@ -32,6 +32,7 @@ import jax
 from IPython.core.displayhook import DisplayHook
 
 from ..runtime.errors import NeedsValueError, NoValueError
+from ..runtime.graph import ComputeNode
 from ..runtime.objects import Future
 from .cell import ambient_mesh, reads_before_binding
 from .scope import leaves as scope_leaves
@@ -156,6 +157,18 @@ def _values(tree: Any) -> Any:
     return jax.tree_util.tree_map(_value, tree)
 
 
+def interrupted(e: KeyboardInterrupt, name: str) -> KeyboardInterrupt:
+    """A Ctrl-C while a cell's statements ran as plain Python (they read values: a ``while``
+    loop, ``float(loss)``), with what it means; before, a bare ``KeyboardInterrupt:``. The
+    user's own ``raise KeyboardInterrupt("...")`` keeps its words."""
+    if e.args:
+        return e
+    return KeyboardInterrupt(
+        f"{name} interrupted while its Python ran as plain Python (it reads values): what it "
+        "bound stays bound, as without the magic; the computations it called run on (see "
+        "ctl.status())").with_traceback(e.__traceback__)
+
+
 def run_plain(source: str, user_ns: dict[str, Any], filename: str, line_offset: int, vs,
               want_value: bool) -> tuple[Any, bool]:
     """Run ``source`` as plain Python under the slice's mesh, the futures it reads lent to it
@@ -231,3 +244,10 @@ def _changed_in_place(tree: ast.AST) -> set[str]:
                 if isinstance(t, ast.Name):
                     out.add(t.id)
     return out
+
+
+def has_effects(graph) -> bool:
+    """A node with effects but no values (a cell or segment whose only work is
+    ``jax.debug.print``): it runs as plain Python, where the print happens."""
+    return any(isinstance(node, ComputeNode) and getattr(getattr(
+        node.exe, "jaxpr", None), "effects", None) for node in graph.nodes)

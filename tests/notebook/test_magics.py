@@ -136,6 +136,24 @@ def test_program_cell_makes_one_node_per_call(ip):
     assert ip.user_ns["u"].run is v.run  # one program, submitted at once
 
 
+
+def test_a_cell_or_segment_whose_only_work_is_jax_debug_print_prints(ip, capsys):
+    """A program with effects and no values (``jax.debug.print`` alone, the cell's last
+    segment after a ``print``, or a compiled function that only prints) runs, as plain
+    Python, and prints; before, it was never submitted: nothing printed, and a whole cell
+    said it had no array work."""
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nx = jnp.arange(3.0)")
+    capsys.readouterr()
+    run(ip, "%%pathways --slice s\njax.debug.print('alone {}', x)")
+    out = capsys.readouterr().out
+    assert "alone [0. 1. 2.]" in out and "no array work" not in out, out
+    run(ip, "%%pathways --slice s\ny = x + 1\nprint(float(y.sum()))\njax.debug.print('last {}', y)")
+    assert "6.0\nlast [1. 2. 3.]" in capsys.readouterr().out
+    run(ip, "show = pw.function(lambda v: jax.debug.print('fn {}', v), slice=s)")
+    run(ip, "%%pathways --slice s\nshow(x)")
+    assert "fn [0. 1. 2.]" in capsys.readouterr().out
+
 def test_viz_prints_what_ran_where(ip, capsys):
     run(ip, "x = np.ones(8, np.float32)")
     capsys.readouterr()
@@ -694,6 +712,23 @@ def test_attach_sim_runs_cells_on_a_simulated_pod(ip, capsys, monkeypatch):
     ctl = extension.state().ctl
     assert ctl.backend == "local" and [len(i.devices) for i in ctl.islands] == [4, 4]
 
+
+
+def test_attach_says_which_names_held_futures_of_the_controller_it_closed(ip, capsys):
+    """``%pathways attach`` closes the old controller and its futures' buffers with it: the
+    magic names the notebook's names that held them (before, nothing said so, and the next
+    cell failed with ControllerClosedError); a value taken first is kept."""
+    run(ip, "%pathways slice s 2")
+    run(ip, "%%pathways --slice s\nw = jnp.ones(4) * 2\nstate = {'w': w, 'n': 1}\nw")
+    run(ip, "kept = w.result()")
+    capsys.readouterr()
+    run(ip, "%pathways attach local")
+    out = capsys.readouterr().out
+    assert "note: state, w held futures of the old controller" in out, out
+    assert "kept" not in out and "Out" not in out, out
+    np.testing.assert_allclose(np.asarray(ip.user_ns["kept"]), 2.0)
+    run(ip, "%pathways attach local")  # nothing of the second controller's is held: no note
+    assert "note:" not in capsys.readouterr().out
 
 def test_a_controller_that_cannot_start_is_a_one_line_usage_error():
     """A cell whose controller cannot be made (JAX set up with fewer devices before the first

@@ -163,6 +163,26 @@ for i in range(10):
     np.testing.assert_allclose(np.asarray(ip.user_ns["w"]), 0.5)
 
 
+
+def test_a_plain_loop_whose_step_fails_keeps_the_good_state_it_was_told_to(ip):
+    """docs/magics.md: a loop that reads a value each step runs as plain Python; a step whose
+    computation fails binds its failed futures (as jax.jit's asynchronous dispatch binds
+    arrays), the error comes at the read, and a ``good = w`` kept after each read is the
+    state of the last step that finished."""
+    run(ip, "%pathways slice s 2")
+    run(ip, "import jax, jax.numpy as jnp, pwkernel as pw")
+    run(ip, "def boom(v):\n    if v > 1.5:\n        raise RuntimeError(f'failed at {v}')\n"
+            "def step(w, i):\n    jax.debug.callback(boom, i)\n    return w * 2 + i, w.sum()\n"
+            "pstep = pw.function(step, slice=s)\nw = jnp.ones(3)")
+    result = ip.run_cell("%%pathways --slice s\nfor i in range(3):\n"
+                         "    w, loss = pstep(w, i * 1.0)\n    print(float(loss))\n    good = w\n")
+    assert "failed at 2.0" in str(result.error_in_exec), result.error_in_exec
+    np.testing.assert_allclose(np.asarray(ip.user_ns["good"]), 5.0)  # 1 -> 2 -> 5
+    with pytest.raises(Exception, match="failed at 2.0"):
+        ip.user_ns["w"].result()
+    run(ip, "%%pathways --slice s\nw, loss = pstep(good, 0.0)\n")  # training goes on
+    np.testing.assert_allclose(np.asarray(ip.user_ns["w"]), 10.0)
+
 def test_a_pw_function_called_with_state_from_earlier_cells(ip):
     run(ip, "import jax, jax.numpy as jnp, numpy as np, pwkernel as pw")
     run(ip, "%pathways slice s 2")

@@ -94,6 +94,23 @@ def test_an_interrupt_while_the_cells_python_runs_shows_the_line_it_ran(nb, caps
                      "nothing of it was submitted", text), text
 
 
+
+def test_an_interrupt_in_a_plain_python_loop_says_what_it_means(nb, capsys):
+    """Ctrl-C (here the cell's own raise) in a ``while`` loop, which runs as plain Python
+    (it reads values): the line, and a note that what it bound stays bound; before, a bare
+    ``KeyboardInterrupt:`` with no word of the cell. The user's own message is kept."""
+    text = shown(nb, capsys, "%%pathways --slice s\nn = 0\nwhile True:\n    n += 1\n"
+                 "    if n == 3: raise KeyboardInterrupt\nq = jnp.ones(2) * n\n",
+                 KeyboardInterrupt)
+    assert_users_frames_only(text)
+    assert "----> 5     if n == 3: raise KeyboardInterrupt" in text, text
+    assert re.search(r"KeyboardInterrupt: cell\[\d+\] interrupted while its Python ran as "
+                     "plain Python .*what it bound stays bound", text), text
+    assert nb.user_ns["n"] == 3 and "q" not in nb.user_ns
+    text = shown(nb, capsys, "%%pathways --slice s\nif n: raise KeyboardInterrupt('mine')\n",
+                 KeyboardInterrupt)
+    assert "KeyboardInterrupt: mine" in text, text
+
 def test_a_cell_cancelled_while_queued_shows_its_magic_line(nb, capsys):
     """Cancel (the sidebar's button, ``run.cancel()``) while the cell's program has queued
     steps: the cell's line and ``CancelledError``; before, the frame of ``Future.result`` in
