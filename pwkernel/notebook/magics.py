@@ -318,7 +318,8 @@ class PathwaysMagics(Magics):
                                                 e.__traceback__) from None
                 if not _has_work(graph):  # tracing ran the cell's Python: that was all of it
                     if segments.has_effects(graph):  # (only jax.debug.print: before, never run)
-                        return self._run_plain(body, filename, mesh, last, a.timeout, name)
+                        return segments.printed(ctl, lambda: self._run_plain(
+                            body, filename, mesh, last, a.timeout, name))
                     self._bind(plain, None)
                     value = self._last(plan, plain, None)  # (a NameError there: no note)
                     if not quiet:

@@ -26,6 +26,7 @@ import ast
 import dataclasses
 import re
 import tokenize
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -251,3 +252,17 @@ def has_effects(graph) -> bool:
     ``jax.debug.print``): it runs as plain Python, where the print happens."""
     return any(isinstance(node, ComputeNode) and getattr(getattr(
         node.exe, "jaxpr", None), "effects", None) for node in graph.nodes)
+
+
+def printed(ctl, run: Callable[[], Any]) -> Any:
+    """``run()`` (a cell or segment whose only work prints, as plain Python), once the
+    runs it submitted have ended and their prints happened (``jax.effects_barrier``, which
+    alone does not wait for a launch the controller has yet to make): else a compiled
+    function's ``jax.debug.print`` landed after the cell ended, in another cell's output."""
+    before = ctl.runs()
+    value = run()
+    for submitted in ctl.runs():
+        if not any(submitted is r for r in before):
+            submitted.wait()
+    jax.effects_barrier()
+    return value
