@@ -30,6 +30,23 @@ from ..runtime.specs import batch_spec
 from .state import simulated
 
 
+class Microbatches(tuple):
+    """A batch already cut into microbatches and placed (``Pipeline.place``): ``(xs, ys)``."""
+
+
+def check_whole(batch, call: str) -> None:
+    """Refuse a ``Pipeline.place`` batch where ``call`` takes the batch whole: its lists of
+    microbatches went into the trace as inputs (an ``SPMD`` step failed inside the model's
+    first matmul, "unsupported operand type(s) for @: 'list'")."""
+    if isinstance(batch, Microbatches):
+        trainer = call.split(".")[0]
+        raise TypeError(f"{call} takes the batch whole, (inputs, targets), not "
+                        "pipe.place(...)'s microbatches (it does not cut it into "
+                        f"microbatches). Maybe you want {call}(state, (x, y))"
+                        + ("." if trainer == "pipe" else
+                           f", or {trainer}.place((x, y)) to place it ahead."))
+
+
 class Placer:
     """Puts a pytree on ``vs`` as ``in_specs=pw.BATCH`` lays it out, ahead of a step. On real
     devices: ``jax.device_put`` (``jax.Array``s); a future already laid out so stays as it

@@ -66,7 +66,7 @@ from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, CompiledFunction, Program, function, program
 from ..runtime.resources import VirtualSlice
 from . import coupling, sharded
-from .batches import Cutter, Placer
+from .batches import Cutter, Microbatches, Placer, check_whole
 from .restored import from_mapping
 from .schedule import Kind, Schedule, call_name, order
 from .spmd import check_finite_runs
@@ -96,10 +96,6 @@ from .state import (
     stage_keys,
 )
 from .tied import Ties, tied_functions
-
-
-class Microbatches(tuple):
-    """A batch already cut into microbatches and placed (``Pipeline.place``): ``(xs, ys)``."""
 
 
 @suggests_keywords("pw.train.Pipeline")
@@ -244,10 +240,7 @@ class Pipeline:
         stage's devices."""
         state = _train_state(state, "evaluate", consumed=False,
                              expected=self._shapes.expected)
-        if isinstance(batch, Microbatches):
-            raise TypeError("evaluate takes the batch whole, (inputs, targets), not "
-                            "pipe.place(...)'s microbatches (the eval step does not cut it "
-                            "into microbatches). Maybe you want pipe.evaluate(state, (x, y)).")
+        check_whole(batch, "pipe.evaluate")
         x, y = inputs_and_targets(batch, "pipe")
         check_batch((x, y), 1, "batch (inputs and targets)", [vs.size for vs in self.slices])
         if self._eval is None:

@@ -35,7 +35,7 @@ from ..runtime.keywords import suggests_keywords
 from ..runtime.program import BATCH, function
 from ..runtime.resources import VirtualSlice
 from . import coupling, sharded
-from .batches import Placer
+from .batches import Placer, check_whole
 from .packed import Layout
 from .restored import from_mapping
 from .stage import Stage, check_trainable, model_loss
@@ -225,6 +225,7 @@ class SPMD:
         ``step()`` returned, consumed (donated); or a ``TrainState`` of this model's (e.g. a
         ``Pipeline``'s, or values from ``fetch``), which a packed trainer packs into a copy
         and does not consume. ``batch``: ``(inputs, targets)`` with a leading batch axis."""
+        check_whole(batch, "spmd.step")
         fns = self._functions()
         state = self._check(_current(state))
         ready_to_donate(state)
@@ -247,6 +248,7 @@ class SPMD:
         targets)`` with a leading batch axis divisible by the slice's devices (trace name
         ``{name}.eval``)."""
         fns = self._functions()
+        check_whole(batch, "spmd.evaluate")
         state = self._check(_current(state))
         x, y = inputs_and_targets(batch, self.name)
         check_batch((x, y), 1, "batch (inputs and targets)", self.slice.size)

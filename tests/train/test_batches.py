@@ -53,6 +53,25 @@ def test_a_pipelines_evaluate_names_the_batch_it_takes_for_placed_microbatches(t
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["spmd", "spmd-packed"])
+def test_an_spmd_given_a_pipelines_placed_microbatches_names_the_batch_it_takes(tctl, name):
+    """An ``SPMD`` of the same stages given ``pipe.place(...)``'s microbatches (a research
+    session switching trainers) traced their lists into the model and failed in its first
+    layer: "unsupported operand type(s) for @: 'list' and 'LinearizeTracer'"."""
+    pipe, spmd = trainer(tctl, "pipeline"), trainer(tctl, name)
+    batch = T.batch(CFG, 8)
+    placed = pipe.place(batch)
+    state = spmd.init(0)
+    for call, what in ((spmd.step, "spmd.step"), (spmd.evaluate, "spmd.evaluate")):
+        with pytest.raises(TypeError, match=rf"{what} takes the batch whole.*"
+                                            r"not pipe.place\(...\)'s microbatches.*"
+                                            r"spmd.place\(\(x, y\)\)"):
+            call(state, placed)
+    want = float(spmd.evaluate(state, batch))  # (the state was neither consumed nor lost)
+    _, loss = spmd.step(state, spmd.place(batch))
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+
+
 def test_a_numpy_microbatch_count_is_taken_and_a_bool_is_not(tctl):
     """``microbatches = batch // per`` with NumPy sizes is a NumPy int: it was refused as
     "not a positive int"."""
