@@ -110,6 +110,10 @@ class Simulator:
         if controller not in ("single", "multi"):
             raise SimError(f"controller must be 'single' (Pathways) or 'multi' (multi-controller "
                            f"JAX), got {controller!r}.")
+        if not isinstance(depth, numbers.Integral) or isinstance(depth, bool) or depth < 1:
+            raise SimError(f"depth must be an int >= 1 (computations in flight on one chip: a "
+                           f"chain launched ahead of the data), got {depth!r}; e.g. depth=32, "
+                           "the default, or depth=1 to launch nothing behind a running one.")
         if not isinstance(cluster, Cluster):
             raise SimError(f"Simulator needs a Cluster, got {type(cluster).__name__}. Maybe "
                            "you want Simulator(Cluster.preset('tpu-v4', chips=2048)).")
@@ -254,12 +258,24 @@ class Simulator:
             timing.at(done + host.rpc_latency, self._issue, task)
         elif self.gang:  # to the island's scheduler, which sits with its first host
             first = sum(self.cluster.islands[:task.island])
-            delay = host.rpc_latency + self.network_delay(client, first)
+            delay = host.rpc_latency + self._network_delay(client, first)
             timing.at(done + delay, self._submit, task)
         else:  # no scheduler: straight to each host
             for h in task.devset.hosts.tolist():
-                delay = host.rpc_latency + self.network_delay(client, h)
+                delay = host.rpc_latency + self._network_delay(client, h)
                 timing.at(done + delay, self._host_receive, (task, h))
+
+    def _network_delay(self, client: str, host: int) -> float:
+        """``network_delay(client, host)``, refused unless a finite number of seconds >= 0 (a
+        negative one delivered a message before it was sent, a NaN broke the event heap's
+        order and so every time after it, silently)."""
+        d = self.network_delay(client, host)
+        if not (_is_real(d) and 0 <= d < math.inf):
+            raise SimError(f"network_delay({client!r}, {host}) returned {d!r}; expected the "
+                           "extra seconds a message from that client takes to reach that host, "
+                           "a finite number >= 0 (0.0: no extra delay), e.g. network_delay="
+                           "lambda client, host: 20e-6 if (client, host) == ('bob', 0) else 0.0.")
+        return d
 
     def _heard(self, task: SimTask) -> None:
         """Sequential dispatch: the client hears that ``task`` ended."""

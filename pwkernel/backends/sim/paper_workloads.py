@@ -74,18 +74,23 @@ def multitenancy(params: dict, clients: int, hosts: int = 16, seconds: float = 1
 
 def shares(params: dict, weights=(1, 2, 4, 8), hosts: int = 16, seconds: float = 1e-3,
            programs: int = 60) -> dict[str, float]:
-    """Four clients with a backlog each, proportional share at ``weights``: each client's
-    percentage of device time while all four still have work."""
+    """A client per weight (four by default), each with a backlog, proportional share at
+    ``weights``: each client's percentage of device time while all still have work."""
+    weights = tuple(weights)
     cluster = pathways_cluster(params, hosts)
     chips = tuple(range(hosts * CHIPS_PER_HOST))
     program = SimProgram("step", [SimNode(i, "step", chips, (i - 1,) if i else (), seconds)
                                   for i in range(programs)])
     sim = Simulator(cluster, policy="share")
-    for w in weights:
-        sim.submit(program, client=f"w{w}", weight=float(w))
+    # a client per weight, "w4"; a weight given twice names its clients "w1", "w1#2", ...
+    # (one name for both was one client, with all the device time: {'w1': 100.0})
+    names = [f"w{w}" if weights[:i].count(w) == 0 else f"w{w}#{weights[:i].count(w) + 1}"
+             for i, w in enumerate(weights)]
+    for name, w in zip(names, weights, strict=True):
+        sim.submit(program, client=name, weight=float(w))
     sim.run()
     window = min(r.t_done for r in sim.runs)  # the first client to finish ends the window
-    busy = {f"w{w}": 0.0 for w in weights}
+    busy = dict.fromkeys(names, 0.0)
     for e in sim.trace.events():
         if e.kind == "compute" and e.t_start < window:
             busy[e.client] += min(e.t_end, window) - e.t_start

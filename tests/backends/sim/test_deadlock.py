@@ -18,6 +18,7 @@ from pwkernel.backends.sim import (
     HostCosts,
     Interconnect,
     Network,
+    SimError,
     SimNode,
     SimProgram,
     Simulator,
@@ -122,3 +123,17 @@ def test_work_waiting_on_a_deadlocked_computation_is_counted_but_not_in_the_cycl
         sim.run()
     d = info.value.deadlock
     assert d.devices == (0, 1) and d.stuck == 3
+
+
+@pytest.mark.parametrize("bad", [-10 * US, float("nan"), float("inf")])
+@pytest.mark.parametrize("gang", [True, False])
+def test_a_network_delay_that_is_not_a_finite_duration_is_refused_naming_it(gang, bad):
+    # a negative delay delivered alice's message before she sent it (the scheduler or the
+    # host had it at once, rpc_latency early), a NaN broke the event heap's order, an
+    # infinite one ended the run at t=inf; each ran without a word. With gang=True the
+    # delay asked is to the scheduler, which sits with the island's first host (host 0).
+    host = 0 if gang else 1
+    sim = simulate(gang, delay={("alice", host): bad})
+    with pytest.raises(SimError, match=rf"network_delay\('alice', {host}\) returned .*"
+                                       r"expected the extra seconds .* a finite number >= 0"):
+        sim.run()

@@ -431,3 +431,13 @@ def test_the_scale_workloads_timelines_are_pinned(workload):
     rows = sim.trace.rows()
     digest = hashlib.sha256(repr(rows).encode()).hexdigest()
     assert (end, len(rows), digest) == PINNED[workload]
+
+
+@pytest.mark.parametrize("depth", [0, -1, 2.5, True])
+def test_a_depth_that_launches_nothing_ahead_is_refused_with_the_fix(depth):
+    # depth=0 and -1 ran as depth=1 without a word
+    with pytest.raises(SimError, match=r"depth must be an int >= 1 .* got "):
+        Simulator(toy(), depth=depth)
+    sim = Simulator(toy(), depth=1)
+    sim.submit(chain())
+    assert sim.run() > 0

@@ -158,3 +158,12 @@ def test_the_sign_rests_on_the_spmd_mesh_fully_sharded_data_parallel_spmd_beats_
     assert all(0.8 < r < 0.9 for r in got.values()), got
     with pytest.raises(SimError, match="must cover the island's 64 chips.*maybe you want"):
         pwl.pipelining(P, stages=(4,), mesh=(8, 4))
+
+
+def test_equal_weights_are_one_client_each_and_share_the_chips_equally():
+    # two weights alike were one client "w1" with all the device time: {'w1': 100.0}
+    got = pwl.shares(P, weights=(1, 1, 2), programs=20)
+    assert list(got) == ["w1", "w1#2", "w2"]
+    assert got["w1"] == pytest.approx(25, abs=1) and got["w1#2"] == pytest.approx(25, abs=1)
+    assert got["w2"] == pytest.approx(50, abs=1)
+    assert list(pwl.shares(P, programs=20)) == ["w1", "w2", "w4", "w8"]  # the table's names
