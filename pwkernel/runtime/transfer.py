@@ -45,9 +45,16 @@ def copy_onto(value, sharding):
     if (isinstance(value, jax.Array) and src is not None
             and src.device_set == sharding.device_set and not value.is_deleted()
             and not src.is_equivalent_to(sharding, value.ndim)
-            and src._device_assignment == sharding._device_assignment):
+            and _order(src) == _order(sharding)):
         return _relaid(sharding)(value)
     return jax.device_put(value, sharding, may_alias=False)
+
+
+def _order(sharding) -> tuple | None:
+    """A sharding's devices in its mesh's order (None without a mesh: taken as the same)."""
+    mesh = getattr(sharding, "mesh", None)
+    devices = getattr(mesh, "devices", None)
+    return None if devices is None else tuple(devices.flat)
 
 
 @functools.lru_cache(maxsize=256)
