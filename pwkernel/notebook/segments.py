@@ -259,10 +259,11 @@ def printed(ctl, run: Callable[[], Any]) -> Any:
     runs it submitted have ended and their prints happened (``jax.effects_barrier``, which
     alone does not wait for a launch the controller has yet to make): else a compiled
     function's ``jax.debug.print`` landed after the cell ended, in another cell's output."""
-    before = ctl.runs()
+    before = ctl.runs()  # (kept alive while their ids are compared)
+    seen = set(map(id, before))
     value = run()
     for submitted in ctl.runs():
-        if not any(submitted is r for r in before):
+        if id(submitted) not in seen:
             submitted.wait()
     jax.effects_barrier()
     return value

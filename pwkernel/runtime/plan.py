@@ -233,14 +233,15 @@ def build(graph: Graph) -> Plan:
             if p.donates:
                 _donated(p, nodes, producer, graph, seen, inputs)
             after = _island_ancestors(nodes, producer, distinct, p.island)
-            if has_ordered_effects(p.exe):
+            in_order = has_ordered_effects(p.exe)
+            if in_order:
                 ordered.append(index)
             p.spec = NodeSpec(index=index, devices=frozenset(p.devices),
                               cost_key=cost_key(node.fn, node.signature), memory=p.memory,
                               waits=tuple(waits), after=tuple(after),
                               # an ordered one waits for the ordered work before it too, which
                               # only the dispatcher sees (``effects_order.py``): its ``Ready``
-                              external=p.external > 0 or ordered[-1:] == [index],
+                              external=p.external > 0 or in_order,
                               credit=p.credit)
         nodes.append(p)
     for p in nodes:

@@ -247,8 +247,8 @@ class SPMD:
         ``state`` is read, not consumed: a ``step`` may take it next. ``batch``: ``(inputs,
         targets)`` with a leading batch axis divisible by the slice's devices (trace name
         ``{name}.eval``)."""
-        fns = self._functions()
         check_whole(batch, "spmd.evaluate")
+        fns = self._functions()
         state = self._check(_current(state))
         x, y = inputs_and_targets(batch, self.name)
         check_batch((x, y), 1, "batch (inputs and targets)", self.slice.size)
